@@ -1,0 +1,1 @@
+"""The `cpudist` command line: one thin module per command group."""

@@ -1,0 +1,40 @@
+"""`cpudist`: the entry point and its command groups."""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+import click
+
+from cpudist import __version__
+from cpudist.cli.report import report
+from cpudist.cli.run import run
+from cpudist.errors import CpudistError
+
+
+class Root(click.Group):
+    """Prints a traceback before the one-line error when --debug is given."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CpudistError:
+            if ctx.params.get("debug"):
+                traceback.print_exc()
+            raise
+
+
+@click.group(cls=Root)
+@click.version_option(__version__, prog_name="cpudist")
+@click.option("--debug", is_flag=True, help="Show tracebacks with errors.")
+def cli(debug: bool) -> None:
+    """Data-parallel fine-tuning of transformers on clusters of CPU servers."""
+
+
+cli.add_command(run)
+cli.add_command(report)
+
+
+def main() -> None:
+    cli(auto_envvar_prefix="CPUDIST")

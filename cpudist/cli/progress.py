@@ -1,0 +1,57 @@
+"""Showing a running job: a progress bar from rank 0's events, rank output as it comes."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+
+class JobView:
+    """Renders events and rank lines on stderr: a live bar on a terminal, plain lines elsewhere."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.console = Console(stderr=True)
+        self.quiet = quiet
+        self.live = self.console.is_terminal
+        self.progress: Progress | None = None
+        self.task_id: Any = None
+
+    def on_line(self, line: str) -> None:
+        if self.progress is not None:
+            self.progress.console.print(line, markup=False, highlight=False)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        if kind == "start":
+            total = int(event["total"])
+            if self.live and not self.quiet:
+                self.progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
+                                         TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
+                                         console=self.console)
+                self.progress.start()
+                self.task_id = self.progress.add_task("train", total=total, info="")
+            else:
+                self._plain(f"training: {total} steps")
+        elif kind == "progress":
+            info = f"loss {event['loss']:.4f}  {event['samples_per_s']:.1f} samples/s"
+            if self.progress is not None:
+                self.progress.update(self.task_id, completed=event["step"], info=info)
+            else:
+                self._plain(f"step {event['step']}/{event['total']}  {info}")
+        elif kind == "eval":
+            self.close()
+            self._plain(f"evaluating on {event['rows']} rows")
+
+    def _plain(self, text: str) -> None:
+        if not self.quiet:
+            print(f"[cpudist] {text}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None

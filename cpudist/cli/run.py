@@ -1,0 +1,111 @@
+"""`cpudist run TASK`: train on N ranks and record the result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from cpudist.cli.progress import JobView
+from cpudist.errors import BadInput
+from cpudist.launch.env import parse_env_pairs
+from cpudist.launch.job import Callbacks, default_output_dir, prepare, run_job
+from cpudist.launch.plan import LAUNCHERS, plan
+from cpudist.results.ledger import default_ledger
+from cpudist.results.schema import RunResult
+from cpudist.train.config import BACKENDS, PRECISIONS, TrainConfig
+from cpudist.train.tasks import normalize_task
+
+
+def _task(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    return normalize_task(value)
+
+
+def _env(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    try:
+        return parse_env_pairs(value)
+    except ValueError as e:
+        raise BadInput(f"--env {e} is not of the form KEY=VALUE", "Write it as --env NAME=value") from None
+
+
+def summary(r: RunResult) -> str:
+    """The final line: time, throughput and metrics."""
+    metrics = " ".join(f"{k}={v:.4f}" for k, v in r.metrics.items()) or "no eval"
+    return (f"done: {r.task} {r.model} on {r.world_size} rank(s), {len(r.nodes)} node(s): "
+            f"train {r.train_time_s:.1f}s, {r.train_samples_per_s:.1f} samples/s, "
+            f"wall {r.wall_time_s:.1f}s, {metrics}  -> {r.run_dir}/result.json")
+
+
+@click.command()
+@click.argument("task", callback=_task)
+@click.option("--np", "np_", type=click.IntRange(min=1), default=1, show_default=True, help="Ranks in all.")
+@click.option("--ppn", type=click.IntRange(min=1), help="Ranks per node [default: --np, on this machine].")
+@click.option("--launcher", type=click.Choice(LAUNCHERS), default="auto", show_default=True,
+              help="auto: MPICH Hydra when installed, else torchrun.")
+@click.option("--model", default="bert-base-uncased", show_default=True,
+              help="Preset (tiny, minilm-l6, bert-base, distilbert-base, bert-large), local folder or Hub id.")
+@click.option("--tokenizer", help="Tokenizer source, when not the model's.")
+@click.option("--data-dir", type=click.Path(path_type=Path), help="GLUE task folder (TSV layout).")
+@click.option("--train-file", type=click.Path(path_type=Path), help="Custom data: csv, tsv, txt (;), json, jsonl.")
+@click.option("--validation-file", type=click.Path(path_type=Path))
+@click.option("--text-columns", help="Custom data: 1 or 2 columns, comma-separated [default: text].")
+@click.option("--label-column", help="Custom data: the label column [default: label].")
+@click.option("--max-seq-len", type=click.IntRange(min=8), default=128, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True, help="Per rank.")
+@click.option("--eval-batch-size", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--grad-accum", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--epochs", type=click.FloatRange(min=0, min_open=True), default=3.0, show_default=True)
+@click.option("--max-steps", type=click.IntRange(min=1), help="Stop after this many optimizer steps.")
+@click.option("--lr", type=float, default=2e-5, show_default=True)
+@click.option("--weight-decay", type=float, default=0.01, show_default=True)
+@click.option("--warmup-ratio", type=click.FloatRange(0, 1), default=0.1, show_default=True)
+@click.option("--seed", type=int, default=42, show_default=True)
+@click.option("--precision", type=click.Choice(PRECISIONS), default="auto", show_default=True,
+              help="auto: bf16 autocast where the CPU has native bf16, else fp32.")
+@click.option("--backend", type=click.Choice(BACKENDS), default="gloo", show_default=True)
+@click.option("--dropout", type=click.FloatRange(0, 1), help="Override the model's dropout (0 turns it off).")
+@click.option("--max-train-samples", type=click.IntRange(min=1))
+@click.option("--max-eval-samples", type=click.IntRange(min=1))
+@click.option("--synthetic-samples", type=click.IntRange(min=1), default=2048, show_default=True)
+@click.option("--eval/--no-eval", "do_eval", default=True, show_default=True)
+@click.option("--log-every", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--dist-timeout", type=click.IntRange(min=1), default=300, show_default=True,
+              help="Seconds before a missing peer fails the job.")
+@click.option("--output-dir", type=click.Path(path_type=Path), help="Run folder [default: runs/<task>-...].")
+@click.option("--ledger", type=click.Path(path_type=Path), help="Results ledger [default: ~/.cpudist/results.jsonl].")
+@click.option("--env", "env_pairs", multiple=True, callback=_env, help="Extra rank variable KEY=VALUE (repeatable).")
+@click.option("--oversubscribe", is_flag=True, help="Allow more ranks per node than its cores.")
+@click.option("--timeout", type=click.FloatRange(min=1), help="Stop the job after this many seconds.")
+@click.option("--dry-run", is_flag=True, help="Print the command and environment; run nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--quiet", is_flag=True, help="No progress output.")
+def run(task: str, np_: int, ppn: int | None, launcher: str, env_pairs: tuple[tuple[str, str], ...],
+        oversubscribe: bool, timeout: float | None, dry_run: bool, as_json: bool, quiet: bool,
+        ledger: Path | None, output_dir: Path | None, data_dir: Path | None, train_file: Path | None,
+        validation_file: Path | None, text_columns: str | None, dist_timeout: int, **opts: object) -> None:
+    """Fine-tune on TASK (a GLUE task, `custom` or `synthetic`) with --np ranks.
+
+    Example: cpudist run mrpc --np 2 --data-dir glue/MRPC --model tiny --max-steps 5
+    """
+    cfg = TrainConfig(task=task, output_dir="", data_dir=str(data_dir) if data_dir else None,
+                      train_file=str(train_file) if train_file else None,
+                      validation_file=str(validation_file) if validation_file else None,
+                      text_columns=tuple(c.strip() for c in (text_columns or "").split(",") if c.strip()),
+                      dist_timeout_s=dist_timeout, **opts)  # type: ignore[arg-type]
+    cfg = TrainConfig(**{**cfg.__dict__, "output_dir": str(output_dir or default_output_dir(cfg, np_))})
+    spec = prepare(cfg, np_, ppn or np_, launcher, env_pairs, oversubscribe)
+    launch = plan(spec)
+    if dry_run:
+        click.echo("# environment of every rank")
+        for key, value in launch.rank_env.items():
+            click.echo(f"export {key}={value}")
+        click.echo("# command")
+        click.echo(launch.shell())
+        return
+    view = JobView(quiet=quiet)
+    try:
+        result = run_job(spec, launch, ledger or default_ledger(), Callbacks(view.on_event, view.on_line), timeout)
+    finally:
+        view.close()
+    click.echo(json.dumps(result.to_dict(), indent=2) if as_json else summary(result))

@@ -1,0 +1,27 @@
+"""One error family: each message says what failed and what to do next."""
+
+from __future__ import annotations
+
+import click
+
+
+class CpudistError(click.ClickException):
+    """Base of every error cpudist reports to a user (exit code 1: the job failed)."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        text = message if hint is None else f"{message}. {hint}"
+        super().__init__(text)
+
+
+class BadInput(CpudistError):
+    """The user's input (options, hostfile, data, model) cannot work: exit code 2."""
+
+    exit_code = 2
+
+
+class JobFailed(CpudistError):
+    """A launched job ended badly: exit code 1."""
+
+    exit_code = 1

@@ -1,0 +1,104 @@
+"""From a RunSpec to the launcher's argv and the ranks' environment: pure data, no spawning."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from cpudist.errors import BadInput
+from cpudist.hosts.hostfile import Host
+from cpudist.launch.env import EnvSpec, node_env
+from cpudist.train.config import TrainConfig, to_argv
+
+LAUNCHERS = ("auto", "mpich", "torchrun")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One job: what to train, on how many ranks, where, with which launcher."""
+
+    train: TrainConfig
+    np: int
+    ppn: int
+    hosts: tuple[Host, ...]
+    launcher: str  # resolved: mpich | torchrun
+    launcher_path: str  # mpiexec.hydra for mpich; unused for torchrun
+    python: str
+    master_addr: str
+    master_port: int
+    physical_cores: int
+    hub_offline: bool = False
+    env_overrides: tuple[tuple[str, str], ...] = ()
+    oversubscribe: bool = False
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The command to spawn and the variables every rank gets."""
+
+    argv: tuple[str, ...]
+    rank_env: dict[str, str]
+
+    def shell(self) -> str:
+        """The command as one copy-pasteable shell line."""
+        return shlex.join(self.argv)
+
+
+def check_layout(np: int, ppn: int, hosts: tuple[Host, ...], oversubscribe: bool) -> int:
+    """Nodes the job needs; bad rank counts are errors that say what would fit."""
+    if np < 1 or ppn < 1:
+        raise BadInput(f"--np {np} --ppn {ppn}: both must be at least 1", "Pass positive counts")
+    if np % ppn:
+        raise BadInput(f"--np {np} is not divisible by --ppn {ppn}",
+                       "Every node takes --ppn ranks: make --np a multiple of --ppn")
+    nodes = np // ppn
+    if nodes > len(hosts):
+        raise BadInput(f"--np {np} with --ppn {ppn} needs {nodes} nodes but {len(hosts)} "
+                       f"{'is' if len(hosts) == 1 else 'are'} available",
+                       f"Use at most --np {ppn * len(hosts)}, raise --ppn, or add hosts (--hostfile)")
+    short = [h for h in hosts[:nodes] if h.slots < ppn]
+    if short and not oversubscribe:
+        h = short[0]
+        raise BadInput(f"--ppn {ppn} is larger than the {h.slots} slots of {h.name}",
+                       "Lower --ppn, or pass --oversubscribe to run more ranks than cores")
+    return nodes
+
+
+def trainer_argv(spec: RunSpec) -> list[str]:
+    return [spec.python, "-m", "cpudist.train", *to_argv(spec.train)]
+
+
+def rank_env(spec: RunSpec) -> dict[str, str]:
+    return node_env(EnvSpec(spec.physical_cores, spec.ppn, spec.train.backend, spec.master_addr,
+                            spec.master_port, spec.hub_offline, spec.env_overrides))
+
+
+def hydra_argv(spec: RunSpec, env: dict[str, str]) -> list[str]:
+    """MPICH Hydra: `mpiexec.hydra -np N -ppn P -genv K V ... python -m cpudist.train ...`."""
+    argv = [spec.launcher_path, "-np", str(spec.np), "-ppn", str(spec.ppn),
+            "-prepend-pattern", "[%h:%r] "]
+    for key, value in env.items():
+        argv += ["-genv", key, value]
+    return argv + trainer_argv(spec)
+
+
+def torchrun_argv(spec: RunSpec) -> list[str]:
+    """torchrun on this machine: one agent spawning --ppn ranks (env comes from the parent)."""
+    return [spec.python, "-m", "torch.distributed.run", "--nnodes", "1",
+            "--nproc-per-node", str(spec.ppn), "--master-addr", spec.master_addr,
+            "--master-port", str(spec.master_port), "--tee", "3", "-m", "cpudist.train",
+            *to_argv(spec.train)]
+
+
+def plan(spec: RunSpec) -> Launch:
+    """The launch of a spec, after checking that its ranks fit its hosts."""
+    nodes = check_layout(spec.np, spec.ppn, spec.hosts, spec.oversubscribe)
+    env = rank_env(spec)
+    if spec.launcher == "mpich":
+        return Launch(tuple(hydra_argv(spec, env)), env)
+    if spec.launcher == "torchrun":
+        if nodes > 1:
+            raise BadInput("the torchrun launcher runs on this machine only",
+                           "Use --launcher mpich for several nodes")
+        return Launch(tuple(torchrun_argv(spec)), env)
+    raise BadInput(f"unknown launcher '{spec.launcher}'", f"Use one of: {', '.join(LAUNCHERS)}")

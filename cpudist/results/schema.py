@@ -1,0 +1,69 @@
+"""RunResult: what one run measured, as written to result.json and the ledger."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One finished run (keys as in ARCHITECTURE.md, plus what the report needs)."""
+
+    task: str
+    model: str
+    world_size: int
+    nodes: tuple[str, ...]  # distinct hosts, in rank order
+    ppn: int
+    precision: str
+    backend: str
+    sync: str
+    per_rank_batch_size: int
+    grad_accum: int
+    global_batch_size: int
+    max_seq_len: int
+    steps: int
+    train_samples: int
+    train_time_s: float
+    eval_time_s: float
+    wall_time_s: float
+    train_samples_per_s: float
+    steady_samples_per_s: float
+    train_tokens_per_s: float
+    metrics: dict[str, float]
+    comm_bytes_per_step: int
+    versions: dict[str, str]
+    cpu: dict[str, Any]
+    run_id: str = ""
+    started_at: str = ""
+    rank_hosts: tuple[str, ...] = ()
+    epochs: float | None = None
+    max_steps: int | None = None
+    seed: int = 0
+    lr: float = 0.0
+    threads_per_rank: int = 0
+    final_loss: float | None = None
+    peak_rss_mb: float = 0.0  # the largest over all ranks
+    eval_phases: dict[str, float] = field(default_factory=dict)
+    launcher: str = ""
+    run_dir: str = ""
+    schema: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunResult:
+        """Read a result written by this or a later version (unknown keys are ignored)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        kept = {k: v for k, v in data.items() if k in names}
+        for key in ("nodes", "rank_hosts"):
+            if key in kept:
+                kept[key] = tuple(kept[key])
+        return cls(**kept)
+
+    def with_updates(self, **changes: Any) -> RunResult:
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,1 @@
+"""The trainer that every rank runs (`python -m cpudist.train`)."""

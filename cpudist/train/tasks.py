@@ -1,0 +1,88 @@
+"""The GLUE tasks: where their text and labels live, on the Hub and in GLUE's TSV layout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cpudist.errors import BadInput
+
+
+@dataclass(frozen=True)
+class TsvLayout:
+    """How one GLUE task's TSV files are laid out (as GLUE's download script writes them)."""
+
+    text: tuple[str | int, ...]  # column names, or indices when the file has no header
+    label: str | int
+    header: bool = True
+    validation_file: str = "dev.tsv"
+
+
+@dataclass(frozen=True)
+class GlueTask:
+    """One GLUE task: labels, metrics and both of its sources."""
+
+    name: str
+    labels: tuple[str, ...]  # label names in the Hub's id order; empty for regression
+    metrics: tuple[str, ...]
+    hub_text: tuple[str, ...]
+    tsv: TsvLayout
+    hub_validation_split: str = "validation"
+
+    @property
+    def is_regression(self) -> bool:
+        return not self.labels
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.labels) or 1
+
+
+BINARY = ("0", "1")
+ENTAIL = ("entailment", "not_entailment")
+
+GLUE_TASKS: dict[str, GlueTask] = {
+    t.name: t
+    for t in (
+        GlueTask("cola", BINARY, ("matthews_correlation",), ("sentence",),
+                 TsvLayout(text=(3,), label=1, header=False)),
+        GlueTask("sst2", BINARY, ("accuracy",), ("sentence",),
+                 TsvLayout(text=("sentence",), label="label")),
+        GlueTask("mrpc", BINARY, ("accuracy", "f1"), ("sentence1", "sentence2"),
+                 TsvLayout(text=("#1 String", "#2 String"), label="Quality")),
+        GlueTask("stsb", (), ("pearson", "spearmanr"), ("sentence1", "sentence2"),
+                 TsvLayout(text=("sentence1", "sentence2"), label="score")),
+        GlueTask("qqp", BINARY, ("accuracy", "f1"), ("question1", "question2"),
+                 TsvLayout(text=("question1", "question2"), label="is_duplicate")),
+        GlueTask("mnli", ("entailment", "neutral", "contradiction"), ("accuracy",),
+                 ("premise", "hypothesis"),
+                 TsvLayout(text=("sentence1", "sentence2"), label="gold_label",
+                           validation_file="dev_matched.tsv"),
+                 hub_validation_split="validation_matched"),
+        GlueTask("qnli", ENTAIL, ("accuracy",), ("question", "sentence"),
+                 TsvLayout(text=("question", "sentence"), label="label")),
+        GlueTask("rte", ENTAIL, ("accuracy",), ("sentence1", "sentence2"),
+                 TsvLayout(text=("sentence1", "sentence2"), label="label")),
+        GlueTask("wnli", BINARY, ("accuracy",), ("sentence1", "sentence2"),
+                 TsvLayout(text=("sentence1", "sentence2"), label="label")),
+    )
+}
+
+# Directory names used by GLUE's download script, so `--data-dir glue/` also works.
+GLUE_DIR_NAMES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "qqp": "QQP",
+                  "mnli": "MNLI", "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI"}
+
+SPECIAL_TASKS = ("synthetic", "custom")
+
+
+def task_names() -> tuple[str, ...]:
+    """Every task name `cpudist run` accepts."""
+    return (*GLUE_TASKS, *SPECIAL_TASKS)
+
+
+def normalize_task(name: str) -> str:
+    """Accept `SST-2`, `sst-2`, `STS-B` and friends; reject what is not a task."""
+    key = name.lower().replace("-", "").replace("_", "")
+    if key in GLUE_TASKS or key in SPECIAL_TASKS:
+        return key
+    raise BadInput(f"unknown task '{name}'",
+                   f"Use one of: {', '.join(task_names())} (custom data: --train-file with task 'custom')")
