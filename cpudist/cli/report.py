@@ -35,6 +35,8 @@ def report(sources: tuple[Path, ...], fmt: str) -> None:
         click.echo(render_json(rows))
     else:
         console = Console()
+        if not console.is_terminal:  # piped or captured: never squeeze the table to 80 columns
+            console = Console(width=200)
         for group in dict.fromkeys(r.group for r in rows):
             table = Table(*COLUMNS, title=group, title_justify="left")
             for r in rows:

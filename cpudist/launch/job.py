@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -51,6 +52,9 @@ def preflight(cfg: TrainConfig) -> bool:
     from cpudist.train.__main__ import load_task  # parsing only: cheap, and errors are one line
 
     resolve_model(cfg.model)
+    if cfg.backend == "ccl" and importlib.util.find_spec("oneccl_bindings_for_pytorch") is None:
+        raise BadInput("backend 'ccl' needs oneccl_bindings_for_pytorch, which is not installed",
+                       "Install Intel's torch-ccl wheel matching your torch, or use --backend gloo")
     data_local = cfg.task == "synthetic" or bool(cfg.data_dir or cfg.train_file or cfg.task == "custom")
     if data_local and cfg.task != "synthetic":
         load_task(cfg)

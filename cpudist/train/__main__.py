@@ -152,6 +152,9 @@ def run(cfg: TrainConfig, info: RankInfo) -> None:
     """Set up, train, evaluate and (on rank 0) write result.json."""
     started, started_at = time.perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
     job = setup(cfg, info)
+    params = sum(p.numel() for p in job.model.parameters())
+    print(f"rank {info.rank}/{info.world_size} ready: {len(job.train_data)} train rows, {params / 1e6:.1f}M params, "
+          f"{'bf16' if job.bf16 else 'fp32'}, {torch.get_num_threads()} threads", flush=True)
     stats = train(cfg, job.model, job.train_data, job.regression, job.bf16, job.run_dir,
                   info.rank, info.world_size)
     metrics: dict[str, float] = {}

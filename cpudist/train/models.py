@@ -25,7 +25,13 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 # Hub ids that a pip package ships for offline use; used instead of the Hub when installed.
 OFFLINE_ALIASES = ("sentence-transformers/all-minilm-l6-v2", "all-minilm-l6-v2")
-HUB_TOKENIZER = "bert-base-uncased"  # presets use BERT's uncased vocabulary
+HUB_TOKENIZER = "bert-base-uncased"
+# Hub ids without an owner that sit close to a preset name: not typos.
+LEGACY_HUB_IDS = frozenset({
+    "bert-base-uncased", "bert-base-cased", "bert-large-uncased", "bert-large-cased", "roberta-base",
+    "roberta-large", "distilroberta-base", "distilbert-base-uncased", "distilbert-base-cased",
+    "albert-base-v2", "albert-large-v2", "xlm-roberta-base", "xlm-roberta-large", "deberta-base",
+})  # presets use BERT's uncased vocabulary
 
 _DROPOUT_KEYS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout",
                  "dropout", "attention_dropout", "seq_classif_dropout")
@@ -55,7 +61,8 @@ def resolve_model(name: str) -> str:
     if name.startswith((".", "/", "~")):
         raise BadInput(f"model folder not found: {name}", "Check the path given to --model")
     close = difflib.get_close_matches(name.lower(), PRESETS, n=1, cutoff=0.8)
-    if "/" not in name and close:  # a mistyped preset, not a Hub id such as bert-base-uncased
+    # A name close to a preset is a typo, unless it is an owner-less Hub id like bert-base-uncased.
+    if "/" not in name and close and name.lower() not in LEGACY_HUB_IDS:
         raise BadInput(f"unknown model preset '{name}' (did you mean '{close[0]}'?)",
                        f"Presets: {', '.join(PRESETS)}; or give a Hub id or a local folder")
     return name

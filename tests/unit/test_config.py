@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cpudist.train.config import TrainConfig, from_argv, to_argv
+
+names = st.text(alphabet=st.characters(categories=["L", "N"], include_characters="_-."), min_size=1, max_size=12)
+
+
+@given(
+    batch=st.integers(1, 512),
+    epochs=st.floats(0.01, 100, allow_nan=False),
+    max_steps=st.none() | st.integers(1, 10_000),
+    dropout=st.none() | st.floats(0, 1),
+    columns=st.lists(names, min_size=0, max_size=2).map(tuple),
+    do_eval=st.booleans(),
+    model=names,
+)
+def test_argv_round_trip(batch: int, epochs: float, max_steps: int | None, dropout: float | None,
+                         columns: tuple[str, ...], do_eval: bool, model: str) -> None:
+    cfg = TrainConfig(task="mrpc", output_dir="out dir", model=model, batch_size=batch, epochs=epochs,
+                      max_steps=max_steps, dropout=dropout, text_columns=columns, do_eval=do_eval)
+    assert from_argv(to_argv(cfg)) == cfg
+
+
+def test_defaults_are_left_out() -> None:
+    assert to_argv(TrainConfig(task="sst2", output_dir="o")) == ["--task", "sst2", "--output-dir", "o"]

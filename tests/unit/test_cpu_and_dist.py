@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import pytest
+
+from cpudist.cpu import parse_cpuinfo
+from cpudist.errors import BadInput
+from cpudist.train.__main__ import resolve_precision
+from cpudist.train.dist import discover_rank
+
+CPUINFO = "\n\n".join(
+    f"processor\t: {i}\nmodel name\t: Xeon\nphysical id\t: 0\ncore id\t\t: {i % 2}\n"
+    "flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16" for i in range(4))
+
+
+def test_cpuinfo_counts_physical_cores_and_bf16() -> None:
+    cpu = parse_cpuinfo(CPUINFO)
+    assert (cpu.logical_cpus, cpu.physical_cores, cpu.has_bf16) == (4, 2, True)
+    assert parse_cpuinfo(CPUINFO, allowed={0}).physical_cores == 1
+
+
+def test_precision_auto() -> None:
+    assert resolve_precision("auto", True) == "bf16"
+    assert resolve_precision("auto", False) == "fp32"
+    assert resolve_precision("fp32", True) == "fp32"
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}, (3, 4, 1, 2)),
+    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}, (1, 2, 1, 2)),
+    ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "2(x4)"},
+     (5, 8, 1, 2)),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", "SLURM_PROCID": "0",
+      "SLURM_NTASKS": "1"}, (0, 2, 0, 2)),
+    ({"PMI_RANK": "1", "PMI_SIZE": "2", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, (1, 2, 1, 2)),
+    ({}, (0, 1, 0, 1)),
+])
+def test_rank_discovery(env: dict[str, str], expected: tuple[int, int, int, int]) -> None:
+    info = discover_rank(env)
+    assert (info.rank, info.world_size, info.local_rank, info.local_world_size) == expected
+
+
+def test_rank_outside_world() -> None:
+    with pytest.raises(BadInput):
+        discover_rank({"PMI_RANK": "4", "PMI_SIZE": "4"})
