@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from cpudist import __version__
+from cpudist.cli.hosts import hosts
 from cpudist.cli.report import report
 from cpudist.cli.run import run
 from cpudist.errors import CpudistError
@@ -34,6 +35,7 @@ def cli(debug: bool) -> None:
 
 cli.add_command(run)
 cli.add_command(report)
+cli.add_command(hosts)
 
 
 def main() -> None:

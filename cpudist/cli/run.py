@@ -10,7 +10,7 @@ import click
 from cpudist.cli.progress import JobView
 from cpudist.errors import BadInput
 from cpudist.launch.env import parse_env_pairs
-from cpudist.launch.job import Callbacks, default_output_dir, prepare, run_job
+from cpudist.launch.job import Callbacks, Placement, default_output_dir, prepare, run_job
 from cpudist.launch.plan import LAUNCHERS, plan
 from cpudist.results.ledger import default_ledger
 from cpudist.results.schema import RunResult
@@ -41,8 +41,15 @@ def summary(r: RunResult) -> str:
 @click.argument("task", callback=_task)
 @click.option("--np", "np_", type=click.IntRange(min=1), default=1, show_default=True, help="Ranks in all.")
 @click.option("--ppn", type=click.IntRange(min=1), help="Ranks per node [default: --np, on this machine].")
-@click.option("--launcher", type=click.Choice(LAUNCHERS), default="auto", show_default=True,
-              help="auto: MPICH Hydra when installed, else torchrun.")
+@click.option("--hostfile", type=click.Path(path_type=Path),
+              help="Nodes to run on, head first (run from the head) [default: this machine].")
+@click.option("--launcher", "--mpi", "launcher", type=click.Choice(LAUNCHERS), default="auto", show_default=True,
+              help="auto: the MPI of --mpirun, else MPICH's Hydra when installed, else torchrun.")
+@click.option("--mpirun", type=click.Path(dir_okay=False), help="The launcher program (mpiexec.hydra or mpirun).")
+@click.option("--ssh", help="ssh program for the launcher [default: ~/.cpudist/cluster/ssh from ssh-setup].")
+@click.option("--iface", help="Network interface between nodes (sets GLOO_SOCKET_IFNAME).")
+@click.option("--allocator", type=click.Choice(["auto", "tcmalloc", "jemalloc", "none"]), default="auto",
+              show_default=True, help="Preloaded memory allocator (auto: tcmalloc or jemalloc when installed).")
 @click.option("--model", default="bert-base-uncased", show_default=True,
               help="Preset (tiny, minilm-l6, bert-base, distilbert-base, bert-large), local folder or Hub id.")
 @click.option("--tokenizer", help="Tokenizer source, when not the model's.")
@@ -80,7 +87,8 @@ def summary(r: RunResult) -> str:
 @click.option("--dry-run", is_flag=True, help="Print the command and environment; run nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
-def run(task: str, np_: int, ppn: int | None, launcher: str, env_pairs: tuple[tuple[str, str], ...],
+def run(task: str, np_: int, ppn: int | None, hostfile: Path | None, launcher: str, mpirun: str | None,
+        ssh: str | None, iface: str | None, allocator: str, env_pairs: tuple[tuple[str, str], ...],
         oversubscribe: bool, timeout: float | None, dry_run: bool, as_json: bool, quiet: bool,
         ledger: Path | None, output_dir: Path | None, data_dir: Path | None, train_file: Path | None,
         validation_file: Path | None, text_columns: str | None, dist_timeout: int, **opts: object) -> None:
@@ -94,7 +102,10 @@ def run(task: str, np_: int, ppn: int | None, launcher: str, env_pairs: tuple[tu
                       text_columns=tuple(c.strip() for c in (text_columns or "").split(",") if c.strip()),
                       dist_timeout_s=dist_timeout, **opts)  # type: ignore[arg-type]
     cfg = TrainConfig(**{**cfg.__dict__, "output_dir": str(output_dir or default_output_dir(cfg, np_))})
-    spec = prepare(cfg, np_, ppn or np_, launcher, env_pairs, oversubscribe)
+    if ppn is None and hostfile is not None:
+        raise BadInput("--hostfile needs --ppn (ranks per node)", "e.g. --np 4 --ppn 1 for one rank on each of 4 nodes")
+    where = Placement(np_, ppn or np_, hostfile, ssh, oversubscribe, iface)
+    spec = prepare(cfg, where, launcher, mpirun, env_pairs, allocator)
     launch = plan(spec)
     if dry_run:
         click.echo("# environment of every rank")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -17,6 +16,10 @@ class EnvSpec:
     master_port: int
     hub_offline: bool
     overrides: tuple[tuple[str, str], ...] = ()
+    launcher: str = "mpich"
+    iface: str | None = None  # network interface between nodes, when known
+    allocator: str | None = None  # path of libtcmalloc/libjemalloc to preload
+    iomp: str | None = None  # path of Intel's libiomp5, when installed
 
 
 def threads_per_rank(physical_cores: int, ppn: int) -> int:
@@ -26,9 +29,10 @@ def threads_per_rank(physical_cores: int, ppn: int) -> int:
 
 def node_env(spec: EnvSpec) -> dict[str, str]:
     """Variables every rank on a node gets (user overrides from --env win)."""
+    threads = threads_per_rank(spec.physical_cores, spec.ppn)
     env = {
         # One compute thread per physical core: more threads than cores only adds contention.
-        "OMP_NUM_THREADS": str(threads_per_rank(spec.physical_cores, spec.ppn)),
+        "OMP_NUM_THREADS": str(threads),
         # Rendezvous point of torch.distributed's env:// init: rank 0's node.
         "MASTER_ADDR": spec.master_addr,
         "MASTER_PORT": str(spec.master_port),
@@ -40,9 +44,25 @@ def node_env(spec: EnvSpec) -> dict[str, str]:
     if spec.hub_offline:
         # Every source is local: fail at once instead of ~46 s of Hub retries per rank.
         env["HF_HUB_OFFLINE"] = "1"
+    if spec.iface:
+        # gloo would otherwise bind the address its hostname resolves to (127.0.0.1 on many images).
+        env["GLOO_SOCKET_IFNAME"] = spec.iface
+    if spec.launcher == "impi":
+        # Intel MPI pins each rank to a domain of OMP_NUM_THREADS cores, so ranks never share cores.
+        env["I_MPI_PIN_DOMAIN"] = "omp"
+    preload = [p for p in (spec.allocator, spec.iomp) if p]
+    if preload:
+        # tcmalloc/jemalloc cut the allocator time of the many short-lived activation tensors.
+        env["LD_PRELOAD"] = ":".join(preload)
+    if spec.iomp:
+        # Intel OpenMP: threads stay on their cores and sleep 1 ms after a parallel region.
+        env["KMP_AFFINITY"] = "granularity=fine,compact,1,0"
+        env["KMP_BLOCKTIME"] = "1"
     if spec.backend == "ccl":
-        # oneCCL: one worker thread for communication, over the MPI transport the launcher set up.
+        # oneCCL: one progress thread per rank, pinned to the last core of the rank's share...
         env["CCL_WORKER_COUNT"] = "1"
+        env["CCL_WORKER_AFFINITY"] = ",".join(str((r + 1) * threads - 1) for r in range(spec.ppn))
+        # ...moving data over the MPI transport the launcher already set up.
         env["CCL_ATL_TRANSPORT"] = "mpi"
     env.update(dict(spec.overrides))
     return env
@@ -57,8 +77,3 @@ def parse_env_pairs(pairs: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
             raise ValueError(pair)
         out.append((key, value))
     return tuple(out)
-
-
-def merged(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
-    """The launcher process's environment: ours plus the rank variables."""
-    return {**base, **extra}

@@ -5,10 +5,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
+import subprocess
 import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -16,10 +19,11 @@ from typing import Any
 
 from cpudist.cpu import read_cpu
 from cpudist.errors import BadInput, JobFailed
-from cpudist.hosts.hostfile import local_hosts
+from cpudist.hosts.hostfile import Host, check_resolvable, local_hosts, read_hostfile, render_hostfile
+from cpudist.hosts.keys import local_cluster_dir
 from cpudist.launch import runner
 from cpudist.launch.plan import Launch, RunSpec
-from cpudist.launch.tools import free_port, resolve_launcher
+from cpudist.launch.tools import find_library, free_port, is_this_machine, resolve_launcher
 from cpudist.results import ledger
 from cpudist.results.schema import RunResult
 from cpudist.train.config import TrainConfig
@@ -68,16 +72,94 @@ def preflight(cfg: TrainConfig) -> bool:
     return False
 
 
-def prepare(cfg: TrainConfig, np: int, ppn: int, launcher: str,
-            env_overrides: tuple[tuple[str, str], ...], oversubscribe: bool) -> RunSpec:
-    """A checked RunSpec for this machine as the cluster."""
+ALLOCATORS = {"tcmalloc": ("libtcmalloc.so.4", "libtcmalloc_minimal.so.4", "libtcmalloc.so"),
+              "jemalloc": ("libjemalloc.so.2", "libjemalloc.so")}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where ranks go and how the launcher reaches the nodes."""
+
+    np: int
+    ppn: int
+    hostfile: Path | None = None
+    ssh: str | None = None  # default: the cluster key's wrapper from `hosts ssh-setup`, else ssh
+    oversubscribe: bool = False
+    iface: str | None = None
+
+
+def pick_allocator(name: str) -> str | None:
+    """Path of the allocator to preload: `auto` takes tcmalloc, then jemalloc, when installed."""
+    if name == "none":
+        return None
+    for kind in ("tcmalloc", "jemalloc") if name == "auto" else (name,):
+        found = find_library(ALLOCATORS[kind])
+        if found:
+            return found
+    if name != "auto":
+        raise BadInput(f"{name} is not installed", f"Install it (apt-get install lib{name}...) or use --allocator auto")
+    return None
+
+
+def check_reachable(hosts: tuple[Host, ...], ssh: str, timeout_s: float = 15) -> None:
+    """Every node answers the launcher's ssh before any rank starts; else fail naming the host."""
+
+    def probe(h: Host) -> tuple[str, int, str]:
+        try:
+            p = subprocess.run([ssh, "-o", "ConnectTimeout=5", "-o", "BatchMode=yes", h.name, "true"],
+                               capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+            return h.name, p.returncode, p.stderr.strip()
+        except subprocess.TimeoutExpired:
+            return h.name, 255, f"no answer within {timeout_s:g}s"
+
+    with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
+        bad = [r for r in pool.map(probe, hosts) if r[1] != 0]
+    if any("host key" in err.lower() or "IDENTIFICATION HAS CHANGED" in err for _, _, err in bad):
+        name = next(n for n, _, err in bad if "host key" in err.lower() or "IDENTIFICATION" in err)
+        raise JobFailed(f"the host key of {name} does not match the pinned one: refusing to connect",
+                        f"If {name} was reinstalled on purpose: `cpudist hosts forget {name}`, then "
+                        "`cpudist hosts ssh-setup --hostfile ...` to pin and distribute its new key")
+    if bad:
+        names = ", ".join(f"{n} ({err or 'exit ' + str(code)})" for n, code, err in bad)
+        raise JobFailed(f"cannot reach {names} over ssh with {ssh}",
+                        "Check the node is up, then run `cpudist hosts ssh-setup --hostfile ...`")
+
+
+def _cluster_hosts(where: Placement, out_dir: Path, launcher: str) -> tuple[tuple[Host, ...], str | None, str]:
+    """(hosts, rendered hostfile, ssh) of a job on a hostfile's nodes."""
+    assert where.hostfile is not None
+    hosts = read_hostfile(where.hostfile)
+    check_resolvable(hosts)
+    if not is_this_machine(hosts[0].name):
+        raise BadInput(f"run cpudist on the head node: {hosts[0].name}, the first host of {where.hostfile}",
+                       f"e.g. `ssh {hosts[0].name} cpudist run ...` (rank 0 and the rendezvous live there)")
+    cluster_ssh = local_cluster_dir() / "ssh"
+    ssh = where.ssh or (str(cluster_ssh) if cluster_ssh.is_file() else "ssh")
+    used = hosts[: max(1, where.np // where.ppn)]
+    check_reachable(used, ssh)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rendered = out_dir / "hostfile"
+    rendered.write_text(render_hostfile(used, "openmpi" if launcher == "openmpi" else "hydra", where.ppn))
+    return hosts, str(rendered), ssh
+
+
+def prepare(cfg: TrainConfig, where: Placement, launcher: str, mpirun: str | None,
+            env_overrides: tuple[tuple[str, str], ...], allocator: str = "auto") -> RunSpec:
+    """A checked RunSpec: this machine as the cluster, or the nodes of a hostfile."""
     hub_offline = preflight(cfg)
     cpu = read_cpu()
-    name, path = resolve_launcher(launcher)
-    return RunSpec(train=cfg, np=np, ppn=ppn, hosts=local_hosts(cpu.logical_cpus), launcher=name,
-                   launcher_path=path, python=sys.executable, master_addr="127.0.0.1",
-                   master_port=free_port(), physical_cores=cpu.physical_cores,
-                   hub_offline=hub_offline, env_overrides=env_overrides, oversubscribe=oversubscribe)
+    name, path = resolve_launcher(launcher, mpirun)
+    hosts, hostfile, ssh = local_hosts(cpu.logical_cpus), None, "ssh"
+    master = "127.0.0.1"
+    if where.hostfile is not None:
+        hosts, hostfile, ssh = _cluster_hosts(where, Path(cfg.output_dir), name)
+        master = hosts[0].name
+    return RunSpec(train=cfg, np=where.np, ppn=where.ppn, hosts=hosts, launcher=name, launcher_path=path,
+                   python=sys.executable, master_addr=master, master_port=free_port(),
+                   physical_cores=cpu.physical_cores, hub_offline=hub_offline, env_overrides=env_overrides,
+                   oversubscribe=where.oversubscribe, hostfile=hostfile, ssh=ssh, as_root=os.geteuid() == 0,
+                   iface=where.iface, allocator=pick_allocator(allocator),
+                   iomp=find_library(("libiomp5.so",)))
 
 
 @dataclass(frozen=True)
@@ -86,6 +168,20 @@ class Callbacks:
 
     on_event: Callable[[dict[str, Any]], None]
     on_line: Callable[[str], None]
+
+
+_HOST_PATTERNS = (re.compile(r"RUNNING AT (\S+)"), re.compile(r"on node (\S+?)[ ,.]"),
+                  re.compile(r"^\[([^\]:]+):\d+\] error"))
+
+
+def failed_host(lines: tuple[str, ...]) -> str | None:
+    """The host a launcher blamed for a failure (Hydra: RUNNING AT h; Open MPI: on node h)."""
+    for line in lines:
+        for pattern in _HOST_PATTERNS:
+            m = pattern.search(line)
+            if m:
+                return m.group(1)
+    return None
 
 
 def run_job(spec: RunSpec, launch: Launch, ledger_path: Path, cb: Callbacks,
@@ -99,9 +195,11 @@ def run_job(spec: RunSpec, launch: Launch, ledger_path: Path, cb: Callbacks,
         raise JobFailed(f"the job ran past --timeout {timeout_s:g}s and was stopped",
                         "Raise --timeout, or lower --max-steps/--epochs")
     if outcome.returncode != 0:
-        last = next((line for line in reversed(outcome.last_lines) if "error" in line.lower()), None)
+        host = failed_host(outcome.last_lines)
+        last = next((line for line in outcome.last_lines if "] error: " in line), None)  # the trainer's own
+        where = f" on {host}" if host else ""
         detail = f": {last}" if last else ""
-        raise JobFailed(f"the job failed (launcher exit code {outcome.returncode}){detail}",
+        raise JobFailed(f"the job failed{where} (launcher exit code {outcome.returncode}){detail}",
                         "See the rank output above; the first failing rank is named in it")
     result_file = out / "result.json"
     if not result_file.is_file():

@@ -10,7 +10,7 @@ from cpudist.hosts.hostfile import Host
 from cpudist.launch.env import EnvSpec, node_env
 from cpudist.train.config import TrainConfig, to_argv
 
-LAUNCHERS = ("auto", "mpich", "torchrun")
+LAUNCHERS = ("auto", "mpich", "impi", "openmpi", "torchrun")
 
 
 @dataclass(frozen=True)
@@ -21,8 +21,8 @@ class RunSpec:
     np: int
     ppn: int
     hosts: tuple[Host, ...]
-    launcher: str  # resolved: mpich | torchrun
-    launcher_path: str  # mpiexec.hydra for mpich; unused for torchrun
+    launcher: str  # resolved: mpich | impi | openmpi | torchrun
+    launcher_path: str  # mpiexec.hydra / mpirun; unused for torchrun
     python: str
     master_addr: str
     master_port: int
@@ -30,6 +30,12 @@ class RunSpec:
     hub_offline: bool = False
     env_overrides: tuple[tuple[str, str], ...] = ()
     oversubscribe: bool = False
+    hostfile: str | None = None  # rendered hostfile of the nodes in use; None: this machine only
+    ssh: str = "ssh"  # the ssh program the launcher uses to reach other nodes
+    as_root: bool = False
+    iface: str | None = None
+    allocator: str | None = None
+    iomp: str | None = None
 
 
 @dataclass(frozen=True)
@@ -56,7 +62,7 @@ def check_layout(np: int, ppn: int, hosts: tuple[Host, ...], oversubscribe: bool
         raise BadInput(f"--np {np} with --ppn {ppn} needs {nodes} nodes but {len(hosts)} "
                        f"{'is' if len(hosts) == 1 else 'are'} available",
                        f"Use at most --np {ppn * len(hosts)}, raise --ppn, or add hosts (--hostfile)")
-    short = [h for h in hosts[:nodes] if h.slots < ppn]
+    short = [h for h in hosts[:nodes] if h.slots is not None and h.slots < ppn]
     if short and not oversubscribe:
         h = short[0]
         raise BadInput(f"--ppn {ppn} is larger than the {h.slots} slots of {h.name}",
@@ -70,15 +76,44 @@ def trainer_argv(spec: RunSpec) -> list[str]:
 
 def rank_env(spec: RunSpec) -> dict[str, str]:
     return node_env(EnvSpec(spec.physical_cores, spec.ppn, spec.train.backend, spec.master_addr,
-                            spec.master_port, spec.hub_offline, spec.env_overrides))
+                            spec.master_port, spec.hub_offline, spec.env_overrides, spec.launcher,
+                            spec.iface, spec.allocator, spec.iomp))
 
 
-def hydra_argv(spec: RunSpec, env: dict[str, str]) -> list[str]:
-    """MPICH Hydra: `mpiexec.hydra -np N -ppn P -genv K V ... python -m cpudist.train ...`."""
-    argv = [spec.launcher_path, "-np", str(spec.np), "-ppn", str(spec.ppn),
-            "-prepend-pattern", "[%h:%r] "]
+def mpich_argv(spec: RunSpec, env: dict[str, str]) -> list[str]:
+    """MPICH Hydra: `mpiexec.hydra -launcher ssh -f H -np N -ppn P -genv K V ... python -m cpudist.train`."""
+    argv = [spec.launcher_path]
+    if spec.hostfile:
+        argv += ["-launcher", "ssh", "-launcher-exec", spec.ssh, "-f", spec.hostfile]
+    argv += ["-np", str(spec.np), "-ppn", str(spec.ppn), "-prepend-pattern", "[%h:%r] "]
     for key, value in env.items():
         argv += ["-genv", key, value]
+    return argv + trainer_argv(spec)
+
+
+def impi_argv(spec: RunSpec, env: dict[str, str]) -> list[str]:
+    """Intel MPI's Hydra: `-bootstrap ssh -bootstrap-exec SSH`, rank-prefixed output."""
+    argv = [spec.launcher_path]
+    if spec.hostfile:
+        argv += ["-bootstrap", "ssh", "-bootstrap-exec", spec.ssh, "-f", spec.hostfile]
+    argv += ["-np", str(spec.np), "-ppn", str(spec.ppn), "-prepend-pattern", "[%h:%r] "]
+    for key, value in env.items():
+        argv += ["-genv", key, value]
+    return argv + trainer_argv(spec)
+
+
+def openmpi_argv(spec: RunSpec, env: dict[str, str]) -> list[str]:
+    """Open MPI: `--map-by ppr:P:node` places P ranks per node (else it fills each host's cores)."""
+    argv = [spec.launcher_path]
+    if spec.as_root:
+        argv.append("--allow-run-as-root")  # Open MPI refuses root unless told; only then
+    argv += ["-np", str(spec.np), "--map-by", f"ppr:{spec.ppn}:node", "--output", "tag-detailed"]
+    if spec.oversubscribe:
+        argv += ["--oversubscribe"]
+    if spec.hostfile:
+        argv += ["--hostfile", spec.hostfile, "--prtemca", "plm_ssh_agent", spec.ssh]
+    for key, value in env.items():
+        argv += ["-x", f"{key}={value}"]
     return argv + trainer_argv(spec)
 
 
@@ -94,11 +129,12 @@ def plan(spec: RunSpec) -> Launch:
     """The launch of a spec, after checking that its ranks fit its hosts."""
     nodes = check_layout(spec.np, spec.ppn, spec.hosts, spec.oversubscribe)
     env = rank_env(spec)
-    if spec.launcher == "mpich":
-        return Launch(tuple(hydra_argv(spec, env)), env)
+    builders = {"mpich": mpich_argv, "impi": impi_argv, "openmpi": openmpi_argv}
+    if spec.launcher in builders:
+        return Launch(tuple(builders[spec.launcher](spec, env)), env)
     if spec.launcher == "torchrun":
-        if nodes > 1:
+        if nodes > 1 or spec.hostfile:
             raise BadInput("the torchrun launcher runs on this machine only",
-                           "Use --launcher mpich for several nodes")
+                           "Use --launcher mpich, impi or openmpi with a hostfile")
         return Launch(tuple(torchrun_argv(spec)), env)
     raise BadInput(f"unknown launcher '{spec.launcher}'", f"Use one of: {', '.join(LAUNCHERS)}")

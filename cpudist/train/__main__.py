@@ -153,8 +153,11 @@ def run(cfg: TrainConfig, info: RankInfo) -> None:
     started, started_at = time.perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
     job = setup(cfg, info)
     params = sum(p.numel() for p in job.model.parameters())
-    print(f"rank {info.rank}/{info.world_size} ready: {len(job.train_data)} train rows, {params / 1e6:.1f}M params, "
-          f"{'bf16' if job.bf16 else 'fp32'}, {torch.get_num_threads()} threads", flush=True)
+    # One write per line: launchers interleave partial writes of different ranks.
+    sys.stdout.write(f"rank {info.rank}/{info.world_size} ready: {len(job.train_data)} train rows, "
+                     f"{params / 1e6:.1f}M params, {'bf16' if job.bf16 else 'fp32'}, "
+                     f"{torch.get_num_threads()} threads\n")
+    sys.stdout.flush()
     stats = train(cfg, job.model, job.train_data, job.regression, job.bf16, job.run_dir,
                   info.rank, info.world_size)
     metrics: dict[str, float] = {}
@@ -184,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(cfg, info)
     except CpudistError as e:
-        print(f"[{socket.gethostname()}:{info.rank}] error: {e.message}", file=sys.stderr, flush=True)
+        sys.stderr.write(f"[{socket.gethostname()}:{info.rank}] error: {e.message}\n")
+        sys.stderr.flush()
         return e.exit_code
     finally:
         if dist.is_available() and dist.is_initialized():

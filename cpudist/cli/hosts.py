@@ -1,0 +1,99 @@
+"""`cpudist hosts ...`: password-less SSH between nodes, and a health check of every node."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from cpudist.errors import CpudistError
+from cpudist.hosts.doctor import doctor as run_doctor
+from cpudist.hosts.hostfile import check_resolvable, read_hostfile
+from cpudist.hosts.keys import local_cluster_dir
+from cpudist.hosts.setup import forget as forget_host
+from cpudist.hosts.setup import ssh_setup as run_ssh_setup
+
+hostfile_option = click.option("--hostfile", type=click.Path(path_type=Path), required=True,
+                               help="One host per line, the head node first.")
+user_option = click.option("--user", help="Login name on the nodes [default: yours].")
+identity_option = click.option("--identity", type=click.Path(exists=True, dir_okay=False),
+                               help="Private key that logs in to every node [default: ssh-agent, ~/.ssh].")
+port_option = click.option("--port", type=click.IntRange(1, 65535), default=22, show_default=True)
+
+
+def console() -> Console:
+    c = Console()
+    return c if c.is_terminal else Console(width=200)
+
+
+@click.group()
+def hosts() -> None:
+    """Prepare and check the nodes of an on-prem or cloud cluster."""
+
+
+@hosts.command("ssh-setup")
+@hostfile_option
+@user_option
+@identity_option
+@port_option
+def ssh_setup(hostfile: Path, user: str | None, identity: str | None, port: int) -> None:
+    """Install one cluster key so every node can ssh to every other node (host keys pinned)."""
+    nodes = read_hostfile(hostfile)
+    check_resolvable(nodes)
+    results = run_ssh_setup(nodes, user, identity, port)
+    table = Table("node", "home", "reaches", "fails")
+    for r in results:
+        table.add_row(r.host, r.home, f"{len(r.reaches)}/{len(nodes)}", " ".join(r.fails) or "-")
+    console().print(table)
+    broken = [r for r in results if r.fails]
+    if broken:
+        raise CpudistError(f"{broken[0].host} cannot ssh to {', '.join(broken[0].fails)} with the cluster key",
+                           "Check sshd on those nodes (AuthorizedKeysFile, firewall), then re-run ssh-setup")
+    click.echo(f"ok: {len(nodes)} nodes reach each other; launchers use {local_cluster_dir()}/ssh")
+
+
+@hosts.command()
+@hostfile_option
+@user_option
+@identity_option
+@port_option
+@click.option("--launcher-program", default="mpiexec.hydra", show_default=True,
+              help="Program every node must have (mpiexec.hydra, mpirun, torchrun).")
+@click.option("--json", "as_json", is_flag=True)
+def doctor(hostfile: Path, user: str | None, identity: str | None, port: int, launcher_program: str,
+           as_json: bool) -> None:
+    """Check every node against the head: SSH, versions, CPU features, cores, memory, launcher."""
+    nodes = read_hostfile(hostfile)
+    reports = run_doctor(nodes, user, identity, port, launcher_program)
+    if as_json:
+        click.echo(json.dumps([{"host": r.host, "ok": r.ok, "problems": r.problems, "facts": r.facts}
+                               for r in reports], indent=2))
+    else:
+        table = Table("node", "python", "cpudist", "torch", "cpu", "bf16", "cores", "free GiB", "launcher",
+                      "verdict")
+        for r in reports:
+            f = r.facts
+            cpu = f.get("cpu", {})
+            table.add_row(r.host, f.get("python", "-"), f.get("cpudist", "-"), f.get("torch", "-"),
+                          cpu.get("model", "-"), str(cpu.get("bf16", "-")), str(cpu.get("physical_cores", "-")),
+                          str(f.get("mem_available_gib", "-")),
+                          "yes" if f.get("launchers", {}).get(launcher_program) else "no",
+                          "ok" if r.ok else "FAIL: " + "; ".join(r.problems))
+        console().print(table)
+    bad = [r for r in reports if not r.ok]
+    if bad:
+        raise CpudistError(f"{len(bad)} of {len(reports)} nodes differ from the head or are not ready "
+                           f"({', '.join(r.host for r in bad)})", "Fix what the table says, then re-run doctor")
+
+
+@hosts.command()
+@click.argument("host")
+def forget(host: str) -> None:
+    """Drop HOST's pinned host key (after a deliberate reinstall), so ssh-setup can pin the new one."""
+    if forget_host(host):
+        click.echo(f"forgot the host key of {host}; run `cpudist hosts ssh-setup` to pin the new one")
+    else:
+        click.echo(f"no pinned key for {host}")

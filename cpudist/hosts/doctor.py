@@ -1,0 +1,89 @@
+"""`cpudist hosts doctor`: is every node the same as the head, and ready to run ranks?"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cpudist.errors import CpudistError
+from cpudist.hosts.hostfile import Host
+from cpudist.hosts.keys import local_cluster_dir
+from cpudist.hosts.setup import parallel
+from cpudist.hosts.ssh import KnownHosts, Remote, Target
+
+SAME_AS_HEAD = ("python", "cpudist", "torch", "transformers")
+CPU_FLAGS_THAT_MATTER = ("avx512f", "avx512_bf16", "amx_bf16")
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """One node's facts and what is wrong with them."""
+
+    host: str
+    facts: dict[str, Any]
+    problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _flags(f: dict[str, Any]) -> set[str]:
+    return set(f.get("cpu", {}).get("flags", [])) & set(CPU_FLAGS_THAT_MATTER)
+
+
+def compare(head: dict[str, Any], node: dict[str, Any], launcher: str | None) -> tuple[str, ...]:
+    """What differs from the head (versions, CPU features, cores) or is missing (the launcher)."""
+    problems = [f"{key} {node.get(key)} != head's {head.get(key)}"
+                for key in SAME_AS_HEAD if node.get(key) != head.get(key)]
+    if _flags(node) != _flags(head):
+        problems.append(f"CPU flags {sorted(_flags(node))} != head's {sorted(_flags(head))}")
+    cores, head_cores = node["cpu"]["physical_cores"], head["cpu"]["physical_cores"]
+    if cores != head_cores:
+        problems.append(f"{cores} physical cores != head's {head_cores}")
+    if launcher and not node.get("launchers", {}).get(launcher):
+        problems.append(f"{launcher} not found")
+    return tuple(problems)
+
+
+def probe(host: Host, user: str | None, identity: str | None, port: int, python: str) -> dict[str, Any]:
+    """Run the probe module on a node with the head's Python path."""
+    known = KnownHosts(local_cluster_dir() / "known_hosts")
+    key = identity or (str(local_cluster_dir() / "id_ed25519")
+                       if (local_cluster_dir() / "id_ed25519").exists() else None)
+    with Remote(Target(host.name, user, port, key), known) as remote:
+        code, out, err = remote.run(f"{shlex.quote(python)} -m cpudist.hosts.probe", timeout=60)
+    if code != 0:
+        raise CpudistError(f"{host.name}: the probe failed with exit code {code}: {err.strip()[-200:]}",
+                           f"Install the same Python at {python} and cpudist on every node")
+    data: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return data
+
+
+def doctor(hosts: Sequence[Host], user: str | None, identity: str | None, port: int = 22,
+           launcher: str | None = "mpiexec.hydra", python: str | None = None) -> list[NodeReport]:
+    """Probe every node in parallel and compare each with the head (the first host)."""
+    exe = python or sys.executable
+
+    def one(h: Host) -> dict[str, Any]:
+        try:
+            return probe(h, user, identity, port, exe)
+        except CpudistError as e:
+            return {"error": e.message}
+
+    facts = parallel(hosts, one)
+    head = facts[0]
+    reports = []
+    for h, f in zip(hosts, facts, strict=True):
+        if "error" in f:
+            reports.append(NodeReport(h.name, f, (f["error"],)))
+        elif "error" in head:
+            reports.append(NodeReport(h.name, f, ("head node unreachable: nothing to compare with",)))
+        else:
+            reports.append(NodeReport(h.name, f, compare(head, f, launcher)))
+    return reports
+

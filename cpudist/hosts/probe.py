@@ -1,0 +1,46 @@
+"""Facts about the node it runs on, as one JSON line (`python -m cpudist.hosts.probe`).
+
+Run on every node by `cpudist hosts doctor`; cheap: it reads versions without importing torch.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import socket
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from cpudist import __version__
+from cpudist.cpu import read_cpu
+from cpudist.launch.tools import find_program
+
+LAUNCHER_PROGRAMS = ("mpiexec.hydra", "mpirun", "torchrun")
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def mem_available_gib(meminfo: str) -> float:
+    """MemAvailable from /proc/meminfo text, in GiB."""
+    for line in meminfo.splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024**2
+    return 0.0
+
+
+def facts() -> dict[str, object]:
+    meminfo = Path("/proc/meminfo").read_text() if Path("/proc/meminfo").exists() else ""
+    return {"host": socket.gethostname(), "python": platform.python_version(), "executable": sys.executable,
+            "cpudist": __version__, "torch": _version("torch"), "transformers": _version("transformers"),
+            "cpu": read_cpu().summary(), "mem_available_gib": round(mem_available_gib(meminfo), 1),
+            "launchers": {p: find_program(p) for p in LAUNCHER_PROGRAMS}}
+
+
+if __name__ == "__main__":
+    print(json.dumps(facts()))

@@ -1,0 +1,111 @@
+"""`cpudist hosts ssh-setup`: one cluster key, installed so every node reaches every other."""
+
+from __future__ import annotations
+
+import getpass
+import shlex
+import socket
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from cpudist.hosts.hostfile import Host
+from cpudist.hosts.keys import CLUSTER_DIR, load_or_create_key, local_cluster_dir, ssh_config, ssh_wrapper
+from cpudist.hosts.ssh import KnownHosts, Remote, Target
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class NodeSetup:
+    """What ssh-setup did on one node."""
+
+    host: str
+    home: str
+    reaches: tuple[str, ...]  # nodes it could then ssh to with the cluster key
+    fails: tuple[str, ...]
+
+
+def parallel(hosts: Sequence[Host], work: Callable[[Host], T]) -> list[T]:
+    """Run `work` for every host at once; all errors are reported together, naming each host."""
+    with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
+        futures = [pool.submit(work, h) for h in hosts]
+    errors = [e for e in (f.exception() for f in futures) if e is not None]
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:  # the first error's kind (and exit code), every host's message
+        raise type(errors[0])("; ".join(str(e) for e in errors))
+    return [f.result() for f in futures]
+
+
+def _put(remote: Remote, rel: str, data: str, mode: str) -> None:
+    path = f"~/{rel}"
+    remote.check(f"umask 077 && mkdir -p $(dirname {path}) && cat > {path}.tmp && chmod {mode} {path}.tmp "
+                 f"&& mv {path}.tmp {path}", stdin=data.encode())
+
+
+def _install(remote: Remote, key_private: str, key_public: str, known_hosts: str, user: str) -> str:
+    home = remote.check("printf %s \"$HOME\"").strip()
+    _put(remote, f"{CLUSTER_DIR}/id_ed25519", key_private, "600")
+    _put(remote, f"{CLUSTER_DIR}/id_ed25519.pub", key_public + "\n", "644")
+    _put(remote, f"{CLUSTER_DIR}/known_hosts", known_hosts, "644")
+    _put(remote, f"{CLUSTER_DIR}/ssh_config", ssh_config(home, user), "644")
+    _put(remote, f"{CLUSTER_DIR}/ssh", ssh_wrapper(home), "755")
+    quoted = shlex.quote(key_public)
+    remote.check(f"umask 077 && mkdir -p ~/.ssh && touch ~/.ssh/authorized_keys && "
+                 f"(grep -qxF {quoted} ~/.ssh/authorized_keys || echo {quoted} >> ~/.ssh/authorized_keys)")
+    return home
+
+
+def _address(name: str) -> str:
+    try:
+        return socket.gethostbyname(name)
+    except OSError:
+        return name
+
+
+def ssh_setup(hosts: Sequence[Host], user: str | None, identity: str | None, port: int = 22,
+              known_hosts: Path | None = None) -> list[NodeSetup]:
+    """Connect with the user's credential, pin host keys, install the cluster key everywhere, verify."""
+    folder = local_cluster_dir()
+    known = KnownHosts(known_hosts or folder / "known_hosts")
+    key = load_or_create_key(folder)
+    login = user or getpass.getuser()
+
+    def connect(h: Host) -> Remote:
+        return Remote(Target(h.name, user, port, identity), known)
+
+    remotes = dict(zip([h.name for h in hosts], parallel(hosts, connect), strict=True))
+    try:
+        node_known = known.lines_for({h.name: _address(h.name) for h in hosts})
+        homes = parallel(hosts, lambda h: _install(remotes[h.name], key.private, key.public, node_known, login))
+        local_home = str(Path.home())
+        (folder / "ssh_config").write_text(ssh_config(local_home, login))
+        (folder / "ssh").write_text(ssh_wrapper(local_home))
+        (folder / "ssh").chmod(0o755)
+        names = " ".join(shlex.quote(h.name) for h in hosts)
+        probe = (f"for h in {names}; do if ~/{CLUSTER_DIR}/ssh -p {port} -o ConnectTimeout=5 \"$h\" true "
+                 f"</dev/null >/dev/null 2>&1; then echo \"ok $h\"; else echo \"fail $h\"; fi; done")
+        outputs = parallel(hosts, lambda h: remotes[h.name].check(probe))
+    finally:
+        for r in remotes.values():
+            r.close()
+    result = []
+    for h, home, out in zip(hosts, homes, outputs, strict=True):
+        pairs = [line.split(" ", 1) for line in out.splitlines() if " " in line]
+        result.append(NodeSetup(h.name, home, tuple(n for s, n in pairs if s == "ok"),
+                                tuple(n for s, n in pairs if s == "fail")))
+    return result
+
+
+def forget(host: str, known_hosts: Path | None = None) -> bool:
+    """Drop a host's pinned key (after a deliberate reinstall); True if there was one."""
+    path = known_hosts or local_cluster_dir() / "known_hosts"
+    if not path.is_file():
+        return False
+    lines = path.read_text().splitlines()
+    kept = [ln for ln in lines if host not in ln.split(" ", 1)[0].split(",")]
+    path.write_text("".join(f"{ln}\n" for ln in kept))
+    return len(kept) != len(lines)

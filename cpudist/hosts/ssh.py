@@ -1,0 +1,129 @@
+"""SSH to cluster nodes with paramiko, with host keys pinned on first contact.
+
+The one module that talks SSH. Errors come out as CpudistErrors that name the host and the fix.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import paramiko
+
+from cpudist.errors import CpudistError
+
+CONNECT_TIMEOUT_S = 10.0
+
+
+class HostKeyChanged(CpudistError):
+    """A node presented a different host key than the one pinned for it."""
+
+
+class Unreachable(CpudistError):
+    """A node could not be reached or logged in to."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """How to reach one node."""
+
+    host: str
+    user: str | None = None
+    port: int = 22
+    identity: str | None = None  # private key file; None: ssh-agent and ~/.ssh defaults
+
+
+class KnownHosts:
+    """A known_hosts file: keys seen before are enforced, new hosts are pinned (trust on first use)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.keys = paramiko.HostKeys()
+        if path.is_file():
+            self.keys.load(str(path))
+        self._lock = threading.Lock()
+
+    def entry_name(self, host: str, port: int) -> str:
+        return host if port == 22 else f"[{host}]:{port}"
+
+    def pin(self, name: str, key: paramiko.PKey) -> None:
+        """Remember a new host's key and save the file at once."""
+        with self._lock:
+            self.keys.add(name, key.get_name(), key)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.keys.save(str(self.path))
+
+    def lines_for(self, names: dict[str, str]) -> str:
+        """known_hosts text for hosts given as {name: alias-or-address}, for the nodes themselves."""
+        out = []
+        for name, alias in names.items():
+            entry = self.keys.lookup(name)
+            if entry:
+                for kind, key in entry.items():
+                    hostnames = name if alias == name else f"{name},{alias}"
+                    out.append(f"{hostnames} {kind} {key.get_base64()}")
+        return "\n".join(out) + "\n"
+
+
+class _PinNew(paramiko.MissingHostKeyPolicy):
+    def __init__(self, known: KnownHosts) -> None:
+        self.known = known
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        self.known.pin(hostname, key)
+
+
+class Remote:
+    """An open SSH session to one node."""
+
+    def __init__(self, target: Target, known: KnownHosts, timeout: float = CONNECT_TIMEOUT_S) -> None:
+        self.target = target
+        self.client = paramiko.SSHClient()
+        self.client.get_host_keys().update(known.keys)  # pinned keys: a different key is refused
+        self.client.set_missing_host_key_policy(_PinNew(known))
+        try:
+            self.client.connect(target.host, port=target.port, username=target.user,
+                                key_filename=target.identity, look_for_keys=target.identity is None,
+                                timeout=timeout, banner_timeout=timeout, auth_timeout=timeout)
+        except paramiko.BadHostKeyException:
+            self.client.close()
+            raise HostKeyChanged(
+                f"the host key of {target.host} changed since it was pinned in {known.path}: refusing to connect",
+                f"If the node was reinstalled on purpose, re-trust it with "
+                f"`cpudist hosts forget {target.host}` (or `ssh-keygen -R {target.host} -f {known.path}`) "
+                f"and run `cpudist hosts ssh-setup` again") from None
+        except paramiko.AuthenticationException:
+            self.client.close()
+            raise Unreachable(f"cannot log in to {target.host} as {target.user or 'the current user'}",
+                              "Pass the key that works there with --identity, or the right --user") from None
+        except (TimeoutError, OSError, paramiko.SSHException) as e:
+            self.client.close()
+            raise Unreachable(f"cannot reach {target.host}:{target.port} over SSH ({e})",
+                              "Check that the node is up, the name resolves and sshd listens") from None
+
+    def run(self, command: str, stdin: bytes | None = None, timeout: float = 120) -> tuple[int, str, str]:
+        """Run a shell command; returns (exit code, stdout, stderr)."""
+        chan_in, out, err = self.client.exec_command(command, timeout=timeout)
+        if stdin is not None:
+            chan_in.write(stdin)
+        chan_in.channel.shutdown_write()
+        stdout, stderr = out.read().decode(), err.read().decode()
+        return out.channel.recv_exit_status(), stdout, stderr
+
+    def check(self, command: str, stdin: bytes | None = None, timeout: float = 120) -> str:
+        """Run a command that must succeed; its stdout."""
+        code, stdout, stderr = self.run(command, stdin, timeout)
+        if code != 0:
+            raise CpudistError(f"on {self.target.host}: `{command.split(' &&')[0]}` failed with exit code {code}: "
+                               f"{stderr.strip()[-300:]}", "Fix the node, then re-run")
+        return stdout
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> Remote:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

