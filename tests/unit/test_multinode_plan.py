@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+import paramiko
+import pytest
+
+from cpudist.hosts.doctor import compare
+from cpudist.hosts.hostfile import Host
+from cpudist.hosts.keys import generate_key, ssh_config, ssh_wrapper
+from cpudist.hosts.probe import mem_available_gib
+from cpudist.launch.env import EnvSpec, node_env
+from cpudist.launch.job import failed_host
+from cpudist.launch.plan import RunSpec, plan
+from cpudist.train.config import TrainConfig
+
+HOSTS = tuple(Host(f"n{i}") for i in range(4))
+
+
+def spec(launcher: str, **kw: object) -> RunSpec:
+    base: dict[str, object] = dict(
+        train=TrainConfig(task="mrpc", output_dir="/r", model="tiny"), np=8, ppn=2, hosts=HOSTS,
+        launcher=launcher, launcher_path="/mpi/bin/launcher", python="/py/bin/python", master_addr="n0",
+        master_port=29500, physical_cores=16, hostfile="/r/hostfile", ssh="/home/u/.cpudist/cluster/ssh")
+    base.update(kw)
+    return RunSpec(**base)  # type: ignore[arg-type]
+
+
+def genv(argv: tuple[str, ...]) -> dict[str, str]:
+    return {argv[i + 1]: argv[i + 2] for i, a in enumerate(argv) if a == "-genv"}
+
+
+def test_mpich_across_hosts() -> None:
+    launch = plan(spec("mpich"))
+    a = launch.argv
+    assert a[:7] == ("/mpi/bin/launcher", "-launcher", "ssh", "-launcher-exec", "/home/u/.cpudist/cluster/ssh",
+                     "-f", "/r/hostfile")
+    assert a[7:11] == ("-np", "8", "-ppn", "2")
+    assert genv(a)["OMP_NUM_THREADS"] == "8" and genv(a)["MASTER_ADDR"] == "n0"
+
+
+def test_intel_mpi_across_hosts() -> None:
+    a = plan(spec("impi")).argv
+    assert a[1:7] == ("-bootstrap", "ssh", "-bootstrap-exec", "/home/u/.cpudist/cluster/ssh", "-f", "/r/hostfile")
+    assert genv(a)["I_MPI_PIN_DOMAIN"] == "omp"
+
+
+@pytest.mark.parametrize("as_root", [True, False])
+def test_open_mpi_across_hosts(as_root: bool) -> None:
+    a = plan(spec("openmpi", as_root=as_root)).argv
+    assert ("--allow-run-as-root" in a) == as_root
+    i = a.index("--map-by")
+    assert a[i + 1] == "ppr:2:node"
+    assert a[a.index("--hostfile") + 1] == "/r/hostfile"
+    assert a[a.index("plm_ssh_agent") + 1] == "/home/u/.cpudist/cluster/ssh"
+    assert "-x" in a and "OMP_NUM_THREADS=8" in a
+
+
+def test_torchrun_refuses_a_hostfile() -> None:
+    with pytest.raises(Exception, match="this machine only"):
+        plan(spec("torchrun"))
+
+
+def test_env_for_cluster_features() -> None:
+    env = node_env(EnvSpec(physical_cores=16, ppn=2, backend="ccl", master_addr="n0", master_port=1,
+                           hub_offline=False, launcher="impi", iface="eth0",
+                           allocator="/usr/lib/libtcmalloc.so.4", iomp="/py/lib/libiomp5.so"))
+    assert env["GLOO_SOCKET_IFNAME"] == "eth0"
+    assert env["LD_PRELOAD"] == "/usr/lib/libtcmalloc.so.4:/py/lib/libiomp5.so"
+    assert env["KMP_BLOCKTIME"] == "1" and "KMP_AFFINITY" in env
+    assert env["CCL_WORKER_AFFINITY"] == "7,15" and env["CCL_ATL_TRANSPORT"] == "mpi"
+    plain = node_env(EnvSpec(16, 2, "gloo", "n0", 1, False))
+    assert not {"LD_PRELOAD", "KMP_AFFINITY", "CCL_WORKER_COUNT", "I_MPI_PIN_DOMAIN"} & set(plain)
+
+
+@pytest.mark.parametrize(("lines", "host"), [
+    (("x", "=   RANK 2 PID 77 RUNNING AT cpd-n2", "=   KILLED BY SIGNAL: 9"), "cpd-n2"),
+    (("prterun noticed that process rank 1 with PID 5 on node n1 exited on signal 9.",), "n1"),
+    (("[n3:3] error: data file not found",), "n3"),
+    (("nothing useful",), None),
+])
+def test_failed_host(lines: tuple[str, ...], host: str | None) -> None:
+    assert failed_host(lines) == host
+
+
+def test_generated_key_is_usable_by_openssh_and_paramiko(tmp_path: object) -> None:
+    pair = generate_key()
+    assert pair.private.startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+    assert pair.public.startswith("ssh-ed25519 ")
+    import io
+
+    key = paramiko.Ed25519Key.from_private_key(io.StringIO(pair.private))
+    assert pair.public.split()[1] == key.get_base64()
+    cfg = ssh_config("/home/u", "u")
+    assert "StrictHostKeyChecking yes" in cfg and "IdentityFile /home/u/.cpudist/cluster/id_ed25519" in cfg
+    assert 'ssh -F "/home/u/.cpudist/cluster/ssh_config"' in ssh_wrapper("/home/u")
+
+
+def facts(**kw: object) -> dict[str, object]:
+    base: dict[str, object] = {"python": "3.11.7", "cpudist": "0.1.0", "torch": "2.13.0", "transformers": "5.2",
+                               "cpu": {"flags": ["avx2", "avx512f"], "physical_cores": 32},
+                               "launchers": {"mpiexec.hydra": "/x"}}
+    base.update(kw)
+    return base
+
+
+def test_doctor_compare() -> None:
+    head = facts()
+    assert compare(head, facts(), "mpiexec.hydra") == ()
+    problems = compare(head, facts(torch="2.12.0", cpu={"flags": ["avx2"], "physical_cores": 16},
+                                   launchers={}), "mpiexec.hydra")
+    assert len(problems) == 4 and any("torch 2.12.0" in p for p in problems)
+
+
+def test_mem_available() -> None:
+    assert mem_available_gib("MemTotal: 100 kB\nMemAvailable:   2097152 kB\n") == 2.0
