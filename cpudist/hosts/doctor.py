@@ -40,6 +40,8 @@ def compare(head: dict[str, Any], node: dict[str, Any], launcher: str | None) ->
     """What differs from the head (versions, CPU features, cores) or is missing (the launcher)."""
     problems = [f"{key} {node.get(key)} != head's {head.get(key)}"
                 for key in SAME_AS_HEAD if node.get(key) != head.get(key)]
+    if node["cpu"].get("model") != head["cpu"].get("model"):
+        problems.append(f"CPU {node['cpu'].get('model')} != head's {head['cpu'].get('model')}")
     if _flags(node) != _flags(head):
         problems.append(f"CPU flags {sorted(_flags(node))} != head's {sorted(_flags(head))}")
     cores, head_cores = node["cpu"]["physical_cores"], head["cpu"]["physical_cores"]

@@ -157,3 +157,18 @@ def test_changed_host_key_is_refused_until_re_trusted(ready: NetnsCluster, share
     assert forget.returncode == 0 and "forgot" in forget.stdout
     again = on_head(ready, "hosts", "ssh-setup", "--hostfile", ready.hostfile, "--identity", ready.user_key)
     assert again.returncode == 0, again.stderr
+
+
+def test_link_shaping_on_both_ends(cluster: NetnsCluster) -> None:
+    def qdiscs() -> list[str]:
+        return [subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", dev], capture_output=True, text=True).stdout
+                for i in range(cluster.n) for ns, dev in ((cluster.name(i), "eth0"), (cluster.bridge_ns, f"v{i}"))]
+
+    cluster.shape("tbf rate 100mbit burst 256kb latency 50ms")
+    try:
+        assert all("tbf" in q and "100Mbit" in q for q in qdiscs())
+        cluster.shape("tbf rate 10mbit burst 32kb latency 50ms", only=1)
+        assert "10Mbit" in qdiscs()[2] and "100Mbit" in qdiscs()[0]
+    finally:
+        cluster.shape("none")
+    assert not any("tbf" in q for q in qdiscs())

@@ -105,9 +105,9 @@ def facts(**kw: object) -> dict[str, object]:
 def test_doctor_compare() -> None:
     head = facts()
     assert compare(head, facts(), "mpiexec.hydra") == ()
-    problems = compare(head, facts(torch="2.12.0", cpu={"flags": ["avx2"], "physical_cores": 16},
+    problems = compare(head, facts(torch="2.12.0", cpu={"flags": ["avx2"], "physical_cores": 16, "model": "Other"},
                                    launchers={}), "mpiexec.hydra")
-    assert len(problems) == 4 and any("torch 2.12.0" in p for p in problems)
+    assert len(problems) == 5 and any("torch 2.12.0" in p for p in problems)
 
 
 def test_mem_available() -> None:
