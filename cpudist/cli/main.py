@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from cpudist import __version__
+from cpudist.cli.cluster import ami, cluster
 from cpudist.cli.hosts import hosts
 from cpudist.cli.report import report
 from cpudist.cli.run import run
@@ -36,6 +37,8 @@ def cli(debug: bool) -> None:
 cli.add_command(run)
 cli.add_command(report)
 cli.add_command(hosts)
+cli.add_command(cluster)
+cli.add_command(ami)
 
 
 def main() -> None:

@@ -5,7 +5,9 @@ The one module that talks SSH. Errors come out as CpudistErrors that name the ho
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,3 +129,20 @@ class Remote:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def wait_banner(address: str, port: int = 22, timeout_s: float = 600, interval_s: float = 2.0) -> None:
+    """Wait until sshd answers on `address` with its banner (booted far enough to log in)."""
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((address, port), timeout=5) as s:
+                s.settimeout(5)
+                if s.recv(64).startswith(b"SSH-"):
+                    return
+        except OSError as e:
+            last = str(e)
+        time.sleep(interval_s)
+    raise Unreachable(f"no SSH banner from {address}:{port} after {timeout_s:g}s ({last or 'no answer'})",
+                      "Check the security group allows your address (--ssh-cidr) and --connect public/private")

@@ -55,6 +55,7 @@ class NetnsCluster:
     prefix: str = "cpd"
     net: str = "198.18.0"
     base: int = 10
+    gateway: str | None = None  # e.g. "198.18.0.1": this (root) namespace joins the network there
 
     def name(self, i: int) -> str:
         return f"{self.prefix}-n{i}"
@@ -102,6 +103,12 @@ class NetnsCluster:
         sh("ip", "-n", self.bridge_ns, "link", "set", "lo", "up")
         sh("ip", "-n", self.bridge_ns, "link", "add", "br0", "type", "bridge")
         sh("ip", "-n", self.bridge_ns, "link", "set", "br0", "up")
+        if self.gateway:
+            # A bastion inside the "VPC": the test process itself reaches every host directly.
+            sh("ip", "link", "add", f"{self.prefix}-gw", "type", "veth", "peer", "name", "vgw", "netns", self.bridge_ns)
+            sh("ip", "-n", self.bridge_ns, "link", "set", "vgw", "master", "br0", "up")
+            sh("ip", "addr", "add", f"{self.gateway}/24", "dev", f"{self.prefix}-gw")
+            sh("ip", "link", "set", f"{self.prefix}-gw", "up")
         for i in range(self.n):
             self._start_node(i)
         return self
@@ -189,7 +196,9 @@ MaxSessions 100
         for i in range(self.n):
             self._stop_sshd(i)
             sh("ip", "netns", "del", self.name(i), check=False)
-        sh("ip", "netns", "del", self.bridge_ns, check=False)
+        sh("ip", "netns", "del", self.bridge_ns, check=False)  # takes the veths (and the gateway's) along
+        if self.gateway:
+            sh("ip", "link", "del", f"{self.prefix}-gw", check=False)
 
     # --- use -------------------------------------------------------------------------------
 

@@ -1,0 +1,1 @@
+"""The bootstrap script images are baked from (`cpudist ami build`)."""

@@ -1,0 +1,190 @@
+"""`cpudist cluster up/down/status/list` and `cpudist ami build`: AWS, thin over cpudist.cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tomllib
+import urllib.request
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from cpudist import cluster as lib
+from cpudist.cloud.aws import instances
+from cpudist.cloud.aws.client import ec2_client
+from cpudist.cloud.aws.tags import CLUSTER_TAG
+from cpudist.errors import BadInput
+
+
+def say(text: str) -> None:
+    click.echo(f"[cpudist] {text}", err=True)
+
+
+def _load_config(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """Values from a TOML file become defaults: the command line and CPUDIST_* variables still win."""
+    if value is not None:
+        try:
+            data = tomllib.loads(value.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise BadInput(f"cannot read {value}: {e}", "Give a TOML file (see examples/cluster.toml)") from None
+        ctx.default_map = {k.replace("-", "_"): v for k, v in data.get("cluster", data).items()}
+    return value
+
+
+def _caller_cidr() -> str:
+    """This machine's public address as a /32, for the SSH rule; no guess when it cannot be found."""
+    try:
+        with urllib.request.urlopen("https://checkip.amazonaws.com", timeout=3) as r:
+            return r.read().decode().strip() + "/32"
+    except OSError:
+        raise BadInput("could not determine your public address for the SSH rule",
+                       "Pass --ssh-cidr ADDRESS/32 (never 0.0.0.0/0)") from None
+
+
+def region_option(f: Any) -> Any:
+    f = click.option("--endpoint-url", help="EC2-compatible endpoint [default: boto3's settings, "
+                                            "AWS_ENDPOINT_URL(_EC2)].")(f)
+    return click.option("--region", default=lambda: os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+                        show_default="AWS_DEFAULT_REGION or us-east-1")(f)
+
+
+@click.group()
+def cluster() -> None:
+    """Provision a cluster of CPU instances on AWS, and remove it."""
+
+
+@cluster.command()
+@click.option("--config", type=click.Path(exists=True, dir_okay=False, path_type=Path), callback=_load_config,
+              is_eager=True, expose_value=False, help="TOML file of defaults (see examples/cluster.toml).")
+@click.option("--name", default="cpudist", show_default=True)
+@click.option("--nodes", type=click.IntRange(min=1), required=True)
+@region_option
+@click.option("--instance-type", default="c6i.16xlarge", show_default=True)
+@click.option("--image", help="AMI to boot (e.g. from `cpudist ami build`).")
+@click.option("--spot/--on-demand", default=True, show_default=True)
+@click.option("--max-price", help="Highest spot price per hour [default: the on-demand price].")
+@click.option("--on-demand-fallback", is_flag=True, help="Launch on-demand when spot capacity is refused.")
+@click.option("--ssh-cidr", help="Who may SSH in [default: your public address/32].")
+@click.option("--key-name", help="Your existing key pair [default: cpudist makes one].")
+@click.option("--identity", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Private key of --key-name.")
+@click.option("--subnet", help="Subnet for every node [default: the default VPC's first].")
+@click.option("--placement-group/--no-placement-group", default=True, show_default=True)
+@click.option("--user", default="ubuntu", show_default=True, help="Login name of the image.")
+@click.option("--connect", type=click.Choice(["public", "private"]), default="public", show_default=True,
+              help="Reach nodes by public address, or private (from a bastion inside the VPC).")
+@click.option("--clone-from-first", is_flag=True, help="Configure node 0, image it, launch the rest from it.")
+@click.option("--setup-script", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Script run on node 0 before it is imaged (with --clone-from-first).")
+@click.option("--ssh/--no-ssh", default=True, show_default=True,
+              help="Wait for SSH and set up password-less SSH between nodes.")
+@click.option("--keep-on-failure", is_flag=True, help="Leave what a failed run created, for debugging.")
+@click.option("--boot-timeout", type=click.FloatRange(min=1), default=900, show_default=True)
+@click.option("--yes", is_flag=True, help="Do not ask before spending money.")
+@click.option("--dry-run", is_flag=True, help="Show the price and what would be made; make nothing.")
+def up(name: str, nodes: int, region: str, endpoint_url: str | None, ssh_cidr: str | None, yes: bool,
+       dry_run: bool, boot_timeout: float, ssh: bool, **opts: Any) -> None:
+    """Provision NODES identical instances, tagged cpudist:cluster=NAME, and print the hostfile."""
+    ec2 = ec2_client(region, endpoint_url)
+    spec = lib.ClusterSpec(name=name, nodes=nodes, region=region, ssh_cidr=ssh_cidr or _caller_cidr(),
+                           endpoint_url=endpoint_url, boot_timeout_s=boot_timeout, ssh=ssh, **opts)
+    price = lib.price_of(ec2, spec)
+    per_node = "unknown" if price.usd_per_hour is None else f"${price.usd_per_hour:.4g}/h"
+    total = price.total(nodes)
+    say(f"{nodes} x {spec.instance_type} {'spot' if spec.spot else 'on-demand'} in {region}: {per_node} per node"
+        + (f", ${total:.2f}/h in all" if total is not None else "") + f" ({price.source})")
+    if dry_run:
+        say(f"would ensure key pair, security group (SSH from {spec.ssh_cidr}; all traffic inside), "
+            f"{'placement group, ' if spec.placement_group else ''}{nodes} instance(s) of {spec.image}")
+        return
+    if not yes:
+        if not sys.stdin.isatty():
+            raise BadInput("not asking for confirmation without a terminal", "Pass --yes to go ahead")
+        click.confirm("Launch these instances?", abort=True, err=True)
+    record = lib.up(ec2, spec, price, say)
+    say(f"cluster {name} is up; hostfile: {record.hostfile}")
+    click.echo(Path(record.hostfile).read_text(), nl=False)
+
+
+@cluster.command()
+@click.option("--name", default="cpudist", show_default=True)
+@region_option
+@click.option("--keep-image", is_flag=True, help="Keep the AMIs cpudist made for this cluster.")
+def down(name: str, region: str, endpoint_url: str | None, keep_image: bool) -> None:
+    """Remove every resource tagged with the cluster."""
+    removed = lib.down(ec2_client(region, endpoint_url), name, keep_image, say)
+    click.echo(json.dumps(removed))
+
+
+def _uptime(launch_time: str) -> str:
+    if not launch_time:
+        return "-"
+    seconds = (datetime.now(UTC) - datetime.fromisoformat(launch_time)).total_seconds()
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+
+
+@cluster.command()
+@click.option("--name", default="cpudist", show_default=True)
+@region_option
+@click.option("--json", "as_json", is_flag=True)
+def status(name: str, region: str, endpoint_url: str | None, as_json: bool) -> None:
+    """Nodes, states, addresses, spot or on-demand, uptime and cost so far."""
+    nodes = instances.find_nodes(ec2_client(region, endpoint_url), name, role=None)
+    record = lib.load_record(name)
+    price = record.usd_per_hour_per_node if record else None
+    cost = lib.cost_so_far(nodes, price)
+    if as_json:
+        click.echo(json.dumps({"name": name, "nodes": [n.__dict__ for n in nodes], "usd_per_hour_per_node": price,
+                               "cost_so_far_usd": cost}, default=str, indent=2))
+        return
+    table = Table("node", "instance", "state", "private", "public", "market", "uptime", title=f"cluster {name}")
+    for n in nodes:
+        table.add_row(str(n.index), n.instance_id, n.state, n.private_ip or "-", n.public_ip or "-", n.lifecycle,
+                      _uptime(n.launch_time))
+    Console().print(table)
+    click.echo(f"cost so far: {'unknown' if cost is None else f'${cost:.2f}'}")
+
+
+@cluster.command("list")
+@region_option
+def list_clusters(region: str, endpoint_url: str | None) -> None:
+    """Clusters with live instances in the region, and local records."""
+    ec2 = ec2_client(region, endpoint_url)
+    live = instances.describe(ec2, [{"Name": "tag-key", "Values": [CLUSTER_TAG]},
+                                    {"Name": "instance-state-name", "Values": instances.LIVE_STATES}])
+    names: dict[str, int] = {}
+    for n in live:
+        tags = ec2.describe_tags(Filters=[{"Name": "resource-id", "Values": [n.instance_id]},
+                                          {"Name": "key", "Values": [CLUSTER_TAG]}])["Tags"]
+        for t in tags:
+            names[t["Value"]] = names.get(t["Value"], 0) + 1
+    local = {p.name for p in lib.clusters_dir().glob("*") if (p / "record.json").exists()}
+    for cluster_name in sorted(set(names) | local):
+        note = "" if cluster_name in local else "  (no local record)"
+        click.echo(f"{cluster_name}\t{names.get(cluster_name, 0)} live instance(s){note}")
+
+
+@click.group()
+def ami() -> None:
+    """Images for cluster nodes."""
+
+
+@ami.command()
+@click.option("--name", required=True, help="Name of the new AMI.")
+@click.option("--base-image", required=True, help="AMI to start from (Ubuntu or Amazon Linux).")
+@region_option
+@click.option("--instance-type", default="c6i.large", show_default=True)
+@click.option("--subnet")
+@click.option("--timeout", type=click.FloatRange(min=1), default=3600, show_default=True)
+def build(name: str, base_image: str, region: str, endpoint_url: str | None, instance_type: str,
+          subnet: str | None, timeout: float) -> None:
+    """Bake an AMI: boot BASE_IMAGE with cpudist's bootstrap as user data, wait for it to power off, image it."""
+    ec2 = ec2_client(region, endpoint_url)
+    say(f"booting a builder from {base_image} ({instance_type}); it powers off when the bootstrap is done")
+    click.echo(lib.bake_image(ec2, name, base_image, instance_type, subnet, timeout))

@@ -1,0 +1,60 @@
+"""The one EC2 client factory, the one retry helper and the one wait helper."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import boto3
+import botocore.exceptions
+from botocore.config import Config
+
+from cpudist.cloud.aws.errors import translate
+from cpudist.errors import BadInput, CpudistError
+
+T = TypeVar("T")
+RETRIED_CODES = frozenset({"RequestLimitExceeded", "Throttling", "ThrottlingException"})
+
+
+def ec2_client(region: str, endpoint_url: str | None = None, profile: str | None = None) -> Any:
+    """An EC2 client. The endpoint comes from `endpoint_url`, else boto3's own settings
+    (AWS_ENDPOINT_URL_EC2, AWS_ENDPOINT_URL, profiles), else AWS."""
+    session = boto3.Session(profile_name=profile, region_name=region)
+    custom = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_EC2") or os.environ.get("AWS_ENDPOINT_URL")
+    if not custom and region not in session.get_available_regions("ec2"):
+        raise BadInput(f"unknown AWS region '{region}'", "Pick one from `aws ec2 describe-regions`, e.g. us-east-1")
+    # No botocore retries: throttling is retried with backoff in `call`, everything else fails at once.
+    config = Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=10, read_timeout=60)
+    return session.client("ec2", endpoint_url=endpoint_url, config=config)
+
+
+def call(fn: Callable[..., T], attempts: int = 6, base_delay: float = 0.5, **kwargs: Any) -> T:
+    """Call one EC2 API; throttling is retried with jittered exponential backoff, errors translated."""
+    for attempt in range(attempts):
+        try:
+            return fn(**kwargs)
+        except botocore.exceptions.ClientError as e:
+            code = e.response.get("Error", {}).get("Code", "")
+            if code in RETRIED_CODES and attempt < attempts - 1:
+                time.sleep(base_delay * 2**attempt * (0.5 + random.random()))
+                continue
+            raise translate(e) from None
+        except botocore.exceptions.BotoCoreError as e:
+            raise translate(e) from None
+    raise AssertionError("unreachable")
+
+
+def wait_until(check: Callable[[], T | None], what: str, timeout_s: float, interval_s: float = 2.0) -> T:
+    """Poll `check` until it returns something (not None); fail naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value is not None:
+            return value
+        if time.monotonic() >= deadline:
+            raise CpudistError(f"timed out after {timeout_s:g}s waiting for {what}",
+                               "Check the AWS console or `cpudist cluster status`, then retry")
+        time.sleep(interval_s)

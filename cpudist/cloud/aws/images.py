@@ -1,0 +1,48 @@
+"""Images cpudist makes: an AMI cloned from a configured node, or baked from ami/bootstrap.sh."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cpudist.cloud.aws.client import call, wait_until
+from cpudist.cloud.aws.tags import CLUSTER_TAG, tag_spec
+from cpudist.errors import CpudistError
+
+
+def create_image(ec2: Any, instance_id: str, owner_tag: str, name: str, timeout_s: float = 1800) -> str:
+    """An AMI of `instance_id`, tagged (with its snapshots) `cpudist:cluster=owner_tag`; waits until available."""
+    specs = [*tag_spec("image", owner_tag, name), *tag_spec("snapshot", owner_tag, name)]
+    image_id: str = call(ec2.create_image, InstanceId=instance_id, Name=name, NoReboot=True,
+                         Description=f"cpudist image for {owner_tag}", TagSpecifications=specs)["ImageId"]
+
+    def available() -> bool | None:
+        images = call(ec2.describe_images, ImageIds=[image_id])["Images"]
+        state = images[0]["State"] if images else "missing"
+        if state in ("failed", "invalid", "deregistered", "missing"):
+            raise CpudistError(f"image {image_id} ended up {state}", "Check the instance, then re-run")
+        return True if state == "available" else None
+
+    wait_until(available, f"image {image_id} to be available", timeout_s, 5.0)
+    return image_id
+
+
+def owned_images(ec2: Any, owner_tag: str) -> list[dict[str, Any]]:
+    return call(ec2.describe_images, Owners=["self"],
+                Filters=[{"Name": f"tag:{CLUSTER_TAG}", "Values": [owner_tag]}])["Images"]
+
+
+def delete_images(ec2: Any, owner_tag: str) -> list[str]:
+    """Deregister the images tagged with `owner_tag` and delete their snapshots; the ids removed."""
+    removed = []
+    for image in owned_images(ec2, owner_tag):
+        snapshots = [m["Ebs"]["SnapshotId"] for m in image.get("BlockDeviceMappings", [])
+                     if m.get("Ebs", {}).get("SnapshotId")]
+        call(ec2.deregister_image, ImageId=image["ImageId"])
+        for snap in snapshots:
+            call(ec2.delete_snapshot, SnapshotId=snap)
+        removed.append(image["ImageId"])
+    tagged = call(ec2.describe_snapshots, OwnerIds=["self"],
+                  Filters=[{"Name": f"tag:{CLUSTER_TAG}", "Values": [owner_tag]}])["Snapshots"]
+    for snap in tagged:
+        call(ec2.delete_snapshot, SnapshotId=snap["SnapshotId"])
+    return removed

@@ -1,0 +1,137 @@
+"""The cluster's instances: launch (spot, with on-demand fallback), find by tag, wait, terminate."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cpudist.cloud.aws.client import call, wait_until
+from cpudist.cloud.aws.errors import AwsError
+from cpudist.cloud.aws.tags import CLUSTER_TAG, NODE_TAG, ROLE_TAG, cluster_filter, tag_spec, tag_value
+from cpudist.errors import CpudistError
+
+LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
+# Spot capacity or price refusals, where an on-demand instance may still be had.
+SPOT_REFUSALS = frozenset({"InsufficientInstanceCapacity", "SpotMaxPriceTooLow", "MaxSpotInstanceCountExceeded",
+                           "InsufficientCapacity"})
+
+
+@dataclass(frozen=True)
+class Node:
+    """One instance of a cluster."""
+
+    instance_id: str
+    index: int
+    role: str
+    state: str
+    private_ip: str | None
+    public_ip: str | None
+    lifecycle: str  # spot | on-demand
+    launch_time: str
+    image_id: str
+    instance_type: str
+    security_groups: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What every node of a cluster is launched with."""
+
+    cluster: str
+    image_id: str
+    instance_type: str
+    key_name: str
+    security_group: str
+    subnet_id: str
+    placement_group: str | None
+    spot: bool
+    max_price: str | None
+    on_demand_fallback: bool
+    user_data: str | None = None
+
+
+def to_node(inst: dict[str, Any]) -> Node:
+    return Node(instance_id=inst["InstanceId"], index=int(tag_value(inst, NODE_TAG) or -1),
+                role=tag_value(inst, ROLE_TAG) or "node", state=inst["State"]["Name"],
+                private_ip=inst.get("PrivateIpAddress"), public_ip=inst.get("PublicIpAddress"),
+                lifecycle="spot" if inst.get("InstanceLifecycle") == "spot" else "on-demand",
+                launch_time=str(inst.get("LaunchTime", "")), image_id=inst.get("ImageId", ""),
+                instance_type=inst.get("InstanceType", ""),
+                security_groups=tuple(g["GroupId"] for g in inst.get("SecurityGroups", [])))
+
+
+def describe(ec2: Any, filters: list[dict[str, Any]]) -> list[Node]:
+    pages = call(ec2.describe_instances, Filters=filters)["Reservations"]
+    return [to_node(i) for r in pages for i in r["Instances"]]
+
+
+def find_nodes(ec2: Any, cluster: str, role: str | None = "node") -> list[Node]:
+    """Live instances of the cluster (by tag), in node order."""
+    nodes = describe(ec2, [*cluster_filter(cluster), {"Name": "instance-state-name", "Values": LIVE_STATES}])
+    return sorted((n for n in nodes if role is None or n.role == role), key=lambda n: n.index)
+
+
+def foreign_in_group(ec2: Any, cluster: str, group_id: str) -> list[str]:
+    """Live instances in the cluster's security group that are not the cluster's."""
+    pages = call(ec2.describe_instances, Filters=[{"Name": "instance.group-id", "Values": [group_id]},
+                                                  {"Name": "instance-state-name", "Values": LIVE_STATES}])
+    return [i["InstanceId"] for r in pages["Reservations"] for i in r["Instances"]
+            if tag_value(i, CLUSTER_TAG) != cluster]
+
+
+def _run(ec2: Any, spec: LaunchSpec, index: int, role: str, spot: bool) -> Node:
+    kwargs: dict[str, Any] = dict(
+        ImageId=spec.image_id, InstanceType=spec.instance_type, MinCount=1, MaxCount=1, KeyName=spec.key_name,
+        SecurityGroupIds=[spec.security_group], SubnetId=spec.subnet_id,
+        TagSpecifications=tag_spec("instance", spec.cluster, f"{spec.cluster}-{role}{index}", node=str(index),
+                                   role=role))
+    if spec.placement_group:
+        kwargs["Placement"] = {"GroupName": spec.placement_group}
+    if spot:
+        options: dict[str, Any] = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
+        if spec.max_price:
+            options["MaxPrice"] = spec.max_price
+        kwargs["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": options}
+    if spec.user_data:
+        kwargs["UserData"] = spec.user_data  # boto3 base64-encodes it
+    return to_node(call(ec2.run_instances, **kwargs)["Instances"][0])
+
+
+def launch_node(ec2: Any, spec: LaunchSpec, index: int, role: str = "node") -> Node:
+    """One tagged instance; a spot refusal falls back to on-demand when the spec allows it."""
+    try:
+        return _run(ec2, spec, index, role, spec.spot)
+    except AwsError as e:
+        if spec.spot and spec.on_demand_fallback and e.code in SPOT_REFUSALS:
+            return _run(ec2, spec, index, role, spot=False)
+        raise
+
+
+def wait_state(ec2: Any, ids: list[str], state: str, timeout_s: float) -> list[Node]:
+    """Wait until every instance is in `state`; an instance that dies on the way is an error."""
+    if not ids:
+        return []
+
+    def check() -> list[Node] | None:
+        nodes = describe(ec2, [{"Name": "instance-id", "Values": ids}])
+        dead = [n for n in nodes if n.state in ("terminated", "shutting-down") and state != "terminated"]
+        if dead:
+            raise CpudistError(f"instance {dead[0].instance_id} ended while starting ({dead[0].state})",
+                               "A spot instance may have been reclaimed: re-run `cpudist cluster up`")
+        return nodes if len(nodes) == len(ids) and all(n.state == state for n in nodes) else None
+
+    return wait_until(check, f"{len(ids)} instance(s) to be {state}", timeout_s)
+
+
+def terminate(ec2: Any, ids: list[str], timeout_s: float = 600) -> None:
+    if ids:
+        call(ec2.terminate_instances, InstanceIds=ids)
+        wait_state(ec2, ids, "terminated", timeout_s)
+
+
+def launch_builder(ec2: Any, owner: str, image_id: str, instance_type: str, subnet_id: str, user_data: str) -> Node:
+    """A throw-away instance that runs `user_data` (an image bake), tagged with `owner`."""
+    reply = call(ec2.run_instances, ImageId=image_id, InstanceType=instance_type, MinCount=1, MaxCount=1,
+                 SubnetId=subnet_id, UserData=user_data,  # boto3 base64-encodes it
+                 TagSpecifications=tag_spec("instance", owner, f"{owner}-builder", role="builder"))
+    return to_node(reply["Instances"][0])

@@ -1,0 +1,164 @@
+"""Key pair, security group, placement group and subnet: each get-or-create, each removable."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cpudist.cloud.aws.client import call, wait_until
+from cpudist.cloud.aws.errors import AwsError
+from cpudist.cloud.aws.tags import cluster_filter, tag_spec
+from cpudist.errors import BadInput, CpudistError
+from cpudist.hosts.keys import generate_key
+
+
+@dataclass(frozen=True)
+class Subnet:
+    subnet_id: str
+    vpc_id: str
+    zone: str
+    cidr: str
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """The key pair instances boot with, and where its private half lives."""
+
+    name: str
+    private_key: Path
+    generated: bool  # made by cpudist: `cluster down` deletes it
+
+
+def resource_name(cluster: str) -> str:
+    return f"cpudist-{cluster}"
+
+
+def _exists(fn: Any, missing_code: str, **kwargs: Any) -> dict[str, Any] | None:
+    try:
+        return call(fn, **kwargs)
+    except AwsError as e:
+        if e.code.startswith(missing_code):
+            return None
+        raise
+
+
+def resolve_subnet(ec2: Any, subnet_id: str | None) -> Subnet:
+    """The given subnet, else the first subnet (by zone) of the default VPC: one AZ for all nodes."""
+    if subnet_id:
+        found = _exists(ec2.describe_subnets, "InvalidSubnetID", SubnetIds=[subnet_id])
+        if not found or not found["Subnets"]:
+            raise BadInput(f"subnet {subnet_id} not found", "Check --subnet and --region")
+        s = found["Subnets"][0]
+    else:
+        vpcs = call(ec2.describe_vpcs, Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"]
+        if not vpcs:
+            raise BadInput("this region has no default VPC", "Pass --subnet SUBNET_ID")
+        subnets = call(ec2.describe_subnets, Filters=[{"Name": "vpc-id", "Values": [vpcs[0]["VpcId"]]}])["Subnets"]
+        if not subnets:
+            raise BadInput("the default VPC has no subnet", "Pass --subnet SUBNET_ID")
+        s = sorted(subnets, key=lambda x: (x["AvailabilityZone"], x["SubnetId"]))[0]
+    return Subnet(s["SubnetId"], s["VpcId"], s["AvailabilityZone"], s["CidrBlock"])
+
+
+def ensure_key_pair(ec2: Any, cluster: str, folder: Path, key_name: str | None,
+                    identity: Path | None) -> tuple[KeyInfo, bool]:
+    """(key, created now): the user's key pair, or one cpudist generates (private key 0600 in `folder`)."""
+    if key_name:
+        if not _exists(ec2.describe_key_pairs, "InvalidKeyPair", KeyNames=[key_name]):
+            raise BadInput(f"key pair {key_name} not found in this region", "Check --key-name and --region")
+        if identity is None or not identity.is_file():
+            raise BadInput(f"--key-name {key_name} needs its private key", "Pass --identity PATH_TO_PRIVATE_KEY")
+        return KeyInfo(key_name, identity, generated=False), False
+    name, private = resource_name(cluster), folder / "id_ed25519"
+    found = _exists(ec2.describe_key_pairs, "InvalidKeyPair", KeyNames=[name])
+    if found and found["KeyPairs"]:
+        if not private.is_file():
+            raise CpudistError(f"key pair {name} exists in AWS but its private key is not in {folder}",
+                               f"Run `cpudist cluster down --name {cluster}` first, or pass --key-name/--identity")
+        return KeyInfo(name, private, generated=True), False
+    pair = generate_key(f"cpudist-{cluster}")
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private.touch(mode=0o600)
+    private.write_text(pair.private)
+    call(ec2.import_key_pair, KeyName=name, PublicKeyMaterial=pair.public.encode(),
+         TagSpecifications=tag_spec("key-pair", cluster, name))
+    return KeyInfo(name, private, generated=True), True
+
+
+def _desired_rules(group_id: str, ssh_cidr: str) -> list[dict[str, Any]]:
+    return [{"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": ssh_cidr}]},
+            {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id}]}]
+
+
+def _rule_key(rule: dict[str, Any]) -> tuple[Any, ...]:
+    cidrs = tuple(sorted(r["CidrIp"] for r in rule.get("IpRanges", [])))
+    groups = tuple(sorted(p["GroupId"] for p in rule.get("UserIdGroupPairs", [])))
+    return (rule["IpProtocol"], rule.get("FromPort"), rule.get("ToPort"), cidrs, groups)
+
+
+def ensure_security_group(ec2: Any, cluster: str, vpc_id: str, ssh_cidr: str) -> tuple[str, bool]:
+    """(group id, created now): SSH from `ssh_cidr` only, all traffic from the group itself, nothing else."""
+    name = resource_name(cluster)
+    found = call(ec2.describe_security_groups, Filters=[{"Name": "group-name", "Values": [name]},
+                                                         {"Name": "vpc-id", "Values": [vpc_id]}])["SecurityGroups"]
+    created = not found
+    if created:
+        group_id = call(ec2.create_security_group, GroupName=name, VpcId=vpc_id,
+                        Description=f"cpudist cluster {cluster}: SSH from the operator, all traffic inside",
+                        TagSpecifications=tag_spec("security-group", cluster, name))["GroupId"]
+        current: list[dict[str, Any]] = []
+    else:
+        group_id, current = found[0]["GroupId"], found[0].get("IpPermissions", [])
+    desired = _desired_rules(group_id, ssh_cidr)
+    have = {_rule_key(r) for r in current}
+    want = {_rule_key(r) for r in desired}
+    extra = [r for r in current if _rule_key(r) not in want]
+    if extra:
+        call(ec2.revoke_security_group_ingress, GroupId=group_id, IpPermissions=extra)
+    missing = [r for r in desired if _rule_key(r) not in have]
+    if missing:
+        call(ec2.authorize_security_group_ingress, GroupId=group_id, IpPermissions=missing)
+    return group_id, created
+
+
+def ensure_placement_group(ec2: Any, cluster: str) -> tuple[str, bool]:
+    """(name, created now) of the cluster's placement group (strategy `cluster`: one rack, low latency)."""
+    name = resource_name(cluster)
+    if _exists(ec2.describe_placement_groups, "InvalidPlacementGroup", GroupNames=[name]):
+        return name, False
+    call(ec2.create_placement_group, GroupName=name, Strategy="cluster",
+         TagSpecifications=tag_spec("placement-group", cluster, name))
+    return name, True
+
+
+def delete_key_pair(ec2: Any, name: str) -> None:
+    if _exists(ec2.describe_key_pairs, "InvalidKeyPair", KeyNames=[name]):
+        call(ec2.delete_key_pair, KeyName=name)
+
+
+def delete_security_group(ec2: Any, cluster: str, timeout_s: float = 300) -> bool:
+    """Delete the cluster's group, retrying while AWS still sees terminated instances in it."""
+    groups = call(ec2.describe_security_groups, Filters=cluster_filter(cluster))["SecurityGroups"]
+    for g in groups:
+        def attempt(group_id: str = g["GroupId"]) -> bool | None:
+            try:
+                call(ec2.delete_security_group, GroupId=group_id)
+                return True
+            except AwsError as e:
+                if e.code == "DependencyViolation":
+                    return None
+                if e.code.startswith("InvalidGroup"):
+                    return True
+                raise
+
+        wait_until(attempt, f"security group {g['GroupId']} to be free of instances", timeout_s, 3.0)
+    return bool(groups)
+
+
+def delete_placement_group(ec2: Any, cluster: str) -> bool:
+    name = resource_name(cluster)
+    if _exists(ec2.describe_placement_groups, "InvalidPlacementGroup", GroupNames=[name]):
+        call(ec2.delete_placement_group, GroupName=name)
+        return True
+    return False

@@ -1,0 +1,271 @@
+"""EC2 as moto's server emulates it, over HTTP, with a thin WSGI layer for what moto lacks.
+
+    python -m tests.harness.ec2 --port 5055        # then: AWS_ENDPOINT_URL=http://127.0.0.1:5055
+
+The layer in front of moto adds: placement groups (moto answers HTTP 500), DependencyViolation
+when a security group still has live instances (moto deletes it), fault injection (the next N
+calls of an action fail with a given AWS error code), and, optionally, what cloud-init would do
+on a real instance: install the key pair's public key on the host that owns the instance's
+private address, and stop instances whose user data ends by shutting down (a finished AMI bake).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import re
+import threading
+import time
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from moto import settings
+from moto.core import DEFAULT_ACCOUNT_ID
+from moto.ec2.models import ec2_backends
+from moto.server import DomainDispatcherApplication, create_backend_app
+from werkzeug.serving import WSGIRequestHandler, make_server
+
+# moto validates AMIs, instance types and key pairs only when asked: ask, as AWS always does.
+FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                    "AWS_DEFAULT_REGION": "us-east-1"}
+NS = "http://ec2.amazonaws.com/doc/2016-11-15/"
+THROTTLING = {"RequestLimitExceeded", "Throttling"}
+
+
+@dataclass
+class Fault:
+    action: str
+    code: str
+    count: int = 1
+    skip: int = 0  # let this many matching calls through first
+
+
+@dataclass
+class PlacementGroup:
+    name: str
+    strategy: str
+    group_id: str
+    tags: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _xml(action: str, body: str) -> bytes:
+    return (f'<?xml version="1.0" encoding="UTF-8"?><{action}Response xmlns="{NS}">'
+            f"<requestId>{uuid.uuid4()}</requestId>{body}</{action}Response>").encode()
+
+
+def _error(code: str, message: str) -> bytes:
+    return (f'<?xml version="1.0" encoding="UTF-8"?><Response><Errors><Error><Code>{code}</Code>'
+            f"<Message>{message}</Message></Error></Errors><RequestID>{uuid.uuid4()}</RequestID></Response>").encode()
+
+
+def _tag_specs(params: dict[str, str], resource: str) -> list[tuple[str, str]]:
+    tags = []
+    for key, value in params.items():
+        m = re.match(r"TagSpecification\.(\d+)\.ResourceType", key)
+        if m and value == resource:
+            n = m.group(1)
+            j = 1
+            while f"TagSpecification.{n}.Tag.{j}.Key" in params:
+                tags.append((params[f"TagSpecification.{n}.Tag.{j}.Key"],
+                             params.get(f"TagSpecification.{n}.Tag.{j}.Value", "")))
+                j += 1
+    return tags
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_request(self, *args: Any, **kwargs: Any) -> None:  # one line per call drowns test output
+        pass
+
+
+class Emulator:
+    """moto's EC2 server plus the layer described above, on a loopback port, in a thread."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0,
+                 on_key_installed: Callable[[str, str], None] | None = None) -> None:
+        # moto reads these once at import: set them on its settings module, for this process.
+        settings.ENABLE_AMI_VALIDATION = settings.EC2_ENABLE_INSTANCE_TYPE_VALIDATION = True
+        settings.ENABLE_KEYPAIR_VALIDATION = True
+        self.moto = DomainDispatcherApplication(create_backend_app)
+        self.faults: list[Fault] = []
+        self.groups: dict[str, PlacementGroup] = {}
+        self.calls: list[str] = []
+        self.delays: dict[str, float] = {}
+        self.public_keys: dict[str, str] = {}
+        self.on_key_installed = on_key_installed  # (private address, public key): the host's cloud-init
+        self.lock = threading.Lock()
+        self.server = make_server(host, port, self, threaded=True, request_handler=_Quiet)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> Emulator:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.thread.join()
+
+    def inject(self, action: str, code: str, count: int = 1, skip: int = 0) -> None:
+        """The next `count` calls of `action` (after `skip` more) fail with AWS error `code`."""
+        with self.lock:
+            self.faults.append(Fault(action, code, count, skip))
+
+    def slow_down(self, action: str, seconds: float) -> None:
+        """Every later call of `action` takes `seconds` longer (a window to interrupt a run in)."""
+        self.delays[action] = seconds
+
+    def reset(self) -> None:
+        """Forget everything: moto's state, placement groups, faults, delays, recorded calls."""
+        urllib.request.urlopen(urllib.request.Request(f"{self.url}/moto-api/reset", method="POST"), timeout=10)
+        with self.lock:
+            self.faults.clear()
+            self.groups.clear()
+            self.delays.clear()
+            self.calls.clear()
+
+    def backend(self, region: str = "us-east-1") -> Any:
+        return ec2_backends[DEFAULT_ACCOUNT_ID][region]
+
+    # --- WSGI --------------------------------------------------------------------------------
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        body = environ["wsgi.input"].read(length) if length else b""
+        params = dict(urllib.parse.parse_qsl(body.decode()))
+        action = params.get("Action", "")
+        region = self._region(environ)
+        if action:
+            self.calls.append(action)
+        time.sleep(self.delays.get(action, 0.0))
+        reply = self._fault(action) or self._handle(action, params, region)
+        if reply is not None:
+            status, payload = reply
+            start_response(status, [("Content-Type", "text/xml"), ("Content-Length", str(len(payload)))])
+            return [payload]
+        snapshot_tags: list[tuple[str, str]] = []
+        if action == "CreateImage":
+            # moto cannot tag the snapshot of a new image (NotImplementedError): do it after the call.
+            snapshot_tags = _tag_specs(params, "snapshot")
+            body = self._without_spec(params, "snapshot")
+            environ["CONTENT_LENGTH"] = str(len(body))
+        environ["wsgi.input"] = io.BytesIO(body)
+        result: list[bytes] = list(self.moto(environ, start_response))
+        if action == "RunInstances":
+            self._after_run(params, b"".join(result), region)
+        m = re.search(rb"<imageId>(ami-[0-9a-f]+)</imageId>", b"".join(result))
+        if snapshot_tags and m:
+            snapshot = self.backend(region).amis[m.group(1).decode()].ebs_snapshot
+            self.backend(region).create_tags([snapshot.id], dict(snapshot_tags))
+        return result
+
+    @staticmethod
+    def _without_spec(params: dict[str, str], resource: str) -> bytes:
+        """The request body without the TagSpecification entries of `resource`."""
+        drop = {m.group(1) for k, v in params.items()
+                if (m := re.match(r"TagSpecification\.(\d+)\.ResourceType", k)) and v == resource}
+        kept = {k: v for k, v in params.items()
+                if not any(k.startswith(f"TagSpecification.{n}.") for n in drop)}
+        return urllib.parse.urlencode(kept).encode()
+
+    @staticmethod
+    def _region(environ: dict[str, Any]) -> str:
+        m = re.search(r"Credential=[^/]+/\d+/([^/]+)/", environ.get("HTTP_AUTHORIZATION", ""))
+        return m.group(1) if m else "us-east-1"
+
+    def _fault(self, action: str) -> tuple[str, bytes] | None:
+        with self.lock:
+            for f in self.faults:
+                if f.action != action or f.count <= 0:
+                    continue
+                if f.skip > 0:
+                    f.skip -= 1
+                    return None
+                f.count -= 1
+                status = "503 Service Unavailable" if f.code in THROTTLING else "400 Bad Request"
+                return status, _error(f.code, f"injected {f.code} for {action}")
+        return None
+
+    def _handle(self, action: str, p: dict[str, str], region: str) -> tuple[str, bytes] | None:
+        ok = "200 OK"
+        if action == "CreatePlacementGroup":
+            name = p["GroupName"]
+            if name in self.groups:
+                return "400 Bad Request", _error("InvalidPlacementGroup.Duplicate", f"{name} exists")
+            group = PlacementGroup(name, p.get("Strategy", "cluster"), f"pg-{uuid.uuid4().hex[:17]}",
+                                   _tag_specs(p, "placement-group"))
+            self.groups[name] = group
+            return ok, _xml(action, f"<placementGroup>{self._group_xml(group)}</placementGroup><return>true</return>")
+        if action == "DescribePlacementGroups":
+            wanted = {v for k, v in p.items() if k.startswith("GroupName.")}
+            groups = [g for g in self.groups.values() if not wanted or g.name in wanted]
+            missing = wanted - {g.name for g in groups}
+            if missing:
+                return "400 Bad Request", _error("InvalidPlacementGroup.Unknown", f"{missing.pop()} is unknown")
+            items = "".join(f"<item>{self._group_xml(g)}</item>" for g in groups)
+            return ok, _xml(action, f"<placementGroupSet>{items}</placementGroupSet>")
+        if action == "DeletePlacementGroup":
+            if self.groups.pop(p["GroupName"], None) is None:
+                return "400 Bad Request", _error("InvalidPlacementGroup.Unknown", f"{p['GroupName']} is unknown")
+            return ok, _xml(action, "<return>true</return>")
+        if action == "DeleteSecurityGroup" and self._group_in_use(p.get("GroupId", ""), region):
+            return "400 Bad Request", _error("DependencyViolation",
+                                             f"resource {p.get('GroupId')} has a dependent object")
+        if action == "ImportKeyPair":
+            self.public_keys[p["KeyName"]] = base64.b64decode(p["PublicKeyMaterial"]).decode().strip()
+        return None
+
+    @staticmethod
+    def _group_xml(g: PlacementGroup) -> str:
+        tags = "".join(f"<item><key>{k}</key><value>{v}</value></item>" for k, v in g.tags)
+        return (f"<groupName>{g.name}</groupName><strategy>{g.strategy}</strategy><state>available</state>"
+                f"<groupId>{g.group_id}</groupId><tagSet>{tags}</tagSet>")
+
+    def _group_in_use(self, group_id: str, region: str) -> bool:
+        for reservation in self.backend(region).all_reservations():
+            for inst in reservation.instances:
+                live = inst.state not in ("terminated",)
+                if live and any(g.id == group_id for g in inst.security_groups):
+                    return True
+        return False
+
+    def _after_run(self, params: dict[str, str], response: bytes, region: str) -> None:
+        ids = re.findall(rb"<instanceId>(i-[0-9a-f]+)</instanceId>", response)
+        key = params.get("KeyName")
+        user_data = base64.b64decode(params.get("UserData", "")).decode(errors="replace")
+        for raw in ids:
+            inst = self.backend(region).get_instance(raw.decode())
+            if key and key in self.public_keys and self.on_key_installed:
+                self.on_key_installed(inst.private_ip, self.public_keys[key])
+            if user_data.rstrip().endswith(("shutdown -h now", "poweroff")):
+                # The bootstrap of an AMI bake ends by powering off: emulate that after a moment.
+                threading.Timer(0.5, self._stop, args=(inst.id, region)).start()
+
+    def _stop(self, instance_id: str, region: str) -> None:
+        self.backend(region).stop_instances([instance_id])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--port", type=int, default=5055)
+    a = ap.parse_args()
+    emu = Emulator(port=a.port).start()
+    print(f"EC2 emulator on {emu.url}; export AWS_ENDPOINT_URL={emu.url} "
+          + " ".join(f"{k}={v}" for k, v in FAKE_CREDENTIALS.items()), flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        emu.stop()
+
+
+if __name__ == "__main__":
+    main()

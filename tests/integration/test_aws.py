@@ -1,0 +1,244 @@
+"""`cpudist cluster up/down/status` against EC2 emulated by moto's server over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from tests.harness.ec2 import FAKE_CREDENTIALS, Emulator
+
+CPUDIST = [sys.executable, "-m", "cpudist.cli"]
+TAG = "cpudist:cluster"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Emulator]:
+    os.environ.update(FAKE_CREDENTIALS)
+    emu = Emulator().start()
+    yield emu
+    emu.stop()
+
+
+@pytest.fixture
+def emu(server: Emulator, tmp_path: Path) -> Emulator:
+    server.reset()
+    return server
+
+
+@pytest.fixture
+def ec2(emu: Emulator) -> Any:
+    return boto3.client("ec2", endpoint_url=emu.url, region_name="us-east-1")
+
+
+@pytest.fixture
+def ami(ec2: Any) -> str:
+    return str(ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"])
+
+
+def env_for(emu: Emulator, tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, **FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": emu.url, "HOME": str(tmp_path / "home"),
+            "CPUDIST_HOME": str(tmp_path / "cpudist-home")}
+
+
+def cpudist(emu: Emulator, tmp_path: Path, *args: str, env: dict[str, str] | None = None,
+            timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CPUDIST, *args], capture_output=True, text=True, timeout=timeout,
+                          env=env or env_for(emu, tmp_path), stdin=subprocess.DEVNULL)
+
+
+def up(emu: Emulator, tmp_path: Path, ami: str, *extra: str, nodes: int = 4) -> subprocess.CompletedProcess[str]:
+    return cpudist(emu, tmp_path, "cluster", "up", "--name", "c1", "--nodes", str(nodes), "--image", ami, "--yes",
+                   "--no-ssh", "--ssh-cidr", "203.0.113.7/32", *extra)
+
+
+def live(ec2: Any, name: str = "c1") -> list[dict[str, Any]]:
+    res = ec2.describe_instances(Filters=[{"Name": f"tag:{TAG}", "Values": [name]}])["Reservations"]
+    return [i for r in res for i in r["Instances"] if i["State"]["Name"] != "terminated"]
+
+
+def inventory(ec2: Any) -> dict[str, Any]:
+    """What exists in the account, apart from moto's defaults."""
+    groups = [g for g in ec2.describe_security_groups()["SecurityGroups"] if g["GroupName"] != "default"]
+    return {"instances": sorted(i["InstanceId"] for i in live(ec2)),
+            "keys": sorted(k["KeyName"] for k in ec2.describe_key_pairs()["KeyPairs"]),
+            "groups": sorted(g["GroupId"] for g in groups),
+            "placement": sorted(p["GroupName"] for p in ec2.describe_placement_groups()["PlacementGroups"]),
+            "images": sorted(i["ImageId"] for i in ec2.describe_images(Owners=["self"])["Images"]),
+            # moto's account starts with many snapshots of its stock AMIs: count those cpudist tagged.
+            "snapshots": sorted(s["SnapshotId"] for s in ec2.describe_snapshots(
+                OwnerIds=["self"], Filters=[{"Name": "tag-key", "Values": [TAG]}])["Snapshots"])}
+
+
+EMPTY = {"instances": [], "keys": [], "groups": [], "placement": [], "images": [], "snapshots": []}
+
+
+def test_up_creates_exactly_the_cluster_and_converges(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
+    r = up(emu, tmp_path, ami, "--spot")
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.splitlines()) == 4  # the hostfile
+    inv = inventory(ec2)
+    assert inv["keys"] == ["cpudist-c1"] and len(inv["groups"]) == 1 and inv["placement"] == ["cpudist-c1"]
+    nodes = live(ec2)
+    assert len(nodes) == 4 and {i["ImageId"] for i in nodes} == {ami}
+    assert all(i.get("InstanceLifecycle") == "spot" for i in nodes)
+    assert all({"Key": TAG, "Value": "c1"} in i["Tags"] for i in nodes)
+    group = ec2.describe_security_groups(GroupIds=inv["groups"])["SecurityGroups"][0]
+    rules = group["IpPermissions"]
+    assert len(rules) == 2
+    ssh = next(p for p in rules if p["IpProtocol"] == "tcp")
+    assert (ssh["FromPort"], ssh["ToPort"], [x["CidrIp"] for x in ssh["IpRanges"]]) == (22, 22, ["203.0.113.7/32"])
+    inside = next(p for p in rules if p["IpProtocol"] == "-1")
+    assert [p["GroupId"] for p in inside["UserIdGroupPairs"]] == [group["GroupId"]] and not inside["IpRanges"]
+    key = tmp_path / "cpudist-home" / "clusters" / "c1" / "id_ed25519"
+    assert key.stat().st_mode & 0o777 == 0o600
+    launches = emu.calls.count("RunInstances")
+    again = up(emu, tmp_path, ami, "--spot")
+    assert again.returncode == 0, again.stderr
+    assert inventory(ec2) == inv and emu.calls.count("RunInstances") == launches
+    status = cpudist(emu, tmp_path, "cluster", "status", "--name", "c1", "--json")
+    assert status.returncode == 0 and len(json.loads(status.stdout)["nodes"]) == 4
+
+
+def test_clone_from_first_then_down_leaves_nothing(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
+    r = up(emu, tmp_path, ami, "--clone-from-first")
+    assert r.returncode == 0, r.stderr
+    images = ec2.describe_images(Owners=["self"])["Images"]
+    assert len(images) == 1 and {"Key": TAG, "Value": "c1"} in images[0]["Tags"]
+    nodes = sorted(live(ec2), key=lambda i: next(t["Value"] for t in i["Tags"] if t["Key"] == "cpudist:node"))
+    assert nodes[0]["ImageId"] == ami and {i["ImageId"] for i in nodes[1:]} == {images[0]["ImageId"]}
+    snapshot = images[0]["BlockDeviceMappings"][0]["Ebs"]["SnapshotId"]  # a snapshot to remove too
+    assert inventory(ec2)["snapshots"] == [snapshot]
+    r = cpudist(emu, tmp_path, "cluster", "down", "--name", "c1")
+    assert r.returncode == 0, r.stderr
+    assert inventory(ec2) == EMPTY
+    assert snapshot not in [x["SnapshotId"] for x in ec2.describe_snapshots(OwnerIds=["self"])["Snapshots"]]
+    assert not (tmp_path / "cpudist-home" / "clusters" / "c1").exists()
+
+
+def test_clone_needs_ssh_to_configure(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
+    script = tmp_path / "setup.sh"
+    script.write_text("touch /tmp/configured\n")
+    r = up(emu, tmp_path, ami, "--clone-from-first", "--setup-script", str(script), "--boot-timeout", "3")
+    assert r.returncode == 1 and "no SSH banner" in r.stderr  # moto's addresses answer no SSH
+    assert inventory(ec2) == EMPTY  # the failed run removed what it made
+
+
+def test_capacity_error_on_second_launch_leaks_nothing(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
+    emu.inject("RunInstances", "InsufficientInstanceCapacity", skip=1)
+    r = up(emu, tmp_path, ami)
+    assert r.returncode == 1 and "InsufficientInstanceCapacity" in r.stderr and "--on-demand-fallback" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert inventory(ec2) == EMPTY
+
+
+def test_on_demand_fallback_brings_the_cluster_up(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
+    emu.inject("RunInstances", "InsufficientInstanceCapacity", skip=1)
+    r = up(emu, tmp_path, ami, "--on-demand-fallback")
+    assert r.returncode == 0, r.stderr
+    lifecycles = sorted(i.get("InstanceLifecycle", "on-demand") for i in live(ec2))
+    assert lifecycles == ["on-demand", "spot", "spot", "spot"]
+
+
+def test_throttling_is_retried(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
+    emu.inject("RunInstances", "RequestLimitExceeded", count=2)
+    emu.inject("DescribeInstances", "RequestLimitExceeded", count=1)
+    r = up(emu, tmp_path, ami)
+    assert r.returncode == 0, r.stderr
+    assert len(live(ec2)) == 4
+
+
+def test_sigint_in_the_middle_cleans_up(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
+    emu.slow_down("RunInstances", 1.0)
+    proc = subprocess.Popen([*CPUDIST, "cluster", "up", "--name", "c1", "--nodes", "4", "--image", ami, "--yes",
+                             "--no-ssh", "--ssh-cidr", "203.0.113.7/32"], env=env_for(emu, tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while emu.calls.count("RunInstances") < 2:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "removing what this run created" in err
+    emu.delays.clear()
+    assert inventory(ec2) == EMPTY
+
+
+@pytest.mark.parametrize(("code", "needle"), [
+    ("SpotMaxPriceTooLow", "Raise --max-price"),
+    ("MaxSpotInstanceCountExceeded", "spot quota"),
+    ("UnauthorizedOperation", "Grant the EC2 permissions"),
+])
+def test_aws_errors_are_one_line_with_the_code(emu: Emulator, ec2: Any, ami: str, tmp_path: Path, code: str,
+                                               needle: str) -> None:
+    emu.inject("RunInstances", code)
+    r = up(emu, tmp_path, ami)
+    assert r.returncode == 1 and code in r.stderr and needle in r.stderr
+    assert len(r.stderr.strip().splitlines()[-1]) > 0 and "Traceback" not in r.stderr
+    assert inventory(ec2) == EMPTY
+
+
+def test_invalid_ami_is_bad_input(emu: Emulator, ec2: Any, tmp_path: Path) -> None:
+    r = up(emu, tmp_path, "ami-0000000000000000f")
+    assert r.returncode == 2 and "InvalidAMIID" in r.stderr
+    assert inventory(ec2) == EMPTY
+
+
+def test_no_credentials_and_unknown_region(emu: Emulator, tmp_path: Path) -> None:
+    bare = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    bare.update(HOME=str(tmp_path), AWS_CONFIG_FILE="/nonexistent", AWS_SHARED_CREDENTIALS_FILE="/nonexistent",
+                AWS_ENDPOINT_URL=emu.url, AWS_EC2_METADATA_DISABLED="true")
+    r = cpudist(emu, tmp_path, "cluster", "status", "--name", "c1", env=bare)
+    assert r.returncode == 1 and "no AWS credentials found" in r.stderr
+    del bare["AWS_ENDPOINT_URL"]
+    r = cpudist(emu, tmp_path, "cluster", "status", "--region", "mars-north-1", env={**bare, **FAKE_CREDENTIALS})
+    assert r.returncode == 2 and "unknown AWS region 'mars-north-1'" in r.stderr
+
+
+def test_count_mismatch_and_foreign_instances(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
+    assert up(emu, tmp_path, ami, nodes=2).returncode == 0
+    r = up(emu, tmp_path, ami, nodes=3)
+    assert r.returncode == 1 and "has 2 nodes, not 3" in r.stderr
+    group = live(ec2)[0]["SecurityGroups"][0]["GroupId"]
+    ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, InstanceType="c6i.large", SecurityGroupIds=[group])
+    r = up(emu, tmp_path, ami, nodes=2)
+    assert r.returncode == 1 and "holds instances of no cpudist cluster" in r.stderr
+
+
+def test_dry_run_and_confirmation(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
+    r = cpudist(emu, tmp_path, "cluster", "up", "--name", "c1", "--nodes", "4", "--image", ami, "--dry-run",
+                "--ssh-cidr", "203.0.113.7/32", "--on-demand")
+    assert r.returncode == 0 and "$2.72/h per node" in r.stderr and "would ensure" in r.stderr
+    r = cpudist(emu, tmp_path, "cluster", "up", "--name", "c1", "--nodes", "1", "--image", ami,
+                "--ssh-cidr", "203.0.113.7/32")
+    assert r.returncode == 2 and "--yes" in r.stderr
+    assert inventory(ec2) == EMPTY
+
+
+def test_config_file_gives_defaults(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
+    config = tmp_path / "cluster.toml"
+    config.write_text(f'[cluster]\nname = "fromtoml"\nnodes = 2\nimage = "{ami}"\nssh-cidr = "198.51.100.1/32"\n'
+                      'instance-type = "c6i.large"\nspot = false\n')
+    r = cpudist(emu, tmp_path, "cluster", "up", "--config", str(config), "--yes", "--no-ssh", "--nodes", "1")
+    assert r.returncode == 0, r.stderr
+    nodes = live(ec2, "fromtoml")
+    assert len(nodes) == 1 and nodes[0]["InstanceType"] == "c6i.large" and "InstanceLifecycle" not in nodes[0]
+
+
+def test_ami_bake(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
+    r = cpudist(emu, tmp_path, "ami", "build", "--name", "cpudist-base", "--base-image", ami, "--timeout", "60")
+    assert r.returncode == 0, r.stderr
+    image_id = r.stdout.strip()
+    image = ec2.describe_images(ImageIds=[image_id])["Images"][0]
+    assert image["Name"] == "cpudist-base" and image["State"] == "available"
+    builders = [i for i in live(ec2, "image-cpudist-base")]
+    assert builders == []  # the builder was terminated
