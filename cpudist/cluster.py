@@ -264,3 +264,12 @@ def bake_image(ec2: Any, name: str, base_image: str, instance_type: str, subnet:
         return images.create_image(ec2, builder.instance_id, f"image-{name}", name)
     finally:
         instances.terminate(ec2, [builder.instance_id])
+
+
+def run_target(name: str, nodes: int) -> tuple[Path, float | None]:
+    """(hostfile, USD per hour of `nodes` nodes) of a cluster from its local record."""
+    record = load_record(name)
+    if record is None:
+        raise BadInput(f"no local record of cluster {name}", "Run `cpudist cluster up` first, or pass --hostfile")
+    per_node = record.usd_per_hour_per_node
+    return Path(record.hostfile), None if per_node is None else per_node * nodes

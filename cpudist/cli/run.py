@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from cpudist.cli.progress import JobView
+from cpudist.cluster import run_target
 from cpudist.errors import BadInput
 from cpudist.launch.env import parse_env_pairs
 from cpudist.launch.job import Callbacks, Placement, default_output_dir, prepare, run_job
@@ -43,6 +44,7 @@ def summary(r: RunResult) -> str:
 @click.option("--ppn", type=click.IntRange(min=1), help="Ranks per node [default: --np, on this machine].")
 @click.option("--hostfile", type=click.Path(path_type=Path),
               help="Nodes to run on, head first (run from the head) [default: this machine].")
+@click.option("--cluster", "cluster_name", help="A cluster from `cpudist cluster up`: its hostfile and price.")
 @click.option("--launcher", "--mpi", "launcher", type=click.Choice(LAUNCHERS), default="auto", show_default=True,
               help="auto: the MPI of --mpirun, else MPICH's Hydra when installed, else torchrun.")
 @click.option("--mpirun", type=click.Path(dir_okay=False), help="The launcher program (mpiexec.hydra or mpirun).")
@@ -87,8 +89,8 @@ def summary(r: RunResult) -> str:
 @click.option("--dry-run", is_flag=True, help="Print the command and environment; run nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
-def run(task: str, np_: int, ppn: int | None, hostfile: Path | None, launcher: str, mpirun: str | None,
-        ssh: str | None, iface: str | None, allocator: str, env_pairs: tuple[tuple[str, str], ...],
+def run(task: str, np_: int, ppn: int | None, hostfile: Path | None, cluster_name: str | None, launcher: str,
+        mpirun: str | None, ssh: str | None, iface: str | None, allocator: str, env_pairs: tuple[tuple[str, str], ...],
         oversubscribe: bool, timeout: float | None, dry_run: bool, as_json: bool, quiet: bool,
         ledger: Path | None, output_dir: Path | None, data_dir: Path | None, train_file: Path | None,
         validation_file: Path | None, text_columns: str | None, dist_timeout: int, **opts: object) -> None:
@@ -102,6 +104,10 @@ def run(task: str, np_: int, ppn: int | None, hostfile: Path | None, launcher: s
                       text_columns=tuple(c.strip() for c in (text_columns or "").split(",") if c.strip()),
                       dist_timeout_s=dist_timeout, **opts)  # type: ignore[arg-type]
     cfg = TrainConfig(**{**cfg.__dict__, "output_dir": str(output_dir or default_output_dir(cfg, np_))})
+    price = None
+    if cluster_name is not None:
+        cluster_hostfile, price = run_target(cluster_name, np_ // (ppn or np_))
+        hostfile = hostfile or cluster_hostfile
     if ppn is None and hostfile is not None:
         raise BadInput("--hostfile needs --ppn (ranks per node)", "e.g. --np 4 --ppn 1 for one rank on each of 4 nodes")
     where = Placement(np_, ppn or np_, hostfile, ssh, oversubscribe, iface)
@@ -116,7 +122,8 @@ def run(task: str, np_: int, ppn: int | None, hostfile: Path | None, launcher: s
         return
     view = JobView(quiet=quiet)
     try:
-        result = run_job(spec, launch, ledger or default_ledger(), Callbacks(view.on_event, view.on_line), timeout)
+        result = run_job(spec, launch, ledger or default_ledger(), Callbacks(view.on_event, view.on_line), timeout,
+                         {"cluster": cluster_name, "usd_per_hour": price})
     finally:
         view.close()
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else summary(result))

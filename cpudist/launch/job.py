@@ -185,7 +185,7 @@ def failed_host(lines: tuple[str, ...]) -> str | None:
 
 
 def run_job(spec: RunSpec, launch: Launch, ledger_path: Path, cb: Callbacks,
-            timeout_s: float | None) -> RunResult:
+            timeout_s: float | None, extra: dict[str, Any] | None = None) -> RunResult:
     """Launch the ranks, wait, then record the result in the run folder and the ledger."""
     out = Path(spec.train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -204,7 +204,7 @@ def run_job(spec: RunSpec, launch: Launch, ledger_path: Path, cb: Callbacks,
     result_file = out / "result.json"
     if not result_file.is_file():
         raise JobFailed(f"the job ended without writing {result_file}", "See the rank output above")
-    result = ledger.read_result(result_file).with_updates(launcher=spec.launcher)
+    result = ledger.read_result(result_file).with_updates(launcher=spec.launcher, **(extra or {}))
     result_file.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
     ledger.append(ledger_path, result)
     return result

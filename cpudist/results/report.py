@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from cpudist.results.schema import RunResult
 
 COLUMNS = ("nodes", "ranks", "ppn", "batch/rank", "global batch", "metric", "train time (s)",
-           "samples/s", "samples/s/rank", "speedup", "efficiency")
+           "samples/s", "samples/s/rank", "speedup", "efficiency", "$/run")
 
 
 @dataclass(frozen=True)
@@ -32,12 +32,14 @@ class ScalingRow:
     speedup: float
     efficiency: float
     run_id: str
+    cost_usd: float | None = None
 
     def cells(self) -> list[str]:
         metric = " ".join(f"{k}={v:.4f}" for k, v in self.metrics.items()) or "-"
         return [str(self.nodes), str(self.ranks), str(self.ppn), str(self.per_rank_batch),
                 str(self.global_batch), metric, f"{self.train_time_s:.1f}", f"{self.samples_per_s:.1f}",
-                f"{self.samples_per_s_per_rank:.1f}", f"{self.speedup:.2f}x", f"{self.efficiency:.0%}"]
+                f"{self.samples_per_s_per_rank:.1f}", f"{self.speedup:.2f}x", f"{self.efficiency:.0%}",
+                "-" if self.cost_usd is None else f"{self.cost_usd:.4f}"]
 
 
 def group_key(r: RunResult) -> str:
@@ -63,7 +65,7 @@ def scaling_rows(results: Sequence[RunResult]) -> list[ScalingRow]:
             rows.append(ScalingRow(key, len(r.nodes), r.world_size, r.ppn, r.per_rank_batch_size,
                                    r.global_batch_size, r.metrics, r.train_time_s,
                                    r.train_samples_per_s, r.train_samples_per_s / r.world_size,
-                                   speedup, speedup / (r.world_size / base_ranks), r.run_id))
+                                   speedup, speedup / (r.world_size / base_ranks), r.run_id, r.cost_usd))
     return rows
 
 

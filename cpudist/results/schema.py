@@ -49,6 +49,8 @@ class RunResult:
     peak_rss_mb: float = 0.0  # the largest over all ranks
     eval_phases: dict[str, float] = field(default_factory=dict)
     launcher: str = ""
+    cluster: str | None = None
+    usd_per_hour: float | None = None  # the price of the nodes the run used, when known
     run_dir: str = ""
     schema: int = SCHEMA_VERSION
 
@@ -64,6 +66,11 @@ class RunResult:
             if key in kept:
                 kept[key] = tuple(kept[key])
         return cls(**kept)
+
+    @property
+    def cost_usd(self) -> float | None:
+        """What the run's wall time cost on its nodes."""
+        return None if self.usd_per_hour is None else self.usd_per_hour * self.wall_time_s / 3600
 
     def with_updates(self, **changes: Any) -> RunResult:
         return dataclasses.replace(self, **changes)

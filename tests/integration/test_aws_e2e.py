@@ -73,13 +73,16 @@ def test_cluster_up_run_down(hosts: NetnsCluster, emulator: Emulator, shared_dat
     hostfile = tmp_path / "cpudist-home" / "clusters" / "e2e" / "hostfile"
     assert hostfile.read_text().split() == addresses
 
-    run = hosts.run(0, [*CPUDIST, "run", "mrpc", "--np", "4", "--ppn", "1", "--hostfile", str(hostfile),
+    run = hosts.run(0, [*CPUDIST, "run", "mrpc", "--np", "4", "--ppn", "1", "--cluster", "e2e",
                         "--data-dir", str(shared_data / "glue" / "MRPC"), "--model", "tiny", "--max-steps", "3",
                         "--max-eval-samples", "64", "--output-dir", str(tmp_path / "run")],
                     env={**env, "HOME": "/root"})  # the head's own home: its cluster key from ssh-setup
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert sorted(result["nodes"]) == sorted(hosts.name(i) for i in range(4))
+    assert result["cluster"] == "e2e" and result["usd_per_hour"] > 0  # the cluster's price, 4 nodes
+    report = cpudist("report", "--format", "json", str(tmp_path / "run"))
+    assert report.returncode == 0 and json.loads(report.stdout)[0]["cost_usd"] > 0
 
     down = cpudist("cluster", "down", "--name", "e2e")
     assert down.returncode == 0, down.stderr

@@ -43,6 +43,12 @@ def test_groups_do_not_mix_and_baseline_is_a_median() -> None:
     assert bert4.speedup == pytest.approx(3.0) and bert4.efficiency == pytest.approx(1.5)
 
 
+def test_cost_per_run() -> None:
+    rows = scaling_rows([result(1, 100.0, usd_per_hour=3.6, wall_time_s=100.0), result(2, 190.0)])
+    assert rows[0].cost_usd == pytest.approx(0.1) and rows[1].cost_usd is None
+    assert rows[0].cells()[-1] == "0.1000" and rows[1].cells()[-1] == "-"
+
+
 def test_renderers() -> None:
     rows = scaling_rows([result(1, 100.0), result(2, 190.0)])
     md = render_markdown(rows)
