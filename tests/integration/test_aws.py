@@ -242,3 +242,11 @@ def test_ami_bake(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
     assert image["Name"] == "cpudist-base" and image["State"] == "available"
     builders = [i for i in live(ec2, "image-cpudist-base")]
     assert builders == []  # the builder was terminated
+
+
+def test_down_retries_while_the_group_is_still_in_use(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
+    assert up(emu, tmp_path, ami, nodes=1).returncode == 0
+    emu.inject("DeleteSecurityGroup", "DependencyViolation", count=2)  # AWS lags behind terminations
+    r = cpudist(emu, tmp_path, "cluster", "down", "--name", "c1")
+    assert r.returncode == 0, r.stderr
+    assert emu.calls.count("DeleteSecurityGroup") == 3 and inventory(ec2) == EMPTY
