@@ -49,6 +49,10 @@ class RunResult:
     peak_rss_mb: float = 0.0  # the largest over all ranks
     eval_phases: dict[str, float] = field(default_factory=dict)
     launcher: str = ""
+    train_flops_per_s: float = 0.0  # model FLOPs (padding excluded) per second of training
+    mfu: float = 0.0  # train_flops_per_s over the peak of the cores used, at the run's precision
+    peak_flops_per_s: float = 0.0
+    peak_how: str = ""
     cluster: str | None = None
     usd_per_hour: float | None = None  # the price of the nodes the run used, when known
     run_dir: str = ""

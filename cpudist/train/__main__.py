@@ -27,6 +27,7 @@ import torch.distributed as dist
 from cpudist import __version__
 from cpudist.cpu import read_cpu
 from cpudist.errors import BadInput, CpudistError
+from cpudist.flops import cpu_ghz, peak_flops, shape_of
 from cpudist.results.schema import RunResult
 from cpudist.train import events
 from cpudist.train.config import TrainConfig, from_argv
@@ -126,6 +127,12 @@ def build_result(job: Job, stats: TrainStats, metrics: dict[str, float], phases:
     hosts = tuple(str(r["host"]) for r in rank_info)
     params = sum(p.numel() for p in job.model.parameters())
     eval_time = sum(phases.values())
+    flops_per_s = stats.flops / stats.train_time_s if stats.train_time_s else 0.0
+    cpu = read_cpu()
+    ghz = cpu_ghz(Path("/proc/cpuinfo").read_text()) if Path("/proc/cpuinfo").exists() else 0.0
+    # The cores the job computes on: every rank's threads (one per physical core by default).
+    peak = peak_flops(cpu, torch.get_num_threads() * world, ghz)
+    peak_used = peak.bf16 if job.bf16 else peak.fp32
     return RunResult(
         task=cfg.task, model=cfg.model, world_size=world, nodes=tuple(dict.fromkeys(hosts)),
         ppn=max(hosts.count(h) for h in hosts), precision="bf16" if job.bf16 else "fp32",
@@ -139,12 +146,13 @@ def build_result(job: Job, stats: TrainStats, metrics: dict[str, float], phases:
         metrics=metrics,
         # Ring all-reduce: each rank sends 2(W-1)/W of the fp32 gradients per optimizer step.
         comm_bytes_per_step=int(2 * (world - 1) / world * params * 4),
-        versions=versions(), cpu=read_cpu().summary(), run_id=job.run_dir.name, started_at=started_at,
+        versions=versions(), cpu=cpu.summary(), run_id=job.run_dir.name, started_at=started_at,
         rank_hosts=hosts, epochs=cfg.epochs if cfg.max_steps is None else None, max_steps=cfg.max_steps,
         seed=cfg.seed, lr=cfg.lr, threads_per_rank=torch.get_num_threads(),
         final_loss=stats.losses[-1] if stats.losses else None,
         peak_rss_mb=max(float(r["peak_rss_mb"]) for r in rank_info),  # type: ignore[arg-type]
-        eval_phases=phases, run_dir=str(job.run_dir.resolve()),
+        eval_phases=phases, run_dir=str(job.run_dir.resolve()), train_flops_per_s=flops_per_s,
+        mfu=flops_per_s / peak_used if peak_used else 0.0, peak_flops_per_s=peak_used, peak_how=peak.how,
     )
 
 
@@ -159,7 +167,7 @@ def run(cfg: TrainConfig, info: RankInfo) -> None:
                      f"{torch.get_num_threads()} threads\n")
     sys.stdout.flush()
     stats = train(cfg, job.model, job.train_data, job.regression, job.bf16, job.run_dir,
-                  info.rank, info.world_size)
+                  info.rank, info.world_size, shape_of(getattr(job.model, "module", job.model)))
     metrics: dict[str, float] = {}
     phases: dict[str, float] = {}
     if cfg.do_eval:

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
+from cpudist.flops import ModelShape, training_flops
 from cpudist.train import events
 from cpudist.train.config import TrainConfig
 from cpudist.train.features import Encoded, collate
@@ -29,6 +30,7 @@ class TrainStats:
     steps: int = 0
     samples: int = 0  # global, over all ranks
     tokens: int = 0  # global real (unpadded) tokens
+    flops: float = 0.0  # global model FLOPs of training (padding excluded)
     train_time_s: float = 0.0
     step_times: list[float] = field(default_factory=list)
     step_samples: list[int] = field(default_factory=list)
@@ -56,7 +58,7 @@ def _batches(loader: DataLoader[int], sampler: DistributedSampler[int]) -> Itera
 
 
 def train(cfg: TrainConfig, model: torch.nn.Module, data: Encoded, regression: bool,
-          bf16: bool, run_dir: Path, rank: int, world: int) -> TrainStats:
+          bf16: bool, run_dir: Path, rank: int, world: int, shape: ModelShape) -> TrainStats:
     """Train `model` (already wrapped in DDP) and return what was measured."""
     rows: Any = range(len(data))  # a sized, indexable dataset of row numbers
     sampler: DistributedSampler[int] = DistributedSampler(rows, num_replicas=world, rank=rank,
@@ -76,7 +78,7 @@ def train(cfg: TrainConfig, model: torch.nn.Module, data: Encoded, regression: b
         events.emit("start", total=total, batches_per_epoch=len(loader))
     while stats.steps < total:
         t0 = time.perf_counter()
-        loss_sum, n_local, tokens = torch.zeros(()), 0, 0
+        loss_sum, n_local, tokens, flops = torch.zeros(()), 0, 0, 0.0
         for micro in range(cfg.grad_accum):
             idx = next(batches)
             batch = collate(data, idx, regression)
@@ -88,6 +90,7 @@ def train(cfg: TrainConfig, model: torch.nn.Module, data: Encoded, regression: b
             loss_sum += loss.detach().float() / cfg.grad_accum
             n_local += len(idx)
             tokens += data.real_tokens(idx)
+            flops += training_flops(shape, (len(data.input_ids[i]) for i in idx))
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
@@ -95,7 +98,7 @@ def train(cfg: TrainConfig, model: torch.nn.Module, data: Encoded, regression: b
         stats.steps += 1
         stats.train_time_s += dt
         stats.step_times.append(dt)
-        pending.append((stats.steps, loss_sum, n_local, tokens, dt, sched.get_last_lr()[0]))
+        pending.append((stats.steps, loss_sum, n_local, tokens, flops, dt, sched.get_last_lr()[0]))
         if stats.steps % cfg.log_every == 0 or stats.steps == total:
             _flush(pending, stats, log, world, total)
             pending = []
@@ -114,16 +117,17 @@ def _optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimize
     return torch.optim.AdamW(groups, lr=cfg.lr, foreach=True)
 
 
-def _flush(pending: list[tuple[int, torch.Tensor, int, int, float, float]], stats: TrainStats,
+def _flush(pending: list[tuple[int, torch.Tensor, int, int, float, float, float]], stats: TrainStats,
            log: TextIO | None, world: int, total: int) -> None:
     """One all-reduce per logging interval gives the global loss, samples and tokens per step."""
-    vec = torch.tensor([[float(p[1]), p[2], p[3]] for p in pending], dtype=torch.float64)
+    vec = torch.tensor([[float(p[1]), p[2], p[3], p[4]] for p in pending], dtype=torch.float64)
     if world > 1:
         dist.all_reduce(vec)
-    for (step, _, _, _, dt, lr), (loss, samples, tokens) in zip(pending, vec.tolist(), strict=True):
+    for (step, _, _, _, _, dt, lr), (loss, samples, tokens, flops) in zip(pending, vec.tolist(), strict=True):
         loss /= world
         stats.samples += int(samples)
         stats.tokens += int(tokens)
+        stats.flops += flops
         stats.step_samples.append(int(samples))
         stats.losses.append(loss)
         if log is not None:
@@ -133,4 +137,4 @@ def _flush(pending: list[tuple[int, torch.Tensor, int, int, float, float]], stat
         log.flush()
         last = pending[-1]
         events.emit("progress", step=last[0], total=total, loss=stats.losses[-1],
-                    samples_per_s=stats.step_samples[-1] / last[4] if last[4] else 0.0)
+                    samples_per_s=stats.step_samples[-1] / last[5] if last[5] else 0.0)
