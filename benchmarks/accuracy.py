@@ -74,7 +74,8 @@ def main() -> None:
         md.append(f"| {r['task']} | {r['world_size']} | {r['precision']} | {r['majority_class_accuracy']:.4f} | "
                   f"{r['metrics']['accuracy']:.4f} | {other} | {r['train_time_s']:.0f} | "
                   f"{r['train_samples_per_s']:.1f} |")
-    md += ["", "Commands:", ""] + [f"- `{r['command']}`" for r in rows]
+    md += ["", "Train times here are not speed claims (they vary with what else the machine runs): "
+           "benchmarks/throughput.py measures speed.", "", "Commands:", ""] + [f"- `{r['command']}`" for r in rows]
     (HERE / "results" / "accuracy.md").write_text("\n".join(md) + "\n")
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 PRECISIONS = ("auto", "fp32", "bf16")
+SAMPLERS = ("random", "grouped")
 BACKENDS = ("gloo", "ccl")
 
 
@@ -42,6 +43,7 @@ class TrainConfig:
     seed: int = 42
     precision: str = "auto"
     backend: str = "gloo"
+    sampler: str = "random"  # random: DistributedSampler; grouped: length-grouped global batches
     dropout: float | None = None
     max_train_samples: int | None = None
     max_eval_samples: int | None = None

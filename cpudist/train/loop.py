@@ -19,6 +19,7 @@ from cpudist.flops import ModelShape, training_flops
 from cpudist.train import events
 from cpudist.train.config import TrainConfig
 from cpudist.train.features import Encoded, collate
+from cpudist.train.sampling import global_batches, rank_batches
 
 WARMUP_STEPS_EXCLUDED = 3  # steady-state throughput leaves out the first steps (allocator warm-up)
 
@@ -49,22 +50,39 @@ def plan_steps(cfg: TrainConfig, batches_per_epoch: int) -> int:
     return max(1, math.ceil(cfg.epochs * batches_per_epoch / cfg.grad_accum))
 
 
-def _batches(loader: DataLoader[int], sampler: DistributedSampler[int]) -> Iterator[list[int]]:
-    epoch = 0
-    while True:
-        sampler.set_epoch(epoch)  # a new seeded shuffle each epoch, identical on every rank
-        yield from loader
-        epoch += 1
+def batch_plan(cfg: TrainConfig, data: Encoded, rank: int, world: int) -> tuple[int, Iterator[list[int]]]:
+    """(micro-batches per epoch, endless iterator of this rank's row indices per micro-batch)."""
+    if cfg.sampler == "grouped":
+        lengths = [len(ids) for ids in data.input_ids]
+        per_epoch = len(rank_batches(global_batches(lengths, cfg.batch_size * world, cfg.seed, 0), rank, world))
+
+        def grouped() -> Iterator[list[int]]:
+            epoch = 0
+            while True:
+                yield from rank_batches(global_batches(lengths, cfg.batch_size * world, cfg.seed, epoch), rank, world)
+                epoch += 1
+
+        return per_epoch, grouped()
+    rows: Any = range(len(data))  # a sized, indexable dataset of row numbers
+    sampler: DistributedSampler[int] = DistributedSampler(rows, num_replicas=world, rank=rank,
+                                                          shuffle=True, seed=cfg.seed)
+    loader: DataLoader[int] = DataLoader(rows, batch_size=cfg.batch_size, sampler=sampler, collate_fn=list)
+
+    def shuffled() -> Iterator[list[int]]:
+        epoch = 0
+        while True:
+            sampler.set_epoch(epoch)  # a new seeded shuffle each epoch, identical on every rank
+            yield from loader
+            epoch += 1
+
+    return len(loader), shuffled()
 
 
 def train(cfg: TrainConfig, model: torch.nn.Module, data: Encoded, regression: bool,
           bf16: bool, run_dir: Path, rank: int, world: int, shape: ModelShape) -> TrainStats:
     """Train `model` (already wrapped in DDP) and return what was measured."""
-    rows: Any = range(len(data))  # a sized, indexable dataset of row numbers
-    sampler: DistributedSampler[int] = DistributedSampler(rows, num_replicas=world, rank=rank,
-                                                          shuffle=True, seed=cfg.seed)
-    loader: DataLoader[int] = DataLoader(rows, batch_size=cfg.batch_size, sampler=sampler, collate_fn=list)
-    total = plan_steps(cfg, len(loader))
+    per_epoch, batches = batch_plan(cfg, data, rank, world)
+    total = plan_steps(cfg, per_epoch)
     opt = _optimizer(cfg, model)
     from transformers import get_linear_schedule_with_warmup
 
@@ -72,10 +90,9 @@ def train(cfg: TrainConfig, model: torch.nn.Module, data: Encoded, regression: b
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
     stats, pending = TrainStats(), []
     log = (run_dir / "steps.jsonl").open("w") if rank == 0 else None
-    batches = _batches(loader, sampler)
     model.train()
     if rank == 0:
-        events.emit("start", total=total, batches_per_epoch=len(loader))
+        events.emit("start", total=total, batches_per_epoch=per_epoch)
     while stats.steps < total:
         t0 = time.perf_counter()
         loss_sum, n_local, tokens, flops = torch.zeros(()), 0, 0, 0.0

@@ -48,10 +48,11 @@ def losses(run_dir: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in (run_dir / "steps.jsonl").read_text().splitlines()]
 
 
-def test_loss_equivalence_one_rank_vs_two(shared_data: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("sampler", ["random", "grouped"])
+def test_loss_equivalence_one_rank_vs_two(shared_data: Path, tmp_path: Path, sampler: str) -> None:
     """Same seed, no dropout, global batch 32: 1 rank x 32 and 2 ranks x 16 see the same losses."""
     common = [*mrpc(shared_data), "--max-steps", "5", "--dropout", "0", "--precision", "fp32", "--no-eval",
-              "--lr", "1e-3", "--log-every", "1"]
+              "--lr", "1e-3", "--log-every", "1", "--sampler", sampler]
     for name, np_, batch, seed in (("np1", 1, 32, 7), ("np2", 2, 16, 7), ("seed8", 1, 32, 8)):
         r = cpudist("run", *common, "--np", str(np_), "--batch-size", str(batch), "--seed", str(seed),
                     "--output-dir", tmp_path / name)

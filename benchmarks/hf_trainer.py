@@ -1,0 +1,121 @@
+"""One Hugging Face Trainer run on GLUE MRPC, the baseline arms of benchmarks/throughput.py.
+
+    python benchmarks/hf_trainer.py --mode best --data-dir ../shared/data/glue/MRPC --model PATH --epochs 3
+    python benchmarks/hf_trainer.py --mode blog ...   # fp32, every row padded to 128 (run_glue.py's way)
+
+Prints one JSON line: steady samples/s (first steps excluded), train time, dev metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from sklearn.metrics import accuracy_score, f1_score
+from transformers import (
+    AutoConfig,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    DataCollatorWithPadding,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+    default_data_collator,
+)
+
+from cpudist.cpu import read_cpu
+from cpudist.train.data import load_glue_tsv
+from cpudist.train.models import PRESETS, offline_minilm_dir
+
+WARMUP = 3
+
+
+class StepClock(TrainerCallback):
+    """Wall time at the end of every optimizer step."""
+
+    def __init__(self) -> None:
+        self.ends: list[float] = []
+
+    def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        self.ends.append(time.perf_counter())
+
+
+class Rows(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    def __init__(self, enc: dict[str, list[list[int]]], labels: list[int]) -> None:
+        self.enc, self.labels = enc, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict[str, object]:
+        return {**{k: v[i] for k, v in self.enc.items()}, "labels": self.labels[i]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", choices=["best", "blog"], required=True)
+    ap.add_argument("--data-dir", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=5e-5)
+    ap.add_argument("--epochs", type=float, default=3)
+    ap.add_argument("--max-steps", type=int, default=-1)
+    ap.add_argument("--max-train-samples", type=int)
+    ap.add_argument("--no-eval", action="store_true")
+    ap.add_argument("--seed", type=int, default=42)
+    a = ap.parse_args()
+    torch.manual_seed(a.seed)
+    data = load_glue_tsv("mrpc", Path(a.data_dir))
+    train_split = data.train.head(a.max_train_samples)
+    tok_dir = a.model if a.model not in PRESETS else str(offline_minilm_dir())
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    pad = {"padding": "max_length"} if a.mode == "blog" else {}
+    enc = tok(*train_split.texts, truncation=True, max_length=128, **pad)
+    dev = tok(*data.validation.texts, truncation=True, max_length=128, **pad)
+    keys = ("input_ids", "token_type_ids", "attention_mask")
+    train_ds = Rows({k: enc[k] for k in keys}, [int(x) for x in train_split.labels])
+    dev_ds = Rows({k: dev[k] for k in keys}, [int(x) for x in data.validation.labels])
+    if a.model in PRESETS:
+        preset = dict(PRESETS[a.model])
+        config = AutoConfig.for_model(preset.pop("model_type"), num_labels=2, **preset)
+        model = AutoModelForSequenceClassification.from_config(config)
+    else:
+        model = AutoModelForSequenceClassification.from_pretrained(a.model, num_labels=2)
+    best = a.mode == "best"
+    bf16 = best and read_cpu().has_bf16
+    with tempfile.TemporaryDirectory() as out:
+        args = TrainingArguments(
+            output_dir=out, per_device_train_batch_size=a.batch_size, per_device_eval_batch_size=64,
+            learning_rate=a.lr, num_train_epochs=a.epochs, max_steps=a.max_steps, warmup_ratio=0.1,
+            weight_decay=0.01, use_cpu=True, bf16=bf16, seed=a.seed, report_to=[], save_strategy="no",
+            eval_strategy="no", logging_strategy="no", dataloader_num_workers=0,
+            train_sampling_strategy="group_by_length" if best else "random")
+        clock = StepClock()
+        collator = DataCollatorWithPadding(tok) if best else default_data_collator
+        trainer = Trainer(model=model, args=args, train_dataset=train_ds, data_collator=collator,
+                          callbacks=[clock])
+        start = time.perf_counter()
+        trainer.train()
+        train_time = time.perf_counter() - start
+        steps = len(clock.ends)
+        steady = (steps - WARMUP) * a.batch_size / (clock.ends[-1] - clock.ends[WARMUP - 1])
+        metrics = {}
+        if not a.no_eval:
+            pred = trainer.predict(dev_ds)
+            labels = np.array(dev_ds.labels)
+            guess = pred.predictions.argmax(-1)
+            metrics = {"accuracy": float(accuracy_score(labels, guess)), "f1": float(f1_score(labels, guess))}
+    samples = min(steps * a.batch_size, len(train_ds) * max(1, int(np.ceil(a.epochs)))) if a.max_steps < 0 \
+        else steps * a.batch_size
+    print(json.dumps({"arm": f"hf_{a.mode}", "steps": steps, "precision": "bf16" if bf16 else "fp32",
+                      "steady_samples_per_s": steady, "train_time_s": train_time,
+                      "train_samples_per_s": samples / train_time, "metrics": metrics}))
+
+
+if __name__ == "__main__":
+    main()

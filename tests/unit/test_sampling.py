@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cpudist.train.sampling import global_batches, rank_batches
+
+lengths = st.lists(st.integers(1, 128), min_size=1, max_size=400)
+
+
+@given(lengths, st.integers(1, 64), st.integers(0, 5), st.booleans())
+def test_every_row_once_per_epoch(ls: list[int], batch: int, epoch: int, grouped: bool) -> None:
+    batches = global_batches(ls, batch, seed=3, epoch=epoch, grouped=grouped)
+    assert sorted(i for b in batches for i in b) == list(range(len(ls)))
+    assert all(len(b) <= batch for b in batches)
+
+
+@given(lengths, st.sampled_from([1, 2, 4]), st.integers(1, 16))
+def test_global_batches_do_not_depend_on_the_split(ls: list[int], world: int, per_rank: int) -> None:
+    batches = global_batches(ls, per_rank * world, seed=1, epoch=0)
+    shares = [rank_batches(batches, r, world) for r in range(world)]
+    assert all(len(s) == len(shares[0]) for s in shares)  # every rank takes the same number of steps
+    for step, whole in enumerate(b for b in batches if len(b) >= world):
+        assert sorted(i for s in shares for i in s[step]) == sorted(whole)
+
+
+def test_grouping_cuts_padding_and_epochs_differ() -> None:
+    ls = [(i * 37) % 120 + 8 for i in range(3200)]
+    def padding(grouped: bool) -> int:
+        return sum(len(b) * max(ls[i] for i in b) - sum(ls[i] for i in b)
+                   for b in global_batches(ls, 32, seed=0, epoch=0, grouped=grouped))
+    assert padding(True) < padding(False) / 5
+    assert global_batches(ls, 32, 0, 0) != global_batches(ls, 32, 0, 1)
