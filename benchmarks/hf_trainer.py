@@ -91,7 +91,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as out:
         args = TrainingArguments(
             output_dir=out, per_device_train_batch_size=a.batch_size, per_device_eval_batch_size=64,
-            learning_rate=a.lr, num_train_epochs=a.epochs, max_steps=a.max_steps, warmup_ratio=0.1,
+            learning_rate=a.lr, num_train_epochs=a.epochs, max_steps=a.max_steps, warmup_steps=0.1,
             weight_decay=0.01, use_cpu=True, bf16=bf16, seed=a.seed, report_to=[], save_strategy="no",
             eval_strategy="no", logging_strategy="no", dataloader_num_workers=0,
             train_sampling_strategy="group_by_length" if best else "random")

@@ -31,7 +31,10 @@ MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 def run_json(cmd: list[str]) -> dict[str, Any]:
     print("$", shlex.join(cmd), file=sys.stderr, flush=True)
     out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    try:
+        return json.loads(out)  # cpudist run --json: one indented object
+    except json.JSONDecodeError:
+        return json.loads(out.strip().splitlines()[-1])  # hf_trainer.py: a JSON line after the logs
 
 
 def ours(model: str, common: dict[str, str], eval_: bool) -> dict[str, Any]:

@@ -73,8 +73,8 @@ def summary(r: RunResult) -> str:
 @click.option("--precision", type=click.Choice(PRECISIONS), default="auto", show_default=True,
               help="auto: bf16 autocast where the CPU has native bf16, else fp32.")
 @click.option("--backend", type=click.Choice(BACKENDS), default="gloo", show_default=True)
-@click.option("--sampler", type=click.Choice(SAMPLERS), default="random", show_default=True,
-              help="random: DistributedSampler; grouped: length-grouped global batches (less padding).")
+@click.option("--sampler", type=click.Choice(SAMPLERS), default="grouped", show_default=True,
+              help="grouped: length-grouped global batches (less padding); random: DistributedSampler.")
 @click.option("--dropout", type=click.FloatRange(0, 1), help="Override the model's dropout (0 turns it off).")
 @click.option("--max-train-samples", type=click.IntRange(min=1))
 @click.option("--max-eval-samples", type=click.IntRange(min=1))

@@ -43,7 +43,7 @@ class TrainConfig:
     seed: int = 42
     precision: str = "auto"
     backend: str = "gloo"
-    sampler: str = "random"  # random: DistributedSampler; grouped: length-grouped global batches
+    sampler: str = "grouped"  # grouped: length-grouped global batches; random: DistributedSampler
     dropout: float | None = None
     max_train_samples: int | None = None
     max_eval_samples: int | None = None

@@ -131,7 +131,8 @@ def _optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimize
         (no_decay if p.ndim < 2 or "LayerNorm" in name or "bias" in name else decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, foreach=True)
+    # Fused AdamW: one kernel over all parameters, 80 -> 19 ms a step for MiniLM (benchmarks/README.md).
+    return torch.optim.AdamW(groups, lr=cfg.lr, fused=True)
 
 
 def _flush(pending: list[tuple[int, torch.Tensor, int, int, float, float, float]], stats: TrainStats,
