@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 import os
 import sys
 import tomllib
@@ -158,12 +159,7 @@ def list_clusters(region: str, endpoint_url: str | None) -> None:
     ec2 = ec2_client(region, endpoint_url)
     live = instances.describe(ec2, [{"Name": "tag-key", "Values": [CLUSTER_TAG]},
                                     {"Name": "instance-state-name", "Values": instances.LIVE_STATES}])
-    names: dict[str, int] = {}
-    for n in live:
-        tags = ec2.describe_tags(Filters=[{"Name": "resource-id", "Values": [n.instance_id]},
-                                          {"Name": "key", "Values": [CLUSTER_TAG]}])["Tags"]
-        for t in tags:
-            names[t["Value"]] = names.get(t["Value"], 0) + 1
+    names = Counter(n.cluster for n in live if n.cluster)
     local = {p.name for p in lib.clusters_dir().glob("*") if (p / "record.json").exists()}
     for cluster_name in sorted(set(names) | local):
         note = "" if cluster_name in local else "  (no local record)"

@@ -80,22 +80,15 @@ def rank_env(spec: RunSpec) -> dict[str, str]:
                             spec.iface, spec.allocator, spec.iomp))
 
 
-def mpich_argv(spec: RunSpec, env: dict[str, str]) -> list[str]:
-    """MPICH Hydra: `mpiexec.hydra -launcher ssh -f H -np N -ppn P -genv K V ... python -m cpudist.train`."""
+def hydra_argv(spec: RunSpec, env: dict[str, str]) -> list[str]:
+    """MPICH's or Intel MPI's Hydra: `mpiexec.hydra -f H -np N -ppn P -genv K V ... python -m cpudist.train`.
+
+    The two differ only in how they name the ssh bootstrap: -launcher (MPICH), -bootstrap (Intel).
+    """
     argv = [spec.launcher_path]
     if spec.hostfile:
-        argv += ["-launcher", "ssh", "-launcher-exec", spec.ssh, "-f", spec.hostfile]
-    argv += ["-np", str(spec.np), "-ppn", str(spec.ppn), "-prepend-pattern", "[%h:%r] "]
-    for key, value in env.items():
-        argv += ["-genv", key, value]
-    return argv + trainer_argv(spec)
-
-
-def impi_argv(spec: RunSpec, env: dict[str, str]) -> list[str]:
-    """Intel MPI's Hydra: `-bootstrap ssh -bootstrap-exec SSH`, rank-prefixed output."""
-    argv = [spec.launcher_path]
-    if spec.hostfile:
-        argv += ["-bootstrap", "ssh", "-bootstrap-exec", spec.ssh, "-f", spec.hostfile]
+        flag = "-bootstrap" if spec.launcher == "impi" else "-launcher"
+        argv += [flag, "ssh", f"{flag}-exec", spec.ssh, "-f", spec.hostfile]
     argv += ["-np", str(spec.np), "-ppn", str(spec.ppn), "-prepend-pattern", "[%h:%r] "]
     for key, value in env.items():
         argv += ["-genv", key, value]
@@ -129,7 +122,7 @@ def plan(spec: RunSpec) -> Launch:
     """The launch of a spec, after checking that its ranks fit its hosts."""
     nodes = check_layout(spec.np, spec.ppn, spec.hosts, spec.oversubscribe)
     env = rank_env(spec)
-    builders = {"mpich": mpich_argv, "impi": impi_argv, "openmpi": openmpi_argv}
+    builders = {"mpich": hydra_argv, "impi": hydra_argv, "openmpi": openmpi_argv}
     if spec.launcher in builders:
         return Launch(tuple(builders[spec.launcher](spec, env)), env)
     if spec.launcher == "torchrun":

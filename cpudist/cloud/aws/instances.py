@@ -31,6 +31,7 @@ class Node:
     image_id: str
     instance_type: str
     security_groups: tuple[str, ...]
+    cluster: str | None = None
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,8 @@ def to_node(inst: dict[str, Any]) -> Node:
                 lifecycle="spot" if inst.get("InstanceLifecycle") == "spot" else "on-demand",
                 launch_time=str(inst.get("LaunchTime", "")), image_id=inst.get("ImageId", ""),
                 instance_type=inst.get("InstanceType", ""),
-                security_groups=tuple(g["GroupId"] for g in inst.get("SecurityGroups", [])))
+                security_groups=tuple(g["GroupId"] for g in inst.get("SecurityGroups", [])),
+                cluster=tag_value(inst, CLUSTER_TAG))
 
 
 def describe(ec2: Any, filters: list[dict[str, Any]]) -> list[Node]:
