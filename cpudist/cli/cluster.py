@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections import Counter
 import os
 import sys
 import tomllib
 import urllib.request
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
