@@ -203,7 +203,10 @@ def up(ec2: Any, spec: ClusterSpec, price: Price, say: Say) -> ClusterRecord:
             ssh_setup([Host(a) for a in addresses], spec.user, str(key.private_key), spec.ssh_port)
     except BaseException:
         if not spec.keep_on_failure:
-            created.rollback(ec2, spec.name, say)
+            try:
+                created.rollback(ec2, spec.name, say)
+            except Exception as e:  # the first failure is the one to report
+                say(f"rollback incomplete ({e}): run `cpudist cluster down --name {spec.name}`")
         raise
     record = ClusterRecord(spec.name, spec.region, spec.endpoint_url, spec.instance_type, tuple(addresses),
                            str(hostfile), str(key.private_key), spec.user, price.usd_per_hour, price.source,

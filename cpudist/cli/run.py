@@ -106,12 +106,13 @@ def run(task: str, np_: int, ppn: int | None, hostfile: Path | None, cluster_nam
                       text_columns=tuple(c.strip() for c in (text_columns or "").split(",") if c.strip()),
                       dist_timeout_s=dist_timeout, **opts)  # type: ignore[arg-type]
     cfg = TrainConfig(**{**cfg.__dict__, "output_dir": str(output_dir or default_output_dir(cfg, np_))})
+    if ppn is None and (hostfile is not None or cluster_name is not None):
+        raise BadInput("--hostfile/--cluster need --ppn (ranks per node)",
+                       "e.g. --np 4 --ppn 1 for one rank on each of 4 nodes")
     price = None
     if cluster_name is not None:
         cluster_hostfile, price = run_target(cluster_name, np_ // (ppn or np_))
         hostfile = hostfile or cluster_hostfile
-    if ppn is None and hostfile is not None:
-        raise BadInput("--hostfile needs --ppn (ranks per node)", "e.g. --np 4 --ppn 1 for one rank on each of 4 nodes")
     where = Placement(np_, ppn or np_, hostfile, ssh, oversubscribe, iface)
     spec = prepare(cfg, where, launcher, mpirun, env_pairs, allocator)
     launch = plan(spec)

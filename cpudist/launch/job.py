@@ -111,6 +111,8 @@ def check_reachable(hosts: tuple[Host, ...], ssh: str, timeout_s: float = 15) ->
             return h.name, p.returncode, p.stderr.strip()
         except subprocess.TimeoutExpired:
             return h.name, 255, f"no answer within {timeout_s:g}s"
+        except OSError as e:  # the ssh program itself is missing
+            return h.name, 255, str(e)
 
     with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
         bad = [r for r in pool.map(probe, hosts) if r[1] != 0]
@@ -171,7 +173,7 @@ class Callbacks:
 
 
 _HOST_PATTERNS = (re.compile(r"RUNNING AT (\S+)"), re.compile(r"on node (\S+?)[ ,.]"),
-                  re.compile(r"^\[([^\]:]+):\d+\] error"))
+                  re.compile(r"\[([^\]:\s]+):\d+\] error: "))
 
 
 def failed_host(lines: tuple[str, ...]) -> str | None:

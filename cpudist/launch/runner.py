@@ -74,4 +74,6 @@ def execute(launch: Launch, base_env: Mapping[str, str], on_event: Callable[[dic
     finally:
         if timer:
             timer.cancel()
+        if proc.poll() is None:  # any other way out of the loop must not orphan the ranks
+            _stop(proc)
     return Outcome(proc.returncode, expired.is_set(), tuple(tail))

@@ -102,7 +102,9 @@ def setup(cfg: TrainConfig, info: RankInfo) -> Job:
         torch.manual_seed(cfg.seed)  # same classifier init whatever the tokenizer consumed
         model = build_model(cfg.model, task.num_labels, regression, cfg.dropout)
     if info.world_size > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model)
+        # No buffer sync per forward: BERT's buffers never change, and a sync on a forward that some
+        # ranks skip (evaluation with fewer rows than ranks) would mismatch the collectives.
+        model = torch.nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False)
     bf16 = resolve_precision(cfg.precision, read_cpu().has_bf16) == "bf16"
     run_dir = Path(cfg.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -173,7 +175,7 @@ def run(cfg: TrainConfig, info: RankInfo) -> None:
     if cfg.do_eval:
         if info.rank == 0:
             events.emit("eval", rows=len(job.eval_data))
-        metrics, phases = evaluate(job.model, job.eval_data, job.metrics, job.regression,
+        metrics, phases = evaluate(getattr(job.model, "module", job.model), job.eval_data, job.metrics, job.regression,
                                    cfg.eval_batch_size, job.bf16, info.rank, info.world_size)
     mine = {"host": socket.gethostname(), "peak_rss_mb": peak_rss_mb()}
     rank_info: list[dict[str, object]] = [mine]
@@ -186,18 +188,28 @@ def run(cfg: TrainConfig, info: RankInfo) -> None:
         tmp.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
         tmp.replace(job.run_dir / "result.json")
         events.emit("done", result=str(job.run_dir / "result.json"))
+    if info.world_size > 1:
+        # Leave together: a rank tearing down gloo while a peer still talks to it can abort the
+        # peer ("terminate called without an active exception").
+        dist.barrier()
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one rank; errors print one line prefixed with host:rank and set the exit code."""
     cfg = from_argv(sys.argv[1:] if argv is None else argv)
-    info = discover_rank(os.environ)
+    rank = "?"
     try:
+        info = discover_rank(os.environ)
+        rank = str(info.rank)
         run(cfg, info)
     except CpudistError as e:
-        sys.stderr.write(f"[{socket.gethostname()}:{info.rank}] error: {e.message}\n")
+        sys.stderr.write(f"[{socket.gethostname()}:{rank}] error: {e.message}\n")
         sys.stderr.flush()
         return e.exit_code
+    except OSError as e:  # e.g. a model or tokenizer that cannot be loaded
+        sys.stderr.write(f"[{socket.gethostname()}:{rank}] error: {e}\n")
+        sys.stderr.flush()
+        return 1
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()

@@ -72,13 +72,13 @@ def _default(f: dataclasses.Field[Any]) -> Any:
 
 
 def to_argv(cfg: TrainConfig) -> list[str]:
-    """Render a config as `--flag value` pairs; defaults are left out to keep commands short."""
+    """Render a config as `--flag=value` words; defaults are left out to keep commands short."""
     argv: list[str] = []
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         if value is None or value == _default(f):
             continue
-        argv += [_flag(f.name), _encode(value)]
+        argv.append(f"{_flag(f.name)}={_encode(value)}")  # `=`: a value may itself start with "-"
     return argv
 
 

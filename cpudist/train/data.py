@@ -119,6 +119,8 @@ def _labels_to_ids(path: Path, rows: Sequence[Row], raw: Sequence[str],
 def _split_from_table(path: Path, columns: list[str], rows: list[Row],
                       text: Sequence[str | int], label: str | int,
                       names: tuple[str, ...]) -> Split:
+    if not rows:
+        raise BadInput(f"{path} has no data rows", "Give a file with a header and at least one row")
     text_idx = [_column_index(path, columns, c, "text") for c in text]
     label_idx = _column_index(path, columns, label, "label")
     texts = tuple(tuple(_field(path, r, i) for r in rows) for i in text_idx)
@@ -206,8 +208,8 @@ def _label_names(values: Iterable[str]) -> tuple[str, ...]:
 def load_custom(train_file: Path, validation_file: Path | None, text_columns: Sequence[str],
                 label_column: str) -> TaskData:
     """Read user data (csv, tsv, `;`-separated txt, json, jsonl) for multi-class labels."""
-    if not text_columns:
-        raise BadInput("no text columns given", "Name them with --text-columns (one or two, comma-separated)")
+    if not 1 <= len(text_columns) <= 2:
+        raise BadInput(f"{len(text_columns)} text columns given", "Name one or two with --text-columns a[,b]")
     columns, rows = _read_records(train_file)
     label_idx = _column_index(train_file, columns, label_column, "label")
     names = _label_names(_field(train_file, r, label_idx).strip() for r in rows)

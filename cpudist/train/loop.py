@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
+from cpudist.errors import BadInput
 from cpudist.flops import ModelShape, training_flops
 from cpudist.train import events
 from cpudist.train.config import TrainConfig
@@ -55,6 +56,9 @@ def batch_plan(cfg: TrainConfig, data: Encoded, rank: int, world: int) -> tuple[
     if cfg.sampler == "grouped":
         lengths = [len(ids) for ids in data.input_ids]
         per_epoch = len(rank_batches(global_batches(lengths, cfg.batch_size * world, cfg.seed, 0), rank, world))
+        if per_epoch == 0:
+            raise BadInput(f"{len(lengths)} training row(s) cannot feed {world} ranks",
+                           "Use more data (--max-train-samples), or fewer ranks")
 
         def grouped() -> Iterator[list[int]]:
             epoch = 0

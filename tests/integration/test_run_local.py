@@ -89,7 +89,7 @@ def test_dry_run_runs_nothing(shared_data: Path, tmp_path: Path) -> None:
                 "--env", "FOO=bar")
     assert r.returncode == 0, r.stderr
     assert "export OMP_NUM_THREADS=" in r.stdout and "export FOO=bar" in r.stdout
-    assert "-m cpudist.train --task mrpc" in r.stdout
+    assert "-m cpudist.train --task=mrpc" in r.stdout
     assert not (tmp_path / "dry").exists()
 
 

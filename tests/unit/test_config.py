@@ -25,4 +25,4 @@ def test_argv_round_trip(batch: int, epochs: float, max_steps: int | None, dropo
 
 
 def test_defaults_are_left_out() -> None:
-    assert to_argv(TrainConfig(task="sst2", output_dir="o")) == ["--task", "sst2", "--output-dir", "o"]
+    assert to_argv(TrainConfig(task="sst2", output_dir="o")) == ["--task=sst2", "--output-dir=o"]

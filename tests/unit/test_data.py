@@ -152,3 +152,16 @@ def test_validation_label_unseen_in_train(tmp_path: Path) -> None:
     dev.write_text("text,label\nc,z\n")
     with pytest.raises(BadInput, match="unknown label 'z'"):
         load_custom(train, dev, ("text",), "label")
+
+
+def test_header_only_file(tmp_path: Path) -> None:
+    folder = write_glue(tmp_path, "rte", "index\tsentence1\tsentence2\tlabel\n", None)
+    with pytest.raises(BadInput, match="has no data rows"):
+        load_glue_tsv("rte", folder)
+
+
+def test_at_most_two_text_columns(tmp_path: Path) -> None:
+    path = tmp_path / "d.csv"
+    path.write_text("a,b,c,label\nx,y,z,p\nx,y,z,q\n")
+    with pytest.raises(BadInput, match="3 text columns"):
+        load_custom(path, path, ("a", "b", "c"), "label")

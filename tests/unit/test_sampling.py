@@ -31,3 +31,17 @@ def test_grouping_cuts_padding_and_epochs_differ() -> None:
                    for b in global_batches(ls, 32, seed=0, epoch=0, grouped=grouped))
     assert padding(True) < padding(False) / 5
     assert global_batches(ls, 32, 0, 0) != global_batches(ls, 32, 0, 1)
+
+
+def test_too_few_rows_for_the_ranks_is_an_error_not_a_hang() -> None:
+    import pytest
+
+    from cpudist.errors import BadInput
+    from cpudist.train.config import TrainConfig
+    from cpudist.train.features import Encoded
+    from cpudist.train.loop import batch_plan
+
+    data = Encoded([[101, 7, 102]], None, [0.0], 0)
+    with pytest.raises(BadInput, match="cannot feed 2 ranks"):
+        batch_plan(TrainConfig(task="mrpc", output_dir="o"), data, rank=0, world=2)
+    assert batch_plan(TrainConfig(task="mrpc", output_dir="o"), data, rank=0, world=1)[0] == 1
