@@ -38,6 +38,8 @@ from cpudist.train.features import Encoded, encode, synthetic
 from cpudist.train.loop import TrainStats, train
 from cpudist.train.models import build_model, load_tokenizer
 
+CPU = read_cpu()  # read once per rank
+
 
 @dataclass(frozen=True)
 class Job:
@@ -105,7 +107,7 @@ def setup(cfg: TrainConfig, info: RankInfo) -> Job:
         # No buffer sync per forward: BERT's buffers never change, and a sync on a forward that some
         # ranks skip (evaluation with fewer rows than ranks) would mismatch the collectives.
         model = torch.nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False)
-    bf16 = resolve_precision(cfg.precision, read_cpu().has_bf16) == "bf16"
+    bf16 = resolve_precision(cfg.precision, CPU.has_bf16) == "bf16"
     run_dir = Path(cfg.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     return Job(cfg, info, model, train_data, eval_data, metrics, regression, bf16, run_dir)
@@ -130,7 +132,7 @@ def build_result(job: Job, stats: TrainStats, metrics: dict[str, float], phases:
     params = sum(p.numel() for p in job.model.parameters())
     eval_time = sum(phases.values())
     flops_per_s = stats.flops / stats.train_time_s if stats.train_time_s else 0.0
-    cpu = read_cpu()
+    cpu = CPU
     ghz = cpu_ghz(Path("/proc/cpuinfo").read_text()) if Path("/proc/cpuinfo").exists() else 0.0
     # The cores the job computes on: every rank's threads (one per physical core by default).
     peak = peak_flops(cpu, torch.get_num_threads() * world, ghz)

@@ -97,34 +97,36 @@ def train(cfg: TrainConfig, model: torch.nn.Module, data: Encoded, regression: b
     model.train()
     if rank == 0:
         events.emit("start", total=total, batches_per_epoch=per_epoch)
-    while stats.steps < total:
-        t0 = time.perf_counter()
-        loss_sum, n_local, tokens, flops = torch.zeros(()), 0, 0, 0.0
-        for micro in range(cfg.grad_accum):
-            idx = next(batches)
-            batch = collate(data, idx, regression)
-            # Gradients are all-reduced only on the last micro-batch of an accumulation.
-            sync = micro == cfg.grad_accum - 1 or not hasattr(model, "no_sync")
-            with (contextlib.nullcontext() if sync else model.no_sync()), autocast:  # type: ignore[operator]
-                loss = model(**batch).loss
-            (loss / cfg.grad_accum).backward()
-            loss_sum += loss.detach().float() / cfg.grad_accum
-            n_local += len(idx)
-            tokens += data.real_tokens(idx)
-            flops += training_flops(shape, (len(data.input_ids[i]) for i in idx))
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        dt = time.perf_counter() - t0
-        stats.steps += 1
-        stats.train_time_s += dt
-        stats.step_times.append(dt)
-        pending.append((stats.steps, loss_sum, n_local, tokens, flops, dt, sched.get_last_lr()[0]))
-        if stats.steps % cfg.log_every == 0 or stats.steps == total:
-            _flush(pending, stats, log, world, total)
-            pending = []
-    if log is not None:
-        log.close()
+    try:
+        while stats.steps < total:
+            t0 = time.perf_counter()
+            loss_sum, n_local, tokens, flops = torch.zeros(()), 0, 0, 0.0
+            for micro in range(cfg.grad_accum):
+                idx = next(batches)
+                batch = collate(data, idx, regression)
+                # Gradients are all-reduced only on the last micro-batch of an accumulation.
+                sync = micro == cfg.grad_accum - 1 or not hasattr(model, "no_sync")
+                with (contextlib.nullcontext() if sync else model.no_sync()), autocast:  # type: ignore[operator]
+                    loss = model(**batch).loss
+                (loss / cfg.grad_accum).backward()
+                loss_sum += loss.detach().float() / cfg.grad_accum
+                n_local += len(idx)
+                tokens += data.real_tokens(idx)
+                flops += training_flops(shape, (len(data.input_ids[i]) for i in idx))
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            dt = time.perf_counter() - t0
+            stats.steps += 1
+            stats.train_time_s += dt
+            stats.step_times.append(dt)
+            pending.append((stats.steps, loss_sum, n_local, tokens, flops, dt, sched.get_last_lr()[0]))
+            if stats.steps % cfg.log_every == 0 or stats.steps == total:
+                _flush(pending, stats, log, world, total)
+                pending = []
+    finally:  # closed on every way out, errors included
+        if log is not None:
+            log.close()
     return stats
 
 

@@ -92,8 +92,7 @@ def load_tokenizer(model: str, tokenizer: str | None) -> PreTrainedTokenizerBase
     return AutoTokenizer.from_pretrained(tokenizer_source(model, tokenizer), use_fast=True)
 
 
-def build_model(model: str, num_labels: int, regression: bool, dropout: float | None,
-                vocab_size: int | None = None) -> PreTrainedModel:
+def build_model(model: str, num_labels: int, regression: bool, dropout: float | None) -> PreTrainedModel:
     """A sequence classifier: a preset with random weights, or pretrained weights."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
@@ -101,8 +100,6 @@ def build_model(model: str, num_labels: int, regression: bool, dropout: float | 
     if source in PRESETS:
         preset = dict(PRESETS[source])
         config = AutoConfig.for_model(preset.pop("model_type"), **preset)
-        if vocab_size is not None:
-            config.vocab_size = vocab_size
     else:
         config = AutoConfig.from_pretrained(source)
     config.num_labels = num_labels

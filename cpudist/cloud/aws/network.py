@@ -27,7 +27,6 @@ class KeyInfo:
 
     name: str
     private_key: Path
-    generated: bool  # made by cpudist: `cluster down` deletes it
 
 
 def resource_name(cluster: str) -> str:
@@ -69,21 +68,21 @@ def ensure_key_pair(ec2: Any, cluster: str, folder: Path, key_name: str | None,
             raise BadInput(f"key pair {key_name} not found in this region", "Check --key-name and --region")
         if identity is None or not identity.is_file():
             raise BadInput(f"--key-name {key_name} needs its private key", "Pass --identity PATH_TO_PRIVATE_KEY")
-        return KeyInfo(key_name, identity, generated=False), False
+        return KeyInfo(key_name, identity), False
     name, private = resource_name(cluster), folder / "id_ed25519"
     found = _exists(ec2.describe_key_pairs, "InvalidKeyPair", KeyNames=[name])
     if found and found["KeyPairs"]:
         if not private.is_file():
             raise CpudistError(f"key pair {name} exists in AWS but its private key is not in {folder}",
                                f"Run `cpudist cluster down --name {cluster}` first, or pass --key-name/--identity")
-        return KeyInfo(name, private, generated=True), False
+        return KeyInfo(name, private), False
     pair = generate_key(f"cpudist-{cluster}")
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     private.touch(mode=0o600)
     private.write_text(pair.private)
     call(ec2.import_key_pair, KeyName=name, PublicKeyMaterial=pair.public.encode(),
          TagSpecifications=tag_spec("key-pair", cluster, name))
-    return KeyInfo(name, private, generated=True), True
+    return KeyInfo(name, private), True
 
 
 def _desired_rules(group_id: str, ssh_cidr: str) -> list[dict[str, Any]]:
