@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
 from cpudist.cli.progress import JobView
-from cpudist.cluster import run_target
 from cpudist.errors import BadInput
+from cpudist.interrupts import signals_interrupt
 from cpudist.launch.env import parse_env_pairs
 from cpudist.launch.job import Callbacks, Placement, default_output_dir, prepare, run_job
-from cpudist.launch.plan import LAUNCHERS, plan
+from cpudist.launch.plan import LAUNCHERS, check_layout, plan
+from cpudist.remote.agent import JobRequest
+from cpudist.remote.session import Head, local_inputs, run_remote
+from cpudist.remote.targets import cluster_target, onprem_head
 from cpudist.results.ledger import default_ledger
 from cpudist.results.schema import RunResult
 from cpudist.train.config import BACKENDS, PRECISIONS, SAMPLERS, TrainConfig
@@ -44,7 +48,17 @@ def summary(r: RunResult) -> str:
 @click.option("--ppn", type=click.IntRange(min=1), help="Ranks per node [default: --np, on this machine].")
 @click.option("--hostfile", type=click.Path(path_type=Path),
               help="Nodes to run on, head first (run from the head) [default: this machine].")
-@click.option("--cluster", "cluster_name", help="A cluster from `cpudist cluster up`: its hostfile and price.")
+@click.option("--cluster", "cluster_name", help="A cluster from `cpudist cluster up`: its nodes and price; "
+              "run from anywhere (inputs are staged on the nodes, results come back here).")
+@click.option("--head", "head_addr", help="With --hostfile, from outside the cluster: the address this machine "
+              "reaches the head (first host) by.")
+@click.option("--user", help="With --head: login name on the head [default: yours].")
+@click.option("--identity", type=click.Path(exists=True, dir_okay=False),
+              help="With --head: private key that logs in to the head [default: the ssh-setup cluster key].")
+@click.option("--remote-python", help="Python with cpudist on the nodes [default: /opt/cpudist/bin/python, "
+              "python3.11, python3].")
+@click.option("--stage-code", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True,
+              help="Send a wheel of this cpudist to the nodes: when theirs differs (auto), always, or never.")
 @click.option("--launcher", "--mpi", "launcher", type=click.Choice(LAUNCHERS), default="auto", show_default=True,
               help="auto: the MPI of --mpirun, else MPICH's Hydra when installed, else torchrun.")
 @click.option("--mpirun", type=click.Path(dir_okay=False), help="The launcher program (mpiexec.hydra or mpirun).")
@@ -91,7 +105,8 @@ def summary(r: RunResult) -> str:
 @click.option("--dry-run", is_flag=True, help="Print the command and environment; run nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
-def run(task: str, np_: int, ppn: int | None, hostfile: Path | None, cluster_name: str | None, launcher: str,
+def run(task: str, np_: int, ppn: int | None, hostfile: Path | None, cluster_name: str | None, head_addr: str | None,
+        user: str | None, identity: str | None, remote_python: str | None, stage_code: str, launcher: str,
         mpirun: str | None, ssh: str | None, iface: str | None, allocator: str, env_pairs: tuple[tuple[str, str], ...],
         oversubscribe: bool, timeout: float | None, dry_run: bool, as_json: bool, quiet: bool,
         ledger: Path | None, output_dir: Path | None, data_dir: Path | None, train_file: Path | None,
@@ -110,23 +125,61 @@ def run(task: str, np_: int, ppn: int | None, hostfile: Path | None, cluster_nam
         raise BadInput("--hostfile/--cluster need --ppn (ranks per node)",
                        "e.g. --np 4 --ppn 1 for one rank on each of 4 nodes")
     price = None
+    head = None
     if cluster_name is not None:
-        cluster_hostfile, price = run_target(cluster_name, np_ // (ppn or np_))
+        head, cluster_hostfile, price = cluster_target(cluster_name, np_ // (ppn or np_), remote_python, stage_code)
         hostfile = hostfile or cluster_hostfile
-    where = Placement(np_, ppn or np_, hostfile, ssh, oversubscribe, iface)
-    spec = prepare(cfg, where, launcher, mpirun, env_pairs, allocator)
-    launch = plan(spec)
+    elif head_addr is not None:
+        if hostfile is None:
+            raise BadInput("--head needs --hostfile (the nodes as they name each other, head first)",
+                           "Pass --hostfile H --head ADDRESS")
+        head = onprem_head(hostfile, head_addr, user, identity, remote_python, stage_code)
+    extra: dict[str, Any] = {"cluster": cluster_name, "usd_per_hour": price}
+    with signals_interrupt():
+        if head is not None:
+            _run_remote(cfg, head, np_, ppn or np_, launcher, mpirun, env_pairs, allocator, iface, oversubscribe,
+                        timeout, dry_run, as_json, quiet, ledger, extra)
+            return
+        where = Placement(np_, ppn or np_, hostfile, ssh, oversubscribe, iface)
+        spec = prepare(cfg, where, launcher, mpirun, env_pairs, allocator)
+        launch = plan(spec)
+        if dry_run:
+            click.echo("# environment of every rank")
+            for key, value in launch.rank_env.items():
+                click.echo(f"export {key}={value}")
+            click.echo("# command")
+            click.echo(launch.shell())
+            return
+        view = JobView(quiet=quiet)
+        try:
+            result = run_job(spec, launch, ledger or default_ledger(), Callbacks(view.on_event, view.on_line),
+                             timeout, extra)
+        finally:
+            view.close()
+    click.echo(json.dumps(result.to_dict(), indent=2) if as_json else summary(result))
+
+
+def _run_remote(cfg: TrainConfig, head: Head, np_: int, ppn: int, launcher: str, mpirun: str | None,
+                env_pairs: tuple[tuple[str, str], ...], allocator: str, iface: str | None, oversubscribe: bool,
+                timeout: float | None, dry_run: bool, as_json: bool, quiet: bool, ledger: Path | None,
+                extra: dict[str, Any]) -> None:
+    """Stage, launch on the head, follow, fetch: this machine is outside the cluster."""
+    check_layout(np_, ppn, head.inside, oversubscribe)
+    request = JobRequest(cfg, np_, ppn, "", launcher, mpirun, env_pairs, allocator, iface, oversubscribe, timeout)
     if dry_run:
-        click.echo("# environment of every rank")
-        for key, value in launch.rank_env.items():
-            click.echo(f"export {key}={value}")
-        click.echo("# command")
-        click.echo(launch.shell())
+        click.echo(f"# from this machine: ssh {head.target.user or ''}{'@' if head.target.user else ''}"
+                   f"{head.target.host} (port {head.target.port}, host keys pinned in {head.known_hosts})")
+        for name, what, path in local_inputs(cfg):
+            click.echo(f"# stage {what} ({name}) {path} -> ~/.cpudist/stage/<sha256>/ on the head, then on "
+                       f"{', '.join(h.name for h in head.inside[1: np_ // ppn]) or 'no other node'}")
+        click.echo(f"# nodes (as they reach each other): {' '.join(h.name for h in head.inside[: np_ // ppn])}")
+        click.echo("# on the head: python -m cpudist.remote.agent, with this request on stdin")
+        click.echo(request.to_json())
         return
     view = JobView(quiet=quiet)
     try:
-        result = run_job(spec, launch, ledger or default_ledger(), Callbacks(view.on_event, view.on_line), timeout,
-                         {"cluster": cluster_name, "usd_per_hour": price})
+        result = run_remote(cfg, request, head, Path(cfg.output_dir), ledger or default_ledger(),
+                            Callbacks(view.on_event, view.on_line), extra, view.on_line)
     finally:
         view.close()
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else summary(result))

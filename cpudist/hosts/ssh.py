@@ -121,6 +121,27 @@ class Remote:
                                f"{stderr.strip()[-300:]}", "Fix the node, then re-run")
         return stdout
 
+    def stream(self, command: str) -> paramiko.Channel:
+        """Start a long command; its stdout and stderr come merged on the returned channel."""
+        transport = self.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise Unreachable(f"the SSH connection to {self.target.host} is closed", "Re-run the command")
+        transport.set_keepalive(10)  # a dead peer is noticed in seconds, not at the next write
+        channel = transport.open_session()
+        channel.set_combine_stderr(True)
+        channel.exec_command(command)
+        return channel
+
+    def fetch(self, remote_path: str, local_path: Path) -> bool:
+        """Copy one file from the node; False when it does not exist there."""
+        with self.client.open_sftp() as sftp:
+            try:
+                sftp.stat(remote_path)
+            except FileNotFoundError:
+                return False
+            sftp.get(remote_path, str(local_path))
+        return True
+
     def close(self) -> None:
         self.client.close()
 

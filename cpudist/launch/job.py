@@ -192,7 +192,14 @@ def run_job(spec: RunSpec, launch: Launch, ledger_path: Path, cb: Callbacks,
     out = Path(spec.train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "command.txt").write_text(launch.shell() + "\n")
-    outcome = runner.execute(launch, os.environ, cb.on_event, cb.on_line, timeout_s)
+    with (out / "ranks.log").open("w") as log:  # every rank line, also when a run elsewhere fetches it
+
+        def on_line(line: str) -> None:
+            log.write(line + "\n")
+            log.flush()
+            cb.on_line(line)
+
+        outcome = runner.execute(launch, os.environ, cb.on_event, on_line, timeout_s)
     if outcome.timed_out:
         raise JobFailed(f"the job ran past --timeout {timeout_s:g}s and was stopped",
                         "Raise --timeout, or lower --max-steps/--epochs")

@@ -56,6 +56,7 @@ class RunResult:
     cluster: str | None = None
     usd_per_hour: float | None = None  # the price of the nodes the run used, when known
     run_dir: str = ""
+    staging: dict[str, Any] = field(default_factory=dict)  # what a run from outside the cluster sent, and how long
     schema: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,0 +1,113 @@
+"""The head-node side of a run started elsewhere: `python -m cpudist.remote.agent`, spec on stdin.
+
+The laptop sends one JSON line (a JobRequest), keeps stdin open while it watches, and reads rank
+output and progress events from stdout. End of stdin (Ctrl-C on the laptop, or a lost connection)
+stops every rank, as Ctrl-C does for a local run; so do SIGTERM and SIGHUP.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cpudist.errors import CpudistError
+from cpudist.train import events
+from cpudist.train.config import TrainConfig
+
+STATUS = "@@cpudist-agent "
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """A run as the head node executes it: every path in it is a path on the head."""
+
+    train: TrainConfig
+    np: int
+    ppn: int
+    hostfile: str
+    launcher: str = "auto"
+    mpirun: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    allocator: str = "auto"
+    iface: str | None = None
+    oversubscribe: bool = False
+    timeout_s: float | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> JobRequest:
+        data = json.loads(text)
+        train = data.pop("train")
+        train["text_columns"] = tuple(train.get("text_columns", ()))
+        data["env"] = tuple(tuple(p) for p in data.get("env", ()))
+        return cls(train=TrainConfig(**train), **data)
+
+
+def status_line(**fields: Any) -> str:
+    return STATUS + json.dumps(fields)
+
+
+def parse_status(line: str) -> dict[str, Any] | None:
+    if not line.startswith(STATUS):
+        return None
+    value: dict[str, Any] = json.loads(line[len(STATUS):])
+    return value
+
+
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _watch_stdin() -> None:
+    """End of stdin (or a `stop` line) means the laptop is gone or wants out: interrupt the job."""
+    for line in sys.stdin:
+        if line.strip() == "stop":
+            break
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def execute(req: JobRequest) -> int:
+    """Run the request like `cpudist run --hostfile` on this node; the exit code to leave with."""
+    from cpudist.launch.job import Callbacks, Placement, prepare, run_job
+    from cpudist.launch.plan import plan
+
+    try:
+        where = Placement(req.np, req.ppn, Path(req.hostfile), None, req.oversubscribe, req.iface)
+        spec = prepare(req.train, where, req.launcher, req.mpirun, req.env, req.allocator)
+        launch = plan(spec)
+        ledger = Path(req.train.output_dir) / "ledger.jsonl"
+        run_job(spec, launch, ledger, Callbacks(lambda e: _say(events.MARKER + json.dumps(e)), _say), req.timeout_s)
+    except CpudistError as e:
+        _say(status_line(status="error", exit_code=e.exit_code, message=e.message))
+        return e.exit_code
+    except KeyboardInterrupt:
+        _say(status_line(status="error", exit_code=1, message="interrupted before the ranks started"))
+        return 1
+    _say(status_line(status="ok", output_dir=req.train.output_dir))
+    return 0
+
+
+def main() -> None:
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
+    req = JobRequest.from_json(sys.stdin.readline())
+    threading.Thread(target=_watch_stdin, daemon=True).start()
+    sys.exit(execute(req))
+
+
+if __name__ == "__main__":
+    main()

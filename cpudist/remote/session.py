@@ -1,0 +1,244 @@
+"""A run started outside the cluster: reach the head over SSH, stage, launch there, stream, fetch.
+
+    laptop --ssh (public address, pinned host key)--> head --cluster ssh (private addresses)--> nodes
+
+Inputs go to the head once and fan out from it over the private network; the head runs
+`python -m cpudist.remote.agent`, which launches the ranks as `cpudist run --hostfile` does on a head
+node; the result, the steps and the rank log come back into the local run folder and ledger.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cpudist
+from cpudist.errors import BadInput, CpudistError, JobFailed
+from cpudist.hosts.hostfile import Host, render_hostfile
+from cpudist.hosts.keys import CLUSTER_DIR
+from cpudist.hosts.ssh import KnownHosts, Remote, Target
+from cpudist.launch.job import Callbacks
+from cpudist.remote import stage
+from cpudist.remote.agent import JobRequest, parse_status
+from cpudist.results import ledger
+from cpudist.results.ledger import default_ledger
+from cpudist.results.schema import RunResult
+from cpudist.train import events
+from cpudist.train.config import TrainConfig
+from cpudist.train.models import PRESETS, resolve_model, tokenizer_source
+
+FETCHED = ("result.json", "steps.jsonl", "command.txt", "ranks.log", "hostfile")
+STOP_GRACE_S = 40.0  # the agent's own stop takes up to the runner's SIGTERM grace (10 s) plus teardown
+PYTHONS = ("/opt/cpudist/bin/python", "python3.11", "python3")
+
+
+@dataclass(frozen=True)
+class Head:
+    """How this machine reaches the head node, and the names the nodes use for each other."""
+
+    target: Target
+    known_hosts: Path
+    inside: tuple[Host, ...]  # every node as the others reach it (private addresses), head first
+    python: str | None = None  # the head's Python that has cpudist; None: look for one
+    stage_code: str = "auto"  # auto: when the head's cpudist differs from ours | always | never
+
+
+def local_inputs(cfg: TrainConfig) -> list[tuple[str, str, Path]]:
+    """(field, what, local path) of every input the ranks read from this machine's disk."""
+    found = []
+    for name, what in (("data_dir", "data"), ("train_file", "data"), ("validation_file", "data")):
+        value = getattr(cfg, name)
+        if value:
+            path = Path(value).expanduser()
+            if not path.exists():
+                raise BadInput(f"--{name.replace('_', '-')} {value} does not exist", "Check the path")
+            found.append((name, what, path))
+    if cfg.model not in PRESETS and Path(resolve_model(cfg.model)).is_dir():
+        found.append(("model", "model", Path(resolve_model(cfg.model))))
+    if cfg.task != "synthetic":
+        tok = Path(tokenizer_source(cfg.model, cfg.tokenizer))
+        if tok.is_dir() and not (cfg.model not in PRESETS and tok == Path(resolve_model(cfg.model))):
+            found.append(("tokenizer", "tokenizer", tok))  # the tokenizer's files only: see stage.item
+    return found
+
+
+def _find_python(head: Remote, given: str | None) -> str:
+    candidates = (given,) if given else PYTHONS
+    script = "; ".join(f"if command -v {shlex.quote(p)} >/dev/null 2>&1 && {shlex.quote(p)} -c 'import cpudist' "
+                       f"2>/dev/null; then command -v {shlex.quote(p)}; exit 0; fi" for p in candidates) + "; exit 1"
+    code, out, _ = head.run(script, timeout=60)
+    if code != 0:
+        raise BadInput(f"no Python with cpudist on the head node {head.target.host} (tried {', '.join(candidates)})",
+                       "Boot the nodes from `cpudist ami build`'s image, or pass --remote-python PATH")
+    return out.strip().splitlines()[-1]
+
+
+def build_wheel(folder: Path) -> Path:
+    """A wheel of the running cpudist (from its source tree), cached by the code's fingerprint."""
+    root = Path(cpudist.__file__).resolve().parents[1]
+    if not (root / "pyproject.toml").is_file():
+        raise BadInput(f"cpudist at {root} is not a source tree, so no wheel of it can be built",
+                       "Install the same cpudist on the nodes and pass --stage-code never")
+    out = folder / stage.code_fingerprint()[:32]
+    wheels = sorted(out.glob("cpudist-*.whl"))
+    if not wheels:
+        out.mkdir(parents=True, exist_ok=True)
+        p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(out), str(root)], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        wheels = sorted(out.glob("cpudist-*.whl"))
+        if p.returncode != 0 or not wheels:
+            raise CpudistError(f"building a wheel of cpudist failed: {p.stderr.strip()[-300:]}",
+                               "Check `pip wheel --no-deps .` in the source tree")
+    return wheels[-1]
+
+
+class Stager:
+    """Puts items on the head once, then on every other node from the head."""
+
+    def __init__(self, head: Remote, home: str, others: tuple[Host, ...], say: Any) -> None:
+        self.head, self.home, self.others, self.say = head, home, others, say
+        self.sent_bytes = 0
+        self.copies = 0
+
+    def _missing_on_head(self, items: list[stage.StageItem]) -> list[stage.StageItem]:
+        dirs = " ".join(shlex.quote(f"{i.remote_dir(self.home)}/{stage.COMPLETE}") for i in items)
+        out = self.head.check(f"for f in {dirs}; do [ -e \"$f\" ] || echo \"$f\"; done")
+        absent = set(out.split())
+        return [i for i in items if f"{i.remote_dir(self.home)}/{stage.COMPLETE}" in absent]
+
+    def put(self, items: list[stage.StageItem]) -> None:
+        for it in self._missing_on_head(items):
+            data = stage.tar_bytes(it)
+            self.say(f"staging {it.what} {it.local} ({len(data) / 1e6:.1f} MB) on the head")
+            self.head.check(stage.receive_script(it.remote_dir(self.home)), stdin=data, timeout=3600)
+            self.sent_bytes += len(data)
+
+    def fan_out(self, items: list[stage.StageItem]) -> None:
+        if not self.others or not items:
+            return
+        ssh = f"{self.home}/{CLUSTER_DIR}/ssh"
+        script = stage.fan_out_script([i.remote_dir(self.home) for i in items], [h.name for h in self.others], ssh)
+        out = self.head.check(script, timeout=3600)
+        results = [line.split(" ", 2) for line in out.splitlines() if line.count(" ") >= 2]
+        failed = [host for kind, host, _ in results if kind == "fail"]
+        if failed:
+            raise JobFailed(f"copying the staged inputs from the head to {', '.join(sorted(set(failed)))} failed",
+                            "Check that the nodes reach each other (`cpudist hosts doctor`) and have free disk")
+        self.copies += sum(kind == "sent" for kind, _, _ in results)
+        if self.copies:
+            self.say(f"copied {self.copies} staged item(s) from the head to the other nodes")
+
+
+def _stage_code(head: Remote, python: str, stager: Stager, mode: str, wheels: Path) -> str | None:
+    """The PYTHONPATH under which the nodes run this machine's cpudist, when theirs differs."""
+    if mode == "never":
+        return None
+    if mode == "auto":
+        code, out, _ = head.run(f"{shlex.quote(python)} -c 'from cpudist.remote.stage import code_fingerprint; "
+                                f"print(code_fingerprint())'", timeout=60)
+        if code == 0 and out.strip().splitlines()[-1:] == [stage.code_fingerprint()]:
+            return None
+    wheel = stage.item("cpudist", build_wheel(wheels))
+    stager.put([wheel])
+    site = f"{wheel.remote_dir(stager.home)}/site"
+    head.check(f"[ -e {shlex.quote(site)}/.installed ] || ({shlex.quote(python)} -m pip install -q --no-deps "
+               f"--no-index --disable-pip-version-check --target {shlex.quote(site)} "
+               f"{shlex.quote(wheel.remote_path(stager.home))} && touch {shlex.quote(site)}/.installed)", timeout=600)
+    stager.fan_out([wheel])
+    stager.say(f"the head's cpudist differs from this one ({cpudist.__version__}): using this one's wheel")
+    return site
+
+
+def _follow(head: Remote, command: str, request: JobRequest, cb: Callbacks) -> dict[str, Any]:
+    """Run the agent, pass its output on, stop it on Ctrl-C; the agent's final status."""
+    channel = head.stream(command)
+    channel.sendall((request.to_json() + "\n").encode())
+    status: dict[str, Any] = {}
+    interrupted = False
+    lines = channel.makefile("r")
+    while True:
+        try:
+            for raw in lines:  # ends when the agent exits, or the connection is lost
+                line = raw.rstrip("\n")
+                found = parse_status(line)
+                if found is not None:
+                    status = found
+                    continue
+                event = events.parse(line)
+                if event is not None:
+                    cb.on_event(event)
+                else:
+                    cb.on_line(line)
+            break
+        except TimeoutError:  # the agent did not finish stopping within the grace: nothing more to read
+            break
+        except KeyboardInterrupt:
+            if interrupted:
+                continue  # a second Ctrl-C: the ranks are being stopped already
+            interrupted = True
+            cb.on_line("[cpudist] stopping every rank on every node ...")
+            channel.sendall(b"stop\n")
+            channel.shutdown_write()
+            channel.settimeout(STOP_GRACE_S)
+    code = channel.recv_exit_status() if channel.exit_status_ready() or not interrupted else -1
+    channel.close()
+    if interrupted:
+        raise JobFailed("interrupted: all ranks were stopped on every node", "Re-run the command to start over")
+    if not status:
+        raise JobFailed(f"the connection to the head ended without a result (exit code {code})",
+                        "See the output above; re-run the command")
+    return status
+
+
+def run_remote(cfg: TrainConfig, request: JobRequest, head_spec: Head, local_dir: Path, ledger_path: Path,
+               cb: Callbacks, extra: dict[str, Any], say: Any) -> RunResult:
+    """The whole remote run; the result as appended to this machine's ledger."""
+    started = time.monotonic()
+    with Remote(head_spec.target, KnownHosts(head_spec.known_hosts)) as head:
+        home = head.check('printf %s "$HOME"').strip()
+        python = _find_python(head, head_spec.python)
+        nodes = head_spec.inside[: max(1, request.np // request.ppn)]
+        stager = Stager(head, home, nodes[1:], say)
+        pythonpath = _stage_code(head, python, stager, head_spec.stage_code, default_ledger().parent / "wheels")
+        inputs = [(name, stage.item(what, path, stage.TOKENIZER_FILES if name == "tokenizer" else ()))
+                  for name, what, path in local_inputs(cfg)]
+        stager.put([it for _, it in inputs])
+        stager.fan_out([it for _, it in inputs])
+        run_dir = f"{home}/.cpudist/runs/{local_dir.name}"
+        head.check(f"mkdir -p {shlex.quote(run_dir)} && cat > {shlex.quote(run_dir)}/hostfile.in",
+                   stdin=render_hostfile(nodes).encode())
+        moved: dict[str, Any] = {name: it.remote_path(home) for name, it in inputs}
+        remote_cfg = dataclasses.replace(cfg, output_dir=run_dir, **moved)
+        env = request.env + ((("PYTHONPATH", pythonpath),) if pythonpath else ())
+        job = dataclasses.replace(request, train=remote_cfg, hostfile=f"{run_dir}/hostfile.in", env=env)
+        prefix = f"env PYTHONPATH={shlex.quote(pythonpath)} " if pythonpath else ""
+        # From the home folder: Hydra starts every rank in the launcher's folder, which must exist on all nodes.
+        command = f"cd && exec {prefix}{shlex.quote(python)} -m cpudist.remote.agent"
+        staging_s = round(time.monotonic() - started, 1)
+        say(f"launching on {head_spec.target.host} ({len(nodes)} node(s)); staging took {staging_s}s, "
+            f"sent {stager.sent_bytes / 1e6:.1f} MB")
+        try:
+            status = _follow(head, command, job, cb)
+        finally:
+            local_dir.mkdir(parents=True, exist_ok=True)
+            for name in FETCHED:
+                head.fetch(f"{run_dir}/{name}", local_dir / name)
+    if status.get("status") != "ok":
+        cls = BadInput if status.get("exit_code") == 2 else JobFailed
+        raise cls(f"on the head node: {status.get('message', 'the job failed')}")
+    result = ledger.read_result(local_dir / "result.json").with_updates(
+        run_dir=str(local_dir), staging={"sent_to_head_bytes": stager.sent_bytes, "copies_to_nodes": stager.copies,
+                                         "remote_run_dir": run_dir, "head": head_spec.target.host,
+                                         "seconds": staging_s},
+        **extra)
+    (local_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    ledger.append(ledger_path, result)
+    return result
+
