@@ -35,6 +35,10 @@ FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "te
                     "AWS_DEFAULT_REGION": "us-east-1"}
 NS = "http://ec2.amazonaws.com/doc/2016-11-15/"
 THROTTLING = {"RequestLimitExceeded", "Throttling"}
+# Calls after which who may reach whom can differ: `on_change` runs after each.
+MUTATING = {"RunInstances", "TerminateInstances", "StopInstances", "StartInstances", "RebootInstances",
+            "AuthorizeSecurityGroupIngress", "RevokeSecurityGroupIngress", "CreateSecurityGroup",
+            "DeleteSecurityGroup", "ModifyInstanceAttribute", "ModifyNetworkInterfaceAttribute"}
 
 
 @dataclass
@@ -86,7 +90,8 @@ class Emulator:
     """moto's EC2 server plus the layer described above, on a loopback port, in a thread."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0,
-                 on_key_installed: Callable[[str, str], None] | None = None) -> None:
+                 on_key_installed: Callable[[str, str], None] | None = None,
+                 on_change: Callable[[str], None] | None = None) -> None:
         # moto reads these once at import: set them on its settings module, for this process.
         settings.ENABLE_AMI_VALIDATION = settings.EC2_ENABLE_INSTANCE_TYPE_VALIDATION = True
         settings.ENABLE_KEYPAIR_VALIDATION = True
@@ -97,6 +102,7 @@ class Emulator:
         self.delays: dict[str, float] = {}
         self.public_keys: dict[str, str] = {}
         self.on_key_installed = on_key_installed  # (private address, public key): the host's cloud-init
+        self.on_change = on_change  # (region): after each MUTATING call, once moto has answered
         self.lock = threading.Lock()
         self.server = make_server(host, port, self, threaded=True, request_handler=_Quiet)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -159,6 +165,8 @@ class Emulator:
             environ["CONTENT_LENGTH"] = str(len(body))
         environ["wsgi.input"] = io.BytesIO(body)
         result: list[bytes] = list(self.moto(environ, start_response))
+        if action in MUTATING and self.on_change:
+            self.on_change(region)  # before cloud-init below: a new machine boots, then gets its key
         if action == "RunInstances":
             self._after_run(params, b"".join(result), region)
         m = re.search(rb"<imageId>(ami-[0-9a-f]+)</imageId>", b"".join(result))
@@ -251,6 +259,8 @@ class Emulator:
 
     def _stop(self, instance_id: str, region: str) -> None:
         self.backend(region).stop_instances([instance_id])
+        if self.on_change:
+            self.on_change(region)
 
 
 def main() -> None:

