@@ -1,92 +1,179 @@
-"""End to end without AWS: `cluster up` -> `cpudist run` -> `cluster down`, real except the EC2 API.
+"""The product, end to end, from the user's laptop: `cluster up` -> `run` -> `report` -> `cluster down`.
 
-moto's VPC uses the namespace cluster's 198.18.0.0/24, so launched instances get the addresses of
-real namespace hosts with sshd; the emulator plays cloud-init by installing the key pair on the
-host that owns each new instance's address. The test process is a bastion inside the "VPC"
-(joined to the hosts' bridge) and connects by private address.
+The world (tests/harness/world.py) is shaped like AWS: the laptop is a namespace of its own with
+its own home, the only place the data exists, on an "internet" network; instances are namespace
+hosts with a private address in the VPC and a public one on the internet; the security group's
+rules are each host's iptables, built from what the EC2 emulator holds. Nothing here passes
+through a shared home, a shared network, or a private address the laptop could not reach.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
 
 from tests.harness.ec2 import FAKE_CREDENTIALS, Emulator
-from tests.harness.netns import NetnsCluster, missing_requirements
+from tests.harness.netns import missing_requirements
+from tests.harness.world import World
+from tests.integration.helpers import cmdline
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))]
 CPUDIST = [sys.executable, "-m", "cpudist.cli"]
+NODES = 4
 
 
 @pytest.fixture(scope="module")
-def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
-    # moto hands out a subnet's addresses from .4 up: the hosts sit exactly there.
-    c = NetnsCluster(4, tmp_path_factory.mktemp("vpc"), prefix=f"cpe{os.getpid() % 10000}", base=4,
-                     gateway="198.18.0.1")
-    c.up()
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    w = World(NODES, tmp_path_factory.mktemp("world"), prefix=f"cpe{os.getpid() % 10000}")
+    w.up()
     try:
-        yield c
+        yield w
     finally:
-        c.down()
+        w.down()
 
 
 @pytest.fixture(scope="module")
-def emulator(hosts: NetnsCluster) -> Iterator[Emulator]:
-    def cloud_init(address: str, public_key: str) -> None:
-        i = next(i for i in range(hosts.n) if hosts.addr(i) == address)
-        with (hosts.node_dir(i) / "dot-ssh" / "authorized_keys").open("a") as f:
-            f.write(public_key + "\n")
-
+def cloud(world: World, shared_data: Path) -> Iterator[dict[str, Any]]:
+    """The emulator driving the world, a VPC, an image, and the laptop's data and environment."""
     os.environ.update(FAKE_CREDENTIALS)
-    emu = Emulator(on_key_installed=cloud_init).start()
+    emu = Emulator().start()
     emu.reset()
-    yield emu
-    emu.stop()
-
-
-def test_cluster_up_run_down(hosts: NetnsCluster, emulator: Emulator, shared_data: Path, tmp_path: Path) -> None:
-    ec2 = boto3.client("ec2", endpoint_url=emulator.url, region_name="us-east-1")
-    vpc = ec2.create_vpc(CidrBlock="198.18.0.0/16")["Vpc"]["VpcId"]
-    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="198.18.0.0/24")["Subnet"]["SubnetId"]
+    world.attach(emu)
+    ec2 = boto3.client("ec2", endpoint_url=emu.url, region_name="us-east-1")
+    _, subnet = world.create_vpc(ec2)
     ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
-    env = {**os.environ, **FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": emulator.url, "HOME": str(tmp_path / "bastion"),
-           "CPUDIST_HOME": str(tmp_path / "cpudist-home")}
+    shutil.copytree(shared_data / "glue" / "MRPC", world.operator_path("data/MRPC"))
+    env = {**FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": emu.url}
+    try:
+        yield {"emu": emu, "ec2": ec2, "subnet": subnet, "ami": ami, "env": env}
+    finally:
+        emu.stop()
 
-    def cpudist(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*CPUDIST, *args], capture_output=True, text=True, timeout=600, env=env,
-                              stdin=subprocess.DEVNULL)
 
-    up = cpudist("cluster", "up", "--name", "e2e", "--nodes", "4", "--image", ami, "--subnet", subnet,
-                 "--connect", "private", "--user", "root", "--ssh-cidr", "198.18.0.0/24", "--yes",
-                 "--instance-type", "c6i.large", "--boot-timeout", "60")
+def laptop(world: World, cloud: dict[str, Any], *args: str, timeout: float = 600) -> Any:
+    return world.operator_run([*CPUDIST, *args], env=cloud["env"], timeout=timeout)
+
+
+def leftovers(world: World) -> list[str]:
+    """cpudist, launcher and rank processes still alive on any host."""
+    found = []
+    for i in range(world.hosts.n):
+        for pid in world.hosts.pids(i):
+            line = cmdline(pid)
+            if "cpudist" in line or "hydra" in line or "mpiexec" in line:
+                found.append(f"{world.hosts.name(i)}: {line[:100]}")
+    return found
+
+
+def wait_no_leftovers(world: World, within_s: float = 30) -> list[str]:
+    deadline = time.monotonic() + within_s
+    while (left := leftovers(world)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+RUN = ["run", "mrpc", "--np", str(NODES), "--ppn", "1", "--cluster", "e2e", "--data-dir",
+       "/srv/cpd-operator/data/MRPC", "--model", "tiny", "--remote-python", sys.executable]
+
+
+@pytest.fixture(scope="module")
+def cluster(world: World, cloud: dict[str, Any]) -> Iterator[str]:
+    up = laptop(world, cloud, "cluster", "up", "--name", "e2e", "--nodes", str(NODES), "--image", cloud["ami"],
+                "--subnet", cloud["subnet"], "--user", "root", "--ssh-cidr", world.ssh_cidr, "--yes",
+                "--instance-type", "c6i.large", "--boot-timeout", "60")
     assert up.returncode == 0, up.stderr
-    addresses = up.stdout.split()
-    assert addresses == [hosts.addr(i) for i in range(4)]
-    hostfile = tmp_path / "cpudist-home" / "clusters" / "e2e" / "hostfile"
-    assert hostfile.read_text().split() == addresses
+    yield up.stdout
+    laptop(world, cloud, "cluster", "down", "--name", "e2e", "--yes")
 
-    run = hosts.run(0, [*CPUDIST, "run", "mrpc", "--np", "4", "--ppn", "1", "--cluster", "e2e",
-                        "--data-dir", str(shared_data / "glue" / "MRPC"), "--model", "tiny", "--max-steps", "3",
-                        "--max-eval-samples", "64", "--output-dir", str(tmp_path / "run")],
-                    env={**env, "HOME": "/root"})  # the head's own home: its cluster key from ssh-setup
-    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
-    result = json.loads((tmp_path / "run" / "result.json").read_text())
-    assert sorted(result["nodes"]) == sorted(hosts.name(i) for i in range(4))
-    assert result["cluster"] == "e2e" and result["usd_per_hour"] > 0  # the cluster's price, 4 nodes
-    report = cpudist("report", "--format", "json", str(tmp_path / "run"))
-    assert report.returncode == 0 and json.loads(report.stdout)[0]["cost_usd"] > 0
 
-    down = cpudist("cluster", "down", "--name", "e2e")
+def test_up_run_report_down_from_the_laptop(world: World, cloud: dict[str, Any], cluster: str) -> None:
+    private = [world.hosts.private_addr(i) for i in range(NODES)]
+    assert cluster.split() == private  # the hostfile between nodes holds private addresses
+    status = laptop(world, cloud, "cluster", "status", "--name", "e2e", "--json")
+    nodes = json.loads(status.stdout)["nodes"]
+    assert [n["public_ip"] for n in nodes] == [world.hosts.public_addr(i) for i in range(NODES)]
+
+    run = laptop(world, cloud, *RUN, "--max-steps", "3", "--max-eval-samples", "64", "--output-dir",
+                 "/srv/cpd-operator/runs/first")
+    assert run.returncode == 0, run.stdout + run.stderr[-4000:]
+    result = json.loads(world.operator_path("runs/first/result.json").read_text())
+    assert sorted(result["nodes"]) == sorted(world.hosts.name(i) for i in range(NODES))  # 4 distinct hosts
+    assert result["cluster"] == "e2e" and result["usd_per_hour"] > 0
+    assert result["staging"]["sent_to_head_bytes"] > 0 and result["staging"]["copies_to_nodes"] > 0
+    for name in ("steps.jsonl", "ranks.log", "command.txt"):
+        assert world.operator_path(f"runs/first/{name}").stat().st_size > 0
+    ledger = world.operator_path(".cpudist/results.jsonl").read_text().splitlines()
+    assert len(ledger) == 1 and json.loads(ledger[0])["run_dir"] == "/srv/cpd-operator/runs/first"
+    report = laptop(world, cloud, "report", "--format", "json")
+    assert report.returncode == 0, report.stderr
+    assert json.loads(report.stdout)[0]["cost_usd"] > 0
+    assert wait_no_leftovers(world) == []
+
+    # The same run again: every input is already on every node, so nothing is staged.
+    again = laptop(world, cloud, *RUN, "--max-steps", "3", "--max-eval-samples", "64", "--output-dir",
+                   "/srv/cpd-operator/runs/second")
+    assert again.returncode == 0, again.stderr[-4000:]
+    staging = json.loads(world.operator_path("runs/second/result.json").read_text())["staging"]
+    assert staging["sent_to_head_bytes"] == 0 and staging["copies_to_nodes"] == 0
+
+
+def test_a_killed_rank_fails_the_run_clearly_and_leaves_nothing(world: World, cloud: dict[str, Any],
+                                                                cluster: str) -> None:
+    proc = world.operator_popen([*CPUDIST, *RUN, "--max-steps", "5000", "--log-every", "1", "--no-eval"],
+                                env=cloud["env"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "step 3/" in line:
+            break
+    victim = next(pid for pid in world.hosts.pids(2) if "cpudist.train" in cmdline(pid))
+    os.kill(victim, signal.SIGKILL)
+    killed = time.monotonic()
+    out, _ = proc.communicate(timeout=120)
+    assert time.monotonic() - killed < 60
+    assert proc.returncode == 1
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("Error: ") and "failed" in last
+    assert wait_no_leftovers(world) == []
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_stopping_the_laptop_stops_every_rank(world: World, cloud: dict[str, Any], cluster: str,
+                                              how: signal.Signals) -> None:
+    """Ctrl-C, a kill, or a laptop that vanishes (SIGKILL: its connection drops) leave no rank behind."""
+    proc = world.operator_popen([*CPUDIST, *RUN, "--max-steps", "5000", "--log-every", "1", "--no-eval"],
+                                env=cloud["env"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "step 3/" in line:
+            break
+    assert len(leftovers(world)) >= NODES
+    proc.send_signal(how)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    if how != signal.SIGKILL:
+        assert "interrupted: all ranks were stopped on every node" in out
+    assert wait_no_leftovers(world) == []
+
+
+def test_down_leaves_nothing_in_ec2_nor_on_the_laptop(world: World, cloud: dict[str, Any], cluster: str) -> None:
+    down = laptop(world, cloud, "cluster", "down", "--name", "e2e", "--yes")
     assert down.returncode == 0, down.stderr
+    ec2 = cloud["ec2"]
     tagged = ec2.describe_instances(Filters=[{"Name": "tag:cpudist:cluster", "Values": ["e2e"]}])["Reservations"]
     assert all(i["State"]["Name"] == "terminated" for r in tagged for i in r["Instances"])
     assert [g for g in ec2.describe_security_groups()["SecurityGroups"] if g["GroupName"] == "cpudist-e2e"] == []
     assert ec2.describe_key_pairs()["KeyPairs"] == [] and ec2.describe_placement_groups()["PlacementGroups"] == []
+    assert not world.operator_path(".cpudist/clusters/e2e").exists()  # key and pinned host keys gone too
+    assert wait_no_leftovers(world) == []
