@@ -1,29 +1,36 @@
-"""Cluster lifecycle on AWS: up (get-or-create every piece, roll back on failure), status, down.
+"""Cluster lifecycle on AWS: up (get-or-create every piece, roll back on failure), down, cost.
 
-State lives in the cloud (tags); the local record under $CPUDIST_HOME/clusters/NAME only caches
-what is needed to reach the nodes: hostfile, private key, user and price.
+State lives in the cloud (tags); the local record (cpudist/record.py) only caches what is needed
+to reach the nodes. Every resource an `up` makes carries its run's tag, so a failed or interrupted
+`up` removes exactly what it made, including what a lost answer hid from it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
+import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from cpudist import state
 from cpudist.cloud.aws import images, instances, network
+from cpudist.cloud.aws.client import wait_until
 from cpudist.cloud.aws.instances import LaunchSpec, Node
-from cpudist.cloud.aws.pricing import Price, hourly_price
+from cpudist.cloud.aws.pricing import Price, hourly_price, on_demand_price
 from cpudist.errors import BadInput, CpudistError
 from cpudist.hosts.hostfile import Host, render_hostfile
 from cpudist.hosts.setup import forget, ssh_setup
 from cpudist.hosts.ssh import KnownHosts, Remote, Target, wait_banner
+from cpudist.interrupts import shielded, signals_interrupt
+from cpudist.record import ClusterRecord, NodeRecord, load_record, save_record
+
+__all__ = ["ClusterRecord", "ClusterSpec", "NodeRecord", "down", "load_record", "up"]
 
 Say = Callable[[str], None]
+LAUNCH_IN_FLIGHT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -54,62 +61,57 @@ class ClusterSpec:
     boot_timeout_s: float = 900
 
 
-@dataclass(frozen=True)
-class ClusterRecord:
-    """The local cache of a cluster: how to reach it, and what it costs."""
-
-    name: str
-    region: str
-    endpoint_url: str | None
-    instance_type: str
-    addresses: tuple[str, ...]
-    hostfile: str
-    private_key: str
-    user: str
-    usd_per_hour_per_node: float | None
-    price_source: str
-    spot: bool
-    created_at: str
-
-
 def clusters_dir() -> Path:
-    return Path(os.environ.get("CPUDIST_HOME", "~/.cpudist")).expanduser() / "clusters"
-
-
-def record_dir(name: str) -> Path:
-    return clusters_dir() / name
-
-
-def load_record(name: str) -> ClusterRecord | None:
-    path = record_dir(name) / "record.json"
-    if not path.is_file():
-        return None
-    data = json.loads(path.read_text())
-    data["addresses"] = tuple(data["addresses"])
-    return ClusterRecord(**data)
+    return state.home() / "clusters"
 
 
 @dataclass
-class Created:
-    """What this `up` made, so that a failure removes exactly that."""
+class _Run:
+    """One `cluster up`: its tag value, and whether a launch call may be in flight."""
 
-    key: str | None = None
-    security_group: bool = False
-    placement_group: bool = False
-    instances: list[str] = field(default_factory=list)
-    image: bool = False
+    id: str
+    launching: bool = False  # interrupted mid-RunInstances: its instances can show up after we stop waiting
 
-    def rollback(self, ec2: Any, name: str, say: Say) -> None:
-        say(f"removing what this run created for cluster {name}")
-        instances.terminate(ec2, self.instances)
-        if self.image:
-            images.delete_images(ec2, name)
-        if self.placement_group:
-            network.delete_placement_group(ec2, name)
-        if self.security_group:
-            network.delete_security_group(ec2, name)
-        if self.key:
-            network.delete_key_pair(ec2, self.key)
+    def launch(self, ec2: Any, spec: LaunchSpec, indices: list[int]) -> list[Node]:
+        self.launching = True
+        nodes = instances.launch_nodes(ec2, spec, indices)
+        self.launching = False
+        return nodes
+
+
+def _rollback(ec2: Any, spec: ClusterSpec, run: _Run, say: Say) -> None:
+    """Remove what the run made, found by its tag (also what a lost or unfinished call hid from us)."""
+    say(f"removing what this run created for cluster {spec.name}")
+    run_id = run.id
+    made = instances.of_run(ec2, run_id)
+    if run.launching and not made:
+        say("waiting for the launch that was in flight to show up, to remove it too")
+        try:
+            made = wait_until(lambda: instances.of_run(ec2, run_id) or None, "the interrupted launch",
+                              LAUNCH_IN_FLIGHT_S, 1.0)
+        except CpudistError:
+            made = []  # the call never reached AWS
+    instances.terminate(ec2, [n.instance_id for n in made])
+    images.delete_images(ec2, spec.name, run_id)
+    network.delete_placement_group(ec2, spec.name, run_id)
+    network.delete_security_group(ec2, spec.name, run_id)
+    if network.delete_key_pair(ec2, network.resource_name(spec.name), run_id):
+        state.remove_cluster_dir(spec.name)  # the key this run made, and its pins
+    else:
+        for n in made:
+            for addr in (n.public_ip, n.private_ip):
+                if addr:
+                    forget(addr, state.cluster_dir(spec.name) / "known_hosts")
+
+
+def _configure_first(node_addr: str, spec: ClusterSpec, key: Path, say: Say) -> None:
+    """Run the user's setup script on the first node before it is imaged (the blog's clone flow)."""
+    if spec.setup_script is None:
+        return
+    say(f"configuring {node_addr} with {spec.setup_script}")
+    known = KnownHosts(state.cluster_dir(spec.name) / "known_hosts")
+    with Remote(Target(node_addr, spec.user, spec.ssh_port, str(key)), known) as remote:
+        remote.check("bash -s", stdin=spec.setup_script.read_bytes(), timeout=3600)
 
 
 def address(node: Node, connect: str) -> str:
@@ -120,133 +122,161 @@ def address(node: Node, connect: str) -> str:
     return chosen
 
 
-def _configure_first(node_addr: str, spec: ClusterSpec, key: Path, say: Say) -> None:
-    """Run the user's setup script on the first node before it is imaged (the blog's clone flow)."""
-    if spec.setup_script is None:
-        return
-    say(f"configuring {node_addr} with {spec.setup_script}")
-    known = KnownHosts(Path(key).parent / "known_hosts")
-    with Remote(Target(node_addr, spec.user, spec.ssh_port, str(key)), known) as remote:
-        remote.check("bash -s", stdin=spec.setup_script.read_bytes(), timeout=3600)
-
-
-def _launch(ec2: Any, spec: ClusterSpec, launch: LaunchSpec, created: Created, key: Path, say: Say) -> list[Node]:
-    if not spec.clone_from_first:
-        nodes = []
-        for i in range(spec.nodes):
-            nodes.append(instances.launch_node(ec2, launch, i))
-            created.instances.append(nodes[-1].instance_id)
-            say(f"launched node {i}: {nodes[-1].instance_id} ({nodes[-1].lifecycle})")
+def _launch(ec2: Any, spec: ClusterSpec, run: _Run, launch: LaunchSpec, missing: list[int], key: Path,
+            say: Say) -> list[Node]:
+    """Launch the missing nodes: in one call, or node 0 first to image it (--clone-from-first)."""
+    if not spec.clone_from_first or 0 not in missing:
+        nodes = run.launch(ec2, launch, missing)
+        say(f"launched node(s) {', '.join(str(n.index) for n in nodes)}: "
+            + ", ".join(f"{n.instance_id} ({n.lifecycle})" for n in nodes))
         return nodes
-    first = instances.launch_node(ec2, launch, 0)
-    created.instances.append(first.instance_id)
+    first = run.launch(ec2, launch, [0])[0]
     say(f"launched node 0: {first.instance_id} ({first.lifecycle}); configuring it to clone the rest")
     first = instances.wait_state(ec2, [first.instance_id], "running", spec.boot_timeout_s)[0]
     if spec.ssh or spec.setup_script:  # --no-ssh without a setup script images node 0 as it booted
         wait_banner(address(first, spec.connect), spec.ssh_port, spec.boot_timeout_s)
         _configure_first(address(first, spec.connect), spec, key, say)
-    image = images.create_image(ec2, first.instance_id, spec.name, f"cpudist-{spec.name}-node0")
-    created.image = True
+    image = images.create_image(ec2, first.instance_id, spec.name, f"cpudist-{spec.name}-node0", launch.run_id)
     say(f"imaged node 0 as {image}")
-    nodes = [first]
-    for i in range(1, spec.nodes):
-        nodes.append(instances.launch_node(ec2, dataclasses.replace(launch, image_id=image), i))
-        created.instances.append(nodes[-1].instance_id)
-        say(f"launched node {i} from {image}: {nodes[-1].instance_id} ({nodes[-1].lifecycle})")
-    return nodes
+    rest = run.launch(ec2, dataclasses.replace(launch, image_id=image), [i for i in missing if i])
+    return [first, *rest]
 
 
-def _existing(ec2: Any, spec: ClusterSpec, group_id: str) -> list[Node]:
+def _existing(ec2: Any, spec: ClusterSpec, group_id: str, say: Say) -> list[Node]:
+    """The cluster's live nodes, stopped ones started again; more than asked for is an error."""
     foreign = instances.foreign_in_group(ec2, spec.name, group_id)
     if foreign:
         raise CpudistError(f"security group of cluster {spec.name} holds instances of no cpudist cluster: "
                            f"{', '.join(foreign)}", "Move or terminate them, or pick another --name")
     nodes = instances.find_nodes(ec2, spec.name)
-    if nodes and len(nodes) != spec.nodes:
+    if len(nodes) > spec.nodes:
         raise CpudistError(f"cluster {spec.name} has {len(nodes)} nodes, not {spec.nodes}",
                            f"Pass --nodes {len(nodes)}, or `cpudist cluster down --name {spec.name}` first")
+    stopping = [n.instance_id for n in nodes if n.state == "stopping"]
+    instances.wait_state(ec2, stopping, "stopped", spec.boot_timeout_s)
+    stopped = [n.instance_id for n in nodes if n.state in ("stopped", "stopping")]
+    if stopped:
+        say(f"starting stopped node(s): {', '.join(stopped)}")
+        instances.start(ec2, stopped)
     return nodes
 
 
-def up(ec2: Any, spec: ClusterSpec, price: Price, say: Say) -> ClusterRecord:
-    """Bring the cluster to `spec`: every step get-or-create; a failure removes what this run made."""
-    folder = record_dir(spec.name)
-    created = Created()
-    try:
-        subnet = network.resolve_subnet(ec2, spec.subnet)
-        key, new_key = network.ensure_key_pair(ec2, spec.name, folder, spec.key_name, spec.identity)
-        created.key = key.name if new_key else None
-        group_id, created.security_group = network.ensure_security_group(ec2, spec.name, subnet.vpc_id,
-                                                                         spec.ssh_cidr)
-        placement = None
-        if spec.placement_group:
-            placement, created.placement_group = network.ensure_placement_group(ec2, spec.name)
-        nodes = _existing(ec2, spec, group_id)
+def _connect_nodes(spec: ClusterSpec, nodes: list[Node], key: Path, say: Say) -> None:
+    """Wait for SSH, install the cluster key, and check that every node reaches every other privately."""
+    reach = [address(n, spec.connect) for n in nodes]
+    for a in reach:
+        wait_banner(a, spec.ssh_port, spec.boot_timeout_s)
+    say("nodes answer SSH; installing the cluster key on every node")
+    folder = state.cluster_dir(spec.name)
+    private = [n.private_ip or "" for n in nodes]
+    results = ssh_setup([Host(a) for a in reach], spec.user, str(key), spec.ssh_port, folder / "known_hosts",
+                        inside=private, key_folder=folder)
+    broken = [(r.host, f) for r in results for f in r.fails]
+    if broken:
+        src, dst = broken[0]
+        raise CpudistError(f"node {src} cannot reach node {dst} over its private address "
+                           f"({len(broken)} failing pair(s)): no job could run on this cluster",
+                           "Check that the security group admits all traffic from itself and that the "
+                           "subnet's network ACL allows it, then re-run `cpudist cluster up`")
+
+
+def _record(spec: ClusterSpec, nodes: list[Node], key: Path, price: Price) -> ClusterRecord:
+    on_demand = on_demand_price(spec.instance_type, spec.region).usd_per_hour
+    folder = state.cluster_dir(spec.name)
+    hostfile = folder / "hostfile"
+    state.write_atomic(hostfile, render_hostfile([Host(n.private_ip or "") for n in nodes]))
+    rows = tuple(NodeRecord(n.index, n.instance_id, n.private_ip or "", n.public_ip, n.lifecycle,
+                            price.usd_per_hour if n.lifecycle == "spot" else on_demand) for n in nodes)
+    return ClusterRecord(spec.name, spec.region, spec.endpoint_url, spec.instance_type, rows, spec.connect,
+                         spec.user, spec.ssh_port, str(key), str(folder / "known_hosts"), str(hostfile),
+                         price.source, datetime.now(UTC).isoformat(timespec="seconds"))
+
+
+def _converge(ec2: Any, spec: ClusterSpec, price: Price, run: _Run, say: Say) -> ClusterRecord:
+    run_id = run.id
+    folder = state.cluster_dir(spec.name)
+    subnet = network.resolve_subnet(ec2, spec.subnet)
+    key, _ = network.ensure_key_pair(ec2, spec.name, folder, spec.key_name, spec.identity, run_id)
+    group_id, _ = network.ensure_security_group(ec2, spec.name, subnet.vpc_id, spec.ssh_cidr, run_id)
+    placement = network.ensure_placement_group(ec2, spec.name, run_id)[0] if spec.placement_group else None
+    nodes = _existing(ec2, spec, group_id, say)
+    missing = sorted(set(range(spec.nodes)) - {n.index for n in nodes})
+    if missing:
         if nodes:
-            say(f"cluster {spec.name} already has its {len(nodes)} nodes")
-        else:
-            if spec.image is None:
-                raise BadInput("no image given", "Pass --image AMI_ID (e.g. from `cpudist ami build`)")
-            launch = LaunchSpec(spec.name, spec.image, spec.instance_type, key.name, group_id, subnet.subnet_id,
-                                placement, spec.spot, spec.max_price, spec.on_demand_fallback)
-            nodes = _launch(ec2, spec, launch, created, key.private_key, say)
-        nodes = instances.wait_state(ec2, [n.instance_id for n in nodes], "running", spec.boot_timeout_s)
-        nodes = sorted(nodes, key=lambda n: n.index)
-        addresses = [address(n, spec.connect) for n in nodes]
-        hostfile = folder / "hostfile"
-        folder.mkdir(parents=True, exist_ok=True)
-        hostfile.write_text(render_hostfile([Host(a) for a in addresses]))
-        if spec.ssh:
-            for a in addresses:
-                wait_banner(a, spec.ssh_port, spec.boot_timeout_s)
-            say("nodes answer SSH; installing the cluster key on every node")
-            ssh_setup([Host(a) for a in addresses], spec.user, str(key.private_key), spec.ssh_port)
+            say(f"cluster {spec.name} has {len(nodes)} of its {spec.nodes} nodes: launching node(s) "
+                f"{', '.join(map(str, missing))}")
+        if spec.image is None:
+            raise BadInput("no image given", "Pass --image AMI_ID (e.g. from `cpudist ami build`)")
+        launch = LaunchSpec(spec.name, spec.image, spec.instance_type, key.name, group_id, subnet.subnet_id,
+                            placement, spec.spot, spec.max_price, spec.on_demand_fallback, run_id=run_id)
+        nodes += _launch(ec2, spec, run, launch, missing, key.private_key, say)
+    else:
+        say(f"cluster {spec.name} already has its {len(nodes)} nodes")
+    by_index = {n.instance_id: n.index for n in nodes}
+    nodes = instances.wait_state(ec2, list(by_index), "running", spec.boot_timeout_s)
+    nodes = sorted((dataclasses.replace(n, index=by_index[n.instance_id]) for n in nodes), key=lambda n: n.index)
+    if spec.ssh:
+        _connect_nodes(spec, nodes, key.private_key, say)
+    return _record(spec, nodes, key.private_key, price)
+
+
+def up(ec2: Any, spec: ClusterSpec, price: Price, say: Say) -> ClusterRecord:
+    """Bring the cluster to `spec`: every step get-or-create; a failure removes what this run made.
+
+    SIGTERM and SIGHUP count as Ctrl-C; a second Ctrl-C while the rollback runs does not stop it.
+    """
+    run = _Run(uuid.uuid4().hex[:12])
+    try:
+        with signals_interrupt():
+            record = _converge(ec2, spec, price, run, say)
+            save_record(record)
     except BaseException:
         if not spec.keep_on_failure:
-            try:
-                created.rollback(ec2, spec.name, say)
-            except Exception as e:  # the first failure is the one to report
-                say(f"rollback incomplete ({e}): run `cpudist cluster down --name {spec.name}`")
+            with shielded(lambda: say("finishing the cleanup first; it stops by itself")):
+                try:
+                    _rollback(ec2, spec, run, say)
+                except Exception as e:  # the first failure is the one to report
+                    say(f"rollback incomplete ({e}): run `cpudist cluster down --name {spec.name}`")
         raise
-    record = ClusterRecord(spec.name, spec.region, spec.endpoint_url, spec.instance_type, tuple(addresses),
-                           str(hostfile), str(key.private_key), spec.user, price.usd_per_hour, price.source,
-                           spec.spot, datetime.now(UTC).isoformat(timespec="seconds"))
-    (folder / "record.json").write_text(json.dumps(dataclasses.asdict(record), indent=2) + "\n")
     return record
 
 
+def inventory(ec2: Any, name: str) -> dict[str, Any]:
+    """Everything tagged with the cluster, by kind (what `down` would remove)."""
+    return {"instances": [n.instance_id for n in instances.find_nodes(ec2, name, role=None)],
+            "security_groups": [g["GroupId"] for g in network.security_groups(ec2, name)],
+            "placement_group": network.resource_name(name) if network.placement_group_exists(ec2, name) else None,
+            "key_pair": network.resource_name(name) if network.key_pair_exists(ec2, name) else None,
+            "images": [i["ImageId"] for i in images.owned_images(ec2, name)]}
+
+
 def down(ec2: Any, name: str, keep_image: bool, say: Say) -> dict[str, Any]:
-    """Remove everything tagged with the cluster: instances, group, placement group, key, images."""
-    nodes = instances.find_nodes(ec2, name, role=None)
-    say(f"terminating {len(nodes)} instance(s)")
-    instances.terminate(ec2, [n.instance_id for n in nodes])
-    removed: dict[str, Any] = {"instances": [n.instance_id for n in nodes]}
-    removed["security_group"] = network.delete_security_group(ec2, name)
-    removed["placement_group"] = network.delete_placement_group(ec2, name)
-    record = load_record(name)
-    generated_key = network.resource_name(name)
-    network.delete_key_pair(ec2, generated_key)
-    removed["key_pair"] = generated_key
-    removed["images"] = [] if keep_image else images.delete_images(ec2, name)
-    if record is not None:
-        for addr in record.addresses:
-            forget(addr)  # a later cluster may reuse the address with a new host key
-    folder = record_dir(name)
-    for leftover in ("record.json", "hostfile", "id_ed25519", "known_hosts"):
-        (folder / leftover).unlink(missing_ok=True)
-    if folder.is_dir() and not any(folder.iterdir()):
-        folder.rmdir()
+    """Remove everything tagged with the cluster: instances, group, placement group, key, images; forget it."""
+    removed = inventory(ec2, name)
+    say(f"terminating {len(removed['instances'])} instance(s)")
+    with shielded(lambda: say("finishing the removal first; it stops by itself")):
+        instances.terminate(ec2, removed["instances"])
+        network.delete_security_group(ec2, name)
+        network.delete_placement_group(ec2, name)
+        network.delete_key_pair(ec2, network.resource_name(name))
+        removed["images"] = [] if keep_image else images.delete_images(ec2, name)
+        state.remove_cluster_dir(name)  # the key, the record and the pinned host keys
     return removed
 
 
-def cost_so_far(nodes: list[Node], usd_per_hour: float | None, now: datetime | None = None) -> float | None:
-    """Dollars spent by the running nodes since they launched."""
-    if usd_per_hour is None:
+def cost_so_far(nodes: list[Node], record: ClusterRecord | None, now: datetime | None = None) -> float | None:
+    """Dollars spent by the live nodes since they launched, each at its own price."""
+    if record is None:
         return None
+    prices = {n.instance_id: n.usd_per_hour for n in record.nodes}
     now = now or datetime.now(UTC)
-    hours = sum(max(0.0, (now - datetime.fromisoformat(n.launch_time)).total_seconds()) / 3600
-                for n in nodes if n.launch_time)
-    return round(hours * usd_per_hour, 4)
+    total = 0.0
+    for n in nodes:
+        price = prices.get(n.instance_id)
+        if price is None or not n.launch_time:
+            return None
+        total += max(0.0, (now - datetime.fromisoformat(n.launch_time)).total_seconds()) / 3600 * price
+    return round(total, 4)
 
 
 def price_of(ec2: Any, spec: ClusterSpec) -> Price:
@@ -267,12 +297,3 @@ def bake_image(ec2: Any, name: str, base_image: str, instance_type: str, subnet:
         return images.create_image(ec2, builder.instance_id, f"image-{name}", name)
     finally:
         instances.terminate(ec2, [builder.instance_id])
-
-
-def run_target(name: str, nodes: int) -> tuple[Path, float | None]:
-    """(hostfile, USD per hour of `nodes` nodes) of a cluster from its local record."""
-    record = load_record(name)
-    if record is None:
-        raise BadInput(f"no local record of cluster {name}", "Run `cpudist cluster up` first, or pass --hostfile")
-    per_node = record.usd_per_hour_per_node
-    return Path(record.hostfile), None if per_node is None else per_node * nodes

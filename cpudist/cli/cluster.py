@@ -17,10 +17,14 @@ from rich.console import Console
 from rich.table import Table
 
 from cpudist import cluster as lib
+from cpudist import state
 from cpudist.cloud.aws import instances
 from cpudist.cloud.aws.client import ec2_client
 from cpudist.cloud.aws.tags import CLUSTER_TAG
-from cpudist.errors import BadInput
+from cpudist.errors import BadInput, CpudistError
+from cpudist.interrupts import signals_interrupt
+from cpudist.state import check_cluster_name
+from cpudist.validate import check_endpoint_url, check_ssh_cidr
 
 
 def say(text: str) -> None:
@@ -48,9 +52,21 @@ def _caller_cidr() -> str:
                        "Pass --ssh-cidr ADDRESS/32 (never 0.0.0.0/0)") from None
 
 
+def _name(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    return check_cluster_name(value)
+
+
+def _endpoint(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    return None if value is None else check_endpoint_url(value)
+
+
+name_option = click.option("--name", default="cpudist", show_default=True, callback=_name,
+                           help="Cluster name: 1-40 of a-z, 0-9 and '-'.")
+
+
 def region_option(f: Any) -> Any:
-    f = click.option("--endpoint-url", help="EC2-compatible endpoint [default: boto3's settings, "
-                                            "AWS_ENDPOINT_URL(_EC2)].")(f)
+    f = click.option("--endpoint-url", callback=_endpoint, help="EC2-compatible endpoint [default: boto3's "
+                                                                "settings, AWS_ENDPOINT_URL(_EC2)].")(f)
     return click.option("--region", default=lambda: os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
                         show_default="AWS_DEFAULT_REGION or us-east-1")(f)
 
@@ -63,7 +79,7 @@ def cluster() -> None:
 @cluster.command()
 @click.option("--config", type=click.Path(exists=True, dir_okay=False, path_type=Path), callback=_load_config,
               is_eager=True, expose_value=False, help="TOML file of defaults (see examples/cluster.toml).")
-@click.option("--name", default="cpudist", show_default=True)
+@name_option
 @click.option("--nodes", type=click.IntRange(min=1), required=True)
 @region_option
 @click.option("--instance-type", default="c6i.16xlarge", show_default=True)
@@ -72,6 +88,7 @@ def cluster() -> None:
 @click.option("--max-price", help="Highest spot price per hour [default: the on-demand price].")
 @click.option("--on-demand-fallback", is_flag=True, help="Launch on-demand when spot capacity is refused.")
 @click.option("--ssh-cidr", help="Who may SSH in [default: your public address/32].")
+@click.option("--allow-ssh-from-anywhere", is_flag=True, help="Accept an --ssh-cidr wider than /16 (or 0.0.0.0/0).")
 @click.option("--key-name", help="Your existing key pair [default: cpudist makes one].")
 @click.option("--identity", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Private key of --key-name.")
@@ -90,10 +107,11 @@ def cluster() -> None:
 @click.option("--yes", is_flag=True, help="Do not ask before spending money.")
 @click.option("--dry-run", is_flag=True, help="Show the price and what would be made; make nothing.")
 def up(name: str, nodes: int, region: str, endpoint_url: str | None, ssh_cidr: str | None, yes: bool,
-       dry_run: bool, boot_timeout: float, ssh: bool, **opts: Any) -> None:
+       dry_run: bool, boot_timeout: float, ssh: bool, allow_ssh_from_anywhere: bool, **opts: Any) -> None:
     """Provision NODES identical instances, tagged cpudist:cluster=NAME, and print the hostfile."""
+    cidr = check_ssh_cidr(ssh_cidr, allow_ssh_from_anywhere) if ssh_cidr else _caller_cidr()
     ec2 = ec2_client(region, endpoint_url)
-    spec = lib.ClusterSpec(name=name, nodes=nodes, region=region, ssh_cidr=ssh_cidr or _caller_cidr(),
+    spec = lib.ClusterSpec(name=name, nodes=nodes, region=region, ssh_cidr=cidr,
                            endpoint_url=endpoint_url, boot_timeout_s=boot_timeout, ssh=ssh, **opts)
     price = lib.price_of(ec2, spec)
     per_node = "unknown" if price.usd_per_hour is None else f"${price.usd_per_hour:.4g}/h"
@@ -108,18 +126,47 @@ def up(name: str, nodes: int, region: str, endpoint_url: str | None, ssh_cidr: s
         if not sys.stdin.isatty():
             raise BadInput("not asking for confirmation without a terminal", "Pass --yes to go ahead")
         click.confirm("Launch these instances?", abort=True, err=True)
-    record = lib.up(ec2, spec, price, say)
-    say(f"cluster {name} is up; hostfile: {record.hostfile}")
+    try:
+        record = lib.up(ec2, spec, price, say)
+    except KeyboardInterrupt:
+        raise CpudistError("interrupted: what this run created was removed",
+                           "Re-run `cpudist cluster up` to start again") from None
+    if ssh:
+        say(f"cluster {name} is up: every node reaches every other over its private address")
+    else:
+        say(f"cluster {name} is launched (--no-ssh: SSH not checked)")
+    say(f"reach the head at {record.address(0)}; hostfile between nodes: {record.hostfile}")
     click.echo(Path(record.hostfile).read_text(), nl=False)
 
 
 @cluster.command()
-@click.option("--name", default="cpudist", show_default=True)
+@name_option
 @region_option
 @click.option("--keep-image", is_flag=True, help="Keep the AMIs cpudist made for this cluster.")
-def down(name: str, region: str, endpoint_url: str | None, keep_image: bool) -> None:
-    """Remove every resource tagged with the cluster."""
-    removed = lib.down(ec2_client(region, endpoint_url), name, keep_image, say)
+@click.option("--yes", is_flag=True, help="Do not ask before removing.")
+@click.option("--dry-run", is_flag=True, help="List what would be removed; remove nothing.")
+def down(name: str, region: str, endpoint_url: str | None, keep_image: bool, yes: bool, dry_run: bool) -> None:
+    """Remove every resource tagged with the cluster, and its local record and keys."""
+    ec2 = ec2_client(region, endpoint_url)
+    found = lib.inventory(ec2, name)
+    images = [] if keep_image else found["images"]
+    listed = [*found["instances"], *found["security_groups"], *filter(None, (found["placement_group"],)),
+              *filter(None, (found["key_pair"],)), *images]
+    local = state.cluster_dir(name)
+    say(f"cluster {name}: " + (", ".join(listed) if listed else "nothing in AWS")
+        + (f"; local record {local}" if local.exists() else ""))
+    if dry_run:
+        click.echo(json.dumps({**found, "images": images, "local": str(local) if local.exists() else None}))
+        return
+    if not listed and not local.exists():
+        raise BadInput(f"there is no cluster {name} in {region} nor a local record of it",
+                       "Check --name and --region (`cpudist cluster list`)")
+    if not yes:
+        if not sys.stdin.isatty():
+            raise BadInput("not asking for confirmation without a terminal", "Pass --yes to go ahead")
+        click.confirm("Remove all of this?", abort=True, err=True)
+    with signals_interrupt():
+        removed = lib.down(ec2, name, keep_image, say)
     click.echo(json.dumps(removed))
 
 
@@ -131,23 +178,24 @@ def _uptime(launch_time: str) -> str:
 
 
 @cluster.command()
-@click.option("--name", default="cpudist", show_default=True)
+@name_option
 @region_option
 @click.option("--json", "as_json", is_flag=True)
 def status(name: str, region: str, endpoint_url: str | None, as_json: bool) -> None:
-    """Nodes, states, addresses, spot or on-demand, uptime and cost so far."""
+    """Nodes, states, private and public addresses, spot or on-demand, price, uptime and cost so far."""
     nodes = instances.find_nodes(ec2_client(region, endpoint_url), name, role=None)
     record = lib.load_record(name)
-    price = record.usd_per_hour_per_node if record else None
-    cost = lib.cost_so_far(nodes, price)
+    prices = {n.instance_id: n.usd_per_hour for n in record.nodes} if record else {}
+    cost = lib.cost_so_far(nodes, record)
     if as_json:
-        click.echo(json.dumps({"name": name, "nodes": [n.__dict__ for n in nodes], "usd_per_hour_per_node": price,
-                               "cost_so_far_usd": cost}, default=str, indent=2))
+        rows = [{**n.__dict__, "usd_per_hour": prices.get(n.instance_id)} for n in nodes]
+        click.echo(json.dumps({"name": name, "nodes": rows, "cost_so_far_usd": cost}, default=str, indent=2))
         return
-    table = Table("node", "instance", "state", "private", "public", "market", "uptime", title=f"cluster {name}")
+    table = Table("node", "instance", "state", "private", "public", "market", "$/h", "uptime", title=f"cluster {name}")
     for n in nodes:
+        price = prices.get(n.instance_id)
         table.add_row(str(n.index), n.instance_id, n.state, n.private_ip or "-", n.public_ip or "-", n.lifecycle,
-                      _uptime(n.launch_time))
+                      "-" if price is None else f"{price:.4g}", _uptime(n.launch_time))
     Console().print(table)
     click.echo(f"cost so far: {'unknown' if cost is None else f'${cost:.2f}'}")
 

@@ -8,6 +8,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from cpudist import state
+
 CLUSTER_DIR = Path(".cpudist") / "cluster"  # relative to each node's home
 
 
@@ -39,10 +41,8 @@ def load_or_create_key(folder: Path) -> KeyPair:
     if private.is_file() and public.is_file():
         return KeyPair(private.read_text(), public.read_text().strip())
     pair = generate_key()
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    private.touch(mode=0o600)
-    private.write_text(pair.private)
-    public.write_text(pair.public + "\n")
+    state.write_private(private, pair.private)
+    state.write_atomic(public, pair.public + "\n")
     return pair
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from cpudist import state
 from cpudist.hosts.hostfile import Host
 from cpudist.hosts.keys import CLUSTER_DIR, load_or_create_key, local_cluster_dir, ssh_config, ssh_wrapper
 from cpudist.hosts.ssh import KnownHosts, Remote, Target
@@ -67,26 +68,35 @@ def _address(name: str) -> str:
 
 
 def ssh_setup(hosts: Sequence[Host], user: str | None, identity: str | None, port: int = 22,
-              known_hosts: Path | None = None) -> list[NodeSetup]:
-    """Connect with the user's credential, pin host keys, install the cluster key everywhere, verify."""
-    folder = local_cluster_dir()
+              known_hosts: Path | None = None, inside: Sequence[str] | None = None,
+              key_folder: Path | None = None) -> list[NodeSetup]:
+    """Connect with the user's credential, pin host keys, install the cluster key everywhere, verify.
+
+    `hosts` are reached from here (a cloud node's public address); `inside` names the same nodes
+    as they reach each other (private addresses), the names the nodes' known_hosts and the check
+    use [default: the same names]. Without `key_folder` this is an on-prem set-up: its key and the
+    launchers' ssh wrapper live in ~/.cpudist/cluster, as on every node.
+    """
+    folder = key_folder or local_cluster_dir()
     known = KnownHosts(known_hosts or folder / "known_hosts")
     key = load_or_create_key(folder)
     login = user or getpass.getuser()
+    names = list(inside) if inside is not None else [h.name for h in hosts]
 
     def connect(h: Host) -> Remote:
         return Remote(Target(h.name, user, port, identity), known)
 
     remotes = dict(zip([h.name for h in hosts], parallel(hosts, connect), strict=True))
     try:
-        node_known = known.lines_for({h.name: _address(h.name) for h in hosts})
+        aliases = {h.name: [n, _address(n)] for h, n in zip(hosts, names, strict=True)}
+        node_known = known.lines_for(aliases)
         homes = parallel(hosts, lambda h: _install(remotes[h.name], key.private, key.public, node_known, login))
-        local_home = str(Path.home())
-        (folder / "ssh_config").write_text(ssh_config(local_home, login))
-        (folder / "ssh").write_text(ssh_wrapper(local_home))
-        (folder / "ssh").chmod(0o755)
-        names = " ".join(shlex.quote(h.name) for h in hosts)
-        probe = (f"for h in {names}; do if ~/{CLUSTER_DIR}/ssh -p {port} -o ConnectTimeout=5 \"$h\" true "
+        if key_folder is None:  # launchers on this machine use the same wrapper as on the nodes
+            local_home = str(Path.home())
+            state.write_atomic(folder / "ssh_config", ssh_config(local_home, login))
+            state.write_atomic(folder / "ssh", ssh_wrapper(local_home), 0o755)
+        quoted = " ".join(shlex.quote(n) for n in names)
+        probe = (f"for h in {quoted}; do if ~/{CLUSTER_DIR}/ssh -p {port} -o ConnectTimeout=5 \"$h\" true "
                  f"</dev/null >/dev/null 2>&1; then echo \"ok $h\"; else echo \"fail $h\"; fi; done")
         outputs = parallel(hosts, lambda h: remotes[h.name].check(probe))
     finally:

@@ -5,6 +5,7 @@ The one module that talks SSH. Errors come out as CpudistErrors that name the ho
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import paramiko
 
+from cpudist import state
 from cpudist.errors import CpudistError
 
 CONNECT_TIMEOUT_S = 10.0
@@ -50,21 +52,25 @@ class KnownHosts:
         return host if port == 22 else f"[{host}]:{port}"
 
     def pin(self, name: str, key: paramiko.PKey) -> None:
-        """Remember a new host's key and save the file at once."""
-        with self._lock:
+        """Remember a new host's key: merged into the file under a lock, which is replaced whole."""
+        with self._lock, state.locked(self.path):
+            on_disk = paramiko.HostKeys()
+            if self.path.is_file():
+                on_disk.load(str(self.path))
+            on_disk.add(name, key.get_name(), key)
             self.keys.add(name, key.get_name(), key)
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.keys.save(str(self.path))
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+            on_disk.save(str(tmp))
+            os.replace(tmp, self.path)
 
-    def lines_for(self, names: dict[str, str]) -> str:
-        """known_hosts text for hosts given as {name: alias-or-address}, for the nodes themselves."""
+    def lines_for(self, names: dict[str, list[str]]) -> str:
+        """known_hosts text for the nodes themselves: each pinned host's keys under the names they use."""
         out = []
-        for name, alias in names.items():
-            entry = self.keys.lookup(name)
-            if entry:
-                for kind, key in entry.items():
-                    hostnames = name if alias == name else f"{name},{alias}"
-                    out.append(f"{hostnames} {kind} {key.get_base64()}")
+        for pinned, aliases in names.items():
+            entry = self.keys.lookup(pinned)
+            hostnames = ",".join(dict.fromkeys(aliases))
+            for kind, key in (entry or {}).items():
+                out.append(f"{hostnames} {kind} {key.get_base64()}")
         return "\n".join(out) + "\n"
 
 

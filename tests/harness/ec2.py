@@ -47,6 +47,14 @@ class Fault:
     code: str
     count: int = 1
     skip: int = 0  # let this many matching calls through first
+    lost: bool = False  # the call is carried out, but its answer is lost (the client sees an error)
+
+
+    def reply(self, action: str) -> tuple[str, bytes]:
+        status = "503 Service Unavailable" if self.code in THROTTLING else "400 Bad Request"
+        if self.lost:
+            status = "500 Internal Server Error"
+        return status, _error(self.code, f"injected {self.code} for {action}")
 
 
 @dataclass
@@ -120,10 +128,11 @@ class Emulator:
         self.server.shutdown()
         self.thread.join()
 
-    def inject(self, action: str, code: str, count: int = 1, skip: int = 0) -> None:
-        """The next `count` calls of `action` (after `skip` more) fail with AWS error `code`."""
+    def inject(self, action: str, code: str, count: int = 1, skip: int = 0, lost: bool = False) -> None:
+        """The next `count` calls of `action` (after `skip` more) fail with AWS error `code`; with `lost`,
+        each is carried out first and only its answer is replaced by the error (a reply lost on the way)."""
         with self.lock:
-            self.faults.append(Fault(action, code, count, skip))
+            self.faults.append(Fault(action, code, count, skip, lost))
 
     def slow_down(self, action: str, seconds: float) -> None:
         """Every later call of `action` takes `seconds` longer (a window to interrupt a run in)."""
@@ -152,11 +161,19 @@ class Emulator:
         if action:
             self.calls.append(action)
         time.sleep(self.delays.get(action, 0.0))
-        reply = self._fault(action) or self._handle(action, params, region)
+        fault = self._fault(action)
+        if fault is not None and fault.lost and self._handle(action, params, region) is None:
+            self._forward(environ, body, action, params, region)
+        reply = (fault.reply(action) if fault else None) or self._handle(action, params, region)
         if reply is not None:
             status, payload = reply
             start_response(status, [("Content-Type", "text/xml"), ("Content-Length", str(len(payload)))])
             return [payload]
+        return self._forward(environ, body, action, params, region, start_response)
+
+    def _forward(self, environ: dict[str, Any], body: bytes, action: str, params: dict[str, str], region: str,
+                 start_response: Callable[..., Any] | None = None) -> list[bytes]:
+        """Let moto carry out the call (and what it sets off here); its answer, or none for a lost one."""
         snapshot_tags: list[tuple[str, str]] = []
         if action == "CreateImage":
             # moto cannot tag the snapshot of a new image (NotImplementedError): do it after the call.
@@ -164,7 +181,7 @@ class Emulator:
             body = self._without_spec(params, "snapshot")
             environ["CONTENT_LENGTH"] = str(len(body))
         environ["wsgi.input"] = io.BytesIO(body)
-        result: list[bytes] = list(self.moto(environ, start_response))
+        result: list[bytes] = list(self.moto(environ, start_response or (lambda *a, **k: None)))
         if action in MUTATING and self.on_change:
             self.on_change(region)  # before cloud-init below: a new machine boots, then gets its key
         if action == "RunInstances":
@@ -189,7 +206,7 @@ class Emulator:
         m = re.search(r"Credential=[^/]+/\d+/([^/]+)/", environ.get("HTTP_AUTHORIZATION", ""))
         return m.group(1) if m else "us-east-1"
 
-    def _fault(self, action: str) -> tuple[str, bytes] | None:
+    def _fault(self, action: str) -> Fault | None:
         with self.lock:
             for f in self.faults:
                 if f.action != action or f.count <= 0:
@@ -198,8 +215,7 @@ class Emulator:
                     f.skip -= 1
                     return None
                 f.count -= 1
-                status = "503 Service Unavailable" if f.code in THROTTLING else "400 Bad Request"
-                return status, _error(f.code, f"injected {f.code} for {action}")
+                return f
         return None
 
     def _handle(self, action: str, p: dict[str, str], region: str) -> tuple[str, bytes] | None:

@@ -61,6 +61,10 @@ def up(emu: Emulator, tmp_path: Path, ami: str, *extra: str, nodes: int = 4) -> 
                    "--no-ssh", "--ssh-cidr", "203.0.113.7/32", *extra)
 
 
+def tag(instance: dict[str, Any], key: str) -> str:
+    return next(t["Value"] for t in instance.get("Tags", []) if t["Key"] == key)
+
+
 def live(ec2: Any, name: str = "c1") -> list[dict[str, Any]]:
     res = ec2.describe_instances(Filters=[{"Name": f"tag:{TAG}", "Values": [name]}])["Reservations"]
     return [i for r in res for i in r["Instances"] if i["State"]["Name"] != "terminated"]
@@ -118,7 +122,7 @@ def test_clone_from_first_then_down_leaves_nothing(emu: Emulator, ec2: Any, ami:
     assert nodes[0]["ImageId"] == ami and {i["ImageId"] for i in nodes[1:]} == {images[0]["ImageId"]}
     snapshot = images[0]["BlockDeviceMappings"][0]["Ebs"]["SnapshotId"]  # a snapshot to remove too
     assert inventory(ec2)["snapshots"] == [snapshot]
-    r = cpudist(emu, tmp_path, "cluster", "down", "--name", "c1")
+    r = cpudist(emu, tmp_path, "cluster", "down", "--name", "c1", "--yes")
     assert r.returncode == 0, r.stderr
     assert inventory(ec2) == EMPTY
     assert snapshot not in [x["SnapshotId"] for x in ec2.describe_snapshots(OwnerIds=["self"])["Snapshots"]]
@@ -133,9 +137,19 @@ def test_clone_needs_ssh_to_configure(emu: Emulator, ec2: Any, ami: str, tmp_pat
     assert inventory(ec2) == EMPTY  # the failed run removed what it made
 
 
-def test_capacity_error_on_second_launch_leaks_nothing(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
-    emu.inject("RunInstances", "InsufficientInstanceCapacity", skip=1)
+def test_all_nodes_in_one_launch_call_with_a_client_token(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
     r = up(emu, tmp_path, ami)
+    assert r.returncode == 0, r.stderr
+    assert emu.calls.count("RunInstances") == 1
+    assert sorted(int(tag(i, "cpudist:node")) for i in live(ec2)) == [0, 1, 2, 3]
+    record = json.loads((tmp_path / "cpudist-home" / "clusters" / "c1" / "record.json").read_text())
+    assert [n["index"] for n in record["nodes"]] == [0, 1, 2, 3]
+    assert all(n["private_ip"] and n["lifecycle"] == "spot" for n in record["nodes"])
+
+
+def test_capacity_error_after_the_image_leaks_nothing(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
+    emu.inject("RunInstances", "InsufficientInstanceCapacity", skip=1)  # node 0 made and imaged, then refused
+    r = up(emu, tmp_path, ami, "--clone-from-first")
     assert r.returncode == 1 and "InsufficientInstanceCapacity" in r.stderr and "--on-demand-fallback" in r.stderr
     assert "Traceback" not in r.stderr
     assert inventory(ec2) == EMPTY
@@ -143,10 +157,38 @@ def test_capacity_error_on_second_launch_leaks_nothing(emu: Emulator, ec2: Any, 
 
 def test_on_demand_fallback_brings_the_cluster_up(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
     emu.inject("RunInstances", "InsufficientInstanceCapacity", skip=1)
-    r = up(emu, tmp_path, ami, "--on-demand-fallback")
+    r = up(emu, tmp_path, ami, "--on-demand-fallback", "--clone-from-first")
     assert r.returncode == 0, r.stderr
     lifecycles = sorted(i.get("InstanceLifecycle", "on-demand") for i in live(ec2))
-    assert lifecycles == ["on-demand", "spot", "spot", "spot"]
+    assert lifecycles == ["on-demand", "on-demand", "on-demand", "spot"]
+    record = json.loads((tmp_path / "cpudist-home" / "clusters" / "c1" / "record.json").read_text())
+    by_market = {n["lifecycle"]: n["usd_per_hour"] for n in record["nodes"]}
+    assert [n["lifecycle"] for n in record["nodes"]] == ["spot", "on-demand", "on-demand", "on-demand"]
+    assert by_market["on-demand"] == 2.72 and by_market["spot"] != by_market["on-demand"]
+
+
+@pytest.mark.parametrize("action", ["RunInstances", "CreateTags", "AuthorizeSecurityGroupIngress", "ImportKeyPair",
+                                    "CreateSecurityGroup", "CreatePlacementGroup", "DescribeInstances"])
+def test_a_lost_answer_anywhere_leaks_nothing(emu: Emulator, ec2: Any, ami: str, tmp_path: Path, action: str) -> None:
+    """The call is carried out but its answer never arrives: the run's tag still finds what it made."""
+    emu.inject(action, "InternalError", lost=True)
+    r = up(emu, tmp_path, ami)
+    assert r.returncode == 1 and "InternalError" in r.stderr and "Traceback" not in r.stderr
+    assert inventory(ec2) == EMPTY
+    assert not (tmp_path / "cpudist-home" / "clusters" / "c1").exists()
+
+
+def test_up_converges_a_stopped_and_a_reclaimed_node(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
+    assert up(emu, tmp_path, ami).returncode == 0
+    nodes = {int(tag(i, "cpudist:node")): i["InstanceId"] for i in live(ec2)}
+    ec2.stop_instances(InstanceIds=[nodes[1]])
+    ec2.terminate_instances(InstanceIds=[nodes[2]])  # what a spot reclaim leaves
+    r = up(emu, tmp_path, ami)
+    assert r.returncode == 0, r.stderr
+    now = {int(tag(i, "cpudist:node")): i for i in live(ec2)}
+    assert sorted(now) == [0, 1, 2, 3] and all(i["State"]["Name"] == "running" for i in now.values())
+    assert now[1]["InstanceId"] == nodes[1] and now[2]["InstanceId"] != nodes[2]
+    assert emu.calls.count("RunInstances") == 2 and emu.calls.count("StartInstances") == 1
 
 
 def test_throttling_is_retried(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
@@ -157,20 +199,63 @@ def test_throttling_is_retried(emu: Emulator, ec2: Any, ami: str, tmp_path: Path
     assert len(live(ec2)) == 4
 
 
-def test_sigint_in_the_middle_cleans_up(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
-    emu.slow_down("RunInstances", 1.0)
+def _interrupt_up(emu: Emulator, tmp_path: Path, ami: str, signals: list[signal.Signals],
+                  when: str = "RunInstances") -> subprocess.CompletedProcess[str]:
+    """Start `up`, send `signals` once `when` is in flight (a slowed call), return how it ended."""
+    emu.slow_down(when, 2.0)
     proc = subprocess.Popen([*CPUDIST, "cluster", "up", "--name", "c1", "--nodes", "4", "--image", ami, "--yes",
-                             "--no-ssh", "--ssh-cidr", "203.0.113.7/32"], env=env_for(emu, tmp_path),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--no-ssh", "--ssh-cidr", "203.0.113.7/32", "--clone-from-first"],
+                            env=env_for(emu, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while emu.calls.count("RunInstances") < 2:
+    while emu.calls.count(when) < 1:
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode != 0 and "removing what this run created" in err
+    time.sleep(0.3)  # the call is in flight on the server
+    for sig in signals:
+        proc.send_signal(sig)
+        time.sleep(0.5)
+    out, err = proc.communicate(timeout=180)
     emu.delays.clear()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_while_launching_cleans_up(emu: Emulator, ec2: Any, ami: str, tmp_path: Path,
+                                            sig: signal.Signals) -> None:
+    r = _interrupt_up(emu, tmp_path, ami, [sig])
+    assert r.returncode == 1 and "removing what this run created" in r.stderr and "interrupted" in r.stderr
+    assert inventory(ec2) == EMPTY  # also the instance whose RunInstances was in flight
+
+
+def test_a_second_ctrl_c_during_the_cleanup_does_not_abandon_it(emu: Emulator, ec2: Any, ami: str,
+                                                                tmp_path: Path) -> None:
+    emu.slow_down("TerminateInstances", 2.0)
+    r = _interrupt_up(emu, tmp_path, ami, [signal.SIGINT, signal.SIGINT, signal.SIGINT])
+    assert r.returncode == 1 and "finishing the cleanup first" in r.stderr
     assert inventory(ec2) == EMPTY
+
+
+def test_down_lists_asks_and_dry_runs(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
+    assert up(emu, tmp_path, ami, nodes=2).returncode == 0
+    before = inventory(ec2)
+    dry = cpudist(emu, tmp_path, "cluster", "down", "--name", "c1", "--dry-run")
+    assert dry.returncode == 0 and sorted(json.loads(dry.stdout)["instances"]) == before["instances"]
+    assert all(i in dry.stderr for i in before["instances"])
+    asked = cpudist(emu, tmp_path, "cluster", "down", "--name", "c1")
+    assert asked.returncode == 2 and "--yes" in asked.stderr
+    assert inventory(ec2) == before
+    assert cpudist(emu, tmp_path, "cluster", "down", "--name", "c1", "--yes").returncode == 0
+    assert inventory(ec2) == EMPTY
+
+
+def test_user_ssh_files_are_never_touched(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
+    ssh = tmp_path / "home" / ".ssh"
+    ssh.mkdir(parents=True)
+    (ssh / "known_hosts").write_text("example.org ssh-ed25519 AAAA\n")
+    assert up(emu, tmp_path, ami, nodes=1).returncode == 0
+    assert cpudist(emu, tmp_path, "cluster", "down", "--name", "c1", "--yes").returncode == 0
+    assert sorted(p.name for p in ssh.iterdir()) == ["known_hosts"]
+    assert (ssh / "known_hosts").read_text() == "example.org ssh-ed25519 AAAA\n"
 
 
 @pytest.mark.parametrize(("code", "needle"), [
@@ -206,11 +291,13 @@ def test_no_credentials_and_unknown_region(emu: Emulator, tmp_path: Path) -> Non
 
 def test_count_mismatch_and_foreign_instances(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
     assert up(emu, tmp_path, ami, nodes=2).returncode == 0
-    r = up(emu, tmp_path, ami, nodes=3)
-    assert r.returncode == 1 and "has 2 nodes, not 3" in r.stderr
+    grown = up(emu, tmp_path, ami, nodes=3)  # more nodes: the missing one is launched
+    assert grown.returncode == 0 and len(live(ec2)) == 3, grown.stderr
+    r = up(emu, tmp_path, ami, nodes=2)  # fewer: never terminates nodes on its own
+    assert r.returncode == 1 and "has 3 nodes, not 2" in r.stderr
     group = live(ec2)[0]["SecurityGroups"][0]["GroupId"]
     ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, InstanceType="c6i.large", SecurityGroupIds=[group])
-    r = up(emu, tmp_path, ami, nodes=2)
+    r = up(emu, tmp_path, ami, nodes=3)
     assert r.returncode == 1 and "holds instances of no cpudist cluster" in r.stderr
 
 
@@ -247,6 +334,6 @@ def test_ami_bake(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
 def test_down_retries_while_the_group_is_still_in_use(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
     assert up(emu, tmp_path, ami, nodes=1).returncode == 0
     emu.inject("DeleteSecurityGroup", "DependencyViolation", count=2)  # AWS lags behind terminations
-    r = cpudist(emu, tmp_path, "cluster", "down", "--name", "c1")
+    r = cpudist(emu, tmp_path, "cluster", "down", "--name", "c1", "--yes")
     assert r.returncode == 0, r.stderr
     assert emu.calls.count("DeleteSecurityGroup") == 3 and inventory(ec2) == EMPTY

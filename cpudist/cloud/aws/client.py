@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import boto3
 import botocore.exceptions
 from botocore.config import Config
+from botocore.parsers import ResponseParserError
 
 from cpudist.cloud.aws.errors import translate
 from cpudist.errors import BadInput, CpudistError
@@ -26,8 +27,9 @@ def ec2_client(region: str, endpoint_url: str | None = None, profile: str | None
     custom = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_EC2") or os.environ.get("AWS_ENDPOINT_URL")
     if not custom and region not in session.get_available_regions("ec2"):
         raise BadInput(f"unknown AWS region '{region}'", "Pick one from `aws ec2 describe-regions`, e.g. us-east-1")
-    # No botocore retries: throttling is retried with backoff in `call`, everything else fails at once.
-    config = Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=10, read_timeout=60)
+    # No botocore retries (total_max_attempts counts the first try; max_attempts=1 would still retry
+    # once): throttling is retried with backoff in `call`, everything else fails at once.
+    config = Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=10, read_timeout=60)
     return session.client("ec2", endpoint_url=endpoint_url, config=config)
 
 
@@ -42,7 +44,7 @@ def call(fn: Callable[..., T], attempts: int = 6, base_delay: float = 0.5, **kwa
                 time.sleep(base_delay * 2**attempt * (0.5 + random.random()))
                 continue
             raise translate(e) from None
-        except botocore.exceptions.BotoCoreError as e:
+        except (botocore.exceptions.BotoCoreError, ResponseParserError) as e:
             raise translate(e) from None
     raise AssertionError("unreachable")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import botocore.exceptions
+from botocore.parsers import ResponseParserError
 
 from cpudist.errors import BadInput, CpudistError
 
@@ -42,6 +43,10 @@ def translate(e: Exception) -> CpudistError:
         return AwsError("no AWS credentials found",
                         "Run `aws configure`, or set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE",
                         "NoCredentials")
+    if isinstance(e, ResponseParserError):  # an HTML page, or another API, where EC2 should be
+        return AwsBadInput(f"the endpoint did not answer like EC2 ({type(e).__name__})",
+                           "Check --endpoint-url (AWS_ENDPOINT_URL): it must be an EC2 API endpoint",
+                           type(e).__name__)
     if isinstance(e, botocore.exceptions.EndpointConnectionError):
         return AwsError(f"cannot reach the EC2 endpoint ({e})",
                         "Check --region/--endpoint-url (AWS_ENDPOINT_URL) and the network", "EndpointConnectionError")

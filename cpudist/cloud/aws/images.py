@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from cpudist.cloud.aws.client import call, wait_until
-from cpudist.cloud.aws.tags import CLUSTER_TAG, tag_spec
+from cpudist.cloud.aws.tags import CLUSTER_TAG, run_filter, tag_spec
 from cpudist.errors import CpudistError
 
 
-def create_image(ec2: Any, instance_id: str, owner_tag: str, name: str, timeout_s: float = 1800) -> str:
+def create_image(ec2: Any, instance_id: str, owner_tag: str, name: str, run_id: str = "",
+                 timeout_s: float = 1800) -> str:
     """An AMI of `instance_id`, tagged (with its snapshots) `cpudist:cluster=owner_tag`; waits until available."""
-    specs = [*tag_spec("image", owner_tag, name), *tag_spec("snapshot", owner_tag, name)]
+    specs = [*tag_spec("image", owner_tag, name, run=run_id), *tag_spec("snapshot", owner_tag, name, run=run_id)]
     image_id: str = call(ec2.create_image, InstanceId=instance_id, Name=name, NoReboot=True,
                          Description=f"cpudist image for {owner_tag}", TagSpecifications=specs)["ImageId"]
 
@@ -26,23 +27,25 @@ def create_image(ec2: Any, instance_id: str, owner_tag: str, name: str, timeout_
     return image_id
 
 
-def owned_images(ec2: Any, owner_tag: str) -> list[dict[str, Any]]:
-    return call(ec2.describe_images, Owners=["self"],
-                Filters=[{"Name": f"tag:{CLUSTER_TAG}", "Values": [owner_tag]}])["Images"]
+def _filters(owner_tag: str, run_id: str | None) -> list[dict[str, Any]]:
+    return [{"Name": f"tag:{CLUSTER_TAG}", "Values": [owner_tag]}] + (run_filter(run_id) if run_id else [])
 
 
-def delete_images(ec2: Any, owner_tag: str) -> list[str]:
-    """Deregister the images tagged with `owner_tag` and delete their snapshots; the ids removed."""
+def owned_images(ec2: Any, owner_tag: str, run_id: str | None = None) -> list[dict[str, Any]]:
+    return call(ec2.describe_images, Owners=["self"], Filters=_filters(owner_tag, run_id))["Images"]
+
+
+def delete_images(ec2: Any, owner_tag: str, run_id: str | None = None) -> list[str]:
+    """Deregister the images tagged with `owner_tag` (and `run_id`, when given), with their snapshots."""
     removed = []
-    for image in owned_images(ec2, owner_tag):
+    for image in owned_images(ec2, owner_tag, run_id):
         snapshots = [m["Ebs"]["SnapshotId"] for m in image.get("BlockDeviceMappings", [])
                      if m.get("Ebs", {}).get("SnapshotId")]
         call(ec2.deregister_image, ImageId=image["ImageId"])
         for snap in snapshots:
             call(ec2.delete_snapshot, SnapshotId=snap)
         removed.append(image["ImageId"])
-    tagged = call(ec2.describe_snapshots, OwnerIds=["self"],
-                  Filters=[{"Name": f"tag:{CLUSTER_TAG}", "Values": [owner_tag]}])["Snapshots"]
+    tagged = call(ec2.describe_snapshots, OwnerIds=["self"], Filters=_filters(owner_tag, run_id))["Snapshots"]
     for snap in tagged:
         call(ec2.delete_snapshot, SnapshotId=snap["SnapshotId"])
     return removed

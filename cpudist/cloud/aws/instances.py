@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from cpudist.cloud.aws.client import call, wait_until
 from cpudist.cloud.aws.errors import AwsError
-from cpudist.cloud.aws.tags import CLUSTER_TAG, NODE_TAG, ROLE_TAG, cluster_filter, tag_spec, tag_value
+from cpudist.cloud.aws.tags import CLUSTER_TAG, NODE_TAG, ROLE_TAG, cluster_filter, run_filter, tag_spec, tag_value
 from cpudist.errors import CpudistError
 
 LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
@@ -49,6 +50,7 @@ class LaunchSpec:
     max_price: str | None
     on_demand_fallback: bool
     user_data: str | None = None
+    run_id: str = ""
 
 
 def to_node(inst: dict[str, Any]) -> Node:
@@ -81,12 +83,14 @@ def foreign_in_group(ec2: Any, cluster: str, group_id: str) -> list[str]:
             if tag_value(i, CLUSTER_TAG) != cluster]
 
 
-def _run(ec2: Any, spec: LaunchSpec, index: int, role: str, spot: bool) -> Node:
+def _run(ec2: Any, spec: LaunchSpec, count: int, role: str, spot: bool, token: str) -> list[Node]:
+    """One RunInstances call for `count` instances: all of them or none (MinCount = MaxCount)."""
     kwargs: dict[str, Any] = dict(
-        ImageId=spec.image_id, InstanceType=spec.instance_type, MinCount=1, MaxCount=1, KeyName=spec.key_name,
-        SecurityGroupIds=[spec.security_group], SubnetId=spec.subnet_id,
-        TagSpecifications=tag_spec("instance", spec.cluster, f"{spec.cluster}-{role}{index}", node=str(index),
-                                   role=role))
+        ImageId=spec.image_id, InstanceType=spec.instance_type, MinCount=count, MaxCount=count,
+        KeyName=spec.key_name, SecurityGroupIds=[spec.security_group], SubnetId=spec.subnet_id,
+        # The same token on a retry after a lost answer makes AWS return the instances it already made.
+        ClientToken=token,
+        TagSpecifications=tag_spec("instance", spec.cluster, f"{spec.cluster}-{role}", role=role, run=spec.run_id))
     if spec.placement_group:
         kwargs["Placement"] = {"GroupName": spec.placement_group}
     if spot:
@@ -96,17 +100,36 @@ def _run(ec2: Any, spec: LaunchSpec, index: int, role: str, spot: bool) -> Node:
         kwargs["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": options}
     if spec.user_data:
         kwargs["UserData"] = spec.user_data  # boto3 base64-encodes it
-    return to_node(call(ec2.run_instances, **kwargs)["Instances"][0])
+    return [to_node(i) for i in call(ec2.run_instances, **kwargs)["Instances"]]
 
 
-def launch_node(ec2: Any, spec: LaunchSpec, index: int, role: str = "node") -> Node:
-    """One tagged instance; a spot refusal falls back to on-demand when the spec allows it."""
+def launch_nodes(ec2: Any, spec: LaunchSpec, indices: list[int], role: str = "node") -> list[Node]:
+    """Instances for node `indices` in one call, each tagged with its index; a spot refusal falls back to
+    on-demand (again one call) when the spec allows it."""
+    if not indices:
+        return []
+    token = f"{spec.run_id}-{role}-{indices[0]}"
     try:
-        return _run(ec2, spec, index, role, spec.spot)
+        nodes = _run(ec2, spec, len(indices), role, spec.spot, token + ("-spot" if spec.spot else ""))
     except AwsError as e:
-        if spec.spot and spec.on_demand_fallback and e.code in SPOT_REFUSALS:
-            return _run(ec2, spec, index, role, spot=False)
-        raise
+        if not (spec.spot and spec.on_demand_fallback and e.code in SPOT_REFUSALS):
+            raise
+        nodes = _run(ec2, spec, len(indices), role, False, token)
+    for node, index in zip(nodes, indices, strict=True):
+        call(ec2.create_tags, Resources=[node.instance_id],
+             Tags=[{"Key": NODE_TAG, "Value": str(index)}, {"Key": "Name", "Value": f"{spec.cluster}-{role}{index}"}])
+    return [dataclasses.replace(n, index=i) for n, i in zip(nodes, indices, strict=True)]
+
+
+def start(ec2: Any, ids: list[str]) -> None:
+    """Start stopped instances (a re-run of `up` on a cluster someone stopped)."""
+    if ids:
+        call(ec2.start_instances, InstanceIds=ids)
+
+
+def of_run(ec2: Any, run_id: str) -> list[Node]:
+    """Live instances a `cluster up` run launched (by its tag): also those whose launch answer was lost."""
+    return describe(ec2, [*run_filter(run_id), {"Name": "instance-state-name", "Values": LIVE_STATES}])
 
 
 def wait_state(ec2: Any, ids: list[str], state: str, timeout_s: float) -> list[Node]:

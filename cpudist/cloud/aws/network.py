@@ -6,9 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cpudist import state
 from cpudist.cloud.aws.client import call, wait_until
 from cpudist.cloud.aws.errors import AwsError
-from cpudist.cloud.aws.tags import cluster_filter, tag_spec
+from cpudist.cloud.aws.tags import RUN_TAG, cluster_filter, has_tag, run_filter, tag_spec
 from cpudist.errors import BadInput, CpudistError
 from cpudist.hosts.keys import generate_key
 
@@ -61,7 +62,7 @@ def resolve_subnet(ec2: Any, subnet_id: str | None) -> Subnet:
 
 
 def ensure_key_pair(ec2: Any, cluster: str, folder: Path, key_name: str | None,
-                    identity: Path | None) -> tuple[KeyInfo, bool]:
+                    identity: Path | None, run_id: str = "") -> tuple[KeyInfo, bool]:
     """(key, created now): the user's key pair, or one cpudist generates (private key 0600 in `folder`)."""
     if key_name:
         if not _exists(ec2.describe_key_pairs, "InvalidKeyPair", KeyNames=[key_name]):
@@ -77,11 +78,10 @@ def ensure_key_pair(ec2: Any, cluster: str, folder: Path, key_name: str | None,
                                f"Run `cpudist cluster down --name {cluster}` first, or pass --key-name/--identity")
         return KeyInfo(name, private), False
     pair = generate_key(f"cpudist-{cluster}")
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    private.touch(mode=0o600)
-    private.write_text(pair.private)
+    state.write_private(private, pair.private)
+    state.write_atomic(folder / "id_ed25519.pub", pair.public + "\n")
     call(ec2.import_key_pair, KeyName=name, PublicKeyMaterial=pair.public.encode(),
-         TagSpecifications=tag_spec("key-pair", cluster, name))
+         TagSpecifications=tag_spec("key-pair", cluster, name, run=run_id))
     return KeyInfo(name, private), True
 
 
@@ -96,7 +96,7 @@ def _rule_key(rule: dict[str, Any]) -> tuple[Any, ...]:
     return (rule["IpProtocol"], rule.get("FromPort"), rule.get("ToPort"), cidrs, groups)
 
 
-def ensure_security_group(ec2: Any, cluster: str, vpc_id: str, ssh_cidr: str) -> tuple[str, bool]:
+def ensure_security_group(ec2: Any, cluster: str, vpc_id: str, ssh_cidr: str, run_id: str = "") -> tuple[str, bool]:
     """(group id, created now): SSH from `ssh_cidr` only, all traffic from the group itself, nothing else."""
     name = resource_name(cluster)
     found = call(ec2.describe_security_groups, Filters=[{"Name": "group-name", "Values": [name]},
@@ -105,7 +105,7 @@ def ensure_security_group(ec2: Any, cluster: str, vpc_id: str, ssh_cidr: str) ->
     if created:
         group_id = call(ec2.create_security_group, GroupName=name, VpcId=vpc_id,
                         Description=f"cpudist cluster {cluster}: SSH from the operator, all traffic inside",
-                        TagSpecifications=tag_spec("security-group", cluster, name))["GroupId"]
+                        TagSpecifications=tag_spec("security-group", cluster, name, run=run_id))["GroupId"]
         current: list[dict[str, Any]] = []
     else:
         group_id, current = found[0]["GroupId"], found[0].get("IpPermissions", [])
@@ -121,24 +121,31 @@ def ensure_security_group(ec2: Any, cluster: str, vpc_id: str, ssh_cidr: str) ->
     return group_id, created
 
 
-def ensure_placement_group(ec2: Any, cluster: str) -> tuple[str, bool]:
+def ensure_placement_group(ec2: Any, cluster: str, run_id: str = "") -> tuple[str, bool]:
     """(name, created now) of the cluster's placement group (strategy `cluster`: one rack, low latency)."""
     name = resource_name(cluster)
     if _exists(ec2.describe_placement_groups, "InvalidPlacementGroup", GroupNames=[name]):
         return name, False
     call(ec2.create_placement_group, GroupName=name, Strategy="cluster",
-         TagSpecifications=tag_spec("placement-group", cluster, name))
+         TagSpecifications=tag_spec("placement-group", cluster, name, run=run_id))
     return name, True
 
 
-def delete_key_pair(ec2: Any, name: str) -> None:
-    if _exists(ec2.describe_key_pairs, "InvalidKeyPair", KeyNames=[name]):
-        call(ec2.delete_key_pair, KeyName=name)
+def delete_key_pair(ec2: Any, name: str, run_id: str | None = None) -> bool:
+    """Delete a key pair (only if `run_id` made it, when given); True if one was deleted."""
+    found = _exists(ec2.describe_key_pairs, "InvalidKeyPair", KeyNames=[name])
+    pairs = (found or {}).get("KeyPairs", [])
+    if not pairs or (run_id is not None and not has_tag(pairs[0], RUN_TAG, run_id)):
+        return False
+    call(ec2.delete_key_pair, KeyName=name)
+    return True
 
 
-def delete_security_group(ec2: Any, cluster: str, timeout_s: float = 300) -> bool:
-    """Delete the cluster's group, retrying while AWS still sees terminated instances in it."""
-    groups = call(ec2.describe_security_groups, Filters=cluster_filter(cluster))["SecurityGroups"]
+def delete_security_group(ec2: Any, cluster: str, run_id: str | None = None, timeout_s: float = 300) -> bool:
+    """Delete the cluster's group (only if `run_id` made it, when given), retrying while AWS still sees
+    terminated instances in it."""
+    filters = cluster_filter(cluster) + (run_filter(run_id) if run_id is not None else [])
+    groups = call(ec2.describe_security_groups, Filters=filters)["SecurityGroups"]
     for g in groups:
         def attempt(group_id: str = g["GroupId"]) -> bool | None:
             try:
@@ -155,9 +162,26 @@ def delete_security_group(ec2: Any, cluster: str, timeout_s: float = 300) -> boo
     return bool(groups)
 
 
-def delete_placement_group(ec2: Any, cluster: str) -> bool:
+def delete_placement_group(ec2: Any, cluster: str, run_id: str | None = None) -> bool:
     name = resource_name(cluster)
-    if _exists(ec2.describe_placement_groups, "InvalidPlacementGroup", GroupNames=[name]):
-        call(ec2.delete_placement_group, GroupName=name)
-        return True
-    return False
+    found = _exists(ec2.describe_placement_groups, "InvalidPlacementGroup", GroupNames=[name])
+    groups = (found or {}).get("PlacementGroups", [])
+    if not groups or (run_id is not None and not has_tag(groups[0], RUN_TAG, run_id)):
+        return False
+    call(ec2.delete_placement_group, GroupName=name)
+    return True
+
+
+def security_groups(ec2: Any, cluster: str) -> list[dict[str, Any]]:
+    groups: list[dict[str, Any]] = call(ec2.describe_security_groups, Filters=cluster_filter(cluster))["SecurityGroups"]
+    return groups
+
+
+def placement_group_exists(ec2: Any, cluster: str) -> bool:
+    found = _exists(ec2.describe_placement_groups, "InvalidPlacementGroup", GroupNames=[resource_name(cluster)])
+    return bool((found or {}).get("PlacementGroups"))
+
+
+def key_pair_exists(ec2: Any, cluster: str) -> bool:
+    found = _exists(ec2.describe_key_pairs, "InvalidKeyPair", KeyNames=[resource_name(cluster)])
+    return bool((found or {}).get("KeyPairs"))

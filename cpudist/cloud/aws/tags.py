@@ -7,11 +7,12 @@ from typing import Any
 CLUSTER_TAG = "cpudist:cluster"
 ROLE_TAG = "cpudist:role"
 NODE_TAG = "cpudist:node"
+RUN_TAG = "cpudist:run"  # the `cluster up` that made a resource: a failed run removes exactly what it made
 
 
 def tags(cluster: str, name: str, **extra: str) -> list[dict[str, str]]:
     out = [{"Key": CLUSTER_TAG, "Value": cluster}, {"Key": "Name", "Value": name}]
-    out += [{"Key": f"cpudist:{k}", "Value": v} for k, v in extra.items()]
+    out += [{"Key": f"cpudist:{k}", "Value": v} for k, v in extra.items() if v]
     return out
 
 
@@ -25,3 +26,11 @@ def tag_value(resource: dict[str, Any], key: str) -> str | None:
 
 def cluster_filter(cluster: str) -> list[dict[str, Any]]:
     return [{"Name": f"tag:{CLUSTER_TAG}", "Values": [cluster]}]
+
+
+def run_filter(run_id: str) -> list[dict[str, Any]]:
+    return [{"Name": f"tag:{RUN_TAG}", "Values": [run_id]}]
+
+
+def has_tag(resource: dict[str, Any], key: str, value: str) -> bool:
+    return tag_value(resource, key) == value
