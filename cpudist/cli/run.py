@@ -10,6 +10,7 @@ import click
 
 from cpudist.cli.progress import JobView
 from cpudist.errors import BadInput
+from cpudist.hosts.hostfile import render_hostfile
 from cpudist.interrupts import signals_interrupt
 from cpudist.launch.env import parse_env_pairs
 from cpudist.launch.job import Callbacks, Placement, default_output_dir, prepare, run_job
@@ -74,22 +75,23 @@ def summary(r: RunResult) -> str:
 @click.option("--validation-file", type=click.Path(path_type=Path))
 @click.option("--text-columns", help="Custom data: 1 or 2 columns, comma-separated [default: text].")
 @click.option("--label-column", help="Custom data: the label column [default: label].")
-@click.option("--max-seq-len", type=click.IntRange(min=8), default=128, show_default=True)
+@click.option("--max-seq-len", type=click.IntRange(8, 8192), default=128, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True, help="Per rank.")
 @click.option("--eval-batch-size", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--grad-accum", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--epochs", type=click.FloatRange(min=0, min_open=True), default=3.0, show_default=True)
 @click.option("--max-steps", type=click.IntRange(min=1), help="Stop after this many optimizer steps.")
-@click.option("--lr", type=float, default=2e-5, show_default=True)
-@click.option("--weight-decay", type=float, default=0.01, show_default=True)
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True, max=10), default=2e-5, show_default=True)
+@click.option("--weight-decay", type=click.FloatRange(min=0), default=0.01, show_default=True)
 @click.option("--warmup-ratio", type=click.FloatRange(0, 1), default=0.1, show_default=True)
-@click.option("--seed", type=int, default=42, show_default=True)
+@click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=42, show_default=True)
 @click.option("--precision", type=click.Choice(PRECISIONS), default="auto", show_default=True,
               help="auto: bf16 autocast where the CPU has native bf16, else fp32.")
 @click.option("--backend", type=click.Choice(BACKENDS), default="gloo", show_default=True)
 @click.option("--sampler", type=click.Choice(SAMPLERS), default="grouped", show_default=True,
               help="grouped: length-grouped global batches (less padding); random: DistributedSampler.")
-@click.option("--dropout", type=click.FloatRange(0, 1), help="Override the model's dropout (0 turns it off).")
+@click.option("--dropout", type=click.FloatRange(0, 1, max_open=True),
+              help="Override the model's dropout (0 turns it off).")
 @click.option("--max-train-samples", type=click.IntRange(min=1))
 @click.option("--max-eval-samples", type=click.IntRange(min=1))
 @click.option("--synthetic-samples", type=click.IntRange(min=1), default=2048, show_default=True)
@@ -141,12 +143,17 @@ def run(task: str, np_: int, ppn: int | None, hostfile: Path | None, cluster_nam
                         timeout, dry_run, as_json, quiet, ledger, extra)
             return
         where = Placement(np_, ppn or np_, hostfile, ssh, oversubscribe, iface)
-        spec = prepare(cfg, where, launcher, mpirun, env_pairs, allocator)
+        spec = prepare(cfg, where, launcher, mpirun, env_pairs, allocator, dry_run)
         launch = plan(spec)
         if dry_run:
             click.echo("# environment of every rank")
             for key, value in launch.rank_env.items():
                 click.echo(f"export {key}={value}")
+            if spec.hostfile:
+                click.echo(f"# hostfile {spec.hostfile} (written when the run starts)")
+                used = spec.hosts[: np_ // spec.ppn]
+                click.echo(render_hostfile(used, "openmpi" if spec.launcher == "openmpi" else "hydra", spec.ppn),
+                           nl=False)
             click.echo("# command")
             click.echo(launch.shell())
             return

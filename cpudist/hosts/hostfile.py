@@ -41,7 +41,7 @@ def _slots(text: str, where: str) -> int:
 
 
 def _parse_line(line: str, where: str) -> Host:
-    tokens = line.split()
+    tokens = re.sub(r"\s*=\s*", "=", line).split()  # `slots = 2` as Open MPI accepts it
     name, slots = tokens[0], None
     for extra in tokens[1:]:
         key, sep, value = extra.partition("=")

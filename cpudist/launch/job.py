@@ -22,7 +22,7 @@ from cpudist.errors import BadInput, JobFailed
 from cpudist.hosts.hostfile import Host, check_resolvable, local_hosts, read_hostfile, render_hostfile
 from cpudist.hosts.keys import local_cluster_dir
 from cpudist.launch import runner
-from cpudist.launch.plan import Launch, RunSpec
+from cpudist.launch.plan import Launch, RunSpec, check_layout
 from cpudist.launch.tools import find_library, free_port, is_this_machine, resolve_launcher
 from cpudist.results import ledger
 from cpudist.results.schema import RunResult
@@ -101,6 +101,18 @@ def pick_allocator(name: str) -> str | None:
     return None
 
 
+def host_key_problem(name: str, stderr: str) -> tuple[str, str] | None:
+    """(message, hint) when ssh refused `name` over its host key: never pinned, or changed since."""
+    if "IDENTIFICATION HAS CHANGED" in stderr or "key for this host has changed" in stderr.lower():
+        return (f"the host key of {name} does not match the pinned one: refusing to connect",
+                f"If {name} was reinstalled on purpose: `cpudist hosts forget {name}`, then "
+                "`cpudist hosts ssh-setup --hostfile ...` to pin and distribute its new key")
+    if "host key is known" in stderr or "Host key verification failed" in stderr:
+        return (f"no host key of {name} is pinned, so ssh refuses to connect to it",
+                "Run `cpudist hosts ssh-setup --hostfile ...` to pin every node's key")
+    return None
+
+
 def check_reachable(hosts: tuple[Host, ...], ssh: str, timeout_s: float = 15) -> None:
     """Every node answers the launcher's ssh before any rank starts; else fail naming the host."""
 
@@ -116,37 +128,39 @@ def check_reachable(hosts: tuple[Host, ...], ssh: str, timeout_s: float = 15) ->
 
     with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
         bad = [r for r in pool.map(probe, hosts) if r[1] != 0]
-    if any("host key" in err.lower() or "IDENTIFICATION HAS CHANGED" in err for _, _, err in bad):
-        name = next(n for n, _, err in bad if "host key" in err.lower() or "IDENTIFICATION" in err)
-        raise JobFailed(f"the host key of {name} does not match the pinned one: refusing to connect",
-                        f"If {name} was reinstalled on purpose: `cpudist hosts forget {name}`, then "
-                        "`cpudist hosts ssh-setup --hostfile ...` to pin and distribute its new key")
+    for name, _, err in bad:
+        problem = host_key_problem(name, err)
+        if problem:
+            raise JobFailed(*problem)
     if bad:
         names = ", ".join(f"{n} ({err or 'exit ' + str(code)})" for n, code, err in bad)
         raise JobFailed(f"cannot reach {names} over ssh with {ssh}",
                         "Check the node is up, then run `cpudist hosts ssh-setup --hostfile ...`")
 
 
-def _cluster_hosts(where: Placement, out_dir: Path, launcher: str) -> tuple[tuple[Host, ...], str | None, str]:
-    """(hosts, rendered hostfile, ssh) of a job on a hostfile's nodes."""
+def _cluster_hosts(where: Placement, out_dir: Path, launcher: str,
+                   dry_run: bool) -> tuple[tuple[Host, ...], str | None, str]:
+    """(hosts, rendered hostfile, ssh) of a job on a hostfile's nodes; a dry run writes and probes nothing."""
     assert where.hostfile is not None
     hosts = read_hostfile(where.hostfile)
+    check_layout(where.np, where.ppn, hosts, where.oversubscribe)  # before any probe: the real error first
     check_resolvable(hosts)
     if not is_this_machine(hosts[0].name):
         raise BadInput(f"run cpudist on the head node: {hosts[0].name}, the first host of {where.hostfile}",
-                       f"e.g. `ssh {hosts[0].name} cpudist run ...` (rank 0 and the rendezvous live there)")
+                       f"e.g. `ssh {hosts[0].name} cpudist run ...`, or pass --head ADDRESS to run from here")
     cluster_ssh = local_cluster_dir() / "ssh"
     ssh = where.ssh or (str(cluster_ssh) if cluster_ssh.is_file() else "ssh")
     used = hosts[: max(1, where.np // where.ppn)]
-    check_reachable(used, ssh)
-    out_dir.mkdir(parents=True, exist_ok=True)
     rendered = out_dir / "hostfile"
-    rendered.write_text(render_hostfile(used, "openmpi" if launcher == "openmpi" else "hydra", where.ppn))
+    if not dry_run:
+        check_reachable(used, ssh)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        rendered.write_text(render_hostfile(used, "openmpi" if launcher == "openmpi" else "hydra", where.ppn))
     return hosts, str(rendered), ssh
 
 
 def prepare(cfg: TrainConfig, where: Placement, launcher: str, mpirun: str | None,
-            env_overrides: tuple[tuple[str, str], ...], allocator: str = "auto") -> RunSpec:
+            env_overrides: tuple[tuple[str, str], ...], allocator: str = "auto", dry_run: bool = False) -> RunSpec:
     """A checked RunSpec: this machine as the cluster, or the nodes of a hostfile."""
     hub_offline = preflight(cfg)
     cpu = read_cpu()
@@ -154,7 +168,7 @@ def prepare(cfg: TrainConfig, where: Placement, launcher: str, mpirun: str | Non
     hosts, hostfile, ssh = local_hosts(cpu.logical_cpus), None, "ssh"
     master = "127.0.0.1"
     if where.hostfile is not None:
-        hosts, hostfile, ssh = _cluster_hosts(where, Path(cfg.output_dir), name)
+        hosts, hostfile, ssh = _cluster_hosts(where, Path(cfg.output_dir), name, dry_run)
         master = hosts[0].name
     return RunSpec(train=cfg, np=where.np, ppn=where.ppn, hosts=hosts, launcher=name, launcher_path=path,
                    python=sys.executable, master_addr=master, master_port=free_port(),

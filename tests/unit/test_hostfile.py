@@ -55,3 +55,23 @@ def test_unresolvable_name() -> None:
     check_resolvable([Host("localhost")])
     with pytest.raises(BadInput, match="does not resolve"):
         check_resolvable([Host("no-such-host.invalid")])
+
+
+@pytest.mark.parametrize("line", ["node1 slots=2", "node1 slots = 2", "node1 slots= 2", "node1 slots =2",
+                                  "node1\tslots\t=\t2"])
+def test_open_mpi_slots_with_spaces_around_the_equals(line: str) -> None:
+    assert parse_hostfile(line) == (Host("node1", 2),)
+
+
+def test_host_key_refusals_are_told_apart() -> None:
+    from cpudist.launch.job import host_key_problem
+
+    never = ("No ED25519 host key is known for node3 and you have requested strict checking.\n"
+             "Host key verification failed.")
+    changed = ("@@@@@@@@@@@\n@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @\n"
+               "Host key verification failed.")
+    unknown = host_key_problem("node3", never)
+    assert unknown is not None and "no host key of node3 is pinned" in unknown[0] and "ssh-setup" in unknown[1]
+    moved = host_key_problem("node3", changed)
+    assert moved is not None and "does not match the pinned one" in moved[0] and "hosts forget node3" in moved[1]
+    assert host_key_problem("node3", "Connection refused") is None

@@ -13,7 +13,7 @@ import botocore.exceptions
 from botocore.config import Config
 from botocore.parsers import ResponseParserError
 
-from cpudist.cloud.aws.errors import translate
+from cpudist.cloud.aws.errors import AwsBadInput, translate
 from cpudist.errors import BadInput, CpudistError
 
 T = TypeVar("T")
@@ -37,7 +37,13 @@ def call(fn: Callable[..., T], attempts: int = 6, base_delay: float = 0.5, **kwa
     """Call one EC2 API; throttling is retried with jittered exponential backoff, errors translated."""
     for attempt in range(attempts):
         try:
-            return fn(**kwargs)
+            reply = fn(**kwargs)
+            if isinstance(reply, dict) and not reply.get("ResponseMetadata", {}).get("RequestId"):
+                # Every EC2 answer carries a request id; an HTML page or another API parses to nothing.
+                raise AwsBadInput("the endpoint did not answer like EC2 (no request id in its answer)",
+                                  "Check --endpoint-url (AWS_ENDPOINT_URL): it must be an EC2 API endpoint",
+                                  "NotEC2")
+            return reply
         except botocore.exceptions.ClientError as e:
             code = e.response.get("Error", {}).get("Code", "")
             if code in RETRIED_CODES and attempt < attempts - 1:
