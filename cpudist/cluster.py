@@ -282,18 +282,3 @@ def cost_so_far(nodes: list[Node], record: ClusterRecord | None, now: datetime |
 def price_of(ec2: Any, spec: ClusterSpec) -> Price:
     zone = network.resolve_subnet(ec2, spec.subnet).zone
     return hourly_price(ec2, spec.instance_type, spec.region, spec.spot, zone)
-
-
-def bake_image(ec2: Any, name: str, base_image: str, instance_type: str, subnet: str | None,
-               timeout_s: float) -> str:
-    """An AMI baked from ami/bootstrap.sh: the builder powers off when done, is imaged, then terminated."""
-    from importlib import resources
-
-    script = resources.files("cpudist.ami").joinpath("bootstrap.sh").read_text()
-    sub = network.resolve_subnet(ec2, subnet)
-    builder = instances.launch_builder(ec2, f"image-{name}", base_image, instance_type, sub.subnet_id, script)
-    try:
-        instances.wait_state(ec2, [builder.instance_id], "stopped", timeout_s)
-        return images.create_image(ec2, builder.instance_id, f"image-{name}", name)
-    finally:
-        instances.terminate(ec2, [builder.instance_id])

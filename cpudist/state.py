@@ -38,6 +38,11 @@ def cluster_dir(name: str) -> Path:
     return home() / "clusters" / check_cluster_name(name)
 
 
+def image_dir(name: str) -> Path:
+    """~/.cpudist/images/NAME: the builder's key and pinned host key while an image is baked."""
+    return home() / "images" / check_cluster_name(name)
+
+
 def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
     """Write `text` to `path` so that readers see the old file or the new one, never a part."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -68,6 +73,13 @@ def locked(path: Path) -> Iterator[None]:
         yield
 
 
+def remove_dir(folder: Path) -> None:
+    """Remove a folder of cpudist's own (never one outside the home folder)."""
+    if home().resolve() not in folder.resolve().parents:
+        raise ValueError(f"{folder} is not inside {home()}")
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def remove_cluster_dir(name: str) -> None:
     """Forget a cluster locally: its record, hostfile, key and pinned host keys."""
-    shutil.rmtree(cluster_dir(name), ignore_errors=True)
+    remove_dir(cluster_dir(name))

@@ -1,7 +1,8 @@
-"""`cpudist cluster up/down/status/list` and `cpudist ami build`: AWS, thin over cpudist.cluster."""
+"""`cpudist cluster up/down/status/list`: AWS, thin over cpudist.cluster."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -16,12 +17,15 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from cpudist import __version__, state
 from cpudist import cluster as lib
-from cpudist import state
 from cpudist.cloud.aws import instances
-from cpudist.cloud.aws.client import ec2_client
+from cpudist.cloud.aws.client import ec2_client, ssm_client
+from cpudist.cloud.aws.images import newest_base_image
+from cpudist.cloud.aws.pricing import hourly_price
 from cpudist.cloud.aws.tags import CLUSTER_TAG
 from cpudist.errors import BadInput, CpudistError
+from cpudist.images import BAKE_MINUTES, BakeSpec, bake, ubuntu_image
 from cpudist.interrupts import signals_interrupt
 from cpudist.state import check_cluster_name
 from cpudist.validate import check_endpoint_url, check_ssh_cidr
@@ -83,7 +87,8 @@ def cluster() -> None:
 @click.option("--nodes", type=click.IntRange(min=1), required=True)
 @region_option
 @click.option("--instance-type", default="c6i.16xlarge", show_default=True)
-@click.option("--image", help="AMI to boot (e.g. from `cpudist ami build`).")
+@click.option("--image", help="AMI to boot [default: the newest from `cpudist ami build` for this version; "
+                               "built first when there is none].")
 @click.option("--spot/--on-demand", default=True, show_default=True)
 @click.option("--max-price", help="Highest spot price per hour [default: the on-demand price].")
 @click.option("--on-demand-fallback", is_flag=True, help="Launch on-demand when spot capacity is refused.")
@@ -126,6 +131,8 @@ def up(name: str, nodes: int, region: str, endpoint_url: str | None, ssh_cidr: s
         if not sys.stdin.isatty():
             raise BadInput("not asking for confirmation without a terminal", "Pass --yes to go ahead")
         click.confirm("Launch these instances?", abort=True, err=True)
+    if spec.image is None:
+        spec = dataclasses.replace(spec, image=default_image(ec2, region, endpoint_url, spec, yes))
     try:
         record = lib.up(ec2, spec, price, say)
     except KeyboardInterrupt:
@@ -137,6 +144,25 @@ def up(name: str, nodes: int, region: str, endpoint_url: str | None, ssh_cidr: s
         say(f"cluster {name} is launched (--no-ssh: SSH not checked)")
     say(f"reach the head at {record.address(0)}; hostfile between nodes: {record.hostfile}")
     click.echo(Path(record.hostfile).read_text(), nl=False)
+
+
+def default_image(ec2: Any, region: str, endpoint_url: str | None, spec: lib.ClusterSpec, yes: bool) -> str:
+    """The newest image `ami build` made for this cpudist; without one, build it (after asking)."""
+    found = newest_base_image(ec2, __version__)
+    if found:
+        say(f"image: {found}, the newest built for cpudist {__version__}")
+        return found
+    bake_price = hourly_price(ec2, "c6i.large", region, False, None).usd_per_hour
+    cost = "unknown" if bake_price is None else f"about ${bake_price * BAKE_MINUTES / 60:.2f}"
+    say(f"no image for cpudist {__version__} yet: building one first (about {BAKE_MINUTES} min, {cost}; "
+        "see ami/README.md), then launching the cluster")
+    if not yes:
+        if not sys.stdin.isatty():
+            raise BadInput("not asking for confirmation without a terminal", "Pass --yes, or --image AMI")
+        click.confirm("Build the image?", abort=True, err=True)
+    base = ubuntu_image(ssm_client(region, endpoint_url))
+    return bake(ec2, BakeSpec(f"cpudist-{__version__.replace('.', '-')}", base, ssh_cidr=spec.ssh_cidr,
+                              user=spec.user, connect=spec.connect, subnet=spec.subnet), say)
 
 
 @cluster.command()
@@ -212,23 +238,3 @@ def list_clusters(region: str, endpoint_url: str | None) -> None:
     for cluster_name in sorted(set(names) | local):
         note = "" if cluster_name in local else "  (no local record)"
         click.echo(f"{cluster_name}\t{names.get(cluster_name, 0)} live instance(s){note}")
-
-
-@click.group()
-def ami() -> None:
-    """Images for cluster nodes."""
-
-
-@ami.command()
-@click.option("--name", required=True, help="Name of the new AMI.")
-@click.option("--base-image", required=True, help="AMI to start from (Ubuntu or Amazon Linux).")
-@region_option
-@click.option("--instance-type", default="c6i.large", show_default=True)
-@click.option("--subnet")
-@click.option("--timeout", type=click.FloatRange(min=1), default=3600, show_default=True)
-def build(name: str, base_image: str, region: str, endpoint_url: str | None, instance_type: str,
-          subnet: str | None, timeout: float) -> None:
-    """Bake an AMI: boot BASE_IMAGE with cpudist's bootstrap as user data, wait for it to power off, image it."""
-    ec2 = ec2_client(region, endpoint_url)
-    say(f"booting a builder from {base_image} ({instance_type}); it powers off when the bootstrap is done")
-    click.echo(lib.bake_image(ec2, name, base_image, instance_type, subnet, timeout))

@@ -72,13 +72,14 @@ def doctor(hostfile: Path, user: str | None, identity: str | None, port: int, la
         click.echo(json.dumps([{"host": r.host, "ok": r.ok, "problems": r.problems, "facts": r.facts}
                                for r in reports], indent=2))
     else:
-        table = Table("node", "python", "cpudist", "torch", "cpu", "bf16", "cores", "free GiB", "launcher",
+        table = Table("node", "python", "cpudist", "torch", "mpi", "cpu", "bf16", "cores", "free GiB", "launcher",
                       "verdict")
         for r in reports:
             f = r.facts
             cpu = f.get("cpu", {})
             table.add_row(r.host, f.get("python", "-"), f.get("cpudist", "-"), f.get("torch", "-"),
-                          cpu.get("model", "-"), str(cpu.get("bf16", "-")), str(cpu.get("physical_cores", "-")),
+                          f.get("mpi") or "-", cpu.get("model", "-"), str(cpu.get("bf16", "-")),
+                          str(cpu.get("physical_cores", "-")),
                           str(f.get("mem_available_gib", "-")),
                           "yes" if f.get("launchers", {}).get(launcher_program) else "no",
                           "ok" if r.ok else "FAIL: " + "; ".join(r.problems))

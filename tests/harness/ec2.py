@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import base64
 import io
+import json
 import re
 import threading
 import time
@@ -111,6 +112,11 @@ class Emulator:
         self.public_keys: dict[str, str] = {}
         self.on_key_installed = on_key_installed  # (private address, public key): the host's cloud-init
         self.on_change = on_change  # (region): after each MUTATING call, once moto has answered
+        # (instance id, private address, user data, region): a machine that runs its user data (the World's)
+        self.on_boot: Callable[[str, str, str, str], None] | None = None
+        self.console: dict[str, str] = {}  # instance id -> its console output (GetConsoleOutput)
+        self.ssm_parameters: dict[str, str] = {}  # public SSM parameters (the current Ubuntu AMI)
+        self.bootstrap_fails_at: str | None = None  # the step an emulated image bootstrap fails at
         self.lock = threading.Lock()
         self.server = make_server(host, port, self, threaded=True, request_handler=_Quiet)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -155,6 +161,8 @@ class Emulator:
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         length = int(environ.get("CONTENT_LENGTH") or 0)
         body = environ["wsgi.input"].read(length) if length else b""
+        if environ.get("HTTP_X_AMZ_TARGET") == "AmazonSSM.GetParameter":
+            return self._ssm_parameter(json.loads(body or b"{}").get("Name", ""), start_response)
         params = dict(urllib.parse.parse_qsl(body.decode()))
         action = params.get("Action", "")
         region = self._region(environ)
@@ -218,8 +226,25 @@ class Emulator:
                 return f
         return None
 
+    def _ssm_parameter(self, name: str, start_response: Callable[..., Any]) -> list[bytes]:
+        """SSM's GetParameter for the public parameters the test set (moto[ec2] brings no SSM)."""
+        if name in self.ssm_parameters:
+            status = "200 OK"
+            payload = json.dumps({"Parameter": {"Name": name, "Type": "String", "Value": self.ssm_parameters[name],
+                                                "Version": 1}}).encode()
+        else:
+            status = "400 Bad Request"
+            payload = json.dumps({"__type": "ParameterNotFound", "message": f"{name} not found"}).encode()
+        start_response(status, [("Content-Type", "application/x-amz-json-1.1"), ("Content-Length", str(len(payload))),
+                                ("x-amzn-RequestId", str(uuid.uuid4()))])
+        return [payload]
+
     def _handle(self, action: str, p: dict[str, str], region: str) -> tuple[str, bytes] | None:
         ok = "200 OK"
+        if action == "GetConsoleOutput" and p.get("InstanceId") in self.console:
+            text = base64.b64encode(self.console[p["InstanceId"]].encode()).decode()
+            return ok, _xml(action, f"<instanceId>{p['InstanceId']}</instanceId><timestamp>2026-01-01T00:00:00Z"
+                                    f"</timestamp><output>{text}</output>")
         if action == "CreatePlacementGroup":
             name = p["GroupName"]
             if name in self.groups:
@@ -269,7 +294,9 @@ class Emulator:
             inst = self.backend(region).get_instance(raw.decode())
             if key and key in self.public_keys and self.on_key_installed:
                 self.on_key_installed(inst.private_ip, self.public_keys[key])
-            if user_data.rstrip().endswith(("shutdown -h now", "poweroff")):
+            if self.on_boot:
+                self.on_boot(inst.id, inst.private_ip, user_data, region)
+            elif user_data.rstrip().endswith(("shutdown -h now", "poweroff")):
                 # The bootstrap of an AMI bake ends by powering off: emulate that after a moment.
                 threading.Timer(0.5, self._stop, args=(inst.id, region)).start()
 

@@ -174,6 +174,7 @@ class World:
         self.emulator, self.region = emulator, region
         emulator.on_change = self._on_change
         emulator.on_key_installed = self._install_key
+        emulator.on_boot = self._boot
         port = int(emulator.url.rsplit(":", 1)[1])
         self.forward(port)
         self.sync()
@@ -228,6 +229,31 @@ class World:
                 if child.name != "authorized_keys":
                     shutil.rmtree(child) if child.is_dir() else child.unlink()
         self.hosts.rekey(i)
+
+    def _boot(self, instance_id: str, address: str, user_data: str, region: str) -> None:
+        """An image builder runs ami/bootstrap.sh: played here by waiting for the uploaded wheel, checking it,
+        printing the bootstrap's last console line, and powering off (what the real script does)."""
+        if "cpudist-bootstrap" not in user_data:
+            return
+        threading.Thread(target=self._bootstrap, args=(instance_id, address, region), daemon=True).start()
+
+    def _bootstrap(self, instance_id: str, address: str, region: str, timeout_s: float = 120) -> None:
+        assert self.emulator is not None
+        i = next(i for i in range(self.hosts.n) if self.hosts.private_addr(i) == address)
+        upload = self.hosts.node_dir(i) / "dot-cpudist" / "upload"
+        deadline = time.monotonic() + timeout_s
+        while not (upload / "ready").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        step = self.emulator.bootstrap_fails_at
+        wheels = sorted(upload.glob("cpudist-*.whl"))
+        if step is None and not (upload / "ready").exists():
+            step = "upload"
+        elif step is None and not (wheels and _has(wheels[0], "cpudist/_ami/bootstrap.sh")):
+            step = "cpudist"
+        result = "OK" if step is None else f"FAILED at step {step} (exit 1)"
+        self.emulator.console[instance_id] = f"[  OK  ] Reached target Cloud-init.\ncpudist-bootstrap: {result}\n"
+        self.emulator.backend(region).stop_instances([instance_id])
+        self._on_change(region)
 
     def _install_key(self, address: str, public_key: str) -> None:
         """cloud-init on the host owning `address`: authorize the instance's key pair."""
@@ -288,6 +314,16 @@ class World:
         """Start `argv` on the laptop (text mode unless popen_kw says otherwise)."""
         popen_kw.setdefault("text", True)
         return subprocess.Popen(self.operator_argv(argv), env=self.operator_env(env), **popen_kw)
+
+
+def _has(wheel: Path, member: str) -> bool:
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(wheel) as z:
+            return member in z.namelist()
+    except zipfile.BadZipFile:
+        return False
 
 
 def _release_terminated_addresses(backend: Any) -> None:

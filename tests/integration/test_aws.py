@@ -321,16 +321,6 @@ def test_config_file_gives_defaults(emu: Emulator, ec2: Any, ami: str, tmp_path:
     assert len(nodes) == 1 and nodes[0]["InstanceType"] == "c6i.large" and "InstanceLifecycle" not in nodes[0]
 
 
-def test_ami_bake(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
-    r = cpudist(emu, tmp_path, "ami", "build", "--name", "cpudist-base", "--base-image", ami, "--timeout", "60")
-    assert r.returncode == 0, r.stderr
-    image_id = r.stdout.strip()
-    image = ec2.describe_images(ImageIds=[image_id])["Images"][0]
-    assert image["Name"] == "cpudist-base" and image["State"] == "available"
-    builders = [i for i in live(ec2, "image-cpudist-base")]
-    assert builders == []  # the builder was terminated
-
-
 def test_down_retries_while_the_group_is_still_in_use(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
     assert up(emu, tmp_path, ami, nodes=1).returncode == 0
     emu.inject("DeleteSecurityGroup", "DependencyViolation", count=2)  # AWS lags behind terminations

@@ -112,3 +112,12 @@ def test_doctor_compare() -> None:
 
 def test_mem_available() -> None:
     assert mem_available_gib("MemTotal: 100 kB\nMemAvailable:   2097152 kB\n") == 2.0
+
+
+def test_doctor_compares_every_node_with_this_machine_too() -> None:
+    here = facts(cpudist="0.2.0", mpi="mpich-5.0.2")
+    node = facts(mpi="mpich-4.2.0")
+    problems = compare(facts(), node, "mpiexec.hydra", here)
+    assert "cpudist 0.1.0 != this machine's 0.2.0" in problems
+    assert "mpi mpich-4.2.0 != this machine's mpich-5.0.2" in problems
+    assert compare(facts(), facts(**{"mpi": "x"}), "mpiexec.hydra", facts(mpi="x")) == ()

@@ -33,6 +33,13 @@ def ec2_client(region: str, endpoint_url: str | None = None, profile: str | None
     return session.client("ec2", endpoint_url=endpoint_url, config=config)
 
 
+def ssm_client(region: str, endpoint_url: str | None = None, profile: str | None = None) -> Any:
+    """An SSM client (public parameters: the current Ubuntu AMI), with the EC2 client's endpoint rules."""
+    session = boto3.Session(profile_name=profile, region_name=region)
+    config = Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=10, read_timeout=60)
+    return session.client("ssm", endpoint_url=endpoint_url, config=config)
+
+
 def call(fn: Callable[..., T], attempts: int = 6, base_delay: float = 0.5, **kwargs: Any) -> T:
     """Call one EC2 API; throttling is retried with jittered exponential backoff, errors translated."""
     for attempt in range(attempts):

@@ -10,9 +10,10 @@ from cpudist.errors import CpudistError
 
 
 def create_image(ec2: Any, instance_id: str, owner_tag: str, name: str, run_id: str = "",
-                 timeout_s: float = 1800) -> str:
+                 timeout_s: float = 1800, **extra: str) -> str:
     """An AMI of `instance_id`, tagged (with its snapshots) `cpudist:cluster=owner_tag`; waits until available."""
-    specs = [*tag_spec("image", owner_tag, name, run=run_id), *tag_spec("snapshot", owner_tag, name, run=run_id)]
+    specs = [*tag_spec("image", owner_tag, name, run=run_id, **extra),
+             *tag_spec("snapshot", owner_tag, name, run=run_id, **extra)]
     image_id: str = call(ec2.create_image, InstanceId=instance_id, Name=name, NoReboot=True,
                          Description=f"cpudist image for {owner_tag}", TagSpecifications=specs)["ImageId"]
 
@@ -49,3 +50,14 @@ def delete_images(ec2: Any, owner_tag: str, run_id: str | None = None) -> list[s
     for snap in tagged:
         call(ec2.delete_snapshot, SnapshotId=snap["SnapshotId"])
     return removed
+
+
+def newest_base_image(ec2: Any, version: str) -> str | None:
+    """The newest available image `cpudist ami build` made for this cpudist version, if any."""
+    found = call(ec2.describe_images, Owners=["self"],
+                 Filters=[{"Name": "tag:cpudist:version", "Values": [version]},
+                          {"Name": "tag:cpudist:image", "Values": ["base"]},
+                          {"Name": "state", "Values": ["available"]}])["Images"]
+    if not found:
+        return None
+    return str(max(found, key=lambda i: i.get("CreationDate", ""))["ImageId"])

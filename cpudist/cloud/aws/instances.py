@@ -154,9 +154,17 @@ def terminate(ec2: Any, ids: list[str], timeout_s: float = 600) -> None:
         wait_state(ec2, ids, "terminated", timeout_s)
 
 
-def launch_builder(ec2: Any, owner: str, image_id: str, instance_type: str, subnet_id: str, user_data: str) -> Node:
-    """A throw-away instance that runs `user_data` (an image bake), tagged with `owner`."""
+def launch_builder(ec2: Any, owner: str, image_id: str, instance_type: str, subnet_id: str, user_data: str,
+                   key_name: str, group_id: str, run_id: str) -> Node:
+    """A throw-away instance that runs `user_data` (an image bake), tagged with `owner` and the run."""
     reply = call(ec2.run_instances, ImageId=image_id, InstanceType=instance_type, MinCount=1, MaxCount=1,
                  SubnetId=subnet_id, UserData=user_data,  # boto3 base64-encodes it
-                 TagSpecifications=tag_spec("instance", owner, f"{owner}-builder", role="builder"))
+                 KeyName=key_name, SecurityGroupIds=[group_id], ClientToken=f"{run_id}-builder",
+                 TagSpecifications=tag_spec("instance", owner, f"{owner}-builder", role="builder", run=run_id))
     return to_node(reply["Instances"][0])
+
+
+def console_output(ec2: Any, instance_id: str) -> str:
+    """The instance's console log (what its boot and user data printed), as text."""
+    reply = call(ec2.get_console_output, InstanceId=instance_id, Latest=True)
+    return str(reply.get("Output") or "")

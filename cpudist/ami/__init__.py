@@ -1,1 +1,0 @@
-"""The bootstrap script images are baked from (`cpudist ami build`)."""

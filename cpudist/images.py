@@ -1,0 +1,124 @@
+"""Node images: bake one from the ami/ recipe with this cpudist inside, and find the newest one.
+
+    cpudist ami build  ->  builder (user data: bootstrap.sh) <-ssh- wheel of this cpudist
+                       ->  builder powers off  ->  console says OK or the failing step  ->  AMI or error
+
+The builder, its key pair and its security group carry the bake's run tag and are removed when the
+bake ends, whichever way it ends.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cpudist
+from cpudist import state
+from cpudist.cloud.aws import images, instances, network
+from cpudist.cloud.aws.client import call
+from cpudist.errors import CpudistError
+from cpudist.hosts.ssh import KnownHosts, Remote, Target, wait_banner
+from cpudist.interrupts import shielded, signals_interrupt
+from cpudist.remote.session import build_wheel
+
+Say = Callable[[str], None]
+UBUNTU_PARAMETER = "/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/hvm/ebs-gp3/ami-id"
+RESULT = re.compile(r"cpudist-bootstrap: (OK|FAILED at step (\S+).*)")
+BAKE_MINUTES = 15  # measured on nothing yet: the bootstrap's downloads dominate (torch CPU is ~200 MB)
+
+
+@dataclass(frozen=True)
+class BakeSpec:
+    """What `cpudist ami build` was asked for."""
+
+    name: str
+    base_image: str
+    instance_type: str = "c6i.large"
+    subnet: str | None = None
+    ssh_cidr: str = ""
+    user: str = "ubuntu"
+    connect: str = "public"
+    timeout_s: float = 3600
+
+
+def recipe_dir() -> Path:
+    """The ami/ recipe: beside the package in a source tree, inside it (cpudist/_ami) in a wheel."""
+    package = Path(cpudist.__file__).resolve().parent
+    for folder in (package.parent / "ami", package / "_ami"):
+        if (folder / "bootstrap.sh").is_file():
+            return folder
+    raise CpudistError("the image recipe (ami/bootstrap.sh) is missing from this cpudist installation",
+                       "Reinstall cpudist from its wheel or source tree")
+
+
+def ubuntu_image(ssm: Any) -> str:
+    """The current Ubuntu 24.04 LTS AMI of the region, from Canonical's public SSM parameter."""
+    return str(call(ssm.get_parameter, Name=UBUNTU_PARAMETER)["Parameter"]["Value"])
+
+
+def bootstrap_result(console: str) -> tuple[bool, str | None]:
+    """(succeeded, failing step) from the builder's console; (False, None) when it said nothing."""
+    for line in reversed(console.splitlines()):
+        m = RESULT.search(line)
+        if m:
+            return m.group(1) == "OK", m.group(2)
+    return False, None
+
+
+def _upload(address: str, spec: BakeSpec, key: Path, wheel: Path, known: Path) -> None:
+    with Remote(Target(address, spec.user, 22, str(key)), KnownHosts(known)) as builder:
+        builder.check("mkdir -p ~/.cpudist/upload")
+        home = builder.check('printf %s "$HOME"').strip()
+        builder.put(wheel, f"{home}/.cpudist/upload/{wheel.name}")
+        builder.check("touch ~/.cpudist/upload/ready")
+
+
+def _cleanup(ec2: Any, owner: str, run_id: str, name: str, keep_image: bool) -> None:
+    made = instances.of_run(ec2, run_id)
+    instances.terminate(ec2, [n.instance_id for n in made])
+    if not keep_image:
+        images.delete_images(ec2, owner, run_id)
+    network.delete_security_group(ec2, owner, run_id)
+    network.delete_key_pair(ec2, network.resource_name(owner), run_id)
+    state.remove_dir(state.image_dir(name))
+
+
+def bake(ec2: Any, spec: BakeSpec, say: Say) -> str:
+    """Build the image; its id. Nothing but the image is left, and nothing at all on failure."""
+    run_id, owner, folder = uuid.uuid4().hex[:12], f"image-{spec.name}", state.image_dir(spec.name)
+    wheel = build_wheel(state.home() / "wheels")
+    script = (recipe_dir() / "bootstrap.sh").read_text()
+    image: str | None = None
+    try:
+        with signals_interrupt():
+            subnet = network.resolve_subnet(ec2, spec.subnet)
+            key, _ = network.ensure_key_pair(ec2, owner, folder, None, None, run_id)
+            group, _ = network.ensure_security_group(ec2, owner, subnet.vpc_id, spec.ssh_cidr, run_id)
+            builder = instances.launch_builder(ec2, owner, spec.base_image, spec.instance_type, subnet.subnet_id,
+                                               script, key.name, group, run_id)
+            say(f"builder {builder.instance_id} is booting from {spec.base_image}; uploading {wheel.name} when it "
+                "answers SSH")
+            builder = instances.wait_state(ec2, [builder.instance_id], "running", spec.timeout_s)[0]
+            address = builder.private_ip if spec.connect == "private" else builder.public_ip
+            if not address:
+                raise CpudistError(f"builder {builder.instance_id} has no {spec.connect} address",
+                                   "Use a subnet that assigns public addresses, or --connect private")
+            wait_banner(address, 22, spec.timeout_s)
+            _upload(address, spec, key.private_key, wheel, folder / "known_hosts")
+            say("wheel uploaded; the builder powers off when its bootstrap ends")
+            instances.wait_state(ec2, [builder.instance_id], "stopped", spec.timeout_s)
+            ok, step = bootstrap_result(instances.console_output(ec2, builder.instance_id))
+            if not ok:
+                raise CpudistError(f"the image bootstrap failed at step {step or 'unknown (no result on the console)'}",
+                                   f"See ami/README.md for what step {step} does; fix it and re-run "
+                                   "`cpudist ami build`")
+            image = images.create_image(ec2, builder.instance_id, owner, spec.name, run_id,
+                                        version=cpudist.__version__, image="base")
+    finally:
+        with shielded(lambda: say("finishing the cleanup first; it stops by itself")):
+            _cleanup(ec2, owner, run_id, spec.name, keep_image=image is not None)
+    return image
