@@ -227,8 +227,9 @@ def up(ec2: Any, spec: ClusterSpec, price: Price, say: Say) -> ClusterRecord:
     """
     run = _Run(uuid.uuid4().hex[:12])
     try:
-        with signals_interrupt():
+        with signals_interrupt() as signals:
             record = _converge(ec2, spec, price, run, say)
+            signals.check()  # a Ctrl-C swallowed on the way must not end in "cluster is up"
             save_record(record)
     except BaseException:
         if not spec.keep_on_failure:

@@ -94,7 +94,7 @@ def bake(ec2: Any, spec: BakeSpec, say: Say) -> str:
     script = (recipe_dir() / "bootstrap.sh").read_text()
     image: str | None = None
     try:
-        with signals_interrupt():
+        with signals_interrupt() as signals:
             subnet = network.resolve_subnet(ec2, spec.subnet)
             key, _ = network.ensure_key_pair(ec2, owner, folder, None, None, run_id)
             group, _ = network.ensure_security_group(ec2, owner, subnet.vpc_id, spec.ssh_cidr, run_id)
@@ -116,8 +116,10 @@ def bake(ec2: Any, spec: BakeSpec, say: Say) -> str:
                 raise CpudistError(f"the image bootstrap failed at step {step or 'unknown (no result on the console)'}",
                                    f"See ami/README.md for what step {step} does; fix it and re-run "
                                    "`cpudist ami build`")
-            image = images.create_image(ec2, builder.instance_id, owner, spec.name, run_id,
-                                        version=cpudist.__version__, image="base")
+            made = images.create_image(ec2, builder.instance_id, owner, spec.name, run_id,
+                                       version=cpudist.__version__, image="base")
+            signals.check()  # a Ctrl-C swallowed on the way removes the image too
+            image = made
     finally:
         with shielded(lambda: say("finishing the cleanup first; it stops by itself")):
             _cleanup(ec2, owner, run_id, spec.name, keep_image=image is not None)

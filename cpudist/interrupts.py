@@ -8,16 +8,30 @@ from contextlib import contextmanager
 from typing import Any
 
 
-def _raise(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
+class Interrupts:
+    """Whether a stop signal arrived in the block: remembered even where the raised KeyboardInterrupt was
+    swallowed (a signal handled inside a `__del__` or a library's broad except only prints a warning)."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+
+    def _raise(self, signum: int, frame: Any) -> None:
+        self.received = signum
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        """Raise KeyboardInterrupt if a signal came in, whatever became of the first one."""
+        if self.received is not None:
+            raise KeyboardInterrupt
 
 
 @contextmanager
-def signals_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM and SIGHUP raise KeyboardInterrupt like SIGINT does."""
-    previous = {sig: signal.signal(sig, _raise) for sig in (signal.SIGTERM, signal.SIGHUP)}
+def signals_interrupt() -> Iterator[Interrupts]:
+    """Within the block, SIGINT, SIGTERM and SIGHUP raise KeyboardInterrupt, and are remembered."""
+    seen = Interrupts()
+    previous = {sig: signal.signal(sig, seen._raise) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
-        yield
+        yield seen
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

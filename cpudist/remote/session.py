@@ -236,6 +236,7 @@ def run_remote(cfg: TrainConfig, request: JobRequest, head_spec: Head, local_dir
     result = ledger.read_result(local_dir / "result.json").with_updates(
         run_dir=str(local_dir), staging={"sent_to_head_bytes": stager.sent_bytes, "copies_to_nodes": stager.copies,
                                          "remote_run_dir": run_dir, "head": head_spec.target.host,
+                                         "code": "wheel" if pythonpath else "node's own",
                                          "seconds": staging_s},
         **extra)
     (local_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.harness.ec2 import Emulator
-from tests.harness.firewall import host_rulesets, live_instances
+from tests.harness.firewall import host_rulesets, live_instances, ruleset
 from tests.harness.netns import NetnsCluster, sh
 
 OPERATOR_ADDR = "198.18.0.200"
@@ -105,6 +105,7 @@ class World:
         self._booted: dict[int, str] = {}  # host -> id of the instance it last ran
         self._lock = threading.Lock()
         self._listeners: list[socket.socket] = []
+        self.partitioned = False  # a network ACL that drops traffic between hosts' private addresses
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -202,6 +203,9 @@ class World:
                 self._boot_and_address(backend)
                 rulesets = host_rulesets(backend, addrs)
             for i, text in enumerate(rulesets):
+                if self.partitioned:
+                    private = {f"-s {a} " for a in addrs}
+                    text = "\n".join(line for line in text.split("\n") if not any(p in line for p in private))
                 if self._applied.get(i) != text:
                     subprocess.run(["ip", "netns", "exec", self.hosts.name(i), "iptables-restore"], input=text,
                                    text=True, check=True, capture_output=True)
@@ -229,6 +233,19 @@ class World:
                 if child.name != "authorized_keys":
                     shutil.rmtree(child) if child.is_dir() else child.unlink()
         self.hosts.rekey(i)
+
+    def on_prem(self, public_key: str) -> None:
+        """An on-prem cluster instead of EC2: an admin authorized `public_key` on every host, and the site
+        firewall admits SSH from the laptop and everything between the hosts' private addresses."""
+        accepts = [f"-A INPUT -s {OPERATOR_ADDR}/32 -p tcp -m tcp --dport 22 -j ACCEPT",
+                   f"-A INPUT -s {SUBNET_CIDR} -j ACCEPT"]
+        text = ruleset(accepts)
+        for i in range(self.hosts.n):
+            with (self.hosts.node_dir(i) / "dot-ssh" / "authorized_keys").open("a") as f:
+                f.write(public_key.strip() + "\n")
+            subprocess.run(["ip", "netns", "exec", self.hosts.name(i), "iptables-restore"], input=text,
+                           text=True, check=True, capture_output=True)
+            self._applied[i] = text
 
     def _boot(self, instance_id: str, address: str, user_data: str, region: str) -> None:
         """An image builder runs ami/bootstrap.sh: played here by waiting for the uploaded wheel, checking it,

@@ -177,3 +177,19 @@ def test_down_leaves_nothing_in_ec2_nor_on_the_laptop(world: World, cloud: dict[
     assert ec2.describe_key_pairs()["KeyPairs"] == [] and ec2.describe_placement_groups()["PlacementGroups"] == []
     assert not world.operator_path(".cpudist/clusters/e2e").exists()  # key and pinned host keys gone too
     assert wait_no_leftovers(world) == []
+
+
+def test_up_fails_and_rolls_back_when_nodes_cannot_reach_each_other(world: World, cloud: dict[str, Any]) -> None:
+    """A network ACL that drops private traffic: SSH from the laptop works, but no job could run."""
+    world.partitioned = True
+    try:
+        up = laptop(world, cloud, "cluster", "up", "--name", "cut", "--nodes", "2", "--image", cloud["ami"],
+                    "--subnet", cloud["subnet"], "--user", "root", "--ssh-cidr", world.ssh_cidr, "--yes",
+                    "--instance-type", "c6i.large", "--boot-timeout", "60")
+    finally:
+        world.partitioned = False
+    assert up.returncode == 1 and "cannot reach node" in up.stderr and "over its private address" in up.stderr
+    assert "cluster cut is up" not in up.stderr
+    live = [i for r in cloud["ec2"].describe_instances()["Reservations"] for i in r["Instances"]
+            if i["State"]["Name"] != "terminated"]
+    assert live == [] and not world.operator_path(".cpudist/clusters/cut").exists()

