@@ -95,8 +95,9 @@ def _rollback(ec2: Any, spec: ClusterSpec, run: _Run, say: Say) -> None:
     images.delete_images(ec2, spec.name, run_id)
     network.delete_placement_group(ec2, spec.name, run_id)
     network.delete_security_group(ec2, spec.name, run_id)
-    if network.delete_key_pair(ec2, network.resource_name(spec.name), run_id):
-        state.remove_cluster_dir(spec.name)  # the key this run made, and its pins
+    network.delete_key_pair(ec2, network.resource_name(spec.name), run_id)
+    if load_record(spec.name) is None:
+        state.remove_cluster_dir(spec.name)  # no earlier `up` made it: the key this run wrote, its pins
     else:
         for n in made:
             for addr in (n.public_ip, n.private_ip):

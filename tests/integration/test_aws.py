@@ -167,11 +167,24 @@ def test_on_demand_fallback_brings_the_cluster_up(emu: Emulator, ec2: Any, ami: 
     assert by_market["on-demand"] == 2.72 and by_market["spot"] != by_market["on-demand"]
 
 
-@pytest.mark.parametrize("action", ["RunInstances", "CreateTags", "AuthorizeSecurityGroupIngress", "ImportKeyPair",
-                                    "CreateSecurityGroup", "CreatePlacementGroup", "DescribeInstances"])
-def test_a_lost_answer_anywhere_leaks_nothing(emu: Emulator, ec2: Any, ami: str, tmp_path: Path, action: str) -> None:
-    """The call is carried out but its answer never arrives: the run's tag still finds what it made."""
-    emu.inject(action, "InternalError", lost=True)
+# Every EC2 call `cluster up` makes, in order (test_every_call_of_up_is_covered keeps this list true).
+UP_CALLS = ["DescribeVpcs", "DescribeSubnets", "DescribeSpotPriceHistory", "DescribeKeyPairs", "ImportKeyPair",
+            "DescribeSecurityGroups", "CreateSecurityGroup", "AuthorizeSecurityGroupIngress",
+            "DescribePlacementGroups", "CreatePlacementGroup", "DescribeInstances", "RunInstances", "CreateTags"]
+
+
+def test_every_call_of_up_is_covered(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
+    emu.calls.clear()  # the fixtures' own calls
+    assert up(emu, tmp_path, ami).returncode == 0
+    assert set(emu.calls) == set(UP_CALLS)
+
+
+@pytest.mark.parametrize("lost", [False, True], ids=["refused", "answer-lost"])
+@pytest.mark.parametrize("action", UP_CALLS)
+def test_a_fault_at_any_call_leaks_nothing(emu: Emulator, ec2: Any, ami: str, tmp_path: Path, action: str,
+                                           lost: bool) -> None:
+    """Refused, or carried out with its answer lost on the way: the run's tag still finds what it made."""
+    emu.inject(action, "InternalError", lost=lost)
     r = up(emu, tmp_path, ami)
     assert r.returncode == 1 and "InternalError" in r.stderr and "Traceback" not in r.stderr
     assert inventory(ec2) == EMPTY
@@ -219,10 +232,12 @@ def _interrupt_up(emu: Emulator, tmp_path: Path, ami: str, signals: list[signal.
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize(("sig", "when"), [(signal.SIGINT, "RunInstances"), (signal.SIGTERM, "RunInstances"),
+                                           (signal.SIGHUP, "RunInstances"), (signal.SIGTERM, "CreateTags")])
 def test_a_signal_while_launching_cleans_up(emu: Emulator, ec2: Any, ami: str, tmp_path: Path,
-                                            sig: signal.Signals) -> None:
-    r = _interrupt_up(emu, tmp_path, ami, [sig])
+                                            sig: signal.Signals, when: str) -> None:
+    """In flight (the instance appears after the client gave up on the call), or pending (just launched)."""
+    r = _interrupt_up(emu, tmp_path, ami, [sig], when)
     assert r.returncode == 1 and "removing what this run created" in r.stderr and "interrupted" in r.stderr
     assert inventory(ec2) == EMPTY  # also the instance whose RunInstances was in flight
 
