@@ -18,6 +18,7 @@ from typing import Any
 from cpudist import state
 from cpudist.cloud.aws import images, instances, network
 from cpudist.cloud.aws.client import wait_until
+from cpudist.cloud.aws.errors import AwsError
 from cpudist.cloud.aws.instances import LaunchSpec, Node
 from cpudist.cloud.aws.pricing import Price, hourly_price, on_demand_price
 from cpudist.errors import BadInput, CpudistError
@@ -31,6 +32,9 @@ __all__ = ["ClusterRecord", "ClusterSpec", "NodeRecord", "down", "load_record", 
 
 Say = Callable[[str], None]
 LAUNCH_IN_FLIGHT_S = 30.0
+# Answers after which a RunInstances may or may not have launched something (server faults, lost replies).
+UNCERTAIN = frozenset({"InternalError", "InternalFailure", "ServiceUnavailable", "Unavailable", "RequestTimeout",
+                       "EndpointConnectionError", "ReadTimeoutError", "ConnectTimeoutError", "ConnectionClosedError"})
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,12 @@ class _Run:
 
     def launch(self, ec2: Any, spec: LaunchSpec, indices: list[int]) -> list[Node]:
         self.launching = True
-        nodes = instances.launch_nodes(ec2, spec, indices)
+        try:
+            nodes = instances.launch_nodes(ec2, spec, indices)
+        except AwsError as e:
+            if e.code not in UNCERTAIN:
+                self.launching = False  # a refusal: AWS made nothing, so there is nothing to wait for
+            raise
         self.launching = False
         return nodes
 
