@@ -84,6 +84,17 @@ def wait_no_leftovers(world: World, within_s: float = 30) -> list[str]:
     return left
 
 
+def start_long_run(world: World, cloud: dict[str, Any]) -> subprocess.Popen[str]:
+    """A run from the laptop that trains long enough to be stopped: returns once step 3 is reported."""
+    proc = world.operator_popen([*CPUDIST, *RUN, "--max-steps", "5000", "--log-every", "1", "--no-eval"],
+                                env=cloud["env"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "step 3/" in line:
+            break
+    return proc
+
+
 RUN = ["run", "mrpc", "--np", str(NODES), "--ppn", "1", "--cluster", "e2e", "--data-dir",
        "/srv/cpd-operator/data/MRPC", "--model", "tiny", "--remote-python", sys.executable]
 
@@ -131,12 +142,7 @@ def test_up_run_report_down_from_the_laptop(world: World, cloud: dict[str, Any],
 
 def test_a_killed_rank_fails_the_run_clearly_and_leaves_nothing(world: World, cloud: dict[str, Any],
                                                                 cluster: str) -> None:
-    proc = world.operator_popen([*CPUDIST, *RUN, "--max-steps", "5000", "--log-every", "1", "--no-eval"],
-                                env=cloud["env"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if "step 3/" in line:
-            break
+    proc = start_long_run(world, cloud)
     victim = next(pid for pid in world.hosts.pids(2) if "cpudist.train" in cmdline(pid))
     os.kill(victim, signal.SIGKILL)
     killed = time.monotonic()
@@ -152,12 +158,7 @@ def test_a_killed_rank_fails_the_run_clearly_and_leaves_nothing(world: World, cl
 def test_stopping_the_laptop_stops_every_rank(world: World, cloud: dict[str, Any], cluster: str,
                                               how: signal.Signals) -> None:
     """Ctrl-C, a kill, or a laptop that vanishes (SIGKILL: its connection drops) leave no rank behind."""
-    proc = world.operator_popen([*CPUDIST, *RUN, "--max-steps", "5000", "--log-every", "1", "--no-eval"],
-                                env=cloud["env"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if "step 3/" in line:
-            break
+    proc = start_long_run(world, cloud)
     assert len(leftovers(world)) >= NODES
     proc.send_signal(how)
     out, _ = proc.communicate(timeout=120)

@@ -131,11 +131,15 @@ def ensure_placement_group(ec2: Any, cluster: str, run_id: str = "") -> tuple[st
     return name, True
 
 
+def _ours(found: dict[str, Any] | None, key: str, run_id: str | None) -> bool:
+    """Whether a described resource exists and (when `run_id` is given) that run made it."""
+    items = (found or {}).get(key, [])
+    return bool(items) and (run_id is None or has_tag(items[0], RUN_TAG, run_id))
+
+
 def delete_key_pair(ec2: Any, name: str, run_id: str | None = None) -> bool:
     """Delete a key pair (only if `run_id` made it, when given); True if one was deleted."""
-    found = _exists(ec2.describe_key_pairs, "InvalidKeyPair", KeyNames=[name])
-    pairs = (found or {}).get("KeyPairs", [])
-    if not pairs or (run_id is not None and not has_tag(pairs[0], RUN_TAG, run_id)):
+    if not _ours(_exists(ec2.describe_key_pairs, "InvalidKeyPair", KeyNames=[name]), "KeyPairs", run_id):
         return False
     call(ec2.delete_key_pair, KeyName=name)
     return True
@@ -165,8 +169,7 @@ def delete_security_group(ec2: Any, cluster: str, run_id: str | None = None, tim
 def delete_placement_group(ec2: Any, cluster: str, run_id: str | None = None) -> bool:
     name = resource_name(cluster)
     found = _exists(ec2.describe_placement_groups, "InvalidPlacementGroup", GroupNames=[name])
-    groups = (found or {}).get("PlacementGroups", [])
-    if not groups or (run_id is not None and not has_tag(groups[0], RUN_TAG, run_id)):
+    if not _ours(found, "PlacementGroups", run_id):
         return False
     call(ec2.delete_placement_group, GroupName=name)
     return True
@@ -179,9 +182,9 @@ def security_groups(ec2: Any, cluster: str) -> list[dict[str, Any]]:
 
 def placement_group_exists(ec2: Any, cluster: str) -> bool:
     found = _exists(ec2.describe_placement_groups, "InvalidPlacementGroup", GroupNames=[resource_name(cluster)])
-    return bool((found or {}).get("PlacementGroups"))
+    return _ours(found, "PlacementGroups", None)
 
 
 def key_pair_exists(ec2: Any, cluster: str) -> bool:
-    found = _exists(ec2.describe_key_pairs, "InvalidKeyPair", KeyNames=[resource_name(cluster)])
-    return bool((found or {}).get("KeyPairs"))
+    return _ours(_exists(ec2.describe_key_pairs, "InvalidKeyPair", KeyNames=[resource_name(cluster)]), "KeyPairs",
+                 None)
