@@ -27,6 +27,7 @@ host another instance used, and cloud-init installing the key pair.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -165,8 +166,24 @@ class World:
                         break
                     time.sleep(0.05)
         (self.state / "operator.pid").unlink(missing_ok=True)
+        self._kill_leftovers()
         sh("ip", "netns", "del", self.operator_ns, check=False)
         self.hosts.down()
+
+    def _kill_leftovers(self) -> None:
+        """SIGKILL what still runs in this world's namespaces besides the hosts' sshds (laptop runs, agents,
+        launchers, ranks that a failed test left): every one of them was started through this world, and
+        deleting a namespace does not stop its processes."""
+        sshds = set()
+        for i in range(self.hosts.n):
+            with contextlib.suppress(OSError, ValueError):
+                sshds.add(self.hosts.sshd_pid(i))
+        spaces = [self.operator_ns, *(self.hosts.name(i) for i in range(self.hosts.n))]
+        for ns in spaces:
+            for pid in sh("ip", "netns", "pids", ns, check=False).stdout.split():
+                if int(pid) not in sshds:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), 9)
 
     # --- EC2 -------------------------------------------------------------------------------
 
