@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,39 +57,96 @@ def site(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Iterato
 
 def leftovers(w: World) -> list[str]:
     names = ("cpudist", "hydra", "mpiexec", "mpirun", "prterun", "prted", "orted")
-    return [cmdline(pid)[:80] for i in range(w.hosts.n) for pid in w.hosts.pids(i)
+    return [f"{w.hosts.name(i)}: {cmdline(pid)[:80]}" for i in range(w.hosts.n) for pid in w.hosts.pids(i)
             if any(n in cmdline(pid) for n in names)]
 
 
+def wait_no_leftovers(w: World, within_s: float = 30) -> list[str]:
+    deadline = time.monotonic() + within_s
+    while (left := leftovers(w)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+def launcher_args(launcher: str) -> list[str]:
+    """--launcher (and --mpirun) for `launcher`; skips the test when its program is not installed."""
+    program = LAUNCHERS[launcher]
+    if program is not None and not program.exists():
+        pytest.skip(f"{program} not installed (tests/harness/setup.sh installs it)")
+    return ["--launcher", launcher] + (["--mpirun", str(program)] if program else [])
+
+
+def laptop_argv(w: World, out: str, *extra: str) -> list[str]:
+    return [*CPUDIST, "run", "mrpc", "--np", "2", "--ppn", "1", "--hostfile", "/srv/cpd-operator/hosts",
+            "--head", w.hosts.public_addr(0), "--user", "root", "--identity", "/srv/cpd-operator/.ssh/id_ed25519",
+            "--remote-python", sys.executable, "--model", "tiny", "--data-dir", "/srv/cpd-operator/data/MRPC",
+            "--output-dir", f"/srv/cpd-operator/runs/{out}", *extra]
+
+
 def run_from_laptop(w: World, out: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    return w.operator_run([*CPUDIST, "run", "mrpc", "--np", "2", "--ppn", "1", "--hostfile", "/srv/cpd-operator/hosts",
-                           "--head", w.hosts.public_addr(0), "--user", "root", "--identity",
-                           "/srv/cpd-operator/.ssh/id_ed25519", "--remote-python", sys.executable, "--model", "tiny",
-                           "--max-steps", "3", "--max-eval-samples", "64", "--data-dir", "/srv/cpd-operator/data/MRPC",
-                           "--output-dir", f"/srv/cpd-operator/runs/{out}", *extra], timeout=600)
+    return w.operator_run(laptop_argv(w, out, "--max-steps", "3", "--max-eval-samples", "64", *extra), timeout=600)
 
 
 @pytest.mark.parametrize("launcher", list(LAUNCHERS))
 def test_run_from_the_laptop_with_each_mpi(site: World, launcher: str) -> None:
-    program = LAUNCHERS[launcher]
-    if program is not None and not program.exists():
-        pytest.skip(f"{program} not installed (tests/harness/setup.sh installs it)")
-    extra = ["--launcher", launcher] + (["--mpirun", str(program)] if program else [])
-    r = run_from_laptop(site, launcher, *extra)
+    r = run_from_laptop(site, launcher, *launcher_args(launcher))
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
     result = json.loads(site.operator_path(f"runs/{launcher}/result.json").read_text())
     assert sorted(result["nodes"]) == [site.hosts.name(0), site.hosts.name(1)]
     assert result["launcher"] == launcher
     ledger = [json.loads(line) for line in site.operator_path(".cpudist/results.jsonl").read_text().splitlines()]
     assert ledger[-1]["run_dir"] == f"/srv/cpd-operator/runs/{launcher}"
-    assert leftovers(site) == []
+    assert wait_no_leftovers(site) == []
 
 
-def test_a_wheel_of_this_cpudist_when_asked(site: World) -> None:
-    r = run_from_laptop(site, "wheel", "--stage-code", "always")
-    assert r.returncode == 0, r.stderr[-4000:]
+@pytest.mark.parametrize("launcher", list(LAUNCHERS))
+def test_a_wheel_of_this_cpudist_when_asked(site: World, launcher: str) -> None:
+    """--stage-code always: the wheel reaches every node and its PYTHONPATH reaches every rank (each
+    launcher passes environment its own way: -genv for Hydra, -x for Open MPI)."""
+    out = f"wheel-{launcher}"
+    r = run_from_laptop(site, out, "--stage-code", "always", *launcher_args(launcher))
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
     assert "using this one's wheel" in r.stderr
-    result = json.loads(site.operator_path("runs/wheel/result.json").read_text())
-    assert result["staging"]["code"] == "wheel" and len(result["nodes"]) == 2
-    command = site.operator_path("runs/wheel/command.txt").read_text()
-    assert "PYTHONPATH" in command and "/.cpudist/stage/" in command
+    result = json.loads(site.operator_path(f"runs/{out}/result.json").read_text())
+    assert result["staging"]["code"] == "wheel" and len(set(result["nodes"])) == 2
+    assert result["launcher"] == launcher
+    command = site.operator_path(f"runs/{out}/command.txt").read_text()
+    site_dir = next(w for w in command.replace("=", " ").split() if w.endswith("/site") and "/.cpudist/stage/" in w)
+    # On the node that is not the head, that PYTHONPATH imports the wheel's cpudist, not the node's own.
+    probe = site.hosts.run(1, ["env", f"PYTHONPATH={site_dir}", sys.executable, "-c",
+                               "import cpudist.train; print(cpudist.train.__file__)"])
+    assert probe.returncode == 0 and probe.stdout.strip().startswith(site_dir + "/cpudist/"), probe
+    assert wait_no_leftovers(site) == []
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])
+@pytest.mark.parametrize("launcher", ["impi", "openmpi"])
+def test_stopping_the_laptop_stops_every_rank_with_each_mpi(site: World, launcher: str,
+                                                            how: signal.Signals) -> None:
+    """Ctrl-C, or a laptop that vanishes (its connection drops), leaves no launcher, proxy/daemon or rank
+    on any host, with the MPIs whose process trees differ from MPICH's (test_aws_e2e covers MPICH)."""
+    args = launcher_args(launcher)
+    proc = site.operator_popen(laptop_argv(site, f"stop-{launcher}-{how.name}", "--max-steps", "5000",
+                                           "--log-every", "1", "--no-eval", *args),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        assert proc.stdout is not None
+        seen = []
+        for line in proc.stdout:
+            seen.append(line)
+            if "step 3/" in line:
+                break
+        assert any("step 3/" in line for line in seen), "".join(seen)[-4000:]
+        ranks = [pid for i in range(site.hosts.n) for pid in site.hosts.pids(i)
+                 if cmdline(pid).split()[1:3] == ["-m", "cpudist.train"]]
+        assert len(ranks) == 2, leftovers(site)
+        proc.send_signal(how)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    if how != signal.SIGKILL:
+        assert "interrupted: all ranks were stopped on every node" in out, out[-4000:]
+    assert wait_no_leftovers(site) == []
