@@ -152,7 +152,9 @@ def _stage_code(head: Remote, python: str, stager: Stager, mode: str, wheels: Pa
                f"--no-index --disable-pip-version-check --target {shlex.quote(site)} "
                f"{shlex.quote(wheel.remote_path(stager.home))} && touch {shlex.quote(site)}/.installed)", timeout=600)
     stager.fan_out([wheel])
-    stager.say(f"the head's cpudist differs from this one ({cpudist.__version__}): using this one's wheel")
+    why = ("--stage-code always" if mode == "always"
+           else f"the head's cpudist differs from this one ({cpudist.__version__})")
+    stager.say(f"{why}: using this one's wheel")
     return site
 
 
