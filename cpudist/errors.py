@@ -25,3 +25,9 @@ class JobFailed(CpudistError):
     """A launched job ended badly: exit code 1."""
 
     exit_code = 1
+
+
+class Preempted(JobFailed):
+    """The ranks stopped on purpose (SIGTERM, spot notice) after saving a checkpoint: exit code 75."""
+
+    exit_code = 75

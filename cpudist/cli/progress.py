@@ -34,15 +34,22 @@ class JobView:
                                          TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
                                          console=self.console)
                 self.progress.start()
-                self.task_id = self.progress.add_task("train", total=total, info="")
+                self.task_id = self.progress.add_task("train", total=total, info="",
+                                                      completed=int(event.get("step", 0)))
             else:
-                self._plain(f"training: {total} steps")
+                done = int(event.get("step", 0))
+                self._plain(f"training: {total} steps" + (f", from step {done}" if done else ""))
         elif kind == "progress":
             info = f"loss {event['loss']:.4f}  {event['samples_per_s']:.1f} samples/s"
             if self.progress is not None:
                 self.progress.update(self.task_id, completed=event["step"], info=info)
             else:
                 self._plain(f"step {event['step']}/{event['total']}  {info}")
+        elif kind == "checkpoint":
+            self.on_line(f"[cpudist] checkpoint at step {event['step']}: {event['path']}")
+        elif kind == "preempted":
+            self.close()
+            self._plain(f"stopping at step {event['step']}: {event['reason']} on {event['host']}")
         elif kind == "eval":
             self.close()
             self._plain(f"evaluating on {event['rows']} rows")

@@ -13,7 +13,7 @@ from cpudist.errors import BadInput
 from cpudist.hosts.hostfile import render_hostfile
 from cpudist.interrupts import signals_interrupt
 from cpudist.launch.env import parse_env_pairs
-from cpudist.launch.job import Callbacks, Placement, default_output_dir, prepare, run_job
+from cpudist.launch.job import Callbacks, Placement, default_output_dir, prepare, run_job, unfinished_run
 from cpudist.launch.plan import LAUNCHERS, check_layout, plan
 from cpudist.remote.agent import JobRequest
 from cpudist.remote.session import Head, local_inputs, run_remote
@@ -99,6 +99,22 @@ def summary(r: RunResult) -> str:
 @click.option("--log-every", type=click.IntRange(min=1), default=10, show_default=True)
 @click.option("--dist-timeout", type=click.IntRange(min=1), default=300, show_default=True,
               help="Seconds before a missing peer fails the job.")
+@click.option("--max-grad-norm", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="Clip the gradient norm (as HF Trainer does); 0 turns clipping off.")
+@click.option("--checkpoint-every", type=click.IntRange(min=1), help="Write a checkpoint every N optimizer steps.")
+@click.option("--checkpoint-every-min", type=click.FloatRange(min=0, min_open=True),
+              help="Write a checkpoint every N minutes.")
+@click.option("--checkpoint-dir", help="Checkpoints folder on the head node [default: <run folder>/checkpoints].")
+@click.option("--keep-checkpoints", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--checkpoint-s3", help="s3://bucket/prefix: a durable copy of every checkpoint (survives the head).")
+@click.option("--resume", help="auto: go on from the newest usable checkpoint of the run folder (without "
+              "--output-dir: the newest unfinished run of this task and model), if any; or a checkpoint path.")
+@click.option("--imds-endpoint", "imds", default="auto", show_default=True,
+              help="Instance metadata service polled for spot interruption notices: auto (AWS's, on EC2 "
+              "only), off, or a URL.")
+@click.option("--on-preemption", type=click.Choice(["stop", "resume"]), default="stop", show_default=True,
+              help="With --cluster: when a node is reclaimed, stop (and say how to resume) or replace it with "
+              "`cluster up` and resume from the checkpoint.")
 @click.option("--output-dir", type=click.Path(path_type=Path), help="Run folder [default: runs/<task>-...].")
 @click.option("--ledger", type=click.Path(path_type=Path), help="Results ledger [default: ~/.cpudist/results.jsonl].")
 @click.option("--env", "env_pairs", multiple=True, callback=_env, help="Extra rank variable KEY=VALUE (repeatable).")
@@ -112,7 +128,8 @@ def run(task: str, np_: int, ppn: int | None, hostfile: Path | None, cluster_nam
         mpirun: str | None, ssh: str | None, iface: str | None, allocator: str, env_pairs: tuple[tuple[str, str], ...],
         oversubscribe: bool, timeout: float | None, dry_run: bool, as_json: bool, quiet: bool,
         ledger: Path | None, output_dir: Path | None, data_dir: Path | None, train_file: Path | None,
-        validation_file: Path | None, text_columns: str | None, dist_timeout: int, **opts: object) -> None:
+        validation_file: Path | None, text_columns: str | None, dist_timeout: int, on_preemption: str,
+        **opts: object) -> None:
     """Fine-tune on TASK (a GLUE task, `custom` or `synthetic`) with --np ranks.
 
     Example: cpudist run mrpc --np 2 --data-dir glue/MRPC --model tiny --max-steps 5
@@ -122,6 +139,10 @@ def run(task: str, np_: int, ppn: int | None, hostfile: Path | None, cluster_nam
                       validation_file=str(validation_file) if validation_file else None,
                       text_columns=tuple(c.strip() for c in (text_columns or "").split(",") if c.strip()),
                       dist_timeout_s=dist_timeout, **opts)  # type: ignore[arg-type]
+    if output_dir is None and cfg.resume == "auto":
+        output_dir = unfinished_run(cfg)
+        if output_dir is not None:
+            click.echo(f"[cpudist] --resume auto: going on with {output_dir}", err=True)
     cfg = TrainConfig(**{**cfg.__dict__, "output_dir": str(output_dir or default_output_dir(cfg, np_))})
     if ppn is None and (hostfile is not None or cluster_name is not None):
         raise BadInput("--hostfile/--cluster need --ppn (ranks per node)",

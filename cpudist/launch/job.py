@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cpudist.cpu import read_cpu
-from cpudist.errors import BadInput, JobFailed
+from cpudist.errors import BadInput, JobFailed, Preempted
 from cpudist.hosts.hostfile import Host, check_resolvable, local_hosts, read_hostfile, render_hostfile
 from cpudist.hosts.keys import local_cluster_dir
 from cpudist.launch import runner
@@ -28,6 +28,7 @@ from cpudist.results import ledger
 from cpudist.results.schema import RunResult
 from cpudist.train.config import TrainConfig
 from cpudist.train.models import is_local_model, resolve_model, tokenizer_source
+from cpudist.train.preempt import MARKER
 
 HUB_PROBE_TIMEOUT_S = 5.0
 
@@ -37,6 +38,14 @@ def default_output_dir(cfg: TrainConfig, np: int) -> str:
     model = Path(cfg.model).name or cfg.model.replace("/", "-")
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
     return str(Path("runs") / f"{cfg.task}-{model}-np{np}-{stamp}")
+
+
+def unfinished_run(cfg: TrainConfig) -> Path | None:
+    """The newest run folder of this task and model that stopped before its result (for --resume auto)."""
+    model = Path(cfg.model).name or cfg.model.replace("/", "-")
+    found = [p for p in Path("runs").glob(f"{cfg.task}-{model}-np*-*")
+             if not (p / "result.json").exists() and ((p / MARKER).exists() or any(p.glob("checkpoints/step-*")))]
+    return max(found, key=lambda p: p.stat().st_mtime, default=None)
 
 
 def check_hub(what: str) -> None:
@@ -206,6 +215,7 @@ def run_job(spec: RunSpec, launch: Launch, ledger_path: Path, cb: Callbacks,
     out = Path(spec.train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "command.txt").write_text(launch.shell() + "\n")
+    (out / MARKER).unlink(missing_ok=True)  # a stop of an earlier part, already resumed
     with (out / "ranks.log").open("w") as log:  # every rank line, also when a run elsewhere fetches it
 
         def on_line(line: str) -> None:
@@ -217,6 +227,11 @@ def run_job(spec: RunSpec, launch: Launch, ledger_path: Path, cb: Callbacks,
     if outcome.timed_out:
         raise JobFailed(f"the job ran past --timeout {timeout_s:g}s and was stopped",
                         "Raise --timeout, or lower --max-steps/--epochs")
+    if outcome.returncode != 0 and (out / MARKER).is_file():
+        stop = json.loads((out / MARKER).read_text())
+        raise Preempted(f"the ranks stopped at step {stop['step']} ({stop['reason']} on {stop['host']}) after saving "
+                        f"{Path(stop['checkpoint']).name}",
+                        f"Resume: the same command with --resume auto --output-dir {out}")
     if outcome.returncode != 0:
         host = failed_host(outcome.last_lines)
         last = next((line for line in outcome.last_lines if "] error: " in line), None)  # the trainer's own

@@ -57,6 +57,12 @@ class RunResult:
     usd_per_hour: float | None = None  # the price of the nodes the run used, when known
     run_dir: str = ""
     staging: dict[str, Any] = field(default_factory=dict)  # what a run from outside the cluster sent, and how long
+    resumed_from_step: int | None = None  # the checkpoint's step when this run continued an earlier part
+    resumed_from: str | None = None
+    parts: int = 1  # train_time_s and wall_time_s count every part
+    checkpoints: dict[str, Any] = field(default_factory=dict)  # folder, written, s3, keep
+    recoveries: int = 0  # nodes replaced and runs resumed by --on-preemption resume
+    time_lost_s: float = 0.0  # wall time between a stop and the resumed run's first step, summed
     schema: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:

@@ -9,18 +9,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-import random
 import resource
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -29,13 +30,14 @@ from cpudist.cpu import read_cpu
 from cpudist.errors import BadInput, CpudistError
 from cpudist.flops import cpu_ghz, peak_flops, shape_of
 from cpudist.results.schema import RunResult
-from cpudist.train import events
+from cpudist.train import events, preempt, resume
+from cpudist.train.checkpoint import Restored, seed_all
 from cpudist.train.config import TrainConfig, from_argv
 from cpudist.train.data import TaskData, load_custom, load_glue_hub, load_glue_tsv
 from cpudist.train.dist import RankInfo, discover_rank, init_distributed
 from cpudist.train.evaluate import evaluate
 from cpudist.train.features import Encoded, encode, synthetic
-from cpudist.train.loop import TrainStats, train
+from cpudist.train.loop import Saver, TrainStats, train
 from cpudist.train.models import build_model, load_tokenizer
 
 CPU = read_cpu()  # read once per rank
@@ -79,9 +81,7 @@ def setup(cfg: TrainConfig, info: RankInfo) -> Job:
     """Threads, seeds, process group, data, model: the work before training."""
     if "OMP_NUM_THREADS" in os.environ:
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    random.seed(cfg.seed)
-    np.random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
+    seed_all(cfg.seed)  # the same model initialization on every rank
     init_distributed(info, cfg.backend, os.environ, cfg.dist_timeout_s)
     if info.rank != 0:
         import transformers
@@ -107,6 +107,7 @@ def setup(cfg: TrainConfig, info: RankInfo) -> Job:
         # No buffer sync per forward: BERT's buffers never change, and a sync on a forward that some
         # ranks skip (evaluation with fewer rows than ranks) would mismatch the collectives.
         model = torch.nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False)
+    seed_all(cfg.seed + info.rank)  # dropout noise differs between ranks, as with HF Trainer
     bf16 = resolve_precision(cfg.precision, CPU.has_bf16) == "bf16"
     run_dir = Path(cfg.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -125,7 +126,8 @@ def versions() -> dict[str, str]:
 
 
 def build_result(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict[str, float],
-                 started: float, started_at: str, rank_info: list[dict[str, object]]) -> RunResult:
+                 saver: Saver, started_at: str, rank_info: list[dict[str, object]],
+                 restored: Restored | None) -> RunResult:
     """Assemble result.json from what every rank reported."""
     cfg, world = job.cfg, job.info.world_size
     hosts = tuple(str(r["host"]) for r in rank_info)
@@ -143,7 +145,7 @@ def build_result(job: Job, stats: TrainStats, metrics: dict[str, float], phases:
         backend=cfg.backend, sync="ddp", per_rank_batch_size=cfg.batch_size, grad_accum=cfg.grad_accum,
         global_batch_size=cfg.batch_size * cfg.grad_accum * world, max_seq_len=cfg.max_seq_len,
         steps=stats.steps, train_samples=stats.samples, train_time_s=stats.train_time_s,
-        eval_time_s=eval_time, wall_time_s=time.perf_counter() - started,
+        eval_time_s=eval_time, wall_time_s=saver.wall_before_s + time.perf_counter() - saver.started,
         train_samples_per_s=stats.samples / stats.train_time_s if stats.train_time_s else 0.0,
         steady_samples_per_s=stats.steady_samples_per_s(),
         train_tokens_per_s=stats.tokens / stats.train_time_s if stats.train_time_s else 0.0,
@@ -157,21 +159,43 @@ def build_result(job: Job, stats: TrainStats, metrics: dict[str, float], phases:
         peak_rss_mb=max(float(r["peak_rss_mb"]) for r in rank_info),  # type: ignore[arg-type]
         eval_phases=phases, run_dir=str(job.run_dir.resolve()), train_flops_per_s=flops_per_s,
         mfu=flops_per_s / peak_used if peak_used else 0.0, peak_flops_per_s=peak_used, peak_how=peak.how,
+        resumed_from_step=int(restored.meta["step"]) if restored else None,
+        resumed_from=restored.path if restored else None, parts=saver.parts,
+        checkpoints={"folder": str(saver.folder), "written": stats.checkpoints, "s3": cfg.checkpoint_s3,
+                     "keep": saver.keep} if stats.checkpoints or restored else {},
     )
 
 
-def run(cfg: TrainConfig, info: RankInfo) -> None:
-    """Set up, train, evaluate and (on rank 0) write result.json."""
+def _say_rank0(rank: int) -> Callable[[str], None]:
+    def say(line: str) -> None:
+        if rank == 0:
+            sys.stdout.write(f"[cpudist] {line}\n")
+            sys.stdout.flush()
+
+    return say
+
+
+def run(cfg: TrainConfig, info: RankInfo) -> int:
+    """Set up, train, evaluate and (on rank 0) write result.json; the exit code."""
     started, started_at = time.perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
     job = setup(cfg, info)
+    cfg, restored = resume.start(cfg, job.run_dir, info.rank, info.world_size, _say_rank0(info.rank))
+    job = dataclasses.replace(job, cfg=cfg)
+    saver = resume.saver(cfg, job.run_dir, restored, started)
+    if info.rank == 0:
+        (job.run_dir / preempt.MARKER).unlink(missing_ok=True)
     params = sum(p.numel() for p in job.model.parameters())
     # One write per line: launchers interleave partial writes of different ranks.
     sys.stdout.write(f"rank {info.rank}/{info.world_size} ready: {len(job.train_data)} train rows, "
                      f"{params / 1e6:.1f}M params, {'bf16' if job.bf16 else 'fp32'}, "
                      f"{torch.get_num_threads()} threads\n")
     sys.stdout.flush()
-    stats = train(cfg, job.model, job.train_data, job.regression, job.bf16, job.run_dir,
-                  info.rank, info.world_size, shape_of(getattr(job.model, "module", job.model)))
+    imds = preempt.imds_endpoint(cfg.imds) if info.local_rank == 0 else None  # one poller per node
+    with preempt.StopRequests(imds) as stop:
+        stats = train(cfg, job.model, job.train_data, job.regression, job.bf16, job.run_dir, info.rank,
+                      info.world_size, shape_of(getattr(job.model, "module", job.model)), saver, stop, restored)
+    if stats.stopped is not None:
+        return _stopped(job, stats, info)
     metrics: dict[str, float] = {}
     phases: dict[str, float] = {}
     if cfg.do_eval:
@@ -185,7 +209,7 @@ def run(cfg: TrainConfig, info: RankInfo) -> None:
         rank_info = [{}] * info.world_size
         dist.all_gather_object(rank_info, mine)
     if info.rank == 0:
-        result = build_result(job, stats, metrics, phases, started, started_at, rank_info)
+        result = build_result(job, stats, metrics, phases, saver, started_at, rank_info, restored)
         tmp = job.run_dir / "result.json.tmp"
         tmp.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
         tmp.replace(job.run_dir / "result.json")
@@ -194,6 +218,23 @@ def run(cfg: TrainConfig, info: RankInfo) -> None:
         # Leave together: a rank tearing down gloo while a peer still talks to it can abort the
         # peer ("terminate called without an active exception").
         dist.barrier()
+    return 0
+
+
+def _stopped(job: Job, stats: TrainStats, info: RankInfo) -> int:
+    """The ranks stopped early after a checkpoint: say where, leave together with EXIT_PREEMPTED."""
+    reasons: list[Any] = [(socket.gethostname(), stats.stopped)]
+    if info.world_size > 1:
+        reasons = [None] * info.world_size
+        dist.all_gather_object(reasons, (socket.gethostname(), stats.stopped))
+    if info.rank == 0:
+        host, why = next(((h, r) for h, r in reasons if r and not r.startswith("a peer")), reasons[0])
+        marker = {"step": stats.steps, "checkpoint": stats.checkpoints[-1], "reason": why, "host": host}
+        (job.run_dir / preempt.MARKER).write_text(json.dumps(marker) + "\n")
+        events.emit("preempted", **marker)
+    if info.world_size > 1:
+        dist.barrier()
+    return preempt.EXIT_PREEMPTED
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         info = discover_rank(os.environ)
         rank = str(info.rank)
-        run(cfg, info)
+        return run(cfg, info)
     except CpudistError as e:
         sys.stderr.write(f"[{socket.gethostname()}:{rank}] error: {e.message}\n")
         sys.stderr.flush()
@@ -215,7 +256,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
-    return 0
 
 
 if __name__ == "__main__":

@@ -51,6 +51,14 @@ class TrainConfig:
     do_eval: bool = True
     log_every: int = 10
     dist_timeout_s: int = 300
+    max_grad_norm: float = 1.0  # like HF Trainer; 0 turns clipping off
+    checkpoint_every: int | None = None  # optimizer steps between checkpoints
+    checkpoint_every_min: float | None = None  # minutes between checkpoints (rank 0's clock decides)
+    checkpoint_dir: str | None = None  # default: <output_dir>/checkpoints
+    keep_checkpoints: int = 2
+    checkpoint_s3: str | None = None  # s3://bucket/prefix: a durable copy of every checkpoint
+    resume: str | None = None  # auto: the newest usable checkpoint, if any | a checkpoint or its folder
+    imds: str = "auto"  # spot notices: auto (AWS's metadata service on EC2) | off | URL
 
 
 def _flag(name: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import time
@@ -17,9 +18,11 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from cpudist.errors import BadInput
 from cpudist.flops import ModelShape, training_flops
-from cpudist.train import events
+from cpudist.train import checkpoint, events
+from cpudist.train.checkpoint import Position, Restored, gather_rngs, seed_all, set_rng_state
 from cpudist.train.config import TrainConfig
 from cpudist.train.features import Encoded, collate
+from cpudist.train.preempt import StopRequests
 from cpudist.train.sampling import global_batches, rank_batches
 
 WARMUP_STEPS_EXCLUDED = 3  # steady-state throughput leaves out the first steps (allocator warm-up)
@@ -27,7 +30,11 @@ WARMUP_STEPS_EXCLUDED = 3  # steady-state throughput leaves out the first steps 
 
 @dataclass
 class TrainStats:
-    """What the loop measured; turned into the run's result by the caller."""
+    """What the loop measured; turned into the run's result by the caller.
+
+    steps, samples, tokens, flops and train_time_s count every part of a resumed run; the per-step
+    lists hold this part only (steady throughput is this part's).
+    """
 
     steps: int = 0
     samples: int = 0  # global, over all ranks
@@ -37,11 +44,27 @@ class TrainStats:
     step_times: list[float] = field(default_factory=list)
     step_samples: list[int] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
+    checkpoints: list[str] = field(default_factory=list)  # written by this part
+    stopped: str | None = None  # why the ranks stopped early (after a checkpoint), if they did
 
     def steady_samples_per_s(self) -> float:
-        k = WARMUP_STEPS_EXCLUDED if self.steps > 2 * WARMUP_STEPS_EXCLUDED else 0
+        k = WARMUP_STEPS_EXCLUDED if len(self.step_times) > 2 * WARMUP_STEPS_EXCLUDED else 0
         t = sum(self.step_times[k:])
         return sum(self.step_samples[k:]) / t if t > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Saver:
+    """Where and when checkpoints go."""
+
+    folder: Path
+    every: int | None
+    every_s: float | None
+    keep: int
+    mirror: Any = None  # a durable.S3Mirror, or None
+    wall_before_s: float = 0.0  # wall time of the earlier parts of a resumed run
+    parts: int = 1
+    started: float = field(default_factory=time.perf_counter)  # this part's start (perf_counter)
 
 
 def plan_steps(cfg: TrainConfig, batches_per_epoch: int) -> int:
@@ -51,20 +74,30 @@ def plan_steps(cfg: TrainConfig, batches_per_epoch: int) -> int:
     return max(1, math.ceil(cfg.epochs * batches_per_epoch / cfg.grad_accum))
 
 
-def batch_plan(cfg: TrainConfig, data: Encoded, rank: int, world: int) -> tuple[int, Iterator[list[int]]]:
-    """(micro-batches per epoch, endless iterator of this rank's row indices per micro-batch)."""
+Batch = tuple[Position, list[int], int]  # (where it sits, this rank's rows, rows of the global batch)
+
+
+def batch_plan(cfg: TrainConfig, data: Encoded, rank: int, world: int,
+               start: Position = checkpoint.START) -> tuple[int, Iterator[Batch]]:
+    """(micro-batches per epoch, endless iterator of this rank's micro-batches from `start` on)."""
     if cfg.sampler == "grouped":
         lengths = [len(ids) for ids in data.input_ids]
+
+        def epoch_batches(epoch: int) -> list[list[int]]:
+            return [b for b in global_batches(lengths, cfg.batch_size * world, cfg.seed, epoch) if len(b) >= world]
+
         per_epoch = len(rank_batches(global_batches(lengths, cfg.batch_size * world, cfg.seed, 0), rank, world))
         if per_epoch == 0:
             raise BadInput(f"{len(lengths)} training row(s) cannot feed {world} ranks",
                            "Use more data (--max-train-samples), or fewer ranks")
 
-        def grouped() -> Iterator[list[int]]:
-            epoch = 0
+        def grouped() -> Iterator[Batch]:
+            epoch, skip = start.epoch, start.index
             while True:
-                yield from rank_batches(global_batches(lengths, cfg.batch_size * world, cfg.seed, epoch), rank, world)
-                epoch += 1
+                for i, b in enumerate(epoch_batches(epoch)):
+                    if i >= skip:
+                        yield Position(epoch, i), b[rank::world], len(b)
+                epoch, skip = epoch + 1, 0
 
         return per_epoch, grouped()
     rows: Any = range(len(data))  # a sized, indexable dataset of row numbers
@@ -72,62 +105,157 @@ def batch_plan(cfg: TrainConfig, data: Encoded, rank: int, world: int) -> tuple[
                                                           shuffle=True, seed=cfg.seed)
     loader: DataLoader[int] = DataLoader(rows, batch_size=cfg.batch_size, sampler=sampler, collate_fn=list)
 
-    def shuffled() -> Iterator[list[int]]:
-        epoch = 0
+    def shuffled() -> Iterator[Batch]:
+        epoch, skip = start.epoch, start.index
         while True:
             sampler.set_epoch(epoch)  # a new seeded shuffle each epoch, identical on every rank
-            yield from loader
-            epoch += 1
+            for i, idx in enumerate(loader):
+                if i >= skip:  # the sampler pads to equal shares: every rank has len(idx) rows
+                    yield Position(epoch, i), idx, len(idx) * world
+            epoch, skip = epoch + 1, 0
 
     return len(loader), shuffled()
 
 
-def train(cfg: TrainConfig, model: torch.nn.Module, data: Encoded, regression: bool,
-          bf16: bool, run_dir: Path, rank: int, world: int, shape: ModelShape) -> TrainStats:
+def train(cfg: TrainConfig, model: torch.nn.Module, data: Encoded, regression: bool, bf16: bool, run_dir: Path,
+          rank: int, world: int, shape: ModelShape, saver: Saver, stop: StopRequests,
+          restored: Restored | None = None) -> TrainStats:
     """Train `model` (already wrapped in DDP) and return what was measured."""
-    per_epoch, batches = batch_plan(cfg, data, rank, world)
-    total = plan_steps(cfg, per_epoch)
+    start = Position(**restored.meta["position"]) if restored else checkpoint.START
+    per_epoch, batches = batch_plan(cfg, data, rank, world, start)
+    total = restored.meta["total"] if restored else plan_steps(cfg, per_epoch)
     opt = _optimizer(cfg, model)
     from transformers import get_linear_schedule_with_warmup
 
     sched = get_linear_schedule_with_warmup(opt, int(cfg.warmup_ratio * total), total)
+    stats = TrainStats()
+    if restored:
+        _apply(restored, model, opt, sched, stats, cfg.seed + rank)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
-    stats, pending = TrainStats(), []
-    log = (run_dir / "steps.jsonl").open("w") if rank == 0 else None
+    pending: list[Pending] = []
+    log = _steps_log(run_dir, stats.steps) if rank == 0 else None
     model.train()
     if rank == 0:
-        events.emit("start", total=total, batches_per_epoch=per_epoch)
+        events.emit("start", total=total, batches_per_epoch=per_epoch, step=stats.steps)
+    last_save, next_pos = time.monotonic(), start
     try:
         while stats.steps < total:
             t0 = time.perf_counter()
-            loss_sum, n_local, tokens, flops = torch.zeros(()), 0, 0, 0.0
-            for micro in range(cfg.grad_accum):
-                idx = next(batches)
+            micro_batches = [next(batches) for _ in range(cfg.grad_accum)]
+            step_rows = sum(n for _, _, n in micro_batches)
+            last = micro_batches[-1][0]
+            next_pos = Position(last.epoch, last.index + 1)  # past an epoch's end: the iterator rolls over
+            loss_sum, n_local, tokens, flops = torch.zeros((), dtype=torch.float64), 0, 0, 0.0
+            for micro, (_, idx, _) in enumerate(micro_batches):
                 batch = collate(data, idx, regression)
                 # Gradients are all-reduced only on the last micro-batch of an accumulation.
                 sync = micro == cfg.grad_accum - 1 or not hasattr(model, "no_sync")
                 with (contextlib.nullcontext() if sync else model.no_sync()), autocast:  # type: ignore[operator]
                     loss = model(**batch).loss
-                (loss / cfg.grad_accum).backward()
-                loss_sum += loss.detach().float() / cfg.grad_accum
+                # Each row weighs 1/(rows of the global step) whatever its rank's share: DDP averages
+                # over ranks, so scale by world x local rows / global rows (unequal last batches).
+                (loss * (len(idx) * world / step_rows)).backward()
+                loss_sum += loss.detach().double() * len(idx)
                 n_local += len(idx)
                 tokens += data.real_tokens(idx)
                 flops += training_flops(shape, (len(data.input_ids[i]) for i in idx))
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
+            grad_norm = clip_and_step(model, opt, sched, cfg.max_grad_norm)
             dt = time.perf_counter() - t0
             stats.steps += 1
             stats.train_time_s += dt
             stats.step_times.append(dt)
-            pending.append((stats.steps, loss_sum, n_local, tokens, flops, dt, sched.get_last_lr()[0]))
+            pending.append((stats.steps, loss_sum, n_local, tokens, flops, dt, sched.get_last_lr()[0], grad_norm))
             if stats.steps % cfg.log_every == 0 or stats.steps == total:
                 _flush(pending, stats, log, world, total)
                 pending = []
+            stop_now, save_now = _agree(stop, saver, stats.steps, time.monotonic() - last_save, world)
+            if save_now or stop_now:
+                _flush(pending, stats, log, world, total)
+                pending = []
+                _save(cfg, saver, model, opt, sched, stats, next_pos, total, world, rank)
+                last_save = time.monotonic()
+            if stop_now:
+                stats.stopped = stop.pending() or "a peer rank was asked to stop"
+                break
     finally:  # closed on every way out, errors included
         if log is not None:
             log.close()
     return stats
+
+
+Pending = tuple[int, torch.Tensor, int, int, float, float, float, float]
+
+
+def clip_and_step(model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any, max_norm: float) -> float:
+    """Clip the (already all-reduced) gradients to `max_norm` (0: no clipping), step; the norm before clipping."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    if max_norm > 0:
+        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    else:
+        norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params])))
+    opt.step()
+    sched.step()
+    opt.zero_grad(set_to_none=True)
+    return norm
+
+
+def _agree(stop: StopRequests, saver: Saver, step: int, since_save_s: float, world: int) -> tuple[bool, bool]:
+    """(stop, save) as every rank sees it: any rank's stop request, rank 0's clock for timed saves."""
+    timed = saver.every_s is not None and since_save_s >= saver.every_s
+    flags = torch.tensor([stop.pending() is not None, timed], dtype=torch.float32)
+    if world > 1:
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    every = saver.every is not None and step % saver.every == 0
+    return bool(flags[0]), every or bool(flags[1])
+
+
+def _steps_log(run_dir: Path, resumed_at: int) -> TextIO:
+    """steps.jsonl, keeping the lines of a resumed run's steps up to its checkpoint."""
+    path = run_dir / "steps.jsonl"
+    kept = []
+    if resumed_at and path.is_file():
+        kept = [line for line in path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= resumed_at]
+    log = path.open("w")
+    log.write("".join(line + "\n" for line in kept))
+    return log
+
+
+def _apply(restored: Restored, model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any,
+           stats: TrainStats, rank_seed: int) -> None:
+    """Put a checkpoint's state into the model, optimizer, scheduler, RNGs and counters."""
+    getattr(model, "module", model).load_state_dict(restored.state["model"])
+    opt.load_state_dict(restored.state["optimizer"])
+    sched.load_state_dict(restored.state["scheduler"])
+    if restored.rng is not None:
+        set_rng_state(restored.rng)
+    else:  # another world size: no saved state belongs to this rank; fresh noise, still per rank
+        seed_all(rank_seed + 1_000_003 * int(restored.meta["step"]))
+    done = restored.meta["stats"]
+    stats.steps, stats.samples, stats.tokens = done["steps"], done["samples"], done["tokens"]
+    stats.flops, stats.train_time_s = done["flops"], done["train_time_s"]
+
+
+def _save(cfg: TrainConfig, saver: Saver, model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any,
+          stats: TrainStats, pos: Position, total: int, world: int, rank: int) -> None:
+    """Write a checkpoint (rank 0), with every rank's RNG state; every rank calls it."""
+    rngs = gather_rngs(world)
+    if rank == 0:
+        state = {"model": getattr(model, "module", model).state_dict(), "optimizer": opt.state_dict(),
+                 "scheduler": sched.state_dict()}
+        meta = {"config": dataclasses.asdict(cfg), "total": total, "position": dataclasses.asdict(pos),
+                "world_size": world, "global_batch": cfg.batch_size * cfg.grad_accum * world, "sync": "ddp",
+                "parts": saver.parts, "wall_s": saver.wall_before_s + time.perf_counter() - saver.started,
+                "stats": {"steps": stats.steps, "samples": stats.samples, "tokens": stats.tokens,
+                          "flops": stats.flops, "train_time_s": stats.train_time_s}}
+        path = checkpoint.write(saver.folder, stats.steps, state, rngs, meta, saver.keep)
+        if saver.mirror is not None:
+            saver.mirror.upload(path)
+            saver.mirror.prune(saver.keep)
+        stats.checkpoints.append(str(path))
+        events.emit("checkpoint", step=stats.steps, path=str(path))
+    if world > 1:
+        dist.barrier()  # nobody runs ahead (or leaves) before the checkpoint is complete
 
 
 def _optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -141,14 +269,16 @@ def _optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimize
     return torch.optim.AdamW(groups, lr=cfg.lr, fused=True)
 
 
-def _flush(pending: list[tuple[int, torch.Tensor, int, int, float, float, float]], stats: TrainStats,
+def _flush(pending: list[Pending], stats: TrainStats,
            log: TextIO | None, world: int, total: int) -> None:
     """One all-reduce per logging interval gives the global loss, samples and tokens per step."""
+    if not pending:
+        return
     vec = torch.tensor([[float(p[1]), p[2], p[3], p[4]] for p in pending], dtype=torch.float64)
     if world > 1:
         dist.all_reduce(vec)
-    for (step, _, _, _, _, dt, lr), (loss, samples, tokens, flops) in zip(pending, vec.tolist(), strict=True):
-        loss /= world
+    for (step, _, _, _, _, dt, lr, norm), (loss, samples, tokens, flops) in zip(pending, vec.tolist(), strict=True):
+        loss /= samples  # the mean over every row of the global step, however ranks shared them
         stats.samples += int(samples)
         stats.tokens += int(tokens)
         stats.flops += flops
@@ -156,7 +286,7 @@ def _flush(pending: list[tuple[int, torch.Tensor, int, int, float, float, float]
         stats.losses.append(loss)
         if log is not None:
             log.write(json.dumps({"step": step, "loss": loss, "lr": lr, "samples": int(samples),
-                                  "tokens": int(tokens), "step_time_s": dt}) + "\n")
+                                  "tokens": int(tokens), "step_time_s": dt, "grad_norm": norm}) + "\n")
     if log is not None:
         log.flush()
         last = pending[-1]

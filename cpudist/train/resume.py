@@ -1,0 +1,111 @@
+"""Where a run starts: from scratch, or from the newest usable checkpoint (local, else the S3 copy).
+
+With another world size the global batch is kept and the per-rank batch adapts (the length-grouped
+sampler then feeds the same rows step by step); a global batch that the new ranks cannot split
+evenly, or the `random` sampler (whose shuffle depends on the world size), is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cpudist.errors import BadInput
+from cpudist.train import checkpoint
+from cpudist.train.checkpoint import Restored
+from cpudist.train.config import TrainConfig
+from cpudist.train.loop import Saver
+
+
+def checkpoint_folder(cfg: TrainConfig, run_dir: Path) -> Path:
+    return Path(cfg.checkpoint_dir).expanduser() if cfg.checkpoint_dir else run_dir / "checkpoints"
+
+
+def mirror_of(cfg: TrainConfig) -> Any:
+    """The S3 copy of the checkpoints, when --checkpoint-s3 is given."""
+    if not cfg.checkpoint_s3:
+        return None
+    from cpudist.train.durable import S3Mirror
+
+    return S3Mirror(cfg.checkpoint_s3)
+
+
+def _from_s3(cfg: TrainConfig, folder: Path, say: Callable[[str], None]) -> Path | None:
+    """Download the newest undamaged checkpoint of the S3 copy into `folder`."""
+    mirror = mirror_of(cfg)
+    if mirror is None:
+        return None
+    for name in reversed(mirror.complete()):
+        path = mirror.download(name, folder)
+        problem = checkpoint.damage(path)
+        if problem is None:
+            say(f"fetched {name} from {cfg.checkpoint_s3}")
+            return path
+        say(f"{cfg.checkpoint_s3}/{name} is damaged ({problem}): trying an older one")
+    return None
+
+
+def pick(cfg: TrainConfig, run_dir: Path, say: Callable[[str], None]) -> Path | None:
+    """Rank 0's choice of checkpoint for `--resume` (None: start from step 0)."""
+    if cfg.resume is None:
+        return None
+    if cfg.resume == "auto":
+        folder = checkpoint_folder(cfg, run_dir)
+        found = checkpoint.choose(folder, say) or _from_s3(cfg, folder, say)
+        if found is None:
+            say(f"--resume auto: no checkpoint in {folder}{' or ' + cfg.checkpoint_s3 if cfg.checkpoint_s3 else ''}"
+                ", starting from step 0")
+        return found
+    given = Path(cfg.resume).expanduser()
+    if checkpoint.NAME.match(given.name):
+        problem = checkpoint.damage(given) if (given / checkpoint.COMPLETE).is_file() else "it is incomplete"
+        if problem:
+            raise BadInput(f"checkpoint {given} cannot be used: {problem}", "Pass an older one, or --resume auto")
+        return given
+    for folder in (given / "checkpoints", given):
+        found = checkpoint.choose(folder, say)
+        if found is not None:
+            return found
+    raise BadInput(f"no usable checkpoint in {given}", "Pass a run folder, its checkpoints folder or a step-N folder")
+
+
+def adapt(cfg: TrainConfig, meta: dict[str, Any], world: int, path: str) -> TrainConfig:
+    """The config that continues the checkpointed run on `world` ranks (the global batch is kept)."""
+    checkpoint.check_same_run(meta, dataclasses.asdict(cfg), Path(path))
+    if meta["world_size"] == world:
+        return dataclasses.replace(cfg, batch_size=meta["global_batch"] // (world * cfg.grad_accum))
+    if cfg.sampler != "grouped":
+        raise BadInput(f"checkpoint {path} was written by {meta['world_size']} ranks; the random sampler cannot "
+                       f"continue it on {world}", f"Resume with --np {meta['world_size']}")
+    split = world * cfg.grad_accum
+    if meta["global_batch"] % split:
+        raise BadInput(f"the run's global batch of {meta['global_batch']} cannot be split over {world} rank(s) x "
+                       f"--grad-accum {cfg.grad_accum}",
+                       f"Resume with --np {meta['world_size']}, or a rank count that divides {meta['global_batch']}")
+    return dataclasses.replace(cfg, batch_size=meta["global_batch"] // split)
+
+
+def start(cfg: TrainConfig, run_dir: Path, rank: int, world: int,
+          say: Callable[[str], None]) -> tuple[TrainConfig, Restored | None]:
+    """(config to train with, checkpoint to continue from): a collective, every rank calls it."""
+    path = pick(cfg, run_dir, say) if rank == 0 else None
+    restored = checkpoint.load(path, rank, world)
+    if restored is None:
+        return cfg, None
+    adapted = adapt(cfg, restored.meta, world, restored.path)
+    if rank == 0:
+        change = (f"; {restored.meta['world_size']} -> {world} ranks: per-rank batch {adapted.batch_size}, "
+                  f"global batch {restored.meta['global_batch']} kept, dropout noise re-seeded"
+                  if restored.meta["world_size"] != world else "")
+        say(f"resuming from {restored.path} at step {restored.meta['step']}{change}")
+    return adapted, restored
+
+
+def saver(cfg: TrainConfig, run_dir: Path, restored: Restored | None, started: float) -> Saver:
+    """When and where this part writes checkpoints, and what the earlier parts took."""
+    prior_wall = float(restored.meta.get("wall_s", 0.0)) if restored else 0.0
+    return Saver(checkpoint_folder(cfg, run_dir), cfg.checkpoint_every,
+                 cfg.checkpoint_every_min * 60 if cfg.checkpoint_every_min else None, cfg.keep_checkpoints,
+                 mirror_of(cfg), prior_wall, restored.meta.get("parts", 1) + 1 if restored else 1, started)
