@@ -26,6 +26,7 @@ from cpudist.launch.plan import Launch, RunSpec, check_layout
 from cpudist.launch.tools import find_library, free_port, is_this_machine, resolve_launcher
 from cpudist.results import ledger
 from cpudist.results.schema import RunResult
+from cpudist.train import resume
 from cpudist.train.config import TrainConfig
 from cpudist.train.models import is_local_model, resolve_model, tokenizer_source
 from cpudist.train.preempt import MARKER
@@ -172,6 +173,7 @@ def prepare(cfg: TrainConfig, where: Placement, launcher: str, mpirun: str | Non
             env_overrides: tuple[tuple[str, str], ...], allocator: str = "auto", dry_run: bool = False) -> RunSpec:
     """A checked RunSpec: this machine as the cluster, or the nodes of a hostfile."""
     hub_offline = preflight(cfg)
+    resume.preflight(cfg, where.np)
     cpu = read_cpu()
     name, path = resolve_launcher(launcher, mpirun)
     hosts, hostfile, ssh = local_hosts(cpu.logical_cpus), None, "ssh"

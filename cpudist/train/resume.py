@@ -8,6 +8,7 @@ evenly, or the `random` sampler (whose shuffle depends on the world size), is re
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -109,3 +110,13 @@ def saver(cfg: TrainConfig, run_dir: Path, restored: Restored | None, started: f
     return Saver(checkpoint_folder(cfg, run_dir), cfg.checkpoint_every,
                  cfg.checkpoint_every_min * 60 if cfg.checkpoint_every_min else None, cfg.keep_checkpoints,
                  mirror_of(cfg), prior_wall, restored.meta.get("parts", 1) + 1 if restored else 1, started)
+
+
+def preflight(cfg: TrainConfig, world: int) -> None:
+    """Refuse, before any rank starts, a local checkpoint that these ranks cannot continue."""
+    if cfg.resume is None:
+        return
+    path = pick(dataclasses.replace(cfg, checkpoint_s3=None), Path(cfg.output_dir), lambda line: None)
+    if path is not None:
+        meta = json.loads((path / "meta.json").read_text())
+        adapt(cfg, meta, world, str(path))

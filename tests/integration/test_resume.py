@@ -1,0 +1,151 @@
+"""Spot-safe runs on this machine: SIGTERM every rank mid-run, resume, and reach the straight run's model.
+
+Dropout is off, so the only thing a resumed run could get wrong is state: weights, optimizer moments,
+scheduler, data position or the loss weighting. Tolerance: 1e-5 relative per step on the same world
+size (measured: bit-identical), 1e-4 across world sizes (fp32 reductions in another order).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.helpers import CPUDIST, cmdline, cpudist, descendants
+
+pytestmark = pytest.mark.slow
+
+STEPS = 40
+
+
+def common(shared_data: Path) -> list[str]:
+    return ["mrpc", "--data-dir", str(shared_data / "glue" / "MRPC"), "--model", "tiny", "--max-steps", str(STEPS),
+            "--dropout", "0", "--precision", "fp32", "--log-every", "1", "--max-eval-samples", "96", "--lr", "1e-3"]
+
+
+def steps(run_dir: Path) -> list[dict[str, float]]:
+    return [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+
+
+def logged(pattern: Path) -> int:
+    """Steps logged so far in the run folder(s) matching `pattern` (a glob under its parent)."""
+    return sum(len(p.read_text().splitlines()) for p in pattern.parent.glob(f"{pattern.name}/steps.jsonl"))
+
+
+def sigterm_ranks_at(args: list[str], run_dir: Path, step: int, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Start `cpudist run ARGS`, SIGTERM every rank once `step` steps are logged, wait for the end."""
+    proc = subprocess.Popen([*CPUDIST, "run", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=cwd, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    deadline = time.monotonic() + 180
+    while logged(run_dir) < step:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.01)
+    ranks = [p for p in descendants(proc.pid) if "cpudist.train" in cmdline(p) and "mpiexec" not in cmdline(p)]
+    assert len(ranks) == 2, [cmdline(p) for p in descendants(proc.pid)]
+    for pid in ranks:
+        os.kill(pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.fixture(scope="module")
+def straight(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("straight") / "run"
+    r = cpudist("run", *common(shared_data), "--np", "2", "--output-dir", run_dir, "--checkpoint-every", "20")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000020", "step-000040"]
+    return run_dir
+
+
+def assert_same_losses(a: Path, b: Path, rel: float) -> None:
+    one, two = steps(a), steps(b)
+    assert [s["step"] for s in two] == list(range(1, STEPS + 1))
+    for x, y in zip(one, two, strict=True):
+        assert abs(x["loss"] - y["loss"]) <= rel * abs(x["loss"]), (x, y)
+        assert abs(x["grad_norm"] - y["grad_norm"]) <= rel * 10 * abs(x["grad_norm"]), (x, y)
+
+
+def test_sigterm_every_rank_then_resume_matches_the_straight_run(shared_data: Path, tmp_path: Path,
+                                                                  straight: Path) -> None:
+    run_dir = tmp_path / "run"
+    stopped = sigterm_ranks_at([*common(shared_data), "--np", "2", "--output-dir", str(run_dir)], run_dir, 20, tmp_path)
+    assert stopped.returncode == 75, stopped.stderr
+    marker = json.loads((run_dir / "preempted.json").read_text())
+    assert marker["reason"] == "SIGTERM" and marker["step"] >= 20
+    assert f"--resume auto --output-dir {run_dir}" in stopped.stderr.splitlines()[-1]
+    assert not (run_dir / "result.json").exists()
+    assert not [p for p in descendants(os.getpid()) if "cpudist.train" in cmdline(p)]
+
+    resumed = cpudist("run", *common(shared_data), "--np", "2", "--output-dir", run_dir, "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming from {run_dir}/checkpoints/step-{marker['step']:06d}" in resumed.stderr
+    assert_same_losses(straight, run_dir, 1e-5)
+    a, b = (json.loads((d / "result.json").read_text()) for d in (straight, run_dir))
+    assert b["resumed_from_step"] == marker["step"] and b["parts"] == 2 and a["parts"] == 1
+    assert b["steps"] == STEPS and b["train_samples"] == a["train_samples"]
+    for k, v in a["metrics"].items():
+        assert abs(b["metrics"][k] - v) <= 1e-6, (a["metrics"], b["metrics"])
+    # Both parts' time is counted: more than this part's own (the second part is shorter than the whole).
+    part2 = sum(s["step_time_s"] for s in steps(run_dir)[marker["step"]:])
+    assert b["train_time_s"] > part2 * 1.2
+    assert not (run_dir / "preempted.json").exists()
+
+
+def test_a_truncated_newest_checkpoint_is_skipped_and_named(shared_data: Path, tmp_path: Path,
+                                                            straight: Path) -> None:
+    """No --output-dir: --resume auto finds the unfinished run of this task and model under ./runs."""
+    args = [*common(shared_data), "--np", "2", "--checkpoint-every", "10", "--keep-checkpoints", "3"]
+    stopped = sigterm_ranks_at(args, tmp_path / "runs" / "mrpc-tiny-np2-*", 25, tmp_path)
+    assert stopped.returncode == 75, stopped.stderr
+    [run_dir] = (tmp_path / "runs").glob("mrpc-tiny-np2-*")
+    names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    newest = names[-1]
+    assert names[:2] == ["step-000010", "step-000020"] and int(newest[5:]) >= 25
+    state = run_dir / "checkpoints" / newest / "state.pt"
+    with state.open("r+b") as f:
+        f.truncate(state.stat().st_size // 2)
+
+    resumed = subprocess.run([*CPUDIST, "run", *args, "--resume", "auto"], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"going on with runs/{run_dir.name}" in resumed.stderr
+    assert f"resuming from step-000020 instead: {newest} is damaged (state.pt has" in resumed.stderr
+    assert json.loads((run_dir / "result.json").read_text())["resumed_from_step"] == 20
+    assert_same_losses(straight, run_dir, 1e-5)
+
+
+def test_resume_on_another_world_size_keeps_the_global_batch_or_refuses(shared_data: Path, tmp_path: Path,
+                                                                        straight: Path) -> None:
+    run_dir = tmp_path / "run"
+    stopped = sigterm_ranks_at([*common(shared_data), "--np", "2", "--output-dir", str(run_dir)], run_dir, 20, tmp_path)
+    assert stopped.returncode == 75, stopped.stderr
+    refused = cpudist("run", *common(shared_data), "--np", "3", "--oversubscribe", "--output-dir", run_dir,
+                      "--resume", "auto")
+    assert refused.returncode == 2
+    assert "global batch of 32 cannot be split over 3 rank(s)" in refused.stderr and "--np 2" in refused.stderr
+    one = cpudist("run", *common(shared_data), "--np", "1", "--output-dir", run_dir, "--resume", "auto")
+    assert one.returncode == 0, one.stderr
+    assert "2 -> 1 ranks: per-rank batch 32, global batch 32 kept" in one.stderr
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["world_size"] == 1 and result["per_rank_batch_size"] == 32 and result["global_batch_size"] == 32
+    assert_same_losses(straight, run_dir, 1e-4)
+
+
+def test_a_checkpoint_of_another_run_or_none_is_refused(shared_data: Path, tmp_path: Path, straight: Path) -> None:
+    other = cpudist("run", *common(shared_data), "--np", "1", "--seed", "5", "--output-dir", tmp_path / "other",
+                    "--resume", straight / "checkpoints" / "step-000020")
+    assert other.returncode == 2, other.stderr
+    assert "belongs to another run (seed: 42 there, 5 here)" in other.stderr
+    (tmp_path / "empty").mkdir()
+    none = cpudist("run", *common(shared_data), "--np", "1", "--output-dir", tmp_path / "x",
+                   "--resume", tmp_path / "empty")
+    assert none.returncode == 2 and f"no usable checkpoint in {tmp_path / 'empty'}" in none.stderr
+    fresh = cpudist("run", *common(shared_data), "--np", "1", "--max-steps", "2", "--output-dir", tmp_path / "y",
+                    "--resume", "auto", "--no-eval")
+    assert fresh.returncode == 0, fresh.stderr
+    assert "--resume auto: no checkpoint in" in fresh.stderr and "starting from step 0" in fresh.stderr
