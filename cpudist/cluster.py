@@ -199,7 +199,8 @@ def _record(spec: ClusterSpec, nodes: list[Node], key: Path, price: Price) -> Cl
                             price.usd_per_hour if n.lifecycle == "spot" else on_demand) for n in nodes)
     return ClusterRecord(spec.name, spec.region, spec.endpoint_url, spec.instance_type, rows, spec.connect,
                          spec.user, spec.ssh_port, str(key), str(folder / "known_hosts"), str(hostfile),
-                         price.source, datetime.now(UTC).isoformat(timespec="seconds"))
+                         price.source, datetime.now(UTC).isoformat(timespec="seconds"),
+                         {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(spec).items()})
 
 
 def _converge(ec2: Any, spec: ClusterSpec, price: Price, run: _Run, say: Say) -> ClusterRecord:
@@ -293,3 +294,33 @@ def cost_so_far(nodes: list[Node], record: ClusterRecord | None, now: datetime |
 def price_of(ec2: Any, spec: ClusterSpec) -> Price:
     zone = network.resolve_subnet(ec2, spec.subnet).zone
     return hourly_price(ec2, spec.instance_type, spec.region, spec.spot, zone)
+
+
+def spec_of(record: ClusterRecord) -> ClusterSpec:
+    """What `up` was asked for, from the record it wrote."""
+    if not record.spec:
+        raise CpudistError(f"the record of cluster {record.name} predates recovery",
+                           f"Run `cpudist cluster up --name {record.name} ...` once more to refresh it")
+    data = dict(record.spec)
+    for key in ("identity", "setup_script"):
+        data[key] = Path(data[key]) if data.get(key) else None
+    return ClusterSpec(**data)
+
+
+def recover(ec2: Any, record: ClusterRecord, wait_gone_s: float, say: Say) -> ClusterRecord:
+    """After a spot notice: wait (up to `wait_gone_s`) for a node to go, then converge like `up` (replace it)."""
+    spec = spec_of(record)
+    ids = [n.instance_id for n in record.nodes]
+
+    def gone() -> list[str] | None:
+        left = {n.instance_id for n in instances.describe(ec2, [{"Name": "instance-id", "Values": ids}])
+                if n.state == "running"}
+        lost = [i for i in ids if i not in left]
+        return lost or None
+
+    try:
+        lost = wait_until(gone, "a reclaimed node to go", wait_gone_s, interval_s=2.0)
+        say(f"node(s) {', '.join(lost)} of cluster {record.name} are gone: replacing them")
+    except CpudistError:
+        say(f"every node of cluster {record.name} is still running after {wait_gone_s:g}s: resuming on them")
+    return up(ec2, spec, price_of(ec2, spec), say)

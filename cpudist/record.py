@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cpudist import state
 from cpudist.errors import CpudistError
@@ -44,6 +45,7 @@ class ClusterRecord:
     hostfile: str  # private addresses, head first: the hostfile used between nodes
     price_source: str
     created_at: str
+    spec: dict[str, Any] = field(default_factory=dict)  # what `up` was asked for: a recovery converges to it
 
     def address(self, i: int) -> str:
         """How this machine reaches node i."""

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 
 from cpudist.cli.progress import JobView
-from cpudist.errors import BadInput
+from cpudist.errors import BadInput, Preempted
 from cpudist.hosts.hostfile import render_hostfile
 from cpudist.interrupts import signals_interrupt
 from cpudist.launch.env import parse_env_pairs
@@ -17,7 +20,7 @@ from cpudist.launch.job import Callbacks, Placement, default_output_dir, prepare
 from cpudist.launch.plan import LAUNCHERS, check_layout, plan
 from cpudist.remote.agent import JobRequest
 from cpudist.remote.session import Head, local_inputs, run_remote
-from cpudist.remote.targets import cluster_target, onprem_head
+from cpudist.remote.targets import cluster_target, onprem_head, recover_cluster
 from cpudist.results.ledger import default_ledger
 from cpudist.results.schema import RunResult
 from cpudist.train.config import BACKENDS, PRECISIONS, SAMPLERS, TrainConfig
@@ -160,8 +163,13 @@ def run(task: str, np_: int, ppn: int | None, hostfile: Path | None, cluster_nam
     extra: dict[str, Any] = {"cluster": cluster_name, "usd_per_hour": price}
     with signals_interrupt():
         if head is not None:
+            if on_preemption == "resume" and cluster_name is None:
+                raise BadInput("--on-preemption resume needs --cluster (it replaces lost nodes with `cluster up`)",
+                               "Use --cluster NAME, or resume by hand with --resume auto")
+            recovery = (Recovery(cluster_name, remote_python, stage_code)
+                        if on_preemption == "resume" and cluster_name is not None else None)
             _run_remote(cfg, head, np_, ppn or np_, launcher, mpirun, env_pairs, allocator, iface, oversubscribe,
-                        timeout, dry_run, as_json, quiet, ledger, extra)
+                        timeout, dry_run, as_json, quiet, ledger, extra, recovery)
             return
         where = Placement(np_, ppn or np_, hostfile, ssh, oversubscribe, iface)
         spec = prepare(cfg, where, launcher, mpirun, env_pairs, allocator, dry_run)
@@ -190,7 +198,7 @@ def run(task: str, np_: int, ppn: int | None, hostfile: Path | None, cluster_nam
 def _run_remote(cfg: TrainConfig, head: Head, np_: int, ppn: int, launcher: str, mpirun: str | None,
                 env_pairs: tuple[tuple[str, str], ...], allocator: str, iface: str | None, oversubscribe: bool,
                 timeout: float | None, dry_run: bool, as_json: bool, quiet: bool, ledger: Path | None,
-                extra: dict[str, Any]) -> None:
+                extra: dict[str, Any], recovery: Recovery | None) -> None:
     """Stage, launch on the head, follow, fetch: this machine is outside the cluster."""
     check_layout(np_, ppn, head.inside, oversubscribe)
     request = JobRequest(cfg, np_, ppn, "", launcher, mpirun, env_pairs, allocator, iface, oversubscribe, timeout)
@@ -204,10 +212,40 @@ def _run_remote(cfg: TrainConfig, head: Head, np_: int, ppn: int, launcher: str,
         click.echo("# on the head: python -m cpudist.remote.agent, with this request on stdin")
         click.echo(request.to_json())
         return
-    view = JobView(quiet=quiet)
-    try:
-        result = run_remote(cfg, request, head, Path(cfg.output_dir), ledger or default_ledger(),
-                            Callbacks(view.on_event, view.on_line), extra, view.on_line)
-    finally:
-        view.close()
+    lost: list[float] = []
+    while True:
+        view = JobView(quiet=quiet)
+        try:
+            result = run_remote(cfg, request, head, Path(cfg.output_dir), ledger or default_ledger(),
+                                Callbacks(view.on_event, view.on_line), {**extra, "recoveries": len(lost),
+                                                                         "time_lost_s": round(sum(lost), 1)},
+                                view.on_line)
+            break
+        except Preempted as e:
+            if recovery is None:
+                raise
+            if len(lost) >= MAX_RECOVERIES:
+                raise Preempted(f"{e.message}; gave up after {MAX_RECOVERIES} recoveries") from None
+            stopped = time.monotonic()
+            view.on_line(f"[cpudist] {e.message.split('. Resume:')[0]}: recovering ({len(lost) + 1}/{MAX_RECOVERIES})")
+            head = recover_cluster(recovery.cluster, np_ // ppn, recovery.python, recovery.stage_code,
+                                   RECLAIM_WAIT_S, view.on_line)
+            cfg = dataclasses.replace(cfg, resume="auto")
+            request = dataclasses.replace(request, train=cfg)
+            lost.append(time.monotonic() - stopped)
+        finally:
+            view.close()
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else summary(result))
+
+
+MAX_RECOVERIES = 3
+RECLAIM_WAIT_S = 150.0  # AWS gives two minutes' notice before it reclaims a spot instance
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """How `--on-preemption resume` gets the cluster back: `cluster up` on its record."""
+
+    cluster: str
+    python: str | None
+    stage_code: str

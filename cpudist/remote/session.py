@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import cpudist
-from cpudist.errors import BadInput, CpudistError, JobFailed
+from cpudist.errors import BadInput, CpudistError, JobFailed, Preempted
 from cpudist.hosts.hostfile import Host, render_hostfile
 from cpudist.hosts.keys import CLUSTER_DIR
 from cpudist.hosts.ssh import KnownHosts, Remote, Target
@@ -33,8 +33,9 @@ from cpudist.results.schema import RunResult
 from cpudist.train import events
 from cpudist.train.config import TrainConfig
 from cpudist.train.models import PRESETS, resolve_model, tokenizer_source
+from cpudist.train.preempt import MARKER
 
-FETCHED = ("result.json", "steps.jsonl", "command.txt", "ranks.log", "hostfile")
+FETCHED = ("result.json", "steps.jsonl", "command.txt", "ranks.log", "hostfile", MARKER)
 STOP_GRACE_S = 40.0  # the agent's own stop takes up to the runner's SIGTERM grace (10 s) plus teardown
 PYTHONS = ("/opt/cpudist/bin/python", "python3.11", "python3")
 
@@ -230,8 +231,15 @@ def run_remote(cfg: TrainConfig, request: JobRequest, head_spec: Head, local_dir
             status = _follow(head, command, job, cb)
         finally:
             local_dir.mkdir(parents=True, exist_ok=True)
+            (local_dir / MARKER).unlink(missing_ok=True)  # an earlier part's stop
             for name in FETCHED:
                 head.fetch(f"{run_dir}/{name}", local_dir / name)
+    if status.get("exit_code") == Preempted.exit_code and (local_dir / MARKER).is_file():
+        stop = json.loads((local_dir / MARKER).read_text())
+        raise Preempted(f"the ranks stopped at step {stop['step']} ({stop['reason']} on {stop['host']}) after saving "
+                        f"{Path(stop['checkpoint']).name} on the head",
+                        f"Resume: the same command with --resume auto --output-dir {local_dir}, or add "
+                        "--on-preemption resume to replace lost nodes and go on by itself")
     if status.get("status") != "ok":
         cls = BadInput if status.get("exit_code") == 2 else JobFailed
         raise cls(f"on the head node: {status.get('message', 'the job failed')}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from cpudist.errors import BadInput
@@ -35,3 +36,19 @@ def onprem_head(hostfile: Path, address: str, user: str | None, identity: str | 
     folder = local_cluster_dir()
     key = identity or (str(folder / "id_ed25519") if (folder / "id_ed25519").is_file() else None)
     return Head(Target(address, user, 22, key), folder / "known_hosts", hosts, python, stage_code)
+
+
+def recover_cluster(name: str, nodes: int, python: str | None, stage_code: str, wait_gone_s: float,
+                    say: Callable[[str], None]) -> Head:
+    """Replace the cluster's reclaimed nodes (as `cluster up` would) and return how to reach its head now."""
+    from cpudist.cloud.aws.client import ec2_client
+    from cpudist.cluster import load_record, recover
+
+    record = load_record(name)
+    if record is None:
+        raise BadInput(f"no local record of cluster {name}", "Run `cpudist cluster up` first")
+    recover(ec2_client(record.region, record.endpoint_url), record, wait_gone_s, say)
+    head, _, _ = cluster_target(name, nodes, python, stage_code)
+    if head is None:
+        raise BadInput("--on-preemption resume runs from outside the cluster", "Start it from your own machine")
+    return head
