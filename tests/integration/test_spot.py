@@ -1,0 +1,85 @@
+"""Spot notices and durable checkpoints on this machine: a real IMDSv2 server over HTTP, moto's S3 server."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+
+from tests.harness.imds import ImdsServer
+from tests.harness.s3 import FAKE_CREDENTIALS, S3Server
+from tests.integration.helpers import CPUDIST, cmdline, cpudist, descendants
+from tests.integration.test_resume import common, logged, sigterm_ranks_at, steps
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_spot_notice_stops_every_rank_with_a_checkpoint(shared_data: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    with ImdsServer("127.0.0.1") as imds:
+        args = [*common(shared_data), "--max-steps", "100000", "--np", "2", "--output-dir", str(run_dir),
+                "--imds-endpoint", imds.url, "--no-eval"]
+        proc = subprocess.Popen([*CPUDIST, "run", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while logged(run_dir) < 10:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        assert any(path.endswith("/spot/instance-action") for _, _, path in imds.requests)  # polled already
+        imds.schedule("terminate", time="2026-11-22T12:00:00Z")
+        noticed = time.monotonic()
+        _, err = proc.communicate(timeout=120)
+        took = time.monotonic() - noticed
+    assert proc.returncode == 75, err
+    assert took < 30, took  # polled every 5 s; AWS gives 120 s
+    marker = json.loads((run_dir / "preempted.json").read_text())
+    assert marker["reason"] == "spot interruption notice (terminate at 2026-11-22T12:00:00Z)"
+    assert (run_dir / "checkpoints" / f"step-{marker['step']:06d}" / "COMPLETE").is_file()
+    assert "Resume: the same command with --resume auto" in err
+    assert not [p for p in descendants(os.getpid()) if "cpudist.train" in cmdline(p)]
+
+
+@pytest.fixture
+def s3_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    with S3Server() as server:
+        env = {**FAKE_CREDENTIALS, "AWS_ENDPOINT_URL_S3": server.url,
+               "AWS_CONFIG_FILE": str(tmp_path / "no-config"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
+        boto3.client("s3", endpoint_url=server.url, region_name="us-east-1",
+                     aws_access_key_id="testing", aws_secret_access_key="testing").create_bucket(Bucket="ckpt")
+        yield env
+
+
+def test_the_s3_copy_survives_losing_the_head_disk(shared_data: Path, tmp_path: Path,
+                                                    s3_env: dict[str, str]) -> None:
+    run_dir = tmp_path / "run"
+    args = [*common(shared_data), "--np", "2", "--checkpoint-every", "10", "--checkpoint-s3", "s3://ckpt/runs/a"]
+    old = {k: os.environ.get(k) for k in s3_env}
+    os.environ.update(s3_env)  # the ranks inherit it, as nodes with an instance profile would
+    try:
+        stopped = sigterm_ranks_at([*args, "--output-dir", str(run_dir)], run_dir, 25, tmp_path)
+        assert stopped.returncode == 75, stopped.stderr
+        step = json.loads((run_dir / "preempted.json").read_text())["step"]
+        shutil.rmtree(run_dir / "checkpoints")  # the head node went, and its disk with it
+        resumed = cpudist("run", *args, "--output-dir", run_dir, "--resume", "auto")
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"fetched step-{step:06d} from s3://ckpt/runs/a" in resumed.stderr
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["resumed_from_step"] == step and result["checkpoints"]["s3"] == "s3://ckpt/runs/a"
+    assert [s["step"] for s in steps(run_dir)] == list(range(1, 41))
+    listed = boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL_S3"], region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing").list_objects_v2(
+        Bucket="ckpt", Prefix="runs/a/")
+    names = {o["Key"].split("/")[2] for o in listed.get("Contents", [])}
+    assert names == {"step-000030", "step-000040"}, names  # --keep-checkpoints 2 holds in S3 too
