@@ -211,6 +211,7 @@ def _converge(ec2: Any, spec: ClusterSpec, price: Price, run: _Run, say: Say) ->
     group_id, _ = network.ensure_security_group(ec2, spec.name, subnet.vpc_id, spec.ssh_cidr, run_id)
     placement = network.ensure_placement_group(ec2, spec.name, run_id)[0] if spec.placement_group else None
     nodes = _existing(ec2, spec, group_id, say)
+    fresh: set[str] = set()
     missing = sorted(set(range(spec.nodes)) - {n.index for n in nodes})
     if missing:
         if nodes:
@@ -220,12 +221,18 @@ def _converge(ec2: Any, spec: ClusterSpec, price: Price, run: _Run, say: Say) ->
             raise BadInput("no image given", "Pass --image AMI_ID (e.g. from `cpudist ami build`)")
         launch = LaunchSpec(spec.name, spec.image, spec.instance_type, key.name, group_id, subnet.subnet_id,
                             placement, spec.spot, spec.max_price, spec.on_demand_fallback, run_id=run_id)
-        nodes += _launch(ec2, spec, run, launch, missing, key.private_key, say)
+        launched = _launch(ec2, spec, run, launch, missing, key.private_key, say)
+        nodes += launched
+        fresh = {n.instance_id for n in launched}
     else:
         say(f"cluster {spec.name} already has its {len(nodes)} nodes")
     by_index = {n.instance_id: n.index for n in nodes}
     nodes = instances.wait_state(ec2, list(by_index), "running", spec.boot_timeout_s)
     nodes = sorted((dataclasses.replace(n, index=by_index[n.instance_id]) for n in nodes), key=lambda n: n.index)
+    for n in nodes:  # a new machine behind an address used before (a replaced node): its old key is stale
+        if n.instance_id in fresh:
+            for addr in filter(None, (n.public_ip, n.private_ip)):
+                forget(addr, folder / "known_hosts")
     if spec.ssh:
         _connect_nodes(spec, nodes, key.private_key, say)
     return _record(spec, nodes, key.private_key, price)

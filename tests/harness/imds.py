@@ -16,6 +16,7 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import TracebackType
 
 TOKEN_PATH = "/latest/api/token"
@@ -139,13 +140,27 @@ def main() -> None:
     ap.add_argument("--host", default="0.0.0.0")
     ap.add_argument("--port", type=int, default=8169)
     ap.add_argument("--terminate", metavar="CLIENT", help="post a terminate notice for this client address")
+    ap.add_argument("--control", type=Path, metavar="FILE",
+                    help="follow FILE: each line 'CLIENT ACTION' schedules a notice; an empty file clears them "
+                         "(how a test in another network namespace steers this server)")
     a = ap.parse_args()
     with ImdsServer(a.host, a.port) as imds:
         if a.terminate:
             imds.schedule("terminate", for_client=a.terminate)
         print(f"IMDS on {imds.url}", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
-            threading.Event().wait()
+            if a.control is None:
+                threading.Event().wait()
+            seen = None
+            while True:
+                text = a.control.read_text() if a.control.is_file() else ""
+                if text != seen:
+                    imds.clear()
+                    for line in text.splitlines():
+                        client, action = line.split()
+                        imds.schedule(action, for_client=client)
+                    seen = text
+                time.sleep(0.2)
 
 
 if __name__ == "__main__":

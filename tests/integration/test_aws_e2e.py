@@ -168,6 +168,52 @@ def test_stopping_the_laptop_stops_every_rank(world: World, cloud: dict[str, Any
     assert wait_no_leftovers(world) == []
 
 
+def test_a_reclaimed_spot_node_is_replaced_and_the_run_resumes(world: World, cloud: dict[str, Any],
+                                                               cluster: str, tmp_path: Path) -> None:
+    """AWS's part is played by the test: a terminate notice for node 1 (IMDSv2, answered per node address),
+    then node 1's instance is terminated; the laptop replaces it with `cluster up` and resumes."""
+    head, victim = world.hosts.private_addr(0), world.hosts.private_addr(1)
+    control = tmp_path / "imds-control"
+    control.write_text("")
+    imds = subprocess.Popen(world.hosts.exec_argv(0, [sys.executable, "-m", "tests.harness.imds", "--port", "8169",
+                                                      "--control", str(control)]),
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert imds.stdout is not None and "IMDS on" in imds.stdout.readline()
+        ec2 = cloud["ec2"]
+        before = json.loads(laptop(world, cloud, "cluster", "status", "--name", "e2e", "--json").stdout)["nodes"]
+        proc = world.operator_popen([*CPUDIST, *RUN, "--max-steps", "40", "--log-every", "1", "--no-eval",
+                                     "--imds-endpoint", f"http://{head}:8169", "--on-preemption", "resume",
+                                     "--output-dir", "/srv/cpd-operator/runs/spot"],
+                                    env=cloud["env"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert proc.stdout is not None
+        out: list[str] = []
+        for line in proc.stdout:
+            out.append(line)
+            if "step 3/" in line and not control.read_text():
+                control.write_text(f"{victim} terminate\n")  # the two-minute notice, for node 1 only
+            if "recovering (1/3)" in line:
+                ec2.terminate_instances(InstanceIds=[before[1]["instance_id"]])  # ... and AWS takes it
+                control.write_text("")
+        proc.wait(timeout=600)
+        text = "".join(out)
+        assert proc.returncode == 0, text[-6000:]
+        assert "spot interruption notice (terminate" in text and "replacing them" in text
+        result = json.loads(world.operator_path("runs/spot/result.json").read_text())
+        assert result["recoveries"] == 1 and result["time_lost_s"] > 0 and result["parts"] == 2
+        assert 3 <= result["resumed_from_step"] < 40 and result["steps"] == 40
+        steps = world.operator_path("runs/spot/steps.jsonl").read_text().splitlines()
+        assert [json.loads(line)["step"] for line in steps] == list(range(1, 41))
+        after = json.loads(laptop(world, cloud, "cluster", "status", "--name", "e2e", "--json").stdout)["nodes"]
+        live = [n for n in after if n["state"] == "running"]
+        assert len(live) == NODES and before[1]["instance_id"] not in {n["instance_id"] for n in live}
+        assert wait_no_leftovers(world) == []
+    finally:
+        imds.terminate()
+        imds.wait(timeout=30)
+
+
 def test_down_leaves_nothing_in_ec2_nor_on_the_laptop(world: World, cloud: dict[str, Any], cluster: str) -> None:
     down = laptop(world, cloud, "cluster", "down", "--name", "e2e", "--yes")
     assert down.returncode == 0, down.stderr
