@@ -31,3 +31,14 @@ def check_endpoint_url(value: str) -> str:
         raise BadInput(f"--endpoint-url {value!r} is not an http(s) URL",
                        "Write it like https://ec2.us-east-1.amazonaws.com or http://127.0.0.1:5000")
     return value
+
+
+def check_imds(value: str) -> str:
+    """auto, off, or the http URL of an instance metadata service."""
+    if value in ("auto", "off"):
+        return value
+    parts = urllib.parse.urlparse(value)
+    if parts.scheme != "http" or not parts.hostname:
+        raise BadInput(f"--imds-endpoint {value!r} is not auto, off or an http URL",
+                       "AWS's is http://169.254.169.254 (what auto uses on EC2)")
+    return value.rstrip("/")

@@ -24,7 +24,9 @@ from cpudist.remote.targets import cluster_target, onprem_head, recover_cluster
 from cpudist.results.ledger import default_ledger
 from cpudist.results.schema import RunResult
 from cpudist.train.config import BACKENDS, PRECISIONS, SAMPLERS, TrainConfig
+from cpudist.train.durable import parse_s3_url
 from cpudist.train.tasks import normalize_task
+from cpudist.validate import check_imds
 
 
 def _task(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -36,6 +38,16 @@ def _env(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> 
         return parse_env_pairs(value)
     except ValueError as e:
         raise BadInput(f"--env {e} is not of the form KEY=VALUE", "Write it as --env NAME=value") from None
+
+
+def _s3(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None:
+        parse_s3_url(value)
+    return value
+
+
+def _imds(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    return check_imds(value)
 
 
 def summary(r: RunResult) -> str:
@@ -109,10 +121,11 @@ def summary(r: RunResult) -> str:
               help="Write a checkpoint every N minutes.")
 @click.option("--checkpoint-dir", help="Checkpoints folder on the head node [default: <run folder>/checkpoints].")
 @click.option("--keep-checkpoints", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--checkpoint-s3", help="s3://bucket/prefix: a durable copy of every checkpoint (survives the head).")
+@click.option("--checkpoint-s3", callback=_s3,
+              help="s3://bucket/prefix: a durable copy of every checkpoint (survives the head).")
 @click.option("--resume", help="auto: go on from the newest usable checkpoint of the run folder (without "
               "--output-dir: the newest unfinished run of this task and model), if any; or a checkpoint path.")
-@click.option("--imds-endpoint", "imds", default="auto", show_default=True,
+@click.option("--imds-endpoint", "imds", default="auto", show_default=True, callback=_imds,
               help="Instance metadata service polled for spot interruption notices: auto (AWS's, on EC2 "
               "only), off, or a URL.")
 @click.option("--on-preemption", type=click.Choice(["stop", "resume"]), default="stop", show_default=True,
