@@ -292,12 +292,18 @@ def main() -> None:
                     runs.append(row)
                     print(json.dumps({k: row[k] for k in ("plan", "seed", "arm", "pearson", "spearmanr",
                                                           "tail_loss", "final_loss", "first_lrs")}), flush=True)
-    res = {"command": "HF_HUB_OFFLINE=1 python benchmarks/regression_parity.py " + shlex.join(sys.argv[1:]),
-           "cpu_model": cpu_model(), "versions": versions(), "model": a.model, "proxy": proxy,
-           "plans": PLANS, "arms": {p: [asdict(x) for x in xs] for p, xs in arms.items()}, "runs": runs}
-    (HERE / "results" / f"{a.tag}.json").write_text(json.dumps(res, indent=2) + "\n")
-    (HERE / "results" / f"{a.tag}.md").write_text(markdown(res))
+                    res = {"command": "HF_HUB_OFFLINE=1 python benchmarks/regression_parity.py "
+                                      + shlex.join(sys.argv[1:]),
+                           "cpu_model": cpu_model(), "versions": versions(), "model": a.model, "proxy": proxy,
+                           "plans": PLANS, "arms": {p: [asdict(x) for x in xs] for p, xs in arms.items()},
+                           "runs": runs}
+                    write_results(res, a.tag)  # after every run: an interrupted run keeps what it measured
     print(markdown(res))
+
+
+def write_results(res: dict[str, Any], tag: str) -> None:
+    (HERE / "results" / f"{tag}.json").write_text(json.dumps(res, indent=2) + "\n")
+    (HERE / "results" / f"{tag}.md").write_text(markdown(res))
 
 
 if __name__ == "__main__":
