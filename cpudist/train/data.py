@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -205,20 +206,34 @@ def _label_names(values: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(unique))
 
 
+def _is_scores(values: Iterable[str]) -> bool:
+    """Numbers with a fraction somewhere (STS-B's 3.8): scores to regress on, not class names."""
+    try:
+        numbers = [float(v) for v in values]
+    except ValueError:
+        return False
+    return all(math.isfinite(x) for x in numbers) and any(x != int(x) for x in numbers)
+
+
 def load_custom(train_file: Path, validation_file: Path | None, text_columns: Sequence[str],
                 label_column: str) -> TaskData:
-    """Read user data (csv, tsv, `;`-separated txt, json, jsonl) for multi-class labels."""
+    """Read user data (csv, tsv, `;`-separated txt, json, jsonl): class labels, or scores for regression."""
     if not 1 <= len(text_columns) <= 2:
         raise BadInput(f"{len(text_columns)} text columns given", "Name one or two with --text-columns a[,b]")
     columns, rows = _read_records(train_file)
     label_idx = _column_index(train_file, columns, label_column, "label")
-    names = _label_names(_field(train_file, r, label_idx).strip() for r in rows)
-    if len(names) < 2:
-        raise BadInput(f"only one label value in {train_file}", "A classifier needs at least two")
+    raw = [_field(train_file, r, label_idx).strip() for r in rows]
+    # Fractional numbers are scores: as class names each distinct score would become a class.
+    names = () if _is_scores(raw) else _label_names(raw)
+    if len(set(raw)) < 2:
+        raise BadInput(f"only one label value in {train_file}", "Training needs at least two")
     train = _split_from_table(train_file, columns, rows, text_columns, label_column, names)
     if validation_file is None:
         raise BadInput("no validation file given", "Pass --validation-file (same columns as --train-file)")
     vcols, vrows = _read_records(validation_file)
     validation = _split_from_table(validation_file, vcols, vrows, text_columns, label_column, names)
-    metrics = ("accuracy", "f1") if len(names) == 2 else ("accuracy", "f1_macro")
+    if not names:
+        metrics: tuple[str, ...] = ("pearson", "spearmanr")
+    else:
+        metrics = ("accuracy", "f1") if len(names) == 2 else ("accuracy", "f1_macro")
     return TaskData("custom", train, validation, names, metrics)

@@ -165,3 +165,29 @@ def test_at_most_two_text_columns(tmp_path: Path) -> None:
     path.write_text("a,b,c,label\nx,y,z,p\nx,y,z,q\n")
     with pytest.raises(BadInput, match="3 text columns"):
         load_custom(path, path, ("a", "b", "c"), "label")
+
+
+def test_custom_fractional_scores_are_regression(tmp_path: Path) -> None:
+    # STS-B-like scores: before, every distinct score became a class of a 4-way classifier.
+    train, dev = tmp_path / "t.csv", tmp_path / "d.csv"
+    train.write_text("a,b,score\nx,y,3.8\nx,z,0.5\ny,z,5\nz,z,0.5\n")
+    dev.write_text("a,b,score\nx,x,4.25\n")
+    data = load_custom(train, dev, ("a", "b"), "score")
+    assert data.is_regression and data.num_labels == 1 and data.label_names == ()
+    assert data.metrics == ("pearson", "spearmanr")
+    assert data.train.labels == (3.8, 0.5, 5.0, 0.5) and data.validation.labels == (4.25,)
+
+
+def test_custom_integer_labels_stay_classes(tmp_path: Path) -> None:
+    path = tmp_path / "d.csv"
+    path.write_text("text,label\na,0\nb,2\nc,10\n")
+    data = load_custom(path, path, ("text",), "label")
+    assert data.label_names == ("0", "2", "10") and not data.is_regression
+
+
+def test_custom_scores_need_numbers_in_validation(tmp_path: Path) -> None:
+    train, dev = tmp_path / "t.csv", tmp_path / "d.csv"
+    train.write_text("text,score\na,0.5\nb,1.5\n")
+    dev.write_text("text,score\nc,high\n")
+    with pytest.raises(BadInput, match="non-numeric score"):
+        load_custom(train, dev, ("text",), "score")
