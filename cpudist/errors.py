@@ -13,6 +13,7 @@ class CpudistError(click.ClickException):
     def __init__(self, message: str, hint: str | None = None) -> None:
         text = message if hint is None else f"{message}. {hint}"
         super().__init__(text)
+        self.what = message  # without the hint: for callers that act on the error instead of printing it
 
 
 class BadInput(CpudistError):

@@ -240,7 +240,7 @@ def _run_remote(cfg: TrainConfig, head: Head, np_: int, ppn: int, launcher: str,
             if len(lost) >= MAX_RECOVERIES:
                 raise Preempted(f"{e.message}; gave up after {MAX_RECOVERIES} recoveries") from None
             stopped = time.monotonic()
-            view.on_line(f"[cpudist] {e.message.split('. Resume:')[0]}: recovering ({len(lost) + 1}/{MAX_RECOVERIES})")
+            view.on_line(f"[cpudist] {e.what}: recovering ({len(lost) + 1}/{MAX_RECOVERIES})")
             head = recover_cluster(recovery.cluster, np_ // ppn, recovery.python, recovery.stage_code,
                                    RECLAIM_WAIT_S, view.on_line)
             cfg = dataclasses.replace(cfg, resume="auto")

@@ -23,7 +23,7 @@ from cpudist.train.checkpoint import Position, Restored, gather_rngs, seed_all, 
 from cpudist.train.config import TrainConfig
 from cpudist.train.features import Encoded, collate
 from cpudist.train.preempt import StopRequests
-from cpudist.train.sampling import global_batches, rank_batches
+from cpudist.train.sampling import fed_batches, global_batches
 
 WARMUP_STEPS_EXCLUDED = 3  # steady-state throughput leaves out the first steps (allocator warm-up)
 
@@ -84,9 +84,9 @@ def batch_plan(cfg: TrainConfig, data: Encoded, rank: int, world: int,
         lengths = [len(ids) for ids in data.input_ids]
 
         def epoch_batches(epoch: int) -> list[list[int]]:
-            return [b for b in global_batches(lengths, cfg.batch_size * world, cfg.seed, epoch) if len(b) >= world]
+            return fed_batches(global_batches(lengths, cfg.batch_size * world, cfg.seed, epoch), world)
 
-        per_epoch = len(rank_batches(global_batches(lengths, cfg.batch_size * world, cfg.seed, 0), rank, world))
+        per_epoch = len(epoch_batches(0))
         if per_epoch == 0:
             raise BadInput(f"{len(lengths)} training row(s) cannot feed {world} ranks",
                            "Use more data (--max-train-samples), or fewer ranks")

@@ -116,7 +116,14 @@ def preflight(cfg: TrainConfig, world: int) -> None:
     """Refuse, before any rank starts, a local checkpoint that these ranks cannot continue."""
     if cfg.resume is None:
         return
-    path = pick(dataclasses.replace(cfg, checkpoint_s3=None), Path(cfg.output_dir), lambda line: None)
+    if cfg.resume == "auto":  # any complete checkpoint of the run has its layout: no hashing twice (ranks verify)
+        found = checkpoint.complete_checkpoints(checkpoint_folder(cfg, Path(cfg.output_dir)))
+        path = found[0] if found else None
+    else:
+        path = pick(cfg, Path(cfg.output_dir), lambda line: None)
     if path is not None:
-        meta = json.loads((path / "meta.json").read_text())
+        try:
+            meta = json.loads((path / "meta.json").read_text())
+        except (OSError, ValueError):
+            return  # damaged: rank 0 says so and falls back to an older one
         adapt(cfg, meta, world, str(path))

@@ -31,6 +31,11 @@ def global_batches(lengths: Sequence[int], global_batch: int, seed: int, epoch: 
     return batches
 
 
+def fed_batches(batches: list[list[int]], world: int) -> list[list[int]]:
+    """The global batches every rank gets a share of: a last batch too small to feed every rank is dropped."""
+    return [b for b in batches if len(b) >= world]
+
+
 def rank_batches(batches: list[list[int]], rank: int, world: int) -> list[list[int]]:
-    """This rank's share of each global batch; a last batch too small to feed every rank is dropped."""
-    return [b[rank::world] for b in batches if len(b) >= world]
+    """This rank's share of each global batch that feeds every rank."""
+    return [b[rank::world] for b in fed_batches(batches, world)]
