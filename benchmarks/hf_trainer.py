@@ -105,8 +105,11 @@ def main() -> None:
         steps = len(clock.ends)
         steady = (steps - WARMUP) * a.batch_size / (clock.ends[-1] - clock.ends[WARMUP - 1])
         metrics = {}
+        eval_time = 0.0
         if not a.no_eval:
+            started = time.perf_counter()
             pred = trainer.predict(dev_ds)
+            eval_time = time.perf_counter() - started
             labels = np.array(dev_ds.labels)
             guess = pred.predictions.argmax(-1)
             metrics = {"accuracy": float(accuracy_score(labels, guess)), "f1": float(f1_score(labels, guess))}
@@ -114,7 +117,8 @@ def main() -> None:
         else steps * a.batch_size
     print(json.dumps({"arm": f"hf_{a.mode}", "steps": steps, "precision": "bf16" if bf16 else "fp32",
                       "steady_samples_per_s": steady, "train_time_s": train_time,
-                      "train_samples_per_s": samples / train_time, "metrics": metrics}))
+                      "train_samples_per_s": samples / train_time, "eval_time_s": eval_time,
+                      "metrics": metrics}))
 
 
 if __name__ == "__main__":

@@ -1,14 +1,23 @@
-"""Training speed of one node: cpudist vs Hugging Face Trainer (best CPU settings) vs the blog's.
+"""Training speed of one node: cpudist vs Hugging Face Trainer (best CPU settings) vs the blog's, and each lever.
 
-    python benchmarks/throughput.py --quick     # a few minutes: MRPC subset, short bert-base run
+    python benchmarks/throughput.py --quick     # MRPC subset, short bert-base run, 3 alternated repeats
     python benchmarks/throughput.py             # MRPC 3 epochs with dev metrics, bert-base 12 steps
+    python benchmarks/throughput.py --quick --suites levers-minilm,levers-bert-base,eval
 
-Arms, alternated in each repeat so drifts hit every arm alike:
-  ours     `cpudist run` with its defaults, 1 rank
+Suites (each writes results/throughput-<suite>[-quick]-<cpu kind>.json and .md, with the command):
+  mrpc-minilm, bert-base   ours (`cpudist run` defaults, 1 node) vs hf_best vs blog
+  levers-minilm, levers-bert-base
+                           each lever as its own arm on top of `bare` (every lever off), beside hf_best
+                           and ours: ranks x threads, tcmalloc, jemalloc, Intel OpenMP, torch.compile,
+                           frozen embeddings
+  eval                     evaluation alone: grad mode, eval batch, precision, row order
+  mfu                      bert-base on full 128-token rows vs a measured GEMM ceiling in its precision
+
+Arms of a suite alternate inside every repeat, so drifts of the machine hit every arm alike; ratios are
+of median steady samples/s (min-max beside them). The CPU kind (amx-bf16, avx512-bf16, avx512, avx2) is
+in every file name and body: results of different CPUs sit side by side.
   hf_best  Trainer(use_cpu, bf16 where the CPU has it, group_by_length, DataCollatorWithPadding)
   blog     Trainer in fp32 with every row padded to 128 (run_glue.py --max_seq_length 128)
-Writes benchmarks/results/throughput-<suite>.json (ours_over_hf_best, ours_over_blog, every run,
-the command, versions, CPU) and a .md beside it. Ratios are of median steady samples/s.
 """
 
 from __future__ import annotations
@@ -20,12 +29,28 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 MRPC = HERE.parent.parent / "shared" / "data" / "glue" / "MRPC"
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+BARE = {"allocator": "none", "openmp": "gnu"}  # every lever off: the arm levers are measured against
+LEVERS: dict[str, dict[str, str | None]] = {
+    "ranks-2x1": {"np": "2", "half-batch": None},  # 2 ranks x 1 thread, same global batch
+    "tcmalloc": {"allocator": "tcmalloc"},
+    "jemalloc": {"allocator": "jemalloc"},
+    "intel-openmp": {"openmp": "intel"},
+    "compile": {"compile": None},
+    "freeze-embeddings": {"freeze-embeddings": None},
+}
+
+
+def cpu() -> Any:
+    from cpudist.cpu import read_cpu
+
+    return read_cpu()
 
 
 def run_json(cmd: list[str]) -> dict[str, Any]:
@@ -37,128 +62,236 @@ def run_json(cmd: list[str]) -> dict[str, Any]:
         return json.loads(out.strip().splitlines()[-1])  # hf_trainer.py: a JSON line after the logs
 
 
-def ours(model: str, common: dict[str, str], eval_: bool) -> dict[str, Any]:
+def flags(opts: dict[str, str | None]) -> list[str]:
+    return [x for k, v in opts.items() for x in ((f"--{k}",) if v is None else (f"--{k}", v))]
+
+
+def ours(model: str, common: dict[str, str], eval_: bool, extra: dict[str, str | None]) -> dict[str, Any]:
+    opts: dict[str, str | None] = {**common, **extra}
+    if "half-batch" in opts:  # more ranks, same global batch
+        del opts["half-batch"]
+        opts["batch-size"] = str(int(common["batch-size"]) // int(opts.get("np") or 1))
+    opts.setdefault("np", "1")
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = ["cpudist", "run", "mrpc", "--np", "1", "--data-dir", str(MRPC), "--model", model,
-               "--output-dir", f"{tmp}/run", "--ledger", f"{tmp}/ledger.jsonl", "--json", "--quiet",
-               *[x for k, v in common.items() for x in (f"--{k}", v)]]
+        cmd = ["cpudist", "run", "mrpc", "--data-dir", str(MRPC), "--model", model, "--output-dir", f"{tmp}/run",
+               "--ledger", f"{tmp}/ledger.jsonl", "--json", "--quiet", *flags(opts)]
         if not eval_:
             cmd.append("--no-eval")
         r = run_json(cmd)
-    return {"arm": "ours", "steady_samples_per_s": r["steady_samples_per_s"], "train_time_s": r["train_time_s"],
+    return {"steady_samples_per_s": r["steady_samples_per_s"], "train_time_s": r["train_time_s"],
+            "eval_time_s": r["eval_time_s"], "time_to_result_s": time.perf_counter() - started,
             "train_samples_per_s": r["train_samples_per_s"], "metrics": r["metrics"], "precision": r["precision"],
             "mfu": r.get("mfu"), "peak_how": r.get("peak_how"), "peak_rss_mb": r.get("peak_rss_mb"),
-            "steps": r["steps"], "cpu": r["cpu"], "versions": r["versions"]}
+            "steps": r["steps"], "threads_per_rank": r["threads_per_rank"], "world_size": r["world_size"],
+            "cpu": r["cpu"], "versions": r["versions"], "flags": flags(opts)}
 
 
 def hf(mode: str, model: str, common: dict[str, str], eval_: bool) -> dict[str, Any]:
     from cpudist.train.models import resolve_model
 
     cmd = [sys.executable, str(HERE / "hf_trainer.py"), "--mode", mode, "--data-dir", str(MRPC),
-           "--model", resolve_model(model), *[x for k, v in common.items() for x in (f"--{k}", v)]]
+           "--model", resolve_model(model), *flags(dict(common))]
     if not eval_:
         cmd.append("--no-eval")
-    return run_json(cmd)
+    started = time.perf_counter()
+    r = run_json(cmd)
+    r["time_to_result_s"] = time.perf_counter() - started
+    return r
 
 
-def suite(name: str, model: str, common: dict[str, str], eval_: bool, repeats: int) -> dict[str, Any]:
-    runs: dict[str, list[dict[str, Any]]] = {"ours": [], "hf_best": [], "blog": []}
+def spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def suite(name: str, model: str, common: dict[str, str], eval_: bool, repeats: int,
+          arms: dict[str, Any]) -> dict[str, Any]:
+    """Every arm once per repeat, in the same order; medians and min-max per arm."""
+    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
     for _ in range(repeats):
-        runs["ours"].append(ours(model, common, eval_))
-        runs["hf_best"].append(hf("best", model, common, eval_))
-        runs["blog"].append(hf("blog", model, common, eval_))
-    med = {arm: statistics.median(r["steady_samples_per_s"] for r in rs) for arm, rs in runs.items()}
-    first = runs["ours"][0]
-    return {"suite": name, "model": model, "settings": common, "repeats": repeats,
-            "median_steady_samples_per_s": med,
-            "ours_over_hf_best": med["ours"] / med["hf_best"], "ours_over_blog": med["ours"] / med["blog"],
-            "ours_mfu": statistics.median(r["mfu"] or 0 for r in runs["ours"]), "peak_how": first["peak_how"],
-            "cpu": first["cpu"], "versions": first["versions"], "runs": runs}
+        for arm, call in arms.items():
+            runs[arm].append(call())
+            print(f"# {name} {arm}: {runs[arm][-1]['steady_samples_per_s']:.2f} samples/s", file=sys.stderr,
+                  flush=True)
+    stats = {arm: spread([r["steady_samples_per_s"] for r in rs]) for arm, rs in runs.items()}
+    med = {arm: s["median"] for arm, s in stats.items()}
+    first = next(rs[0] for arm, rs in runs.items() if arm.startswith("ours") or arm == "bare")
+    out: dict[str, Any] = {
+        "suite": name, "model": model, "settings": common, "repeats": repeats,
+        "median_steady_samples_per_s": med, "steady_samples_per_s": stats,
+        "over_hf_best": {arm: m / med["hf_best"] for arm, m in med.items()},
+        "time_to_result_s": {arm: statistics.median(r["time_to_result_s"] for r in rs) for arm, rs in runs.items()},
+        "cpu": first["cpu"], "cpu_kind": first["cpu"].get("kind", cpu().kind), "versions": first["versions"],
+        "runs": runs}
+    if "ours" in med:
+        out["ours_over_hf_best"] = med["ours"] / med["hf_best"]
+        if "blog" in med:
+            out["ours_over_blog"] = med["ours"] / med["blog"]
+        out["ours_mfu"] = statistics.median(r["mfu"] or 0 for r in runs["ours"])
+        out["peak_how"] = runs["ours"][0]["peak_how"]
+    return out
 
 
 def markdown(res: dict[str, Any], command: str) -> str:
-    med = res["median_steady_samples_per_s"]
-    lines = [f"# Throughput: {res['suite']} ({res['model']})", "", f"Made by: `{command}`", "",
-             f"Settings: {res['settings']}; {res['repeats']} alternated repeat(s); CPU {res['cpu']['model']} "
-             f"({res['cpu']['physical_cores']} cores, flags {', '.join(res['cpu']['flags'])})", "",
-             "| arm | median steady samples/s | runs (samples/s) | dev metrics (first run) |", "|---|---|---|---|"]
+    c = res["cpu"]
+    lines = [f"# Throughput: {res['suite']} ({res['model']}) on {res['cpu_kind']}", "", f"Made by: `{command}`", "",
+             f"Settings: {res['settings']}; {res['repeats']} alternated repeat(s); CPU {c['model']} "
+             f"({c['physical_cores']} cores, flags {', '.join(c['flags'])}, kind {res['cpu_kind']})", "",
+             "| arm | median steady samples/s (min-max) | / hf_best | time to result s (median) | dev metrics |",
+             "|---|---|---|---|---|"]
     for arm, runs in res["runs"].items():
-        metrics = " ".join(f"{k}={v:.4f}" for k, v in runs[0]["metrics"].items()) or "-"
-        each = ", ".join(f"{r['steady_samples_per_s']:.2f}" for r in runs)
-        lines.append(f"| {arm} | {med[arm]:.2f} | {each} | {metrics} |")
-    lines += ["", f"ours / hf_best = **{res['ours_over_hf_best']:.2f}x**; ours / blog = "
-                  f"**{res['ours_over_blog']:.2f}x**; ours MFU = {res['ours_mfu']:.1%} of peak "
-                  f"({res['peak_how']})", ""]
-    return "\n".join(lines)
+        s = res["steady_samples_per_s"][arm]
+        metrics = " ".join(f"{k}={statistics.median(r['metrics'][k] for r in runs):.4f}"
+                           for k in runs[0]["metrics"]) or "-"
+        lines.append(f"| {arm} | {s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f}) | "
+                     f"{res['over_hf_best'][arm]:.2f}x | {res['time_to_result_s'][arm]:.1f} | {metrics} |")
+    if "ours_over_hf_best" in res:
+        lines += ["", f"ours / hf_best = **{res['ours_over_hf_best']:.2f}x**"
+                  + (f"; ours / blog = **{res['ours_over_blog']:.2f}x**" if "ours_over_blog" in res else "")
+                  + f"; ours MFU = {res['ours_mfu']:.1%} of the nominal peak ({res['peak_how']})"]
+    return "\n".join(lines) + "\n"
 
 
-def sgemm_ceiling(threads: int, n: int = 2048) -> float:
-    """FLOP/s of a large fp32 matmul on `threads` threads: what this CPU really sustains (boost clock included)."""
-    import time
-
+def gemm_ceiling(threads: int, dtype: str, n: int = 2048) -> float:
+    """FLOP/s of a large matmul in `dtype` on `threads` threads: what this CPU really sustains."""
     import torch
 
     torch.set_num_threads(threads)
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    a, b = torch.randn(n, n, dtype=dt), torch.randn(n, n, dtype=dt)
     for _ in range(2):
         a @ b
-    start, reps = time.perf_counter(), 5
-    for _ in range(reps):
-        a @ b
-    return 2 * n**3 * reps / (time.perf_counter() - start)
+    best = 0.0
+    for _ in range(3):  # the best of 3 bursts: the ceiling, not an average with interruptions
+        start, reps = time.perf_counter(), 5
+        for _ in range(reps):
+            a @ b
+        best = max(best, 2 * n**3 * reps / (time.perf_counter() - start))
+    return best
 
 
-def mfu_at_128(steps: int) -> dict[str, Any]:
-    """Our MFU for the bert-base preset on full 128-token rows (synthetic task: no padding at all)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        r = run_json(["cpudist", "run", "synthetic", "--np", "1", "--model", "bert-base", "--max-seq-len", "128",
-                      "--batch-size", "32", "--max-steps", str(steps), "--no-eval", "--synthetic-samples",
-                      str(32 * steps), "--output-dir", f"{tmp}/run", "--ledger", f"{tmp}/l.jsonl", "--json",
-                      "--quiet"])
+def mfu_at_128(steps: int, repeats: int) -> dict[str, Any]:
+    """bert-base on full 128-token rows (synthetic task: no padding), default precision, vs measured GEMMs."""
+    runs = []
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as tmp:
+            runs.append(run_json(["cpudist", "run", "synthetic", "--np", "1", "--model", "bert-base",
+                                  "--max-seq-len", "128", "--batch-size", "32", "--max-steps", str(steps), "--no-eval",
+                                  "--synthetic-samples", str(32 * steps), "--output-dir", f"{tmp}/run", "--ledger",
+                                  f"{tmp}/l.jsonl", "--json", "--quiet"]))
+    r = sorted(runs, key=lambda x: x["train_flops_per_s"])[len(runs) // 2]  # the median run
     out = {k: r[k] for k in ("mfu", "train_flops_per_s", "peak_flops_per_s", "peak_how", "precision",
-                             "steady_samples_per_s", "peak_rss_mb", "cpu", "versions")}
-    out["sgemm_flops_per_s"] = sgemm_ceiling(r["cpu"]["physical_cores"])
-    out["fraction_of_sgemm"] = r["train_flops_per_s"] / out["sgemm_flops_per_s"]
+                             "steady_samples_per_s", "peak_rss_mb", "cpu", "versions", "threads_per_rank")}
+    out["runs_flops_per_s"] = [x["train_flops_per_s"] for x in runs]
+    threads = r["threads_per_rank"]
+    out["gemm_fp32_flops_per_s"] = gemm_ceiling(threads, "fp32")
+    out["gemm_bf16_flops_per_s"] = gemm_ceiling(threads, "bf16") if r["cpu"]["bf16"] else None
+    ceiling = out["gemm_bf16_flops_per_s"] if r["precision"] == "bf16" else out["gemm_fp32_flops_per_s"]
+    out["gemm_ceiling_flops_per_s"] = ceiling
+    out["fraction_of_gemm_ceiling"] = r["train_flops_per_s"] / ceiling
+    out["cpu_kind"] = r["cpu"].get("kind", cpu().kind)
     return out
+
+
+def mfu_markdown(res: dict[str, Any], command: str) -> str:
+    bf16 = res["gemm_bf16_flops_per_s"]
+    return (f"# MFU: bert-base preset, 128-token rows, batch 32, {res['precision']}, on {res['cpu_kind']}\n\n"
+            f"Made by: `{command}`\n\n"
+            f"- training: {res['train_flops_per_s'] / 1e9:.1f} GFLOP/s (model FLOPs, real tokens; median of "
+            f"{len(res['runs_flops_per_s'])} runs: {', '.join(f'{x / 1e9:.1f}' for x in res['runs_flops_per_s'])})\n"
+            f"- **{res['fraction_of_gemm_ceiling']:.1%} of the measured GEMM ceiling in {res['precision']}** "
+            f"({res['gemm_ceiling_flops_per_s'] / 1e9:.1f} GFLOP/s: 2048x2048 matmul, "
+            f"{res['threads_per_rank']} threads, best of 3 bursts)\n"
+            f"- measured ceilings: fp32 {res['gemm_fp32_flops_per_s'] / 1e9:.1f} GFLOP/s"
+            + (f", bf16 {bf16 / 1e9:.1f} GFLOP/s" if bf16 else ", bf16 not native") + "\n"
+            f"- MFU against the nominal peak: {res['mfu']:.1%} ({res['peak_how']})\n"
+            f"- peak RSS {res['peak_rss_mb']:.0f} MB\n")
+
+
+def eval_levers(model: str, repeats: int) -> dict[str, Any]:
+    """Evaluation alone on MRPC dev (408 rows): each lever switched on one after another."""
+    import torch
+
+    from cpudist.train.data import load_glue_tsv
+    from cpudist.train.features import collate, encode
+    from cpudist.train.models import build_model, load_tokenizer
+
+    c = cpu()
+    torch.set_num_threads(c.physical_cores)
+    task = load_glue_tsv("mrpc", MRPC)
+    data = encode(task.validation, load_tokenizer(model, None), 128)
+    net = build_model(model, 2, False, None).eval()
+    steps = [  # (arm, grad mode, batch, bf16, sorted rows): each adds one lever to the one before
+        ("no_grad, batch 8, fp32, file order (HF Trainer's eval defaults)", "no_grad", 8, False, False),
+        ("+ inference_mode", "inference", 8, False, False),
+        ("+ batch 64", "inference", 64, False, False),
+        ("+ training precision (bf16 where native)", "inference", 64, c.has_bf16, False),
+        ("+ rows sorted by length (cpudist's default)", "inference", 64, c.has_bf16, True),
+    ]
+    times: dict[str, list[float]] = {s[0]: [] for s in steps}
+    for _ in range(repeats):
+        for arm, mode, batch, bf16, ordered in steps:
+            rows = sorted(range(len(data)), key=lambda i: len(data.input_ids[i])) if ordered else list(range(len(data)))
+            ctx = torch.inference_mode() if mode == "inference" else torch.no_grad()
+            start = time.perf_counter()
+            with ctx, torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                for i in range(0, len(rows), batch):
+                    b = collate(data, rows[i:i + batch], False)
+                    b.pop("labels")
+                    net(**b)
+            times[arm].append(time.perf_counter() - start)
+    return {"suite": "eval", "model": model, "rows": len(data), "repeats": repeats, "cpu": c.summary(),
+            "cpu_kind": c.kind, "eval_time_s": {arm: spread(t) for arm, t in times.items()}, "runs": times}
+
+
+def eval_markdown(res: dict[str, Any], command: str) -> str:
+    first = next(iter(res["eval_time_s"].values()))["median"]
+    lines = [f"# Evaluation levers: {res['model']}, MRPC dev ({res['rows']} rows), on {res['cpu_kind']}", "",
+             f"Made by: `{command}`; {res['repeats']} alternated repeats; CPU {res['cpu']['model']}", "",
+             "| evaluation | median s (min-max) | speedup vs first row |", "|---|---|---|"]
+    for arm, s in res["eval_time_s"].items():
+        lines.append(f"| {arm} | {s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f}) | {first / s['median']:.2f}x |")
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--repeats", type=int)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--suites", default="mrpc-minilm,bert-base,mfu")
+    ap.add_argument("--levers", default=",".join(LEVERS), help="Levers of the levers-* suites.")
     a = ap.parse_args()
-    repeats = a.repeats or (1 if a.quick else 3)
     command = "python benchmarks/throughput.py " + " ".join(sys.argv[1:])
-    plans = {
-        "mrpc-minilm": (MINILM, {"batch-size": "32", "lr": "5e-5", "epochs": "1" if a.quick else "3",
-                                 **({"max-train-samples": "640"} if a.quick else {})}, True),
-        "bert-base": ("bert-base", {"batch-size": "32", "max-steps": "8" if a.quick else "12",
-                                    "max-train-samples": "640"}, False),
-    }
+    minilm = {"batch-size": "32", "lr": "5e-5", "epochs": "1" if a.quick else "3",
+              **({"max-train-samples": "640"} if a.quick else {})}
+    bert = {"batch-size": "32", "max-steps": "8" if a.quick else "12", "max-train-samples": "640"}
+    plans = {"mrpc-minilm": (MINILM, minilm, True), "bert-base": ("bert-base", bert, False),
+             "levers-minilm": (MINILM, minilm, True), "levers-bert-base": ("bert-base", bert, False)}
+    kind = cpu().kind
+    quick = "-quick" if a.quick else ""
     for name in a.suites.split(","):
+        path = HERE / "results" / f"throughput-{name}{quick}-{kind}"
         if name == "mfu":
-            res = {"suite": "mfu", "command": command, **mfu_at_128(8 if a.quick else 12)}
-            tag = f"mfu{'-quick' if a.quick else ''}"
-            (HERE / "results" / f"throughput-{tag}.json").write_text(json.dumps(res, indent=2) + "\n")
-            (HERE / "results" / f"throughput-{tag}.md").write_text(
-                f"# MFU: bert-base preset, 128-token rows, batch 32, {res['precision']}\n\nMade by: `{command}`\n\n"
-                f"- training: {res['train_flops_per_s'] / 1e9:.1f} GFLOP/s (model FLOPs, real tokens)\n"
-                f"- MFU: {res['mfu']:.1%} of the peak at the nominal clock ({res['peak_how']})\n"
-                f"- {res['fraction_of_sgemm']:.1%} of a 2048x2048 fp32 matmul on the same cores "
-                f"({res['sgemm_flops_per_s'] / 1e9:.1f} GFLOP/s): the hypervisor reports the base clock, and "
-                f"the matmul beating the nominal peak shows the cores run faster, so the nominal MFU is high\n"
-                f"- peak RSS {res['peak_rss_mb']:.0f} MB\n")
-            print(json.dumps({k: res[k] for k in ("mfu", "fraction_of_sgemm", "train_flops_per_s")}), flush=True)
-            continue
-        model, common, eval_ = plans[name]
-        res = suite(name, model, common, eval_, repeats)
-        res["command"] = command
-        tag = f"{name}{'-quick' if a.quick else ''}"
-        (HERE / "results" / f"throughput-{tag}.json").write_text(json.dumps(res, indent=2) + "\n")
-        (HERE / "results" / f"throughput-{tag}.md").write_text(markdown(res, command))
-        print(json.dumps({k: res[k] for k in ("suite", "median_steady_samples_per_s", "ours_over_hf_best",
-                                              "ours_over_blog", "ours_mfu")}), flush=True)
+            res = {"suite": "mfu", "command": command, **mfu_at_128(8 if a.quick else 12, a.repeats)}
+            md = mfu_markdown(res, command)
+        elif name == "eval":
+            res = {"command": command, **eval_levers(MINILM, a.repeats)}
+            md = eval_markdown(res, command)
+        else:
+            model, common, eval_ = plans[name]
+            arms: dict[str, Any] = {"hf_best": lambda m=model, c=common, e=eval_: hf("best", m, c, e)}
+            if name.startswith("levers"):
+                arms["bare"] = lambda m=model, c=common, e=eval_: ours(m, c, e, dict(BARE))
+                for lever in a.levers.split(","):
+                    arms[lever] = lambda m=model, c=common, e=eval_, x=LEVERS[lever]: ours(m, c, e, {**BARE, **x})
+            else:
+                arms["blog"] = lambda m=model, c=common, e=eval_: hf("blog", m, c, e)
+            arms["ours"] = lambda m=model, c=common, e=eval_: ours(m, c, e, {})
+            res = {"command": command, **suite(name, model, common, eval_, a.repeats, arms)}
+            md = markdown(res, command)
+        path.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
+        path.with_suffix(".md").write_text(md)
+        print(md, flush=True)
 
 
 if __name__ == "__main__":

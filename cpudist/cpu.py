@@ -23,10 +23,19 @@ class CpuInfo:
         """Native bf16 arithmetic (AVX512-BF16 or AMX); without it bf16 is emulated and slow."""
         return bool(self.flags & {"avx512_bf16", "amx_bf16"})
 
+    @property
+    def kind(self) -> str:
+        """The class of CPU that decides the fast path: amx-bf16, avx512-bf16, avx512, avx2 or other."""
+        for flag, name in (("amx_bf16", "amx-bf16"), ("avx512_bf16", "avx512-bf16"), ("avx512f", "avx512"),
+                           ("avx2", "avx2")):
+            if flag in self.flags:
+                return name
+        return "other"
+
     def summary(self) -> dict[str, object]:
         return {"model": self.model, "flags": sorted(self.flags & set(INTERESTING_FLAGS)),
                 "logical_cpus": self.logical_cpus, "physical_cores": self.physical_cores,
-                "bf16": self.has_bf16}
+                "bf16": self.has_bf16, "kind": self.kind}
 
 
 def parse_cpuinfo(text: str, allowed: set[int] | None = None) -> CpuInfo:

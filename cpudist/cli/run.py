@@ -10,13 +10,23 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from cpudist.cli.progress import JobView
+from cpudist.cpu import read_cpu
 from cpudist.errors import BadInput, Preempted
 from cpudist.hosts.hostfile import render_hostfile
 from cpudist.interrupts import signals_interrupt
-from cpudist.launch.env import parse_env_pairs
-from cpudist.launch.job import Callbacks, Placement, default_output_dir, prepare, run_job, unfinished_run
+from cpudist.launch.env import AUTO_PPN_WHY, auto_ppn, parse_env_pairs, threads_per_rank
+from cpudist.launch.job import (
+    OPENMP_AUTO,
+    Callbacks,
+    Placement,
+    default_output_dir,
+    prepare,
+    run_job,
+    unfinished_run,
+)
 from cpudist.launch.plan import LAUNCHERS, check_layout, plan
 from cpudist.remote.agent import JobRequest
 from cpudist.remote.session import Head, local_inputs, run_remote
@@ -27,6 +37,44 @@ from cpudist.train.config import BACKENDS, PRECISIONS, SAMPLERS, TrainConfig
 from cpudist.train.durable import parse_s3_url
 from cpudist.train.tasks import normalize_task
 from cpudist.validate import check_imds
+
+
+class _Ppn(click.ParamType):
+    """A positive rank count, or `auto`."""
+
+    name = "N|auto"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | str:
+        if value == "auto" or (isinstance(value, int) and value >= 1):
+            return value
+        if isinstance(value, str) and value.isdigit() and int(value) >= 1:
+            return int(value)
+        self.fail(f"{value!r} is neither a positive count nor auto", param, ctx)
+
+
+PPN = _Ppn()
+
+
+def _layout(np_: int, ppn: int | str | None, nodes: int | None, remote: bool) -> tuple[int, int | None]:
+    """(--np, --ppn) once `--ppn auto` and `--nodes` are worked out."""
+    given = click.get_current_context().get_parameter_source("np_") is not ParameterSource.DEFAULT
+    if ppn == "auto":
+        if remote:
+            raise BadInput("--ppn auto reads the cores of the machine it runs on, and the nodes are elsewhere",
+                           "Give --ppn N (ranks per node), or run from the head node")
+        cores = read_cpu().physical_cores
+        ppn = auto_ppn(cores)
+        click.echo(f"[cpudist] --ppn auto: {ppn} rank(s) per node x {threads_per_rank(cores, ppn)} thread(s) "
+                   f"({cores} physical cores)", err=True)
+        if not given and nodes is None:
+            nodes = 1
+    if nodes is not None:
+        if given and np_ != nodes * (ppn or 1):
+            raise BadInput(f"--np {np_} disagrees with --nodes {nodes} x --ppn {ppn or 1}",
+                           "Give --nodes with --ppn (the rank count follows), or --np alone")
+        np_ = nodes * int(ppn or 1)
+        ppn = int(ppn or 1)
+    return np_, None if ppn is None else int(ppn)
 
 
 def _task(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -61,7 +109,9 @@ def summary(r: RunResult) -> str:
 @click.command()
 @click.argument("task", callback=_task)
 @click.option("--np", "np_", type=click.IntRange(min=1), default=1, show_default=True, help="Ranks in all.")
-@click.option("--ppn", type=click.IntRange(min=1), help="Ranks per node [default: --np, on this machine].")
+@click.option("--ppn", type=PPN, help="Ranks per node [default: --np, on this machine]; auto: ranks and threads "
+              "per rank from this node's cores (" + AUTO_PPN_WHY + ").")
+@click.option("--nodes", type=click.IntRange(min=1), help="Nodes to use: --np becomes nodes x --ppn.")
 @click.option("--hostfile", type=click.Path(path_type=Path),
               help="Nodes to run on, head first (run from the head) [default: this machine].")
 @click.option("--cluster", "cluster_name", help="A cluster from `cpudist cluster up`: its nodes and price; "
@@ -131,6 +181,15 @@ def summary(r: RunResult) -> str:
 @click.option("--on-preemption", type=click.Choice(["stop", "resume"]), default="stop", show_default=True,
               help="With --cluster: when a node is reclaimed, stop (and say how to resume) or replace it with "
               "`cluster up` and resume from the checkpoint.")
+@click.option("--freeze-embeddings", is_flag=True,
+              help="Do not train the word-embedding table (half of MiniLM's gradient bytes and AdamW work).")
+@click.option("--compile", is_flag=True, help="torch.compile the model (batches padded to multiples of 32 "
+              "tokens; kernels cached in ~/.cpudist/inductor across runs).")
+@click.option("--ipex", is_flag=True, help="Apply Intel Extension for PyTorch's optimize() (needs its matching "
+              "torch; archived upstream in 2026).")
+@click.option("--openmp", type=click.Choice(["auto", "intel", "gnu"]), default="auto", show_default=True,
+              help="OpenMP runtime of the ranks: Intel's libiomp5 (pip install intel-openmp) with KMP_AFFINITY/"
+              "KMP_BLOCKTIME, or torch's own GNU one (auto: " + OPENMP_AUTO + ", the faster one measured here).")
 @click.option("--output-dir", type=click.Path(path_type=Path), help="Run folder [default: runs/<task>-...].")
 @click.option("--ledger", type=click.Path(path_type=Path), help="Results ledger [default: ~/.cpudist/results.jsonl].")
 @click.option("--env", "env_pairs", multiple=True, callback=_env, help="Extra rank variable KEY=VALUE (repeatable).")
@@ -139,10 +198,12 @@ def summary(r: RunResult) -> str:
 @click.option("--dry-run", is_flag=True, help="Print the command and environment; run nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
-def run(task: str, np_: int, ppn: int | None, hostfile: Path | None, cluster_name: str | None, head_addr: str | None,
+def run(task: str, np_: int, ppn: int | str | None, nodes: int | None, hostfile: Path | None,
+        cluster_name: str | None, head_addr: str | None,
         user: str | None, identity: str | None, remote_python: str | None, stage_code: str, launcher: str,
-        mpirun: str | None, ssh: str | None, iface: str | None, allocator: str, env_pairs: tuple[tuple[str, str], ...],
-        oversubscribe: bool, timeout: float | None, dry_run: bool, as_json: bool, quiet: bool,
+        mpirun: str | None, ssh: str | None, iface: str | None, allocator: str, openmp: str,
+        env_pairs: tuple[tuple[str, str], ...], oversubscribe: bool, timeout: float | None, dry_run: bool,
+        as_json: bool, quiet: bool,
         ledger: Path | None, output_dir: Path | None, data_dir: Path | None, train_file: Path | None,
         validation_file: Path | None, text_columns: str | None, dist_timeout: int, on_preemption: str,
         **opts: object) -> None:
@@ -160,6 +221,7 @@ def run(task: str, np_: int, ppn: int | None, hostfile: Path | None, cluster_nam
         if output_dir is not None:
             click.echo(f"[cpudist] --resume auto: going on with {output_dir}", err=True)
     cfg = TrainConfig(**{**cfg.__dict__, "output_dir": str(output_dir or default_output_dir(cfg, np_))})
+    np_, ppn = _layout(np_, ppn, nodes, cluster_name is not None or head_addr is not None)
     if ppn is None and (hostfile is not None or cluster_name is not None):
         raise BadInput("--hostfile/--cluster need --ppn (ranks per node)",
                        "e.g. --np 4 --ppn 1 for one rank on each of 4 nodes")
@@ -181,11 +243,11 @@ def run(task: str, np_: int, ppn: int | None, hostfile: Path | None, cluster_nam
                                "Use --cluster NAME, or resume by hand with --resume auto")
             recovery = (Recovery(cluster_name, remote_python, stage_code)
                         if on_preemption == "resume" and cluster_name is not None else None)
-            _run_remote(cfg, head, np_, ppn or np_, launcher, mpirun, env_pairs, allocator, iface, oversubscribe,
-                        timeout, dry_run, as_json, quiet, ledger, extra, recovery)
+            _run_remote(cfg, head, np_, ppn or np_, launcher, mpirun, env_pairs, (allocator, openmp), iface,
+                        oversubscribe, timeout, dry_run, as_json, quiet, ledger, extra, recovery)
             return
         where = Placement(np_, ppn or np_, hostfile, ssh, oversubscribe, iface)
-        spec = prepare(cfg, where, launcher, mpirun, env_pairs, allocator, dry_run)
+        spec = prepare(cfg, where, launcher, mpirun, env_pairs, allocator, dry_run, openmp)
         launch = plan(spec)
         if dry_run:
             click.echo("# environment of every rank")
@@ -209,12 +271,14 @@ def run(task: str, np_: int, ppn: int | None, hostfile: Path | None, cluster_nam
 
 
 def _run_remote(cfg: TrainConfig, head: Head, np_: int, ppn: int, launcher: str, mpirun: str | None,
-                env_pairs: tuple[tuple[str, str], ...], allocator: str, iface: str | None, oversubscribe: bool,
+                env_pairs: tuple[tuple[str, str], ...], runtime: tuple[str, str], iface: str | None,
+                oversubscribe: bool,
                 timeout: float | None, dry_run: bool, as_json: bool, quiet: bool, ledger: Path | None,
                 extra: dict[str, Any], recovery: Recovery | None) -> None:
     """Stage, launch on the head, follow, fetch: this machine is outside the cluster."""
     check_layout(np_, ppn, head.inside, oversubscribe)
-    request = JobRequest(cfg, np_, ppn, "", launcher, mpirun, env_pairs, allocator, iface, oversubscribe, timeout)
+    request = JobRequest(cfg, np_, ppn, "", launcher, mpirun, env_pairs, runtime[0], iface, oversubscribe, timeout,
+                         runtime[1])
     if dry_run:
         click.echo(f"# from this machine: ssh {head.target.user or ''}{'@' if head.target.user else ''}"
                    f"{head.target.host} (port {head.target.port}, host keys pinned in {head.known_hosts})")

@@ -27,6 +27,17 @@ def threads_per_rank(physical_cores: int, ppn: int) -> int:
     return max(1, physical_cores // ppn)
 
 
+# --ppn auto: threads per rank it aims for. Measured on 2 cores (benchmarks/README.md, "Levers"):
+# see AUTO_PPN_WHY. Intel's advice for big nodes is 2-4 ranks per socket, i.e. about 8-16 threads each.
+AUTO_THREADS_PER_RANK = 8
+AUTO_PPN_WHY = "one rank per 8 cores, at least one"
+
+
+def auto_ppn(physical_cores: int) -> int:
+    """Ranks per node for --ppn auto: one per AUTO_THREADS_PER_RANK physical cores, at least one."""
+    return max(1, physical_cores // AUTO_THREADS_PER_RANK)
+
+
 def node_env(spec: EnvSpec) -> dict[str, str]:
     """Variables every rank on a node gets (user overrides from --env win)."""
     threads = threads_per_rank(spec.physical_cores, spec.ppn)

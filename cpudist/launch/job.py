@@ -69,6 +69,9 @@ def preflight(cfg: TrainConfig) -> bool:
     if cfg.backend == "ccl" and importlib.util.find_spec("oneccl_bindings_for_pytorch") is None:
         raise BadInput("backend 'ccl' needs oneccl_bindings_for_pytorch, which is not installed",
                        "Install Intel's torch-ccl wheel matching your torch, or use --backend gloo")
+    if cfg.ipex and importlib.util.find_spec("intel_extension_for_pytorch") is None:
+        raise BadInput("--ipex needs intel_extension_for_pytorch, which is not installed",
+                       "Install the IPEX matching your torch (its last release, 2.8, needs torch 2.8), or drop --ipex")
     data_local = cfg.task == "synthetic" or bool(cfg.data_dir or cfg.train_file or cfg.task == "custom")
     if data_local and cfg.task != "synthetic":
         load_task(cfg)
@@ -109,6 +112,24 @@ def pick_allocator(name: str) -> str | None:
     if name != "auto":
         raise BadInput(f"{name} is not installed", f"Install it (apt-get install lib{name}...) or use --allocator auto")
     return None
+
+
+IOMP = ("libiomp5.so",)
+# Measured (benchmarks/README.md, "Levers"): Intel's OpenMP did not beat torch's GNU OpenMP here, so
+# auto keeps GNU's unless asked; `intel` preloads libiomp5 with the blog's KMP settings.
+OPENMP_AUTO = "gnu"
+
+
+def pick_openmp(name: str) -> str | None:
+    """Path of Intel's libiomp5 to preload, or None for torch's own GNU OpenMP."""
+    choice = OPENMP_AUTO if name == "auto" else name
+    if choice == "gnu":
+        return None
+    found = find_library(IOMP)
+    if found is None:
+        raise BadInput("--openmp intel: libiomp5.so is not installed",
+                       "pip install intel-openmp (into the Python that runs cpudist), or use --openmp gnu")
+    return found
 
 
 def host_key_problem(name: str, stderr: str) -> tuple[str, str] | None:
@@ -170,7 +191,8 @@ def _cluster_hosts(where: Placement, out_dir: Path, launcher: str,
 
 
 def prepare(cfg: TrainConfig, where: Placement, launcher: str, mpirun: str | None,
-            env_overrides: tuple[tuple[str, str], ...], allocator: str = "auto", dry_run: bool = False) -> RunSpec:
+            env_overrides: tuple[tuple[str, str], ...], allocator: str = "auto", dry_run: bool = False,
+            openmp: str = "auto") -> RunSpec:
     """A checked RunSpec: this machine as the cluster, or the nodes of a hostfile."""
     hub_offline = preflight(cfg)
     resume.preflight(cfg, where.np)
@@ -186,7 +208,7 @@ def prepare(cfg: TrainConfig, where: Placement, launcher: str, mpirun: str | Non
                    physical_cores=cpu.physical_cores, hub_offline=hub_offline, env_overrides=env_overrides,
                    oversubscribe=where.oversubscribe, hostfile=hostfile, ssh=ssh, as_root=os.geteuid() == 0,
                    iface=where.iface, allocator=pick_allocator(allocator),
-                   iomp=find_library(("libiomp5.so",)))
+                   iomp=pick_openmp(openmp))
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ class JobRequest:
     iface: str | None = None
     oversubscribe: bool = False
     timeout_s: float | None = None
+    openmp: str = "auto"
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -87,7 +88,7 @@ def execute(req: JobRequest) -> int:
 
     try:
         where = Placement(req.np, req.ppn, Path(req.hostfile), None, req.oversubscribe, req.iface)
-        spec = prepare(req.train, where, req.launcher, req.mpirun, req.env, req.allocator)
+        spec = prepare(req.train, where, req.launcher, req.mpirun, req.env, req.allocator, openmp=req.openmp)
         launch = plan(spec)
         ledger = Path(req.train.output_dir) / "ledger.jsonl"
         run_job(spec, launch, ledger, Callbacks(lambda e: _say(events.MARKER + json.dumps(e)), _say), req.timeout_s)

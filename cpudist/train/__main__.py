@@ -22,6 +22,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+# Inductor (--compile) fixes its cache folder when torch is imported: the user's, kept across runs and reboots.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path.home() / ".cpudist" / "inductor"))
+
 import torch
 import torch.distributed as dist
 
@@ -30,7 +33,7 @@ from cpudist.cpu import read_cpu
 from cpudist.errors import BadInput, CpudistError
 from cpudist.flops import cpu_ghz, peak_flops, shape_of
 from cpudist.results.schema import RunResult
-from cpudist.train import events, preempt, resume
+from cpudist.train import events, preempt, resume, speed
 from cpudist.train.checkpoint import Restored, seed_all
 from cpudist.train.config import TrainConfig, from_argv
 from cpudist.train.data import TaskData, load_custom, load_glue_hub, load_glue_tsv
@@ -103,10 +106,8 @@ def setup(cfg: TrainConfig, info: RankInfo) -> Job:
         metrics, regression = task.metrics, task.is_regression
         torch.manual_seed(cfg.seed)  # same classifier init whatever the tokenizer consumed
         model = build_model(cfg.model, task.num_labels, regression, cfg.dropout)
-    if info.world_size > 1:
-        # No buffer sync per forward: BERT's buffers never change, and a sync on a forward that some
-        # ranks skip (evaluation with fewer rows than ranks) would mismatch the collectives.
-        model = torch.nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False)
+    if cfg.freeze_embeddings:
+        speed.freeze_embeddings(model)
     seed_all(cfg.seed + info.rank)  # dropout noise differs between ranks, as with HF Trainer
     bf16 = resolve_precision(cfg.precision, CPU.has_bf16) == "bf16"
     run_dir = Path(cfg.output_dir)

@@ -59,6 +59,9 @@ class TrainConfig:
     checkpoint_s3: str | None = None  # s3://bucket/prefix: a durable copy of every checkpoint
     resume: str | None = None  # auto: the newest usable checkpoint, if any | a checkpoint or its folder
     imds: str = "auto"  # spot notices: auto (AWS's metadata service on EC2) | off | URL
+    freeze_embeddings: bool = False  # the word-embedding table is not trained (cpudist/train/speed.py)
+    compile: bool = False  # torch.compile, batches padded to a few static lengths
+    ipex: bool = False  # Intel Extension for PyTorch's optimize(), when installed
 
 
 def _flag(name: str) -> str:

@@ -44,9 +44,13 @@ def synthetic(n: int, seq_len: int, vocab_size: int, num_labels: int, seed: int)
     return Encoded(ids, None, labels, 0)
 
 
-def collate(data: Encoded, indices: Sequence[int], regression: bool) -> dict[str, torch.Tensor]:
-    """Pad a batch to its own longest row (dynamic padding) and build the model's tensors."""
+def collate(data: Encoded, indices: Sequence[int], regression: bool, multiple: int = 1) -> dict[str, torch.Tensor]:
+    """Pad a batch to its own longest row (dynamic padding), rounded up to `multiple`, and build its tensors.
+
+    A `multiple` above 1 gives a few static shapes (what a compiled model wants) instead of one per length.
+    """
     longest = max(len(data.input_ids[i]) for i in indices)
+    longest = -(-longest // multiple) * multiple
     ids = torch.full((len(indices), longest), data.pad_id, dtype=torch.long)
     mask = torch.zeros((len(indices), longest), dtype=torch.long)
     types = torch.zeros((len(indices), longest), dtype=torch.long) if data.token_type_ids else None

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from cpudist.errors import BadInput
 from cpudist.flops import ModelShape, training_flops
-from cpudist.train import checkpoint, events
+from cpudist.train import checkpoint, events, speed
 from cpudist.train.checkpoint import Position, Restored, gather_rngs, seed_all, set_rng_state
 from cpudist.train.config import TrainConfig
 from cpudist.train.features import Encoded, collate
@@ -120,11 +120,16 @@ def batch_plan(cfg: TrainConfig, data: Encoded, rank: int, world: int,
 def train(cfg: TrainConfig, model: torch.nn.Module, data: Encoded, regression: bool, bf16: bool, run_dir: Path,
           rank: int, world: int, shape: ModelShape, saver: Saver, stop: StopRequests,
           restored: Restored | None = None) -> TrainStats:
-    """Train `model` (already wrapped in DDP) and return what was measured."""
+    """Train `model` (wrapped in DDP here when world > 1) and return what was measured."""
     start = Position(**restored.meta["position"]) if restored else checkpoint.START
     per_epoch, batches = batch_plan(cfg, data, rank, world, start)
     total = restored.meta["total"] if restored else plan_steps(cfg, per_epoch)
     opt = _optimizer(cfg, model)
+    if cfg.ipex:
+        model, opt = speed.use_ipex(model, opt, bf16)
+    model = _wrap(model, world)
+    forward = speed.compiled(model) if cfg.compile else model
+    multiple = speed.COMPILE_BUCKET if cfg.compile else 1
     from transformers import get_linear_schedule_with_warmup
 
     sched = get_linear_schedule_with_warmup(opt, int(cfg.warmup_ratio * total), total)
@@ -147,11 +152,11 @@ def train(cfg: TrainConfig, model: torch.nn.Module, data: Encoded, regression: b
             next_pos = Position(last.epoch, last.index + 1)  # past an epoch's end: the iterator rolls over
             loss_sum, n_local, tokens, flops = torch.zeros((), dtype=torch.float64), 0, 0, 0.0
             for micro, (_, idx, _) in enumerate(micro_batches):
-                batch = collate(data, idx, regression)
+                batch = collate(data, idx, regression, multiple)
                 # Gradients are all-reduced only on the last micro-batch of an accumulation.
                 sync = micro == cfg.grad_accum - 1 or not hasattr(model, "no_sync")
                 with (contextlib.nullcontext() if sync else model.no_sync()), autocast:  # type: ignore[operator]
-                    loss = model(**batch).loss
+                    loss = forward(**batch).loss
                 # Each row weighs 1/(rows of the global step) whatever its rank's share: DDP averages
                 # over ranks, so scale by world x local rows / global rows (unequal last batches).
                 (loss * (len(idx) * world / step_rows)).backward()
@@ -258,10 +263,21 @@ def _save(cfg: TrainConfig, saver: Saver, model: torch.nn.Module, opt: torch.opt
         dist.barrier()  # nobody runs ahead (or leaves) before the checkpoint is complete
 
 
+def _wrap(model: torch.nn.Module, world: int) -> torch.nn.Module:
+    """DDP over the process group when there are peers (frozen parameters are left out of its buckets)."""
+    if world == 1:
+        return model
+    # No buffer sync per forward: BERT's buffers never change, and a sync on a forward that some
+    # ranks skip (evaluation with fewer rows than ranks) would mismatch the collectives.
+    return torch.nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False)
+
+
 def _optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     decay: list[torch.nn.Parameter] = []
     no_decay: list[torch.nn.Parameter] = []
     for name, p in model.named_parameters():
+        if not p.requires_grad:  # --freeze-embeddings: no gradient, no optimizer state
+            continue
         (no_decay if p.ndim < 2 or "LayerNorm" in name or "bias" in name else decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]

@@ -93,6 +93,42 @@ def test_synthetic_task(tmp_path: Path) -> None:
     assert result["task"] == "synthetic" and result["train_tokens_per_s"] > 0 and result["peak_rss_mb"] > 0
 
 
+def test_speed_levers_train_the_same_model(shared_data: Path, tmp_path: Path) -> None:
+    """--compile (padded to multiples of 32) and --freeze-embeddings change speed, not what is learned.
+
+    The compiled run's losses match eager ones; a frozen table stays bit-identical while the rest trains.
+    --ppn auto picks a layout from this machine's cores and says so.
+    """
+    common = [*mrpc(shared_data), "--max-steps", "3", "--dropout", "0", "--precision", "fp32", "--no-eval",
+              "--log-every", "1", "--checkpoint-every", "3", "--np", "1"]
+    for name, extra in (("eager", []), ("compiled", ["--compile"]), ("frozen", ["--freeze-embeddings"])):
+        r = cpudist("run", *common, *extra, "--output-dir", tmp_path / name, timeout=600)
+        assert r.returncode == 0, r.stderr
+    eager, compiled = losses(tmp_path / "eager"), losses(tmp_path / "compiled")
+    for a, b in zip(eager, compiled, strict=True):
+        assert abs(a - b) <= 1e-3 * abs(a), (eager, compiled)
+
+    import torch
+
+    def weights(name: str) -> dict[str, torch.Tensor]:
+        state = torch.load(next((tmp_path / name / "checkpoints").glob("step-*")) / "state.pt")
+        return state["model"]  # type: ignore[no-any-return]
+
+    frozen, trained = weights("frozen"), weights("eager")
+    table = "bert.embeddings.word_embeddings.weight"
+    assert not torch.equal(frozen[table], trained[table])  # eager trained its table...
+    from cpudist.train.models import build_model
+
+    torch.manual_seed(42)
+    fresh = build_model("tiny", 2, False, 0.0).state_dict()
+    assert torch.equal(frozen[table], fresh[table])  # ...the frozen run kept its initial one
+    assert not torch.equal(frozen["classifier.weight"], fresh["classifier.weight"])
+
+    r = cpudist("run", *mrpc(shared_data), "--ppn", "auto", "--max-steps", "1", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert "--ppn auto: 1 rank(s) per node" in r.stderr and " -np 1 " in r.stdout
+
+
 def test_dry_run_runs_nothing(shared_data: Path, tmp_path: Path) -> None:
     r = cpudist("run", *mrpc(shared_data), "--np", "2", "--output-dir", tmp_path / "dry", "--dry-run",
                 "--env", "FOO=bar")
@@ -120,6 +156,10 @@ BAD_INPUTS = [
      "oneccl_bindings_for_pytorch"),
     (["run", "mrpc", "--data-dir", "{data}/glue/MRPC", "--model", "tiny", "--env", "NOPE"], "KEY=VALUE"),
     (["report", "/nonexistent/ledger.jsonl"], "no such ledger"),
+    (["run", "mrpc", "--data-dir", "{data}/glue/MRPC", "--model", "tiny", "--ipex"], "intel_extension_for_pytorch"),
+    (["run", "mrpc", "--data-dir", "{data}/glue/MRPC", "--model", "tiny", "--nodes", "2", "--ppn", "1", "--np", "3"],
+     "disagrees with --nodes 2"),
+    (["run", "mrpc", "--data-dir", "{data}/glue/MRPC", "--model", "tiny", "--ppn", "two"], "neither a positive"),
 ]
 
 
