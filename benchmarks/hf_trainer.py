@@ -68,6 +68,8 @@ def main() -> None:
     ap.add_argument("--max-train-samples", type=int)
     ap.add_argument("--no-eval", action="store_true")
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
+                    help="best mode: auto is bf16 where the CPU has it (blog mode is always fp32)")
     a = ap.parse_args()
     torch.manual_seed(a.seed)
     data = load_glue_tsv("mrpc", Path(a.data_dir))
@@ -87,7 +89,7 @@ def main() -> None:
     else:
         model = AutoModelForSequenceClassification.from_pretrained(a.model, num_labels=2)
     best = a.mode == "best"
-    bf16 = best and read_cpu().has_bf16
+    bf16 = best and (a.precision == "bf16" or (a.precision == "auto" and read_cpu().has_bf16))
     with tempfile.TemporaryDirectory() as out:
         args = TrainingArguments(
             output_dir=out, per_device_train_batch_size=a.batch_size, per_device_eval_batch_size=64,

@@ -260,17 +260,20 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--suites", default="mrpc-minilm,bert-base,mfu")
     ap.add_argument("--levers", default=",".join(LEVERS), help="Levers of the levers-* suites.")
+    ap.add_argument("--precision", choices=["auto", "fp32"], default="auto",
+                    help="fp32: every arm in fp32, the path of CPUs without bf16 (Ice Lake), on this CPU")
     a = ap.parse_args()
+    forced = {"precision": a.precision} if a.precision != "auto" else {}
     command = "python benchmarks/throughput.py " + " ".join(sys.argv[1:])
     minilm = {"batch-size": "32", "lr": "5e-5", "epochs": "1" if a.quick else "3",
-              **({"max-train-samples": "640"} if a.quick else {})}
-    bert = {"batch-size": "32", "max-steps": "8" if a.quick else "12", "max-train-samples": "640"}
+              **({"max-train-samples": "640"} if a.quick else {}), **forced}
+    bert = {"batch-size": "32", "max-steps": "8" if a.quick else "12", "max-train-samples": "640", **forced}
     plans = {"mrpc-minilm": (MINILM, minilm, True), "bert-base": ("bert-base", bert, False),
              "levers-minilm": (MINILM, minilm, True), "levers-bert-base": ("bert-base", bert, False)}
     kind = cpu().kind
     quick = "-quick" if a.quick else ""
     for name in a.suites.split(","):
-        path = HERE / "results" / f"throughput-{name}{quick}-{kind}"
+        path = HERE / "results" / f"throughput-{name}{quick}-{kind}{'-fp32' if forced else ''}"
         if name == "mfu":
             res = {"suite": "mfu", "command": command, **mfu_at_128(8 if a.quick else 12, a.repeats)}
             md = mfu_markdown(res, command)

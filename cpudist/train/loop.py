@@ -46,11 +46,15 @@ class TrainStats:
     losses: list[float] = field(default_factory=list)
     checkpoints: list[str] = field(default_factory=list)  # written by this part
     stopped: str | None = None  # why the ranks stopped early (after a checkpoint), if they did
+    compiling: set[int] = field(default_factory=set)  # indexes of this part's steps that met a new shape (--compile)
 
     def steady_samples_per_s(self) -> float:
+        """Samples/s of the steps past the warm-up that compiled nothing (the wall time counts them all)."""
         k = WARMUP_STEPS_EXCLUDED if len(self.step_times) > 2 * WARMUP_STEPS_EXCLUDED else 0
-        t = sum(self.step_times[k:])
-        return sum(self.step_samples[k:]) / t if t > 0 else 0.0
+        every = range(len(self.step_times))
+        kept = [i for i in every if i >= k and i not in self.compiling] or list(every)
+        t = sum(self.step_times[i] for i in kept)
+        return sum(self.step_samples[i] for i in kept) / t if t > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,7 @@ def train(cfg: TrainConfig, model: torch.nn.Module, data: Encoded, regression: b
         _apply(restored, model, opt, sched, stats, cfg.seed + rank)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
     pending: list[Pending] = []
+    shapes: set[tuple[int, ...]] = set()
     log = _steps_log(run_dir, stats.steps) if rank == 0 else None
     model.train()
     if rank == 0:
@@ -153,6 +158,9 @@ def train(cfg: TrainConfig, model: torch.nn.Module, data: Encoded, regression: b
             loss_sum, n_local, tokens, flops = torch.zeros((), dtype=torch.float64), 0, 0, 0.0
             for micro, (_, idx, _) in enumerate(micro_batches):
                 batch = collate(data, idx, regression, multiple)
+                if cfg.compile and tuple(batch["input_ids"].shape) not in shapes:
+                    shapes.add(tuple(batch["input_ids"].shape))
+                    stats.compiling.add(len(stats.step_times))  # this step compiles (or loads) a graph
                 # Gradients are all-reduced only on the last micro-batch of an accumulation.
                 sync = micro == cfg.grad_accum - 1 or not hasattr(model, "no_sync")
                 with (contextlib.nullcontext() if sync else model.no_sync()), autocast:  # type: ignore[operator]
