@@ -13,11 +13,11 @@ from cpudist.cli.cluster import cluster
 from cpudist.cli.hosts import hosts
 from cpudist.cli.report import report
 from cpudist.cli.run import run
-from cpudist.errors import CpudistError
+from cpudist.errors import BadInput, CpudistError
 
 
 class Root(click.Group):
-    """Prints a traceback before the one-line error when --debug is given."""
+    """Every error is one line: ours (with a traceback first under --debug) and click's own bad-option ones."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -26,6 +26,10 @@ class Root(click.Group):
             if ctx.params.get("debug"):
                 traceback.print_exc()
             raise
+        except click.UsageError as e:
+            where = e.ctx.command_path if e.ctx is not None else ctx.command_path
+            text = e.format_message().rstrip(".")
+            raise BadInput(f"{text}{'' if text.endswith('?') else '.'} See '{where} --help'") from e
 
 
 @click.group(cls=Root)
