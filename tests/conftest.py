@@ -5,6 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Property tests check results, not speed: hypothesis's 200 ms deadline failed a collate example on a
+# busy 2-core machine, and CI machines differ in speed.
+settings.register_profile("cpudist", deadline=None)
+settings.load_profile("cpudist")
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

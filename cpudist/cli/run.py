@@ -131,7 +131,7 @@ def summary(r: RunResult) -> str:
 @click.option("--ssh", help="ssh program for the launcher [default: ~/.cpudist/cluster/ssh from ssh-setup].")
 @click.option("--iface", help="Network interface between nodes (sets GLOO_SOCKET_IFNAME).")
 @click.option("--allocator", type=click.Choice(["auto", "tcmalloc", "jemalloc", "none"]), default="auto",
-              show_default=True, help="Preloaded memory allocator (auto: tcmalloc or jemalloc when installed).")
+              show_default=True, help="Preloaded memory allocator (auto: tcmalloc when installed).")
 @click.option("--model", default="bert-base-uncased", show_default=True,
               help="Preset (tiny, minilm-l6, bert-base, distilbert-base, bert-large), local folder or Hub id.")
 @click.option("--tokenizer", help="Tokenizer source, when not the model's.")

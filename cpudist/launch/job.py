@@ -101,11 +101,16 @@ class Placement:
     iface: str | None = None
 
 
+# Measured (benchmarks/README.md, "Levers"): tcmalloc matched or beat glibc's malloc, jemalloc lost 12-16%,
+# so auto preloads tcmalloc when installed and never falls back to jemalloc.
+ALLOCATOR_AUTO = ("tcmalloc",)
+
+
 def pick_allocator(name: str) -> str | None:
-    """Path of the allocator to preload: `auto` takes tcmalloc, then jemalloc, when installed."""
+    """Path of the allocator to preload: `auto` takes tcmalloc when installed, else glibc's malloc."""
     if name == "none":
         return None
-    for kind in ("tcmalloc", "jemalloc") if name == "auto" else (name,):
+    for kind in ALLOCATOR_AUTO if name == "auto" else (name,):
         found = find_library(ALLOCATORS[kind])
         if found:
             return found

@@ -60,6 +60,20 @@ def test_openmp_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     assert job.pick_openmp("auto") == (None if job.OPENMP_AUTO == "gnu" else "/x/libiomp5.so")
 
 
+def test_allocator_auto_takes_tcmalloc_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """jemalloc lost 12-16% here (benchmarks/README.md), so auto must not fall back to it."""
+    only_jemalloc = {"libjemalloc.so.2": "/x/libjemalloc.so.2"}
+    monkeypatch.setattr(job, "find_library", lambda names: next((only_jemalloc[n] for n in names if n in only_jemalloc),
+                                                                 None))
+    assert job.pick_allocator("auto") is None
+    assert job.pick_allocator("jemalloc") == "/x/libjemalloc.so.2"
+    with pytest.raises(BadInput, match="tcmalloc is not installed"):
+        job.pick_allocator("tcmalloc")
+    monkeypatch.setattr(job, "find_library", lambda names: "/x/" + names[0])
+    assert job.pick_allocator("auto") == "/x/libtcmalloc.so.4"
+    assert job.pick_allocator("none") is None
+
+
 def test_frozen_embeddings_get_no_gradient_and_no_optimizer_state() -> None:
     from cpudist.train.config import TrainConfig
 
