@@ -170,15 +170,15 @@ def gemm_ceiling(threads: int, dtype: str, n: int = 2048) -> float:
     return best
 
 
-def mfu_at_128(steps: int, repeats: int) -> dict[str, Any]:
-    """bert-base on full 128-token rows (synthetic task: no padding), default precision, vs measured GEMMs."""
+def mfu_at_128(steps: int, repeats: int, precision: str = "auto") -> dict[str, Any]:
+    """bert-base on full 128-token rows (synthetic task: no padding), in `precision`, vs measured GEMMs."""
     runs = []
     for _ in range(repeats):
         with tempfile.TemporaryDirectory() as tmp:
             runs.append(run_json(["cpudist", "run", "synthetic", "--np", "1", "--model", "bert-base",
                                   "--max-seq-len", "128", "--batch-size", "32", "--max-steps", str(steps), "--no-eval",
                                   "--synthetic-samples", str(32 * steps), "--output-dir", f"{tmp}/run", "--ledger",
-                                  f"{tmp}/l.jsonl", "--json", "--quiet"]))
+                                  f"{tmp}/l.jsonl", "--precision", precision, "--json", "--quiet"]))
     r = sorted(runs, key=lambda x: x["train_flops_per_s"])[len(runs) // 2]  # the median run
     out = {k: r[k] for k in ("mfu", "train_flops_per_s", "peak_flops_per_s", "peak_how", "precision",
                              "steady_samples_per_s", "peak_rss_mb", "cpu", "versions", "threads_per_rank")}
@@ -275,7 +275,7 @@ def main() -> None:
     for name in a.suites.split(","):
         path = HERE / "results" / f"throughput-{name}{quick}-{kind}{'-fp32' if forced else ''}"
         if name == "mfu":
-            res = {"suite": "mfu", "command": command, **mfu_at_128(8 if a.quick else 12, a.repeats)}
+            res = {"suite": "mfu", "command": command, **mfu_at_128(8 if a.quick else 12, a.repeats, a.precision)}
             md = mfu_markdown(res, command)
         elif name == "eval":
             res = {"command": command, **eval_levers(MINILM, a.repeats)}
