@@ -63,7 +63,7 @@ def check_hub(what: str) -> None:
 
 def preflight(cfg: TrainConfig) -> bool:
     """Check model and data before any rank starts; True when every source is local."""
-    from cpudist.train.__main__ import load_task  # parsing only: cheap, and errors are one line
+    from cpudist.train.data import load_task  # parsing only: cheap, and errors are one line
 
     resolve_model(cfg.model)
     if cfg.backend == "ccl" and importlib.util.find_spec("oneccl_bindings_for_pytorch") is None:

@@ -12,12 +12,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import resource
 import socket
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,143 +26,16 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path.home() / ".cpudist" / 
 import torch
 import torch.distributed as dist
 
-from cpudist import __version__
-from cpudist.cpu import read_cpu
-from cpudist.errors import BadInput, CpudistError
-from cpudist.flops import cpu_ghz, peak_flops, shape_of
-from cpudist.results.schema import RunResult
-from cpudist.train import events, preempt, resume, speed
-from cpudist.train.checkpoint import Restored, seed_all
+from cpudist.errors import CpudistError
+from cpudist.flops import shape_of
+from cpudist.train import events, preempt, resume
+from cpudist.train.checkpoint import Restored
 from cpudist.train.config import TrainConfig, from_argv
-from cpudist.train.data import TaskData, load_custom, load_glue_hub, load_glue_tsv
-from cpudist.train.dist import RankInfo, discover_rank, init_distributed
+from cpudist.train.dist import RankInfo, discover_rank
 from cpudist.train.evaluate import evaluate
-from cpudist.train.features import Encoded, encode, synthetic
 from cpudist.train.loop import Saver, TrainStats, train
-from cpudist.train.models import build_model, load_tokenizer
-
-CPU = read_cpu()  # read once per rank
-
-
-@dataclass(frozen=True)
-class Job:
-    """Everything set up before the first step."""
-
-    cfg: TrainConfig
-    info: RankInfo
-    model: torch.nn.Module
-    train_data: Encoded
-    eval_data: Encoded
-    metrics: tuple[str, ...]
-    regression: bool
-    bf16: bool
-    run_dir: Path
-
-
-def load_task(cfg: TrainConfig) -> TaskData:
-    """The task's text data from wherever the config points (not for `synthetic`)."""
-    if cfg.task == "custom":
-        if cfg.train_file is None:
-            raise BadInput("task 'custom' needs --train-file", "Add --train-file and --validation-file")
-        return load_custom(Path(cfg.train_file), Path(cfg.validation_file) if cfg.validation_file else None,
-                           cfg.text_columns or ("text",), cfg.label_column or "label")
-    if cfg.data_dir is not None:
-        return load_glue_tsv(cfg.task, Path(cfg.data_dir))
-    return load_glue_hub(cfg.task)
-
-
-def resolve_precision(requested: str, has_bf16: bool) -> str:
-    """`auto` means bf16 autocast where the CPU computes bf16 natively, else fp32."""
-    if requested == "auto":
-        return "bf16" if has_bf16 else "fp32"
-    return requested
-
-
-def setup(cfg: TrainConfig, info: RankInfo) -> Job:
-    """Threads, seeds, process group, data, model: the work before training."""
-    if "OMP_NUM_THREADS" in os.environ:
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    seed_all(cfg.seed)  # the same model initialization on every rank
-    init_distributed(info, cfg.backend, os.environ, cfg.dist_timeout_s)
-    if info.rank != 0:
-        import transformers
-
-        transformers.logging.set_verbosity_error()
-    model: torch.nn.Module
-    if cfg.task == "synthetic":
-        model = build_model(cfg.model, 2, False, cfg.dropout)
-        vocab = int(getattr(model.config, "vocab_size", 30522))
-        train_data = synthetic(cfg.synthetic_samples, cfg.max_seq_len, vocab, 2, cfg.seed)
-        eval_data = synthetic(max(64, cfg.synthetic_samples // 8), cfg.max_seq_len, vocab, 2, cfg.seed + 1)
-        metrics: tuple[str, ...] = ("accuracy",)
-        regression = False
-    else:
-        task = load_task(cfg)
-        tokenizer = load_tokenizer(cfg.model, cfg.tokenizer)
-        train_data = encode(task.train.head(cfg.max_train_samples), tokenizer, cfg.max_seq_len)
-        eval_data = encode(task.validation.head(cfg.max_eval_samples), tokenizer, cfg.max_seq_len)
-        metrics, regression = task.metrics, task.is_regression
-        torch.manual_seed(cfg.seed)  # same classifier init whatever the tokenizer consumed
-        model = build_model(cfg.model, task.num_labels, regression, cfg.dropout)
-    if cfg.freeze_embeddings:
-        speed.freeze_embeddings(model)
-    seed_all(cfg.seed + info.rank)  # dropout noise differs between ranks, as with HF Trainer
-    bf16 = resolve_precision(cfg.precision, CPU.has_bf16) == "bf16"
-    run_dir = Path(cfg.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return Job(cfg, info, model, train_data, eval_data, metrics, regression, bf16, run_dir)
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
-def versions() -> dict[str, str]:
-    import transformers
-
-    return {"cpudist": __version__, "python": sys.version.split()[0], "torch": torch.__version__,
-            "transformers": transformers.__version__}
-
-
-def build_result(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict[str, float],
-                 saver: Saver, started_at: str, rank_info: list[dict[str, object]],
-                 restored: Restored | None) -> RunResult:
-    """Assemble result.json from what every rank reported."""
-    cfg, world = job.cfg, job.info.world_size
-    hosts = tuple(str(r["host"]) for r in rank_info)
-    params = sum(p.numel() for p in job.model.parameters())
-    eval_time = sum(phases.values())
-    flops_per_s = stats.flops / stats.train_time_s if stats.train_time_s else 0.0
-    cpu = CPU
-    ghz = cpu_ghz(Path("/proc/cpuinfo").read_text()) if Path("/proc/cpuinfo").exists() else 0.0
-    # The cores the job computes on: every rank's threads (one per physical core by default).
-    peak = peak_flops(cpu, torch.get_num_threads() * world, ghz)
-    peak_used = peak.bf16 if job.bf16 else peak.fp32
-    return RunResult(
-        task=cfg.task, model=cfg.model, world_size=world, nodes=tuple(dict.fromkeys(hosts)),
-        ppn=max(hosts.count(h) for h in hosts), precision="bf16" if job.bf16 else "fp32",
-        backend=cfg.backend, sync="ddp", per_rank_batch_size=cfg.batch_size, grad_accum=cfg.grad_accum,
-        global_batch_size=cfg.batch_size * cfg.grad_accum * world, max_seq_len=cfg.max_seq_len,
-        steps=stats.steps, train_samples=stats.samples, train_time_s=stats.train_time_s,
-        eval_time_s=eval_time, wall_time_s=saver.wall_before_s + time.perf_counter() - saver.started,
-        train_samples_per_s=stats.samples / stats.train_time_s if stats.train_time_s else 0.0,
-        steady_samples_per_s=stats.steady_samples_per_s(),
-        train_tokens_per_s=stats.tokens / stats.train_time_s if stats.train_time_s else 0.0,
-        metrics=metrics,
-        # Ring all-reduce: each rank sends 2(W-1)/W of the fp32 gradients per optimizer step.
-        comm_bytes_per_step=int(2 * (world - 1) / world * params * 4),
-        versions=versions(), cpu=cpu.summary(), run_id=job.run_dir.name, started_at=started_at,
-        rank_hosts=hosts, epochs=cfg.epochs if cfg.max_steps is None else None, max_steps=cfg.max_steps,
-        seed=cfg.seed, lr=cfg.lr, threads_per_rank=torch.get_num_threads(),
-        final_loss=stats.losses[-1] if stats.losses else None,
-        peak_rss_mb=max(float(r["peak_rss_mb"]) for r in rank_info),  # type: ignore[arg-type]
-        eval_phases=phases, run_dir=str(job.run_dir.resolve()), train_flops_per_s=flops_per_s,
-        mfu=flops_per_s / peak_used if peak_used else 0.0, peak_flops_per_s=peak_used, peak_how=peak.how,
-        resumed_from_step=int(restored.meta["step"]) if restored else None,
-        resumed_from=restored.path if restored else None, parts=saver.parts,
-        checkpoints={"folder": str(saver.folder), "written": stats.checkpoints, "s3": cfg.checkpoint_s3,
-                     "keep": saver.keep} if stats.checkpoints or restored else {},
-    )
+from cpudist.train.result import build_result, peak_rss_mb
+from cpudist.train.setup import Job, setup
 
 
 def _say_rank0(rank: int) -> Callable[[str], None]:
@@ -204,6 +75,14 @@ def run(cfg: TrainConfig, info: RankInfo) -> int:
             events.emit("eval", rows=len(job.eval_data))
         metrics, phases = evaluate(getattr(job.model, "module", job.model), job.eval_data, job.metrics, job.regression,
                                    cfg.eval_batch_size, job.bf16, info.rank, info.world_size)
+    _finish(job, stats, metrics, phases, saver, started_at, restored)
+    return 0
+
+
+def _finish(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict[str, float], saver: Saver,
+            started_at: str, restored: Restored | None) -> None:
+    """Gather every rank's host and memory, write result.json on rank 0, and leave together."""
+    info = job.info
     mine = {"host": socket.gethostname(), "peak_rss_mb": peak_rss_mb()}
     rank_info: list[dict[str, object]] = [mine]
     if info.world_size > 1:
@@ -219,7 +98,6 @@ def run(cfg: TrainConfig, info: RankInfo) -> int:
         # Leave together: a rank tearing down gloo while a peer still talks to it can abort the
         # peer ("terminate called without an active exception").
         dist.barrier()
-    return 0
 
 
 def _stopped(job: Job, stats: TrainStats, info: RankInfo) -> int:

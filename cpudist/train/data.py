@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cpudist.errors import BadInput
+from cpudist.train.config import TrainConfig
 from cpudist.train.tasks import GLUE_DIR_NAMES, GLUE_TASKS, GlueTask
 
 CUSTOM_SUFFIXES = (".csv", ".tsv", ".txt", ".json", ".jsonl")
@@ -237,3 +238,15 @@ def load_custom(train_file: Path, validation_file: Path | None, text_columns: Se
     else:
         metrics = ("accuracy", "f1") if len(names) == 2 else ("accuracy", "f1_macro")
     return TaskData("custom", train, validation, names, metrics)
+
+
+def load_task(cfg: TrainConfig) -> TaskData:
+    """The task's text data from wherever the config points (not for `synthetic`)."""
+    if cfg.task == "custom":
+        if cfg.train_file is None:
+            raise BadInput("task 'custom' needs --train-file", "Add --train-file and --validation-file")
+        return load_custom(Path(cfg.train_file), Path(cfg.validation_file) if cfg.validation_file else None,
+                           cfg.text_columns or ("text",), cfg.label_column or "label")
+    if cfg.data_dir is not None:
+        return load_glue_tsv(cfg.task, Path(cfg.data_dir))
+    return load_glue_hub(cfg.task)

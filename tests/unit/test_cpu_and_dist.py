@@ -4,8 +4,8 @@ import pytest
 
 from cpudist.cpu import parse_cpuinfo
 from cpudist.errors import BadInput
-from cpudist.train.__main__ import resolve_precision
 from cpudist.train.dist import discover_rank
+from cpudist.train.setup import resolve_precision
 
 CPUINFO = "\n\n".join(
     f"processor\t: {i}\nmodel name\t: Xeon\nphysical id\t: 0\ncore id\t\t: {i % 2}\n"

@@ -1,0 +1,69 @@
+"""result.json of a run: what every rank measured, assembled on rank 0."""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from cpudist import __version__
+from cpudist.flops import cpu_ghz, peak_flops
+from cpudist.results.schema import RunResult
+from cpudist.train.checkpoint import Restored
+from cpudist.train.loop import Saver, TrainStats
+from cpudist.train.setup import CPU, Job
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def versions() -> dict[str, str]:
+    import transformers
+
+    return {"cpudist": __version__, "python": sys.version.split()[0], "torch": torch.__version__,
+            "transformers": transformers.__version__}
+
+
+def build_result(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict[str, float],
+                 saver: Saver, started_at: str, rank_info: list[dict[str, object]],
+                 restored: Restored | None) -> RunResult:
+    """Assemble result.json from what every rank reported."""
+    cfg, world = job.cfg, job.info.world_size
+    hosts = tuple(str(r["host"]) for r in rank_info)
+    params = sum(p.numel() for p in job.model.parameters())
+    eval_time = sum(phases.values())
+    flops_per_s = stats.flops / stats.train_time_s if stats.train_time_s else 0.0
+    cpu = CPU
+    ghz = cpu_ghz(Path("/proc/cpuinfo").read_text()) if Path("/proc/cpuinfo").exists() else 0.0
+    # The cores the job computes on: every rank's threads (one per physical core by default).
+    peak = peak_flops(cpu, torch.get_num_threads() * world, ghz)
+    peak_used = peak.bf16 if job.bf16 else peak.fp32
+    return RunResult(
+        task=cfg.task, model=cfg.model, world_size=world, nodes=tuple(dict.fromkeys(hosts)),
+        ppn=max(hosts.count(h) for h in hosts), precision="bf16" if job.bf16 else "fp32",
+        backend=cfg.backend, sync="ddp", per_rank_batch_size=cfg.batch_size, grad_accum=cfg.grad_accum,
+        global_batch_size=cfg.batch_size * cfg.grad_accum * world, max_seq_len=cfg.max_seq_len,
+        steps=stats.steps, train_samples=stats.samples, train_time_s=stats.train_time_s,
+        eval_time_s=eval_time, wall_time_s=saver.wall_before_s + time.perf_counter() - saver.started,
+        train_samples_per_s=stats.samples / stats.train_time_s if stats.train_time_s else 0.0,
+        steady_samples_per_s=stats.steady_samples_per_s(),
+        train_tokens_per_s=stats.tokens / stats.train_time_s if stats.train_time_s else 0.0,
+        metrics=metrics,
+        # Ring all-reduce: each rank sends 2(W-1)/W of the fp32 gradients per optimizer step.
+        comm_bytes_per_step=int(2 * (world - 1) / world * params * 4),
+        versions=versions(), cpu=cpu.summary(), run_id=job.run_dir.name, started_at=started_at,
+        rank_hosts=hosts, epochs=cfg.epochs if cfg.max_steps is None else None, max_steps=cfg.max_steps,
+        seed=cfg.seed, lr=cfg.lr, threads_per_rank=torch.get_num_threads(),
+        final_loss=stats.losses[-1] if stats.losses else None,
+        peak_rss_mb=max(float(r["peak_rss_mb"]) for r in rank_info),  # type: ignore[arg-type]
+        eval_phases=phases, run_dir=str(job.run_dir.resolve()), train_flops_per_s=flops_per_s,
+        mfu=flops_per_s / peak_used if peak_used else 0.0, peak_flops_per_s=peak_used, peak_how=peak.how,
+        resumed_from_step=int(restored.meta["step"]) if restored else None,
+        resumed_from=restored.path if restored else None, parts=saver.parts,
+        checkpoints={"folder": str(saver.folder), "written": stats.checkpoints, "s3": cfg.checkpoint_s3,
+                     "keep": saver.keep} if stats.checkpoints or restored else {},
+    )

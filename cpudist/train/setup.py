@@ -1,0 +1,77 @@
+"""The work before the first step of a rank: threads, seeds, process group, data, model."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from cpudist.cpu import read_cpu
+from cpudist.train import speed
+from cpudist.train.checkpoint import seed_all
+from cpudist.train.config import TrainConfig
+from cpudist.train.data import load_task
+from cpudist.train.dist import RankInfo, init_distributed
+from cpudist.train.features import Encoded, encode, synthetic
+from cpudist.train.models import build_model, load_tokenizer
+
+CPU = read_cpu()  # read once per rank
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything set up before the first step."""
+
+    cfg: TrainConfig
+    info: RankInfo
+    model: torch.nn.Module
+    train_data: Encoded
+    eval_data: Encoded
+    metrics: tuple[str, ...]
+    regression: bool
+    bf16: bool
+    run_dir: Path
+
+
+def resolve_precision(requested: str, has_bf16: bool) -> str:
+    """`auto` means bf16 autocast where the CPU computes bf16 natively, else fp32."""
+    if requested == "auto":
+        return "bf16" if has_bf16 else "fp32"
+    return requested
+
+
+def setup(cfg: TrainConfig, info: RankInfo) -> Job:
+    """Threads, seeds, process group, data, model: the work before training."""
+    if "OMP_NUM_THREADS" in os.environ:
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    seed_all(cfg.seed)  # the same model initialization on every rank
+    init_distributed(info, cfg.backend, os.environ, cfg.dist_timeout_s)
+    if info.rank != 0:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+    model: torch.nn.Module
+    if cfg.task == "synthetic":
+        model = build_model(cfg.model, 2, False, cfg.dropout)
+        vocab = int(getattr(model.config, "vocab_size", 30522))
+        train_data = synthetic(cfg.synthetic_samples, cfg.max_seq_len, vocab, 2, cfg.seed)
+        eval_data = synthetic(max(64, cfg.synthetic_samples // 8), cfg.max_seq_len, vocab, 2, cfg.seed + 1)
+        metrics: tuple[str, ...] = ("accuracy",)
+        regression = False
+    else:
+        task = load_task(cfg)
+        tokenizer = load_tokenizer(cfg.model, cfg.tokenizer)
+        train_data = encode(task.train.head(cfg.max_train_samples), tokenizer, cfg.max_seq_len)
+        eval_data = encode(task.validation.head(cfg.max_eval_samples), tokenizer, cfg.max_seq_len)
+        metrics, regression = task.metrics, task.is_regression
+        torch.manual_seed(cfg.seed)  # same classifier init whatever the tokenizer consumed
+        model = build_model(cfg.model, task.num_labels, regression, cfg.dropout)
+    if cfg.freeze_embeddings:
+        speed.freeze_embeddings(model)
+    seed_all(cfg.seed + info.rank)  # dropout noise differs between ranks, as with HF Trainer
+    bf16 = resolve_precision(cfg.precision, CPU.has_bf16) == "bf16"
+    run_dir = Path(cfg.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return Job(cfg, info, model, train_data, eval_data, metrics, regression, bf16, run_dir)
