@@ -63,6 +63,18 @@ class RunResult:
     checkpoints: dict[str, Any] = field(default_factory=dict)  # folder, written, s3, keep
     recoveries: int = 0  # nodes replaced and runs resumed by --on-preemption resume
     time_lost_s: float = 0.0  # wall time between a stop and the resumed run's first step, summed
+    # Gradient sync and its traffic (cpudist/traffic.py). `sync` above is the strategy's label (ddp,
+    # ddp+bf16, allreduce, gather-scatter, local-sgd:8, diloco:8, ...); its knobs are here.
+    sync_options: dict[str, Any] = field(default_factory=dict)
+    optimizer: str = "adamw"
+    grad_bytes: int = 0  # one fp32 gradient of the trained parameters
+    expected_tx_bytes_per_step: float = 0.0  # every node's interface together, per optimizer step (0: one node)
+    measured_tx_bytes_per_step: float | None = None  # what their counters saw (None: one node, not measured)
+    tx_bytes_by_node: dict[str, float] = field(default_factory=dict)  # measured, per node and step
+    traffic_iface: str = ""  # the interface counted (the one towards MASTER_ADDR)
+    comm_time_s: float = 0.0  # sync collectives in flight (mean over ranks, all steps of this part)
+    exposed_comm_s: float = 0.0  # training time spent waiting for them (the rest is compute)
+    bus_bandwidth_gbps: float | None = None  # busiest rank's bytes sent / comm_time_s
     schema: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -77,6 +89,18 @@ class RunResult:
             if key in kept:
                 kept[key] = tuple(kept[key])
         return cls(**kept)
+
+    @property
+    def comm_share(self) -> float:
+        """Share of the training time spent waiting for communication."""
+        return self.exposed_comm_s / self.train_time_s if self.train_time_s else 0.0
+
+    @property
+    def traffic_error(self) -> float | None:
+        """measured / expected - 1 of the bytes between nodes; None when either is unknown."""
+        if self.measured_tx_bytes_per_step is None or not self.expected_tx_bytes_per_step:
+            return None
+        return self.measured_tx_bytes_per_step / self.expected_tx_bytes_per_step - 1
 
     @property
     def cost_usd(self) -> float | None:

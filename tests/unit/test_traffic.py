@@ -1,0 +1,71 @@
+"""Expected bytes on the wire per strategy: the arithmetic the report and the planner rely on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
+
+from cpudist.traffic import SyncSpec, buckets, expected_traffic, payload_bytes, powersgd_values
+
+SHAPES = [(1000, 64), (64,), (64, 64)]  # 64000 + 64 + 4096 = 68160 values
+NUMEL = 68160
+
+
+def test_payload_fp32_and_halved_by_16_bit_compression() -> None:
+    assert payload_bytes(SHAPES) == 4 * NUMEL
+    assert payload_bytes(SHAPES, "bf16") == payload_bytes(SHAPES, "fp16") == 2 * NUMEL
+
+
+@pytest.mark.parametrize("shape", [(1000, 64), (64,), (64, 64), (3, 3), (30522, 384), (8, 4, 4), (2, 1000)])
+@pytest.mark.parametrize("rank", [1, 2, 4])
+def test_powersgd_follows_torchs_rule(shape: tuple[int, ...], rank: int) -> None:
+    n = shape[0]
+    m = torch.Size(shape).numel() // n
+    compress, full, small = _should_compress(n, m, min(n, m, rank), 2)
+    assert powersgd_values(shape, rank) == (small if compress else full)
+
+
+def test_ring_all_reduce_sends_two_n_minus_one_over_n_per_rank_and_node() -> None:
+    t = expected_traffic(SyncSpec(), SHAPES, world=4, ppn=1, steps=10)
+    assert t.rank_send == pytest.approx(2 * 3 / 4 * 4 * NUMEL)
+    assert t.node_tx == pytest.approx((2 * 3 / 4 * 4 * NUMEL,) * 4)
+    assert t.exchanges == 1
+    # Two ranks per node: one ring edge leaves each node, so a node still sends 2(N-1)/N of the payload.
+    two = expected_traffic(SyncSpec(), SHAPES, world=4, ppn=2, steps=10)
+    assert two.node_tx == pytest.approx((2 * 3 / 4 * 4 * NUMEL,) * 2)
+
+
+def test_one_node_puts_nothing_on_the_network() -> None:
+    assert expected_traffic(SyncSpec(), SHAPES, world=2, ppn=2, steps=5).total_node_tx == 0
+    assert expected_traffic(SyncSpec(), SHAPES, world=1, ppn=1, steps=5).rank_send == 0
+
+
+def test_gather_scatter_concentrates_n_minus_one_copies_on_the_head() -> None:
+    t = expected_traffic(SyncSpec("gather-scatter"), SHAPES, world=4, ppn=1, steps=3)
+    g = 4 * NUMEL
+    assert t.rank_send == 3 * g
+    assert t.node_tx == (3 * g, g, g, g)
+
+
+def test_local_sgd_moves_one_kth_after_its_warmup() -> None:
+    ddp = expected_traffic(SyncSpec(), SHAPES, 4, 1, 80)
+    k8 = expected_traffic(SyncSpec("local-sgd", sync_every=8), SHAPES, 4, 1, 80)
+    assert k8.total_node_tx == pytest.approx(ddp.total_node_tx / 8)
+    warm = expected_traffic(SyncSpec("local-sgd", sync_every=8, warmup_steps=8), SHAPES, 4, 1, 80)
+    assert warm.exchanges == pytest.approx((8 + 72 // 8) / 80)
+
+
+def test_powersgd_sends_plain_gradients_before_it_starts() -> None:
+    sync = SyncSpec(compression="powersgd", powersgd_rank=1, powersgd_start=5)
+    t = expected_traffic(sync, SHAPES, 2, 1, 10)
+    small = payload_bytes(SHAPES, "powersgd", 1)
+    assert small < payload_bytes(SHAPES) / 10
+    assert t.rank_send == pytest.approx((5 * payload_bytes(SHAPES) + 5 * small) / 10)
+
+
+def test_labels_and_buckets() -> None:
+    assert SyncSpec().label == "ddp"
+    assert SyncSpec(compression="powersgd", powersgd_rank=2).label == "ddp+powersgd:2"
+    assert SyncSpec("local-sgd", sync_every=8, outer="nesterov").label == "diloco:8"
+    assert buckets([(1024, 1024)] * 26, 25) == 1 + 5  # 104 MiB: a 1 MiB first bucket, then 103 MiB in 25 MiB ones
