@@ -68,6 +68,7 @@ class RunResult:
     sync_options: dict[str, Any] = field(default_factory=dict)
     optimizer: str = "adamw"
     grad_bytes: int = 0  # one fp32 gradient of the trained parameters
+    param_shapes: tuple[tuple[int, ...], ...] = ()  # of the trained parameters: what traffic.py needs to plan
     expected_tx_bytes_per_step: float = 0.0  # every node's interface together, per optimizer step (0: one node)
     measured_tx_bytes_per_step: float | None = None  # what their counters saw (None: one node, not measured)
     tx_bytes_by_node: dict[str, float] = field(default_factory=dict)  # measured, per node and step
@@ -88,6 +89,8 @@ class RunResult:
         for key in ("nodes", "rank_hosts"):
             if key in kept:
                 kept[key] = tuple(kept[key])
+        if "param_shapes" in kept:
+            kept["param_shapes"] = tuple(tuple(s) for s in kept["param_shapes"])
         return cls(**kept)
 
     @property
