@@ -20,6 +20,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cpudist.errors import BadInput
+
 STRATEGIES = ("ddp", "allreduce", "gather-scatter", "local-sgd")
 COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
 FP32 = 4
@@ -49,6 +51,15 @@ class SyncSpec:
         if self.strategy == "local-sgd":
             return f"{'diloco' if self.outer == 'nesterov' else 'local-sgd'}:{self.sync_every}"
         return self.strategy
+
+
+def parse_compression(text: str) -> tuple[str, int]:
+    """`powersgd:2` -> ("powersgd", 2); `bf16` -> ("bf16", 1); a bad value is one-line BadInput."""
+    name, _, rank = text.partition(":")
+    if name not in COMPRESSIONS or (rank and (name != "powersgd" or not rank.isdigit() or int(rank) < 1)):
+        raise BadInput(f"--grad-compression {text}: not one of none, bf16, fp16, powersgd[:RANK]",
+                       "e.g. --grad-compression bf16, or powersgd:2 for a rank-2 PowerSGD")
+    return name, int(rank or 1)
 
 
 def powersgd_values(shape: Sequence[int], rank: int) -> int:
@@ -106,7 +117,7 @@ def expected_traffic(sync: SyncSpec, shapes: Sequence[Sequence[int]], world: int
     grads = payload_bytes(shapes)
     if sync.strategy == "local-sgd":
         warm = min(sync.warmup_steps, steps)
-        averages = (steps - warm) // max(1, sync.sync_every)
+        averages = math.ceil((steps - warm) / max(1, sync.sync_every))  # the last one at the end of training
         plan = [(warm, grads), (averages, grads)]  # parameters average at the same fp32 size
     elif sync.strategy == "ddp" and sync.compression == "powersgd":
         start = min(sync.powersgd_start, steps)

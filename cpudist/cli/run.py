@@ -33,7 +33,8 @@ from cpudist.remote.session import Head, local_inputs, run_remote
 from cpudist.remote.targets import cluster_target, onprem_head, recover_cluster
 from cpudist.results.ledger import default_ledger
 from cpudist.results.schema import RunResult
-from cpudist.train.config import BACKENDS, PRECISIONS, SAMPLERS, TrainConfig
+from cpudist.traffic import STRATEGIES, parse_compression
+from cpudist.train.config import BACKENDS, OPTIMIZERS, PRECISIONS, SAMPLERS, TrainConfig
 from cpudist.train.durable import parse_s3_url
 from cpudist.train.tasks import normalize_task
 from cpudist.validate import check_imds
@@ -96,6 +97,25 @@ def _s3(ctx: click.Context, param: click.Parameter, value: str | None) -> str | 
 
 def _imds(ctx: click.Context, param: click.Parameter, value: str) -> str:
     return check_imds(value)
+
+
+def _compression(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    parse_compression(value)
+    return value
+
+
+def check_sync(cfg: TrainConfig) -> None:
+    """Knobs of one strategy given with another are mistakes: say so before anything starts."""
+    defaults = TrainConfig(task=cfg.task, output_dir="")
+    local_only = ("sync_every", "local_sgd_warmup", "outer_optimizer", "outer_lr", "outer_momentum")
+    given = [k for k in local_only if getattr(cfg, k) != getattr(defaults, k)]
+    if cfg.sync != "local-sgd" and given:
+        flag = "--" + given[0].replace("_", "-")
+        raise BadInput(f"{flag} applies to --sync local-sgd, not {cfg.sync}",
+                       f"Add --sync local-sgd, or drop {flag}")
+    if cfg.sync != "ddp" and cfg.grad_compression != "none":
+        raise BadInput(f"--grad-compression applies to --sync ddp (DDP's communication hooks), not {cfg.sync}",
+                       "Use --sync ddp with it, or drop --grad-compression")
 
 
 def summary(r: RunResult) -> str:
@@ -190,6 +210,23 @@ def summary(r: RunResult) -> str:
 @click.option("--openmp", type=click.Choice(["auto", "intel", "gnu"]), default="auto", show_default=True,
               help="OpenMP runtime of the ranks: Intel's libiomp5 (pip install intel-openmp) with KMP_AFFINITY/"
               "KMP_BLOCKTIME, or torch's own GNU one (auto: " + OPENMP_AUTO + ", the faster one measured here).")
+@click.option("--sync", type=click.Choice(STRATEGIES), default="ddp", show_default=True,
+              help="How ranks agree: ddp (buckets all-reduced during backward), allreduce (one flattened all-reduce "
+              "after backward), gather-scatter (through rank 0), local-sgd (average parameters every --sync-every).")
+@click.option("--bucket-cap-mb", type=click.FloatRange(min=0, min_open=True), default=25.0, show_default=True,
+              help="Size of DDP's gradient buckets and of local SGD's averaging buckets.")
+@click.option("--grad-compression", default="none", show_default=True, callback=_compression,
+              help="ddp: none, bf16, fp16 or powersgd[:RANK] (DDP communication hooks).")
+@click.option("--sync-every", type=click.IntRange(min=1), default=8, show_default=True,
+              help="local-sgd: optimizer steps between parameter averages (K).")
+@click.option("--local-sgd-warmup", type=click.IntRange(min=0),
+              help="local-sgd: synchronous steps before the first local one [default: 10%% of the steps].")
+@click.option("--outer-optimizer", type=click.Choice(["none", "nesterov"]), default="none", show_default=True,
+              help="local-sgd: nesterov applies the averaged change with an outer Nesterov SGD (DiLoCo).")
+@click.option("--outer-lr", type=click.FloatRange(min=0, min_open=True), default=0.7, show_default=True)
+@click.option("--outer-momentum", type=click.FloatRange(0, 1, max_open=True), default=0.9, show_default=True)
+@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True,
+              help="adamw (as HF Trainer), or sgd: plain SGD, linear in the gradient (for teaching and checks).")
 @click.option("--output-dir", type=click.Path(path_type=Path), help="Run folder [default: runs/<task>-...].")
 @click.option("--ledger", type=click.Path(path_type=Path), help="Results ledger [default: ~/.cpudist/results.jsonl].")
 @click.option("--env", "env_pairs", multiple=True, callback=_env, help="Extra rank variable KEY=VALUE (repeatable).")
@@ -216,6 +253,7 @@ def run(task: str, np_: int, ppn: int | str | None, nodes: int | None, hostfile:
                       validation_file=str(validation_file) if validation_file else None,
                       text_columns=tuple(c.strip() for c in (text_columns or "").split(",") if c.strip()),
                       dist_timeout_s=dist_timeout, **opts)  # type: ignore[arg-type]
+    check_sync(cfg)
     if output_dir is None and cfg.resume == "auto":
         output_dir = unfinished_run(cfg)
         if output_dir is not None:

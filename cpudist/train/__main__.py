@@ -65,7 +65,8 @@ def run(cfg: TrainConfig, info: RankInfo) -> int:
     imds = preempt.imds_endpoint(cfg.imds) if info.local_rank == 0 else None  # one poller per node
     with preempt.StopRequests(imds) as stop:
         stats = train(cfg, job.model, job.train_data, job.regression, job.bf16, job.run_dir, info.rank,
-                      info.world_size, shape_of(getattr(job.model, "module", job.model)), saver, stop, restored)
+                      info.world_size, shape_of(getattr(job.model, "module", job.model)), saver, stop, restored,
+                      job.iface)
     if stats.stopped is not None:
         return _stopped(job, stats, info)
     metrics: dict[str, float] = {}
@@ -83,8 +84,11 @@ def _finish(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict
             started_at: str, restored: Restored | None) -> None:
     """Gather every rank's host and memory, write result.json on rank 0, and leave together."""
     info = job.info
-    mine = {"host": socket.gethostname(), "peak_rss_mb": peak_rss_mb()}
-    rank_info: list[dict[str, object]] = [mine]
+    clock = stats.strategy.clock if stats.strategy else None
+    mine = {"host": socket.gethostname(), "peak_rss_mb": peak_rss_mb(), "tx_bytes": stats.tx_bytes,
+            "iface": job.iface, "comm_s": clock.busy_s if clock else 0.0,
+            "exposed_s": clock.exposed_s if clock else 0.0}
+    rank_info: list[dict[str, Any]] = [mine]
     if info.world_size > 1:
         rank_info = [{}] * info.world_size
         dist.all_gather_object(rank_info, mine)

@@ -16,6 +16,7 @@ from typing import Any
 PRECISIONS = ("auto", "fp32", "bf16")
 SAMPLERS = ("random", "grouped")
 BACKENDS = ("gloo", "ccl")
+OPTIMIZERS = ("adamw", "sgd")
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,16 @@ class TrainConfig:
     freeze_embeddings: bool = False  # the word-embedding table is not trained (cpudist/train/speed.py)
     compile: bool = False  # torch.compile, batches padded to a few static lengths
     ipex: bool = False  # Intel Extension for PyTorch's optimize(), when installed
+    optimizer: str = "adamw"  # sgd: plain SGD (no momentum), linear in the gradient: for teaching and checks
+    # Gradient sync (cpudist/train/sync.py, cpudist/traffic.py)
+    sync: str = "ddp"  # ddp | allreduce | gather-scatter | local-sgd
+    bucket_cap_mb: float = 25.0  # DDP's buckets; local SGD's averaging buckets
+    grad_compression: str = "none"  # ddp: none | bf16 | fp16 | powersgd[:RANK]
+    sync_every: int = 8  # local-sgd: steps between parameter averages (K)
+    local_sgd_warmup: int | None = None  # local-sgd: synchronous steps first (default: 10% of the steps)
+    outer_optimizer: str = "none"  # local-sgd: none | nesterov (DiLoCo)
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
 
 
 def _flag(name: str) -> str:

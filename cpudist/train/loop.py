@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from cpudist.errors import BadInput
 from cpudist.flops import ModelShape, training_flops
-from cpudist.train import checkpoint, events, speed
+from cpudist.train import checkpoint, events, netcount, speed, sync
 from cpudist.train.checkpoint import Position, Restored, gather_rngs, seed_all, set_rng_state
 from cpudist.train.config import TrainConfig
 from cpudist.train.features import Encoded, collate
@@ -47,6 +47,8 @@ class TrainStats:
     checkpoints: list[str] = field(default_factory=list)  # written by this part
     stopped: str | None = None  # why the ranks stopped early (after a checkpoint), if they did
     compiling: set[int] = field(default_factory=set)  # indexes of this part's steps that met a new shape (--compile)
+    strategy: sync.Strategy | None = None  # how the ranks agreed (its clock holds this part's communication times)
+    tx_bytes: int | None = None  # what this node's interface sent during this part's steps (one rank per node)
 
     def steady_samples_per_s(self) -> float:
         """Samples/s of the steps past the warm-up that compiled nothing (the wall time counts them all)."""
@@ -88,7 +90,8 @@ def batch_plan(cfg: TrainConfig, data: Encoded, rank: int, world: int,
         lengths = [len(ids) for ids in data.input_ids]
 
         def epoch_batches(epoch: int) -> list[list[int]]:
-            return fed_batches(global_batches(lengths, cfg.batch_size * world, cfg.seed, epoch), world)
+            step_rows = cfg.batch_size * world * cfg.grad_accum  # grouped per step: --grad-accum changes no step
+            return fed_batches(global_batches(lengths, step_rows, cfg.seed, epoch), world, cfg.grad_accum)
 
         per_epoch = len(epoch_batches(0))
         if per_epoch == 0:
@@ -123,23 +126,29 @@ def batch_plan(cfg: TrainConfig, data: Encoded, rank: int, world: int,
 
 def train(cfg: TrainConfig, model: torch.nn.Module, data: Encoded, regression: bool, bf16: bool, run_dir: Path,
           rank: int, world: int, shape: ModelShape, saver: Saver, stop: StopRequests,
-          restored: Restored | None = None) -> TrainStats:
-    """Train `model` (wrapped in DDP here when world > 1) and return what was measured."""
+          restored: Restored | None = None, iface: str | None = None) -> TrainStats:
+    """Train `model` (synced by its --sync strategy when world > 1) and return what was measured.
+
+    `iface`: the network interface whose sent bytes this rank counts (one rank per node), or None.
+    """
     start = Position(**restored.meta["position"]) if restored else checkpoint.START
     per_epoch, batches = batch_plan(cfg, data, rank, world, start)
     total = restored.meta["total"] if restored else plan_steps(cfg, per_epoch)
     opt = _optimizer(cfg, model)
     if cfg.ipex:
         model, opt = speed.use_ipex(model, opt, bf16)
-    model = _wrap(model, world)
+    strategy = sync.make(model, sync.spec_of(cfg, total), world)
+    model = strategy.model
     forward = speed.compiled(model) if cfg.compile else model
     multiple = speed.COMPILE_BUCKET if cfg.compile else 1
     from transformers import get_linear_schedule_with_warmup
 
     sched = get_linear_schedule_with_warmup(opt, int(cfg.warmup_ratio * total), total)
     stats = TrainStats()
+    stats.strategy = strategy
     if restored:
         _apply(restored, model, opt, sched, stats, cfg.seed + rank)
+        strategy.load(restored.state.get("sync", {}))
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
     pending: list[Pending] = []
     shapes: set[tuple[int, ...]] = set()
@@ -148,6 +157,7 @@ def train(cfg: TrainConfig, model: torch.nn.Module, data: Encoded, regression: b
     if rank == 0:
         events.emit("start", total=total, batches_per_epoch=per_epoch, step=stats.steps)
     last_save, next_pos = time.monotonic(), start
+    tx_start = _counted(iface, world)  # after DDP's initial broadcast: only the training's traffic
     try:
         while stats.steps < total:
             t0 = time.perf_counter()
@@ -156,23 +166,28 @@ def train(cfg: TrainConfig, model: torch.nn.Module, data: Encoded, regression: b
             last = micro_batches[-1][0]
             next_pos = Position(last.epoch, last.index + 1)  # past an epoch's end: the iterator rolls over
             loss_sum, n_local, tokens, flops = torch.zeros((), dtype=torch.float64), 0, 0, 0.0
+            mine = sum(len(idx) for _, idx, _ in micro_batches)
+            local = strategy.local_step(stats.steps + 1)
             for micro, (_, idx, _) in enumerate(micro_batches):
                 batch = collate(data, idx, regression, multiple)
                 if cfg.compile and tuple(batch["input_ids"].shape) not in shapes:
                     shapes.add(tuple(batch["input_ids"].shape))
                     stats.compiling.add(len(stats.step_times))  # this step compiles (or loads) a graph
-                # Gradients are all-reduced only on the last micro-batch of an accumulation.
-                sync = micro == cfg.grad_accum - 1 or not hasattr(model, "no_sync")
-                with (contextlib.nullcontext() if sync else model.no_sync()), autocast:  # type: ignore[operator]
+                # Gradients are exchanged only after the last micro-batch of an accumulation.
+                last_micro = micro == cfg.grad_accum - 1
+                with (contextlib.nullcontext() if last_micro else strategy.skip()), autocast:
                     loss = forward(**batch).loss
-                # Each row weighs 1/(rows of the global step) whatever its rank's share: DDP averages
-                # over ranks, so scale by world x local rows / global rows (unequal last batches).
-                (loss * (len(idx) * world / step_rows)).backward()
+                # Each row weighs 1/(rows of the global step) whatever its rank's share: the exchange
+                # averages over ranks, so scale by world x local rows / global rows (unequal last
+                # batches). A local step (local SGD) takes the mean over this rank's rows.
+                (loss * (len(idx) / mine if local else len(idx) * world / step_rows)).backward()
                 loss_sum += loss.detach().double() * len(idx)
                 n_local += len(idx)
                 tokens += data.real_tokens(idx)
                 flops += training_flops(shape, (len(data.input_ids[i]) for i in idx))
+            strategy.gradients(stats.steps + 1)
             grad_norm = clip_and_step(model, opt, sched, cfg.max_grad_norm)
+            strategy.parameters(stats.steps + 1)
             dt = time.perf_counter() - t0
             stats.steps += 1
             stats.train_time_s += dt
@@ -185,15 +200,27 @@ def train(cfg: TrainConfig, model: torch.nn.Module, data: Encoded, regression: b
             if save_now or stop_now:
                 _flush(pending, stats, log, world, total)
                 pending = []
+                strategy.parameters(stats.steps, final=True)  # local SGD: a checkpoint holds the ranks' mean
                 _save(cfg, saver, model, opt, sched, stats, next_pos, total, world, rank)
                 last_save = time.monotonic()
             if stop_now:
                 stats.stopped = stop.pending() or "a peer rank was asked to stop"
                 break
+        strategy.parameters(stats.steps, final=True)  # local SGD: evaluate (and keep) the ranks' mean
+        tx_end = _counted(iface, world)
+        if tx_start is not None and tx_end is not None:
+            stats.tx_bytes = tx_end - tx_start
     finally:  # closed on every way out, errors included
         if log is not None:
             log.close()
     return stats
+
+
+def _counted(iface: str | None, world: int) -> int | None:
+    """The interface's sent bytes once every rank got here (so no peer's traffic straddles the reading)."""
+    if world > 1:
+        dist.barrier()
+    return netcount.tx_bytes(iface)
 
 
 Pending = tuple[int, torch.Tensor, int, int, float, float, float, float]
@@ -255,9 +282,10 @@ def _save(cfg: TrainConfig, saver: Saver, model: torch.nn.Module, opt: torch.opt
     rngs = gather_rngs(world)
     if rank == 0:
         state = {"model": getattr(model, "module", model).state_dict(), "optimizer": opt.state_dict(),
-                 "scheduler": sched.state_dict()}
+                 "scheduler": sched.state_dict(), "sync": stats.strategy.state() if stats.strategy else {}}
         meta = {"config": dataclasses.asdict(cfg), "total": total, "position": dataclasses.asdict(pos),
-                "world_size": world, "global_batch": cfg.batch_size * cfg.grad_accum * world, "sync": "ddp",
+                "world_size": world, "global_batch": cfg.batch_size * cfg.grad_accum * world,
+                "sync": stats.strategy.spec.label if stats.strategy else "ddp",
                 "parts": saver.parts, "wall_s": saver.wall_before_s + time.perf_counter() - saver.started,
                 "stats": {"steps": stats.steps, "samples": stats.samples, "tokens": stats.tokens,
                           "flops": stats.flops, "train_time_s": stats.train_time_s}}
@@ -271,15 +299,6 @@ def _save(cfg: TrainConfig, saver: Saver, model: torch.nn.Module, opt: torch.opt
         dist.barrier()  # nobody runs ahead (or leaves) before the checkpoint is complete
 
 
-def _wrap(model: torch.nn.Module, world: int) -> torch.nn.Module:
-    """DDP over the process group when there are peers (frozen parameters are left out of its buckets)."""
-    if world == 1:
-        return model
-    # No buffer sync per forward: BERT's buffers never change, and a sync on a forward that some
-    # ranks skip (evaluation with fewer rows than ranks) would mismatch the collectives.
-    return torch.nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False)
-
-
 def _optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     decay: list[torch.nn.Parameter] = []
     no_decay: list[torch.nn.Parameter] = []
@@ -289,6 +308,8 @@ def _optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimize
         (no_decay if p.ndim < 2 or "LayerNorm" in name or "bias" in name else decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr)
     # Fused AdamW: one kernel over all parameters, 80 -> 19 ms a step for MiniLM (benchmarks/README.md).
     return torch.optim.AdamW(groups, lr=cfg.lr, fused=True)
 

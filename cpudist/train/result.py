@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from cpudist import __version__
 from cpudist.flops import cpu_ghz, peak_flops
 from cpudist.results.schema import RunResult
+from cpudist.traffic import expected_traffic, payload_bytes
+from cpudist.train import sync
 from cpudist.train.checkpoint import Restored
 from cpudist.train.loop import Saver, TrainStats
 from cpudist.train.setup import CPU, Job
@@ -29,12 +33,11 @@ def versions() -> dict[str, str]:
 
 
 def build_result(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict[str, float],
-                 saver: Saver, started_at: str, rank_info: list[dict[str, object]],
+                 saver: Saver, started_at: str, rank_info: list[dict[str, Any]],
                  restored: Restored | None) -> RunResult:
     """Assemble result.json from what every rank reported."""
     cfg, world = job.cfg, job.info.world_size
     hosts = tuple(str(r["host"]) for r in rank_info)
-    params = sum(p.numel() for p in job.model.parameters())
     eval_time = sum(phases.values())
     flops_per_s = stats.flops / stats.train_time_s if stats.train_time_s else 0.0
     cpu = CPU
@@ -45,7 +48,7 @@ def build_result(job: Job, stats: TrainStats, metrics: dict[str, float], phases:
     return RunResult(
         task=cfg.task, model=cfg.model, world_size=world, nodes=tuple(dict.fromkeys(hosts)),
         ppn=max(hosts.count(h) for h in hosts), precision="bf16" if job.bf16 else "fp32",
-        backend=cfg.backend, sync="ddp", per_rank_batch_size=cfg.batch_size, grad_accum=cfg.grad_accum,
+        backend=cfg.backend, per_rank_batch_size=cfg.batch_size, grad_accum=cfg.grad_accum,
         global_batch_size=cfg.batch_size * cfg.grad_accum * world, max_seq_len=cfg.max_seq_len,
         steps=stats.steps, train_samples=stats.samples, train_time_s=stats.train_time_s,
         eval_time_s=eval_time, wall_time_s=saver.wall_before_s + time.perf_counter() - saver.started,
@@ -53,17 +56,44 @@ def build_result(job: Job, stats: TrainStats, metrics: dict[str, float], phases:
         steady_samples_per_s=stats.steady_samples_per_s(),
         train_tokens_per_s=stats.tokens / stats.train_time_s if stats.train_time_s else 0.0,
         metrics=metrics,
-        # Ring all-reduce: each rank sends 2(W-1)/W of the fp32 gradients per optimizer step.
-        comm_bytes_per_step=int(2 * (world - 1) / world * params * 4),
         versions=versions(), cpu=cpu.summary(), run_id=job.run_dir.name, started_at=started_at,
         rank_hosts=hosts, epochs=cfg.epochs if cfg.max_steps is None else None, max_steps=cfg.max_steps,
         seed=cfg.seed, lr=cfg.lr, threads_per_rank=torch.get_num_threads(),
         final_loss=stats.losses[-1] if stats.losses else None,
-        peak_rss_mb=max(float(r["peak_rss_mb"]) for r in rank_info),  # type: ignore[arg-type]
+        peak_rss_mb=max(float(r["peak_rss_mb"]) for r in rank_info),
         eval_phases=phases, run_dir=str(job.run_dir.resolve()), train_flops_per_s=flops_per_s,
         mfu=flops_per_s / peak_used if peak_used else 0.0, peak_flops_per_s=peak_used, peak_how=peak.how,
         resumed_from_step=int(restored.meta["step"]) if restored else None,
         resumed_from=restored.path if restored else None, parts=saver.parts,
         checkpoints={"folder": str(saver.folder), "written": stats.checkpoints, "s3": cfg.checkpoint_s3,
                      "keep": saver.keep} if stats.checkpoints or restored else {},
+        optimizer=cfg.optimizer, **_sync_fields(job, stats, rank_info, hosts),
     )
+
+
+def _sync_fields(job: Job, stats: TrainStats, rank_info: list[dict[str, Any]],
+                 hosts: tuple[str, ...]) -> dict[str, Any]:
+    """The sync's knobs, the bytes it should move and did move between nodes, and its times."""
+    assert stats.strategy is not None
+    spec, world = stats.strategy.spec, job.info.world_size
+    shapes = tuple(sync.named_shapes(job.model))
+    nodes = tuple(dict.fromkeys(hosts))
+    expected = expected_traffic(spec, shapes, world, max(1, world // len(nodes)), stats.steps)
+    part_steps = len(stats.step_times)  # the counters and clocks saw this part's steps only
+    sent = {str(r["host"]): r["tx_bytes"] for r in rank_info if r.get("tx_bytes") is not None}
+    measured = None
+    if len(nodes) > 1 and part_steps and len(sent) == len(nodes):
+        measured = sum(sent.values()) / part_steps
+    comm = sum(float(r["comm_s"]) for r in rank_info) / world
+    exposed = sum(float(r["exposed_s"]) for r in rank_info) / world
+    busy_bytes = expected.rank_send * part_steps
+    return {
+        "sync": spec.label,
+        "sync_options": dataclasses.asdict(spec), "grad_bytes": payload_bytes(shapes), "param_shapes": shapes,
+        "comm_bytes_per_step": int(expected.rank_send), "expected_tx_bytes_per_step": expected.total_node_tx,
+        "measured_tx_bytes_per_step": measured,
+        "tx_bytes_by_node": {h: b / part_steps for h, b in sent.items()} if measured is not None else {},
+        "traffic_iface": next((str(r["iface"]) for r in rank_info if r.get("iface")), ""),
+        "comm_time_s": comm, "exposed_comm_s": exposed,
+        "bus_bandwidth_gbps": busy_bytes * 8 / comm / 1e9 if comm > 0 and busy_bytes else None,
+    }

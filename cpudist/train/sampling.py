@@ -31,9 +31,21 @@ def global_batches(lengths: Sequence[int], global_batch: int, seed: int, epoch: 
     return batches
 
 
-def fed_batches(batches: list[list[int]], world: int) -> list[list[int]]:
-    """The global batches every rank gets a share of: a last batch too small to feed every rank is dropped."""
-    return [b for b in batches if len(b) >= world]
+def fed_batches(batches: list[list[int]], world: int, accum: int = 1) -> list[list[int]]:
+    """Each global step batch as `accum` micro-batches that every rank gets a share of.
+
+    The cuts fall at multiples of `world`, so rank r's rows over the micro-batches of a step are its rows
+    of the whole step batch: accumulating 2 micro-batches of B is the step of one batch of 2B. A (last)
+    step batch too small to give every rank a row in every micro-batch is dropped.
+    """
+    out = []
+    for b in batches:
+        if len(b) < world * accum:
+            continue
+        units, _ = divmod(len(b), world)  # whole rows-for-every-rank, shared out as evenly as can be
+        ends = [world * (units * (i + 1) // accum) for i in range(accum - 1)] + [len(b)]
+        out += [b[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)]
+    return out
 
 
 def rank_batches(batches: list[list[int]], rank: int, world: int) -> list[list[int]]:

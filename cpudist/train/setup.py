@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from cpudist.cpu import read_cpu
-from cpudist.train import speed
+from cpudist.train import netcount, speed
 from cpudist.train.checkpoint import seed_all
 from cpudist.train.config import TrainConfig
 from cpudist.train.data import load_task
@@ -33,6 +33,7 @@ class Job:
     regression: bool
     bf16: bool
     run_dir: Path
+    iface: str | None = None  # the network interface whose sent bytes this rank counts (one rank per node)
 
 
 def resolve_precision(requested: str, has_bf16: bool) -> str:
@@ -74,4 +75,6 @@ def setup(cfg: TrainConfig, info: RankInfo) -> Job:
     bf16 = resolve_precision(cfg.precision, CPU.has_bf16) == "bf16"
     run_dir = Path(cfg.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    return Job(cfg, info, model, train_data, eval_data, metrics, regression, bf16, run_dir)
+    counted = info.local_rank == 0 and info.world_size > 1
+    iface = netcount.iface_toward(os.environ) if counted else None
+    return Job(cfg, info, model, train_data, eval_data, metrics, regression, bf16, run_dir, iface)

@@ -89,6 +89,32 @@ def test_four_hosts_one_rank_each(ready: NetnsCluster, shared_data: Path, tmp_pa
     result = json.loads((out / "result.json").read_text())
     assert sorted(result["nodes"]) == [ready.name(i) for i in range(4)]
     assert result["world_size"] == 4 and result["launcher"] == launcher and "accuracy" in result["metrics"]
+    # The bytes the nodes' interfaces sent are the ring all-reduce's: 2(N-1)/N of the gradient each.
+    assert result["traffic_iface"] == "eth0" and set(result["tx_bytes_by_node"]) == set(result["nodes"])
+    assert result["expected_tx_bytes_per_step"] == 4 * 1.5 * result["grad_bytes"]
+    assert abs(result["measured_tx_bytes_per_step"] / result["expected_tx_bytes_per_step"] - 1) < 0.10, result
+
+
+@pytest.mark.parametrize(("sync", "head_share"), [(["--sync", "gather-scatter"], 3 / 6),
+                                                  (["--sync", "local-sgd", "--sync-every", "4",
+                                                    "--local-sgd-warmup", "0"], 1 / 4)])
+def test_traffic_of_other_strategies_is_what_they_should_move(ready: NetnsCluster, shared_data: Path,
+                                                              tmp_path: Path, sync: list[str],
+                                                              head_share: float) -> None:
+    """gather-scatter: the head sends 3 copies, the others one each; local SGD K=4: a quarter of ddp's bytes."""
+    r = on_head(ready, "run", "mrpc", "--np", "4", "--ppn", "1", "--hostfile", ready.hostfile, "--no-eval",
+                "--data-dir", shared_data / "glue" / "MRPC", "--model", "tiny", "--max-steps", "8", *sync,
+                "--output-dir", tmp_path / "run")
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    measured, expected = result["measured_tx_bytes_per_step"], result["expected_tx_bytes_per_step"]
+    assert abs(measured / expected - 1) < 0.10, result
+    by_node = result["tx_bytes_by_node"]
+    if "gather-scatter" in sync:
+        assert expected == 6 * result["grad_bytes"]
+        assert abs(by_node[ready.name(0)] / measured - head_share) < 0.05, by_node
+    else:
+        assert expected == pytest.approx(head_share * 4 * 1.5 * result["grad_bytes"])
 
 
 def test_two_ranks_per_host_split_the_cores(ready: NetnsCluster, shared_data: Path, tmp_path: Path) -> None:

@@ -45,3 +45,19 @@ def test_too_few_rows_for_the_ranks_is_an_error_not_a_hang() -> None:
     with pytest.raises(BadInput, match="cannot feed 2 ranks"):
         batch_plan(TrainConfig(task="mrpc", output_dir="o"), data, rank=0, world=2)
     assert batch_plan(TrainConfig(task="mrpc", output_dir="o"), data, rank=0, world=1)[0] == 1
+
+
+@given(lengths, st.sampled_from([1, 2, 4]), st.integers(1, 8), st.sampled_from([1, 2, 3]))
+def test_accumulated_micro_batches_give_each_rank_its_rows_of_the_step(ls: list[int], world: int, per_rank: int,
+                                                                       accum: int) -> None:
+    from cpudist.train.sampling import fed_batches
+
+    steps = global_batches(ls, per_rank * world * accum, seed=2, epoch=0)
+    micro = fed_batches(steps, world, accum)
+    kept = [b for b in steps if len(b) >= world * accum]
+    assert len(micro) == accum * len(kept)
+    for i, whole in enumerate(kept):
+        parts = micro[i * accum:(i + 1) * accum]
+        assert all(len(m) >= world for m in parts)  # every rank has rows in every micro-batch
+        for r in range(world):  # rank r's rows of the step are its rows of the unsplit step batch
+            assert [x for m in parts for x in m[r::world]] == whole[r::world]

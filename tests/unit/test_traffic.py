@@ -54,6 +54,8 @@ def test_local_sgd_moves_one_kth_after_its_warmup() -> None:
     assert k8.total_node_tx == pytest.approx(ddp.total_node_tx / 8)
     warm = expected_traffic(SyncSpec("local-sgd", sync_every=8, warmup_steps=8), SHAPES, 4, 1, 80)
     assert warm.exchanges == pytest.approx((8 + 72 // 8) / 80)
+    # The steps after the last average are averaged once more when training ends.
+    assert expected_traffic(SyncSpec("local-sgd", sync_every=8), SHAPES, 4, 1, 20).exchanges == pytest.approx(3 / 20)
 
 
 def test_powersgd_sends_plain_gradients_before_it_starts() -> None:
