@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from cpudist.errors import BadInput
 from cpudist.results.schema import RunResult
-from cpudist.traffic import SyncSpec, buckets, expected_traffic
+from cpudist.traffic import SyncSpec, buckets, expected_traffic, ring_factor
 
 DEFAULT_OVERLAP = 0.0  # without measured multi-node DDP runs: assume DDP hides nothing (conservative)
 DEFAULT_LATENCY_S = 1e-4
@@ -80,7 +80,7 @@ class Baseline:
     samples: int
     steps: int
     shapes: tuple[tuple[int, ...], ...]
-    shapes_known: bool  # False: only grad_bytes was recorded (one flat tensor; PowerSGD cannot be priced)
+    shapes_known: bool  # False: only the gradient's size is known (one flat tensor; PowerSGD cannot be priced)
     usd_per_node_hour: float | None
     dataset_samples: float | None  # samples per epoch, when the run trained by epochs
 
@@ -91,7 +91,9 @@ def baseline_of(r: RunResult) -> Baseline:
         raise BadInput(f"run {r.run_id or '?'} ran on {len(r.nodes)} nodes", "Plan from a 1-node run")
     if r.steps < 1 or r.train_time_s <= 0:
         raise BadInput(f"run {r.run_id or '?'} recorded no training steps", "Plan from a run that trained")
-    flat: tuple[tuple[int, ...], ...] = ((r.grad_bytes // 4,),) if r.grad_bytes else ()
+    # Older results only have the ring bytes of their ranks, 2(W-1)/W of the fp32 gradient.
+    grad = r.grad_bytes or (round(r.comm_bytes_per_step / ring_factor(r.world_size)) if r.world_size > 1 else 0)
+    flat: tuple[tuple[int, ...], ...] = ((grad // 4,),) if grad else ()
     shapes = r.param_shapes or flat
     if not shapes:
         raise BadInput(f"run {r.run_id or '?'} has no parameter shapes or gradient size in its result.json "

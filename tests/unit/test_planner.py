@@ -166,6 +166,9 @@ def test_baseline_choice_and_errors() -> None:
         baseline_of(run(2))
     with pytest.raises(BadInput, match="no parameter shapes"):
         baseline_of(run(1, param_shapes=(), grad_bytes=0))
+    # an older 2-rank result: its ring bytes, 2(2-1)/2 of the gradient, give the gradient's size
+    older = baseline_of(run(1, ppn=2, param_shapes=(), grad_bytes=0, comm_bytes_per_step=4000))
+    assert older.shapes == ((1000,),) and not older.shapes_known
     b = baseline_of(run(1, usd_per_hour=3.0, epochs=2.0, max_steps=None))
     assert b.compute_s == 2.0 and b.usd_per_node_hour == 3.0 and b.dataset_samples == 1600
 
