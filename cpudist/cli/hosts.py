@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import click
@@ -10,11 +11,14 @@ from rich.console import Console
 from rich.table import Table
 
 from cpudist.errors import CpudistError
+from cpudist.hosts.bench import DEFAULT_SIZES, BenchResult, Probe, human, parse_sizes, probe_spec, run_probe, save
 from cpudist.hosts.doctor import doctor as run_doctor
-from cpudist.hosts.hostfile import check_resolvable, read_hostfile
+from cpudist.hosts.hostfile import check_resolvable, read_hostfile, render_hostfile
 from cpudist.hosts.keys import local_cluster_dir
 from cpudist.hosts.setup import forget as forget_host
 from cpudist.hosts.setup import ssh_setup as run_ssh_setup
+from cpudist.launch.plan import LAUNCHERS, Launch, RunSpec
+from cpudist.launch.plan import plan as plan_launch
 
 hostfile_option = click.option("--hostfile", type=click.Path(path_type=Path), required=True,
                                help="One host per line, the head node first.")
@@ -98,3 +102,69 @@ def forget(host: str) -> None:
         click.echo(f"forgot the host key of {host}; run `cpudist hosts ssh-setup` to pin the new one")
     else:
         click.echo(f"no pinned key for {host}")
+
+
+def _sizes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+    return parse_sizes(value)
+
+
+def _print_launch(spec: RunSpec, launch: Launch) -> None:
+    click.echo("# environment of every rank")
+    for key, value in launch.rank_env.items():
+        click.echo(f"export {key}={value}")
+    click.echo(f"# hostfile {spec.hostfile} (written when the probe starts)")
+    click.echo(render_hostfile(spec.hosts[: spec.np // spec.ppn], "openmpi" if spec.launcher == "openmpi" else "hydra",
+                               spec.ppn), nl=False)
+    click.echo("# command")
+    click.echo(launch.shell())
+
+
+def _print_bench(result: BenchResult, path: Path) -> None:
+    table = Table("size", "time (ms)", "algbw (Gbit/s)", "busbw (Gbit/s)",
+                  title=f"gloo all-reduce, {result.world_size} ranks on {len(result.nodes)} nodes "
+                        f"(median of {result.iters})", title_justify="left")
+    for p in result.points:
+        table.add_row(human(p.bytes), f"{p.median_s * 1000:.2f}", f"{p.algbw_gbps:.3f}", f"{p.busbw_gbps:.3f}")
+    console().print(table)
+    click.echo(f"nodes: {' '.join(result.nodes)}; saved {path}; `cpudist plan` takes the link rate "
+               f"{result.link_gbps:.3f} Gbit/s from it (bus bandwidth at {human(result.points[-1].bytes)})")
+
+
+@hosts.command()
+@hostfile_option
+@click.option("--ppn", type=click.IntRange(min=1), default=1, show_default=True, help="Ranks per node.")
+@click.option("--sizes", default=DEFAULT_SIZES, show_default=True, callback=_sizes,
+              help="Bytes per all-reduce (fp32), comma-separated: KB/MB/GB are powers of 10, KiB/MiB/GiB of 2.")
+@click.option("--iters", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Timed all-reduces per size (the median is kept).")
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option("--launcher", "--mpi", "launcher", type=click.Choice([x for x in LAUNCHERS if x != "torchrun"]),
+              default="auto", show_default=True, help="auto: the MPI of --mpirun, else MPICH's Hydra.")
+@click.option("--mpirun", type=click.Path(dir_okay=False), help="The launcher program (mpiexec.hydra or mpirun).")
+@click.option("--ssh", help="ssh program for the launcher [default: ~/.cpudist/cluster/ssh from ssh-setup].")
+@click.option("--iface", help="Network interface between nodes (sets GLOO_SOCKET_IFNAME).")
+@click.option("--timeout", type=click.FloatRange(min=1), default=600, show_default=True,
+              help="Stop the probe after this many seconds.")
+@click.option("--dry-run", is_flag=True, help="Print the launch; run nothing.")
+@click.option("--json", "as_json", is_flag=True)
+def bench(hostfile: Path, ppn: int, sizes: tuple[int, ...], iters: int, warmup: int, launcher: str,
+          mpirun: str | None, ssh: str | None, iface: str | None, timeout: float, dry_run: bool,
+          as_json: bool) -> None:
+    """All-reduce bandwidth between the hostfile's nodes (run on the head), kept for `cpudist plan`.
+
+    Bus bandwidth is bytes x 2(N-1)/N / time, as nccl-tests define it: the rate each node's link
+    carried. The result goes to ~/.cpudist/bench/<hostfile>-<time>.json.
+    """
+    probe = Probe(hostfile, ppn, sizes, iters, warmup, launcher, mpirun, ssh, iface)
+    with tempfile.TemporaryDirectory(prefix="cpudist-bench-") as workdir:
+        spec = probe_spec(probe, Path(workdir), dry_run)
+        launch = plan_launch(spec)
+        if dry_run:
+            _print_launch(spec, launch)
+            return
+        result = run_probe(probe, spec, launch, timeout, lambda line: click.echo(line, err=True))
+    path = save(result)
+    if as_json:
+        click.echo(json.dumps({**result.to_dict(), "path": str(path)}, indent=2))
+    else:
+        _print_bench(result, path)

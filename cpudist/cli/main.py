@@ -11,6 +11,7 @@ from cpudist import __version__
 from cpudist.cli.ami import ami
 from cpudist.cli.cluster import cluster
 from cpudist.cli.hosts import hosts
+from cpudist.cli.plan import plan
 from cpudist.cli.report import report
 from cpudist.cli.run import run
 from cpudist.errors import BadInput, CpudistError
@@ -41,6 +42,7 @@ def cli(debug: bool) -> None:
 
 cli.add_command(run)
 cli.add_command(report)
+cli.add_command(plan)
 cli.add_command(hosts)
 cli.add_command(cluster)
 cli.add_command(ami)

@@ -36,6 +36,7 @@ class RunSpec:
     iface: str | None = None
     allocator: str | None = None
     iomp: str | None = None
+    program: tuple[str, ...] = ()  # the rank module and its arguments (`python -m ...`); empty: the trainer
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,13 @@ def check_layout(np: int, ppn: int, hosts: tuple[Host, ...], oversubscribe: bool
     return nodes
 
 
+def rank_module(spec: RunSpec) -> list[str]:
+    """What every rank runs after `python -m`: the trainer with its job, or another program (hosts bench)."""
+    return list(spec.program) if spec.program else ["cpudist.train", *to_argv(spec.train)]
+
+
 def trainer_argv(spec: RunSpec) -> list[str]:
-    return [spec.python, "-m", "cpudist.train", *to_argv(spec.train)]
+    return [spec.python, "-m", *rank_module(spec)]
 
 
 def rank_env(spec: RunSpec) -> dict[str, str]:
@@ -114,8 +120,7 @@ def torchrun_argv(spec: RunSpec) -> list[str]:
     """torchrun on this machine: one agent spawning --ppn ranks (env comes from the parent)."""
     return [spec.python, "-m", "torch.distributed.run", "--nnodes", "1",
             "--nproc-per-node", str(spec.ppn), "--master-addr", spec.master_addr,
-            "--master-port", str(spec.master_port), "--tee", "3", "-m", "cpudist.train",
-            *to_argv(spec.train)]
+            "--master-port", str(spec.master_port), "--tee", "3", "-m", *rank_module(spec)]
 
 
 def plan(spec: RunSpec) -> Launch:

@@ -1,0 +1,194 @@
+"""`cpudist hosts bench`: an all-reduce probe of the links between a hostfile's nodes, kept for `cpudist plan`.
+
+The ranks start through the same launcher machinery as training (launch/plan.py, launch/runner.py)
+and run `python -m cpudist.hosts.bench_rank`. Bandwidths follow nccl-tests: algorithm bandwidth =
+bytes / time, bus bandwidth = algorithm bandwidth x 2(N-1)/N, which for a ring all-reduce is the
+rate each node's link carried. Results go to `$CPUDIST_HOME/bench/<hostfile>-<time>.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from cpudist import state
+from cpudist.cpu import read_cpu
+from cpudist.errors import BadInput, JobFailed
+from cpudist.launch import runner
+from cpudist.launch.job import Placement, _cluster_hosts, failed_host
+from cpudist.launch.plan import Launch, RunSpec
+from cpudist.launch.tools import free_port, resolve_launcher
+from cpudist.traffic import ring_factor
+from cpudist.train.config import TrainConfig
+
+DEFAULT_SIZES = "1MB,8MB,32MB,64MB"
+UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """Byte counts from `1MB,8MB,512KiB,4096` (MB = 10^6 bytes, MiB = 2^20), multiples of 4 (fp32)."""
+    sizes = []
+    for part in text.split(","):
+        m = _SIZE.match(part)
+        unit = m.group(2).lower() if m else ""
+        if m is None or unit not in UNITS or float(m.group(1)) * UNITS[unit] < 4:
+            raise BadInput(f"--sizes: '{part.strip()}' is not a size of at least 4 bytes",
+                           "Write sizes like 1MB,8MB,64MB (also KB, GB, KiB, MiB, GiB, or bytes)")
+        sizes.append(int(float(m.group(1)) * UNITS[unit]) // 4 * 4)
+    return tuple(sorted(set(sizes)))
+
+
+def human(nbytes: int) -> str:
+    """64MB, 512KiB, 1000B: the shortest exact name of a size."""
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return f"{nbytes}B"
+
+
+@dataclass(frozen=True)
+class BenchPoint:
+    """One size: the median time of its all-reduce and the bandwidths that follow."""
+
+    bytes: int
+    median_s: float
+    algbw_gbps: float
+    busbw_gbps: float
+
+
+def points(sizes: Sequence[int], medians: Sequence[float], world: int) -> tuple[BenchPoint, ...]:
+    """Bandwidths in Gbit/s as nccl-tests define them (bus = algorithm x 2(N-1)/N)."""
+    out = []
+    for nbytes, t in zip(sizes, medians, strict=True):
+        alg = nbytes * 8 / t / 1e9 if t > 0 else 0.0
+        out.append(BenchPoint(nbytes, t, alg, alg * ring_factor(world)))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """What a probe measured, as kept in ~/.cpudist/bench/."""
+
+    hostfile: str
+    rank_hosts: tuple[str, ...]
+    world_size: int
+    ppn: int
+    launcher: str
+    iters: int
+    warmup: int
+    created_at: str
+    points: tuple[BenchPoint, ...]
+    cpu: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(self.rank_hosts))
+
+    @property
+    def link_gbps(self) -> float:
+        """The link rate a plan takes: bus bandwidth at the largest size (least latency-bound)."""
+        return max(self.points, key=lambda p: p.bytes).busbw_gbps
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "nodes": list(self.nodes), "link_gbps": self.link_gbps}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BenchResult:
+        return cls(data["hostfile"], tuple(data["rank_hosts"]), int(data["world_size"]), int(data["ppn"]),
+                   data["launcher"], int(data["iters"]), int(data["warmup"]), data["created_at"],
+                   tuple(BenchPoint(**p) for p in data["points"]), dict(data.get("cpu", {})))
+
+
+def bench_dir() -> Path:
+    return state.home() / "bench"
+
+
+def save(result: BenchResult) -> Path:
+    """Write the result as <hostfile name>-<time>.json under the bench folder; returns its path."""
+    stamp = datetime.fromisoformat(result.created_at).strftime("%Y%m%d-%H%M%S")
+    path = bench_dir() / f"{Path(result.hostfile).name}-{stamp}.json"
+    state.write_atomic(path, json.dumps(result.to_dict(), indent=2) + "\n")
+    return path
+
+
+def read_bench(path: Path) -> BenchResult:
+    """A saved probe result; a missing or foreign file is bad input."""
+    try:
+        result = BenchResult.from_dict(json.loads(path.read_text()))
+    except FileNotFoundError:
+        raise BadInput(f"no bench result at {path}", "Run `cpudist hosts bench --hostfile H` on the head") from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise BadInput(f"{path} is not a `cpudist hosts bench` result ({e})", "Pass a file from ~/.cpudist/bench/") \
+            from None
+    if not result.points:
+        raise BadInput(f"{path} holds no measured sizes", "Run `cpudist hosts bench` again")
+    return result
+
+
+def newest_bench() -> Path | None:
+    """The most recently written result in the bench folder, if any."""
+    found = list(bench_dir().glob("*.json")) if bench_dir().is_dir() else []
+    return max(found, key=lambda p: p.stat().st_mtime, default=None)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What to measure, on which nodes, with which launcher."""
+
+    hostfile: Path
+    ppn: int = 1
+    sizes: tuple[int, ...] = parse_sizes(DEFAULT_SIZES)
+    iters: int = 10
+    warmup: int = 2
+    launcher: str = "auto"
+    mpirun: str | None = None
+    ssh: str | None = None
+    iface: str | None = None
+    dist_timeout_s: int = 120
+
+
+def probe_spec(probe: Probe, workdir: Path, dry_run: bool = False) -> RunSpec:
+    """The launch spec of a probe on every node of the hostfile (checked; a dry run writes and probes nothing)."""
+    from cpudist.hosts.hostfile import read_hostfile
+
+    hosts = read_hostfile(probe.hostfile)
+    np_ = len(hosts) * probe.ppn
+    if np_ < 2:
+        raise BadInput(f"{probe.hostfile} names one host and --ppn is 1: nothing to all-reduce with",
+                       "List at least two nodes in the hostfile (or raise --ppn to measure one node's loopback)")
+    name, path = resolve_launcher(probe.launcher, probe.mpirun)
+    where = Placement(np_, probe.ppn, probe.hostfile, probe.ssh, False, probe.iface)
+    hosts, hostfile, ssh = _cluster_hosts(where, workdir, name, dry_run)
+    program = ("cpudist.hosts.bench_rank", "--sizes", ",".join(map(str, probe.sizes)), "--iters", str(probe.iters),
+               "--warmup", str(probe.warmup), "--timeout", str(probe.dist_timeout_s))
+    return RunSpec(train=TrainConfig(task="hosts-bench", output_dir=str(workdir)), np=np_, ppn=probe.ppn,
+                   hosts=hosts, launcher=name, launcher_path=path, python=sys.executable, master_addr=hosts[0].name,
+                   master_port=free_port(), physical_cores=read_cpu().physical_cores, hostfile=hostfile, ssh=ssh,
+                   as_root=os.geteuid() == 0, iface=probe.iface, program=program)
+
+
+def run_probe(probe: Probe, spec: RunSpec, launch: Launch, timeout_s: float,
+              on_line: Callable[[str], None]) -> BenchResult:
+    """Run the ranks to the end and return what rank 0 reported."""
+    found: list[dict[str, Any]] = []
+    outcome = runner.execute(launch, os.environ, lambda e: found.append(e) if e.get("event") == "bench" else None,
+                             on_line, timeout_s)
+    if outcome.timed_out:
+        raise JobFailed(f"the probe ran past --timeout {timeout_s:g}s and was stopped",
+                        "Raise --timeout, or measure fewer/smaller --sizes or fewer --iters")
+    if outcome.returncode != 0 or not found:
+        host = failed_host(outcome.last_lines)
+        raise JobFailed(f"the probe failed{' on ' + host if host else ''} (launcher exit code {outcome.returncode})",
+                        "See the rank output above; `cpudist hosts doctor --hostfile ...` checks every node")
+    e = found[-1]
+    return BenchResult(str(probe.hostfile), tuple(e["hosts"]), int(e["world_size"]), spec.ppn, spec.launcher,
+                       int(e["iters"]), int(e["warmup"]), datetime.now().isoformat(timespec="seconds"),
+                       points(e["sizes"], e["medians"], int(e["world_size"])), dict(e["cpu"]))
