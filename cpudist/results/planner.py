@@ -14,8 +14,8 @@ The model (pure arithmetic; `cpudist plan` prints its inputs beside its answers)
   link; local SGD averages every K steps (1/K per step, after its synchronous warm-up); bf16 halves
   the payload; PowerSGD sends its low-rank factors after its fp32 start steps. Collectives per step:
   DDP's buckets (`traffic.buckets`); PowerSGD three per bucket (uncompressed tensors, P, Q);
-  `allreduce` the same buckets as DDP; gather-scatter two per bucket; local SGD one bucket set per
-  average. The link rate is `--link-gbps`, or the bus bandwidth `cpudist hosts bench` measured at
+  `allreduce` one (every gradient flattened); gather-scatter two (a gather, a scatter); local SGD
+  one bucket set per average. The link rate is `--link-gbps`, or the bus bandwidth `cpudist hosts bench` measured at
   its largest size.
 - Overlap: DDP (with or without a compression hook) all-reduces buckets while backward still runs
   and hides a share f of t_m. f = 1 - exposed_comm_s / comm_time_s of measured multi-node DDP runs
@@ -165,9 +165,11 @@ def collectives(sync: SyncSpec, shapes: Sequence[Sequence[int]], steps: int) -> 
     steps = max(1, steps)
     if sync.strategy == "local-sgd":
         warm = min(sync.warmup_steps, steps)
-        return b * (warm + (steps - warm) // max(1, sync.sync_every)) / steps
+        return b * (warm + math.ceil((steps - warm) / max(1, sync.sync_every))) / steps
+    if sync.strategy == "allreduce":
+        return 1.0  # one all-reduce of every gradient, flattened
     if sync.strategy == "gather-scatter":
-        return 2.0 * b
+        return 2.0  # one gather and one scatter, flattened
     if sync.strategy == "ddp" and sync.compression == "powersgd":
         start = min(sync.powersgd_start, steps)
         return b * (start + 3 * (steps - start)) / steps
