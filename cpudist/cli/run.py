@@ -219,8 +219,8 @@ def summary(r: RunResult) -> str:
               help="ddp: none, bf16, fp16 or powersgd[:RANK] (DDP communication hooks).")
 @click.option("--sync-every", type=click.IntRange(min=1), default=8, show_default=True,
               help="local-sgd: optimizer steps between parameter averages (K).")
-@click.option("--local-sgd-warmup", type=click.IntRange(min=0),
-              help="local-sgd: synchronous steps before the first local one [default: 10%% of the steps].")
+@click.option("--local-sgd-warmup", type=click.IntRange(min=0), default=0, show_default=True,
+              help="local-sgd: synchronous (gradient-averaging) steps before the first local one.")
 @click.option("--outer-optimizer", type=click.Choice(["none", "nesterov"]), default="none", show_default=True,
               help="local-sgd: nesterov applies the averaged change with an outer Nesterov SGD (DiLoCo).")
 @click.option("--outer-lr", type=click.FloatRange(min=0, min_open=True), default=0.7, show_default=True)

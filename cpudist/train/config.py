@@ -69,7 +69,7 @@ class TrainConfig:
     bucket_cap_mb: float = 25.0  # DDP's buckets; local SGD's averaging buckets
     grad_compression: str = "none"  # ddp: none | bf16 | fp16 | powersgd[:RANK]
     sync_every: int = 8  # local-sgd: steps between parameter averages (K)
-    local_sgd_warmup: int | None = None  # local-sgd: synchronous steps first (default: 10% of the steps)
+    local_sgd_warmup: int = 0  # local-sgd: synchronous (gradient-averaging) steps first
     outer_optimizer: str = "none"  # local-sgd: none | nesterov (DiLoCo)
     outer_lr: float = 0.7
     outer_momentum: float = 0.9

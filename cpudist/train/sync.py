@@ -29,7 +29,7 @@ from cpudist.errors import BadInput
 from cpudist.traffic import STRATEGIES, SyncSpec, parse_compression
 from cpudist.train.config import TrainConfig
 
-WARMUP_SHARE = 0.1  # local SGD's synchronous steps and PowerSGD's plain ones: 10% of the run by default
+POWERSGD_START_SHARE = 0.1  # PowerSGD's plain fp32 steps before it compresses: 10% of the run
 
 
 def spec_of(cfg: TrainConfig, total_steps: int) -> SyncSpec:
@@ -37,10 +37,9 @@ def spec_of(cfg: TrainConfig, total_steps: int) -> SyncSpec:
     if cfg.sync not in STRATEGIES:
         raise BadInput(f"--sync {cfg.sync}: unknown", f"Use one of: {', '.join(STRATEGIES)}")
     compression, rank = parse_compression(cfg.grad_compression)
-    share = max(1, round(WARMUP_SHARE * total_steps))
-    warmup = share if cfg.local_sgd_warmup is None else cfg.local_sgd_warmup
-    return SyncSpec(cfg.sync, compression, rank, max(2, share), cfg.bucket_cap_mb, cfg.sync_every,
-                    warmup if cfg.sync == "local-sgd" else 0, cfg.outer_optimizer, cfg.outer_lr,
+    start = max(2, round(POWERSGD_START_SHARE * total_steps))
+    return SyncSpec(cfg.sync, compression, rank, start, cfg.bucket_cap_mb, cfg.sync_every,
+                    cfg.local_sgd_warmup if cfg.sync == "local-sgd" else 0, cfg.outer_optimizer, cfg.outer_lr,
                     cfg.outer_momentum)
 
 
