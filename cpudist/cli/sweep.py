@@ -8,19 +8,20 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from cpudist.cli.report import format_option, plot_option, show_report
 from cpudist.cli.run import run
-from cpudist.cpu import read_cpu
 from cpudist.errors import BadInput, CpudistError, JobFailed, Preempted
 from cpudist.hosts.hostfile import read_hostfile
-from cpudist.launch.env import auto_ppn
-from cpudist.launch.sweep import Where, check_series, default_sweep_dir, parse_counts, ranks, run_dirs
+from cpudist.launch.sweep import Where, check_series, default_sweep_dir, parse_counts, run_dirs
 from cpudist.results.ledger import read_result
 from cpudist.results.schema import RunResult
 
-# run's options that a series sets itself per count (or replaces: --output-dir holds all its runs)
-SET_PER_RUN = ("np_", "nodes", "output_dir", "as_json")
+# run's options that a series sets itself for each count, and as what run sees them: --np left to
+# follow --nodes x --ppn (run's own rule, --ppn auto included); --output-dir of the sweep holds the runs'
+SET_PER_RUN = {"np_": ParameterSource.DEFAULT, "nodes": ParameterSource.COMMANDLINE,
+               "output_dir": ParameterSource.COMMANDLINE, "as_json": ParameterSource.DEFAULT}
 
 
 class _Counts(click.ParamType):
@@ -49,6 +50,20 @@ def _where(opts: dict[str, Any]) -> Where:
     return Where(hostfile, cluster, opts["launcher"], hosts)
 
 
+def _invoke_run(ctx: click.Context, opts: dict[str, Any], per_run: dict[str, Any]) -> None:
+    """run's own code, in a context that knows which options the user gave (run reads that, as for --np)."""
+    sub = click.Context(run, info_name=run.name, parent=ctx)
+    values = dict(opts)
+    for p in run.params:
+        assert p.name is not None
+        source = SET_PER_RUN.get(p.name) or ctx.get_parameter_source(p.name) or ParameterSource.DEFAULT
+        sub.set_parameter_source(p.name, source)
+        if p.name in SET_PER_RUN:
+            values[p.name] = per_run[p.name] if p.name in per_run else p.type_cast_value(sub, p.get_default(sub))
+    sub.params.update(values)
+    sub.invoke(run.callback, **values)  # type: ignore[arg-type]  # run always has its callback
+
+
 def _same_kind(e: CpudistError) -> type[CpudistError]:
     """The error class that exits as `e` does (the series ends with its failed run's exit code)."""
     return next((c for c in (BadInput, Preempted, JobFailed) if c.exit_code == e.exit_code), JobFailed)
@@ -73,20 +88,19 @@ def sweep(ctx: click.Context, counts: tuple[int, ...], output_dir: Path | None, 
     Example: cpudist sweep mrpc --nodes 1,2,4 --ppn 1 --hostfile hosts --data-dir glue/MRPC --model tiny
     """
     check_series(counts, opts["ppn"], _where(opts))
-    per_node = auto_ppn(read_cpu().physical_cores) if opts["ppn"] == "auto" else opts["ppn"]
     if counts[0] != 1:
         click.echo(f"[cpudist] no 1-node run in --nodes: speedup is against {counts[0]} nodes", err=True)
     dirs = run_dirs(output_dir or default_sweep_dir(opts["task"], opts["model"]), counts)
     dry_run = opts["dry_run"]
     done: list[RunResult] = []
     for i, n in enumerate(counts, 1):
-        say = f"sweep {i}/{len(counts)}: {n} node(s), {ranks(n, per_node)} rank(s) -> {dirs[n]}"
+        say = f"sweep {i}/{len(counts)}: {n} node(s), --ppn {opts['ppn'] or 1} -> {dirs[n]}"
         click.echo(f"# {say}" if dry_run else f"[cpudist] {say}", err=not dry_run)
         # in a series each run's summary is progress (stderr); stdout keeps the report (or, dry, the commands)
         quiet_stdout = contextlib.nullcontext() if dry_run else contextlib.redirect_stdout(sys.stderr)
         try:
             with quiet_stdout:
-                ctx.invoke(run, **opts, nodes=n, np_=ranks(n, per_node), output_dir=dirs[n], as_json=False)
+                _invoke_run(ctx, opts, {"nodes": n, "output_dir": dirs[n]})
         except CpudistError as e:
             if done:
                 show_report(done, fmt, plot)

@@ -55,11 +55,6 @@ def check_series(counts: Sequence[int], ppn: int | str | None, where: Where) -> 
                        "Give --hostfile H (run from its head), --cluster NAME, or --launcher slurm")
 
 
-def ranks(nodes: int, ppn: int | None) -> int:
-    """--np of one run of the series."""
-    return nodes * (ppn or 1)
-
-
 def default_sweep_dir(task: str, model: str) -> Path:
     """runs/<task>-<model>-sweep-<time>: one folder per sweep, a run folder per count inside."""
     name = Path(model).name or model.replace("/", "-")

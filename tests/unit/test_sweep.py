@@ -11,7 +11,7 @@ from cpudist.cli.main import cli
 from cpudist.cli.run import run
 from cpudist.cli.sweep import SET_PER_RUN, sweep
 from cpudist.errors import BadInput
-from cpudist.launch.sweep import Where, check_series, parse_counts, ranks, run_dirs
+from cpudist.launch.sweep import Where, check_series, parse_counts, run_dirs
 
 HOSTFILE = Where(Path("hosts"), None, "auto", 4)
 
@@ -43,15 +43,15 @@ def test_series_checks() -> None:
         check_series((1, 2), 1, Where(None, None, "auto", None))
 
 
-def test_each_count_gets_its_folder_and_rank_count() -> None:
+def test_each_count_gets_its_folder() -> None:
     assert run_dirs(Path("s"), (1, 2)) == {1: Path("s/nodes1"), 2: Path("s/nodes2")}
-    assert [ranks(n, 2) for n in (1, 2, 4)] == [2, 4, 8] and ranks(3, None) == 3
 
 
 def test_sweep_takes_every_run_option_but_the_per_run_ones() -> None:
     ours = {p.name for p in sweep.params}
     assert {p.name for p in run.params} - ours == {"np_", "nodes", "as_json"}  # --nodes and --output-dir: its own
     assert set(SET_PER_RUN) == {"np_", "nodes", "output_dir", "as_json"}
+    assert {p.name for p in sweep.params} - {p.name for p in run.params} == {"counts", "fmt", "plot"}
     assert {"counts", "output_dir", "fmt", "plot", "launcher", "hostfile", "ppn"} <= ours
 
 
@@ -69,3 +69,21 @@ def test_bad_input_fails_before_any_run_with_one_line(tmp_path: Path, monkeypatc
     assert r.exit_code == 2, r.output
     assert why in r.output and len(r.output.strip().splitlines()) == 1
     assert not (tmp_path / "runs").exists() and not (tmp_path / "cpudist-home" / "results.jsonl").exists()
+
+
+def test_dry_run_shows_each_run_with_the_options_passed_through(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               shared_data: Path) -> None:
+    (tmp_path / "hosts").write_text("localhost\n127.0.0.1\n")
+    monkeypatch.chdir(tmp_path)
+    common = ["sweep", "mrpc", "--data-dir", str(shared_data / "glue" / "MRPC"), "--model", "tiny", "--max-steps", "3",
+              "--dry-run", "--output-dir", "s"]
+    r = CliRunner().invoke(cli, [*common, "--nodes", "2,1", "--ppn", "1", "--hostfile", "hosts"])
+    assert r.exit_code == 0, r.output
+    assert [line for line in r.output.splitlines() if line.startswith("# sweep")] == [
+        "# sweep 1/2: 1 node(s), --ppn 1 -> s/nodes1", "# sweep 2/2: 2 node(s), --ppn 1 -> s/nodes2"]
+    commands = [line for line in r.output.splitlines() if "cpudist.train" in line]
+    assert len(commands) == 2 and "-np 1 -ppn 1" in commands[0] and "-np 2 -ppn 1" in commands[1]
+    assert all("--max-steps=3" in c for c in commands) and "--output-dir=s/nodes2" in commands[1]
+    torchrun = CliRunner().invoke(cli, [*common, "--nodes", "1", "--launcher", "torchrun"])
+    assert torchrun.exit_code == 0 and "torch.distributed.run --nnodes 1" in torchrun.output, torchrun.output
+    assert not (tmp_path / "s").exists()  # a dry run writes nothing
