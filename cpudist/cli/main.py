@@ -14,6 +14,7 @@ from cpudist.cli.hosts import hosts
 from cpudist.cli.plan import plan
 from cpudist.cli.report import report
 from cpudist.cli.run import run
+from cpudist.cli.sweep import sweep
 from cpudist.errors import BadInput, CpudistError
 
 
@@ -43,6 +44,7 @@ def cli(debug: bool) -> None:
 cli.add_command(run)
 cli.add_command(report)
 cli.add_command(plan)
+cli.add_command(sweep)
 cli.add_command(hosts)
 cli.add_command(cluster)
 cli.add_command(ami)
