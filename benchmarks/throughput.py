@@ -9,7 +9,7 @@ Suites (each writes results/throughput-<suite>[-quick]-<cpu kind>.json and .md, 
   levers-minilm, levers-bert-base
                            each lever as its own arm on top of `bare` (every lever off), beside hf_best
                            and ours: ranks x threads, tcmalloc, jemalloc, Intel OpenMP, torch.compile,
-                           frozen embeddings
+                           frozen embeddings, cheaper dropout masks
   eval                     evaluation alone: grad mode, eval batch, precision, row order
   mfu                      bert-base on full 128-token rows vs a measured GEMM ceiling in its precision
 
@@ -36,7 +36,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 MRPC = HERE.parent.parent / "shared" / "data" / "glue" / "MRPC"
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
-BARE = {"allocator": "none", "openmp": "gnu"}  # every lever off: the arm levers are measured against
+# Every lever off: what each lever is measured against.
+BARE: dict[str, str | None] = {"allocator": "none", "openmp": "gnu", "torch-dropout": None}
 LEVERS: dict[str, dict[str, str | None]] = {
     "ranks-2x1": {"np": "2", "half-batch": None},  # 2 ranks x 1 thread, same global batch
     "tcmalloc": {"allocator": "tcmalloc"},
@@ -44,6 +45,7 @@ LEVERS: dict[str, dict[str, str | None]] = {
     "intel-openmp": {"openmp": "intel"},
     "compile": {"compile": None},
     "freeze-embeddings": {"freeze-embeddings": None},
+    "fast-dropout": {"fast-dropout": None},  # Click takes the last of --torch-dropout/--fast-dropout
 }
 
 

@@ -67,6 +67,7 @@ class RunResult:
     # ddp+bf16, allreduce, gather-scatter, local-sgd:8, diloco:8, ...); its knobs are here.
     sync_options: dict[str, Any] = field(default_factory=dict)
     optimizer: str = "adamw"
+    fast_dropout: bool = False  # dropout masks from cpudist/train/dropout.py (False: torch's, or an older run)
     grad_bytes: int = 0  # one fp32 gradient of the trained parameters
     param_shapes: tuple[tuple[int, ...], ...] = ()  # of the trained parameters: what traffic.py needs to plan
     expected_tx_bytes_per_step: float = 0.0  # every node's interface together, per optimizer step (0: one node)

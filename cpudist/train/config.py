@@ -63,6 +63,7 @@ class TrainConfig:
     freeze_embeddings: bool = False  # the word-embedding table is not trained (cpudist/train/speed.py)
     compile: bool = False  # torch.compile, batches padded to a few static lengths
     ipex: bool = False  # Intel Extension for PyTorch's optimize(), when installed
+    fast_dropout: bool = True  # dropout masks from 16-bit lanes of 64-bit draws (cpudist/train/dropout.py)
     optimizer: str = "adamw"  # sgd: plain SGD (no momentum), linear in the gradient: for teaching and checks
     # Gradient sync (cpudist/train/sync.py, cpudist/traffic.py)
     sync: str = "ddp"  # ddp | allreduce | gather-scatter | local-sgd

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from cpudist.cpu import read_cpu
-from cpudist.train import netcount, speed
+from cpudist.train import dropout, netcount, speed
 from cpudist.train.checkpoint import seed_all
 from cpudist.train.config import TrainConfig
 from cpudist.train.data import load_task
@@ -71,6 +71,8 @@ def setup(cfg: TrainConfig, info: RankInfo) -> Job:
         model = build_model(cfg.model, task.num_labels, regression, cfg.dropout)
     if cfg.freeze_embeddings:
         speed.freeze_embeddings(model)
+    if cfg.fast_dropout:
+        dropout.install(model)
     seed_all(cfg.seed + info.rank)  # dropout noise differs between ranks, as with HF Trainer
     bf16 = resolve_precision(cfg.precision, CPU.has_bf16) == "bf16"
     run_dir = Path(cfg.output_dir)

@@ -1,0 +1,76 @@
+"""The cheaper dropout keeps torch's contract: rate, unbiased scale, gradient, seeding, and attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cpudist.train import dropout as fd
+from cpudist.train.models import build_model
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
+def test_rate_and_unbiased_scale(p: float) -> None:
+    torch.manual_seed(0)
+    x = torch.ones(400_000)
+    y = fd.dropout(x, p)
+    kept = (y != 0).float().mean().item()
+    assert abs(kept - (1 - p)) < 0.005
+    assert abs(y.mean().item() - 1.0) < 0.01  # kept elements scaled by 1/keep: the expectation is x
+    for lane in range(4):  # each 16-bit lane of a 64-bit draw is uniform (random_() alone would bias one)
+        assert abs((y.view(-1, 4)[:, lane] != 0).float().mean().item() - (1 - p)) < 0.01
+
+
+def test_gradient_is_the_same_mask_and_scale() -> None:
+    torch.manual_seed(1)
+    x = torch.randn(1000, requires_grad=True)
+    y = fd.dropout(x, 0.2)
+    y.sum().backward()
+    assert x.grad is not None
+    assert torch.allclose(x.grad, torch.where(y != 0, 1 / 0.8, 0.0))
+
+
+def test_seeded_like_torch_and_off_outside_training() -> None:
+    x = torch.randn(5000)
+    torch.manual_seed(7)
+    a = fd.dropout(x, 0.1)
+    torch.manual_seed(7)
+    assert torch.equal(a, fd.dropout(x, 0.1))
+    assert fd.dropout(x, 0.1, training=False) is x and fd.dropout(x, 0.0) is x
+
+
+def test_attention_equals_sdpa_when_nothing_is_dropped() -> None:
+    """The eager path of training steps computes SDPA's attention (keep-all mask: p below 1/65536)."""
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(2, 4, 6, 8) for _ in range(3))
+    keep = torch.ones(2, 1, 6, 6, dtype=torch.bool)
+    keep[0, :, :, 4:] = False  # padding of the first row
+    module = torch.nn.Linear(1, 1)  # anything in training mode
+    out, _ = fd.attention(module, q, k, v, keep, dropout=1e-9)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=keep).transpose(1, 2)
+    assert torch.allclose(out, ref, atol=1e-5)
+    additive = torch.zeros(2, 1, 6, 6).masked_fill(~keep, torch.finfo(torch.float32).min)
+    out2, _ = fd.attention(module, q, k, v, additive, dropout=1e-9)
+    assert torch.allclose(out2, ref, atol=1e-5)
+
+
+def test_install_swaps_every_dropout_and_keeps_evaluation() -> None:
+    torch.manual_seed(3)
+    model = build_model("tiny", 2, False, None)
+    reference = build_model("tiny", 2, False, None)
+    reference.load_state_dict(model.state_dict())
+    assert fd.install(model) == sum(isinstance(m, torch.nn.Dropout) for m in reference.modules())
+    assert not any(type(m) is torch.nn.Dropout for m in model.modules())
+    ids = torch.randint(1000, 3000, (3, 9))
+    mask = torch.ones(3, 9, dtype=torch.long)
+    mask[1, 6:] = 0
+    model.eval()
+    reference.eval()
+    with torch.no_grad():
+        assert torch.allclose(model(input_ids=ids, attention_mask=mask).logits,
+                              reference(input_ids=ids, attention_mask=mask).logits, atol=1e-6)
+    model.train()
+    loss = model(input_ids=ids, attention_mask=mask, labels=torch.tensor([0, 1, 1])).loss
+    loss.backward()
+    assert torch.isfinite(loss)
