@@ -83,7 +83,7 @@ def _finish(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict
             started_at: str, restored: Restored | None) -> None:
     """Gather every rank's host and memory, write result.json on rank 0, and leave together."""
     info = job.info
-    mine = {"host": socket.gethostname(), "peak_rss_mb": peak_rss_mb()}
+    mine = {"host": socket.gethostname(), "peak_rss_mb": peak_rss_mb(), "threads": torch.get_num_threads()}
     rank_info: list[dict[str, object]] = [mine]
     if info.world_size > 1:
         rank_info = [{}] * info.world_size
