@@ -27,7 +27,8 @@ from cpudist.launch.job import (
     run_job,
     unfinished_run,
 )
-from cpudist.launch.plan import LAUNCHERS, check_layout, plan
+from cpudist.launch.plan import LAUNCHERS, SBATCH_FILE, check_layout, plan
+from cpudist.launch.slurm import SlurmOptions
 from cpudist.remote.agent import JobRequest
 from cpudist.remote.session import Head, local_inputs, run_remote
 from cpudist.remote.targets import cluster_target, onprem_head, recover_cluster
@@ -126,7 +127,17 @@ def summary(r: RunResult) -> str:
 @click.option("--stage-code", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True,
               help="Send a wheel of this cpudist to the nodes: when theirs differs (auto), always, or never.")
 @click.option("--launcher", "--mpi", "launcher", type=click.Choice(LAUNCHERS), default="auto", show_default=True,
-              help="auto: the MPI of --mpirun, else MPICH's Hydra when installed, else torchrun.")
+              help="auto: srun inside a Slurm allocation, else the MPI of --mpirun, else MPICH's Hydra when "
+              "installed, else torchrun. slurm: sbatch from a login node (srun inside an allocation); torchrun "
+              "with --hostfile: one torchrun per host over SSH.")
+@click.option("--partition", help="--launcher slurm: the Slurm partition.")
+@click.option("--time", "time_limit", help="--launcher slurm: the job's time limit (minutes, MM:SS, HH:MM:SS, "
+              "D-HH:MM; Slurm counts whole minutes).")
+@click.option("--account", help="--launcher slurm: the account charged.")
+@click.option("--exclusive", is_flag=True, help="--launcher slurm: whole nodes (else Slurm grants a CPU per rank, "
+              "and each rank runs one thread).")
+@click.option("--sbatch-arg", "sbatch_args", multiple=True, help="--launcher slurm: one more sbatch option, as "
+              "written after #SBATCH, e.g. --sbatch-arg=--mem=0 (repeatable).")
 @click.option("--mpirun", type=click.Path(dir_okay=False), help="The launcher program (mpiexec.hydra or mpirun).")
 @click.option("--ssh", help="ssh program for the launcher [default: ~/.cpudist/cluster/ssh from ssh-setup].")
 @click.option("--iface", help="Network interface between nodes (sets GLOO_SOCKET_IFNAME).")
@@ -201,6 +212,8 @@ def summary(r: RunResult) -> str:
 def run(task: str, np_: int, ppn: int | str | None, nodes: int | None, hostfile: Path | None,
         cluster_name: str | None, head_addr: str | None,
         user: str | None, identity: str | None, remote_python: str | None, stage_code: str, launcher: str,
+        partition: str | None, time_limit: str | None, account: str | None, exclusive: bool,
+        sbatch_args: tuple[str, ...],
         mpirun: str | None, ssh: str | None, iface: str | None, allocator: str, openmp: str,
         env_pairs: tuple[tuple[str, str], ...], oversubscribe: bool, timeout: float | None, dry_run: bool,
         as_json: bool, quiet: bool,
@@ -220,8 +233,8 @@ def run(task: str, np_: int, ppn: int | str | None, nodes: int | None, hostfile:
         output_dir = unfinished_run(cfg)
         if output_dir is not None:
             click.echo(f"[cpudist] --resume auto: going on with {output_dir}", err=True)
-    cfg = TrainConfig(**{**cfg.__dict__, "output_dir": str(output_dir or default_output_dir(cfg, np_))})
     np_, ppn = _layout(np_, ppn, nodes, cluster_name is not None or head_addr is not None)
+    cfg = TrainConfig(**{**cfg.__dict__, "output_dir": str(output_dir or default_output_dir(cfg, np_))})
     if ppn is None and (hostfile is not None or cluster_name is not None):
         raise BadInput("--hostfile/--cluster need --ppn (ranks per node)",
                        "e.g. --np 4 --ppn 1 for one rank on each of 4 nodes")
@@ -235,6 +248,9 @@ def run(task: str, np_: int, ppn: int | str | None, nodes: int | None, hostfile:
             raise BadInput("--head needs --hostfile (the nodes as they name each other, head first)",
                            "Pass --hostfile H --head ADDRESS")
         head = onprem_head(hostfile, head_addr, user, identity, remote_python, stage_code)
+    if head is not None and launcher == "slurm":
+        raise BadInput("--launcher slurm runs from the cluster's login node, not through --head/--cluster",
+                       "ssh to the login node and run `cpudist run ... --launcher slurm` there")
     extra: dict[str, Any] = {"cluster": cluster_name, "usd_per_hour": price}
     with signals_interrupt():
         if head is not None:
@@ -247,8 +263,13 @@ def run(task: str, np_: int, ppn: int | str | None, nodes: int | None, hostfile:
                         oversubscribe, timeout, dry_run, as_json, quiet, ledger, extra, recovery)
             return
         where = Placement(np_, ppn or np_, hostfile, ssh, oversubscribe, iface)
-        spec = prepare(cfg, where, launcher, mpirun, env_pairs, allocator, dry_run, openmp)
+        spec = prepare(cfg, where, launcher, mpirun, env_pairs, allocator, dry_run, openmp,
+                       SlurmOptions(partition, time_limit, account, exclusive, sbatch_args))
         launch = plan(spec)
+        if dry_run and launch.script is not None:
+            click.echo(f"# {Path(cfg.output_dir) / SBATCH_FILE} (written and submitted with `{launch.shell()}`)")
+            click.echo(launch.script, nl=False)
+            return
         if dry_run:
             click.echo("# environment of every rank")
             for key, value in launch.rank_env.items():
