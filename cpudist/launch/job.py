@@ -241,9 +241,12 @@ def run_job(spec: RunSpec, launch: Launch, ledger_path: Path, cb: Callbacks,
         extra["slurm_job_id"] = spec.allocation.job_id
     with (out / "ranks.log").open("w") as log:  # every rank line, also when a run elsewhere fetches it
 
-        def on_line(line: str) -> None:
+        def to_log(line: str) -> None:
             log.write(line + "\n")
             log.flush()
+
+        def on_line(line: str) -> None:
+            to_log(line)
             cb.on_line(line)
 
         if launch.script is not None:
@@ -251,9 +254,10 @@ def run_job(spec: RunSpec, launch: Launch, ledger_path: Path, cb: Callbacks,
             extra["slurm_job_id"] = slurm_outcome.info.job_id
             outcome = runner.Outcome(0 if slurm_outcome.info.state == "COMPLETED" else 1, slurm_outcome.timed_out,
                                      slurm_outcome.last_lines)
+        elif launch.per_host:
+            outcome = runner.execute_hosts(launch, os.environ, cb.on_event, on_line, timeout_s, to_log)
         else:
-            execute = runner.execute_hosts if launch.per_host else runner.execute
-            outcome = execute(launch, os.environ, cb.on_event, on_line, timeout_s)
+            outcome = runner.execute(launch, os.environ, cb.on_event, on_line, timeout_s)
     slurm_info = slurm_outcome.info if launch.script is not None else None
     check(outcome, out, timeout_s, "torchrun" if launch.per_host else "launcher", slurm_info)
     if launch.per_host:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -47,14 +48,24 @@ def check(outcome: Outcome, out: Path, timeout_s: float | None, what: str, slurm
         # Slurm's verdict first (TIMEOUT, NODE_FAIL, ...): the ranks' own stop is a consequence of it.
         message, hint = slurm.failure(slurm_info, str(out / f"slurm-{slurm_info.job_id}.out"), last)
         raise JobFailed(message, f"{hint}. {saved[0].upper()}{saved[1:]}: {resume} goes on" if stop else hint)
-    if outcome.returncode != 0 and stop:
+    killed = outcome.failed_host is not None and outcome.returncode > 128  # a host's launcher died of a signal
+    if outcome.returncode != 0 and stop and not killed:
         raise Preempted(saved, f"Resume: the same command with {resume}")
     if outcome.returncode != 0:
         host = outcome.failed_host or failed_host(outcome.last_lines)
         where = f" on {host}" if host else ""
+        signal_name = f", {_signal_name(outcome.returncode - 128)}" if killed else ""
         detail = f": {last}" if last else ""
-        raise JobFailed(f"the job failed{where} ({what} exit code {outcome.returncode}){detail}",
-                        "See the rank output above; the first failing rank is named in it")
+        hint = "See the rank output above; the first failing rank is named in it"
+        raise JobFailed(f"the job failed{where} ({what} exit code {outcome.returncode}{signal_name}){detail}",
+                        f"{hint}. {saved[0].upper()}{saved[1:]}: {resume} goes on" if stop else hint)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return f"killed by {signal.Signals(number).name}"
+    except ValueError:
+        return f"signal {number}"
 
 
 def record(spec: RunSpec, out: Path, ledger_path: Path, extra: dict[str, Any]) -> RunResult:

@@ -124,8 +124,13 @@ class _Hosts:
 
 
 def execute_hosts(launch: Launch, base_env: Mapping[str, str], on_event: Callable[[dict[str, Any]], None],
-                  on_line: Callable[[str], None], timeout_s: float | None = None) -> Outcome:
-    """Run one launcher per host, lines prefixed `[host]`; the first to fail (or Ctrl-C) stops the rest."""
+                  on_line: Callable[[str], None], timeout_s: float | None = None,
+                  on_late_line: Callable[[str], None] | None = None) -> Outcome:
+    """Run one launcher per host, lines prefixed `[host]`; the first to fail (or Ctrl-C) stops the rest.
+
+    What the other hosts print while they stop (torchrun's tracebacks of its SIGTERM) goes to `on_late_line`
+    (the run's log) rather than `on_line`, so the failure stays in view.
+    """
     hosts = _Hosts(launch, base_env)
     running, tail = set(hosts.procs), list[str]()
     failed: tuple[str, int] | None = None
@@ -148,8 +153,13 @@ def execute_hosts(launch: Launch, base_env: Mapping[str, str], on_event: Callabl
                     if code != 0 and failed is None and hosts.stopping_since is None:
                         failed = (host, code)  # the first failure is the cause; the others follow from it
                         hosts.stop()
-                elif (event := events.parse(line)) is not None:
+                    continue
+                event = events.parse(line)
+                late = hosts.stopping_since is not None and (failed is None or host != failed[0])
+                if event is not None:
                     on_event(event)
+                elif late and on_late_line is not None:
+                    on_late_line(f"[{host}] {line}")
                 else:
                     tail = [*tail, f"[{host}] {line}"][-20:]
                     on_line(tail[-1])
