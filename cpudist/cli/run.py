@@ -13,6 +13,7 @@ import click
 from click.core import ParameterSource
 
 from cpudist.cli.progress import JobView
+from cpudist.cli.slurm_options import slurm_options, to_slurm_options
 from cpudist.cpu import read_cpu
 from cpudist.errors import BadInput, Preempted
 from cpudist.hosts.hostfile import render_hostfile
@@ -28,7 +29,6 @@ from cpudist.launch.job import (
     unfinished_run,
 )
 from cpudist.launch.plan import LAUNCHERS, SBATCH_FILE, check_layout, plan
-from cpudist.launch.slurm import SlurmOptions
 from cpudist.remote.agent import JobRequest
 from cpudist.remote.session import Head, local_inputs, run_remote
 from cpudist.remote.targets import cluster_target, onprem_head, recover_cluster
@@ -130,14 +130,7 @@ def summary(r: RunResult) -> str:
               help="auto: srun inside a Slurm allocation, else the MPI of --mpirun, else MPICH's Hydra when "
               "installed, else torchrun. slurm: sbatch from a login node (srun inside an allocation); torchrun "
               "with --hostfile: one torchrun per host over SSH.")
-@click.option("--partition", help="--launcher slurm: the Slurm partition.")
-@click.option("--time", "time_limit", help="--launcher slurm: the job's time limit (minutes, MM:SS, HH:MM:SS, "
-              "D-HH:MM; Slurm counts whole minutes).")
-@click.option("--account", help="--launcher slurm: the account charged.")
-@click.option("--exclusive", is_flag=True, help="--launcher slurm: whole nodes (else Slurm grants a CPU per rank, "
-              "and each rank runs one thread).")
-@click.option("--sbatch-arg", "sbatch_args", multiple=True, help="--launcher slurm: one more sbatch option, as "
-              "written after #SBATCH, e.g. --sbatch-arg=--mem=0 (repeatable).")
+@slurm_options
 @click.option("--mpirun", type=click.Path(dir_okay=False), help="The launcher program (mpiexec.hydra or mpirun).")
 @click.option("--ssh", help="ssh program for the launcher [default: ~/.cpudist/cluster/ssh from ssh-setup].")
 @click.option("--iface", help="Network interface between nodes (sets GLOO_SOCKET_IFNAME).")
@@ -264,7 +257,7 @@ def run(task: str, np_: int, ppn: int | str | None, nodes: int | None, hostfile:
             return
         where = Placement(np_, ppn or np_, hostfile, ssh, oversubscribe, iface)
         spec = prepare(cfg, where, launcher, mpirun, env_pairs, allocator, dry_run, openmp,
-                       SlurmOptions(partition, time_limit, account, exclusive, sbatch_args))
+                       to_slurm_options(partition, time_limit, account, exclusive, sbatch_args))
         launch = plan(spec)
         if dry_run and launch.script is not None:
             click.echo(f"# {Path(cfg.output_dir) / SBATCH_FILE} (written and submitted with `{launch.shell()}`)")
@@ -274,7 +267,7 @@ def run(task: str, np_: int, ppn: int | str | None, nodes: int | None, hostfile:
             click.echo("# environment of every rank")
             for key, value in launch.rank_env.items():
                 click.echo(f"export {key}={value}")
-            if spec.hostfile:
+            if spec.hostfile and not launch.per_host:  # torchrun across hosts runs one command per host instead
                 click.echo(f"# hostfile {spec.hostfile} (written when the run starts)")
                 used = spec.hosts[: np_ // spec.ppn]
                 click.echo(render_hostfile(used, "openmpi" if spec.launcher == "openmpi" else "hydra", spec.ppn),
