@@ -152,7 +152,7 @@ def torchrun_hosts_launch(spec: RunSpec, env: dict[str, str], nodes: int) -> Lau
     hosts = [h.name for h in spec.hosts[:nodes]]
     run_id = Path(spec.train.output_dir).name or "cpudist"
     commands = torchrun.host_commands(hosts, spec.ssh, spec.python, spec.cwd, env, spec.ppn, spec.master_port,
-                                      run_id, to_argv(spec.train))
+                                      run_id, ["cpudist.train", *to_argv(spec.train)])
     return Launch(commands[0][1], env, per_host=commands)
 
 

@@ -20,11 +20,11 @@ OWN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT")
 
 
 def torchrun_argv(python: str, nnodes: int, ppn: int, endpoint: str, run_id: str, local_addr: str,
-                  train_argv: Sequence[str]) -> list[str]:
-    """One host's agent: --ppn ranks, joining the c10d rendezvous at `endpoint`; no restarts."""
+                  module: Sequence[str]) -> list[str]:
+    """One host's agent: --ppn ranks of `python -m MODULE ARGS...`, joining the c10d rendezvous at `endpoint`."""
     return [python, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc-per-node", str(ppn),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id,
-            "--local-addr", local_addr, "--max-restarts", "0", "-m", "cpudist.train", *train_argv]
+            "--local-addr", local_addr, "--max-restarts", "0", "-m", *module]
 
 
 def host_line(python: str, cwd: str, env: dict[str, str], agent: Sequence[str]) -> str:
@@ -35,12 +35,12 @@ def host_line(python: str, cwd: str, env: dict[str, str], agent: Sequence[str]) 
 
 
 def host_commands(hosts: Sequence[str], ssh: str, python: str, cwd: str, env: dict[str, str], ppn: int,
-                  port: int, run_id: str, train_argv: Sequence[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+                  port: int, run_id: str, module: Sequence[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """(host, argv) for every host: the head's runs here under `sh -c`, the others' through `ssh HOST`."""
     endpoint = f"{hosts[0]}:{port}"
     commands = []
     for i, host in enumerate(hosts):
-        line = host_line(python, cwd, env, torchrun_argv(python, len(hosts), ppn, endpoint, run_id, host, train_argv))
+        line = host_line(python, cwd, env, torchrun_argv(python, len(hosts), ppn, endpoint, run_id, host, module))
         argv = ("sh", "-c", line) if i == 0 else (ssh, host, line)
         commands.append((host, argv))
     return tuple(commands)
