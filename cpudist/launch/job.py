@@ -21,6 +21,7 @@ from cpudist.hosts.hostfile import Host, check_resolvable, local_hosts, read_hos
 from cpudist.hosts.keys import local_cluster_dir
 from cpudist.launch import runner, slurm_job
 from cpudist.launch.outcome import check, fetch_from_rank0, record
+from cpudist.launch.outcome import failed_host as failed_host  # where it lived before outcome.py
 from cpudist.launch.plan import Launch, RunSpec, check_layout
 from cpudist.launch.slurm import SlurmOptions
 from cpudist.launch.tools import find_library, free_port, is_this_machine, resolve_launcher

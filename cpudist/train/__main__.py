@@ -84,7 +84,7 @@ def _finish(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict
     """Gather every rank's host and memory, write result.json on rank 0, and leave together."""
     info = job.info
     mine = {"host": socket.gethostname(), "peak_rss_mb": peak_rss_mb(), "threads": torch.get_num_threads()}
-    rank_info: list[dict[str, object]] = [mine]
+    rank_info: list[dict[str, Any]] = [mine]
     if info.world_size > 1:
         rank_info = [{}] * info.world_size
         dist.all_gather_object(rank_info, mine)

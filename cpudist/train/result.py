@@ -6,6 +6,7 @@ import resource
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -29,7 +30,7 @@ def versions() -> dict[str, str]:
 
 
 def build_result(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict[str, float],
-                 saver: Saver, started_at: str, rank_info: list[dict[str, object]],
+                 saver: Saver, started_at: str, rank_info: list[dict[str, Any]],
                  restored: Restored | None) -> RunResult:
     """Assemble result.json from what every rank reported."""
     cfg, world = job.cfg, job.info.world_size
@@ -40,7 +41,7 @@ def build_result(job: Job, stats: TrainStats, metrics: dict[str, float], phases:
     cpu = CPU
     ghz = cpu_ghz(Path("/proc/cpuinfo").read_text()) if Path("/proc/cpuinfo").exists() else 0.0
     # The cores the job computes on: every rank's threads (one per usable physical core by default).
-    peak = peak_flops(cpu, sum(int(r["threads"]) for r in rank_info), ghz)  # type: ignore[call-overload]
+    peak = peak_flops(cpu, sum(int(r["threads"]) for r in rank_info), ghz)
     peak_used = peak.bf16 if job.bf16 else peak.fp32
     return RunResult(
         task=cfg.task, model=cfg.model, world_size=world, nodes=tuple(dict.fromkeys(hosts)),
@@ -58,9 +59,9 @@ def build_result(job: Job, stats: TrainStats, metrics: dict[str, float], phases:
         versions=versions(), cpu=cpu.summary(), run_id=job.run_dir.name, started_at=started_at,
         rank_hosts=hosts, epochs=cfg.epochs if cfg.max_steps is None else None, max_steps=cfg.max_steps,
         seed=cfg.seed, lr=cfg.lr, threads_per_rank=torch.get_num_threads(),
-        rank_threads=tuple(int(r["threads"]) for r in rank_info),  # type: ignore[call-overload]
+        rank_threads=tuple(int(r["threads"]) for r in rank_info),
         final_loss=stats.losses[-1] if stats.losses else None,
-        peak_rss_mb=max(float(r["peak_rss_mb"]) for r in rank_info),  # type: ignore[arg-type]
+        peak_rss_mb=max(float(r["peak_rss_mb"]) for r in rank_info),
         eval_phases=phases, run_dir=str(job.run_dir.resolve()), train_flops_per_s=flops_per_s,
         mfu=flops_per_s / peak_used if peak_used else 0.0, peak_flops_per_s=peak_used, peak_how=peak.how,
         resumed_from_step=int(restored.meta["step"]) if restored else None,
