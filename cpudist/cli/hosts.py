@@ -13,6 +13,7 @@ from rich.table import Table
 from cpudist.errors import CpudistError
 from cpudist.hosts.bench import DEFAULT_SIZES, BenchResult, Probe, human, parse_sizes, probe_spec, run_probe, save
 from cpudist.hosts.doctor import doctor as run_doctor
+from cpudist.hosts.doctor import usable_text
 from cpudist.hosts.hostfile import check_resolvable, read_hostfile, render_hostfile
 from cpudist.hosts.keys import local_cluster_dir
 from cpudist.hosts.setup import forget as forget_host
@@ -69,21 +70,22 @@ def ssh_setup(hostfile: Path, user: str | None, identity: str | None, port: int)
 @click.option("--json", "as_json", is_flag=True)
 def doctor(hostfile: Path, user: str | None, identity: str | None, port: int, launcher_program: str,
            as_json: bool) -> None:
-    """Check every node against the head: SSH, versions, CPU features, cores, memory, launcher."""
+    """Check every node against the head: SSH, versions, CPU features, cores, usable cores (affinity mask and
+    cgroup quota: what its ranks size their threads by), memory, launcher."""
     nodes = read_hostfile(hostfile)
     reports = run_doctor(nodes, user, identity, port, launcher_program)
     if as_json:
         click.echo(json.dumps([{"host": r.host, "ok": r.ok, "problems": r.problems, "facts": r.facts}
                                for r in reports], indent=2))
     else:
-        table = Table("node", "python", "cpudist", "torch", "mpi", "cpu", "bf16", "cores", "free GiB", "launcher",
-                      "verdict")
+        table = Table("node", "python", "cpudist", "torch", "mpi", "cpu", "bf16", "cores", "usable", "free GiB",
+                      "launcher", "verdict")
         for r in reports:
             f = r.facts
             cpu = f.get("cpu", {})
             table.add_row(r.host, f.get("python", "-"), f.get("cpudist", "-"), f.get("torch", "-"),
                           f.get("mpi") or "-", cpu.get("model", "-"), str(cpu.get("bf16", "-")),
-                          str(cpu.get("physical_cores", "-")),
+                          str(cpu.get("physical_cores", "-")), usable_text(f),
                           str(f.get("mem_available_gib", "-")),
                           "yes" if f.get("launchers", {}).get(launcher_program) else "no",
                           "ok" if r.ok else "FAIL: " + "; ".join(r.problems))

@@ -13,6 +13,7 @@ import click
 from click.core import ParameterSource
 
 from cpudist.cli.progress import JobView
+from cpudist.cli.slurm_options import slurm_options, to_slurm_options
 from cpudist.cpu import read_cpu
 from cpudist.errors import BadInput, Preempted
 from cpudist.hosts.hostfile import render_hostfile
@@ -27,7 +28,7 @@ from cpudist.launch.job import (
     run_job,
     unfinished_run,
 )
-from cpudist.launch.plan import LAUNCHERS, check_layout, plan
+from cpudist.launch.plan import LAUNCHERS, SBATCH_FILE, check_layout, plan
 from cpudist.remote.agent import JobRequest
 from cpudist.remote.session import Head, local_inputs, run_remote
 from cpudist.remote.targets import cluster_target, onprem_head, recover_cluster
@@ -146,7 +147,10 @@ def summary(r: RunResult) -> str:
 @click.option("--stage-code", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True,
               help="Send a wheel of this cpudist to the nodes: when theirs differs (auto), always, or never.")
 @click.option("--launcher", "--mpi", "launcher", type=click.Choice(LAUNCHERS), default="auto", show_default=True,
-              help="auto: the MPI of --mpirun, else MPICH's Hydra when installed, else torchrun.")
+              help="auto: srun inside a Slurm allocation, else the MPI of --mpirun, else MPICH's Hydra when "
+              "installed, else torchrun. slurm: sbatch from a login node (srun inside an allocation); torchrun "
+              "with --hostfile: one torchrun per host over SSH.")
+@slurm_options
 @click.option("--mpirun", type=click.Path(dir_okay=False), help="The launcher program (mpiexec.hydra or mpirun).")
 @click.option("--ssh", help="ssh program for the launcher [default: ~/.cpudist/cluster/ssh from ssh-setup].")
 @click.option("--iface", help="Network interface between nodes (sets GLOO_SOCKET_IFNAME).")
@@ -241,6 +245,8 @@ def summary(r: RunResult) -> str:
 def run(task: str, np_: int, ppn: int | str | None, nodes: int | None, hostfile: Path | None,
         cluster_name: str | None, head_addr: str | None,
         user: str | None, identity: str | None, remote_python: str | None, stage_code: str, launcher: str,
+        partition: str | None, time_limit: str | None, account: str | None, exclusive: bool,
+        sbatch_args: tuple[str, ...],
         mpirun: str | None, ssh: str | None, iface: str | None, allocator: str, openmp: str,
         env_pairs: tuple[tuple[str, str], ...], oversubscribe: bool, timeout: float | None, dry_run: bool,
         as_json: bool, quiet: bool,
@@ -261,8 +267,8 @@ def run(task: str, np_: int, ppn: int | str | None, nodes: int | None, hostfile:
         output_dir = unfinished_run(cfg)
         if output_dir is not None:
             click.echo(f"[cpudist] --resume auto: going on with {output_dir}", err=True)
-    cfg = TrainConfig(**{**cfg.__dict__, "output_dir": str(output_dir or default_output_dir(cfg, np_))})
     np_, ppn = _layout(np_, ppn, nodes, cluster_name is not None or head_addr is not None)
+    cfg = TrainConfig(**{**cfg.__dict__, "output_dir": str(output_dir or default_output_dir(cfg, np_))})
     if ppn is None and (hostfile is not None or cluster_name is not None):
         raise BadInput("--hostfile/--cluster need --ppn (ranks per node)",
                        "e.g. --np 4 --ppn 1 for one rank on each of 4 nodes")
@@ -276,6 +282,9 @@ def run(task: str, np_: int, ppn: int | str | None, nodes: int | None, hostfile:
             raise BadInput("--head needs --hostfile (the nodes as they name each other, head first)",
                            "Pass --hostfile H --head ADDRESS")
         head = onprem_head(hostfile, head_addr, user, identity, remote_python, stage_code)
+    if head is not None and launcher == "slurm":
+        raise BadInput("--launcher slurm runs from the cluster's login node, not through --head/--cluster",
+                       "ssh to the login node and run `cpudist run ... --launcher slurm` there")
     extra: dict[str, Any] = {"cluster": cluster_name, "usd_per_hour": price}
     with signals_interrupt():
         if head is not None:
@@ -288,13 +297,18 @@ def run(task: str, np_: int, ppn: int | str | None, nodes: int | None, hostfile:
                         oversubscribe, timeout, dry_run, as_json, quiet, ledger, extra, recovery)
             return
         where = Placement(np_, ppn or np_, hostfile, ssh, oversubscribe, iface)
-        spec = prepare(cfg, where, launcher, mpirun, env_pairs, allocator, dry_run, openmp)
+        spec = prepare(cfg, where, launcher, mpirun, env_pairs, allocator, dry_run, openmp,
+                       to_slurm_options(partition, time_limit, account, exclusive, sbatch_args))
         launch = plan(spec)
+        if dry_run and launch.script is not None:
+            click.echo(f"# {Path(cfg.output_dir) / SBATCH_FILE} (written and submitted with `{launch.shell()}`)")
+            click.echo(launch.script, nl=False)
+            return
         if dry_run:
             click.echo("# environment of every rank")
             for key, value in launch.rank_env.items():
                 click.echo(f"export {key}={value}")
-            if spec.hostfile:
+            if spec.hostfile and not launch.per_host:  # torchrun across hosts runs one command per host instead
                 click.echo(f"# hostfile {spec.hostfile} (written when the run starts)")
                 used = spec.hosts[: np_ // spec.ppn]
                 click.echo(render_hostfile(used, "openmpi" if spec.launcher == "openmpi" else "hydra", spec.ppn),

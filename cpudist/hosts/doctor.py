@@ -53,9 +53,24 @@ def compare(head: dict[str, Any], node: dict[str, Any], launcher: str | None,
     cores, head_cores = node["cpu"]["physical_cores"], head["cpu"]["physical_cores"]
     if cores != head_cores:
         problems.append(f"{cores} physical cores != head's {head_cores}")
+    usable, head_usable = node.get("usable_cores"), head.get("usable_cores")
+    if usable != head_usable:  # a cpuset or CPU quota: its ranks run fewer threads, and the ring waits for them
+        problems.append(f"{usable} usable cores != head's {head_usable}{quota_note(node)}")
     if launcher and not node.get("launchers", {}).get(launcher):
         problems.append(f"{launcher} not found")
     return tuple(problems)
+
+
+def quota_note(facts: dict[str, Any]) -> str:
+    """` (cgroup quota 0.5 CPUs)` when a quota limits the node, else nothing."""
+    quota = facts.get("cpu_quota")
+    return "" if quota is None else f" (cgroup quota {quota:g} CPUs)"
+
+
+def usable_text(facts: dict[str, Any]) -> str:
+    """The doctor table's cell: usable cores, and the quota when one applies."""
+    usable = facts.get("usable_cores")
+    return "-" if usable is None else f"{usable}{quota_note(facts)}"
 
 
 def probe(host: Host, user: str | None, identity: str | None, port: int, python: str) -> dict[str, Any]:

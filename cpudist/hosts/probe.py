@@ -13,7 +13,7 @@ from importlib import metadata
 from pathlib import Path
 
 from cpudist import __version__
-from cpudist.cpu import read_cpu
+from cpudist.cpu import read_cpu, read_cpu_quota, usable_cores
 from cpudist.launch.tools import find_program
 
 LAUNCHER_PROGRAMS = ("mpiexec.hydra", "mpirun", "torchrun")
@@ -45,10 +45,13 @@ def mem_available_gib(meminfo: str) -> float:
 
 def facts() -> dict[str, object]:
     meminfo = Path("/proc/meminfo").read_text() if Path("/proc/meminfo").exists() else ""
+    cpu, quota = read_cpu(), read_cpu_quota()
     return {"host": socket.gethostname(), "python": platform.python_version(), "executable": sys.executable,
             "cpudist": __version__, "torch": _version("torch"), "transformers": _version("transformers"),
             "mpi": mpi_version(),
-            "cpu": read_cpu().summary(), "mem_available_gib": round(mem_available_gib(meminfo), 1),
+            "cpu": cpu.summary(), "mem_available_gib": round(mem_available_gib(meminfo), 1),
+            # What ranks started like this probe may use: the cores of its affinity mask, within its cgroup quota.
+            "usable_cores": usable_cores(cpu.physical_cores, quota), "cpu_quota": quota,
             "launchers": {p: find_program(p) for p in LAUNCHER_PROGRAMS}}
 
 

@@ -41,9 +41,15 @@ def auto_ppn(physical_cores: int) -> int:
 def node_env(spec: EnvSpec) -> dict[str, str]:
     """Variables every rank on a node gets (user overrides from --env win)."""
     threads = threads_per_rank(spec.physical_cores, spec.ppn)
+    pinned = dict(spec.overrides).get("OMP_NUM_THREADS")
     env = {
-        # One compute thread per physical core: more threads than cores only adds contention.
+        # One compute thread per physical core: more threads than cores only adds contention. This is the
+        # estimate from the launching machine's cores (OpenMP's pool starts at it, Intel MPI sizes its pin
+        # domains by it)...
         "OMP_NUM_THREADS": str(threads),
+        # ...and each rank then sizes its threads from the CPUs it may use where it runs (affinity mask,
+        # cgroup quota, shared with its node's other ranks: train/threads.py); --env OMP_NUM_THREADS pins it.
+        "CPUDIST_THREADS": pinned or "auto",
         # Rendezvous point of torch.distributed's env:// init: rank 0's node.
         "MASTER_ADDR": spec.master_addr,
         "MASTER_PORT": str(spec.master_port),

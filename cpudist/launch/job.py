@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-import re
 import subprocess
 import sys
 import urllib.error
@@ -18,13 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from cpudist.cpu import read_cpu
-from cpudist.errors import BadInput, JobFailed, Preempted
+from cpudist.errors import BadInput, JobFailed
 from cpudist.hosts.hostfile import Host, check_resolvable, local_hosts, read_hostfile, render_hostfile
 from cpudist.hosts.keys import local_cluster_dir
-from cpudist.launch import runner
+from cpudist.launch import runner, slurm_job
+from cpudist.launch.outcome import check, fetch_from_rank0, record
+from cpudist.launch.outcome import failed_host as failed_host  # where it lived before outcome.py
 from cpudist.launch.plan import Launch, RunSpec, check_layout
+from cpudist.launch.slurm import SlurmOptions
 from cpudist.launch.tools import find_library, free_port, is_this_machine, resolve_launcher
-from cpudist.results import ledger
 from cpudist.results.schema import RunResult
 from cpudist.train import resume
 from cpudist.train.config import TrainConfig
@@ -197,15 +197,20 @@ def _cluster_hosts(where: Placement, out_dir: Path, launcher: str,
 
 def prepare(cfg: TrainConfig, where: Placement, launcher: str, mpirun: str | None,
             env_overrides: tuple[tuple[str, str], ...], allocator: str = "auto", dry_run: bool = False,
-            openmp: str = "auto") -> RunSpec:
-    """A checked RunSpec: this machine as the cluster, or the nodes of a hostfile."""
+            openmp: str = "auto", slurm: SlurmOptions | None = None) -> RunSpec:
+    """A checked RunSpec: this machine as the cluster, the nodes of a hostfile, or Slurm's."""
     hub_offline = preflight(cfg)
     resume.preflight(cfg, where.np)
     cpu = read_cpu()
-    name, path = resolve_launcher(launcher, mpirun)
+    in_allocation = bool(os.environ.get("SLURM_JOB_ID")) and where.hostfile is None
+    name, path = resolve_launcher(launcher, mpirun, in_allocation)
     hosts, hostfile, ssh = local_hosts(cpu.logical_cpus), None, "ssh"
-    master = "127.0.0.1"
-    if where.hostfile is not None:
+    master, allocation = "127.0.0.1", None
+    if name == "slurm":
+        slurm_job.check_options(where.hostfile)
+        allocation = slurm_job.current_allocation(os.environ)
+        hosts, master = slurm_job.slurm_hosts(allocation, where.np // where.ppn)
+    elif where.hostfile is not None:
         hosts, hostfile, ssh = _cluster_hosts(where, Path(cfg.output_dir), name, dry_run)
         master = hosts[0].name
     return RunSpec(train=cfg, np=where.np, ppn=where.ppn, hosts=hosts, launcher=name, launcher_path=path,
@@ -213,7 +218,8 @@ def prepare(cfg: TrainConfig, where: Placement, launcher: str, mpirun: str | Non
                    physical_cores=cpu.physical_cores, hub_offline=hub_offline, env_overrides=env_overrides,
                    oversubscribe=where.oversubscribe, hostfile=hostfile, ssh=ssh, as_root=os.geteuid() == 0,
                    iface=where.iface, allocator=pick_allocator(allocator),
-                   iomp=pick_openmp(openmp))
+                   iomp=pick_openmp(openmp), cwd=os.getcwd(), slurm=slurm if name == "slurm" else None,
+                   allocation=allocation)
 
 
 @dataclass(frozen=True)
@@ -224,54 +230,37 @@ class Callbacks:
     on_line: Callable[[str], None]
 
 
-_HOST_PATTERNS = (re.compile(r"RUNNING AT (\S+)"), re.compile(r"on node (\S+?)[ ,.]"),
-                  re.compile(r"\[([^\]:\s]+):\d+\] error: "))
-
-
-def failed_host(lines: tuple[str, ...]) -> str | None:
-    """The host a launcher blamed for a failure (Hydra: RUNNING AT h; Open MPI: on node h)."""
-    for line in lines:
-        for pattern in _HOST_PATTERNS:
-            m = pattern.search(line)
-            if m:
-                return m.group(1)
-    return None
-
-
 def run_job(spec: RunSpec, launch: Launch, ledger_path: Path, cb: Callbacks,
             timeout_s: float | None, extra: dict[str, Any] | None = None) -> RunResult:
-    """Launch the ranks, wait, then record the result in the run folder and the ledger."""
+    """Launch the ranks (or submit them to Slurm), wait, then record the result in the run folder and ledger."""
     out = Path(spec.train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "command.txt").write_text(launch.shell() + "\n")
     (out / MARKER).unlink(missing_ok=True)  # a stop of an earlier part, already resumed
+    extra = dict(extra or {})
+    if spec.allocation is not None:
+        extra["slurm_job_id"] = spec.allocation.job_id
     with (out / "ranks.log").open("w") as log:  # every rank line, also when a run elsewhere fetches it
 
-        def on_line(line: str) -> None:
+        def to_log(line: str) -> None:
             log.write(line + "\n")
             log.flush()
+
+        def on_line(line: str) -> None:
+            to_log(line)
             cb.on_line(line)
 
-        outcome = runner.execute(launch, os.environ, cb.on_event, on_line, timeout_s)
-    if outcome.timed_out:
-        raise JobFailed(f"the job ran past --timeout {timeout_s:g}s and was stopped",
-                        "Raise --timeout, or lower --max-steps/--epochs")
-    if outcome.returncode != 0 and (out / MARKER).is_file():
-        stop = json.loads((out / MARKER).read_text())
-        raise Preempted(f"the ranks stopped at step {stop['step']} ({stop['reason']} on {stop['host']}) after saving "
-                        f"{Path(stop['checkpoint']).name}",
-                        f"Resume: the same command with --resume auto --output-dir {out}")
-    if outcome.returncode != 0:
-        host = failed_host(outcome.last_lines)
-        last = next((line for line in outcome.last_lines if "] error: " in line), None)  # the trainer's own
-        where = f" on {host}" if host else ""
-        detail = f": {last}" if last else ""
-        raise JobFailed(f"the job failed{where} (launcher exit code {outcome.returncode}){detail}",
-                        "See the rank output above; the first failing rank is named in it")
-    result_file = out / "result.json"
-    if not result_file.is_file():
-        raise JobFailed(f"the job ended without writing {result_file}", "See the rank output above")
-    result = ledger.read_result(result_file).with_updates(launcher=spec.launcher, **(extra or {}))
-    result_file.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
-    ledger.append(ledger_path, result)
-    return result
+        if launch.script is not None:
+            slurm_outcome = slurm_job.submit_and_follow(launch, out, cb.on_event, on_line, cb.on_line, timeout_s)
+            extra["slurm_job_id"] = slurm_outcome.info.job_id
+            outcome = runner.Outcome(0 if slurm_outcome.info.state == "COMPLETED" else 1, slurm_outcome.timed_out,
+                                     slurm_outcome.last_lines)
+        elif launch.per_host:
+            outcome = runner.execute_hosts(launch, os.environ, cb.on_event, on_line, timeout_s, to_log)
+        else:
+            outcome = runner.execute(launch, os.environ, cb.on_event, on_line, timeout_s)
+    slurm_info = slurm_outcome.info if launch.script is not None else None
+    check(outcome, out, timeout_s, "torchrun" if launch.per_host else "launcher", slurm_info)
+    if launch.per_host:
+        fetch_from_rank0(out, spec.hosts, spec.ssh)
+    return record(spec, out, ledger_path, extra)

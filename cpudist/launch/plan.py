@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 
 from cpudist.errors import BadInput
 from cpudist.hosts.hostfile import Host
+from cpudist.launch import slurm, torchrun
 from cpudist.launch.env import EnvSpec, node_env
+from cpudist.launch.slurm import Allocation, SlurmOptions
 from cpudist.train.config import TrainConfig, to_argv
 
-LAUNCHERS = ("auto", "mpich", "impi", "openmpi", "torchrun")
+LAUNCHERS = ("auto", "mpich", "impi", "openmpi", "slurm", "torchrun")
 
 
 @dataclass(frozen=True)
@@ -21,8 +24,8 @@ class RunSpec:
     np: int
     ppn: int
     hosts: tuple[Host, ...]
-    launcher: str  # resolved: mpich | impi | openmpi | torchrun
-    launcher_path: str  # mpiexec.hydra / mpirun; unused for torchrun
+    launcher: str  # resolved: mpich | impi | openmpi | slurm | torchrun
+    launcher_path: str  # mpiexec.hydra / mpirun / srun; unused for torchrun
     python: str
     master_addr: str
     master_port: int
@@ -37,6 +40,9 @@ class RunSpec:
     allocator: str | None = None
     iomp: str | None = None
     program: tuple[str, ...] = ()  # the rank module and its arguments (`python -m ...`); empty: the trainer
+    cwd: str = "."  # where the ranks run (and relative paths resolve) on every node
+    slurm: SlurmOptions | None = None  # --launcher slurm: what to ask Slurm for
+    allocation: Allocation | None = None  # --launcher slurm inside an allocation: srun there, not sbatch
 
 
 @dataclass(frozen=True)
@@ -45,9 +51,13 @@ class Launch:
 
     argv: tuple[str, ...]
     rank_env: dict[str, str]
+    per_host: tuple[tuple[str, tuple[str, ...]], ...] = ()  # torchrun across hosts: (host, argv) each
+    script: str | None = None  # Slurm outside an allocation: the batch script that `argv` submits
 
     def shell(self) -> str:
-        """The command as one copy-pasteable shell line."""
+        """The command as copy-pasteable shell: one line, or one per host after a `# host` line."""
+        if self.per_host:
+            return "\n".join(f"# {host}\n{shlex.join(argv)}" for host, argv in self.per_host)
         return shlex.join(self.argv)
 
 
@@ -123,6 +133,34 @@ def torchrun_argv(spec: RunSpec) -> list[str]:
             "--master-port", str(spec.master_port), "--tee", "3", "-m", *rank_module(spec)]
 
 
+SBATCH_FILE = "job.sbatch"  # the batch script's name in the run folder
+
+
+def slurm_launch(spec: RunSpec, env: dict[str, str]) -> Launch:
+    """srun inside an allocation (each rank its node's share of the CPUs); else an sbatch script to submit."""
+    if spec.allocation is not None:
+        alloc = spec.allocation
+        if spec.np // spec.ppn > len(alloc.nodes):
+            raise BadInput(f"--np {spec.np} with --ppn {spec.ppn} needs {spec.np // spec.ppn} nodes but the "
+                           f"allocation (job {alloc.job_id}) has {len(alloc.nodes)}",
+                           f"Use at most --nodes {len(alloc.nodes)}, or allocate more (salloc -N ...)")
+        cpus = max(1, alloc.cpus_per_node // spec.ppn)
+        return Launch(tuple(slurm.srun_argv(spec.np, spec.ppn, trainer_argv(spec), cpus)), env)
+    out = Path(spec.cwd, spec.train.output_dir)  # absolute: the script may be submitted from elsewhere
+    job = slurm.BatchJob(f"cpudist-{spec.train.task}", spec.np, spec.ppn, spec.cwd, str(out / "slurm-%j.out"),
+                         tuple(trainer_argv(spec)), tuple(env.items()), spec.slurm or SlurmOptions())
+    return Launch(("sbatch", "--parsable", str(out / SBATCH_FILE)), env, script=slurm.sbatch_script(job))
+
+
+def torchrun_hosts_launch(spec: RunSpec, env: dict[str, str], nodes: int) -> Launch:
+    """One torchrun agent per host of the hostfile, the head's hosting the c10d rendezvous."""
+    hosts = [h.name for h in spec.hosts[:nodes]]
+    run_id = Path(spec.train.output_dir).name or "cpudist"
+    commands = torchrun.host_commands(hosts, spec.ssh, spec.python, spec.cwd, env, spec.ppn, spec.master_port,
+                                      run_id, rank_module(spec))
+    return Launch(commands[0][1], env, per_host=commands)
+
+
 def plan(spec: RunSpec) -> Launch:
     """The launch of a spec, after checking that its ranks fit its hosts."""
     nodes = check_layout(spec.np, spec.ppn, spec.hosts, spec.oversubscribe)
@@ -130,9 +168,13 @@ def plan(spec: RunSpec) -> Launch:
     builders = {"mpich": hydra_argv, "impi": hydra_argv, "openmpi": openmpi_argv}
     if spec.launcher in builders:
         return Launch(tuple(builders[spec.launcher](spec, env)), env)
+    if spec.launcher == "slurm":
+        return slurm_launch(spec, env)
     if spec.launcher == "torchrun":
-        if nodes > 1 or spec.hostfile:
-            raise BadInput("the torchrun launcher runs on this machine only",
-                           "Use --launcher mpich, impi or openmpi with a hostfile")
+        if spec.hostfile:
+            return torchrun_hosts_launch(spec, env, nodes)
+        if nodes > 1:
+            raise BadInput("torchrun on more than one node needs the nodes: a hostfile",
+                           "Pass --hostfile H (head first; `cpudist hosts ssh-setup` once), or --launcher slurm")
         return Launch(tuple(torchrun_argv(spec)), env)
     raise BadInput(f"unknown launcher '{spec.launcher}'", f"Use one of: {', '.join(LAUNCHERS)}")

@@ -48,8 +48,15 @@ def _candidates(name: str) -> list[str]:
     return [p for p in found if p and Path(p).is_file()]
 
 
-def resolve_launcher(name: str, path: str | None = None) -> tuple[str, str]:
-    """(launcher, program path). `auto`: the MPI given by --mpirun, else MPICH's Hydra, else torchrun."""
+def resolve_launcher(name: str, path: str | None = None, in_allocation: bool = False) -> tuple[str, str]:
+    """(launcher, program path). `auto`: srun inside a Slurm allocation, else the MPI given by --mpirun, else
+    MPICH's Hydra, else torchrun."""
+    if name == "slurm" or (name == "auto" and in_allocation and path is None and find_program("srun")):
+        for program in ("srun", "sbatch", "scontrol"):
+            if find_program(program) is None:
+                raise BadInput(f"--launcher slurm needs Slurm's {program}, which is not on PATH",
+                               "Run cpudist on a login node of the cluster (or load its Slurm module)")
+        return "slurm", str(find_program("srun"))
     if path is not None:
         if not Path(path).is_file():
             raise BadInput(f"--mpirun {path} does not exist", "Point it at mpiexec.hydra or mpirun")

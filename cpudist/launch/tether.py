@@ -1,0 +1,96 @@
+"""Run a command that dies with its caller: `python -m cpudist.launch.tether -- COMMAND ...`.
+
+For processes started over SSH without a terminal (torchrun on each host, launch/torchrun.py): when stdin
+ends (the ssh client was stopped or lost), or on SIGTERM/SIGHUP/SIGINT, the command and everything it
+started is stopped (SIGTERM, then SIGKILL after a grace), also processes that left its process group
+(torchrun starts each rank in a session of its own) or lost their parent (a killed torchrun's ranks):
+the tether is their child subreaper, so they stay below it. It exits with the command's code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+GRACE_S = 5.0
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid`, from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _reap() -> None:
+    """Collect every child that has ended (orphans adopted by this subreaper too)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def stop_tree(grace_s: float = GRACE_S) -> None:
+    """SIGTERM everything below this process, SIGKILL what is left after `grace_s`."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 2.0)):
+        for pid in descendants(os.getpid()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            _reap()
+            if not descendants(os.getpid()):
+                return
+            time.sleep(0.1)
+
+
+def main(argv: list[str]) -> int:
+    command = argv[1:] if argv[:1] == ["--"] else argv
+    if not command:
+        sys.stderr.write("usage: python -m cpudist.launch.tether -- COMMAND [ARGS...]\n")
+        return 2
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stop.set())
+
+    def watch_stdin() -> None:
+        while os.read(sys.stdin.fileno(), 4096):
+            pass
+        stop.set()
+
+    child = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
+    threading.Thread(target=watch_stdin, daemon=True).start()
+    code = None
+    while code is None and not stop.wait(0.2):
+        code = child.poll()
+    stop_tree()  # the rest of the tree: ranks of a killed agent, or everything when told to stop
+    if code is None:  # stopped from outside (its status was reaped with the rest)
+        return 128 + signal.SIGTERM
+    return code if code >= 0 else 128 - code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,46 @@
+"""torchrun across hosts, as pure data: one `torchrun` agent per host, each started over SSH.
+
+    cpudist run mrpc --launcher torchrun --hostfile hosts --np 4 --ppn 1 --dry-run   # the command of each host
+
+The zero-MPI path: every host of the hostfile runs `torchrun --nnodes N --nproc-per-node P --rdzv-backend c10d
+--rdzv-endpoint HEAD:PORT`, the head (the first host, where cpudist runs) hosting the rendezvous. Each agent
+runs under `python -m cpudist.launch.tether`, which takes the agent and its ranks down when its SSH session
+ends, so stopping the local ssh (a failed host, Ctrl-C) leaves nothing behind (launch/runner.py).
+c10d numbers the hosts in the order of their --local-addr names, so rank 0 (and result.json) may be on
+another host than the head: cpudist fetches the result from there when the run folder is not shared.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+
+# Set by torchrun itself for every worker: passing ours would only mislead a reader of the command.
+OWN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT")
+
+
+def torchrun_argv(python: str, nnodes: int, ppn: int, endpoint: str, run_id: str, local_addr: str,
+                  module: Sequence[str]) -> list[str]:
+    """One host's agent: --ppn ranks of `python -m MODULE ARGS...`, joining the c10d rendezvous at `endpoint`."""
+    return [python, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc-per-node", str(ppn),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id,
+            "--local-addr", local_addr, "--max-restarts", "0", "-m", *module]
+
+
+def host_line(python: str, cwd: str, env: dict[str, str], agent: Sequence[str]) -> str:
+    """The shell line a host runs: in the run's folder, with the rank variables, the agent under the tether."""
+    variables = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items() if k not in OWN_VARIABLES)
+    return (f"cd {shlex.quote(cwd)} && exec env {variables} {shlex.quote(python)} -m cpudist.launch.tether -- "
+            f"{shlex.join(agent)}")
+
+
+def host_commands(hosts: Sequence[str], ssh: str, python: str, cwd: str, env: dict[str, str], ppn: int,
+                  port: int, run_id: str, module: Sequence[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """(host, argv) for every host: the head's runs here under `sh -c`, the others' through `ssh HOST`."""
+    endpoint = f"{hosts[0]}:{port}"
+    commands = []
+    for i, host in enumerate(hosts):
+        line = host_line(python, cwd, env, torchrun_argv(python, len(hosts), ppn, endpoint, run_id, host, module))
+        argv = ("sh", "-c", line) if i == 0 else (ssh, host, line)
+        commands.append((host, argv))
+    return tuple(commands)

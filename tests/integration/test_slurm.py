@@ -1,0 +1,158 @@
+"""--launcher slurm against a real Slurm (slurm-wlm 22.05, munge) on two network-namespace hosts.
+
+tests/harness/slurm.py starts slurmctld on host 0 (the login node, and a compute node too) and a slurmd on
+each host under its own hostname; cpudist runs on host 0 as a user of an HPC login node would. Needs root
+and Debian's slurm-wlm and munge (tests/harness/setup.sh installs them; CI runs as root).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cpudist.train.preempt import MARKER
+from tests.harness import netns
+from tests.harness import slurm as slurm_harness
+from tests.harness.slurm import SlurmCluster
+from tests.integration.helpers import cmdline, cpudist
+
+MISSING = netns.missing_requirements() or slurm_harness.missing_requirements()
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(MISSING is not None, reason=str(MISSING))]
+CPUDIST = [sys.executable, "-m", "cpudist.cli"]
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    hosts = netns.NetnsCluster(2, tmp_path_factory.mktemp("slurm-hosts"), prefix=f"slm{os.getpid() % 10000}")
+    hosts.up()
+    try:
+        cluster = SlurmCluster(hosts).up()
+        try:
+            yield cluster
+        finally:
+            cluster.down()
+    finally:
+        hosts.down()
+
+
+def mrpc(data: Path, out: Path, *extra: str) -> list[str]:
+    return [*CPUDIST, "run", "mrpc", "--data-dir", str(data / "glue" / "MRPC"), "--model", "tiny",
+            "--output-dir", str(out), *extra]
+
+
+def job_state(slurm: SlurmCluster, job_id: str) -> str:
+    out = slurm.run(0, ["scontrol", "show", "job", "-o", job_id]).stdout
+    return re.search(r"JobState=(\S+)", out).group(1)  # type: ignore[union-attr]
+
+
+def ranks_left(slurm: SlurmCluster) -> list[str]:
+    return [cmdline(pid)[:100] for i in range(slurm.hosts.n) for pid in slurm.hosts.pids(i)
+            if "cpudist.train" in cmdline(pid) or "slurmstepd" in cmdline(pid)]
+
+
+def one_error(stderr: str) -> str:
+    errors = [line for line in stderr.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1, stderr[-3000:]
+    return errors[0]
+
+
+def test_sbatch_on_two_nodes(slurm: SlurmCluster, shared_data: Path, tmp_path: Path) -> None:
+    """From the login node: the script is written, submitted and followed; result.json names both nodes."""
+    r = slurm.run(0, mrpc(shared_data, tmp_path / "run", "--launcher", "slurm", "--nodes", "2", "--ppn", "1",
+                          "--max-steps", "5"), cwd=str(tmp_path), timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert sorted(result["nodes"]) == [slurm.hosts.name(0), slurm.hosts.name(1)]
+    assert result["launcher"] == "slurm" and result["world_size"] == 2 and result["slurm_job_id"]
+    assert f"Slurm job {result['slurm_job_id']}: RUNNING" in r.stderr and "step 5/5" in r.stderr
+    script = (tmp_path / "run" / "job.sbatch").read_text()
+    assert "#SBATCH --nodes=2" in script and "export CPUDIST_THREADS=auto" in script and "exec srun " in script
+    assert (tmp_path / "run" / "command.txt").read_text().startswith("sbatch --parsable ")
+    ledger = Path(os.environ["CPUDIST_HOME"]) / "results.jsonl"
+    assert json.loads(ledger.read_text().splitlines()[-1])["slurm_job_id"] == result["slurm_job_id"]
+    assert slurm.jobs() == [] and ranks_left(slurm) == []
+
+
+def test_inside_an_allocation_srun_runs_the_ranks(slurm: SlurmCluster, shared_data: Path, tmp_path: Path) -> None:
+    """`salloc -N 2 cpudist run ...` (the default --launcher auto): srun within the allocation, no sbatch."""
+    r = slurm.run(0, ["salloc", "-N", "2", *mrpc(shared_data, tmp_path / "run", "--nodes", "2", "--ppn", "1",
+                                                  "--max-steps", "3", "--no-eval")], cwd=str(tmp_path), timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    granted = re.search(r"Granted job allocation (\d+)", r.stderr)
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert granted and result["slurm_job_id"] == granted.group(1)
+    assert len(set(result["nodes"])) == 2 and result["launcher"] == "slurm"
+    assert (tmp_path / "run" / "command.txt").read_text().startswith("srun --nodes=2 --ntasks=2 ")
+    assert not (tmp_path / "run" / "job.sbatch").exists()
+
+
+def test_a_failing_rank_is_reported_with_the_job_state(slurm: SlurmCluster, shared_data: Path,
+                                                       tmp_path: Path) -> None:
+    r = slurm.run(0, mrpc(shared_data, tmp_path / "run", "--launcher", "slurm", "--max-steps", "3",
+                          "--env", "CPUDIST_THREADS=0"), cwd=str(tmp_path), timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr[-4000:]
+    error = one_error(r.stderr)
+    assert re.match(r"Error: Slurm job \d+ ended FAILED on \S+ after \S+, exit code 2:0: .*error: thread count '0'",
+                    error), error
+    assert slurm.jobs() == []
+
+
+def test_ctrl_c_cancels_the_job(slurm: SlurmCluster, shared_data: Path, tmp_path: Path) -> None:
+    proc = slurm.popen(0, mrpc(shared_data, tmp_path / "run", "--launcher", "slurm", "--nodes", "2", "--ppn", "1",
+                               "--epochs", "50", "--no-eval", "--log-every", "1"),
+                       cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        assert proc.stdout is not None
+        seen = []
+        for line in proc.stdout:
+            seen.append(line)
+            if "step 2/" in line:
+                break
+        job = re.search(r"submitted Slurm job (\d+)", "".join(seen))
+        assert job, "".join(seen)[-3000:]
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1 and f"interrupted: Slurm job {job.group(1)} was cancelled (scancel)" in out, out
+    assert job_state(slurm, job.group(1)) == "CANCELLED"
+    assert slurm.jobs() == [] and ranks_left(slurm) == []
+
+
+def test_time_limit_is_reported_as_timeout(slurm: SlurmCluster, shared_data: Path, tmp_path: Path) -> None:
+    """--time 00:00:30 (Slurm rounds it up to a minute): the job ends TIMEOUT, said in one line, exit 1."""
+    r = slurm.run(0, mrpc(shared_data, tmp_path / "run", "--launcher", "slurm", "--time", "00:00:30",
+                          "--epochs", "50", "--no-eval", "--log-every", "50"), cwd=str(tmp_path), timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr[-4000:]
+    error = one_error(r.stderr)
+    assert re.match(r"Error: Slurm job \d+ ended TIMEOUT on \S+ after 00:01:\d\d, time limit 00:01:00", error), error
+    assert "Raise --time" in error
+    if (tmp_path / "run" / MARKER).exists():  # the ranks had time to checkpoint at Slurm's SIGTERM
+        assert "--resume auto" in error
+    assert slurm.jobs() == []
+
+
+def test_dry_run_prints_the_script(shared_data: Path, tmp_path: Path) -> None:
+    r = cpudist("run", "mrpc", "--data-dir", shared_data / "glue" / "MRPC", "--model", "tiny", "--launcher", "slurm",
+                "--nodes", "2", "--ppn", "2", "--partition", "batch", "--time", "10", "--exclusive",
+                "--sbatch-arg=--mem=0", "--output-dir", tmp_path / "dry", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"# {tmp_path / 'dry' / 'job.sbatch'} (written and submitted with `sbatch --parsable " \
+                       f"{tmp_path / 'dry' / 'job.sbatch'}`)"
+    assert lines[1] == "#!/bin/bash"
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2", "#SBATCH --partition=batch",
+                 "#SBATCH --time=10", "#SBATCH --exclusive", "#SBATCH --mem=0"):
+        assert line in lines
+    assert lines[-1].startswith("exec srun --nodes=2 --ntasks=4 --ntasks-per-node=2 ")
+    assert not (tmp_path / "dry").exists()

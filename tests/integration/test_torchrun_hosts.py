@@ -1,0 +1,135 @@
+"""torchrun across hosts (the zero-MPI path), and threads sized by each rank from the CPUs its host gives it.
+
+Four network-namespace hosts with a real sshd each (tests/harness/netns.py), `cpudist hosts ssh-setup` once;
+cpudist runs on host 0, the head. Host 1's sshd is pinned to CPU 0 (`taskset`), host 2's sits in a cgroup
+holding it to half a core: everything they start inherits that, as ranks under a Slurm cpuset or in a
+container do. Needs root (tests/harness/setup.sh installs the rest; CI runs as root).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness.netns import NetnsCluster, missing_requirements
+from tests.integration.helpers import cmdline
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))]
+CPUDIST = [sys.executable, "-m", "cpudist.cli"]
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
+    c = NetnsCluster(4, tmp_path_factory.mktemp("torchrun"), prefix=f"ctr{os.getpid() % 10000}")
+    c.up()
+    try:
+        r = c.run(0, [*CPUDIST, "hosts", "ssh-setup", "--hostfile", str(c.hostfile), "--identity", str(c.user_key)])
+        assert r.returncode == 0, r.stdout + r.stderr
+        yield c
+    finally:
+        c.down()
+
+
+@contextlib.contextmanager
+def limited(c: NetnsCluster, pinned: int, held: int, quota: float) -> Iterator[None]:
+    """Host `pinned` may use CPU 0 only; host `held` gets `quota` of a core (cgroup v1 CFS quota)."""
+    if not (CPU_CGROUP / "cpu.cfs_quota_us").exists():
+        pytest.skip(f"no cgroup v1 cpu controller at {CPU_CGROUP} to hold a host to a quota")
+    sshd, held_sshd = c.sshd_pid(pinned), c.sshd_pid(held)
+    before = os.sched_getaffinity(sshd)
+    group = CPU_CGROUP / f"{c.prefix}-quota"
+    group.mkdir()
+    try:
+        os.sched_setaffinity(sshd, {0})
+        (group / "cpu.cfs_period_us").write_text("10000")
+        (group / "cpu.cfs_quota_us").write_text(str(int(quota * 10000)))
+        (group / "cgroup.procs").write_text(str(held_sshd))
+        # `ip netns exec` gave the hosts a /sys without cgroup mounts: mount the cpu controller in host `held`
+        # as a machine has it, so its ranks can read their quota.
+        subprocess.run(["nsenter", "--target", str(held_sshd), "--mount", "--", "sh", "-c",
+                        "mount -t tmpfs cgroup_root /sys/fs/cgroup && mkdir /sys/fs/cgroup/cpu && "
+                        "mount -t cgroup -o cpu cgroup /sys/fs/cgroup/cpu"], check=True)
+        yield
+    finally:
+        os.sched_setaffinity(sshd, before)
+        for pid in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                (CPU_CGROUP / "cgroup.procs").write_text(pid)
+        group.rmdir()
+
+
+def run_argv(c: NetnsCluster, data: Path, out: Path, *extra: str) -> list[str]:
+    return [*CPUDIST, "run", "mrpc", "--launcher", "torchrun", "--hostfile", str(c.hostfile), "--np", "4",
+            "--ppn", "1", "--data-dir", str(data / "glue" / "MRPC"), "--model", "tiny", "--output-dir", str(out),
+            *extra]
+
+
+def leftovers(c: NetnsCluster) -> list[str]:
+    """Processes other than the sshd on any host (the trainer, torchrun, the tether, ssh)."""
+    return [f"{c.name(i)}: {cmdline(pid)[:100]}" for i in range(c.n) for pid in c.pids(i)
+            if pid != c.sshd_pid(i) and cmdline(pid)]
+
+
+def test_four_hosts_each_rank_sizing_its_threads(hosts: NetnsCluster, shared_data: Path, tmp_path: Path) -> None:
+    """4 distinct hosts in result.json; the rank under `taskset -c 0` and the one held to half a core run one
+    thread, the others two (this machine has 2 cores); `hosts doctor` shows the difference per node."""
+    with limited(hosts, pinned=1, held=2, quota=0.5):
+        r = hosts.run(0, run_argv(hosts, shared_data, tmp_path / "run", "--max-steps", "3", "--max-eval-samples", "64"),
+                      timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+        doctor = hosts.run(0, [*CPUDIST, "hosts", "doctor", "--hostfile", str(hosts.hostfile), "--json"])
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["launcher"] == "torchrun" and result["world_size"] == 4
+    assert sorted(result["nodes"]) == [hosts.name(i) for i in range(4)]
+    threads = dict(zip(result["rank_hosts"], result["rank_threads"], strict=True))
+    assert threads == {hosts.name(0): 2, hosts.name(1): 1, hosts.name(2): 1, hosts.name(3): 2}
+    assert f"[{hosts.name(3)}] rank " in r.stderr  # every host's output, prefixed with its name
+    command = (tmp_path / "run" / "command.txt").read_text()
+    assert command.count("--rdzv-backend c10d") == 4 and f"--rdzv-endpoint {hosts.name(0)}:" in command
+    assert doctor.returncode == 1, doctor.stdout + doctor.stderr
+    usable = {n["host"]: (n["facts"]["usable_cores"], n["problems"]) for n in json.loads(doctor.stdout)}
+    assert usable[hosts.name(1)][0] == 1 and usable[hosts.name(2)][0] == 1 and usable[hosts.name(3)] == (2, [])
+    assert "1 usable cores != head's 2 (cgroup quota 0.5 CPUs)" in usable[hosts.name(2)][1]
+    assert leftovers(hosts) == []
+
+
+def test_killing_one_hosts_torchrun_ends_the_job_everywhere(hosts: NetnsCluster, shared_data: Path,
+                                                            tmp_path: Path) -> None:
+    argv = run_argv(hosts, shared_data, tmp_path / "kill", "--epochs", "50", "--no-eval", "--log-every", "1")
+    proc = subprocess.Popen(hosts.exec_argv(0, argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        seen = []
+        for line in proc.stdout:
+            seen.append(line)
+            if "step 2/" in line:
+                break
+        agents = [pid for pid in hosts.pids(2) if cmdline(pid).split()[1:3] == ["-m", "torch.distributed.run"]]
+        assert len(agents) == 1, "".join(seen)[-3000:] + "\n".join(leftovers(hosts))
+        os.kill(agents[0], signal.SIGKILL)
+        killed = time.monotonic()
+        out, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1 and took < 60
+    error = [line for line in out.splitlines() if line.startswith("Error: ")]
+    assert len(error) == 1 and f"the job failed on {hosts.name(2)} (torchrun exit code 137, killed by SIGKILL)" \
+        in error[0], out[-3000:]
+    deadline = time.monotonic() + 10
+    while leftovers(hosts) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert leftovers(hosts) == []
