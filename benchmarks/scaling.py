@@ -34,6 +34,7 @@ import argparse
 import json
 import math
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -101,7 +102,8 @@ def speed_runs(cluster: Any, layout: Layout, a: argparse.Namespace, work: Path, 
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {m: {} for m in a.models}
     for _ in range(a.repeats):
         for model in a.models:
-            for arm, n in speed_cells(layout, a.arms, not a.no_gloo_share):
+            share = not a.no_gloo_share and (not a.quick or model == a.models[0])  # --quick: first model only
+            for arm, n in speed_cells(layout, a.arms, share):
                 if arm == UNSHAPED:
                     cluster = shaped(cluster, None)
                 r = train(cluster, work, a.lock_each, model, n, arm_flags(arm if arm not in (BASE, UNSHAPED) else
@@ -232,14 +234,21 @@ def markdown(res: dict[str, Any]) -> str:
     lines = [f"# Scaling on the miniature c6i cluster: {res['layout']} ({res['cpu_kind']})"
              + (" [quick]" if s["quick"] else ""), "", f"Made by: `{res['command']}`", "",
              f"CPU {c.get('model')} ({res['cpu_kind']}); torch {res['versions'].get('torch')}; "
-             f"cpudist {res['versions'].get('cpudist')}.", "", calibration_text(res["calibration"], res["cluster"]), "",
+             f"cpudist {res['versions'].get('cpudist')} at commit {res['code']['commit']}"
+             + (" (with uncommitted edits)" if res["code"]["edited"] else "") + ".", "",
+             calibration_text(res["calibration"], res["cluster"]), "",
              "Every number here comes from capped hosts that do not compete for cores (one rank per host, "
              f"cpusets and quotas above); links `{res['calibration']['tbf']}` unless marked unshaped.", "",
              f"Settings: MRPC train split, fp32, batch 32 per rank, rows up to 128 tokens (cpudist's length-grouped "
              f"batches), {s['steps']} steps without eval per speed run, {s['repeats']} alternated repeat(s); "
-             f"arms: {', '.join(s['arms'])}.", ""]
+             f"arms: {', '.join(s['arms'])}. Speedup: median steady samples/s over the 1-host run's (plain training, "
+             "one rank); efficiency = speedup / hosts; blog: the blog's c6i speedup at that node count.", ""]
     for model, summary in res["speed"].items():
         lines += [f"## {model} (random weights)", "", *speed_table(summary), ""]
+        if not any(s.get("comm_s_per_step") for s in summary.values()):
+            lines += ["Communication columns are empty: the cpudist that ran records no communication times or "
+                      "bytes between nodes (result.json's comm_time_s, exposed_comm_s, bus_bandwidth_gbps, "
+                      "*_tx_bytes_per_step come with the --sync work).", ""]
         g = res["gloo_share"].get(model)
         if g:
             lines += [f"gloo's share of a one-core node (ddp, 2 hosts): **{g['share']:.0%}** of the unshaped step "
@@ -251,6 +260,17 @@ def markdown(res: dict[str, Any]) -> str:
     else:
         lines += ["Accuracy column: not run in this form (`--accuracy` runs it).", ""]
     return "\n".join(lines)
+
+
+def code_version() -> dict[str, Any]:
+    """Which cpudist made the numbers: its folder, and the git commit (and whether edited) when it has one."""
+    import cpudist
+
+    folder = Path(cpudist.__file__).resolve().parent
+    git = ["git", "-C", str(folder)]
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run([*git, "status", "--porcelain", "--", "."], capture_output=True, text=True).stdout.strip()
+    return {"cpudist": str(folder), "commit": head or None, "edited": bool(dirty) if head else None}
 
 
 def run_layout(layout: Layout, a: argparse.Namespace, command: str, work: Path) -> dict[str, Any] | None:
@@ -271,8 +291,8 @@ def run_layout(layout: Layout, a: argparse.Namespace, command: str, work: Path) 
         if first is None:
             raise RuntimeError(f"every run of {layout.name} failed: see the errors above")
         return {"layout": layout.name, "command": command, "cpu": first["cpu"], "cpu_kind": read_cpu().kind,
-                "versions": first["versions"], "calibration": cal, "calibration_from": str(a.calibration or ""),
-                "cluster": cluster.describe(),
+                "versions": first["versions"], "code": code_version(), "calibration": cal,
+                "calibration_from": str(a.calibration or ""), "cluster": cluster.describe(),
                 "settings": {"quick": a.quick, "steps": a.steps, "repeats": a.repeats, "arms": a.arms,
                              "models": a.models, "arm_flags": {arm: arm_flags(arm, a.steps) for arm in a.arms}},
                 "speed": speed, "gloo_share": {m: gloo_share(s) for m, s in speed.items()},
