@@ -102,11 +102,22 @@ def tbf_spec(gbps: float) -> str:
     return f"tbf rate {round(rate / 1e3)}kbit burst {burst} latency {TBF_LATENCY_MS}ms"
 
 
-def capped_requirements() -> str | None:
+def capped_requirements(root: Path = CGROUP_ROOT) -> str | None:
     """Why this machine cannot host a capped cluster, or None when it can."""
-    return missing_requirements() or (None if cgroup_version() else
-                                      "no cgroup cpu+cpuset controllers (v1 under /sys/fs/cgroup/{cpu,cpuset}, "
-                                      "or v2 with both in cgroup.controllers)")
+    missing = missing_requirements()
+    if missing:
+        return missing
+    version = cgroup_version(root)
+    if version is None:
+        return ("no cgroup cpu+cpuset controllers (v1 under /sys/fs/cgroup/{cpu,cpuset}, or v2 with both in "
+                "cgroup.controllers)")
+    if version == 2:
+        try:  # child groups get the controllers only where the parent passes them on (idempotent)
+            (root / "cgroup.subtree_control").write_text("+cpu +cpuset")
+        except OSError as e:
+            return (f"cgroup v2 at {root} will not pass cpu+cpuset to child groups ({e}): it holds processes of its "
+                    "own (a container's cgroup); run where /sys/fs/cgroup is the machine's root cgroup")
+    return None
 
 
 @dataclass(frozen=True)

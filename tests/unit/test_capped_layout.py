@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.capped import HostCap, group_settings, layout, tbf_spec
+from tests.harness.capped import HostCap, cgroup_version, group_settings, layout, tbf_spec
 
 
 def test_whole_cores_give_each_host_its_own() -> None:
@@ -39,3 +39,15 @@ def test_v1_and_v2_settings() -> None:
 def test_tbf_burst_holds_a_gso_packet_and_two_ms_at_the_rate() -> None:
     assert tbf_spec(1.0) == "tbf rate 1000000kbit burst 250000 latency 20ms"
     assert "burst 65536 " in tbf_spec(0.1)
+
+
+def test_cgroup_version_is_read_from_the_mounted_controllers(tmp_path: Path) -> None:
+    v1, v2, neither = tmp_path / "v1", tmp_path / "v2", tmp_path / "neither"
+    for f in ("cpu/cpu.cfs_quota_us", "cpuset/cpuset.cpus"):
+        (v1 / f).parent.mkdir(parents=True, exist_ok=True)
+        (v1 / f).write_text("")
+    v2.mkdir()
+    (v2 / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    neither.mkdir()
+    (neither / "cgroup.controllers").write_text("io memory\n")  # a hybrid machine's unified tree: no cpu here
+    assert [cgroup_version(p) for p in (v1, v2, neither)] == [1, 2, None]
