@@ -43,6 +43,7 @@ from typing import Any
 from miniature import LAYOUTS, ROOT, Layout, calibrate, calibration_text, miniature, on_head, shaped, ssh_setup
 
 from cpudist.cpu import read_cpu
+from cpudist.train.loop import WARMUP_STEPS_EXCLUDED
 
 MRPC = ROOT.parent / "shared" / "data" / "glue" / "MRPC"
 MRPC_TRAIN_ROWS = 3668
@@ -75,20 +76,29 @@ def arm_flags(arm: str, steps: int) -> list[str]:
     return [f.replace(WARMUP, str(max(1, round(steps / 10)))) for f in ARMS.get(arm, ARMS["ddp"])]
 
 
+def tokens_per_sample(steps_jsonl: Path) -> float | None:
+    """Real tokens per sample of the steps steady samples/s counts: length-grouped batches differ in length."""
+    steps = [s for line in steps_jsonl.read_text().splitlines() if line.strip()
+             for s in [json.loads(line)] if "tokens" in s and "samples" in s]
+    kept = steps[WARMUP_STEPS_EXCLUDED:] if len(steps) > 2 * WARMUP_STEPS_EXCLUDED else steps
+    return sum(s["tokens"] for s in kept) / sum(s["samples"] for s in kept) if kept else None
+
+
 def train(cluster: Any, work: Path, lock: Path | None, model: str, nodes: int, flags: list[str],
-          length: list[str], evaluate: bool) -> dict[str, Any]:
+          length: list[str], evaluate: bool, seed: int = 42) -> dict[str, Any]:
     """One `cpudist run mrpc` on the first `nodes` hosts; the result fields the tables need (or the error)."""
     out = Path(tempfile.mkdtemp(dir=work, prefix="run-"))
     args = ["run", "mrpc", "--hostfile", str(cluster.hostfile), "--nodes", str(nodes), "--ppn", "1",
             "--precision", "fp32", "--batch-size", "32", "--max-seq-len", "128", "--data-dir", str(MRPC),
-            "--model", model, *length, *([] if evaluate else ["--no-eval"]), "--output-dir", str(out / "run"),
-            "--ledger", str(work / "ledger.jsonl"), "--json", "--quiet", *flags]
+            "--model", model, "--seed", str(seed), *length, *([] if evaluate else ["--no-eval"]),
+            "--output-dir", str(out / "run"), "--ledger", str(work / "ledger.jsonl"), "--json", "--quiet", *flags]
     try:
         r = on_head(cluster, args, lock)
     except RuntimeError as e:
         print(f"# failed: {e}", file=sys.stderr, flush=True)
         return {"error": str(e)[-600:], "flags": flags}
-    return {**{k: r.get(k) for k in KEEP}, "flags": flags, "cpu": r["cpu"], "versions": r["versions"]}
+    return {**{k: r.get(k) for k in KEEP}, "flags": flags, "seed": seed, "cpu": r["cpu"], "versions": r["versions"],
+            "tokens_per_sample": tokens_per_sample(out / "run" / "steps.jsonl")}
 
 
 def speed_cells(layout: Layout, arms: list[str], gloo_share: bool) -> list[tuple[str, int]]:
@@ -100,15 +110,16 @@ def speed_cells(layout: Layout, arms: list[str], gloo_share: bool) -> list[tuple
 def speed_runs(cluster: Any, layout: Layout, a: argparse.Namespace, work: Path, link: float) -> dict[str, Any]:
     """Every cell of every model, alternated inside each repeat: {model: {"arm@N": [runs]}}."""
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {m: {} for m in a.models}
-    for _ in range(a.repeats):
+    for repeat in range(a.repeats):
         for model in a.models:
             share = not a.no_gloo_share and (not a.quick or model == a.models[0])  # --quick: first model only
             for arm, n in speed_cells(layout, a.arms, share):
                 if arm == UNSHAPED:
                     cluster = shaped(cluster, None)
-                r = train(cluster, work, a.lock_each, model, n, arm_flags(arm if arm not in (BASE, UNSHAPED) else
-                                                                          "ddp", a.steps),
-                          ["--max-steps", str(a.steps)], False)
+                flags = arm_flags("ddp" if arm in (BASE, UNSHAPED) else arm, a.steps)
+                # Seeds differ per repeat, so medians also average over which batch lengths the steps drew.
+                r = train(cluster, work, a.lock_each, model, n, flags, ["--max-steps", str(a.steps)], False,
+                          seed=42 + repeat)
                 if arm == UNSHAPED:
                     cluster = shaped(cluster, link)
                 runs[model].setdefault(f"{arm}@{n}", []).append(r)
@@ -145,6 +156,7 @@ def summarize(cells: dict[str, list[dict[str, Any]]], link: float) -> dict[str, 
             bus = median_of(runs, lambda r: r.get("bus_bandwidth_gbps"))
             s |= {"samples_per_s": {"median": med, "min": min(ok), "max": max(ok)},
                   "step_time_s": median_of(runs, per_step("train_time_s")),
+                  "tokens_per_sample": median_of(runs, lambda r: r.get("tokens_per_sample")),
                   "steady_step_time_s": median_of(runs, lambda r: r["global_batch_size"] / r["steady_samples_per_s"]),
                   "comm_s_per_step": median_of(runs, per_step("comm_time_s")),
                   "exposed_comm_s_per_step": median_of(runs, per_step("exposed_comm_s")),
@@ -194,18 +206,20 @@ def why(error: str) -> str:
 
 
 def speed_table(summary: dict[str, dict[str, Any]]) -> list[str]:
-    lines = ["| arm | hosts | samples/s median (min-max) | step s | comm s/step | exposed comm s/step | "
-             "bus Gbit/s (of link) | MB/step between nodes: expected / measured | speedup | efficiency | blog |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| arm | hosts | samples/s median (min-max) | tokens/sample | step s | comm s/step | "
+             "exposed comm s/step | bus Gbit/s (of link) | MB/step between nodes: expected / measured | speedup | "
+             "efficiency | blog |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for cell, s in summary.items():
         arm = cell.rsplit("@", 1)[0]
         if "samples_per_s" not in s:
-            lines.append(f"| {arm} | {s['hosts']} | failed: {why(s['failed'][0])} |  |  |  |  |  |  |  |  |")
+            lines.append(f"| {arm} | {s['hosts']} | failed: {why(s['failed'][0])} |  |  |  |  |  |  |  |  |  |")
             continue
         sp = s["samples_per_s"]
         lines.append(
             f"| {arm} | {s['hosts']} | {sp['median']:.3f} ({sp['min']:.3f}-{sp['max']:.3f}) | "
-            f"{fmt(s['step_time_s'])} | {fmt(s['comm_s_per_step'])} | {fmt(s['exposed_comm_s_per_step'])} | "
+            f"{fmt(s['tokens_per_sample'], '.1f')} | {fmt(s['step_time_s'])} | {fmt(s['comm_s_per_step'])} | "
+            f"{fmt(s['exposed_comm_s_per_step'])} | "
             f"{fmt(s['bus_bandwidth_gbps'], '.3f')} ({fmt(s['bus_over_link'], '.0%')}) | "
             f"{fmt(s['expected_tx_mb_per_step'], '.1f')} / {fmt(s['measured_tx_mb_per_step'], '.1f')} | "
             f"{fmt(s['speedup'], '.2f', 'x')} | "
