@@ -21,11 +21,12 @@ rank, no sync: the baseline of every arm); efficiency = speedup / N. The blog's 
 flight; exposed_comm_s: training time spent waiting for them; bus bandwidth: the busiest rank's bytes
 sent over comm time; bytes between nodes expected by cpudist/traffic.py vs counted on the interfaces).
 
-gloo's share of a one-core node: the 2-host ddp run is repeated with the links unshaped (veth: the wire
+gloo's share of a node's CPU: the 2-host ddp run is repeated with the links unshaped (veth: the wire
 then costs almost nothing; what is left is CPU time, gloo's copies and reductions and the kernel's TCP
-work, all inside the node's cgroup, competing with the backward pass). share = 1 - t1 / t2u, with t1
-the 1-host step time (compute only) and t2u the unshaped 2-host step time; the shaped 2-host step's
-excess over t2u is the wait for the wire.
+work, all inside the node's cgroup, competing with the backward pass). share = 1 - t1' / t2u, with t2u
+the unshaped 2-host steady step time and t1' the 1-host steady step time (compute only) scaled by the
+two runs' tokens per sample (length-grouped batches of 32 and of 64 rows differ in length; compute
+follows the tokens). The shaped 2-host step (the same batches) exceeds t2u by the wait for the wire.
 """
 
 from __future__ import annotations
@@ -170,12 +171,14 @@ def summarize(cells: dict[str, list[dict[str, Any]]], link: float) -> dict[str, 
 
 
 def gloo_share(summary: dict[str, dict[str, Any]]) -> dict[str, float] | None:
-    """Share of a one-core node's step that the sync's CPU work takes, and the wire's wait (see the docstring)."""
-    t1, t2u, t2 = (summary.get(c, {}).get("steady_step_time_s") for c in (f"{BASE}@1", f"{UNSHAPED}@2", "ddp@2"))
+    """Share of a node's step that the sync's CPU work takes, and the wire's wait (see the docstring)."""
+    one, unshaped, shaped_ = (summary.get(c, {}) for c in (f"{BASE}@1", f"{UNSHAPED}@2", "ddp@2"))
+    t1, t2u, t2 = (c.get("steady_step_time_s") for c in (one, unshaped, shaped_))
     if not (t1 and t2u):
         return None
-    return {"t1_s": t1, "t2_unshaped_s": t2u, "t2_shaped_s": t2 or math.nan, "share": 1 - t1 / t2u,
-            "wire_wait_s": (t2 - t2u) if t2 else math.nan}
+    tokens = (unshaped.get("tokens_per_sample") or 1) / (one.get("tokens_per_sample") or 1)
+    return {"t1_s": t1, "t1_same_tokens_s": t1 * tokens, "t2_unshaped_s": t2u, "t2_shaped_s": t2 or math.nan,
+            "share": 1 - t1 * tokens / t2u, "wire_wait_s": (t2 - t2u) if t2 else math.nan}
 
 
 def best_arm(summary: dict[str, dict[str, Any]], hosts: int) -> str:
@@ -265,9 +268,11 @@ def markdown(res: dict[str, Any]) -> str:
                       "*_tx_bytes_per_step come with the --sync work).", ""]
         g = res["gloo_share"].get(model)
         if g:
-            lines += [f"gloo's share of a one-core node (ddp, 2 hosts): **{g['share']:.0%}** of the unshaped step "
-                      f"({g['t2_unshaped_s']:.2f} s vs {g['t1_s']:.2f} s on 1 host, compute only); waiting for the "
-                      f"shaped wire adds {fmt(g['wire_wait_s'])} s (shaped step {fmt(g['t2_shaped_s'])} s).", ""]
+            lines += [f"gloo's share of a {res['cluster']['cores_per_host']:g}-core node's CPU (ddp, 2 hosts, links "
+                      f"unshaped): **{g['share']:.0%}** of the step ({g['t2_unshaped_s']:.2f} s vs "
+                      f"{g['t1_same_tokens_s']:.2f} s of compute for the same tokens on 1 host, "
+                      f"{g['t1_s']:.2f} s measured); waiting for the shaped wire adds {fmt(g['wire_wait_s'])} s "
+                      f"(shaped step {fmt(g['t2_shaped_s'])} s).", ""]
     if res.get("accuracy"):
         lines += [f"## MRPC dev accuracy: pretrained all-MiniLM-L6-v2, 3 epochs, lr 5e-5, batch 32 per rank "
                   f"(fastest arm on minilm-l6: {res['best_arm']})", "", *accuracy_table(res["accuracy"]), ""]
