@@ -1,0 +1,136 @@
+"""The miniature c6i cluster of benchmarks/scaling.py: capped namespace hosts, calibrated to the blog's node.
+
+    python benchmarks/scaling.py --calibrate-only            # both layouts; prints and records the calibration
+    python benchmarks/scaling.py --calibrate-only --layouts halfcore
+
+Hosts are tests/harness/capped.py's: each in its own cgroup (its own core, or half of one with a CFS
+quota), so no two ranks ever compete for a core; links are `tc tbf` at a rate that makes
+compute / bandwidth the blog's. The blog's node (c6i.16xlarge, bert-base fp32, MRPC, batch 32, rows
+padded to 128) trained 3 epochs (11,004 samples) in 7m46s: 23.6 samples/s, on a 25 Gbit/s link. One
+miniature node trains the same (the `bert-base` preset, random weights; `cpudist run synthetic`: every
+row 128 real tokens) at S samples/s, so its link gets 25 Gbit/s x S / 23.6. Threads come from the
+host's affinity (cpudist counts the cores it may use): 1 thread on the 1-core host and on the
+half-core host (whose one core it shares, by quota, with its neighbour).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the harness lives in tests/, beside the package (run from anywhere)
+
+from tests.harness.capped import CappedCluster, tbf_spec  # noqa: E402
+
+BLOG_SAMPLES_PER_S = 11_004 / (7 * 60 + 46)  # 23.6: 3 MRPC epochs in 7m46s on one c6i.16xlarge
+BLOG_LINK_GBPS = 25.0
+CPUDIST = [sys.executable, "-m", "cpudist.cli"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the machine's cores become hosts, and the host counts measured on it."""
+
+    name: str
+    cores_per_host: float
+    host_counts: tuple[int, ...]
+
+    @property
+    def hosts(self) -> int:
+        return max(self.host_counts)
+
+
+LAYOUTS = {"1core": Layout("1core", 1.0, (1, 2)), "halfcore": Layout("halfcore", 0.5, (1, 2, 4))}
+
+
+@contextlib.contextmanager
+def cpu_lock(path: Path | None) -> Iterator[None]:
+    """Hold the machine's shared CPU lock (flock(1)'s kind) around one measurement; no-op without a path."""
+    if path is None:
+        yield
+        return
+    with path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def miniature(layout: Layout, state: Path, prefix: str) -> Iterator[CappedCluster]:
+    """The layout's capped hosts (links unshaped until calibrated), torn down whatever happens."""
+    cluster = CappedCluster(layout.hosts, state, prefix=prefix, cores_per_host=layout.cores_per_host)
+    cluster.up()
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
+def shaped(cluster: CappedCluster, gbps: float | None) -> CappedCluster:
+    """The same hosts with every link shaped to `gbps` (None: unshaped)."""
+    cluster = dataclasses.replace(cluster, link_gbps=gbps)
+    cluster.shape(tbf_spec(gbps) if gbps else "none")
+    return cluster
+
+
+def on_head(cluster: CappedCluster, args: list[str], lock: Path | None, timeout: float = 3600) -> dict[str, Any]:
+    """`cpudist ARGS --json` run on host 0 (inside its cgroup); the parsed result."""
+    cmd = [*CPUDIST, *args]
+    print(f"$ [{cluster.name(0)}] {shlex.join(cmd)}", file=sys.stderr, flush=True)
+    with cpu_lock(lock):
+        r = cluster.run(0, cmd, timeout=timeout, stdin=subprocess.DEVNULL)
+    if r.returncode != 0:
+        raise RuntimeError(f"cpudist {' '.join(args[:2])} failed on {cluster.name(0)} (exit {r.returncode}): "
+                           f"{r.stderr[-3000:]}")
+    return json.loads(r.stdout) if "--json" in args else {}
+
+
+def ssh_setup(cluster: CappedCluster) -> None:
+    """Password-less SSH between the hosts with the cluster key, as a user would set it up."""
+    on_head(cluster, ["hosts", "ssh-setup", "--hostfile", str(cluster.hostfile), "--identity",
+                      str(cluster.user_key)], None, timeout=300)
+
+
+def calibrate(cluster: CappedCluster, steps: int, work: Path, lock: Path | None) -> dict[str, Any]:
+    """The node's fp32 bert-base samples/s (batch 32, 128-token rows) and the link rate it implies."""
+    out = work / f"calibration-{cluster.prefix}"
+    r = on_head(cluster, ["run", "synthetic", "--model", "bert-base", "--precision", "fp32", "--max-seq-len", "128",
+                          "--batch-size", "32", "--max-steps", str(steps), "--synthetic-samples", str(32 * steps),
+                          "--no-eval", "--np", "1", "--output-dir", str(out), "--ledger", str(work / "ledger.jsonl"),
+                          "--json", "--quiet"], lock)
+    steps_log = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines() if line.strip()]
+    sps = r["steady_samples_per_s"]
+    link = BLOG_LINK_GBPS * sps / BLOG_SAMPLES_PER_S
+    return {"samples_per_s": sps, "link_gbps": link, "tbf": tbf_spec(link), "steps": steps,
+            "steady_rule": "result.json steady_samples_per_s (leaves out the first 3 steps when there are more than 6)",
+            "step_times_s": [s["step_time_s"] for s in steps_log if "step_time_s" in s],
+            "threads": r["threads_per_rank"], "precision": r["precision"], "peak_rss_mb": r["peak_rss_mb"],
+            "blog_samples_per_s": BLOG_SAMPLES_PER_S, "blog_link_gbps": BLOG_LINK_GBPS,
+            "blog_samples_per_s_per_gbps": BLOG_SAMPLES_PER_S / BLOG_LINK_GBPS,
+            "ours_samples_per_s_per_gbps": sps / link, "cpu": r["cpu"], "versions": r["versions"]}
+
+
+def calibration_text(cal: dict[str, Any], cluster: dict[str, Any]) -> str:
+    """The calibration and isolation, as every result prints them."""
+    caps = ", ".join(f"{c['host']}: cpuset {c['cpuset']}, quota {c['quota_us']}/{c['period_us']} us"
+                     for c in cluster["caps"])
+    return (f"Miniature node: {cluster['cores_per_host']:g} core(s) per host, cgroup v{cluster['cgroup_version']} "
+            f"({caps}); no two hosts share more than a core's time, each host's ranks are capped to its share. "
+            f"Calibration: bert-base fp32, batch 32, 128-token rows, {cal['threads']} thread(s): "
+            f"**{cal['samples_per_s']:.3f} samples/s per node** (steady, {cal['steps']}-step run; "
+            f"the blog's c6i.16xlarge: {cal['blog_samples_per_s']:.1f}) -> link **{cal['link_gbps']:.3f} Gbit/s** "
+            f"(`{cal['tbf']}` on both ends of every host's link; the blog: {cal['blog_link_gbps']:g} Gbit/s). "
+            f"Samples/s per Gbit/s: blog {cal['blog_samples_per_s_per_gbps']:.3f}, ours "
+            f"{cal['ours_samples_per_s_per_gbps']:.3f}.")

@@ -1,0 +1,136 @@
+"""The miniature cluster (tests/harness/capped.py): each host gets exactly its share of a core, and its link its rate.
+
+Needs root and cgroup cpu+cpuset controllers (v1 here; v2 elsewhere); run under the CPU lock, since
+it measures CPU shares: `flock /tmp/cpudist-cpu.lock pytest tests/integration/test_capped.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness.capped import CappedCluster, capped_requirements
+
+pytestmark = pytest.mark.skipif(capped_requirements() is not None, reason=str(capped_requirements()))
+
+CORES = sorted(os.sched_getaffinity(0))[:2]
+LINK_GBPS = 1.0
+BUSY = [sys.executable, "-c", "while True: pass"]
+RECEIVER = """
+import socket, sys, time
+server = socket.create_server((sys.argv[1], 5001))
+print("ready", flush=True)
+conn, _ = server.accept()
+received, first = 0, None
+while chunk := conn.recv(1 << 20):
+    first = first or time.perf_counter()
+    received += len(chunk)
+print(received, time.perf_counter() - first)
+"""
+SENDER = """
+import socket, sys, time
+conn = socket.create_connection((sys.argv[1], 5001))
+chunk, end = b"x" * (1 << 20), time.perf_counter() + float(sys.argv[2])
+while time.perf_counter() < end:
+    conn.sendall(chunk)
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CappedCluster]:
+    if len(CORES) < 2:
+        pytest.skip(f"the half-core layout needs 2 cores; this process may use {CORES}")
+    c = CappedCluster(4, tmp_path_factory.mktemp("capped"), prefix=f"mct{os.getpid() % 10000}",
+                      cores_per_host=0.5, link_gbps=LINK_GBPS, cores=tuple(CORES))
+    c.up()
+    try:
+        yield c
+    finally:
+        c.down()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of one process, from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def core_shares(cluster: CappedCluster, hosts: list[int], wall_s: float = 2.0) -> list[float]:
+    """Cores a busy loop gets on each of `hosts`, all running at once, over `wall_s` of wall time."""
+    loops = [subprocess.Popen(cluster.exec_argv(i, BUSY)) for i in hosts]  # sh and nsenter exec: same PID
+    try:
+        time.sleep(0.3)
+        before, start = [cpu_seconds(p.pid) for p in loops], time.monotonic()
+        time.sleep(wall_s)
+        after, wall = [cpu_seconds(p.pid) for p in loops], time.monotonic() - start
+    finally:
+        for p in loops:
+            p.kill()
+            p.wait()
+    return [(b - a) / wall for a, b in zip(before, after, strict=True)]
+
+
+def test_a_half_core_host_gets_half_a_core(cluster: CappedCluster) -> None:
+    (share,) = core_shares(cluster, [0])
+    assert share == pytest.approx(0.5, abs=0.05)  # the core is otherwise free: the quota, not the core, caps it
+
+
+def test_hosts_sharing_a_core_do_not_slow_each_other(cluster: CappedCluster) -> None:
+    shares = core_shares(cluster, [0, 1, 2, 3])  # two per core
+    assert shares == pytest.approx([0.5] * 4, abs=0.05)
+
+
+def test_each_host_runs_on_its_own_cpuset(cluster: CappedCluster) -> None:
+    expected = [{CORES[0]}, {CORES[0]}, {CORES[1]}, {CORES[1]}]
+    show = "import os, json; print(json.dumps(sorted(os.sched_getaffinity(0))))"
+    for i in range(4):
+        r = cluster.run(i, [sys.executable, "-c", show])
+        assert r.returncode == 0, r.stderr
+        assert set(json.loads(r.stdout)) == expected[i]
+
+
+def test_what_sshd_starts_is_in_its_hosts_group(cluster: CappedCluster) -> None:
+    for i in (1, 3):  # logged in from host 0, as a launcher does
+        r = cluster.run(0, ["ssh", "-i", str(cluster.user_key), "-o", "BatchMode=yes", "-o",
+                            "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+                            cluster.name(i), "cat /proc/self/cgroup"], timeout=30)
+        assert r.returncode == 0, r.stderr
+        groups = dict(line.split(":", 2)[1:] for line in r.stdout.splitlines())
+        assert groups["cpu"] == groups["cpuset"] == f"/{cluster.group(i)}"
+
+
+def test_a_shaped_link_delivers_its_rate(cluster: CappedCluster) -> None:
+    receiver = subprocess.Popen(cluster.exec_argv(1, [sys.executable, "-c", RECEIVER, cluster.addr(1)]),
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        assert receiver.stdout is not None and receiver.stdout.readline().strip() == "ready"
+        sent = cluster.run(0, [sys.executable, "-c", SENDER, cluster.addr(1), "2.5"], timeout=30)
+        assert sent.returncode == 0, sent.stderr
+        received, seconds = receiver.stdout.readline().split()
+    finally:
+        receiver.kill()
+        receiver.wait()
+    gbps = int(received) * 8 / float(seconds) / 1e9
+    # tbf counts whole frames: TCP payload is 1448 of 1514 bytes on the wire (95.6% of the rate).
+    assert gbps == pytest.approx(LINK_GBPS, rel=0.10)
+
+
+def test_down_removes_its_groups_and_a_layout_that_does_not_fit_makes_nothing(tmp_path: Path) -> None:
+    small = CappedCluster(1, tmp_path / "one", prefix=f"mcd{os.getpid() % 10000}", cores_per_host=1.0,
+                          cores=(CORES[0],)).up()
+    folders = small.group_dirs(0)
+    assert all(f.is_dir() for f in folders) and small.group_pids(0) == [small.sshd_pid(0)]
+    small.down()
+    assert not any(f.exists() for f in folders)
+    too_many = CappedCluster(3, tmp_path / "three", prefix=f"mcd{os.getpid() % 10000}", cores_per_host=1.0,
+                             cores=(CORES[0],))
+    with pytest.raises(ValueError, match=r"3 hosts of 1\.0 core"):
+        too_many.up()
+    assert not any(f.exists() for f in too_many.group_dirs(0))
