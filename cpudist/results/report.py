@@ -91,7 +91,8 @@ def human_bytes(n: float) -> str:
 def group_parts(r: RunResult) -> tuple[str, ...]:
     """What must match for runs to compare: everything but the number of ranks."""
     length = f"{r.max_steps} steps" if r.max_steps is not None else f"{r.epochs:g} epochs"
-    return (r.task, r.model, r.precision, r.backend, f"sync={r.sync}",
+    scaled = (f"lr-scaling={r.lr_scaling}",) if r.lr_scaling != "none" else ()
+    return (r.task, r.model, r.precision, r.backend, f"sync={r.sync}", *scaled,
             f"batch/rank={r.per_rank_batch_size}x{r.grad_accum}", f"seq={r.max_seq_len}", length)
 
 

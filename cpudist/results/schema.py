@@ -43,7 +43,8 @@ class RunResult:
     epochs: float | None = None
     max_steps: int | None = None
     seed: int = 0
-    lr: float = 0.0
+    lr: float = 0.0  # the learning rate used (--lr after --lr-scaling)
+    lr_scaling: str = "none"
     threads_per_rank: int = 0  # rank 0's
     rank_threads: tuple[int, ...] = ()  # every rank's, in rank order (each sizes its own: train/threads.py)
     final_loss: float | None = None

@@ -17,6 +17,18 @@ PRECISIONS = ("auto", "fp32", "bf16")
 SAMPLERS = ("random", "grouped")
 BACKENDS = ("gloo", "ccl")
 OPTIMIZERS = ("adamw", "sgd")
+LR_SCALINGS = ("none", "linear", "sqrt")
+
+
+def effective_lr(cfg: TrainConfig, world: int) -> float:
+    """--lr for one rank's batch, scaled to the global batch of `world` ranks as --lr-scaling asks.
+
+    linear: Goyal et al.'s rule (batch k times larger, learning rate k times larger, with warm-up);
+    sqrt: the gentler rule often used with Adam. Local SGD steps on one rank's batch: never scaled.
+    """
+    if cfg.lr_scaling == "none" or cfg.sync == "local-sgd" or world == 1:
+        return cfg.lr
+    return cfg.lr * (world if cfg.lr_scaling == "linear" else world**0.5)
 
 
 @dataclass(frozen=True)
@@ -64,6 +76,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile, batches padded to a few static lengths
     ipex: bool = False  # Intel Extension for PyTorch's optimize(), when installed
     fast_dropout: bool = True  # dropout masks from 16-bit lanes of 64-bit draws (cpudist/train/dropout.py)
+    lr_scaling: str = "none"  # none | linear | sqrt: --lr times world size (or its root) for synchronous syncs
     optimizer: str = "adamw"  # sgd: plain SGD (no momentum), linear in the gradient: for teaching and checks
     # Gradient sync (cpudist/train/sync.py, cpudist/traffic.py)
     sync: str = "ddp"  # ddp | allreduce | gather-scatter | local-sgd

@@ -20,7 +20,7 @@ from cpudist.errors import BadInput
 from cpudist.flops import ModelShape, training_flops
 from cpudist.train import checkpoint, events, netcount, speed, sync
 from cpudist.train.checkpoint import Position, Restored, gather_rngs, seed_all, set_rng_state
-from cpudist.train.config import TrainConfig
+from cpudist.train.config import TrainConfig, effective_lr
 from cpudist.train.features import Encoded, collate
 from cpudist.train.preempt import StopRequests
 from cpudist.train.sampling import fed_batches, global_batches
@@ -134,7 +134,7 @@ def train(cfg: TrainConfig, model: torch.nn.Module, data: Encoded, regression: b
     start = Position(**restored.meta["position"]) if restored else checkpoint.START
     per_epoch, batches = batch_plan(cfg, data, rank, world, start)
     total = restored.meta["total"] if restored else plan_steps(cfg, per_epoch)
-    opt = _optimizer(cfg, model)
+    opt = _optimizer(cfg, model, effective_lr(cfg, world))
     if cfg.ipex:
         model, opt = speed.use_ipex(model, opt, bf16)
     strategy = sync.make(model, sync.spec_of(cfg, total), world)
@@ -299,7 +299,7 @@ def _save(cfg: TrainConfig, saver: Saver, model: torch.nn.Module, opt: torch.opt
         dist.barrier()  # nobody runs ahead (or leaves) before the checkpoint is complete
 
 
-def _optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+def _optimizer(cfg: TrainConfig, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
     decay: list[torch.nn.Parameter] = []
     no_decay: list[torch.nn.Parameter] = []
     for name, p in model.named_parameters():
@@ -309,9 +309,9 @@ def _optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimize
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.lr)
+        return torch.optim.SGD(groups, lr=lr)
     # Fused AdamW: one kernel over all parameters, 80 -> 19 ms a step for MiniLM (benchmarks/README.md).
-    return torch.optim.AdamW(groups, lr=cfg.lr, fused=True)
+    return torch.optim.AdamW(groups, lr=lr, fused=True)
 
 
 def _flush(pending: list[Pending], stats: TrainStats,

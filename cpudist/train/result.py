@@ -17,6 +17,7 @@ from cpudist.results.schema import RunResult
 from cpudist.traffic import expected_traffic, payload_bytes
 from cpudist.train import sync
 from cpudist.train.checkpoint import Restored
+from cpudist.train.config import effective_lr
 from cpudist.train.loop import Saver, TrainStats
 from cpudist.train.setup import CPU, Job
 
@@ -58,7 +59,7 @@ def build_result(job: Job, stats: TrainStats, metrics: dict[str, float], phases:
         metrics=metrics,
         versions=versions(), cpu=cpu.summary(), run_id=job.run_dir.name, started_at=started_at,
         rank_hosts=hosts, epochs=cfg.epochs if cfg.max_steps is None else None, max_steps=cfg.max_steps,
-        seed=cfg.seed, lr=cfg.lr, threads_per_rank=torch.get_num_threads(),
+        seed=cfg.seed, lr=effective_lr(cfg, world), lr_scaling=cfg.lr_scaling, threads_per_rank=torch.get_num_threads(),
         rank_threads=tuple(int(r["threads"]) for r in rank_info),
         final_loss=stats.losses[-1] if stats.losses else None,
         peak_rss_mb=max(float(r["peak_rss_mb"]) for r in rank_info),

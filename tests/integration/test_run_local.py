@@ -162,6 +162,12 @@ BAD_INPUTS = [
     (["run", "mrpc", "--data-dir", "{data}/glue/MRPC", "--model", "tiny", "--nodes", "2", "--ppn", "1", "--np", "3"],
      "disagrees with --nodes 2"),
     (["run", "mrpc", "--data-dir", "{data}/glue/MRPC", "--model", "tiny", "--ppn", "two"], "neither a positive"),
+    (["run", "mrpc", "--model", "tiny", "--sync-every", "4"], "--sync-every applies to --sync local-sgd"),
+    (["run", "mrpc", "--model", "tiny", "--sync", "allreduce", "--grad-compression", "bf16"],
+     "--grad-compression applies to --sync ddp"),
+    (["run", "mrpc", "--model", "tiny", "--grad-compression", "zstd"], "not one of none, bf16, fp16, powersgd"),
+    (["run", "mrpc", "--model", "tiny", "--sync", "local-sgd", "--lr-scaling", "sqrt"],
+     "--lr-scaling applies to synchronous strategies"),
 ]
 
 

@@ -26,3 +26,15 @@ def test_argv_round_trip(batch: int, epochs: float, max_steps: int | None, dropo
 
 def test_defaults_are_left_out() -> None:
     assert to_argv(TrainConfig(task="sst2", output_dir="o")) == ["--task=sst2", "--output-dir=o"]
+
+
+def test_lr_scaling_follows_the_global_batch_of_synchronous_strategies() -> None:
+    from cpudist.train.config import effective_lr
+
+    base = TrainConfig(task="mrpc", output_dir="", lr=1e-4)
+    assert effective_lr(base, 4) == 1e-4
+    assert effective_lr(TrainConfig(task="mrpc", output_dir="", lr=1e-4, lr_scaling="linear"), 4) == 4e-4
+    assert effective_lr(TrainConfig(task="mrpc", output_dir="", lr=1e-4, lr_scaling="sqrt"), 4) == 2e-4
+    assert effective_lr(TrainConfig(task="mrpc", output_dir="", lr=1e-4, lr_scaling="sqrt"), 1) == 1e-4
+    local = TrainConfig(task="mrpc", output_dir="", lr=1e-4, lr_scaling="linear", sync="local-sgd")
+    assert effective_lr(local, 4) == 1e-4  # local steps use one rank's batch
