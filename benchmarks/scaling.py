@@ -35,6 +35,7 @@ follows the tokens). The shaped 2-host step (the same batches) exceeds t2u by th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -75,7 +76,7 @@ BASE, UNSHAPED = "1 host", "ddp unshaped"
 KEEP = ("steady_samples_per_s", "train_samples_per_s", "train_time_s", "steps", "wall_time_s", "world_size",
         "global_batch_size", "sync", "sync_options", "comm_time_s", "exposed_comm_s", "bus_bandwidth_gbps",
         "expected_tx_bytes_per_step", "measured_tx_bytes_per_step", "grad_bytes", "metrics", "threads_per_rank",
-        "peak_rss_mb", "precision", "launcher", "nodes")
+        "peak_rss_mb", "precision", "launcher", "nodes", "run_id")
 
 
 def arm_flags(arm: str, steps: int) -> list[str]:
@@ -207,6 +208,26 @@ def accuracy_runs(cluster: Any, layout: Layout, arms: list[str], a: argparse.Nam
     return out
 
 
+def plan_check(ledger: Path, runs: dict[str, dict[str, list[dict[str, Any]]]], link: float) -> list[dict[str, Any]]:
+    """`cpudist plan`'s prediction of every shaped multi-host speed run from its 1-host run and the link rate."""
+    from cpudist.results.ledger import load_sources
+    from cpudist.results.planner import validate
+
+    unshaped = {r.get("run_id") for cells in runs.values() for r in cells.get(f"{UNSHAPED}@2", [])}
+    results = [r for r in load_sources((ledger,)) if r.run_id not in unshaped and r.task == "synthetic"]
+    return [{"model": next(r.model for r in results if r.run_id == row.run_id), **dataclasses.asdict(row)}
+            for row in validate(results, link)]
+
+
+def plan_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["| model | sync | hosts | measured speedup | predicted | error | measured step s | predicted step s |"
+             " overlap f |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['sync']} | {r['nodes']} | {r['measured_speedup']:.2f}x | "
+              f"{r['predicted_speedup']:.2f}x | {r['error']:+.0%}{' !' if r['flagged'] else ''} | "
+              f"{r['measured_step_s']:.2f} | {r['predicted_step_s']:.2f} | {r['overlap']:.2f} |" for r in rows]
+    return lines
+
+
 def fmt(x: Any, spec: str = ".2f", suffix: str = "") -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:{spec}}{suffix}"
 
@@ -282,6 +303,12 @@ def markdown(res: dict[str, Any]) -> str:
                       f"{g['t1_same_tokens_s']:.2f} s of compute for the same tokens on 1 host, "
                       f"{g['t1_s']:.2f} s measured); waiting for the shaped wire adds {fmt(g['wire_wait_s'])} s "
                       f"(shaped step {fmt(g['t2_shaped_s'])} s).", ""]
+    if res.get("plan"):
+        flagged = sum(r["flagged"] for r in res["plan"])
+        lines += ["## `cpudist plan` against these runs", "",
+                  f"Each shaped multi-host run predicted from its 1-host run and the link rate alone "
+                  f"(cpudist/results/planner.py; DDP's overlap from the other measured DDP runs); "
+                  f"{flagged} of {len(res['plan'])} off by more than 15% (`!`).", "", *plan_table(res["plan"]), ""]
     if res.get("accuracy"):
         lines += [f"## MRPC dev accuracy: pretrained all-MiniLM-L6-v2, 3 epochs, lr 5e-5 (ddp+lr-sqrt: x sqrt(hosts)), "
                   f"batch 32 per rank "
@@ -314,6 +341,7 @@ def run_layout(layout: Layout, a: argparse.Namespace, command: str, work: Path) 
         ssh_setup(cluster)
         runs = speed_runs(cluster, layout, a, work, cal["link_gbps"])
         speed = {m: summarize(cells, cal["link_gbps"]) for m, cells in runs.items()}
+        plan = plan_check(work / "ledger.jsonl", runs, cal["link_gbps"])
         best = best_arm(speed.get("minilm-l6", {}), layout.hosts)
         acc = (accuracy_runs(cluster, layout, list(dict.fromkeys(["ddp", "ddp+lr-sqrt", best])), a, work)
                if a.accuracy else {})
@@ -326,7 +354,7 @@ def run_layout(layout: Layout, a: argparse.Namespace, command: str, work: Path) 
                 "settings": {"quick": a.quick, "steps": a.steps, "repeats": a.repeats, "arms": a.arms,
                              "models": a.models, "arm_flags": {arm: arm_flags(arm, a.steps) for arm in a.arms}},
                 "speed": speed, "gloo_share": {m: gloo_share(s) for m, s in speed.items()},
-                "best_arm": best, "accuracy": acc, "blog_speedup": BLOG_SPEEDUP, "runs": runs}
+                "best_arm": best, "accuracy": acc, "blog_speedup": BLOG_SPEEDUP, "plan": plan, "runs": runs}
 
 
 def main() -> None:
