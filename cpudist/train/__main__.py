@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import socket
@@ -138,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         if dist.is_available() and dist.is_initialized():
+            # DDP's reducer (in reference cycles, so alive until a collection) holds the process group: free
+            # it now, so the group's threads are joined here and not in a destructor at interpreter exit,
+            # which aborted a rank now and then ("terminate called without an active exception").
+            gc.collect()
             dist.destroy_process_group()
 
 

@@ -81,7 +81,7 @@ def test_frozen_embeddings_get_no_gradient_and_no_optimizer_state() -> None:
     table = model.get_input_embeddings().weight
     frozen = freeze_embeddings(model)
     assert frozen == table.numel() and not table.requires_grad
-    opt = _optimizer(TrainConfig(task="mrpc", output_dir="x"), model)
+    opt = _optimizer(TrainConfig(task="mrpc", output_dir="x"), model, 2e-5)
     optimized = {id(p) for g in opt.param_groups for p in g["params"]}
     assert id(table) not in optimized
     assert optimized == {id(p) for p in model.parameters() if p.requires_grad}
