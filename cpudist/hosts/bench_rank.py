@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from cpudist.cpu import read_cpu
 from cpudist.train import events
-from cpudist.train.dist import discover_rank, init_distributed
+from cpudist.train.dist import discover_rank, init_distributed, shutdown_distributed
 
 
 def time_size(nbytes: int, iters: int, warmup: int) -> float:
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     if info.rank == 0:
         events.emit("bench", hosts=hosts, sizes=sizes, medians=medians, iters=args.iters, warmup=args.warmup,
                     world_size=info.world_size, cpu=read_cpu().summary())
-    dist.destroy_process_group()
+    shutdown_distributed()
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 import os
 import socket
@@ -32,7 +31,7 @@ from cpudist.flops import shape_of
 from cpudist.train import events, preempt, resume
 from cpudist.train.checkpoint import Restored
 from cpudist.train.config import TrainConfig, from_argv
-from cpudist.train.dist import RankInfo, discover_rank
+from cpudist.train.dist import RankInfo, discover_rank, shutdown_distributed
 from cpudist.train.evaluate import evaluate
 from cpudist.train.loop import Saver, TrainStats, train
 from cpudist.train.result import build_result, peak_rss_mb
@@ -138,12 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         return 1
     finally:
-        if dist.is_available() and dist.is_initialized():
-            # DDP's reducer (in reference cycles, so alive until a collection) holds the process group: free
-            # it now, so the group's threads are joined here and not in a destructor at interpreter exit,
-            # which aborted a rank now and then ("terminate called without an active exception").
-            gc.collect()
-            dist.destroy_process_group()
+        shutdown_distributed()
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ RANK = r"""
 import json, os, sys, torch, torch.distributed as dist
 from cpudist.train.__main__ import setup
 from cpudist.train.config import TrainConfig
-from cpudist.train.dist import discover_rank
+from cpudist.train.dist import discover_rank, shutdown_distributed
 cfg = TrainConfig(task="synthetic", output_dir=sys.argv[1], model="tiny", synthetic_samples=64, max_seq_len=16)
 job = setup(cfg, discover_rank(os.environ))
 module = getattr(job.model, "module", job.model)
@@ -26,7 +26,8 @@ out = [None] * dist.get_world_size()
 dist.all_gather_object(out, {"params": params, "noise": noise})
 if dist.get_rank() == 0:
     print(json.dumps(out))
-dist.destroy_process_group()
+del job, module
+shutdown_distributed()
 """
 
 
