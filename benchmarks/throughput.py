@@ -12,6 +12,7 @@ Suites (each writes results/throughput-<suite>[-quick]-<cpu kind>.json and .md, 
                            frozen embeddings, cheaper dropout masks
   eval                     evaluation alone: grad mode, eval batch, precision, row order
   mfu                      bert-base on full 128-token rows vs a measured GEMM ceiling in its precision
+  parity-minilm            dev accuracy of ours vs hf_best, MRPC 3 epochs (also with --quick), a seed per repeat
 
 Arms of a suite alternate inside every repeat, so drifts of the machine hit every arm alike; ratios are
 of median steady samples/s (min-max beside them). The CPU kind (amx-bf16, avx512-bf16, avx512, avx2) is
@@ -256,6 +257,36 @@ def eval_markdown(res: dict[str, Any], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def parity(model: str, common: dict[str, str], repeats: int) -> dict[str, Any]:
+    """Dev accuracy of ours and hf_best at the same settings, one seed per repeat (both arms share it): a gap
+    under the seeds' own spread is no gap. Dropout masks differ between the two however close the code."""
+    runs: dict[str, list[dict[str, Any]]] = {"hf_best": [], "ours": []}
+    for repeat in range(repeats):
+        seeded = {**common, "seed": str(42 + repeat)}
+        runs["hf_best"].append(hf("best", model, seeded, True))
+        runs["ours"].append(ours(model, seeded, True, {}))
+        print(f"# parity seed {42 + repeat}: " + ", ".join(f"{arm} {rs[-1]['metrics']}" for arm, rs in runs.items()),
+              file=sys.stderr, flush=True)
+    stats = {arm: {k: spread([r["metrics"][k] for r in rs]) | {"mean": statistics.mean(r["metrics"][k] for r in rs)}
+                   for k in rs[0]["metrics"]} for arm, rs in runs.items()}
+    gap = {k: stats["ours"][k]["mean"] - stats["hf_best"][k]["mean"] for k in stats["ours"]}
+    return {"suite": "parity", "model": model, "settings": common, "repeats": repeats, "metrics": stats,
+            "ours_minus_hf_best": gap, "cpu": runs["ours"][0]["cpu"], "cpu_kind": runs["ours"][0]["cpu"]["kind"],
+            "versions": runs["ours"][0]["versions"], "runs": runs}
+
+
+def parity_markdown(res: dict[str, Any], command: str) -> str:
+    lines = [f"# Accuracy parity: {res['model']} on MRPC dev, ours vs hf_best ({res['cpu_kind']})", "",
+             f"Made by: `{command}`", "", f"Settings: {res['settings']}; seeds 42..{41 + res['repeats']}, "
+             "one per repeat, shared by both arms", "",
+             "| metric | hf_best mean (min-max) | ours mean (min-max) | ours - hf_best (points) |", "|---|---|---|---|"]
+    for k, gap in res["ours_minus_hf_best"].items():
+        h, o = res["metrics"]["hf_best"][k], res["metrics"]["ours"][k]
+        lines.append(f"| {k} | {h['mean']:.4f} ({h['min']:.4f}-{h['max']:.4f}) | {o['mean']:.4f} "
+                     f"({o['min']:.4f}-{o['max']:.4f}) | {100 * gap:+.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
@@ -279,6 +310,10 @@ def main() -> None:
         if name == "mfu":
             res = {"suite": "mfu", "command": command, **mfu_at_128(8 if a.quick else 12, a.repeats, a.precision)}
             md = mfu_markdown(res, command)
+        elif name == "parity-minilm":
+            full = {k: v for k, v in minilm.items() if k != "max-train-samples"} | {"epochs": "3"}
+            res = {"command": command, **parity(MINILM, full, a.repeats)}
+            md = parity_markdown(res, command)
         elif name == "eval":
             res = {"command": command, **eval_levers(MINILM, a.repeats)}
             md = eval_markdown(res, command)
