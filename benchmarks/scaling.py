@@ -38,6 +38,7 @@ import argparse
 import dataclasses
 import json
 import math
+import shutil
 import statistics
 import subprocess
 import sys
@@ -102,14 +103,14 @@ def train(cluster: Any, work: Path, lock: Path | None, model: str, nodes: int, f
     args = ["run", *task, "--hostfile", str(cluster.hostfile), "--nodes", str(nodes), "--ppn", "1",
             "--precision", "fp32", "--batch-size", "32", "--max-seq-len", "128",
             "--model", model, "--seed", str(seed), *length, *([] if evaluate else ["--no-eval"]),
-            "--output-dir", str(out / "run"), "--ledger", str(work / "ledger.jsonl"), "--json", "--quiet", *flags]
+            "--output-dir", str(out / out.name), "--ledger", str(work / "ledger.jsonl"), "--json", "--quiet", *flags]
     try:
         r = on_head(cluster, args, lock)
     except RuntimeError as e:
         print(f"# failed: {e}", file=sys.stderr, flush=True)
         return {"error": str(e)[-600:], "flags": flags}
     return {**{k: r.get(k) for k in KEEP}, "flags": flags, "seed": seed, "cpu": r["cpu"], "versions": r["versions"],
-            "tokens_per_sample": tokens_per_sample(out / "run" / "steps.jsonl")}
+            "tokens_per_sample": tokens_per_sample(out / out.name / "steps.jsonl")}
 
 
 def speed_cells(layout: Layout, arms: list[str], gloo_share: bool) -> list[tuple[str, int]]:
@@ -341,10 +342,16 @@ def run_layout(layout: Layout, a: argparse.Namespace, command: str, work: Path) 
         ssh_setup(cluster)
         runs = speed_runs(cluster, layout, a, work, cal["link_gbps"])
         speed = {m: summarize(cells, cal["link_gbps"]) for m, cells in runs.items()}
+        partial = a.results_dir / f"scaling-{layout.name}-speed-runs.partial.json"
+        partial.write_text(json.dumps({"command": command, "runs": runs}, indent=2) + "\n")  # an hour of runs
         plan = plan_check(work / "ledger.jsonl", runs, cal["link_gbps"])
         best = best_arm(speed.get("minilm-l6", {}), layout.hosts)
-        acc = (accuracy_runs(cluster, layout, list(dict.fromkeys(["ddp", "ddp+lr-sqrt", best])), a, work)
-               if a.accuracy else {})
+        acc_arms = ["ddp", "ddp+lr-sqrt", best] + [arm for arm in ("local-sgd:8",) if arm in a.arms]  # a goal's arm
+        acc = accuracy_runs(cluster, layout, list(dict.fromkeys(acc_arms)), a, work) if a.accuracy else {}
+        partial.unlink()
+        # every run's result.json line, for `cpudist report` / `cpudist plan --validate` on these numbers
+        shutil.copyfile(work / "ledger.jsonl", a.results_dir / f"scaling-{layout.name}{'-quick' if a.quick else ''}"
+                        f"-{read_cpu().kind}-ledger.jsonl")
         first = next((r for cells in runs.values() for rs in cells.values() for r in rs if "cpu" in r), None)
         if first is None:
             raise RuntimeError(f"every run of {layout.name} failed: see the errors above")
@@ -374,6 +381,7 @@ def main() -> None:
     ap.add_argument("--lock-each", type=Path, help="hold this flock file around each measurement (a shared "
                     "machine's CPU lock; do not also run the script under flock(1) on the same file)")
     ap.add_argument("--prefix", default="mini", help="namespace and cgroup prefix of the hosts")
+    ap.add_argument("--render", type=Path, help="print the markdown of a result JSON again, run nothing")
     ap.add_argument("--results-dir", type=Path, default=Path(__file__).resolve().parent / "results")
     a = ap.parse_args()
     a.models = a.models.split(",") if a.models else list(SPEED_MODELS)
@@ -388,6 +396,10 @@ def main() -> None:
     command = "python benchmarks/scaling.py " + " ".join(sys.argv[1:])
     kind, quick = read_cpu().kind, "-quick" if a.quick else ""
     results = a.results_dir
+    results.mkdir(parents=True, exist_ok=True)
+    if a.render:
+        print(markdown(json.loads(a.render.read_text())), flush=True)
+        return
     calibrations = {}
     for name in a.layouts.split(","):
         with tempfile.TemporaryDirectory(prefix="mini-") as work:
