@@ -222,10 +222,11 @@ def plan_check(ledger: Path, runs: dict[str, dict[str, list[dict[str, Any]]]], l
 
 def plan_table(rows: list[dict[str, Any]]) -> list[str]:
     lines = ["| model | sync | hosts | measured speedup | predicted | error | measured step s | predicted step s |"
-             " overlap f |", "|---|---|---|---|---|---|---|---|---|"]
+             " overlap f | sync CPU c (s/GB) |", "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['model']} | {r['sync']} | {r['nodes']} | {r['measured_speedup']:.2f}x | "
               f"{r['predicted_speedup']:.2f}x | {r['error']:+.0%}{' !' if r['flagged'] else ''} | "
-              f"{r['measured_step_s']:.2f} | {r['predicted_step_s']:.2f} | {r['overlap']:.2f} |" for r in rows]
+              f"{r['measured_step_s']:.2f} | {r['predicted_step_s']:.2f} | {r['overlap']:.2f} | "
+              f"{r.get('cpu_s_per_byte', 0.0) * 1e9:.2f} |" for r in rows]
     return lines
 
 
@@ -308,7 +309,8 @@ def markdown(res: dict[str, Any]) -> str:
         flagged = sum(r["flagged"] for r in res["plan"])
         lines += ["## `cpudist plan` against these runs", "",
                   f"Each shaped multi-host run predicted from its 1-host run and the link rate alone "
-                  f"(cpudist/results/planner.py; DDP's overlap from the other measured DDP runs); "
+                  f"(cpudist/results/planner.py; DDP's overlap f and the sync's CPU cost c per byte fitted "
+                  f"on the other measured runs, never the run checked); "
                   f"{flagged} of {len(res['plan'])} off by more than 15% (`!`).", "", *plan_table(res["plan"]), ""]
     if res.get("accuracy"):
         lines += [f"## MRPC dev accuracy: pretrained all-MiniLM-L6-v2, 3 epochs, lr 5e-5 (ddp+lr-sqrt: x sqrt(hosts)), "

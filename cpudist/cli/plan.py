@@ -102,8 +102,9 @@ def print_validation(rows: list[Row], unchecked: int) -> None:
                   if unchecked else ""))
 
 
-CPU_NOTE = ("note: the model leaves out the CPU time of gloo's reductions and of PowerSGD's products; a 1-node "
-            "run cannot show it, and no measured multi-node run in the sources shows how much it adds")
+CPU_NOTE = ("note: without measured multi-node runs in the sources the model leaves out the CPU time of gloo's "
+            "copies and reductions and of PowerSGD's products (a 1-node run cannot show it): run a 2-node job and "
+            "plan again with its ledger")
 
 
 @click.command("plan")
@@ -123,13 +124,16 @@ CPU_NOTE = ("note: the model leaves out the CPU time of gloo's reductions and of
               help="Local SGD: steps between model averages.")
 @click.option("--overlap", type=click.FloatRange(0, 1),
               help="Share of DDP's communication hidden under backward [default: measured, else 0].")
+@click.option("--sync-cpu-s-per-gb", "sync_cpu", type=click.FloatRange(min=0),
+              help="Node CPU seconds the sync costs per GB on the busiest link [default: measured, else 0].")
 @click.option("--run-id", help="Plan from this 1-node run [default: the newest 1-node run in the sources].")
 @click.option("--validate", "only_validate", is_flag=True,
               help="Only compare predicted with measured speedup of the multi-node runs in the sources.")
 @click.option("--json", "as_json", is_flag=True)
 def plan(sources: tuple[Path, ...], node_counts: tuple[int, ...], link_gbps: float | None, bench_file: Path | None,
          latency_ms: float, price: float | None, steps: int | None, epochs: float | None, powersgd_rank: int,
-         local_sgd_k: int, overlap: float | None, run_id: str | None, only_validate: bool, as_json: bool) -> None:
+         local_sgd_k: int, overlap: float | None, sync_cpu: float | None, run_id: str | None, only_validate: bool,
+         as_json: bool) -> None:
     """Predict step time, speedup, time and cost at N nodes for each sync strategy, from a 1-node run.
 
     SOURCES (result.json files, run folders, ledgers) default to the ledger. The model is in
@@ -138,7 +142,8 @@ def plan(sources: tuple[Path, ...], node_counts: tuple[int, ...], link_gbps: flo
     runs = load_sources(sources or (default_ledger(),))
     link, link_from = resolve_link(link_gbps, bench_file, latency_ms)
     f, f_runs = (overlap, ()) if overlap is not None else planner.measured_overlap(runs)
-    checked = planner.validate(runs, link.gbps, link.latency_s, overlap)
+    given_c = None if sync_cpu is None else sync_cpu / 1e9
+    checked = planner.validate(runs, link.gbps, link.latency_s, overlap, given_c)
     unchecked = sum(len(r.nodes) > 1 for r in runs) - len(checked)
     if only_validate:
         if not checked:
@@ -154,12 +159,18 @@ def plan(sources: tuple[Path, ...], node_counts: tuple[int, ...], link_gbps: flo
     if price is not None:
         base = dataclasses.replace(base, usd_per_node_hour=price)
     samples, what = work(base, steps, epochs)
-    rows = planner.plan(base, node_counts, planner.strategies(powersgd_rank, local_sgd_k), link, f, samples)
+    c, c_runs = (given_c, ()) if given_c is not None else planner.measured_sync_cpu(runs, link, chosen, overlap)
+    rows = planner.plan(base, node_counts, planner.strategies(powersgd_rank, local_sgd_k), link, f, samples, c)
     rec = planner.recommend(rows)
     if as_json:
-        click.echo(json.dumps(_as_json(chosen, why, base, link, link_from, f, f_runs, rows, rec, checked), indent=2))
+        out = _as_json(chosen, why, base, link, link_from, f, f_runs, rows, rec, checked)
+        click.echo(json.dumps({**out, "sync_cpu": {"s_per_byte": c, "runs": list(c_runs)}}, indent=2))
         return
-    print_plan(rows, rec, _header(chosen, why, base, link, link_from, f, f_runs, overlap is not None, what, price))
+    header = _header(chosen, why, base, link, link_from, f, f_runs, overlap is not None, what, price)
+    c_from = (f"median of measured multi-node runs {', '.join(c_runs)}" if c_runs else "--sync-cpu-s-per-gb"
+              if given_c is not None else "no measured multi-node run on these nodes in the sources")
+    header.insert(3, f"sync CPU: c = {c * 1e9:.2f} s per GB on the busiest link ({c_from})")
+    print_plan(rows, rec, header)
     if checked:
         print_validation(checked, unchecked)
     else:

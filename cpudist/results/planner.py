@@ -25,9 +25,14 @@ The model (pure arithmetic; `cpudist plan` prints its inputs beside its answers)
   = N t_c / step time; efficiency = speedup / N. Time to finish = steps x step time, the steps
   being those that cover the same samples as the measured run (or what --steps/--epochs ask for);
   cost = N x price per node-hour x that time.
-- Left out: the CPU time of gloo's reductions (summing the chunks that arrive) and of PowerSGD's
-  matrix products, which a 1-node run cannot show. Where the sources hold measured multi-node
-  runs, `validate` prints measured against predicted speedup so the gap is visible, not hidden.
+- Sync CPU: gloo's copies and reductions, the kernel's TCP work and PowerSGD's products take CPU time
+  from the node's compute, which a 1-node run cannot show (on the miniature cluster's half-core
+  nodes, 10% of a 2-node DDP step with the link unshaped). Where the sources hold measured multi-node
+  runs, the model adds c x wire bytes per step, c (seconds per byte on the busiest link) being the
+  median over those runs of (measured step - the step above) / their wire bytes, runs on the same
+  CPU model with the same threads per rank; without them c = 0 and the plan says so. `validate`
+  fits c without the run it checks, as it does f.
+- Step time at N nodes, all told: t_c + (1 - f) t_m + c x wire bytes.
 """
 
 from __future__ import annotations
@@ -176,16 +181,23 @@ def collectives(sync: SyncSpec, shapes: Sequence[Sequence[int]], steps: int) -> 
     return float(b)
 
 
-def comm_time(sync: SyncSpec, shapes: Sequence[Sequence[int]], nodes: int, ppn: int, steps: int,
-              link: Link) -> float:
-    """t_m: seconds per step the sync needs on the busiest node's link (0 on one node)."""
+def wire_bytes(sync: SyncSpec, shapes: Sequence[Sequence[int]], nodes: int, ppn: int, steps: int) -> float:
+    """Bytes per step on the busiest node's link, one phase after the other (0 on one node)."""
     if nodes < 2:
         return 0.0
     traffic = expected_traffic(sync, shapes, nodes * ppn, ppn, steps)
     # gather-scatter: the head receives every gradient before it can send the mean back
     phases = 2 if sync.strategy == "gather-scatter" else 1
-    wire = phases * max(traffic.node_tx) / link.bytes_per_s
-    return wire + link.latency_s * collectives(sync, shapes, steps)
+    return float(phases * max(traffic.node_tx))
+
+
+def comm_time(sync: SyncSpec, shapes: Sequence[Sequence[int]], nodes: int, ppn: int, steps: int,
+              link: Link) -> float:
+    """t_m: seconds per step the sync needs on the busiest node's link (0 on one node)."""
+    if nodes < 2:
+        return 0.0
+    return (wire_bytes(sync, shapes, nodes, ppn, steps) / link.bytes_per_s
+            + link.latency_s * collectives(sync, shapes, steps))
 
 
 def hides(sync: SyncSpec) -> bool:
@@ -208,17 +220,20 @@ class Prediction:
     time_s: float
     cost_usd: float | None
     risk: str
+    sync_cpu_s: float = 0.0  # c x wire bytes: the node's CPU time the sync takes from compute
 
 
-def predict(base: Baseline, sync: SyncSpec, nodes: int, link: Link, overlap: float, steps: int) -> Prediction:
+def predict(base: Baseline, sync: SyncSpec, nodes: int, link: Link, overlap: float, steps: int,
+            cpu_s_per_byte: float = 0.0) -> Prediction:
     """Step time, speedup, and time and cost of `steps` steps at `nodes` nodes with `sync`."""
     t_m = comm_time(sync, base.shapes, nodes, base.ppn, steps, link)
-    step = base.compute_s + (1 - (overlap if hides(sync) else 0.0)) * t_m
+    cpu = cpu_s_per_byte * wire_bytes(sync, base.shapes, nodes, base.ppn, steps)
+    step = base.compute_s + (1 - (overlap if hides(sync) else 0.0)) * t_m + cpu
     speedup = nodes * base.compute_s / step
     time_s = steps * step
     cost = None if base.usd_per_node_hour is None else nodes * base.usd_per_node_hour * time_s / 3600
     return Prediction(nodes, sync.label, base.compute_s, t_m, step, speedup, speedup / nodes, steps, time_s, cost,
-                      risk_of(sync))
+                      risk_of(sync), cpu)
 
 
 def steps_for(base: Baseline, nodes: int, samples: float) -> int:
@@ -227,14 +242,14 @@ def steps_for(base: Baseline, nodes: int, samples: float) -> int:
 
 
 def plan(base: Baseline, node_counts: Sequence[int], syncs: Sequence[SyncSpec], link: Link, overlap: float,
-         samples: float) -> list[Prediction]:
+         samples: float, cpu_s_per_byte: float = 0.0) -> list[Prediction]:
     """The 1-node reference row, then every strategy at every node count (PowerSGD only with real shapes)."""
     steps = steps_for(base, 1, samples)
     time_s = steps * base.compute_s
     cost = None if base.usd_per_node_hour is None else base.usd_per_node_hour * time_s / 3600
     rows = [Prediction(1, "measured", base.compute_s, 0.0, base.compute_s, 1.0, 1.0, steps, time_s, cost, "")]
     usable = [s for s in syncs if base.shapes_known or s.compression != "powersgd"]
-    rows += [predict(base, s, n, link, overlap, steps_for(base, n, samples))
+    rows += [predict(base, s, n, link, overlap, steps_for(base, n, samples), cpu_s_per_byte)
              for n in node_counts if n > 1 for s in usable]
     return rows
 
@@ -317,26 +332,62 @@ class Row:
     predicted_step_s: float
     overlap: float
     traffic_error: float | None  # measured / expected bytes between nodes - 1, when counted
+    cpu_s_per_byte: float = 0.0  # c used for this prediction
+
+
+def base_of(r: RunResult, runs: Sequence[RunResult]) -> RunResult | None:
+    """The newest 1-node run comparable to `r` (same work per rank and node, same CPU), if any."""
+    bases = [b for b in runs if len(b.nodes) == 1 and b.steps > 0 and b.train_time_s > 0 and comparable(b, r)]
+    return max(bases, key=lambda x: x.started_at) if bases else None
+
+
+def same_nodes(a: RunResult, b: RunResult) -> bool:
+    return (a.cpu.get("model"), a.threads_per_rank) == (b.cpu.get("model"), b.threads_per_rank)
+
+
+def measured_sync_cpu(runs: Sequence[RunResult], link: Link, like: RunResult | None = None,
+                      overlap: float | None = None) -> tuple[float, tuple[str, ...]]:
+    """(c, the runs it came from): seconds of a node's step per byte on its busiest link beyond the wire time.
+
+    The median over measured multi-node runs (on `like`'s CPU model and threads per rank, when given) of
+    (measured step - t_c - (1 - f) t_m) / wire bytes, never below 0; 0 without such runs.
+    """
+    per_byte, ids = [], []
+    for r in runs:
+        b = base_of(r, runs)
+        if len(r.nodes) < 2 or r.steps < 1 or b is None or (like is not None and not same_nodes(r, like)):
+            continue
+        base, sync = baseline_of(b), sync_of(r)
+        wire = wire_bytes(sync, base.shapes, len(r.nodes), base.ppn, r.steps)
+        if wire <= 0:
+            continue
+        f = overlap if overlap is not None else measured_overlap([x for x in runs if x is not r])[0]
+        without = predict(base, sync, len(r.nodes), link, f, r.steps).step_s
+        per_byte.append(max(0.0, (r.train_time_s / r.steps - without) / wire))
+        ids.append(r.run_id)
+    return (statistics.median(per_byte), tuple(ids)) if per_byte else (0.0, ())
 
 
 def validate(runs: Sequence[RunResult], link_gbps: float, latency_s: float = DEFAULT_LATENCY_S,
-             overlap: float | None = None) -> list[Row]:
+             overlap: float | None = None, cpu_s_per_byte: float | None = None) -> list[Row]:
     """Every multi-node run that has a comparable 1-node run, predicted from that run alone.
 
-    Without `overlap`, DDP's f comes from the other measured DDP runs (never the run checked itself).
+    Without `overlap`, DDP's f comes from the other measured DDP runs, and without `cpu_s_per_byte`, c
+    from the other measured multi-node runs (never the run checked itself).
     """
     link = Link(link_gbps, latency_s)
     rows = []
     for r in runs:
-        bases = [b for b in runs if len(b.nodes) == 1 and b.steps > 0 and b.train_time_s > 0 and comparable(b, r)]
-        if len(r.nodes) < 2 or not bases or r.steps < 1:
+        b = base_of(r, runs)
+        if len(r.nodes) < 2 or b is None or r.steps < 1:
             continue
-        b = max(bases, key=lambda x: x.started_at)
-        f = overlap if overlap is not None else measured_overlap([x for x in runs if x is not r])[0]
-        p = predict(baseline_of(b), sync_of(r), len(r.nodes), link, f, r.steps)
+        others = [x for x in runs if x is not r]
+        f = overlap if overlap is not None else measured_overlap(others)[0]
+        c = cpu_s_per_byte if cpu_s_per_byte is not None else measured_sync_cpu(others, link, r, overlap)[0]
+        p = predict(baseline_of(b), sync_of(r), len(r.nodes), link, f, r.steps, c)
         measured = r.train_samples_per_s / b.train_samples_per_s
         error = p.speedup / measured - 1 if measured else math.inf
         rows.append(Row(r.run_id, b.run_id, p.sync, len(r.nodes), r.world_size, measured, p.speedup, error,
                         abs(error) > GOAL, r.train_time_s / r.steps, p.step_s, f if hides(sync_of(r)) else 0.0,
-                        r.traffic_error))
+                        r.traffic_error, c))
     return rows

@@ -91,8 +91,10 @@ def test_plan_table_recommendation_and_validation(runs: Path) -> None:
     assert "price: $3.0000 per node-hour (the run's nodes)" in out.output
     assert "recommend: " in out.output and "measured vs predicted speedup" in out.output
     assert "1 of 1 measured points within 15%" in out.output  # 2 + 0.8 predicted vs 2.9 measured
+    # c from r2x1, fitted with the overlap of the other DDP runs (none: f = 0): (2.9 - 2.8) s / 100 MB
+    assert "sync CPU: c = 1.00 s per GB on the busiest link (median of measured multi-node runs r2x1)" in out.output
     data = json.loads(cpudist("plan", runs, "--nodes", "4", "--link-gbps", "1", "--latency-ms", "0",
-                              "--overlap", "0.5", "--json").output)
+                              "--overlap", "0.5", "--sync-cpu-s-per-gb", "0", "--json").output)
     ddp4 = next(p for p in data["predictions"] if p["nodes"] == 4 and p["sync"] == "ddp")
     assert ddp4["step_s"] == pytest.approx(2.6) and ddp4["speedup"] == pytest.approx(8 / 2.6)
     assert ddp4["cost_usd"] == pytest.approx(4 * 3.0 * 25 * 2.6 / 3600)
@@ -107,7 +109,8 @@ def test_plan_takes_the_newest_bench_and_work_options(runs: Path) -> None:
     assert out.exit_code == 0, out.output
     assert f"link: 2.000 Gbit/s per node (bus bandwidth at 64MB on n0, n1, {newest})" in out.output
     assert "work: 10 steps of the measured run (320 samples)" in out.output and "(--price)" in out.output
-    assert "note: the model leaves out the CPU time of gloo's reductions" in out.output
+    assert "sync CPU: c = 0.00 s per GB on the busiest link (no measured multi-node run" in out.output
+    assert "note: without measured multi-node runs in the sources the model leaves out" in out.output
 
 
 @pytest.mark.parametrize(("args", "message"), [

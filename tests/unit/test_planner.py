@@ -14,6 +14,7 @@ from cpudist.results.planner import (
     baseline_of,
     comm_time,
     measured_overlap,
+    measured_sync_cpu,
     parse_label,
     pick_baseline,
     plan,
@@ -138,7 +139,7 @@ def test_validate_flags_points_off_by_more_than_the_goal() -> None:
     good = run(2, step_s=2.8 * 1.05, run_id="good")
     bad = run(2, step_s=2.8 * 1.4, run_id="bad", started_at="2026-02-01")
     elsewhere = run(2, step_s=3.0, model="bert-base", run_id="no-base")
-    rows = validate([run(1), good, bad, elsewhere], 1.0, 0.0)
+    rows = validate([run(1), good, bad, elsewhere], 1.0, 0.0, cpu_s_per_byte=0.0)
     assert [r.run_id for r in rows] == ["good", "bad"]
     g, b = rows
     assert g.predicted_step_s == pytest.approx(2.8) and g.measured_speedup == pytest.approx(2 * 2 / 2.94)
@@ -153,6 +154,23 @@ def test_validate_takes_overlap_from_the_other_runs() -> None:
     assert rows["a"].overlap == pytest.approx(0.5) and rows["a"].predicted_step_s == pytest.approx(2.4)
     assert rows["b"].predicted_step_s == pytest.approx(2.6)  # 2 + (1 - 0.5) x 1.2
     assert validate([run(1), a], 1.0, 0.0)[0].overlap == 0.0  # its own f is never used for itself
+
+
+def test_sync_cpu_cost_per_byte_from_the_other_runs() -> None:
+    # 1 Gbit/s, 100 MB, t_c 2 s, f = 0: 2 nodes 2.8 s and 4 nodes 3.2 s of wire-bound step; each ran 0.1 s per
+    # 100 MB on its busiest link slower (2 nodes: 100 MB, 4 nodes: 150 MB), i.e. c = 1e-9 s per byte
+    two = run(2, step_s=2.9, run_id="two", started_at="2026-02-01")
+    four = run(4, step_s=3.2 + 0.15, run_id="four", started_at="2026-02-02")
+    c, ids = measured_sync_cpu([run(1), two, four], GBIT)
+    assert c == pytest.approx(1e-9) and ids == ("two", "four")
+    assert measured_sync_cpu([run(1), two], GBIT, like=run(2, cpu={"model": "Epyc"}))[0] == 0.0  # other nodes
+    assert measured_sync_cpu([run(1)], GBIT) == (0.0, ())
+    assert measured_sync_cpu([run(1), run(2, step_s=2.5)], GBIT)[0] == 0.0  # faster than the wire: never below 0
+    rows = {r.run_id: r for r in validate([run(1), two, four], 1.0, 0.0)}  # c of the other run, never its own
+    assert rows["four"].cpu_s_per_byte == pytest.approx(1e-9) and rows["four"].predicted_step_s == pytest.approx(3.35)
+    assert rows["two"].predicted_step_s == pytest.approx(2.9) and rows["two"].error == pytest.approx(0.0)
+    p = predict(base(), SyncSpec("local-sgd", sync_every=8), 4, GBIT, overlap=0.0, steps=80, cpu_s_per_byte=1e-9)
+    assert p.sync_cpu_s == pytest.approx(150e6 / 8 * 1e-9)  # the bytes of one average in 8 steps
 
 
 def test_baseline_choice_and_errors() -> None:
