@@ -39,3 +39,14 @@ def cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return ""
+
+
+def read_until(proc: subprocess.Popen[str], marker: str) -> list[str]:
+    """The lines of a running command's output up to the first that holds `marker` (or to its end)."""
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if marker in line:
+            break
+    return seen

@@ -21,7 +21,7 @@ import pytest
 
 from tests.harness.netns import missing_requirements
 from tests.harness.world import World
-from tests.integration.helpers import cmdline
+from tests.integration.helpers import cmdline, read_until
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))]
@@ -130,12 +130,7 @@ def test_stopping_the_laptop_stops_every_rank_with_each_mpi(site: World, launche
                                            "--log-every", "1", "--no-eval", *args),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        assert proc.stdout is not None
-        seen = []
-        for line in proc.stdout:
-            seen.append(line)
-            if "step 3/" in line:
-                break
+        seen = read_until(proc, "step 3/")
         assert any("step 3/" in line for line in seen), "".join(seen)[-4000:]
         ranks = [pid for i in range(site.hosts.n) for pid in site.hosts.pids(i)
                  if cmdline(pid).split()[1:3] == ["-m", "cpudist.train"]]

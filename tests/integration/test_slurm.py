@@ -22,7 +22,7 @@ from cpudist.train.preempt import MARKER
 from tests.harness import netns
 from tests.harness import slurm as slurm_harness
 from tests.harness.slurm import SlurmCluster
-from tests.integration.helpers import cmdline, cpudist
+from tests.integration.helpers import cmdline, cpudist, read_until
 
 MISSING = netns.missing_requirements() or slurm_harness.missing_requirements()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(MISSING is not None, reason=str(MISSING))]
@@ -110,12 +110,7 @@ def test_ctrl_c_cancels_the_job(slurm: SlurmCluster, shared_data: Path, tmp_path
                                "--epochs", "50", "--no-eval", "--log-every", "1"),
                        cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        assert proc.stdout is not None
-        seen = []
-        for line in proc.stdout:
-            seen.append(line)
-            if "step 2/" in line:
-                break
+        seen = read_until(proc, "step 2/")
         job = re.search(r"submitted Slurm job (\d+)", "".join(seen))
         assert job, "".join(seen)[-3000:]
         proc.send_signal(signal.SIGINT)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.netns import NetnsCluster, missing_requirements
-from tests.integration.helpers import cmdline
+from tests.integration.helpers import cmdline, read_until
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))]
@@ -109,12 +109,7 @@ def test_killing_one_hosts_torchrun_ends_the_job_everywhere(hosts: NetnsCluster,
     argv = run_argv(hosts, shared_data, tmp_path / "kill", "--epochs", "50", "--no-eval", "--log-every", "1")
     proc = subprocess.Popen(hosts.exec_argv(0, argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        assert proc.stdout is not None
-        seen = []
-        for line in proc.stdout:
-            seen.append(line)
-            if "step 2/" in line:
-                break
+        seen = read_until(proc, "step 2/")
         agents = [pid for pid in hosts.pids(2) if cmdline(pid).split()[1:3] == ["-m", "torch.distributed.run"]]
         assert len(agents) == 1, "".join(seen)[-3000:] + "\n".join(leftovers(hosts))
         os.kill(agents[0], signal.SIGKILL)
