@@ -159,8 +159,12 @@ def plan(sources: tuple[Path, ...], node_counts: tuple[int, ...], link_gbps: flo
     if price is not None:
         base = dataclasses.replace(base, usd_per_node_hour=price)
     samples, what = work(base, steps, epochs)
-    c, c_runs = (given_c, ()) if given_c is not None else planner.measured_sync_cpu(runs, link, chosen, overlap)
-    rows = planner.plan(base, node_counts, planner.strategies(powersgd_rank, local_sgd_k), link, f, samples, c)
+    syncs = planner.strategies(powersgd_rank, local_sgd_k)
+    fitted = {s.label: ((given_c, ()) if given_c is not None
+                        else planner.measured_sync_cpu(runs, link, chosen, overlap, s)) for s in syncs}
+    c = {label: per_byte for label, (per_byte, _) in fitted.items()}
+    c_runs = tuple(dict.fromkeys(i for _, ids in fitted.values() for i in ids))
+    rows = planner.plan(base, node_counts, syncs, link, f, samples, c)
     rec = planner.recommend(rows)
     if as_json:
         out = _as_json(chosen, why, base, link, link_from, f, f_runs, rows, rec, checked)
@@ -169,7 +173,11 @@ def plan(sources: tuple[Path, ...], node_counts: tuple[int, ...], link_gbps: flo
     header = _header(chosen, why, base, link, link_from, f, f_runs, overlap is not None, what, price)
     c_from = (f"median of measured multi-node runs {', '.join(c_runs)}" if c_runs else "--sync-cpu-s-per-gb"
               if given_c is not None else "no measured multi-node run on these nodes in the sources")
-    header.insert(3, f"sync CPU: c = {c * 1e9:.2f} s per GB on the busiest link ({c_from})")
+    values = sorted(set(c.values()))
+    told = (f"c = {values[0] * 1e9:.2f}" if len(values) == 1
+            else "c = " + ", ".join(f"{label} {v * 1e9:.2f}" for label, v in c.items()))
+    header.insert(3, f"sync CPU: {told} s per GB on the busiest link ({c_from}; each strategy from runs of "
+                     "its own kind where there are any)")
     print_plan(rows, rec, header)
     if checked:
         print_validation(checked, unchecked)

@@ -30,8 +30,9 @@ The model (pure arithmetic; `cpudist plan` prints its inputs beside its answers)
   nodes, 10% of a 2-node DDP step with the link unshaped). Where the sources hold measured multi-node
   runs, the model adds c x wire bytes per step, c (seconds per byte on the busiest link) being the
   median over those runs of (measured step - the step above) / their wire bytes, runs on the same
-  CPU model with the same threads per rank; without them c = 0 and the plan says so. `validate`
-  fits c without the run it checks, as it does f.
+  CPU model with the same threads per rank (those of the strategy's own kind where there are any: a
+  gather-scatter moves bytes without summing them, PowerSGD adds matrix products); without them c = 0
+  and the plan says so. `validate` fits c without the run it checks, as it does f.
 - Step time at N nodes, all told: t_c + (1 - f) t_m + c x wire bytes.
 """
 
@@ -40,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from cpudist.errors import BadInput
@@ -242,14 +243,15 @@ def steps_for(base: Baseline, nodes: int, samples: float) -> int:
 
 
 def plan(base: Baseline, node_counts: Sequence[int], syncs: Sequence[SyncSpec], link: Link, overlap: float,
-         samples: float, cpu_s_per_byte: float = 0.0) -> list[Prediction]:
+         samples: float, cpu_s_per_byte: Mapping[str, float] | None = None) -> list[Prediction]:
     """The 1-node reference row, then every strategy at every node count (PowerSGD only with real shapes)."""
     steps = steps_for(base, 1, samples)
     time_s = steps * base.compute_s
     cost = None if base.usd_per_node_hour is None else base.usd_per_node_hour * time_s / 3600
     rows = [Prediction(1, "measured", base.compute_s, 0.0, base.compute_s, 1.0, 1.0, steps, time_s, cost, "")]
     usable = [s for s in syncs if base.shapes_known or s.compression != "powersgd"]
-    rows += [predict(base, s, n, link, overlap, steps_for(base, n, samples), cpu_s_per_byte)
+    cpu = cpu_s_per_byte or {}  # c per strategy label
+    rows += [predict(base, s, n, link, overlap, steps_for(base, n, samples), cpu.get(s.label, 0.0))
              for n in node_counts if n > 1 for s in usable]
     return rows
 
@@ -346,26 +348,37 @@ def same_nodes(a: RunResult, b: RunResult) -> bool:
 
 
 def measured_sync_cpu(runs: Sequence[RunResult], link: Link, like: RunResult | None = None,
-                      overlap: float | None = None) -> tuple[float, tuple[str, ...]]:
+                      overlap: float | None = None, sync: SyncSpec | None = None) -> tuple[float, tuple[str, ...]]:
     """(c, the runs it came from): seconds of a node's step per byte on its busiest link beyond the wire time.
 
     The median over measured multi-node runs (on `like`'s CPU model and threads per rank, when given) of
-    (measured step - t_c - (1 - f) t_m) / wire bytes, never below 0; 0 without such runs.
+    (measured step - t_c - (1 - f) t_m) / wire bytes, never below 0; 0 without such runs. With `sync`, only
+    the runs of its kind when there are any (a gather moves bytes without summing them, a ring sums each).
     """
-    per_byte, ids = [], []
+    per_byte, ids, kinds = [], [], []
     for r in runs:
         b = base_of(r, runs)
         if len(r.nodes) < 2 or r.steps < 1 or b is None or (like is not None and not same_nodes(r, like)):
             continue
-        base, sync = baseline_of(b), sync_of(r)
-        wire = wire_bytes(sync, base.shapes, len(r.nodes), base.ppn, r.steps)
+        base, ran = baseline_of(b), sync_of(r)
+        wire = wire_bytes(ran, base.shapes, len(r.nodes), base.ppn, r.steps)
         if wire <= 0:
             continue
         f = overlap if overlap is not None else measured_overlap([x for x in runs if x is not r])[0]
-        without = predict(base, sync, len(r.nodes), link, f, r.steps).step_s
+        without = predict(base, ran, len(r.nodes), link, f, r.steps).step_s
         per_byte.append(max(0.0, (r.train_time_s / r.steps - without) / wire))
         ids.append(r.run_id)
+        kinds.append(kind(ran))
+    if sync is not None and kind(sync) in kinds:  # the same strategy's own cost, where measured
+        pick = [i for i, k in enumerate(kinds) if k == kind(sync)]
+        per_byte, ids = [per_byte[i] for i in pick], [ids[i] for i in pick]
     return (statistics.median(per_byte), tuple(ids)) if per_byte else (0.0, ())
+
+
+def kind(sync: SyncSpec) -> tuple[str, str]:
+    """What sets a sync's CPU work per byte: the collective (ring all-reduce, gather and scatter) and the
+    compression around it (PowerSGD's matrix products, bf16's casts)."""
+    return sync.strategy, sync.compression if sync.strategy == "ddp" else "none"
 
 
 def validate(runs: Sequence[RunResult], link_gbps: float, latency_s: float = DEFAULT_LATENCY_S,
@@ -383,7 +396,8 @@ def validate(runs: Sequence[RunResult], link_gbps: float, latency_s: float = DEF
             continue
         others = [x for x in runs if x is not r]
         f = overlap if overlap is not None else measured_overlap(others)[0]
-        c = cpu_s_per_byte if cpu_s_per_byte is not None else measured_sync_cpu(others, link, r, overlap)[0]
+        c = (cpu_s_per_byte if cpu_s_per_byte is not None
+             else measured_sync_cpu(others, link, r, overlap, sync_of(r))[0])
         p = predict(baseline_of(b), sync_of(r), len(r.nodes), link, f, r.steps, c)
         measured = r.train_samples_per_s / b.train_samples_per_s
         error = p.speedup / measured - 1 if measured else math.inf

@@ -92,7 +92,7 @@ def test_plan_table_recommendation_and_validation(runs: Path) -> None:
     assert "recommend: " in out.output and "measured vs predicted speedup" in out.output
     assert "1 of 1 measured points within 15%" in out.output  # 2 + 0.8 predicted vs 2.9 measured
     # c from r2x1, fitted with the overlap of the other DDP runs (none: f = 0): (2.9 - 2.8) s / 100 MB
-    assert "sync CPU: c = 1.00 s per GB on the busiest link (median of measured multi-node runs r2x1)" in out.output
+    assert "sync CPU: c = 1.00 s per GB on the busiest link (median of measured multi-node runs r2x1;" in out.output
     data = json.loads(cpudist("plan", runs, "--nodes", "4", "--link-gbps", "1", "--latency-ms", "0",
                               "--overlap", "0.5", "--sync-cpu-s-per-gb", "0", "--json").output)
     ddp4 = next(p for p in data["predictions"] if p["nodes"] == 4 and p["sync"] == "ddp")

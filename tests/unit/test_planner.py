@@ -169,6 +169,12 @@ def test_sync_cpu_cost_per_byte_from_the_other_runs() -> None:
     rows = {r.run_id: r for r in validate([run(1), two, four], 1.0, 0.0)}  # c of the other run, never its own
     assert rows["four"].cpu_s_per_byte == pytest.approx(1e-9) and rows["four"].predicted_step_s == pytest.approx(3.35)
     assert rows["two"].predicted_step_s == pytest.approx(2.9) and rows["two"].error == pytest.approx(0.0)
+    # with a strategy named, the runs of its own kind where there are any (a gather does not sum what it moves)
+    gather = run(2, step_s=2 + 1.6 + 0.4, sync="gather-scatter", run_id="gs", started_at="2026-02-03")
+    assert measured_sync_cpu([run(1), two, four, gather], GBIT, sync=SyncSpec("gather-scatter")) == (
+        pytest.approx(0.4 / 200e6), ("gs",))
+    assert measured_sync_cpu([run(1), two, four, gather], GBIT, sync=SyncSpec())[1] == ("two", "four")
+    assert measured_sync_cpu([run(1), two], GBIT, sync=SyncSpec("allreduce"))[1] == ("two",)  # none of its kind
     p = predict(base(), SyncSpec("local-sgd", sync_every=8), 4, GBIT, overlap=0.0, steps=80, cpu_s_per_byte=1e-9)
     assert p.sync_cpu_s == pytest.approx(150e6 / 8 * 1e-9)  # the bytes of one average in 8 steps
 
