@@ -216,18 +216,26 @@ def plan_check(ledger: Path, runs: dict[str, dict[str, list[dict[str, Any]]]], l
 
     unshaped = {r.get("run_id") for cells in runs.values() for r in cells.get(f"{UNSHAPED}@2", [])}
     results = [r for r in load_sources((ledger,)) if r.run_id not in unshaped and r.task == "synthetic"]
-    return [{"model": next(r.model for r in results if r.run_id == row.run_id), **dataclasses.asdict(row)}
+    pure = {row.run_id: row for row in validate(results, link, cpu_s_per_byte=0.0)}  # the 1-node run's model only
+    return [{"model": next(r.model for r in results if r.run_id == row.run_id), **dataclasses.asdict(row),
+             "predicted_without_cpu": pure[row.run_id].predicted_speedup, "error_without_cpu": pure[row.run_id].error}
             for row in validate(results, link)]
 
 
 def plan_table(rows: list[dict[str, Any]]) -> list[str]:
     lines = ["| model | sync | hosts | measured speedup | predicted | error | measured step s | predicted step s |"
-             " overlap f | sync CPU c (s/GB) |", "|---|---|---|---|---|---|---|---|---|---|"]
+             " overlap f | sync CPU c (s/GB) | without c: predicted (error) |", "|---" * 11 + "|"]
     lines += [f"| {r['model']} | {r['sync']} | {r['nodes']} | {r['measured_speedup']:.2f}x | "
               f"{r['predicted_speedup']:.2f}x | {r['error']:+.0%}{' !' if r['flagged'] else ''} | "
               f"{r['measured_step_s']:.2f} | {r['predicted_step_s']:.2f} | {r['overlap']:.2f} | "
-              f"{r.get('cpu_s_per_byte', 0.0) * 1e9:.2f} |" for r in rows]
+              f"{r.get('cpu_s_per_byte', 0.0) * 1e9:.2f} | {without(r)} |" for r in rows]
     return lines
+
+
+def without(r: dict[str, Any]) -> str:
+    if "predicted_without_cpu" not in r:
+        return "-"
+    return f"{r['predicted_without_cpu']:.2f}x ({r['error_without_cpu']:+.0%})"
 
 
 def fmt(x: Any, spec: str = ".2f", suffix: str = "") -> str:
@@ -308,9 +316,11 @@ def markdown(res: dict[str, Any]) -> str:
     if res.get("plan"):
         flagged = sum(r["flagged"] for r in res["plan"])
         lines += ["## `cpudist plan` against these runs", "",
-                  f"Each shaped multi-host run predicted from its 1-host run and the link rate alone "
-                  f"(cpudist/results/planner.py; DDP's overlap f and the sync's CPU cost c per byte fitted "
-                  f"on the other measured runs, never the run checked); "
+                  f"Each shaped multi-host run predicted from its 1-host run, the link rate, DDP's overlap f "
+                  f"and the sync's CPU cost c per byte on the busiest link, f and c fitted on the other measured "
+                  f"runs (c on those of the same strategy where there are any), never on the run checked "
+                  f"(cpudist/results/planner.py); the last column is the model without c, from the 1-host run "
+                  f"and the link alone; "
                   f"{flagged} of {len(res['plan'])} off by more than 15% (`!`).", "", *plan_table(res["plan"]), ""]
     if res.get("accuracy"):
         lines += [f"## MRPC dev accuracy: pretrained all-MiniLM-L6-v2, 3 epochs, lr 5e-5 (ddp+lr-sqrt: x sqrt(hosts)), "
