@@ -190,9 +190,11 @@ def hf_arm(spec: dict[str, Any]) -> dict[str, Any]:
         start = time.perf_counter()
         trainer.train()
         train_time = time.perf_counter() - start
-        pred = trainer.predict(rows(data.validation)).predictions.reshape(-1)
-    metrics = compute_metrics(("pearson", "spearmanr"), np.asarray(pred, dtype=np.float64),
-                              np.array(data.validation.labels))
+        out = trainer.predict(rows(data.validation))
+    # group_by_length reorders evaluation too (transformers 5): score against the label_ids that come back
+    # with the predictions, in their order, not against the file's
+    metrics = compute_metrics(("pearson", "spearmanr"), np.asarray(out.predictions, dtype=np.float64).reshape(-1),
+                              np.asarray(out.label_ids, dtype=np.float64).reshape(-1))
     return {"metrics": metrics, "losses": losses, "lrs": lrs, "train_time_s": train_time,
             "precision": "bf16" if bf16 else "fp32"}
 
