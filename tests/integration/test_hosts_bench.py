@@ -7,20 +7,18 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.harness.netns import NetnsCluster, missing_requirements
-from tests.integration.helpers import cpudist
+from tests.integration.helpers import CPUDIST, cpudist
 from tests.unit.test_planner import run as result_of
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))]
 
-CPUDIST = [sys.executable, "-m", "cpudist.cli"]
 RATE_GBPS = 0.2
 
 

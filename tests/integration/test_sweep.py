@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,11 +15,11 @@ import pytest
 
 from cpudist.results.ledger import default_ledger, read_ledger
 from tests.harness.netns import NetnsCluster, missing_requirements
+from tests.integration.helpers import CPUDIST
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))]
 
-CPUDIST = [sys.executable, "-m", "cpudist.cli"]
 
 
 @pytest.fixture(scope="module")
