@@ -114,9 +114,6 @@ def check_sync(cfg: TrainConfig) -> None:
         flag = "--" + given[0].replace("_", "-")
         raise BadInput(f"{flag} applies to --sync local-sgd, not {cfg.sync}",
                        f"Add --sync local-sgd, or drop {flag}")
-    if cfg.sync == "local-sgd" and cfg.lr_scaling != "none":
-        raise BadInput("--lr-scaling applies to synchronous strategies: local SGD steps on one rank's batch",
-                       "Drop --lr-scaling, or use --sync ddp")
     if cfg.sync != "ddp" and cfg.grad_compression != "none":
         raise BadInput(f"--grad-compression applies to --sync ddp (DDP's communication hooks), not {cfg.sync}",
                        "Use --sync ddp with it, or drop --grad-compression")
@@ -237,7 +234,8 @@ def summary(r: RunResult) -> str:
 @click.option("--outer-momentum", type=click.FloatRange(0, 1, max_open=True), default=0.9, show_default=True)
 @click.option("--lr-scaling", type=click.Choice(LR_SCALINGS), default="none", show_default=True,
               help="Scale --lr (given for one rank's batch) with the global batch: linear (x ranks, Goyal et al.) "
-              "or sqrt (x sqrt(ranks)); synchronous strategies only (local SGD steps on one rank's batch).")
+              "or sqrt (x sqrt(ranks)). Local SGD too: averaging the ranks' steps moves the model by their mean, "
+              "as one step on the global batch does.")
 @click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True,
               help="adamw (as HF Trainer), or sgd: plain SGD, linear in the gradient (for teaching and checks).")
 @click.option("--output-dir", type=click.Path(path_type=Path), help="Run folder [default: runs/<task>-...].")

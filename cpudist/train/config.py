@@ -24,9 +24,11 @@ def effective_lr(cfg: TrainConfig, world: int) -> float:
     """--lr for one rank's batch, scaled to the global batch of `world` ranks as --lr-scaling asks.
 
     linear: Goyal et al.'s rule (batch k times larger, learning rate k times larger, with warm-up);
-    sqrt: the gentler rule often used with Adam. Local SGD steps on one rank's batch: never scaled.
+    sqrt: the gentler rule often used with Adam. Local SGD as well: each rank steps on its own batch, but the
+    average of the ranks' steps is what the model keeps, which moves it as far as one step on the global batch
+    (at 4 ranks, MRPC, 3 epochs: 0.699 unscaled, 0.777 at 4x; benchmarks/results/accuracy-scaling-*).
     """
-    if cfg.lr_scaling == "none" or cfg.sync == "local-sgd" or world == 1:
+    if cfg.lr_scaling == "none" or world == 1:
         return cfg.lr
     return cfg.lr * (world if cfg.lr_scaling == "linear" else world**0.5)
 
@@ -76,7 +78,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile, batches padded to a few static lengths
     ipex: bool = False  # Intel Extension for PyTorch's optimize(), when installed
     fast_dropout: bool = True  # dropout masks from 16-bit lanes of 64-bit draws (cpudist/train/dropout.py)
-    lr_scaling: str = "none"  # none | linear | sqrt: --lr times world size (or its root) for synchronous syncs
+    lr_scaling: str = "none"  # none | linear | sqrt: --lr times world size (or its root), every sync
     optimizer: str = "adamw"  # sgd: plain SGD (no momentum), linear in the gradient: for teaching and checks
     # Gradient sync (cpudist/train/sync.py, cpudist/traffic.py)
     sync: str = "ddp"  # ddp | allreduce | gather-scatter | local-sgd

@@ -166,8 +166,6 @@ BAD_INPUTS = [
     (["run", "mrpc", "--model", "tiny", "--sync", "allreduce", "--grad-compression", "bf16"],
      "--grad-compression applies to --sync ddp"),
     (["run", "mrpc", "--model", "tiny", "--grad-compression", "zstd"], "not one of none, bf16, fp16, powersgd"),
-    (["run", "mrpc", "--model", "tiny", "--sync", "local-sgd", "--lr-scaling", "sqrt"],
-     "--lr-scaling applies to synchronous strategies"),
 ]
 
 

@@ -28,7 +28,7 @@ def test_defaults_are_left_out() -> None:
     assert to_argv(TrainConfig(task="sst2", output_dir="o")) == ["--task=sst2", "--output-dir=o"]
 
 
-def test_lr_scaling_follows_the_global_batch_of_synchronous_strategies() -> None:
+def test_lr_scaling_follows_the_global_batch_of_every_strategy() -> None:
     from cpudist.train.config import effective_lr
 
     base = TrainConfig(task="mrpc", output_dir="", lr=1e-4)
@@ -37,4 +37,4 @@ def test_lr_scaling_follows_the_global_batch_of_synchronous_strategies() -> None
     assert effective_lr(TrainConfig(task="mrpc", output_dir="", lr=1e-4, lr_scaling="sqrt"), 4) == 2e-4
     assert effective_lr(TrainConfig(task="mrpc", output_dir="", lr=1e-4, lr_scaling="sqrt"), 1) == 1e-4
     local = TrainConfig(task="mrpc", output_dir="", lr=1e-4, lr_scaling="linear", sync="local-sgd")
-    assert effective_lr(local, 4) == 1e-4  # local steps use one rank's batch
+    assert effective_lr(local, 4) == 4e-4  # the ranks' averaged steps move the model as one global-batch step
