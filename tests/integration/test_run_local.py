@@ -32,9 +32,11 @@ def test_two_ranks_then_one_then_report(shared_data: Path, tmp_path: Path) -> No
     steps = [json.loads(line) for line in (tmp_path / "RUN2" / "steps.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2, 3, 4, 5]
     assert "[" in r2.stderr and ":0]" in r2.stderr  # rank output comes with host:rank prefixes
+    assert "2 ranks x batch 16 = global batch 32" in r2.stderr and "--lr-scaling" in r2.stderr
 
     r1 = cpudist("run", *mrpc(shared_data), "--np", "1", "--max-steps", "5", "--output-dir", tmp_path / "RUN1")
     assert r1.returncode == 0, r1.stderr
+    assert "global batch" not in r1.stderr  # one rank: nothing grew
     rep = cpudist("report", "--format", "md")
     assert rep.returncode == 0, rep.stderr
     speed = rep.stdout.split("Gradient sync and traffic")[0]  # the second table has a row per run too
