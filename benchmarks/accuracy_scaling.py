@@ -40,12 +40,23 @@ LOCAL = ("--sync", "local-sgd", "--sync-every", "8")
 # arm -> (ranks, flags beside the common ones)
 ARMS: dict[str, tuple[int, tuple[str, ...]]] = {
     BASE: (1, ()),
+    "1 rank lr 1e-4": (1, ("--lr", "1e-4")),  # is the 1-rank run itself short of its best lr?
     "ddp": (4, ()),
     "ddp lr x4": (4, ("--lr-scaling", "linear")),
     "local-sgd:8": (4, LOCAL),
     "local-sgd:8 lr x4": (4, (*LOCAL, "--lr-scaling", "linear")),
     "diloco:8 lr x4": (4, (*LOCAL, "--outer-optimizer", "nesterov", "--lr-scaling", "linear")),
+    "local-sgd:8 lr x6": (4, (*LOCAL, "--lr", "7.5e-5", "--lr-scaling", "linear")),
+    "local-sgd:8 lr x8": (4, (*LOCAL, "--lr", "1e-4", "--lr-scaling", "linear")),
+    "local-sgd:8 lr x4 +3 sync steps": (4, (*LOCAL, "--local-sgd-warmup", "3", "--lr-scaling", "linear")),
+    "diloco:8 outer-lr 4 no momentum": (4, (*LOCAL, "--outer-optimizer", "nesterov", "--outer-lr", "4",
+                                              "--outer-momentum", "0")),
+    "ddp lr x8": (4, ("--lr", "1e-4", "--lr-scaling", "linear")),
+    "ddp batch 8": (4, ("--batch-size", "8")),  # the 1-rank run's global batch and steps
+    "local-sgd:8 batch 8": (4, (*LOCAL, "--batch-size", "8")),
 }
+# flags every run takes unless its arm gives them
+COMMON = {"--precision": "fp32", "--batch-size": "32", "--max-seq-len": "128", "--epochs": "3", "--lr": "5e-5"}
 DEFAULT_ARMS = (BASE, "ddp lr x4", "local-sgd:8 lr x4", "diloco:8 lr x4", "ddp", "local-sgd:8")
 GOAL_POINTS = 1.0
 
@@ -53,8 +64,8 @@ GOAL_POINTS = 1.0
 def command(arm: str, seed: int, out: Path) -> list[str]:
     ranks, flags = ARMS[arm]
     return ["cpudist", "run", "mrpc", "--data-dir", str(MRPC), "--model", MODEL, "--np", str(ranks), "--ppn",
-            str(ranks), *(["--oversubscribe"] if ranks > 1 else []), "--precision", "fp32", "--batch-size", "32",
-            "--max-seq-len", "128", "--epochs", "3", "--lr", "5e-5", "--seed", str(seed), *flags,
+            str(ranks), *(["--oversubscribe"] if ranks > 1 else []),
+            *[x for k, v in COMMON.items() if k not in flags for x in (k, v)], "--seed", str(seed), *flags,
             "--output-dir", str(out / "run"), "--ledger", str(out / "ledger.jsonl"), "--json", "--quiet"]
 
 
@@ -154,6 +165,8 @@ def main() -> None:
                 f.write(json.dumps(row) + "\n")
             print(json.dumps({k: row.get(k) for k in ("arm", "seed", "metrics", "lr", "error")}), flush=True)
     rows = load(ledger)
+    if not rows:
+        sys.exit(f"no runs in {ledger}: run without --render first")
     all_arms = list(dict.fromkeys([*arms, *(r["arm"] for r in rows)]))
     summary = summarize(rows, [x for x in ARMS if x in all_arms])
     stem.with_suffix(".json").write_text(json.dumps({"command": made_by, "summary": summary}, indent=2) + "\n")
