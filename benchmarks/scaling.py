@@ -16,7 +16,8 @@ task: the blog pads every MRPC row to 128, and the calibration is measured on su
 sample, and with it the compute/bandwidth ratio, is the blog's and the same at every host count); the
 accuracy column fine-tunes the pretrained all-MiniLM-L6-v2 on MRPC for 3 epochs (lr 5e-5, dev-set eval)
 at 1 host and, at the most hosts, with ddp, ddp with the learning rate scaled by sqrt(hosts) (the global
-batch grows with the hosts) and the fastest arm on minilm-l6 (one repeat).
+batch grows with the hosts) and the fastest arm on minilm-l6 (one repeat). accuracy_scaling.py repeats such
+runs over seeds and learning rates.
 
 Speedup of an arm at N hosts = its median steady samples/s over the 1-host run's (plain training on one
 rank, no sync: the baseline of every arm); efficiency = speedup / N. The blog's 1.7x (2 nodes) and 3.0x
