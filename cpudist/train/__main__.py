@@ -111,7 +111,7 @@ def _stopped(job: Job, stats: TrainStats, info: RankInfo) -> int:
         reasons = [None] * info.world_size
         dist.all_gather_object(reasons, (socket.gethostname(), stats.stopped))
     if info.rank == 0:
-        host, why = next(((h, r) for h, r in reasons if r and not r.startswith("a peer")), reasons[0])
+        host, why = preempt.stop_reason(reasons)
         marker = {"step": stats.steps, "checkpoint": stats.checkpoints[-1], "reason": why, "host": host}
         (job.run_dir / preempt.MARKER).write_text(json.dumps(marker) + "\n")
         events.emit("preempted", **marker)

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from cpudist.errors import BadInput
 from cpudist.flops import ModelShape, training_flops
-from cpudist.train import checkpoint, events, netcount, speed, sync
+from cpudist.train import checkpoint, events, netcount, preempt, speed, sync
 from cpudist.train.checkpoint import Position, Restored, gather_rngs, seed_all, set_rng_state
 from cpudist.train.config import TrainConfig, effective_lr
 from cpudist.train.features import Encoded, collate
@@ -204,7 +204,7 @@ def train(cfg: TrainConfig, model: torch.nn.Module, data: Encoded, regression: b
                 _save(cfg, saver, model, opt, sched, stats, next_pos, total, world, rank)
                 last_save = time.monotonic()
             if stop_now:
-                stats.stopped = stop.pending() or "a peer rank was asked to stop"
+                stats.stopped = stop.pending() or preempt.PEER
                 break
         strategy.parameters(stats.steps, final=True)  # local SGD: evaluate (and keep) the ranks' mean
         tx_end = _counted(iface, world)

@@ -16,6 +16,17 @@ EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped on purpose, resume to go on
 MARKER = "preempted.json"  # rank 0 writes it in the run folder: step, checkpoint, reason
 
 
+NOTICE = "spot interruption notice"
+PEER = "a peer rank was asked to stop"
+
+
+def stop_reason(reasons: list[tuple[str, str | None]]) -> tuple[str, str | None]:
+    """Which (host, reason) of all ranks' to report: a spot notice first (it names the cause, where a SIGTERM
+    that came with it does not), then any rank's own reason, else rank 0's."""
+    own = [(host, why) for host, why in reasons if why and why != PEER]
+    return next((x for x in own if x[1] and x[1].startswith(NOTICE)), own[0] if own else reasons[0])
+
+
 def imds_endpoint(setting: str) -> str | None:
     """The metadata service to poll: `auto` is AWS's own on EC2 only, `off` none, else the URL given."""
     if setting == "off":
@@ -51,5 +62,5 @@ class StopRequests:
         """The reason to stop seen on this rank so far, if any."""
         if self.reason is None and self.watcher is not None and self.watcher.notice is not None:
             n = self.watcher.notice
-            self.reason = f"spot interruption notice ({n.action} at {n.time or 'an unstated time'})"
+            self.reason = f"{NOTICE} ({n.action} at {n.time or 'an unstated time'})"
         return self.reason

@@ -201,7 +201,8 @@ def test_a_reclaimed_spot_node_is_replaced_and_the_run_resumes(world: World, clo
         proc.wait(timeout=600)
         text = "".join(out)
         assert proc.returncode == 0, text[-6000:]
-        assert "spot interruption notice (terminate" in text and "replacing them" in text
+        # the whole output on failure: pytest shortens a long string in the middle, where these lines are
+        assert "spot interruption notice (terminate" in text and "replacing them" in text, text[-6000:]
         result = json.loads(world.operator_path("runs/spot/result.json").read_text())
         assert result["recoveries"] == 1 and result["time_lost_s"] > 0 and result["parts"] == 2
         assert 1 <= result["resumed_from_step"] < 40 and result["steps"] == 40

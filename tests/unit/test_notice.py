@@ -139,3 +139,13 @@ def test_on_ec2_reads_dmi(tmp_path: Path) -> None:
     assert on_ec2(tmp_path) is True
     (tmp_path / "sys_vendor").write_text("QEMU\n")
     assert on_ec2(tmp_path) is False
+
+
+def test_the_stop_reported_is_the_spot_notice_when_any_rank_saw_one() -> None:
+    from cpudist.train.preempt import PEER, stop_reason
+
+    notice = "spot interruption notice (terminate at 2026-11-24T14:25:00Z)"
+    # rank 0 got a SIGTERM in the same step as rank 1's notice: the notice names the cause
+    assert stop_reason([("n0", "SIGTERM"), ("n1", notice), ("n2", PEER)]) == ("n1", notice)
+    assert stop_reason([("n0", PEER), ("n1", "SIGTERM")]) == ("n1", "SIGTERM")
+    assert stop_reason([("n0", PEER), ("n1", PEER)]) == ("n0", PEER)
