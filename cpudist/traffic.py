@@ -33,7 +33,7 @@ class SyncSpec:
     """How the ranks agree on the model: strategy and its knobs (recorded in result.json)."""
 
     strategy: str = "ddp"
-    compression: str = "none"  # ddp only: none | bf16 | fp16 | powersgd
+    compression: str = "none"  # ddp: none | bf16 | fp16 | powersgd; local-sgd: none | bf16
     powersgd_rank: int = 1
     powersgd_start: int = 2  # steps of plain fp32 all-reduce before PowerSGD compresses
     bucket_cap_mb: float = 25.0
@@ -42,6 +42,7 @@ class SyncSpec:
     outer: str = "none"  # local-sgd: none | nesterov (DiLoCo's outer optimizer)
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
+    moments: str = "none"  # local-sgd: AdamW's moments averaged with the parameters: none | first | second | both
 
     @property
     def label(self) -> str:
@@ -49,7 +50,9 @@ class SyncSpec:
         if self.strategy == "ddp" and self.compression != "none":
             return f"ddp+{self.compression}" + (f":{self.powersgd_rank}" if self.compression == "powersgd" else "")
         if self.strategy == "local-sgd":
-            return f"{'diloco' if self.outer == 'nesterov' else 'local-sgd'}:{self.sync_every}"
+            moments = {"none": "", "first": "+m", "second": "+v", "both": "+mv"}[self.moments]
+            wire = "" if self.compression == "none" else f"+{self.compression}"
+            return f"{'diloco' if self.outer == 'nesterov' else 'local-sgd'}:{self.sync_every}{moments}{wire}"
         return self.strategy
 
 
@@ -118,7 +121,9 @@ def expected_traffic(sync: SyncSpec, shapes: Sequence[Sequence[int]], world: int
     if sync.strategy == "local-sgd":
         warm = min(sync.warmup_steps, steps)
         averages = math.ceil((steps - warm) / max(1, sync.sync_every))  # the last one at the end of training
-        plan = [(warm, grads), (averages, grads)]  # parameters average at the same fp32 size
+        # the parameters (or, on a 16-bit wire, their changes) and the moments averaged with them
+        tensors = 1 + {"none": 0, "first": 1, "second": 1, "both": 2}[sync.moments]
+        plan = [(warm, grads), (averages, tensors * payload_bytes(shapes, sync.compression))]
     elif sync.strategy == "ddp" and sync.compression == "powersgd":
         start = min(sync.powersgd_start, steps)
         plan = [(start, grads), (steps - start, payload_bytes(shapes, "powersgd", sync.powersgd_rank))]

@@ -35,7 +35,7 @@ from cpudist.remote.targets import cluster_target, onprem_head, recover_cluster
 from cpudist.results.ledger import default_ledger
 from cpudist.results.schema import RunResult
 from cpudist.traffic import STRATEGIES, parse_compression
-from cpudist.train.config import BACKENDS, LR_SCALINGS, OPTIMIZERS, PRECISIONS, SAMPLERS, TrainConfig
+from cpudist.train.config import BACKENDS, LR_SCALINGS, MOMENTS, OPTIMIZERS, PRECISIONS, SAMPLERS, TrainConfig
 from cpudist.train.durable import parse_s3_url
 from cpudist.train.tasks import normalize_task
 from cpudist.validate import check_imds
@@ -108,15 +108,19 @@ def _compression(ctx: click.Context, param: click.Parameter, value: str) -> str:
 def check_sync(cfg: TrainConfig) -> None:
     """Knobs of one strategy given with another are mistakes: say so before anything starts."""
     defaults = TrainConfig(task=cfg.task, output_dir="")
-    local_only = ("sync_every", "local_sgd_warmup", "outer_optimizer", "outer_lr", "outer_momentum")
+    local_only = ("sync_every", "local_sgd_warmup", "outer_optimizer", "outer_lr", "outer_momentum",
+                  "average_moments")
     given = [k for k in local_only if getattr(cfg, k) != getattr(defaults, k)]
     if cfg.sync != "local-sgd" and given:
         flag = "--" + given[0].replace("_", "-")
         raise BadInput(f"{flag} applies to --sync local-sgd, not {cfg.sync}",
                        f"Add --sync local-sgd, or drop {flag}")
-    if cfg.sync != "ddp" and cfg.grad_compression != "none":
-        raise BadInput(f"--grad-compression applies to --sync ddp (DDP's communication hooks), not {cfg.sync}",
-                       "Use --sync ddp with it, or drop --grad-compression")
+    if cfg.sync == "local-sgd" and cfg.grad_compression not in ("none", "bf16"):
+        raise BadInput(f"--grad-compression {cfg.grad_compression}: local SGD averages in fp32 (none) or bf16",
+                       "Use --grad-compression bf16 with --sync local-sgd, or --sync ddp for PowerSGD")
+    if cfg.sync not in ("ddp", "local-sgd") and cfg.grad_compression != "none":
+        raise BadInput(f"--grad-compression applies to --sync ddp and local-sgd, not {cfg.sync}",
+                       "Use --sync ddp (or local-sgd) with it, or drop --grad-compression")
 
 
 def summary(r: RunResult) -> str:
@@ -223,7 +227,8 @@ def summary(r: RunResult) -> str:
 @click.option("--bucket-cap-mb", type=click.FloatRange(min=0, min_open=True), default=25.0, show_default=True,
               help="Size of DDP's gradient buckets and of local SGD's averaging buckets.")
 @click.option("--grad-compression", default="none", show_default=True, callback=_compression,
-              help="ddp: none, bf16, fp16 or powersgd[:RANK] (DDP communication hooks).")
+              help="ddp: none, bf16, fp16 or powersgd[:RANK] (DDP communication hooks); local-sgd: none or bf16 "
+              "(the averages cross the wire as bf16 changes since the last one).")
 @click.option("--sync-every", type=click.IntRange(min=1), default=8, show_default=True,
               help="local-sgd: optimizer steps between parameter averages (K).")
 @click.option("--local-sgd-warmup", type=click.IntRange(min=0), default=0, show_default=True,
@@ -232,6 +237,8 @@ def summary(r: RunResult) -> str:
               help="local-sgd: nesterov applies the averaged change with an outer Nesterov SGD (DiLoCo).")
 @click.option("--outer-lr", type=click.FloatRange(min=0, min_open=True), default=0.7, show_default=True)
 @click.option("--outer-momentum", type=click.FloatRange(0, 1, max_open=True), default=0.9, show_default=True)
+@click.option("--average-moments", type=click.Choice(MOMENTS), default="none", show_default=True,
+              help="local-sgd: also average AdamW's first moment, its second, or both at each average.")
 @click.option("--lr-scaling", type=click.Choice(LR_SCALINGS), default="none", show_default=True,
               help="Scale --lr (given for one rank's batch) with the global batch: linear (x ranks, Goyal et al.) "
               "or sqrt (x sqrt(ranks)). Local SGD too: averaging the ranks' steps moves the model by their mean, "

@@ -17,6 +17,7 @@ PRECISIONS = ("auto", "fp32", "bf16")
 SAMPLERS = ("random", "grouped")
 BACKENDS = ("gloo", "ccl")
 OPTIMIZERS = ("adamw", "sgd")
+MOMENTS = ("none", "first", "second", "both")
 LR_SCALINGS = ("none", "linear", "sqrt")
 
 
@@ -88,6 +89,7 @@ class TrainConfig:
     sync_every: int = 8  # local-sgd: steps between parameter averages (K)
     local_sgd_warmup: int = 0  # local-sgd: synchronous (gradient-averaging) steps first
     outer_optimizer: str = "none"  # local-sgd: none | nesterov (DiLoCo)
+    average_moments: str = "none"  # local-sgd: none | first | second | both (AdamW's moments averaged too)
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
 

@@ -138,6 +138,7 @@ def train(cfg: TrainConfig, model: torch.nn.Module, data: Encoded, regression: b
     if cfg.ipex:
         model, opt = speed.use_ipex(model, opt, bf16)
     strategy = sync.make(model, sync.spec_of(cfg, total), world)
+    strategy.use(opt)
     model = strategy.model
     forward = speed.compiled(model) if cfg.compile else model
     multiple = speed.COMPILE_BUCKET if cfg.compile else 1

@@ -40,7 +40,7 @@ def spec_of(cfg: TrainConfig, total_steps: int) -> SyncSpec:
     start = max(2, round(POWERSGD_START_SHARE * total_steps))
     return SyncSpec(cfg.sync, compression, rank, start, cfg.bucket_cap_mb, cfg.sync_every,
                     cfg.local_sgd_warmup if cfg.sync == "local-sgd" else 0, cfg.outer_optimizer, cfg.outer_lr,
-                    cfg.outer_momentum)
+                    cfg.outer_momentum, cfg.average_moments)
 
 
 @dataclass
@@ -77,20 +77,23 @@ class CommClock:
         self._intervals, self._last_ready = [], 0.0
 
 
-def _mean_(tensors: list[torch.Tensor], world: int, clock: CommClock, cap_bytes: float | None = None) -> None:
-    """Average tensors across ranks in place, in buckets of about `cap_bytes` (one bucket when None)."""
+def _mean_(tensors: list[torch.Tensor], world: int, clock: CommClock, cap_bytes: float | None = None,
+           wire: torch.dtype | None = None) -> None:
+    """Average tensors across ranks in place, in buckets of about `cap_bytes` on the wire (one bucket when None);
+    `wire`: the dtype they cross it in (bf16 halves fp32's bytes), summed in fp32 again once back."""
     bucket: list[torch.Tensor] = []
     size = 0
     for t in [*tensors, None]:
         if t is not None:
             bucket.append(t)
-            size += t.numel() * t.element_size()
+            size += t.numel() * (wire.itemsize if wire is not None else t.element_size())
         if bucket and (t is None or (cap_bytes is not None and size >= cap_bytes)):
             flat = _flatten_dense_tensors(bucket)
+            sent = flat.to(wire) if wire is not None else flat
             start = clock.started()
-            dist.all_reduce(flat)
+            dist.all_reduce(sent)
             clock.blocking(start)
-            flat.div_(world)
+            flat = sent.to(flat.dtype).div_(world) if wire is not None else flat.div_(world)
             for dst, src in zip(bucket, _unflatten_dense_tensors(flat, bucket), strict=True):
                 dst.copy_(src)
             bucket, size = [], 0
@@ -105,6 +108,11 @@ class Strategy:
         self.model, self.spec, self.world = model, spec, world
         self.clock = CommClock()
         self.trained = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer: torch.optim.Optimizer | None = None  # given by the loop once it is built
+
+    def use(self, optimizer: torch.optim.Optimizer) -> None:
+        """The optimizer whose state a strategy may reconcile (local SGD's averaged moments)."""
+        self.optimizer = optimizer
 
     def skip(self) -> contextlib.AbstractContextManager[Any]:
         """Around the backward passes of an accumulation's non-final micro-batches: no exchange."""
@@ -233,16 +241,21 @@ class GatherScatter(Strategy):
 
 class LocalSGD(Strategy):
     """Local steps; parameters averaged every K steps after `warmup_steps` synchronous ones (DiLoCo: via an
-    outer Nesterov SGD on the averaged change)."""
+    outer Nesterov SGD on the averaged change). With --average-moments, AdamW's moments are averaged too; with
+    --grad-compression bf16, what crosses the wire is bf16: each rank's change since the last average (small
+    numbers, kept to bf16's 3 digits, added to the fp32 model) and the moments (fp16 would flush the second
+    moment's 1e-10s to zero; bf16 has fp32's range)."""
 
     def __init__(self, model: torch.nn.Module, spec: SyncSpec, world: int) -> None:
         super().__init__(model, spec, world)
         self.cap = spec.bucket_cap_mb * 1024 * 1024
+        self.wire = torch.bfloat16 if spec.compression == "bf16" else None
         self.anchor: list[torch.Tensor] = []
         self.outer: torch.optim.Optimizer | None = None
         self.synced_at = 0
-        if spec.outer == "nesterov":
+        if spec.outer == "nesterov" or self.wire is not None:
             self.anchor = [p.detach().clone() for p in self.trained]  # the model at the last sync
+        if spec.outer == "nesterov":
             self.outer = torch.optim.SGD(self.anchor, lr=spec.outer_lr, momentum=spec.outer_momentum,
                                          nesterov=spec.outer_momentum > 0)  # torch's Nesterov needs a momentum
 
@@ -260,16 +273,40 @@ class LocalSGD(Strategy):
         if local <= 0 or not due or step == self.synced_at:
             return
         self.synced_at = step
-        params = [p.data for p in self.trained]
-        _mean_(params, self.world, self.clock, self.cap)
-        if self.outer is not None:
-            with torch.no_grad():
-                for a, p in zip(self.anchor, params, strict=True):
-                    a.grad = a - p  # the outer gradient: minus the averaged change since the last sync
+        with torch.no_grad():
+            mean = self._averaged()
+            if self.outer is not None:
+                for a, m in zip(self.anchor, mean, strict=True):
+                    a.grad = a - m  # the outer gradient: minus the averaged change since the last sync
                 self.outer.step()
-                for a, p in zip(self.anchor, params, strict=True):
-                    p.copy_(a)
+                mean = self.anchor
+            for p, m in zip(self.trained, mean, strict=True):
+                if m.data_ptr() != p.data_ptr():  # averaged elsewhere than in place
+                    p.data.copy_(m)
+            if self.outer is None and self.anchor:  # the 16-bit wire's next changes start here
+                for a, p in zip(self.anchor, self.trained, strict=True):
+                    a.copy_(p)
         self.clock.end_step(overlapped=False)
+
+    def _averaged(self) -> list[torch.Tensor]:
+        """The ranks' mean model (their moments averaged in place on the way): in the parameters themselves, or,
+        with a 16-bit wire, the last average plus the mean of the ranks' changes since."""
+        if self.wire is None:
+            params = [p.data for p in self.trained]
+            _mean_(params + self._moments(), self.world, self.clock, self.cap)
+            return params
+        changes = [p.data - a for p, a in zip(self.trained, self.anchor, strict=True)]
+        _mean_(changes + self._moments(), self.world, self.clock, self.cap, self.wire)
+        return [c.add_(a) for c, a in zip(changes, self.anchor, strict=True)]
+
+    def _moments(self) -> list[torch.Tensor]:
+        """AdamW's moments to average with the parameters (--average-moments), in the parameters' order."""
+        keys = {"none": (), "first": ("exp_avg",), "second": ("exp_avg_sq",),
+                "both": ("exp_avg", "exp_avg_sq")}[self.spec.moments]
+        if not keys or self.optimizer is None:
+            return []
+        state = self.optimizer.state
+        return [state[p][k] for k in keys for p in self.trained if k in state.get(p, {})]
 
     def state(self) -> dict[str, Any]:
         if self.outer is None:
@@ -281,6 +318,9 @@ class LocalSGD(Strategy):
             for a, saved in zip(self.anchor, state["anchor"], strict=True):
                 a.copy_(saved)
             self.outer.load_state_dict(state["outer"])
+        elif self.anchor:  # a checkpoint holds the ranks' average: the model just restored is the last one
+            for a, p in zip(self.anchor, self.trained, strict=True):
+                a.copy_(p.data)
 
 
 CLASSES: dict[str, type[Strategy]] = {"ddp": DDP, "allreduce": AllReduce, "gather-scatter": GatherScatter,

@@ -166,7 +166,10 @@ BAD_INPUTS = [
     (["run", "mrpc", "--data-dir", "{data}/glue/MRPC", "--model", "tiny", "--ppn", "two"], "neither a positive"),
     (["run", "mrpc", "--model", "tiny", "--sync-every", "4"], "--sync-every applies to --sync local-sgd"),
     (["run", "mrpc", "--model", "tiny", "--sync", "allreduce", "--grad-compression", "bf16"],
-     "--grad-compression applies to --sync ddp"),
+     "--grad-compression applies to --sync ddp and local-sgd"),
+    (["run", "mrpc", "--model", "tiny", "--sync", "local-sgd", "--grad-compression", "powersgd"],
+     "local SGD averages in fp32 (none) or bf16"),
+    (["run", "mrpc", "--model", "tiny", "--average-moments", "both"], "--average-moments applies to --sync local-sgd"),
     (["run", "mrpc", "--model", "tiny", "--grad-compression", "zstd"], "not one of none, bf16, fp16, powersgd"),
 ]
 
