@@ -97,11 +97,14 @@ def test_four_hosts_one_rank_each(ready: NetnsCluster, shared_data: Path, tmp_pa
 
 @pytest.mark.parametrize(("sync", "head_share"), [(["--sync", "gather-scatter"], 3 / 6),
                                                   (["--sync", "local-sgd", "--sync-every", "4",
-                                                    "--local-sgd-warmup", "0"], 1 / 4)])
+                                                    "--local-sgd-warmup", "0"], 1 / 4),
+                                                  (["--sync", "local-sgd", "--sync-every", "4", "--average-moments",
+                                                    "both", "--grad-compression", "bf16"], 1 / 4 * 3 / 2)])
 def test_traffic_of_other_strategies_is_what_they_should_move(ready: NetnsCluster, shared_data: Path,
                                                               tmp_path: Path, sync: list[str],
                                                               head_share: float) -> None:
-    """gather-scatter: the head sends 3 copies, the others one each; local SGD K=4: a quarter of ddp's bytes."""
+    """gather-scatter: the head sends 3 copies, the others one each; local SGD K=4: a quarter of ddp's bytes, and
+    with both moments on a bf16 wire three models at half the bytes each (3/8)."""
     r = on_head(ready, "run", "mrpc", "--np", "4", "--ppn", "1", "--hostfile", ready.hostfile, "--no-eval",
                 "--data-dir", shared_data / "glue" / "MRPC", "--model", "tiny", "--max-steps", "8", *sync,
                 "--output-dir", tmp_path / "run")
