@@ -70,6 +70,10 @@ ARMS: dict[str, tuple[str, ...]] = {
     "local-sgd:8+warmup": ("--sync", "local-sgd", "--sync-every", "8", "--local-sgd-warmup", WARMUP),
     "diloco:8": ("--sync", "local-sgd", "--sync-every", "8", "--outer-optimizer", "nesterov"),
     "ddp+freeze-emb": ("--freeze-embeddings",),
+    "ddp+bf16+freeze-emb": ("--grad-compression", "bf16", "--freeze-embeddings"),
+    "local-sgd:8+freeze-emb": ("--sync", "local-sgd", "--sync-every", "8", "--freeze-embeddings"),
+    "local-sgd:8+mv+bf16": ("--sync", "local-sgd", "--sync-every", "8", "--average-moments", "both",
+                            "--grad-compression", "bf16"),
     "ddp+lr-sqrt": ("--lr-scaling", "sqrt"),  # for the accuracy runs: the same speed as ddp
 }
 SPEED_SKIP = ("ddp+lr-sqrt",)  # arms that train at ddp's speed: accuracy runs only
@@ -364,7 +368,7 @@ def run_layout(layout: Layout, a: argparse.Namespace, command: str, work: Path) 
         partial.unlink()
         # every run's result.json line, for `cpudist report` / `cpudist plan --validate` on these numbers
         shutil.copyfile(work / "ledger.jsonl", a.results_dir / f"scaling-{layout.name}{'-quick' if a.quick else ''}"
-                        f"-{read_cpu().kind}-ledger.jsonl")
+                        f"{'-' + a.tag if a.tag else ''}-{read_cpu().kind}-ledger.jsonl")
         first = next((r for cells in runs.values() for rs in cells.values() for r in rs if "cpu" in r), None)
         if first is None:
             raise RuntimeError(f"every run of {layout.name} failed: see the errors above")
@@ -381,6 +385,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="ddp only, 8 steps, 1 repeat, no accuracy runs")
     ap.add_argument("--layouts", default="1core,halfcore")
+    ap.add_argument("--host-counts", help="measure only these host counts of each layout (1 is always measured), "
+                    "e.g. 4: the 1-host baseline and 4 hosts")
+    ap.add_argument("--tag", help="added to the result files' names (a focused run beside the full one)")
     ap.add_argument("--models", help=f"speed models [default: {','.join(SPEED_MODELS)}]")
     ap.add_argument("--arms", help=f"of: {', '.join(ARMS)} [default: all; --quick: {','.join(QUICK_ARMS)}]")
     ap.add_argument("--steps", type=int, help="optimizer steps per speed run [default: 16; --quick: 8]")
@@ -407,7 +414,7 @@ def main() -> None:
     a.accuracy = (not a.quick) if a.accuracy is None else a.accuracy
     a.calibration_steps = a.calibration_steps or (7 if a.quick else 10)
     command = "python benchmarks/scaling.py " + " ".join(sys.argv[1:])
-    kind, quick = read_cpu().kind, "-quick" if a.quick else ""
+    kind, quick = read_cpu().kind, ("-quick" if a.quick else "") + (f"-{a.tag}" if a.tag else "")
     results = a.results_dir
     results.mkdir(parents=True, exist_ok=True)
     if a.render:
@@ -415,8 +422,12 @@ def main() -> None:
         return
     calibrations = {}
     for name in a.layouts.split(","):
+        layout = LAYOUTS[name]
+        if a.host_counts:
+            wanted = {1, *(int(n) for n in a.host_counts.split(","))}
+            layout = dataclasses.replace(layout, host_counts=tuple(n for n in layout.host_counts if n in wanted))
         with tempfile.TemporaryDirectory(prefix="mini-") as work:
-            res = run_layout(LAYOUTS[name], a, command, Path(work))
+            res = run_layout(layout, a, command, Path(work))
         assert res is not None
         if a.calibrate_only:
             calibrations[name] = {**res["calibration"], "cluster": res["cluster"]}
