@@ -62,29 +62,61 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def core_shares(cluster: CappedCluster, hosts: list[int], wall_s: float = 2.0) -> list[float]:
-    """Cores a busy loop gets on each of `hosts`, all running at once, over `wall_s` of wall time."""
+def core_ticks() -> dict[int, list[int]]:
+    """Per core, /proc/stat's counters: user nice system idle iowait irq softirq steal ..."""
+    rows = (line.split() for line in Path("/proc/stat").read_text().splitlines() if line.startswith("cpu"))
+    return {int(name[3:]): [int(v) for v in values] for name, *values in rows if name[3:].isdigit()}
+
+
+def stolen(before: dict[int, list[int]], after: dict[int, list[int]]) -> dict[int, float]:
+    """Per core, the fraction of the interval the hypervisor ran something else (steal time).
+
+    A virtual machine's core is not always its own: on a busy host the hypervisor takes time from the
+    guest's vCPUs, which no cgroup inside the guest can give back. The checks below hold the hosts to
+    their share of what the machine gave, and say how much it took.
+    """
+    shares = {}
+    for core, now in after.items():
+        delta = [b - a for a, b in zip(before[core], now, strict=True)][:8]
+        shares[core] = delta[7] / max(sum(delta), 1)
+    return shares
+
+
+def core_shares(cluster: CappedCluster, hosts: list[int],
+                wall_s: float = 2.0) -> tuple[list[float], dict[int, float]]:
+    """Cores a busy loop gets on each of `hosts`, all running at once, over `wall_s` of wall time;
+    and each core's stolen fraction over the same interval."""
     loops = [subprocess.Popen(cluster.exec_argv(i, BUSY)) for i in hosts]  # sh and nsenter exec: same PID
     try:
         time.sleep(0.3)
-        before, start = [cpu_seconds(p.pid) for p in loops], time.monotonic()
+        ticks, before, start = core_ticks(), [cpu_seconds(p.pid) for p in loops], time.monotonic()
         time.sleep(wall_s)
-        after, wall = [cpu_seconds(p.pid) for p in loops], time.monotonic() - start
+        after, wall, steal = [cpu_seconds(p.pid) for p in loops], time.monotonic() - start, stolen(ticks, core_ticks())
     finally:
         for p in loops:
             p.kill()
             p.wait()
-    return [(b - a) / wall for a, b in zip(before, after, strict=True)]
+    return [(b - a) / wall for a, b in zip(before, after, strict=True)], steal
+
+
+def host_core(i: int) -> int:
+    return CORES[i // 2]  # the half-core layout: hosts 0,1 on the first core, 2,3 on the second
 
 
 def test_a_half_core_host_gets_half_a_core(cluster: CappedCluster) -> None:
-    (share,) = core_shares(cluster, [0])
-    assert share == pytest.approx(0.5, abs=0.05)  # the core is otherwise free: the quota, not the core, caps it
+    (share,), steal = core_shares(cluster, [0])
+    # The core is otherwise free: the quota, not the core, caps it (unless the hypervisor took over half).
+    assert share == pytest.approx(min(0.5, 1 - steal[host_core(0)]), abs=0.05), f"steal per core: {steal}"
 
 
 def test_hosts_sharing_a_core_do_not_slow_each_other(cluster: CappedCluster) -> None:
-    shares = core_shares(cluster, [0, 1, 2, 3])  # two per core
-    assert shares == pytest.approx([0.5] * 4, abs=0.05)
+    shares, steal = core_shares(cluster, [0, 1, 2, 3])  # two per core
+    # Each gets half of its core: of all of it on a machine of its own; of what the hypervisor left
+    # on a shared one (a CI run, 1.6x slower than this machine throughout, got 0.41 and 0.32 per host:
+    # 18% and 36% of its two cores missing; it did not yet record the steal that would say why).
+    expected = [0.5 * (1 - steal[host_core(i)]) for i in range(4)]
+    assert shares == pytest.approx(expected, abs=0.05), f"steal per core: {steal}"
+    assert max(shares) <= 0.5 + 0.05  # the quota caps each host
 
 
 def test_each_host_runs_on_its_own_cpuset(cluster: CappedCluster) -> None:
@@ -111,15 +143,21 @@ def test_a_shaped_link_delivers_its_rate(cluster: CappedCluster) -> None:
                                 stdout=subprocess.PIPE, text=True)
     try:
         assert receiver.stdout is not None and receiver.stdout.readline().strip() == "ready"
+        ticks = core_ticks()
         sent = cluster.run(0, [sys.executable, "-c", SENDER, cluster.addr(1), "2.5"], timeout=30)
+        steal = stolen(ticks, core_ticks())
         assert sent.returncode == 0, sent.stderr
         received, seconds = receiver.stdout.readline().split()
     finally:
         receiver.kill()
         receiver.wait()
     gbps = int(received) * 8 / float(seconds) / 1e9
-    # tbf counts whole frames: TCP payload is 1448 of 1514 bytes on the wire (95.6% of the rate).
-    assert gbps == pytest.approx(LINK_GBPS, rel=0.10)
+    # tbf counts whole frames: TCP payload is 1448 of 1514 bytes on the wire (95.6% of the rate). Both ends
+    # share one core (hosts 0 and 1), and the kernel's copies and the bridge run on it: time the hypervisor
+    # takes from that core is time nothing feeds the link (0.80 Gbit/s in the CI run above), so the floor
+    # is the rate times the share of the core that was left.
+    left = 1 - steal[host_core(0)]
+    assert LINK_GBPS * 0.90 * left <= gbps <= LINK_GBPS * 1.10, f"{gbps:.3f} Gbit/s; steal per core: {steal}"
 
 
 def test_down_removes_its_groups_and_a_layout_that_does_not_fit_makes_nothing(tmp_path: Path) -> None:
