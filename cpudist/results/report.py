@@ -92,7 +92,8 @@ def group_parts(r: RunResult) -> tuple[str, ...]:
     """What must match for runs to compare: everything but the number of ranks."""
     length = f"{r.max_steps} steps" if r.max_steps is not None else f"{r.epochs:g} epochs"
     scaled = (f"lr-scaling={r.lr_scaling}",) if r.lr_scaling != "none" else ()
-    return (r.task, r.model, r.precision, r.backend, f"sync={r.sync}", *scaled,
+    frozen = ("frozen-embeddings",) if r.freeze_embeddings else ()  # another model's bytes and steps
+    return (r.task, r.model, r.precision, r.backend, f"sync={r.sync}", *frozen, *scaled,
             f"batch/rank={r.per_rank_batch_size}x{r.grad_accum}", f"seq={r.max_seq_len}", length)
 
 

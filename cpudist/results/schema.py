@@ -71,6 +71,7 @@ class RunResult:
     sync_options: dict[str, Any] = field(default_factory=dict)
     optimizer: str = "adamw"
     fast_dropout: bool = False  # dropout masks from cpudist/train/dropout.py (False: torch's, or an older run)
+    freeze_embeddings: bool = False  # --freeze-embeddings: the word-embedding table was not trained nor sent
     grad_bytes: int = 0  # one fp32 gradient of the trained parameters
     param_shapes: tuple[tuple[int, ...], ...] = ()  # of the trained parameters: what traffic.py needs to plan
     expected_tx_bytes_per_step: float = 0.0  # every node's interface together, per optimizer step (0: one node)

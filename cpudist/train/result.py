@@ -69,7 +69,8 @@ def build_result(job: Job, stats: TrainStats, metrics: dict[str, float], phases:
         resumed_from=restored.path if restored else None, parts=saver.parts,
         checkpoints={"folder": str(saver.folder), "written": stats.checkpoints, "s3": cfg.checkpoint_s3,
                      "keep": saver.keep} if stats.checkpoints or restored else {},
-        optimizer=cfg.optimizer, fast_dropout=cfg.fast_dropout, **_sync_fields(job, stats, rank_info, hosts),
+        optimizer=cfg.optimizer, fast_dropout=cfg.fast_dropout,
+        freeze_embeddings=cfg.freeze_embeddings, **_sync_fields(job, stats, rank_info, hosts),
     )
 
 

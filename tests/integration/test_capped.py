@@ -68,8 +68,8 @@ def core_ticks() -> dict[int, list[int]]:
     return {int(name[3:]): [int(v) for v in values] for name, *values in rows if name[3:].isdigit()}
 
 
-def stolen(before: dict[int, list[int]], after: dict[int, list[int]]) -> dict[int, float]:
-    """Per core, the fraction of the interval the hypervisor ran something else (steal time).
+def stolen(before: dict[int, list[int]], after: dict[int, list[int]], column: int = 7) -> dict[int, float]:
+    """Per core, the fraction of the interval the hypervisor ran something else (steal time; column 3: idle).
 
     A virtual machine's core is not always its own: on a busy host the hypervisor takes time from the
     guest's vCPUs, which no cgroup inside the guest can give back. The checks below hold the hosts to
@@ -78,20 +78,22 @@ def stolen(before: dict[int, list[int]], after: dict[int, list[int]]) -> dict[in
     shares = {}
     for core, now in after.items():
         delta = [b - a for a, b in zip(before[core], now, strict=True)][:8]
-        shares[core] = delta[7] / max(sum(delta), 1)
+        shares[core] = round(delta[column] / max(sum(delta), 1), 3)
     return shares
 
 
 def core_shares(cluster: CappedCluster, hosts: list[int],
                 wall_s: float = 2.0) -> tuple[list[float], dict[int, float]]:
     """Cores a busy loop gets on each of `hosts`, all running at once, over `wall_s` of wall time;
-    and each core's stolen fraction over the same interval."""
+    and each core's stolen fraction over the same interval (printed with the idle one, for a failure's note)."""
     loops = [subprocess.Popen(cluster.exec_argv(i, BUSY)) for i in hosts]  # sh and nsenter exec: same PID
     try:
         time.sleep(0.3)
         ticks, before, start = core_ticks(), [cpu_seconds(p.pid) for p in loops], time.monotonic()
         time.sleep(wall_s)
-        after, wall, steal = [cpu_seconds(p.pid) for p in loops], time.monotonic() - start, stolen(ticks, core_ticks())
+        after, wall, end = [cpu_seconds(p.pid) for p in loops], time.monotonic() - start, core_ticks()
+        steal = stolen(ticks, end)
+        print(f"steal per core {steal}, idle per core {stolen(ticks, end, column=3)}")
     finally:
         for p in loops:
             p.kill()

@@ -127,6 +127,9 @@ def test_speed_levers_train_the_same_model(shared_data: Path, tmp_path: Path) ->
     fresh = build_model("tiny", 2, False, 0.0).state_dict()
     assert torch.equal(frozen[table], fresh[table])  # ...the frozen run kept its initial one
     assert not torch.equal(frozen["classifier.weight"], fresh["classifier.weight"])
+    recorded = {name: json.loads((tmp_path / name / "result.json").read_text()) for name in ("frozen", "eager")}
+    assert recorded["frozen"]["freeze_embeddings"] is True and recorded["eager"]["freeze_embeddings"] is False
+    assert recorded["frozen"]["grad_bytes"] < recorded["eager"]["grad_bytes"]  # the table's bytes are not sent
 
     r = cpudist("run", *mrpc(shared_data), "--ppn", "auto", "--max-steps", "1", "--dry-run")
     assert r.returncode == 0, r.stderr

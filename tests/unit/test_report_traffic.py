@@ -72,6 +72,14 @@ def test_strategies_are_separate_groups_each_with_its_traffic_table() -> None:
     assert md.count("Gradient sync and traffic:") == 2 and "sync=ddp+bf16" in md
 
 
+def test_frozen_embeddings_are_their_own_group() -> None:
+    """A run that trains without the embedding table moves fewer bytes: it is not a point of the full model's curve."""
+    rows = scaling_rows([synced(1, 31.0), synced(4, 88.0), synced(4, 97.0, freeze_embeddings=True)])
+    frozen = [r for r in rows if "frozen-embeddings" in r.group]
+    assert len(frozen) == 1 and frozen[0].speedup == pytest.approx(1.0)  # no 1-node run of its own: its own base
+    assert [r.speedup for r in rows if r not in frozen] == pytest.approx([1.0, 88.0 / 31.0])
+
+
 def test_csv_and_json_carry_the_traffic_columns() -> None:
     rows = scaling_rows([synced(1, 31.0), synced(4, 88.0, measured_off=0.17)])
     table = list(csv.DictReader(io.StringIO(render_csv(rows))))
