@@ -28,7 +28,7 @@ def effective_lr(cfg: TrainConfig, world: int) -> float:
     sqrt: the gentler rule often used with Adam. Local SGD as well: each rank steps on its own batch, but the
     average of the ranks' steps is what the model keeps, which moves it as far as one step on the global batch
     (4 ranks, MRPC, 3 epochs: 69.9% unscaled (one seed), 77.1% at x4, 77.9% at x8 against 79.4% on 1 rank, medians of
-    benchmarks/results/accuracy-scaling-amx-bf16.md).
+    benchmarks/results/accuracy-scaling.md).
     """
     if cfg.lr_scaling == "none" or world == 1:
         return cfg.lr
