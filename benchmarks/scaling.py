@@ -74,6 +74,8 @@ ARMS: dict[str, tuple[str, ...]] = {
     "local-sgd:8+freeze-emb": ("--sync", "local-sgd", "--sync-every", "8", "--freeze-embeddings"),
     "local-sgd:8+mv+bf16": ("--sync", "local-sgd", "--sync-every", "8", "--average-moments", "both",
                             "--grad-compression", "bf16"),
+    "local-sgd:10+mv+bf16": ("--sync", "local-sgd", "--sync-every", "10", "--average-moments", "both",
+                             "--grad-compression", "bf16"),
     "ddp+lr-sqrt": ("--lr-scaling", "sqrt"),  # for the accuracy runs: the same speed as ddp
 }
 SPEED_SKIP = ("ddp+lr-sqrt",)  # arms that train at ddp's speed: accuracy runs only
@@ -87,6 +89,26 @@ KEEP = ("steady_samples_per_s", "train_samples_per_s", "train_time_s", "steps", 
 
 def arm_flags(arm: str, steps: int) -> list[str]:
     return [f.replace(WARMUP, str(max(1, round(steps / 10)))) for f in ARMS.get(arm, ARMS["ddp"])]
+
+
+def more_steps(settings: dict[str, Any]) -> str:
+    """The arms whose speed runs took more steps than --steps (arm_steps), for the result's settings line."""
+    more = {arm: n for arm, n in settings.get("arm_steps", {}).items() if n != settings["steps"]}
+    return f" ({', '.join(f'{arm}: {n}, to hold its averages' for arm, n in more.items())})" if more else ""
+
+
+def arm_steps(arm: str, steps: int) -> int:
+    """Steps of an arm's speed runs: `steps`, or more for local SGD when its averages would be rarer in the steady
+    steps (past the first WARMUP_STEPS_EXCLUDED) than once per K: a K=10 run of 8 steps holds none there and
+    would read as fast as no sync at all. Averages fall on the multiples of K (a --local-sgd-warmup arm's
+    synchronous steps only add exchanges)."""
+    flags = ARMS.get(arm, ())
+    if "--sync-every" not in flags:
+        return steps
+    k, n = int(flags[flags.index("--sync-every") + 1]), steps
+    while (n // k - WARMUP_STEPS_EXCLUDED // k) * k < n - WARMUP_STEPS_EXCLUDED:
+        n += 1
+    return n
 
 
 def tokens_per_sample(steps_jsonl: Path) -> float | None:
@@ -133,9 +155,10 @@ def speed_runs(cluster: Any, layout: Layout, a: argparse.Namespace, work: Path, 
             for arm, n in speed_cells(layout, a.arms, share):
                 if arm == UNSHAPED:
                     cluster = shaped(cluster, None)
-                flags = arm_flags("ddp" if arm in (BASE, UNSHAPED) else arm, a.steps)
+                steps = arm_steps(arm, a.steps)
+                flags = arm_flags("ddp" if arm in (BASE, UNSHAPED) else arm, steps)
                 # Seeds differ per repeat, so medians also average over which batch lengths the steps drew.
-                r = train(cluster, work, a.lock_each, model, n, flags, ["--max-steps", str(a.steps)], False,
+                r = train(cluster, work, a.lock_each, model, n, flags, ["--max-steps", str(steps)], False,
                           seed=42 + repeat)
                 if arm == UNSHAPED:
                     cluster = shaped(cluster, link)
@@ -302,7 +325,8 @@ def markdown(res: dict[str, Any]) -> str:
              "Every number here comes from capped hosts that do not compete for cores (one rank per host, "
              f"cpusets and quotas above); links `{res['calibration']['tbf']}` unless marked unshaped.", "",
              f"Settings: fp32, batch 32 per rank, every row 128 tokens (synthetic task: the blog pads MRPC rows to "
-             f"128), {s['steps']} steps without eval per speed run, {s['repeats']} alternated repeat(s); "
+             f"128), {s['steps']} steps without eval per speed run{more_steps(s)}, "
+             f"{s['repeats']} alternated repeat(s); "
              f"arms: {', '.join(s['arms'])}. Speedup: median steady samples/s over the 1-host run's (plain training, "
              "one rank); efficiency = speedup / hosts; blog: the blog's c6i speedup at that node count.", ""]
     for model, summary in res["speed"].items():
@@ -376,7 +400,8 @@ def run_layout(layout: Layout, a: argparse.Namespace, command: str, work: Path) 
                 "versions": first["versions"], "code": code_version(), "calibration": cal,
                 "calibration_from": str(a.calibration or ""), "cluster": cluster.describe(),
                 "settings": {"quick": a.quick, "steps": a.steps, "repeats": a.repeats, "arms": a.arms,
-                             "models": a.models, "arm_flags": {arm: arm_flags(arm, a.steps) for arm in a.arms}},
+                             "models": a.models, "arm_flags": {arm: arm_flags(arm, a.steps) for arm in a.arms},
+                             "arm_steps": {arm: arm_steps(arm, a.steps) for arm in a.arms}},
                 "speed": speed, "gloo_share": {m: gloo_share(s) for m, s in speed.items()},
                 "best_arm": best, "accuracy": acc, "blog_speedup": BLOG_SPEEDUP, "plan": plan, "runs": runs}
 
