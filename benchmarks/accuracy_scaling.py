@@ -60,6 +60,9 @@ ARMS: dict[str, tuple[int, tuple[str, ...]]] = {
     # K=10: 10 x 2 / 3 = 6.7x fewer bytes than ddp's fp32 gradients, where K=8 with both moments is 5.3x
     "local-sgd:10+mv+bf16 lr x8": (4, ("--sync", "local-sgd", "--sync-every", "10", "--average-moments", "both",
                                        "--grad-compression", "bf16", "--lr", "1e-4", "--lr-scaling", "linear")),
+    # the second moment at every other average: 2.5 models at half the bytes per 8 steps, 6.4x fewer than ddp
+    "local-sgd:8+m+v/2+bf16 lr x8": (4, (*LOCAL, "--average-moments", "both", "--second-moment-every", "2",
+                                         "--grad-compression", "bf16", "--lr", "1e-4", "--lr-scaling", "linear")),
     "local-sgd:8+v+bf16 lr x8": (4, (*LOCAL, "--average-moments", "second", "--grad-compression", "bf16", "--lr",
                                      "1e-4", "--lr-scaling", "linear")),
     "local-sgd:8+m+bf16 lr x4": (4, (*LOCAL, "--average-moments", "first", "--grad-compression", "bf16",

@@ -76,6 +76,8 @@ ARMS: dict[str, tuple[str, ...]] = {
                             "--grad-compression", "bf16"),
     "local-sgd:10+mv+bf16": ("--sync", "local-sgd", "--sync-every", "10", "--average-moments", "both",
                              "--grad-compression", "bf16"),
+    "local-sgd:8+m+v/2+bf16": ("--sync", "local-sgd", "--sync-every", "8", "--average-moments", "both",
+                               "--second-moment-every", "2", "--grad-compression", "bf16"),
     "ddp+lr-sqrt": ("--lr-scaling", "sqrt"),  # for the accuracy runs: the same speed as ddp
 }
 SPEED_SKIP = ("ddp+lr-sqrt",)  # arms that train at ddp's speed: accuracy runs only

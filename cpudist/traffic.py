@@ -43,6 +43,7 @@ class SyncSpec:
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     moments: str = "none"  # local-sgd: AdamW's moments averaged with the parameters: none | first | second | both
+    second_moment_every: int = 1  # local-sgd: the second moment joins every J-th average only (it moves slowly)
 
     @property
     def label(self) -> str:
@@ -51,6 +52,8 @@ class SyncSpec:
             return f"ddp+{self.compression}" + (f":{self.powersgd_rank}" if self.compression == "powersgd" else "")
         if self.strategy == "local-sgd":
             moments = {"none": "", "first": "+m", "second": "+v", "both": "+mv"}[self.moments]
+            if self.second_moment_every > 1 and self.moments in ("second", "both"):  # +m+v/2: v every other average
+                moments = ("+m" if self.moments == "both" else "") + f"+v/{self.second_moment_every}"
             wire = "" if self.compression == "none" else f"+{self.compression}"
             return f"{'diloco' if self.outer == 'nesterov' else 'local-sgd'}:{self.sync_every}{moments}{wire}"
         return self.strategy
@@ -121,9 +124,12 @@ def expected_traffic(sync: SyncSpec, shapes: Sequence[Sequence[int]], world: int
     if sync.strategy == "local-sgd":
         warm = min(sync.warmup_steps, steps)
         averages = math.ceil((steps - warm) / max(1, sync.sync_every))  # the last one at the end of training
-        # the parameters (or, on a 16-bit wire, their changes) and the moments averaged with them
-        tensors = 1 + {"none": 0, "first": 1, "second": 1, "both": 2}[sync.moments]
-        plan = [(warm, grads), (averages, tensors * payload_bytes(shapes, sync.compression))]
+        # the parameters (or, on a 16-bit wire, their changes) and the moments averaged with them; the second
+        # moment only with every J-th average (the i-th average takes it when J divides i)
+        first, second = sync.moments in ("first", "both"), sync.moments in ("second", "both")
+        wire = payload_bytes(shapes, sync.compression)
+        plan = [(warm, grads), (averages, (1 + first) * wire),
+                (averages // max(1, sync.second_moment_every), second * wire)]
     elif sync.strategy == "ddp" and sync.compression == "powersgd":
         start = min(sync.powersgd_start, steps)
         plan = [(start, grads), (steps - start, payload_bytes(shapes, "powersgd", sync.powersgd_rank))]

@@ -109,7 +109,7 @@ def check_sync(cfg: TrainConfig) -> None:
     """Knobs of one strategy given with another are mistakes: say so before anything starts."""
     defaults = TrainConfig(task=cfg.task, output_dir="")
     local_only = ("sync_every", "local_sgd_warmup", "outer_optimizer", "outer_lr", "outer_momentum",
-                  "average_moments")
+                  "average_moments", "second_moment_every")
     given = [k for k in local_only if getattr(cfg, k) != getattr(defaults, k)]
     if cfg.sync != "local-sgd" and given:
         flag = "--" + given[0].replace("_", "-")
@@ -118,6 +118,10 @@ def check_sync(cfg: TrainConfig) -> None:
     if cfg.sync == "local-sgd" and cfg.grad_compression not in ("none", "bf16"):
         raise BadInput(f"--grad-compression {cfg.grad_compression}: local SGD averages in fp32 (none) or bf16",
                        "Use --grad-compression bf16 with --sync local-sgd, or --sync ddp for PowerSGD")
+    if cfg.second_moment_every > 1 and cfg.average_moments not in ("second", "both"):
+        raise BadInput(f"--second-moment-every {cfg.second_moment_every}: the second moment is not averaged "
+                       f"(--average-moments {cfg.average_moments})",
+                       "Add --average-moments both (or second), or drop --second-moment-every")
     if cfg.sync not in ("ddp", "local-sgd") and cfg.grad_compression != "none":
         raise BadInput(f"--grad-compression applies to --sync ddp and local-sgd, not {cfg.sync}",
                        "Use --sync ddp (or local-sgd) with it, or drop --grad-compression")
@@ -239,6 +243,9 @@ def summary(r: RunResult) -> str:
 @click.option("--outer-momentum", type=click.FloatRange(0, 1, max_open=True), default=0.9, show_default=True)
 @click.option("--average-moments", type=click.Choice(MOMENTS), default="none", show_default=True,
               help="local-sgd: also average AdamW's first moment, its second, or both at each average.")
+@click.option("--second-moment-every", type=click.IntRange(min=1), default=1, show_default=True,
+              help="local-sgd with --average-moments second|both: average the second moment at every J-th "
+              "average only (it changes slowly: fewer bytes).")
 @click.option("--lr-scaling", type=click.Choice(LR_SCALINGS), default="none", show_default=True,
               help="Scale --lr (given for one rank's batch) with the global batch: linear (x ranks, Goyal et al.) "
               "or sqrt (x sqrt(ranks)). Local SGD too: averaging the ranks' steps moves the model by their mean, "

@@ -90,6 +90,7 @@ class TrainConfig:
     local_sgd_warmup: int = 0  # local-sgd: synchronous (gradient-averaging) steps first
     outer_optimizer: str = "none"  # local-sgd: none | nesterov (DiLoCo)
     average_moments: str = "none"  # local-sgd: none | first | second | both (AdamW's moments averaged too)
+    second_moment_every: int = 1  # local-sgd: the second moment joins only every J-th average
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
 

@@ -40,7 +40,7 @@ def spec_of(cfg: TrainConfig, total_steps: int) -> SyncSpec:
     start = max(2, round(POWERSGD_START_SHARE * total_steps))
     return SyncSpec(cfg.sync, compression, rank, start, cfg.bucket_cap_mb, cfg.sync_every,
                     cfg.local_sgd_warmup if cfg.sync == "local-sgd" else 0, cfg.outer_optimizer, cfg.outer_lr,
-                    cfg.outer_momentum, cfg.average_moments)
+                    cfg.outer_momentum, cfg.average_moments, cfg.second_moment_every)
 
 
 @dataclass
@@ -253,6 +253,7 @@ class LocalSGD(Strategy):
         self.anchor: list[torch.Tensor] = []
         self.outer: torch.optim.Optimizer | None = None
         self.synced_at = 0
+        self.averages = 0  # made in this process (a resumed run counts again: every rank alike)
         if spec.outer == "nesterov" or self.wire is not None:
             self.anchor = [p.detach().clone() for p in self.trained]  # the model at the last sync
         if spec.outer == "nesterov":
@@ -273,6 +274,7 @@ class LocalSGD(Strategy):
         if local <= 0 or not due or step == self.synced_at:
             return
         self.synced_at = step
+        self.averages += 1
         with torch.no_grad():
             mean = self._averaged()
             if self.outer is not None:
@@ -300,9 +302,13 @@ class LocalSGD(Strategy):
         return [c.add_(a) for c, a in zip(changes, self.anchor, strict=True)]
 
     def _moments(self) -> list[torch.Tensor]:
-        """AdamW's moments to average with the parameters (--average-moments), in the parameters' order."""
+        """AdamW's moments to average with the parameters (--average-moments), in the parameters' order; the
+        second one (an average of squared gradients over ~1000 steps, which K steps barely move) only at every
+        --second-moment-every J-th average."""
         keys = {"none": (), "first": ("exp_avg",), "second": ("exp_avg_sq",),
                 "both": ("exp_avg", "exp_avg_sq")}[self.spec.moments]
+        if self.averages % self.spec.second_moment_every:
+            keys = tuple(k for k in keys if k != "exp_avg_sq")
         if not keys or self.optimizer is None:
             return []
         state = self.optimizer.state

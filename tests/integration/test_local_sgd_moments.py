@@ -5,7 +5,8 @@ others'; the average at step K must leave every rank with the mean of what the r
 the parameters always, the first moment with `first`, both moments with `both`, the rest untouched, and
 every rank the very same model. A mean that sums without dividing, or leaves a rank out, gives other
 numbers than the mean computed here. With a bf16 wire the ranks send their changes since the last average
-in bf16: the mean then holds to bf16's precision of the changes, not of the parameters.
+in bf16: the mean then holds to bf16's precision of the changes, not of the parameters. With
+--second-moment-every J the second moment is averaged at every J-th average only, and left alone at the others.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Linear(4, 2))  # the same start on every rank
 opt = torch.optim.AdamW(model.parameters(), lr=0.01, fused=True)
 k = int(sys.argv[2])
-spec = SyncSpec("local-sgd", sync_every=k, moments=sys.argv[1], compression=sys.argv[3], bucket_cap_mb=1e-4)
+j = int(sys.argv[4])
+spec = SyncSpec("local-sgd", sync_every=k, moments=sys.argv[1], compression=sys.argv[3], bucket_cap_mb=1e-4,
+                second_moment_every=j)
 strategy = sync.make(model, spec, world)
 strategy.use(opt)
 torch.manual_seed(100 + rank)  # each rank its own data
@@ -39,26 +42,29 @@ def held():
     return {"p": [p.detach().flatten().tolist() for p in model.parameters()],
             "m": [st[p]["exp_avg"].flatten().tolist() for p in model.parameters()],
             "v": [st[p]["exp_avg_sq"].flatten().tolist() for p in model.parameters()]}
-for step in range(1, k + 1):
+averages = []
+for step in range(1, k * j + 1):  # J averages: the last one takes the second moment
     model(torch.randn(8, 5)).pow(2).mean().backward()
     strategy.gradients(step)
     opt.step()
     opt.zero_grad(set_to_none=True)
     before = held()
     strategy.parameters(step)
-after = held()
+    if step % k == 0:
+        averages.append({"before": before, "after": held()})
 out = [None] * world
-dist.all_gather_object(out, {"before": before, "after": after})
+dist.all_gather_object(out, averages)
 if rank == 0:
     print(json.dumps(out))
 dist.destroy_process_group()
 """
 
 
-def ranks(moments: str, wire: str, world: int) -> list[dict[str, dict[str, list[list[float]]]]]:
+def ranks(moments: str, wire: str, world: int, j: int = 1) -> list[list[dict[str, dict[str, list[list[float]]]]]]:
+    """Per rank, per average: what it held just before and just after."""
     env = {**os.environ, "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
            "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", RANK, moments, str(K), wire], stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, "-c", RANK, moments, str(K), wire, str(j)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env={**env, "RANK": str(r)}) for r in range(world)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0] * world, [err[-2000:] for _, err in outs]
@@ -77,7 +83,18 @@ def mean(held: list[list[list[float]]]) -> list[float]:
                          [("none", "p", "none"), ("first", "pm", "none"), ("both", "pmv", "none"),
                           ("both", "pmv", "bf16")])
 def test_the_average_leaves_every_rank_the_mean_of_what_it_asks_for(moments: str, averaged: str, wire: str) -> None:
-    got = ranks(moments, wire, world=3)
+    check_average([r[-1] for r in ranks(moments, wire, world=3)], moments, averaged, wire)
+
+
+def test_the_second_moment_joins_every_jth_average_only() -> None:
+    got = ranks("both", "bf16", world=3, j=2)
+    assert [len(r) for r in got] == [2, 2, 2]
+    check_average([r[0] for r in got], "both", "pm", "bf16")  # the first average leaves v to each rank
+    check_average([r[1] for r in got], "both", "pmv", "bf16")  # the second takes it
+
+
+def check_average(got: list[dict[str, dict[str, list[list[float]]]]], moments: str, averaged: str, wire: str) -> None:
+    """Each rank's `after` holds the mean of the ranks' `before` for the keys in `averaged`, its own for the rest."""
     # bf16 keeps 8 bits of each change (and moment): 2^-8 of a change of at most 3 steps x lr 0.01
     rel, abs_ = (1e-5, 1e-9) if wire == "none" else (1e-2, 3e-2 * 2**-7)
     for key in "pmv":

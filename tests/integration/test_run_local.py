@@ -173,6 +173,8 @@ BAD_INPUTS = [
     (["run", "mrpc", "--model", "tiny", "--sync", "local-sgd", "--grad-compression", "powersgd"],
      "local SGD averages in fp32 (none) or bf16"),
     (["run", "mrpc", "--model", "tiny", "--average-moments", "both"], "--average-moments applies to --sync local-sgd"),
+    (["run", "mrpc", "--model", "tiny", "--sync", "local-sgd", "--average-moments", "first", "--second-moment-every",
+      "2"], "the second moment is not averaged"),
     (["run", "mrpc", "--model", "tiny", "--grad-compression", "zstd"], "not one of none, bf16, fp16, powersgd"),
 ]
 
