@@ -22,7 +22,7 @@ from cpudist.launch.tools import free_port
 
 K = 3
 RANK = r"""
-import json, sys, torch, torch.distributed as dist
+import json, os, sys, torch, torch.distributed as dist
 from cpudist.train import sync
 from cpudist.traffic import SyncSpec
 dist.init_process_group("gloo")
@@ -55,8 +55,12 @@ for step in range(1, k * j + 1):  # J averages: the last one takes the second mo
 out = [None] * world
 dist.all_gather_object(out, averages)
 if rank == 0:
-    print(json.dumps(out))
-dist.destroy_process_group()
+    print(json.dumps(out), flush=True)
+# Leave without tearing gloo down: a rank destroying its group while a peer still closes its own aborted
+# now and then ("terminate called without an active exception", 2 of some 40 runs here; the trainer's own
+# way out is cpudist.train.dist.shutdown_distributed). What this test checks was gathered above.
+dist.barrier()
+os._exit(0)
 """
 
 
