@@ -40,6 +40,8 @@ MRPC = HERE.parent.parent / "shared" / "data" / "glue" / "MRPC"
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # resolved to the pip-packaged copy offline
 BASE = "1 rank"
 LOCAL = ("--sync", "local-sgd", "--sync-every", "8")
+X8 = ("--lr", "1e-4", "--lr-scaling", "linear")  # 2x one rank's lr, then x4 ranks
+MV_BF16 = ("--average-moments", "both", "--grad-compression", "bf16")
 # arm -> (ranks, flags beside the common ones)
 ARMS: dict[str, tuple[int, tuple[str, ...]]] = {
     BASE: (1, ()),
@@ -50,28 +52,25 @@ ARMS: dict[str, tuple[int, tuple[str, ...]]] = {
     "local-sgd:8 lr x4": (4, (*LOCAL, "--lr-scaling", "linear")),
     "diloco:8 lr x4": (4, (*LOCAL, "--outer-optimizer", "nesterov", "--lr-scaling", "linear")),
     "local-sgd:8 lr x6": (4, (*LOCAL, "--lr", "7.5e-5", "--lr-scaling", "linear")),
-    "local-sgd:8 lr x8": (4, (*LOCAL, "--lr", "1e-4", "--lr-scaling", "linear")),
+    "local-sgd:8 lr x8": (4, (*LOCAL, *X8)),
     "local-sgd:8 lr x12": (4, (*LOCAL, "--lr", "1.5e-4", "--lr-scaling", "linear")),
     "local-sgd:8 lr x16": (4, (*LOCAL, "--lr", "2e-4", "--lr-scaling", "linear")),
-    "local-sgd:8+m lr x8": (4, (*LOCAL, "--average-moments", "first", "--lr", "1e-4", "--lr-scaling", "linear")),
-    "local-sgd:8+mv lr x8": (4, (*LOCAL, "--average-moments", "both", "--lr", "1e-4", "--lr-scaling", "linear")),
-    "local-sgd:8+mv+bf16 lr x8": (4, (*LOCAL, "--average-moments", "both", "--grad-compression", "bf16", "--lr", "1e-4",
-                                      "--lr-scaling", "linear")),
+    "local-sgd:8+m lr x8": (4, (*LOCAL, "--average-moments", "first", *X8)),
+    "local-sgd:8+mv lr x8": (4, (*LOCAL, "--average-moments", "both", *X8)),
+    "local-sgd:8+mv+bf16 lr x8": (4, (*LOCAL, *MV_BF16, *X8)),
     # K=10: 10 x 2 / 3 = 6.7x fewer bytes than ddp's fp32 gradients, where K=8 with both moments is 5.3x
-    "local-sgd:10+mv+bf16 lr x8": (4, ("--sync", "local-sgd", "--sync-every", "10", "--average-moments", "both",
-                                       "--grad-compression", "bf16", "--lr", "1e-4", "--lr-scaling", "linear")),
+    "local-sgd:10+mv+bf16 lr x8": (4, ("--sync", "local-sgd", "--sync-every", "10", *MV_BF16, *X8)),
     # the second moment at every other average: 2.5 models at half the bytes per 8 steps, 6.4x fewer than ddp
     "local-sgd:8+m+v/2+bf16 lr x8": (4, (*LOCAL, "--average-moments", "both", "--second-moment-every", "2",
-                                         "--grad-compression", "bf16", "--lr", "1e-4", "--lr-scaling", "linear")),
-    "local-sgd:8+v+bf16 lr x8": (4, (*LOCAL, "--average-moments", "second", "--grad-compression", "bf16", "--lr",
-                                     "1e-4", "--lr-scaling", "linear")),
+                                         "--grad-compression", "bf16", *X8)),
+    "local-sgd:8+v+bf16 lr x8": (4, (*LOCAL, "--average-moments", "second", "--grad-compression", "bf16", *X8)),
     "local-sgd:8+m+bf16 lr x4": (4, (*LOCAL, "--average-moments", "first", "--grad-compression", "bf16",
                                      "--lr-scaling", "linear")),
     "local-sgd:8 lr x4 +3 sync steps": (4, (*LOCAL, "--local-sgd-warmup", "3", "--lr-scaling", "linear")),
     "diloco:8 outer-lr 4 no momentum": (4, (*LOCAL, "--outer-optimizer", "nesterov", "--outer-lr", "4",
                                               "--outer-momentum", "0")),
-    "ddp lr x8": (4, ("--lr", "1e-4", "--lr-scaling", "linear")),
-    "ddp+freeze-emb lr x8": (4, ("--freeze-embeddings", "--lr", "1e-4", "--lr-scaling", "linear")),
+    "ddp lr x8": (4, X8),
+    "ddp+freeze-emb lr x8": (4, ("--freeze-embeddings", *X8)),
     "ddp batch 8": (4, ("--batch-size", "8")),  # the 1-rank run's global batch and steps
     "local-sgd:8 batch 8": (4, (*LOCAL, "--batch-size", "8")),
 }

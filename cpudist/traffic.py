@@ -129,7 +129,7 @@ def expected_traffic(sync: SyncSpec, shapes: Sequence[Sequence[int]], world: int
         first, second = sync.moments in ("first", "both"), sync.moments in ("second", "both")
         wire = payload_bytes(shapes, sync.compression)
         plan = [(warm, grads), (averages, (1 + first) * wire),
-                (averages // max(1, sync.second_moment_every), second * wire)]
+                (averages // sync.second_moment_every, second * wire)]
     elif sync.strategy == "ddp" and sync.compression == "powersgd":
         start = min(sync.powersgd_start, steps)
         plan = [(start, grads), (steps - start, payload_bytes(shapes, "powersgd", sync.powersgd_rank))]
