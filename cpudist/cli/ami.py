@@ -8,6 +8,7 @@ import click
 
 from cpudist.cli.cluster import _caller_cidr, _name, region_option, say
 from cpudist.cloud.aws.client import ec2_client, ssm_client
+from cpudist.cloud.aws.pricing import hourly_price
 from cpudist.errors import BadInput, CpudistError
 from cpudist.images import BAKE_MINUTES, BakeSpec, bake, ubuntu_image
 from cpudist.validate import check_ssh_cidr
@@ -22,20 +23,32 @@ def ami() -> None:
 @click.option("--name", default="cpudist-base", show_default=True, callback=_name, help="Name of the new AMI.")
 @click.option("--base-image", help="AMI to start from [default: the current Ubuntu 24.04 LTS, from SSM].")
 @region_option
-@click.option("--instance-type", default="c6i.large", show_default=True)
-@click.option("--subnet")
+@click.option("--instance-type", default="c6i.large", show_default=True, help="Instance type of the builder.")
+@click.option("--subnet", help="Subnet of the builder [default: the default VPC's first].")
 @click.option("--ssh-cidr", help="Who may SSH to the builder to upload cpudist [default: your address/32].")
 @click.option("--user", default="ubuntu", show_default=True, help="Login name of the base image.")
-@click.option("--connect", type=click.Choice(["public", "private"]), default="public", show_default=True)
-@click.option("--timeout", type=click.FloatRange(min=1), default=3600, show_default=True)
+@click.option("--connect", type=click.Choice(["public", "private"]), default="public", show_default=True,
+              help="Reach the builder by public address, or private (from inside the VPC).")
+@click.option("--timeout", type=click.FloatRange(min=1), default=3600, show_default=True,
+              help="Seconds the whole bake may take before it is stopped and cleaned up.")
 @click.option("--yes", is_flag=True, help="Do not ask before spending money.")
+@click.option("--dry-run", is_flag=True, help="Show the base image, the builder, its price and the steps; make "
+              "nothing.")
 def build(name: str, base_image: str | None, region: str, endpoint_url: str | None, instance_type: str,
-          subnet: str | None, ssh_cidr: str | None, user: str, connect: str, timeout: float, yes: bool) -> None:
+          subnet: str | None, ssh_cidr: str | None, user: str, connect: str, timeout: float, yes: bool,
+          dry_run: bool) -> None:
     """Bake an AMI: a builder runs ami/bootstrap.sh with this cpudist's wheel, powers off, is imaged."""
     cidr = check_ssh_cidr(ssh_cidr) if ssh_cidr else _caller_cidr()
     ec2 = ec2_client(region, endpoint_url)
     base = base_image or ubuntu_image(ssm_client(region, endpoint_url))
     say(f"building {name} from {base} on a {instance_type} (about {BAKE_MINUTES} min); it powers off when done")
+    if dry_run:
+        price = hourly_price(ec2, instance_type, region, False, None).usd_per_hour
+        cost = "unknown" if price is None else f"about ${price * BAKE_MINUTES / 60:.2f}"
+        say(f"would make a key pair and a security group (SSH from {cidr}) for the builder, launch one on-demand "
+            f"{instance_type} ({cost}) that runs ami/bootstrap.sh with a wheel of this cpudist, image it as {name}, "
+            "then remove the builder, its key pair and its group")
+        return
     if not yes:
         if not sys.stdin.isatty():
             raise BadInput("not asking for confirmation without a terminal", "Pass --yes to go ahead")

@@ -6,7 +6,6 @@ import dataclasses
 import json
 import os
 import sys
-import tomllib
 import urllib.request
 from collections import Counter
 from datetime import UTC, datetime
@@ -19,6 +18,8 @@ from rich.table import Table
 
 from cpudist import __version__, state
 from cpudist import cluster as lib
+from cpudist.cli.defaults import config_option
+from cpudist.cli.options import output_options
 from cpudist.cloud.aws import instances
 from cpudist.cloud.aws.client import ec2_client, ssm_client
 from cpudist.cloud.aws.images import newest_base_image
@@ -33,17 +34,6 @@ from cpudist.validate import check_endpoint_url, check_ssh_cidr
 
 def say(text: str) -> None:
     click.echo(f"[cpudist] {text}", err=True)
-
-
-def _load_config(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
-    """Values from a TOML file become defaults: the command line and CPUDIST_* variables still win."""
-    if value is not None:
-        try:
-            data = tomllib.loads(value.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as e:
-            raise BadInput(f"cannot read {value}: {e}", "Give a TOML file (see examples/cluster.toml)") from None
-        ctx.default_map = {k.replace("-", "_"): v for k, v in data.get("cluster", data).items()}
-    return value
 
 
 def _caller_cidr() -> str:
@@ -72,7 +62,7 @@ def region_option(f: Any) -> Any:
     f = click.option("--endpoint-url", callback=_endpoint, help="EC2-compatible endpoint [default: boto3's "
                                                                 "settings, AWS_ENDPOINT_URL(_EC2)].")(f)
     return click.option("--region", default=lambda: os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
-                        show_default="AWS_DEFAULT_REGION or us-east-1")(f)
+                        show_default="AWS_DEFAULT_REGION or us-east-1", help="AWS region.")(f)
 
 
 @click.group()
@@ -81,15 +71,16 @@ def cluster() -> None:
 
 
 @cluster.command()
-@click.option("--config", type=click.Path(exists=True, dir_okay=False, path_type=Path), callback=_load_config,
-              is_eager=True, expose_value=False, help="TOML file of defaults (see examples/cluster.toml).")
+@config_option
 @name_option
-@click.option("--nodes", type=click.IntRange(min=1), required=True)
+@click.option("--nodes", type=click.IntRange(min=1), required=True,
+              help="Instances in the cluster (node 0 is the head).")
 @region_option
-@click.option("--instance-type", default="c6i.16xlarge", show_default=True)
+@click.option("--instance-type", default="c6i.16xlarge", show_default=True, help="EC2 instance type of every node.")
 @click.option("--image", help="AMI to boot [default: the newest from `cpudist ami build` for this version; "
                                "built first when there is none].")
-@click.option("--spot/--on-demand", default=True, show_default=True)
+@click.option("--spot/--on-demand", default=True, show_default=True, help="Spot instances (cheaper, reclaimable "
+              "with two minutes' notice) or on-demand.")
 @click.option("--max-price", help="Highest spot price per hour [default: the on-demand price].")
 @click.option("--on-demand-fallback", is_flag=True, help="Launch on-demand when spot capacity is refused.")
 @click.option("--ssh-cidr", help="Who may SSH in [default: your public address/32].")
@@ -98,7 +89,8 @@ def cluster() -> None:
 @click.option("--identity", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Private key of --key-name.")
 @click.option("--subnet", help="Subnet for every node [default: the default VPC's first].")
-@click.option("--placement-group/--no-placement-group", default=True, show_default=True)
+@click.option("--placement-group/--no-placement-group", default=True, show_default=True,
+              help="Put the nodes in a `cluster` placement group (one rack: the fastest links between them).")
 @click.option("--user", default="ubuntu", show_default=True, help="Login name of the image.")
 @click.option("--connect", type=click.Choice(["public", "private"]), default="public", show_default=True,
               help="Reach nodes by public address, or private (from a bastion inside the VPC).")
@@ -108,7 +100,8 @@ def cluster() -> None:
 @click.option("--ssh/--no-ssh", default=True, show_default=True,
               help="Wait for SSH and set up password-less SSH between nodes.")
 @click.option("--keep-on-failure", is_flag=True, help="Leave what a failed run created, for debugging.")
-@click.option("--boot-timeout", type=click.FloatRange(min=1), default=900, show_default=True)
+@click.option("--boot-timeout", type=click.FloatRange(min=1), default=900, show_default=True,
+              help="Seconds to wait for the nodes to run and answer SSH.")
 @click.option("--yes", is_flag=True, help="Do not ask before spending money.")
 @click.option("--dry-run", is_flag=True, help="Show the price and what would be made; make nothing.")
 def up(name: str, nodes: int, region: str, endpoint_url: str | None, ssh_cidr: str | None, yes: bool,
@@ -206,14 +199,14 @@ def _uptime(launch_time: str) -> str:
 @cluster.command()
 @name_option
 @region_option
-@click.option("--json", "as_json", is_flag=True)
-def status(name: str, region: str, endpoint_url: str | None, as_json: bool) -> None:
+@output_options()
+def status(name: str, region: str, endpoint_url: str | None, fmt: str) -> None:
     """Nodes, states, private and public addresses, spot or on-demand, price, uptime and cost so far."""
     nodes = instances.find_nodes(ec2_client(region, endpoint_url), name, role=None)
     record = lib.load_record(name)
     prices = {n.instance_id: n.usd_per_hour for n in record.nodes} if record else {}
     cost = lib.cost_so_far(nodes, record)
-    if as_json:
+    if fmt == "json":
         rows = [{**n.__dict__, "usd_per_hour": prices.get(n.instance_id)} for n in nodes]
         click.echo(json.dumps({"name": name, "nodes": rows, "cost_so_far_usd": cost}, default=str, indent=2))
         return

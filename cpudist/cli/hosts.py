@@ -10,6 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from cpudist.cli.options import output_options
 from cpudist.errors import CpudistError
 from cpudist.hosts.bench import DEFAULT_SIZES, BenchResult, Probe, human, parse_sizes, probe_spec, run_probe, save
 from cpudist.hosts.doctor import doctor as run_doctor
@@ -17,6 +18,7 @@ from cpudist.hosts.doctor import usable_text
 from cpudist.hosts.hostfile import check_resolvable, read_hostfile, render_hostfile
 from cpudist.hosts.keys import local_cluster_dir
 from cpudist.hosts.setup import forget as forget_host
+from cpudist.hosts.setup import setup_plan
 from cpudist.hosts.setup import ssh_setup as run_ssh_setup
 from cpudist.launch.plan import LAUNCHERS, Launch, RunSpec
 from cpudist.launch.plan import plan as plan_launch
@@ -26,7 +28,8 @@ hostfile_option = click.option("--hostfile", type=click.Path(path_type=Path), re
 user_option = click.option("--user", help="Login name on the nodes [default: yours].")
 identity_option = click.option("--identity", type=click.Path(exists=True, dir_okay=False),
                                help="Private key that logs in to every node [default: ssh-agent, ~/.ssh].")
-port_option = click.option("--port", type=click.IntRange(1, 65535), default=22, show_default=True)
+port_option = click.option("--port", type=click.IntRange(1, 65535), default=22, show_default=True,
+                           help="SSH port of every node.")
 
 
 def console() -> Console:
@@ -44,10 +47,16 @@ def hosts() -> None:
 @user_option
 @identity_option
 @port_option
-def ssh_setup(hostfile: Path, user: str | None, identity: str | None, port: int) -> None:
+@click.option("--dry-run", is_flag=True, help="Show the nodes, the key and the files it would install; connect to "
+              "nothing and write nothing.")
+def ssh_setup(hostfile: Path, user: str | None, identity: str | None, port: int, dry_run: bool) -> None:
     """Install one cluster key so every node can ssh to every other node (host keys pinned)."""
     nodes = read_hostfile(hostfile)
     check_resolvable(nodes)
+    if dry_run:
+        for line in setup_plan(nodes, user, identity, port):
+            click.echo(line)
+        return
     results = run_ssh_setup(nodes, user, identity, port)
     table = Table("node", "home", "reaches", "fails")
     for r in results:
@@ -67,14 +76,14 @@ def ssh_setup(hostfile: Path, user: str | None, identity: str | None, port: int)
 @port_option
 @click.option("--launcher-program", default="mpiexec.hydra", show_default=True,
               help="Program every node must have (mpiexec.hydra, mpirun, torchrun).")
-@click.option("--json", "as_json", is_flag=True)
+@output_options()
 def doctor(hostfile: Path, user: str | None, identity: str | None, port: int, launcher_program: str,
-           as_json: bool) -> None:
+           fmt: str) -> None:
     """Check every node against the head: SSH, versions, CPU features, cores, usable cores (affinity mask and
     cgroup quota: what its ranks size their threads by), memory, launcher."""
     nodes = read_hostfile(hostfile)
     reports = run_doctor(nodes, user, identity, port, launcher_program)
-    if as_json:
+    if fmt == "json":
         click.echo(json.dumps([{"host": r.host, "ok": r.ok, "problems": r.problems, "facts": r.facts}
                                for r in reports], indent=2))
     else:
@@ -139,7 +148,8 @@ def _print_bench(result: BenchResult, path: Path) -> None:
               help="Bytes per all-reduce (fp32), comma-separated: KB/MB/GB are powers of 10, KiB/MiB/GiB of 2.")
 @click.option("--iters", type=click.IntRange(min=1), default=10, show_default=True,
               help="Timed all-reduces per size (the median is kept).")
-@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Untimed all-reduces per size before the timed ones.")
 @click.option("--launcher", "--mpi", "launcher", type=click.Choice([x for x in LAUNCHERS if x != "torchrun"]),
               default="auto", show_default=True, help="auto: the MPI of --mpirun, else MPICH's Hydra.")
 @click.option("--mpirun", type=click.Path(dir_okay=False), help="The launcher program (mpiexec.hydra or mpirun).")
@@ -148,10 +158,10 @@ def _print_bench(result: BenchResult, path: Path) -> None:
 @click.option("--timeout", type=click.FloatRange(min=1), default=600, show_default=True,
               help="Stop the probe after this many seconds.")
 @click.option("--dry-run", is_flag=True, help="Print the launch; run nothing.")
-@click.option("--json", "as_json", is_flag=True)
+@output_options()
 def bench(hostfile: Path, ppn: int, sizes: tuple[int, ...], iters: int, warmup: int, launcher: str,
           mpirun: str | None, ssh: str | None, iface: str | None, timeout: float, dry_run: bool,
-          as_json: bool) -> None:
+          fmt: str) -> None:
     """All-reduce bandwidth between the hostfile's nodes (run on the head), kept for `cpudist plan`.
 
     Bus bandwidth is bytes x 2(N-1)/N / time, as nccl-tests define it: the rate each node's link
@@ -166,7 +176,7 @@ def bench(hostfile: Path, ppn: int, sizes: tuple[int, ...], iters: int, warmup: 
             return
         result = run_probe(probe, spec, launch, timeout, lambda line: click.echo(line, err=True))
     path = save(result)
-    if as_json:
+    if fmt == "json":
         click.echo(json.dumps({**result.to_dict(), "path": str(path)}, indent=2))
     else:
         _print_bench(result, path)

@@ -12,6 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from cpudist.cli.options import output_options
 from cpudist.errors import BadInput
 from cpudist.hosts.bench import human, newest_bench, read_bench
 from cpudist.results import planner
@@ -119,7 +120,8 @@ CPU_NOTE = ("note: without measured multi-node runs in the sources the model lea
 @click.option("--price", type=click.FloatRange(min=0), help="USD per node-hour [default: the run's, if it has one].")
 @click.option("--steps", type=click.IntRange(min=1), help="Work: as many samples as this many steps of the run.")
 @click.option("--epochs", type=click.FloatRange(min=0, min_open=True), help="Work: epochs of the run's data.")
-@click.option("--powersgd-rank", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--powersgd-rank", type=click.IntRange(min=1), default=2, show_default=True,
+              help="PowerSGD: the rank of its low-rank gradient approximation.")
 @click.option("--local-sgd-k", type=click.IntRange(min=1), default=8, show_default=True,
               help="Local SGD: steps between model averages.")
 @click.option("--overlap", type=click.FloatRange(0, 1),
@@ -129,11 +131,11 @@ CPU_NOTE = ("note: without measured multi-node runs in the sources the model lea
 @click.option("--run-id", help="Plan from this 1-node run [default: the newest 1-node run in the sources].")
 @click.option("--validate", "only_validate", is_flag=True,
               help="Only compare predicted with measured speedup of the multi-node runs in the sources.")
-@click.option("--json", "as_json", is_flag=True)
+@output_options()
 def plan(sources: tuple[Path, ...], node_counts: tuple[int, ...], link_gbps: float | None, bench_file: Path | None,
          latency_ms: float, price: float | None, steps: int | None, epochs: float | None, powersgd_rank: int,
          local_sgd_k: int, overlap: float | None, sync_cpu: float | None, run_id: str | None, only_validate: bool,
-         as_json: bool) -> None:
+         fmt: str) -> None:
     """Predict step time, speedup, time and cost at N nodes for each sync strategy, from a 1-node run.
 
     SOURCES (result.json files, run folders, ledgers) default to the ledger. The model is in
@@ -149,7 +151,7 @@ def plan(sources: tuple[Path, ...], node_counts: tuple[int, ...], link_gbps: flo
         if not checked:
             raise BadInput("the sources hold no multi-node run with a comparable 1-node run",
                            "Pass the ledger or run folders of a 1-node run and multi-node runs of the same job")
-        if as_json:
+        if fmt == "json":
             click.echo(json.dumps([asdict(r) for r in checked], indent=2))
         else:
             print_validation(checked, unchecked)
@@ -166,7 +168,7 @@ def plan(sources: tuple[Path, ...], node_counts: tuple[int, ...], link_gbps: flo
     c_runs = tuple(dict.fromkeys(i for _, ids in fitted.values() for i in ids))
     rows = planner.plan(base, node_counts, syncs, link, f, samples, c)
     rec = planner.recommend(rows)
-    if as_json:
+    if fmt == "json":
         out = _as_json(chosen, why, base, link, link_from, f, f_runs, rows, rec, checked)
         click.echo(json.dumps({**out, "sync_cpu": {"s_per_byte": c, "runs": list(c_runs)}}, indent=2))
         return

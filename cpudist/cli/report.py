@@ -9,6 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from cpudist.cli.options import output_options
 from cpudist.errors import BadInput
 from cpudist.results.ledger import default_ledger, load_sources
 from cpudist.results.report import (
@@ -27,9 +28,7 @@ from cpudist.results.schema import RunResult
 FORMATS = ("table", "md", "csv", "json")
 
 
-def format_option(f: click.decorators.FC) -> click.decorators.FC:
-    return click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
-                        help="table (terminal), md, csv or json.")(f)
+format_option = output_options(FORMATS, "table")
 
 
 def plot_option(f: click.decorators.FC) -> click.decorators.FC:

@@ -10,8 +10,10 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from cpudist.cli.options import SectionedCommand
 from cpudist.cli.report import format_option, plot_option, show_report
 from cpudist.cli.run import run
+from cpudist.cli.run_options import SECTIONS
 from cpudist.errors import BadInput, CpudistError, JobFailed, Preempted
 from cpudist.hosts.hostfile import read_hostfile
 from cpudist.launch.sweep import Where, check_series, default_sweep_dir, parse_counts, run_dirs
@@ -21,7 +23,7 @@ from cpudist.results.schema import RunResult
 # run's options that a series sets itself for each count, and as what run sees them: --np left to
 # follow --nodes x --ppn (run's own rule, --ppn auto included); --output-dir of the sweep holds the runs'
 SET_PER_RUN = {"np_": ParameterSource.DEFAULT, "nodes": ParameterSource.COMMANDLINE,
-               "output_dir": ParameterSource.COMMANDLINE, "as_json": ParameterSource.DEFAULT}
+               "output_dir": ParameterSource.COMMANDLINE, "fmt": ParameterSource.DEFAULT}
 
 
 class _Counts(click.ParamType):
@@ -69,7 +71,8 @@ def _same_kind(e: CpudistError) -> type[CpudistError]:
     return next((c for c in (BadInput, Preempted, JobFailed) if c.exit_code == e.exit_code), JobFailed)
 
 
-@click.command(params=[p for p in run.params if p.name not in SET_PER_RUN])
+@click.command(cls=SectionedCommand, params=[p for p in run.params if p.name not in SET_PER_RUN],
+               sections={"Sweep": ("counts", "output_dir", "fmt", "plot"), **SECTIONS})
 @click.option("--nodes", "counts", type=_Counts(), required=True,
               help="Node counts to run, e.g. 1,2,4 (smallest first: the baseline of the others).")
 @click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path),
@@ -110,6 +113,3 @@ def sweep(ctx: click.Context, counts: tuple[int, ...], output_dir: Path | None, 
     if done:
         show_report(done, fmt, plot)
 
-
-# --help: the sweep's own options first, then run's
-sweep.params.sort(key=lambda p: (isinstance(p, click.Option), p.name not in ("counts", "output_dir", "fmt", "plot")))

@@ -110,6 +110,22 @@ def ssh_setup(hosts: Sequence[Host], user: str | None, identity: str | None, por
     return result
 
 
+def setup_plan(hosts: Sequence[Host], user: str | None, identity: str | None, port: int = 22,
+               key_folder: Path | None = None) -> list[str]:
+    """What `ssh_setup` would do, as lines: nothing is connected to or written."""
+    folder = key_folder or local_cluster_dir()
+    key = folder / "id_ed25519"
+    login = user or getpass.getuser()
+    lines = [f"# key: {key} ({'exists, reused' if key.is_file() else 'would be made (ed25519, mode 0600)'})",
+             f"# host keys pinned on first contact in {folder / 'known_hosts'}",
+             f"# connect as {login} on port {port} with {identity or 'ssh-agent and ~/.ssh keys'} to:"]
+    lines += [f"{h.name}" for h in hosts]
+    lines += [f"# on each: ~/{CLUSTER_DIR}/{{id_ed25519,id_ed25519.pub,known_hosts,ssh_config,ssh}}, the key's public "
+              "half appended to ~/.ssh/authorized_keys, then every node tries ssh to every other",
+              f"# here: {folder / 'ssh_config'} and {folder / 'ssh'} (the launchers' ssh)"]
+    return lines
+
+
 def forget(host: str, known_hosts: Path | None = None) -> bool:
     """Drop a host's pinned key (after a deliberate reinstall); True if there was one."""
     path = known_hosts or local_cluster_dir() / "known_hosts"

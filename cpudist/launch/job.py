@@ -24,7 +24,7 @@ from cpudist.launch.outcome import check, fetch_from_rank0, record
 from cpudist.launch.outcome import failed_host as failed_host  # where it lived before outcome.py
 from cpudist.launch.plan import Launch, RunSpec, check_layout
 from cpudist.launch.slurm import SlurmOptions
-from cpudist.launch.tools import find_library, free_port, is_this_machine, resolve_launcher
+from cpudist.launch.tools import free_port, is_this_machine, pick_allocator, pick_openmp, resolve_launcher
 from cpudist.results.schema import RunResult
 from cpudist.train import resume
 from cpudist.train.config import TrainConfig
@@ -85,10 +85,6 @@ def preflight(cfg: TrainConfig) -> bool:
     return False
 
 
-ALLOCATORS = {"tcmalloc": ("libtcmalloc.so.4", "libtcmalloc_minimal.so.4", "libtcmalloc.so"),
-              "jemalloc": ("libjemalloc.so.2", "libjemalloc.so")}
-
-
 @dataclass(frozen=True)
 class Placement:
     """Where ranks go and how the launcher reaches the nodes."""
@@ -99,42 +95,6 @@ class Placement:
     ssh: str | None = None  # default: the cluster key's wrapper from `hosts ssh-setup`, else ssh
     oversubscribe: bool = False
     iface: str | None = None
-
-
-# Measured (benchmarks/README.md, "Levers"): tcmalloc matched or beat glibc's malloc, jemalloc lost 12-16%,
-# so auto preloads tcmalloc when installed and never falls back to jemalloc.
-ALLOCATOR_AUTO = ("tcmalloc",)
-
-
-def pick_allocator(name: str) -> str | None:
-    """Path of the allocator to preload: `auto` takes tcmalloc when installed, else glibc's malloc."""
-    if name == "none":
-        return None
-    for kind in ALLOCATOR_AUTO if name == "auto" else (name,):
-        found = find_library(ALLOCATORS[kind])
-        if found:
-            return found
-    if name != "auto":
-        raise BadInput(f"{name} is not installed", f"Install it (apt-get install lib{name}...) or use --allocator auto")
-    return None
-
-
-IOMP = ("libiomp5.so",)
-# Measured (benchmarks/README.md, "Levers"): Intel's OpenMP did not beat torch's GNU OpenMP here, so
-# auto keeps GNU's unless asked; `intel` preloads libiomp5 with the blog's KMP settings.
-OPENMP_AUTO = "gnu"
-
-
-def pick_openmp(name: str) -> str | None:
-    """Path of Intel's libiomp5 to preload, or None for torch's own GNU OpenMP."""
-    choice = OPENMP_AUTO if name == "auto" else name
-    if choice == "gnu":
-        return None
-    found = find_library(IOMP)
-    if found is None:
-        raise BadInput("--openmp intel: libiomp5.so is not installed",
-                       "pip install intel-openmp (into the Python that runs cpudist), or use --openmp gnu")
-    return found
 
 
 def host_key_problem(name: str, stderr: str) -> tuple[str, str] | None:

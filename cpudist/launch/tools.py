@@ -108,3 +108,43 @@ def find_library(names: tuple[str, ...]) -> str | None:
             if (folder / name).is_file():
                 return str(folder / name)
     return None
+
+
+ALLOCATORS = {"tcmalloc": ("libtcmalloc.so.4", "libtcmalloc_minimal.so.4", "libtcmalloc.so"),
+              "jemalloc": ("libjemalloc.so.2", "libjemalloc.so")}
+
+
+# Measured (benchmarks/README.md, "Levers"): tcmalloc matched or beat glibc's malloc, jemalloc lost 12-16%,
+# so auto preloads tcmalloc when installed and never falls back to jemalloc.
+ALLOCATOR_AUTO = ("tcmalloc",)
+
+
+def pick_allocator(name: str) -> str | None:
+    """Path of the allocator to preload: `auto` takes tcmalloc when installed, else glibc's malloc."""
+    if name == "none":
+        return None
+    for kind in ALLOCATOR_AUTO if name == "auto" else (name,):
+        found = find_library(ALLOCATORS[kind])
+        if found:
+            return found
+    if name != "auto":
+        raise BadInput(f"{name} is not installed", f"Install it (apt-get install lib{name}...) or use --allocator auto")
+    return None
+
+
+IOMP = ("libiomp5.so",)
+# Measured (benchmarks/README.md, "Levers"): Intel's OpenMP did not beat torch's GNU OpenMP here, so
+# auto keeps GNU's unless asked; `intel` preloads libiomp5 with the blog's KMP settings.
+OPENMP_AUTO = "gnu"
+
+
+def pick_openmp(name: str) -> str | None:
+    """Path of Intel's libiomp5 to preload, or None for torch's own GNU OpenMP."""
+    choice = OPENMP_AUTO if name == "auto" else name
+    if choice == "gnu":
+        return None
+    found = find_library(IOMP)
+    if found is None:
+        raise BadInput("--openmp intel: libiomp5.so is not installed",
+                       "pip install intel-openmp (into the Python that runs cpudist), or use --openmp gnu")
+    return found

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from cpudist.cpu import parse_cpuinfo
 from cpudist.errors import BadInput
-from cpudist.launch import job
+from cpudist.launch import tools as job
 from cpudist.launch.env import auto_ppn, threads_per_rank
 from cpudist.train.features import Encoded, collate
 from cpudist.train.loop import TrainStats, _optimizer

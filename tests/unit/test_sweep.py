@@ -49,9 +49,11 @@ def test_each_count_gets_its_folder() -> None:
 
 def test_sweep_takes_every_run_option_but_the_per_run_ones() -> None:
     ours = {p.name for p in sweep.params}
-    assert {p.name for p in run.params} - ours == {"np_", "nodes", "as_json"}  # --nodes and --output-dir: its own
-    assert set(SET_PER_RUN) == {"np_", "nodes", "output_dir", "as_json"}
-    assert {p.name for p in sweep.params} - {p.name for p in run.params} == {"counts", "fmt", "plot"}
+    assert {p.name for p in run.params} - ours == {"np_", "nodes"}  # --nodes, --output-dir, --format: its own
+    assert set(SET_PER_RUN) == {"np_", "nodes", "output_dir", "fmt"}
+    assert {p.name for p in sweep.params} - {p.name for p in run.params} == {"counts", "plot"}
+    formats = {o: p.type.choices for p in sweep.params if p.name == "fmt" for o in p.opts if o == "--format"}
+    assert formats == {"--format": ("table", "md", "csv", "json")}  # the report's formats, not run's
     assert {"counts", "output_dir", "fmt", "plot", "launcher", "hostfile", "ppn"} <= ours
 
 

@@ -1,0 +1,51 @@
+"""What every command shares at the front door: machine-output options, option sections in --help.
+
+One rule for machine output: a command that prints results takes `--format` with its formats, and
+`--json` is the same as `--format json` everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import click
+
+
+def output_options(formats: Sequence[str] = ("text", "json"), default: str = "text") -> Callable[[Any], Any]:
+    """`--format {formats}` and its shorthand `--json`, both into the parameter `fmt`."""
+
+    def decorate(f: Any) -> Any:
+        f = click.option("--json", "fmt", flag_value="json", help="Same as --format json.")(f)
+        shown = ", ".join(formats)
+        return click.option("--format", "fmt", type=click.Choice(formats), default=default, show_default=True,
+                            help=f"Output: {shown}.")(f)
+
+    return decorate
+
+
+class SectionedCommand(click.Command):
+    """A command whose --help lists options under headings: `sections` maps a heading to parameter names.
+
+    Options not named in any section are listed last, under "Other options".
+    """
+
+    def __init__(self, *args: Any, sections: dict[str, Sequence[str]] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sections = sections or {}
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(p.name, record) for p in self.get_params(ctx)
+                if isinstance(p, click.Option) and (record := p.get_help_record(ctx)) is not None]
+        placed: set[str | None] = set()
+        for heading, names in self.sections.items():
+            fresh = [n for n in names if n not in placed]  # a name listed under an earlier heading stays there
+            records = [record for n in fresh for name, record in rows if name == n]  # --format and --json share one
+            placed.update(fresh)
+            if records:
+                with formatter.section(heading):
+                    formatter.write_dl(records)
+        rest = [record for name, record in rows if name not in placed]
+        if rest:
+            with formatter.section("Other options"):
+                formatter.write_dl(rest)

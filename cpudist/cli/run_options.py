@@ -1,0 +1,245 @@
+"""The options of `cpudist run` (and of each run of `cpudist sweep`), in the sections its --help shows."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from cpudist.cli.defaults import config_option
+from cpudist.cli.options import output_options
+from cpudist.cli.slurm_options import slurm_options
+from cpudist.errors import BadInput
+from cpudist.launch.env import AUTO_PPN_WHY, parse_env_pairs
+from cpudist.launch.plan import LAUNCHERS
+from cpudist.launch.tools import OPENMP_AUTO
+from cpudist.traffic import STRATEGIES, parse_compression
+from cpudist.train.config import BACKENDS, LR_SCALINGS, MOMENTS, OPTIMIZERS, PRECISIONS, SAMPLERS
+from cpudist.train.durable import parse_s3_url
+from cpudist.train.tasks import normalize_task, task_names
+from cpudist.validate import check_imds
+
+
+class _Ppn(click.ParamType):
+    """A positive rank count, or `auto`."""
+
+    name = "N|auto"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | str:
+        if value == "auto" or (isinstance(value, int) and value >= 1):
+            return value
+        if isinstance(value, str) and value.isdigit() and int(value) >= 1:
+            return int(value)
+        self.fail(f"{value!r} is neither a positive count nor auto", param, ctx)
+
+
+PPN = _Ppn()
+
+
+def _task(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    return normalize_task(value)
+
+
+def _complete_task(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
+    return [t for t in task_names() if t.startswith(incomplete.lower())]
+
+
+def _env(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    try:
+        return parse_env_pairs(value)
+    except ValueError as e:
+        raise BadInput(f"--env {e} is not of the form KEY=VALUE", "Write it as --env NAME=value") from None
+
+
+def _s3(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None:
+        parse_s3_url(value)
+    return value
+
+
+def _imds(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    return check_imds(value)
+
+
+def _compression(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    parse_compression(value)
+    return value
+
+
+OPTIONS: list[Callable[[Any], Any]] = [
+    click.argument("task", callback=_task, shell_complete=_complete_task),
+    click.option("--np", "np_", type=click.IntRange(min=1), default=1, show_default=True, help="Ranks in all."),
+    click.option("--ppn", type=PPN, help="Ranks per node [default: --np, on this machine]; auto: ranks and threads "
+                 "per rank from this node's cores (" + AUTO_PPN_WHY + ")."),
+    click.option("--nodes", type=click.IntRange(min=1), help="Nodes to use: --np becomes nodes x --ppn."),
+    click.option("--hostfile", type=click.Path(path_type=Path),
+                 help="Nodes to run on, head first (run from the head) [default: this machine]."),
+    click.option("--cluster", "cluster_name", help="A cluster from `cpudist cluster up`: its nodes and price; "
+                 "run from anywhere (inputs are staged on the nodes, results come back here)."),
+    click.option("--head", "head_addr", help="With --hostfile, from outside the cluster: the address this machine "
+                 "reaches the head (first host) by."),
+    click.option("--user", help="With --head: login name on the head [default: yours]."),
+    click.option("--identity", type=click.Path(exists=True, dir_okay=False),
+                 help="With --head: private key that logs in to the head [default: the ssh-setup cluster key]."),
+    click.option("--remote-python", help="Python with cpudist on the nodes [default: /opt/cpudist/bin/python, "
+                 "python3.11, python3]."),
+    click.option("--stage-code", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True,
+                 help="Send a wheel of this cpudist to the nodes: when theirs differs (auto), always, or never."),
+    click.option("--launcher", "--mpi", "launcher", type=click.Choice(LAUNCHERS), default="auto", show_default=True,
+                 help="auto: srun inside a Slurm allocation, else the MPI of --mpirun, else MPICH's Hydra when "
+                 "installed, else torchrun. slurm: sbatch from a login node (srun inside an allocation); torchrun "
+                 "with --hostfile: one torchrun per host over SSH."),
+    slurm_options,
+    click.option("--mpirun", type=click.Path(dir_okay=False), help="The launcher program (mpiexec.hydra or mpirun)."),
+    click.option("--ssh", help="ssh program for the launcher [default: ~/.cpudist/cluster/ssh from ssh-setup]."),
+    click.option("--iface", help="Network interface between nodes (sets GLOO_SOCKET_IFNAME)."),
+    click.option("--allocator", type=click.Choice(["auto", "tcmalloc", "jemalloc", "none"]), default="auto",
+                 show_default=True, help="Preloaded memory allocator (auto: tcmalloc when installed)."),
+    click.option("--model", default="bert-base-uncased", show_default=True,
+                 help="Preset (tiny, minilm-l6, bert-base, distilbert-base, bert-large), local folder or Hub id."),
+    click.option("--tokenizer", help="Tokenizer source, when not the model's."),
+    click.option("--data-dir", type=click.Path(path_type=Path), help="GLUE task folder (TSV layout)."),
+    click.option("--train-file", type=click.Path(path_type=Path), help="Custom data: csv, tsv, txt (;), json, jsonl."),
+    click.option("--validation-file", type=click.Path(path_type=Path),
+                 help="Custom data: the evaluation rows, in the same format."),
+    click.option("--text-columns", help="Custom data: 1 or 2 columns, comma-separated [default: text]."),
+    click.option("--label-column", help="Custom data: the label column [default: label]."),
+    click.option("--max-seq-len", type=click.IntRange(8, 8192), default=128, show_default=True,
+                 help="Tokens per row at most (longer rows are cut; batches pad to their longest row)."),
+    click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True, help="Per rank."),
+    click.option("--eval-batch-size", type=click.IntRange(min=1), default=64, show_default=True,
+                 help="Rows per evaluation batch, per rank."),
+    click.option("--grad-accum", type=click.IntRange(min=1), default=1, show_default=True,
+                 help="Micro-batches per optimizer step (one exchange per step)."),
+    click.option("--epochs", type=click.FloatRange(min=0, min_open=True), default=3.0, show_default=True,
+                 help="Passes over the training rows (fractions allowed); --max-steps wins."),
+    click.option("--max-steps", type=click.IntRange(min=1), help="Stop after this many optimizer steps."),
+    click.option("--lr", type=click.FloatRange(min=0, min_open=True, max=10), default=2e-5, show_default=True,
+                 help="Peak learning rate, for one rank's batch (see --lr-scaling)."),
+    click.option("--weight-decay", type=click.FloatRange(min=0), default=0.01, show_default=True,
+                 help="AdamW's decoupled weight decay."),
+    click.option("--warmup-ratio", type=click.FloatRange(0, 1), default=0.1, show_default=True,
+                 help="Share of the steps with a linear lr warm-up (then linear decay to 0)."),
+    click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=42, show_default=True,
+                 help="Seed of the model head, the data order and dropout (seed + rank)."),
+    click.option("--precision", type=click.Choice(PRECISIONS), default="auto", show_default=True,
+                 help="auto: bf16 autocast where the CPU has native bf16, else fp32."),
+    click.option("--backend", type=click.Choice(BACKENDS), default="gloo", show_default=True,
+                 help="torch.distributed backend: gloo, or ccl (Intel's oneccl_bindings_for_pytorch)."),
+    click.option("--sampler", type=click.Choice(SAMPLERS), default="grouped", show_default=True,
+                 help="grouped: length-grouped global batches (less padding); random: DistributedSampler."),
+    click.option("--dropout", type=click.FloatRange(0, 1, max_open=True),
+                 help="Override the model's dropout (0 turns it off)."),
+    click.option("--max-train-samples", type=click.IntRange(min=1), help="Train on the first N rows only."),
+    click.option("--max-eval-samples", type=click.IntRange(min=1), help="Evaluate on the first N rows only."),
+    click.option("--synthetic-samples", type=click.IntRange(min=1), default=2048, show_default=True,
+                 help="Task synthetic: rows of random tokens (throughput runs)."),
+    click.option("--eval/--no-eval", "do_eval", default=True, show_default=True,
+                 help="Evaluate on the validation rows after training."),
+    click.option("--log-every", type=click.IntRange(min=1), default=10, show_default=True,
+                 help="Optimizer steps between lines of steps.jsonl and progress."),
+    click.option("--dist-timeout", type=click.IntRange(min=1), default=300, show_default=True,
+                 help="Seconds before a missing peer fails the job."),
+    click.option("--max-grad-norm", type=click.FloatRange(min=0), default=1.0, show_default=True,
+                 help="Clip the gradient norm (as HF Trainer does); 0 turns clipping off."),
+    click.option("--checkpoint-every", type=click.IntRange(min=1), help="Write a checkpoint every N optimizer steps."),
+    click.option("--checkpoint-every-min", type=click.FloatRange(min=0, min_open=True),
+                 help="Write a checkpoint every N minutes."),
+    click.option("--checkpoint-dir", help="Checkpoints folder on the head node [default: <run folder>/checkpoints]."),
+    click.option("--keep-checkpoints", type=click.IntRange(min=1), default=2, show_default=True,
+                 help="Checkpoints kept; older ones are deleted."),
+    click.option("--checkpoint-s3", callback=_s3,
+                 help="s3://bucket/prefix: a durable copy of every checkpoint (survives the head)."),
+    click.option("--resume", help="auto: go on from the newest usable checkpoint of the run folder (without "
+                 "--output-dir: the newest unfinished run of this task and model), if any; or a checkpoint path."),
+    click.option("--imds-endpoint", "imds", default="auto", show_default=True, callback=_imds,
+                 help="Instance metadata service polled for spot interruption notices: auto (AWS's, on EC2 "
+                 "only), off, or a URL."),
+    click.option("--on-preemption", type=click.Choice(["stop", "resume"]), default="stop", show_default=True,
+                 help="With --cluster: when a node is reclaimed, stop (and say how to resume) or replace it with "
+                 "`cluster up` and resume from the checkpoint."),
+    click.option("--freeze-embeddings", is_flag=True,
+                 help="Do not train the word-embedding table (half of MiniLM's gradient bytes and AdamW work)."),
+    click.option("--compile", is_flag=True, help="torch.compile the model (batches padded to multiples of 32 "
+                 "tokens; kernels cached in ~/.cpudist/inductor across runs)."),
+    click.option("--fast-dropout/--torch-dropout", default=True, show_default=True,
+                 help="Dropout masks at a quarter of torch's RNG cost (same p and seeding; 1.2x a MiniLM step on "
+                 "AMX), or torch's own."),
+    click.option("--ipex", is_flag=True, help="Apply Intel Extension for PyTorch's optimize() (needs its matching "
+                 "torch; archived upstream in 2026)."),
+    click.option("--openmp", type=click.Choice(["auto", "intel", "gnu"]), default="auto", show_default=True,
+                 help="OpenMP runtime of the ranks: Intel's libiomp5 (pip install intel-openmp) with KMP_AFFINITY/"
+                 "KMP_BLOCKTIME, or torch's own GNU one (auto: " + OPENMP_AUTO + ", the faster one measured here)."),
+    click.option("--sync", type=click.Choice(STRATEGIES), default="ddp", show_default=True,
+                 help="How ranks agree: ddp (buckets all-reduced during backward), allreduce (one flattened "
+                 "all-reduce after backward), gather-scatter (through rank 0), local-sgd (average parameters every "
+                 "--sync-every)."),
+    click.option("--bucket-cap-mb", type=click.FloatRange(min=0, min_open=True), default=25.0, show_default=True,
+                 help="Size of DDP's gradient buckets and of local SGD's averaging buckets."),
+    click.option("--grad-compression", default="none", show_default=True, callback=_compression,
+                 help="ddp: none, bf16, fp16 or powersgd[:RANK] (DDP communication hooks); local-sgd: none or bf16 "
+                 "(the averages cross the wire as bf16 changes since the last one)."),
+    click.option("--sync-every", type=click.IntRange(min=1), default=8, show_default=True,
+                 help="local-sgd: optimizer steps between parameter averages (K)."),
+    click.option("--local-sgd-warmup", type=click.IntRange(min=0), default=0, show_default=True,
+                 help="local-sgd: synchronous (gradient-averaging) steps before the first local one."),
+    click.option("--outer-optimizer", type=click.Choice(["none", "nesterov"]), default="none", show_default=True,
+                 help="local-sgd: nesterov applies the averaged change with an outer Nesterov SGD (DiLoCo)."),
+    click.option("--outer-lr", type=click.FloatRange(min=0, min_open=True), default=0.7, show_default=True,
+                 help="DiLoCo (--outer-optimizer nesterov): the outer learning rate."),
+    click.option("--outer-momentum", type=click.FloatRange(0, 1, max_open=True), default=0.9, show_default=True,
+                 help="DiLoCo: the outer Nesterov momentum."),
+    click.option("--average-moments", type=click.Choice(MOMENTS), default="none", show_default=True,
+                 help="local-sgd: also average AdamW's first moment, its second, or both at each average."),
+    click.option("--second-moment-every", type=click.IntRange(min=1), default=1, show_default=True,
+                 help="local-sgd with --average-moments second|both: average the second moment at every J-th "
+                 "average only (fewer bytes; J=2 lost 11 accuracy points on MRPC in benchmarks/README.md)."),
+    click.option("--lr-scaling", type=click.Choice(LR_SCALINGS), default="none", show_default=True,
+                 help="Scale --lr (given for one rank's batch) with the global batch: linear (x ranks, Goyal et al.) "
+                 "or sqrt (x sqrt(ranks)). Local SGD too: averaging the ranks' steps moves the model by their mean, "
+                 "as one step on the global batch does."),
+    click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True,
+                 help="adamw (as HF Trainer), or sgd: plain SGD, linear in the gradient (for teaching and checks)."),
+    click.option("--output-dir", type=click.Path(path_type=Path), help="Run folder [default: runs/<task>-...]."),
+    click.option("--ledger", type=click.Path(path_type=Path),
+                 help="Results ledger [default: ~/.cpudist/results.jsonl]."),
+    click.option("--env", "env_pairs", multiple=True, callback=_env,
+                 help="Extra rank variable KEY=VALUE (repeatable)."),
+    click.option("--oversubscribe", is_flag=True, help="Allow more ranks per node than its cores."),
+    click.option("--timeout", type=click.FloatRange(min=1), help="Stop the job after this many seconds."),
+    click.option("--dry-run", is_flag=True, help="Print the command and environment; run nothing."),
+    output_options(),
+    click.option("--quiet", is_flag=True, help="No progress output."),
+    config_option,
+]
+
+
+def run_options(f: Any) -> Any:
+    """Add every option of `cpudist run` to a command, in the order --help lists them within a section."""
+    for option in reversed(OPTIONS):
+        f = option(f)
+    return f
+
+
+# --help lists the options under these headings (parameter names); anything unlisted comes last.
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "Where and how many ranks": ("np_", "ppn", "nodes", "hostfile", "launcher", "oversubscribe"),
+    "Model and data": ("model", "tokenizer", "data_dir", "train_file", "validation_file", "text_columns",
+                       "label_column", "max_seq_len", "max_train_samples", "max_eval_samples", "synthetic_samples"),
+    "Training": ("epochs", "max_steps", "batch_size", "grad_accum", "lr", "lr_scaling", "optimizer", "weight_decay",
+                 "warmup_ratio", "max_grad_norm", "seed", "precision", "dropout", "sampler", "freeze_embeddings",
+                 "do_eval", "eval_batch_size", "log_every"),
+    "Gradient sync": ("sync", "grad_compression", "bucket_cap_mb", "sync_every", "local_sgd_warmup", "average_moments",
+                      "second_moment_every", "outer_optimizer", "outer_lr", "outer_momentum", "backend",
+                      "dist_timeout"),
+    "Speed levers": ("fast_dropout", "allocator", "openmp", "compile", "ipex"),
+    "Launch": ("mpirun", "ssh", "iface", "env_pairs", "timeout"),
+    "Checkpoints and spot instances": ("checkpoint_every", "checkpoint_every_min", "checkpoint_dir",
+                                       "keep_checkpoints", "checkpoint_s3", "resume", "imds", "on_preemption"),
+    "From outside the cluster (AWS cluster or on-prem head)": ("cluster_name", "head_addr", "user", "identity",
+                                                               "remote_python", "stage_code"),
+    "Slurm (--launcher slurm)": ("partition", "time_limit", "account", "exclusive", "sbatch_args"),
+    "Output": ("output_dir", "ledger", "fmt", "quiet", "dry_run", "config"),
+}
