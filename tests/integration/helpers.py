@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
+import pytest
+
+T = TypeVar("T")
 CPUDIST = [sys.executable, "-m", "cpudist.cli"]
 
 
@@ -41,12 +50,68 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def read_until(proc: subprocess.Popen[str], marker: str) -> list[str]:
-    """The lines of a running command's output up to the first that holds `marker` (or to its end)."""
-    assert proc.stdout is not None
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if marker in line:
-            break
-    return seen
+def read_until(proc: subprocess.Popen[str], marker: str | None, timeout: float = 180) -> list[str]:
+    """The lines of a running command's output up to the first that holds `marker` (None: up to its end).
+
+    A thread reads, so the wait has a deadline: past `timeout` seconds, or at the end of the output
+    without the marker, the command is killed and the test fails with what it printed. Once the marker
+    is seen nothing reads on, so `communicate` may take the rest.
+    """
+    stdout = proc.stdout
+    assert stdout is not None, "read_until needs stdout=subprocess.PIPE"
+    seen: list[str] = []
+    found = threading.Event()
+    done = threading.Event()
+
+    def read() -> None:
+        try:
+            for line in stdout:
+                seen.append(line)
+                if marker is not None and marker in line:
+                    found.set()
+                    return
+        finally:
+            done.set()
+
+    threading.Thread(target=read, name=f"read_until {marker!r}", daemon=True).start()
+    ended = done.wait(timeout)
+    if ended and (marker is None or found.is_set()):
+        return seen
+    kill_tree(proc)  # ... which also ends the reader thread, at the end of the output
+    wanted = "the end of its output" if marker is None else f"a line with {marker!r}"
+    why = (f"its output ended (exit code {proc.returncode}) without {wanted}" if ended
+           else f"waited {timeout:g} s for {wanted}, then killed it")
+    pytest.fail(f"{why}; what it printed:\n{''.join(seen[:])[-8000:]}")
+
+
+def kill_tree(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL `proc` and every process below it (a launcher's ranks outlive a launcher killed alone)."""
+    if proc.poll() is not None:
+        return
+    for pid in descendants(proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=30)
+
+
+def output_of(proc: subprocess.Popen[str]) -> str:
+    """Exit code and output of `proc`, killed first with all below it if it still runs (for a failure's message)."""
+    kill_tree(proc)
+    out, err = proc.communicate(timeout=30)
+    return f"exit code {proc.returncode}\nstdout: {(out or '')[-4000:]}\nstderr: {(err or '')[-4000:]}"
+
+
+def wait_for(predicate: Callable[[], T | None], timeout: float, what: str,
+             detail: Callable[[], object] | None = None, interval: float = 0.05) -> T:
+    """Poll `predicate` until it returns a true value, and return that value.
+
+    Past `timeout` seconds the test fails: waited for `what`, with `detail()` (the state that says why).
+    """
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"waited {timeout:g} s for {what}" + (f": {detail()}" if detail else ""))
+        time.sleep(interval)
+    return value
