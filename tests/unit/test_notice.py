@@ -12,6 +12,7 @@ import pytest
 
 from cpudist.train.notice import ImdsUnreachable, Notice, NoticeWatcher, fetch_notice, on_ec2
 from tests.harness.imds import ACTION_PATH, TOKEN_PATH, ImdsServer
+from tests.integration.helpers import wait_for
 
 
 @pytest.fixture
@@ -97,33 +98,34 @@ def test_unreachable_raises() -> None:
 
 def test_watcher_sees_a_notice_posted_after_start(imds: ImdsServer) -> None:
     with NoticeWatcher(imds.url, interval_s=0.2) as watcher:
-        time.sleep(0.5)
-        assert watcher.notice is None and watcher.polls >= 2
+        wait_for(lambda: watcher.polls >= 2, 30, "two polls", lambda: f"{watcher.polls} polls")
+        assert watcher.notice is None
         imds.schedule("terminate")
-        deadline = time.monotonic() + 2.0
-        while watcher.notice is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert watcher.notice is not None and watcher.notice.action == "terminate"
+        notice = wait_for(lambda: watcher.notice, 30, "the watcher to see the notice")
+        assert notice.action == "terminate"
         imds.clear()
-        time.sleep(0.5)
-        assert watcher.notice is not None  # sticky: the node is going whatever IMDS says next
+        # Two more polls of the cleared service, or none can come (the watcher stops once it has a notice).
+        polls = watcher.polls
+        wait_for(lambda: watcher.polls >= polls + 2 or not watcher._thread.is_alive(), 30,
+                 "two polls after the notice was cleared, or the watcher to stop")
+        assert watcher.notice == notice  # sticky: the node is going whatever IMDS says next
     assert watcher.errors == 0
 
 
 def test_stop_is_prompt(imds: ImdsServer) -> None:
-    watcher = NoticeWatcher(imds.url, interval_s=60).start()
-    time.sleep(0.2)
+    """stop() wakes the watcher from its wait between polls: it takes a request's time, not the interval's."""
+    watcher = NoticeWatcher(imds.url, interval_s=600, timeout_s=2.0).start()
+    wait_for(lambda: watcher.polls >= 1, 30, "the first poll")  # then it waits out the interval
     started = time.monotonic()
-    watcher.stop()
-    assert time.monotonic() - started < 0.5
-    assert not watcher._thread.is_alive()
+    watcher.stop()  # joins for at most 2 * timeout_s + 1 s
+    assert not watcher._thread.is_alive(), "stop() left the watcher waiting out its interval"
+    # Not a speed check: a stop that waited for the interval would take 600 s, or leave the thread alive.
+    assert time.monotonic() - started < watcher.interval_s / 10
 
 
 def test_unreachable_endpoint_is_counted_not_raised(caplog: pytest.LogCaptureFixture) -> None:
     with NoticeWatcher(_closed_port(), interval_s=0.05) as watcher:
-        deadline = time.monotonic() + 3.0
-        while watcher.errors < 6 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: watcher.errors >= 6, 30, "six failed polls", lambda: f"{watcher.errors} errors")
         assert watcher._thread.is_alive()
     assert watcher.errors >= 6 and watcher.notice is None
     said = [r for r in caplog.records if "in a row failed" in r.getMessage()]
