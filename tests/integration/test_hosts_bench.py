@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.netns import NetnsCluster, missing_requirements
+from tests.harness.steal import CpuWindow
 from tests.integration.helpers import CPUDIST, cpudist
 from tests.unit.test_planner import run as result_of
 
@@ -42,7 +43,8 @@ def test_bench_measures_the_shaped_link_and_plan_takes_its_rate(cluster: NetnsCl
     assert "-np 2 -ppn 1" in dry.stdout and "cpudist.hosts.bench_rank --sizes 1000000,8000000" in dry.stdout
     cluster.shape(f"tbf rate {int(RATE_GBPS * 1000)}mbit burst 256kb latency 50ms")
     try:
-        r = cluster.run(0, [*bench, "--json"], timeout=120)
+        with CpuWindow() as cpu:
+            r = cluster.run(0, [*bench, "--json"], timeout=120)
     finally:
         cluster.shape("none")
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
@@ -50,8 +52,12 @@ def test_bench_measures_the_shaped_link_and_plan_takes_its_rate(cluster: NetnsCl
     assert measured["nodes"] == [cluster.name(0), cluster.name(1)] and measured["world_size"] == 2
     largest = max(measured["points"], key=lambda p: p["bytes"])
     assert largest["bytes"] == 8_000_000
-    # gloo reached ~95% of shaped rates on namespace links (FIELD-NOTES); a ring of 2 makes busbw = algbw
-    assert 0.6 * RATE_GBPS <= largest["busbw_gbps"] <= 1.05 * RATE_GBPS, largest
+    # gloo reached ~95% of shaped rates on namespace links (FIELD-NOTES); a ring of 2 makes busbw = algbw.
+    # The ranks, the kernel's copies and the bridge run on any core: time the hypervisor took from the
+    # machine (steal, on a shared CI host) is time nothing fed the link, so the floor is scaled by what it left.
+    print(cpu)
+    floor = 0.6 * RATE_GBPS * cpu.left()
+    assert floor <= largest["busbw_gbps"] <= 1.05 * RATE_GBPS, f"{largest}; floor {floor:.3f} Gbit/s; {cpu}"
     assert largest["busbw_gbps"] == pytest.approx(largest["algbw_gbps"])
     saved = Path(measured["path"])
     assert saved.parent == Path(os.environ["CPUDIST_HOME"]) / "bench" and saved.name.startswith("hostfile-")
