@@ -7,6 +7,13 @@ when a security group still has live instances (moto deletes it), fault injectio
 calls of an action fail with a given AWS error code), and, optionally, what cloud-init would do
 on a real instance: install the key pair's public key on the host that owns the instance's
 private address, and stop instances whose user data ends by shutting down (a finished AMI bake).
+
+What real EC2 does and moto does not, on request: instances stay `pending` for `pending_s` after
+RunInstances and StartInstances (moto makes them `running` at once), and new instances are
+unknown to calls naming them by id for `unseen_s` (EC2's eventual consistency:
+InvalidInstanceID.NotFound on CreateTags right after RunInstances). Public addresses are handed
+out from TEST-NET-2 (198.51.100.0/24, RFC 5737), never from moto's 54.214.0.0/16, which is real
+internet space: a test that connects to an instance's public address sends nothing to anyone.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import argparse
 import base64
 import io
+import itertools
 import json
 import re
 import threading
@@ -28,6 +36,7 @@ from typing import Any
 from moto import settings
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.ec2.models import ec2_backends
+from moto.ec2.models import elastic_network_interfaces as moto_enis
 from moto.server import DomainDispatcherApplication, create_backend_app
 from werkzeug.serving import WSGIRequestHandler, make_server
 
@@ -40,6 +49,20 @@ THROTTLING = {"RequestLimitExceeded", "Throttling"}
 MUTATING = {"RunInstances", "TerminateInstances", "StopInstances", "StartInstances", "RebootInstances",
             "AuthorizeSecurityGroupIngress", "RevokeSecurityGroupIngress", "CreateSecurityGroup",
             "DeleteSecurityGroup", "ModifyInstanceAttribute", "ModifyNetworkInterfaceAttribute"}
+# Calls that name instances by id, and the parameters that hold the ids (InstanceId.1, ResourceId.1, ...).
+BY_INSTANCE_ID = {"CreateTags", "DescribeInstances", "TerminateInstances", "StopInstances", "StartInstances",
+                  "RebootInstances", "CreateImage", "GetConsoleOutput", "ModifyInstanceAttribute"}
+TEST_NET_2 = "198.51.100"
+_public_hosts = itertools.cycle(range(1, 255))
+
+
+def _test_net_public_ip() -> str:
+    """moto's `random_public_ip`, in documentation space instead of 54.214.0.0/16 (someone's real addresses)."""
+    return f"{TEST_NET_2}.{next(_public_hosts)}"
+
+
+# moto calls this module-level name when a network interface gets its automatic public address.
+moto_enis.random_public_ip = _test_net_public_ip
 
 
 @dataclass
@@ -117,6 +140,11 @@ class Emulator:
         self.console: dict[str, str] = {}  # instance id -> its console output (GetConsoleOutput)
         self.ssm_parameters: dict[str, str] = {}  # public SSM parameters (the current Ubuntu AMI)
         self.bootstrap_fails_at: str | None = None  # the step an emulated image bootstrap fails at
+        # How EC2 behaves (kept by `reset`, like the hooks above): how long an instance stays `pending` after
+        # RunInstances/StartInstances, and how long a new instance is unknown to calls that name it by id.
+        self.pending_s = 0.0
+        self.unseen_s = 0.0
+        self._unseen: dict[str, float] = {}  # instance id -> monotonic time it becomes visible
         self.lock = threading.Lock()
         self.server = make_server(host, port, self, threaded=True, request_handler=_Quiet)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -152,6 +180,7 @@ class Emulator:
             self.groups.clear()
             self.delays.clear()
             self.calls.clear()
+            self._unseen.clear()
 
     def backend(self, region: str = "us-east-1") -> Any:
         return ec2_backends[DEFAULT_ACCOUNT_ID][region]
@@ -169,7 +198,7 @@ class Emulator:
         if action:
             self.calls.append(action)
         time.sleep(self.delays.get(action, 0.0))
-        fault = self._fault(action)
+        fault = self._fault(action) or self._not_yet_visible(action, params)
         if fault is not None and fault.lost and self._handle(action, params, region) is None:
             self._forward(environ, body, action, params, region)
         reply = (fault.reply(action) if fault else None) or self._handle(action, params, region)
@@ -190,6 +219,8 @@ class Emulator:
             environ["CONTENT_LENGTH"] = str(len(body))
         environ["wsgi.input"] = io.BytesIO(body)
         result: list[bytes] = list(self.moto(environ, start_response or (lambda *a, **k: None)))
+        if action in ("RunInstances", "StartInstances") and self.pending_s > 0:
+            self._pend(re.findall(rb"<instanceId>(i-[0-9a-f]+)</instanceId>", b"".join(result)), region)
         if action in MUTATING and self.on_change:
             self.on_change(region)  # before cloud-init below: a new machine boots, then gets its key
         if action == "RunInstances":
@@ -225,6 +256,34 @@ class Emulator:
                 f.count -= 1
                 return f
         return None
+
+    def _not_yet_visible(self, action: str, params: dict[str, str]) -> Fault | None:
+        """InvalidInstanceID.NotFound for a call naming an instance launched less than `unseen_s` ago."""
+        if action not in BY_INSTANCE_ID or not self._unseen:
+            return None
+        named = [v for k, v in params.items() if re.fullmatch(r"(InstanceId|ResourceId)(\.\d+)?", k)]
+        now = time.monotonic()
+        with self.lock:
+            unseen = [i for i in named if self._unseen.get(i, 0.0) > now]
+        return Fault(action, "InvalidInstanceID.NotFound") if unseen else None
+
+    def _pend(self, ids: list[bytes], region: str) -> None:
+        """Show `ids` as pending now, and running `pending_s` from now (unless something else moved them)."""
+        backend = self.backend(region)
+        for raw in ids:
+            inst = backend.get_instance(raw.decode())
+            inst._state.name, inst._state.code = "pending", 0
+        threading.Timer(self.pending_s, self._run_pending, args=([i.decode() for i in ids], region)).start()
+
+    def _run_pending(self, ids: list[str], region: str) -> None:
+        wanted = set(ids)  # looked up afresh: a reset may have emptied the backend since
+        with self.lock:
+            for reservation in self.backend(region).all_reservations():
+                for inst in reservation.instances:
+                    if inst.id in wanted and inst.state == "pending":
+                        inst._state.name, inst._state.code = "running", 16
+        if self.on_change:
+            self.on_change(region)
 
     def _ssm_parameter(self, name: str, start_response: Callable[..., Any]) -> list[bytes]:
         """SSM's GetParameter for the public parameters the test set (moto[ec2] brings no SSM)."""
@@ -290,6 +349,9 @@ class Emulator:
         ids = re.findall(rb"<instanceId>(i-[0-9a-f]+)</instanceId>", response)
         key = params.get("KeyName")
         user_data = base64.b64decode(params.get("UserData", "")).decode(errors="replace")
+        if self.unseen_s > 0:
+            with self.lock:
+                self._unseen.update((raw.decode(), time.monotonic() + self.unseen_s) for raw in ids)
         for raw in ids:
             inst = self.backend(region).get_instance(raw.decode())
             if key and key in self.public_keys and self.on_key_installed:

@@ -1,7 +1,12 @@
-"""`cpudist cluster up/down/status` against EC2 emulated by moto's server over HTTP."""
+"""`cpudist cluster up/down/status` against EC2 emulated by moto's server over HTTP.
+
+No world here: instances' public addresses are the emulator's, in TEST-NET-2 (198.51.100.0/24), so
+the one test that connects to one (test_clone_needs_ssh_to_configure) sends nothing to anyone's host.
+"""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
@@ -15,7 +20,7 @@ from typing import Any
 import boto3
 import pytest
 
-from tests.harness.ec2 import FAKE_CREDENTIALS, Emulator
+from tests.harness.ec2 import FAKE_CREDENTIALS, TEST_NET_2, Emulator
 
 CPUDIST = [sys.executable, "-m", "cpudist.cli"]
 TAG = "cpudist:cluster"
@@ -32,7 +37,12 @@ def server() -> Iterator[Emulator]:
 @pytest.fixture
 def emu(server: Emulator, tmp_path: Path) -> Emulator:
     server.reset()
+    server.pending_s = server.unseen_s = 0.0  # what a test may have set: instant, consistent EC2
     return server
+
+
+def in_test_net(address: str) -> bool:
+    return ipaddress.ip_address(address) in ipaddress.ip_network(f"{TEST_NET_2}.0/24")
 
 
 @pytest.fixture
@@ -96,6 +106,7 @@ def test_up_creates_exactly_the_cluster_and_converges(emu: Emulator, ec2: Any, a
     assert len(nodes) == 4 and {i["ImageId"] for i in nodes} == {ami}
     assert all(i.get("InstanceLifecycle") == "spot" for i in nodes)
     assert all({"Key": TAG, "Value": "c1"} in i["Tags"] for i in nodes)
+    assert all(in_test_net(i["PublicIpAddress"]) for i in nodes)  # documentation space, not moto's 54.214/16
     group = ec2.describe_security_groups(GroupIds=inv["groups"])["SecurityGroups"][0]
     rules = group["IpPermissions"]
     assert len(rules) == 2
@@ -133,7 +144,9 @@ def test_clone_needs_ssh_to_configure(emu: Emulator, ec2: Any, ami: str, tmp_pat
     script = tmp_path / "setup.sh"
     script.write_text("touch /tmp/configured\n")
     r = up(emu, tmp_path, ami, "--clone-from-first", "--setup-script", str(script), "--boot-timeout", "3")
-    assert r.returncode == 1 and "no SSH banner" in r.stderr  # moto's addresses answer no SSH
+    assert r.returncode == 1 and "no SSH banner" in r.stderr  # the emulator's addresses answer no SSH
+    probed = r.stderr.split("no SSH banner from ", 1)[1].split(":", 1)[0]
+    assert in_test_net(probed), probed  # the address it tried is documentation space, routed nowhere
     assert inventory(ec2) == EMPTY  # the failed run removed what it made
 
 
@@ -202,6 +215,27 @@ def test_up_converges_a_stopped_and_a_reclaimed_node(emu: Emulator, ec2: Any, am
     assert sorted(now) == [0, 1, 2, 3] and all(i["State"]["Name"] == "running" for i in now.values())
     assert now[1]["InstanceId"] == nodes[1] and now[2]["InstanceId"] != nodes[2]
     assert emu.calls.count("RunInstances") == 2 and emu.calls.count("StartInstances") == 1
+
+
+def test_instances_not_yet_visible_are_retried(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
+    """EC2 is eventually consistent: for a moment after RunInstances, CreateTags naming a new instance
+    answers InvalidInstanceID.NotFound. `up` retries it instead of failing (and rolling back)."""
+    emu.unseen_s = 2.0
+    r = up(emu, tmp_path, ami, nodes=2)
+    assert r.returncode == 0, r.stderr
+    assert emu.calls.count("CreateTags") > 2  # refused at least once, then tagged
+    assert sorted(int(tag(i, "cpudist:node")) for i in live(ec2)) == [0, 1]
+
+
+def test_a_rollback_right_after_the_launch_removes_the_unseen_instances(emu: Emulator, ec2: Any, ami: str,
+                                                                         tmp_path: Path) -> None:
+    """A failure just after RunInstances: the rollback's TerminateInstances names instances EC2 does not
+    show yet, and retries until it does."""
+    emu.unseen_s = 2.0
+    emu.inject("CreateTags", "InternalError")
+    r = up(emu, tmp_path, ami, nodes=2)
+    assert r.returncode == 1 and "InternalError" in r.stderr and "rollback incomplete" not in r.stderr, r.stderr
+    assert inventory(ec2) == EMPTY
 
 
 def test_throttling_is_retried(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ import pytest
 from tests.harness.ec2 import FAKE_CREDENTIALS, Emulator
 from tests.harness.netns import missing_requirements
 from tests.harness.world import World
-from tests.integration.helpers import cmdline
+from tests.integration.helpers import cmdline, read_until
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))]
@@ -88,10 +88,7 @@ def start_long_run(world: World, cloud: dict[str, Any]) -> subprocess.Popen[str]
     """A run from the laptop that trains long enough to be stopped: returns once step 3 is reported."""
     proc = world.operator_popen([*CPUDIST, *RUN, "--max-steps", "5000", "--log-every", "1", "--no-eval"],
                                 env=cloud["env"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if "step 3/" in line:
-            break
+    read_until(proc, "step 3/")
     return proc
 
 
@@ -184,21 +181,18 @@ def test_a_reclaimed_spot_node_is_replaced_and_the_run_resumes(world: World, clo
                             env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}, stdout=subprocess.PIPE,
                             text=True)
     try:
-        assert imds.stdout is not None and "IMDS on" in imds.stdout.readline()
+        read_until(imds, "IMDS on", timeout=60)
         ec2 = cloud["ec2"]
         before = json.loads(laptop(world, cloud, "cluster", "status", "--name", "e2e", "--json").stdout)["nodes"]
         proc = world.operator_popen([*CPUDIST, *RUN, "--max-steps", "40", "--log-every", "1", "--no-eval",
                                      "--imds-endpoint", f"http://{head}:8169", "--on-preemption", "resume",
                                      "--output-dir", "/srv/cpd-operator/runs/spot"],
                                     env=cloud["env"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        assert proc.stdout is not None
-        out: list[str] = []
-        for line in proc.stdout:
-            out.append(line)
-            if "recovering (1/3)" in line:
-                ec2.terminate_instances(InstanceIds=[before[1]["instance_id"]])  # ... and AWS takes it
-                control.write_text("")
-        proc.wait(timeout=600)
+        out = read_until(proc, "recovering (1/3)", timeout=300)
+        ec2.terminate_instances(InstanceIds=[before[1]["instance_id"]])  # ... and AWS takes it
+        control.write_text("")
+        out += read_until(proc, None, timeout=420)
+        proc.wait(timeout=60)
         text = "".join(out)
         assert proc.returncode == 0, text[-6000:]
         # the whole output on failure: pytest shortens a long string in the middle, where these lines are

@@ -18,6 +18,9 @@ from cpudist.errors import BadInput, CpudistError
 
 T = TypeVar("T")
 RETRIED_CODES = frozenset({"RequestLimitExceeded", "Throttling", "ThrottlingException"})
+# EC2 is eventually consistent: an instance RunInstances just made can be unknown to the next call that
+# names it (CreateTags, TerminateInstances) for a few seconds. Retried only where the id came from AWS.
+NOT_YET_VISIBLE = frozenset({"InvalidInstanceID.NotFound"})
 
 
 def ec2_client(region: str, endpoint_url: str | None = None, profile: str | None = None) -> Any:
@@ -40,8 +43,10 @@ def ssm_client(region: str, endpoint_url: str | None = None, profile: str | None
     return session.client("ssm", endpoint_url=endpoint_url, config=config)
 
 
-def call(fn: Callable[..., T], attempts: int = 6, base_delay: float = 0.5, **kwargs: Any) -> T:
-    """Call one EC2 API; throttling is retried with jittered exponential backoff, errors translated."""
+def call(fn: Callable[..., T], attempts: int = 6, base_delay: float = 0.5, also_retry: frozenset[str] = frozenset(),
+         **kwargs: Any) -> T:
+    """Call one EC2 API; throttling (and the `also_retry` codes) is retried with jittered exponential backoff,
+    errors translated."""
     for attempt in range(attempts):
         try:
             reply = fn(**kwargs)
@@ -53,7 +58,7 @@ def call(fn: Callable[..., T], attempts: int = 6, base_delay: float = 0.5, **kwa
             return reply
         except botocore.exceptions.ClientError as e:
             code = e.response.get("Error", {}).get("Code", "")
-            if code in RETRIED_CODES and attempt < attempts - 1:
+            if (code in RETRIED_CODES or code in also_retry) and attempt < attempts - 1:
                 time.sleep(base_delay * 2**attempt * (0.5 + random.random()))
                 continue
             raise translate(e) from None

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from cpudist.cloud.aws.client import call, wait_until
+from cpudist.cloud.aws.client import NOT_YET_VISIBLE, call, wait_until
 from cpudist.cloud.aws.errors import AwsError
 from cpudist.cloud.aws.tags import CLUSTER_TAG, NODE_TAG, ROLE_TAG, cluster_filter, run_filter, tag_spec, tag_value
 from cpudist.errors import CpudistError
@@ -116,7 +116,7 @@ def launch_nodes(ec2: Any, spec: LaunchSpec, indices: list[int], role: str = "no
             raise
         nodes = _run(ec2, spec, len(indices), role, False, token)
     for node, index in zip(nodes, indices, strict=True):
-        call(ec2.create_tags, Resources=[node.instance_id],
+        call(ec2.create_tags, also_retry=NOT_YET_VISIBLE, Resources=[node.instance_id],
              Tags=[{"Key": NODE_TAG, "Value": str(index)}, {"Key": "Name", "Value": f"{spec.cluster}-{role}{index}"}])
     return [dataclasses.replace(n, index=i) for n, i in zip(nodes, indices, strict=True)]
 
@@ -150,7 +150,8 @@ def wait_state(ec2: Any, ids: list[str], state: str, timeout_s: float) -> list[N
 
 def terminate(ec2: Any, ids: list[str], timeout_s: float = 600) -> None:
     if ids:
-        call(ec2.terminate_instances, InstanceIds=ids)
+        # A rollback can follow RunInstances within EC2's consistency window: the ids come from AWS itself.
+        call(ec2.terminate_instances, also_retry=NOT_YET_VISIBLE, InstanceIds=ids)
         wait_state(ec2, ids, "terminated", timeout_s)
 
 
