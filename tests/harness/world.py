@@ -20,8 +20,14 @@ empty, and the physical folder under the state dir hidden), with ~/.ssh and ~/.c
 own. Python, the repository and /tmp are shared by everyone, as if installed everywhere.
 The operator reaches the EC2 emulator at the same URL (127.0.0.1:PORT, forwarded in).
 `attach(emulator)` wires: firewall after every mutating call, public addresses of instances =
-their host's, a fresh machine (new host key, empty ~/.ssh, ~/.cpudist) when an instance lands on a
-host another instance used, and cloud-init installing the key pair.
+their host's, a fresh machine (new host key, empty ~/.ssh, ~/.cpudist) when a new instance lands on
+a host, and cloud-init installing the key pair.
+
+Machines are powered like EC2's. A host whose instance stops or terminates is switched off: its
+links go down first (its peers hear nothing, as when a node vanishes), then every process in its
+network namespace is killed (ranks, sshd sessions, sshd itself). A host that gets an instance
+boots it in phases (`Boot`): links down while EC2 says `pending`, then port 22 refuses, then
+something on port 22 resets every connection before any banner, then sshd answers.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from typing import Any
 from tests.harness.ec2 import Emulator
 from tests.harness.firewall import host_rulesets, live_instances, ruleset
 from tests.harness.netns import NetnsCluster, sh
+from tests.harness.power import Boot, Power
 
 OPERATOR_ADDR = "198.18.0.200"
 OPERATOR_HOME = Path("/srv/cpd-operator")
@@ -96,15 +103,18 @@ class World:
     operator_addr = OPERATOR_ADDR
     operator_home = OPERATOR_HOME
 
-    def __init__(self, n_hosts: int, state_dir: Path, prefix: str = "cpw") -> None:
-        self.hosts = WorldHosts(n_hosts, Path(state_dir), prefix=prefix)
+    def __init__(self, n_hosts: int, state_dir: Path, prefix: str = "cpw", **host_options: Any) -> None:
+        """`host_options`: NetnsCluster's (users, strict_modes, loopback_name)."""
+        self.hosts = WorldHosts(n_hosts, Path(state_dir), prefix=prefix, **host_options)
         self.state = Path(state_dir)
         self.operator_ns = f"{prefix}-op"
         self.emulator: Emulator | None = None
         self.region = "us-east-1"
         self._applied: dict[int, str] = {}
-        self._booted: dict[int, str] = {}  # host -> id of the instance it last ran
         self._lock = threading.Lock()
+        self._booted: dict[int, str] = {}  # host -> id of the instance whose disk it holds
+        self.power = Power(self.hosts, self._lock, self._instance_state)
+        self.boot = Boot()
         self._listeners: list[socket.socket] = []
         self.partitioned = False  # a network ACL that drops traffic between hosts' private addresses
 
@@ -155,6 +165,7 @@ class World:
         if self.emulator is not None and self.emulator.on_change == self._on_change:
             self.emulator.on_change = None
             self.emulator.on_key_installed = None
+        self.power.close()
         pid = self.operator_pid()
         if pid and _cmdline(pid).startswith("sleep"):
             os.kill(pid, 15)
@@ -193,6 +204,7 @@ class World:
         emulator.on_change = self._on_change
         emulator.on_key_installed = self._install_key
         emulator.on_boot = self._boot
+        emulator.pending_s = self.boot.pending_s
         port = int(emulator.url.rsplit(":", 1)[1])
         self.forward(port)
         self.sync()
@@ -203,6 +215,25 @@ class World:
         subnet = ec2.create_subnet(VpcId=vpc, CidrBlock=SUBNET_CIDR)["Subnet"]["SubnetId"]
         ec2.modify_subnet_attribute(SubnetId=subnet, MapPublicIpOnLaunch={"Value": True})
         return vpc, subnet
+
+    def set_boot(self, boot: Boot) -> None:
+        """Machines launched or started from now on boot with these phases."""
+        self.boot = boot
+        if self.emulator is not None:
+            self.emulator.pending_s = boot.pending_s
+
+    def wait_booted(self, i: int, timeout_s: float = 60) -> None:
+        """Until host i's sshd answers for the instance EC2 now has there."""
+        self.power.wait_up(i, self.power.on_for.get(i), timeout_s)
+
+    def _instance_state(self, instance_id: str) -> str | None:
+        if self.emulator is None:
+            return None
+        for reservation in self.emulator.backend(self.region).all_reservations():
+            for inst in reservation.instances:
+                if inst.id == instance_id:
+                    return str(inst.state)
+        return None
 
     def _on_change(self, region: str) -> None:
         if region == self.region:
@@ -229,27 +260,35 @@ class World:
                     self._applied[i] = text
 
     def _boot_and_address(self, backend: Any) -> None:
+        """Power hosts like their instances: off when it stopped or ended, booting when one (re)started."""
         index = {self.hosts.private_addr(i): i for i in range(self.hosts.n)}
-        for inst in live_instances(backend):
-            i = index.get(inst.private_ip)
-            if i is None:
+        live = {index[inst.private_ip]: inst for inst in live_instances(backend) if inst.private_ip in index}
+        for i in range(self.hosts.n):
+            inst = live.get(i)
+            if inst is None:
+                if i in self.power.on_for:
+                    self.power.off(i)  # stopped or terminated: the machine and all it ran are gone
                 continue
             nic = inst.nics[0]
             if nic.public_ip and nic.public_ip != self.hosts.public_addr(i):
-                nic.public_ip = self.hosts.public_addr(i)  # moto picked a random one
-            if self._booted.get(i, inst.id) != inst.id:
+                nic.public_ip = self.hosts.public_addr(i)  # moto picked one of its own
+            if self.power.on_for.get(i) == inst.id:
+                continue
+            self.power.off(i)  # what ran there before (an idle host's sshd, an earlier machine)
+            fresh = self._booted.get(i) != inst.id
+            if fresh:
                 self._fresh_machine(i)
             self._booted[i] = inst.id
+            self.power.on(i, inst.id, new_key=fresh, boot=self.boot)
 
     def _fresh_machine(self, i: int) -> None:
-        """Host i becomes a new machine: new host key, nothing in ~/.ssh or ~/.cpudist."""
+        """Host i becomes a new machine: nothing in ~/.ssh or ~/.cpudist (its new host key comes at boot)."""
         d = self.hosts.node_dir(i)
         (d / "dot-ssh" / "authorized_keys").write_text("")
         for sub in ("dot-ssh", "dot-cpudist"):
             for child in (d / sub).iterdir():
                 if child.name != "authorized_keys":
                     shutil.rmtree(child) if child.is_dir() else child.unlink()
-        self.hosts.rekey(i)
 
     def on_prem(self, public_key: str) -> None:
         """An on-prem cluster instead of EC2: an admin authorized `public_key` on every host, and the site

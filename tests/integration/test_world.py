@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +19,7 @@ import pytest
 
 from tests.harness.ec2 import FAKE_CREDENTIALS, Emulator
 from tests.harness.netns import missing_requirements
+from tests.harness.power import Boot, namespace_pids
 from tests.harness.world import World
 
 
@@ -63,6 +66,8 @@ def fleet(world: World, ec2: Any) -> dict[str, Any]:
     ids = [i["InstanceId"] for i in ec2.run_instances(ImageId=ami, MinCount=3, MaxCount=3, SubnetId=subnet,
                                                        SecurityGroupIds=[sg], KeyName="laptop",
                                                        InstanceType="c6i.large")["Instances"]]
+    for i in range(3):
+        world.wait_booted(i)
     return {"sg": sg, "ids": ids}
 
 
@@ -80,6 +85,61 @@ def ssh_from_operator(world: World, address: str) -> str | None:
                             "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=2", "-o", "LogLevel=ERROR",
                             f"root@{address}", "hostname"], timeout=20)
     return r.stdout.strip() if r.returncode == 0 else None
+
+
+# Runs on a host: probes address:22 every 50 ms and prints each change of what it sees, until a banner.
+PROBE = """
+import socket, sys, time
+def look():
+    try:
+        s = socket.create_connection((sys.argv[1], 22), timeout=0.3)
+    except TimeoutError:
+        return "silent"
+    except ConnectionRefusedError:
+        return "refused"
+    except ConnectionResetError:
+        return "no banner"
+    except OSError:
+        return "silent"  # no route: nothing answered ARP
+    try:
+        s.settimeout(1.0)
+        return "banner" if s.recv(64).startswith(b"SSH-") else "no banner"
+    except OSError:
+        return "no banner"
+    finally:
+        s.close()
+seen, deadline = [], time.monotonic() + float(sys.argv[2])
+while time.monotonic() < deadline and seen[-1:] != ["banner"]:
+    now = look()
+    if seen[-1:] != [now]:
+        seen.append(now)
+        print(now, flush=True)
+    time.sleep(0.05)
+"""
+
+
+# A connection between two hosts: the server side holds it open; the client side reads from it for 4 s.
+SERVER = """
+import socket, time
+conn, _ = socket.create_server(("0.0.0.0", 7000)).accept()
+print("accepted", flush=True)
+time.sleep(600)
+"""
+CLIENT = """
+import socket, sys, time
+for _ in range(100):
+    try:
+        s = socket.create_connection((sys.argv[1], 7000), timeout=1)
+        break
+    except OSError:
+        time.sleep(0.1)
+print("connected", flush=True)
+s.settimeout(4)
+try:
+    print("read", s.recv(10), flush=True)
+except OSError as e:
+    print(type(e).__name__, flush=True)
+"""
 
 
 def tcp_from_host(world: World, i: int, address: str, port: int = 22) -> bool:
@@ -154,9 +214,43 @@ def test_data_on_the_laptop_stays_there(world: World) -> None:
         assert world.hosts.run(0, ["test", "-e", str(where)]).returncode == 1, where
 
 
-def test_terminated_instance_leaves_an_unreachable_host(world: World, ec2: Any, fleet: dict[str, Any]) -> None:
-    # Last in the file: it shrinks the fleet.
-    ec2.terminate_instances(InstanceIds=[fleet["ids"][2]])
+def test_a_stopped_then_started_instance_keeps_its_disk(world: World, ec2: Any, fleet: dict[str, Any]) -> None:
+    host_key = (world.hosts.node_dir(1) / "ssh_host_ed25519_key.pub").read_text()
+    (world.hosts.node_dir(1) / "dot-cpudist" / "kept").write_text("on the instance's volume")
+    ec2.stop_instances(InstanceIds=[fleet["ids"][1]])
+    assert namespace_pids(world.hosts.name(1)) == []  # powered off: its sshd too
+    ec2.start_instances(InstanceIds=[fleet["ids"][1]])
+    world.wait_booted(1)
+    assert (world.hosts.node_dir(1) / "ssh_host_ed25519_key.pub").read_text() == host_key
+    assert (world.hosts.node_dir(1) / "dot-cpudist" / "kept").exists()
+    assert ssh_from_operator(world, world.hosts.public_addr(1)) == world.hosts.name(1)
+
+
+def test_terminate_kills_the_hosts_processes_and_silences_its_connections(world: World, ec2: Any,
+                                                                          fleet: dict[str, Any]) -> None:
+    """A node that vanishes: everything on it dies, and its peers hear nothing (no FIN, no RST).
+
+    Last but one in the file: it shrinks the fleet.
+    """
+    server = subprocess.Popen(world.hosts.exec_argv(2, [sys.executable, "-c", SERVER]), stdout=subprocess.PIPE,
+                              text=True)
+    client = subprocess.Popen(world.hosts.exec_argv(0, [sys.executable, "-c", CLIENT, world.hosts.private_addr(2)]),
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert client.stdout is not None and server.stdout is not None
+        assert client.stdout.readline().strip() == "connected" and server.stdout.readline().strip() == "accepted"
+        ec2.terminate_instances(InstanceIds=[fleet["ids"][2]])
+        assert namespace_pids(world.hosts.name(2)) == []  # gone by the time TerminateInstances answers
+        assert server.wait(timeout=10) == -9
+        # The peer's read neither ends (FIN would give b'') nor fails at once (RST): it times out.
+        assert client.stdout.readline().strip() == "TimeoutError"
+        assert client.wait(timeout=10) == 0
+    finally:
+        for proc in (server, client):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert world.hosts.sshd_pid(0) in namespace_pids(world.hosts.name(0))  # the other hosts live on
     assert not tcp_from_host(world, 0, world.hosts.private_addr(2))
     assert ssh_from_operator(world, world.hosts.public_addr(2)) is None
     assert tcp_from_host(world, 0, world.hosts.private_addr(1))
@@ -164,14 +258,28 @@ def test_terminated_instance_leaves_an_unreachable_host(world: World, ec2: Any, 
 
 def test_replacement_lands_on_the_freed_host_as_a_new_machine(world: World, ec2: Any,
                                                               fleet: dict[str, Any]) -> None:
+    """... and boots like one: nothing answers while EC2 says pending, then port 22 refuses, then it resets
+    connections before any banner, then sshd answers (a window long enough for each to be seen)."""
     host_key = world.hosts.node_dir(2) / "ssh_host_ed25519_key.pub"
     old_key = host_key.read_text()
     (world.hosts.node_dir(2) / "dot-cpudist" / "leftover").write_text("from the old machine")
     ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     subnet = ec2.describe_instances(InstanceIds=fleet["ids"][:1])["Reservations"][0]["Instances"][0]["SubnetId"]
-    new = ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, SubnetId=subnet, SecurityGroupIds=[fleet["sg"]],
-                            KeyName="laptop", InstanceType="c6i.large")["Instances"][0]["InstanceId"]
-    # RunInstances' own reply still shows moto's random public address (AWS shows none yet): describe.
+    world.set_boot(Boot(pending_s=2.0, refusing_s=2.0, no_banner_s=2.0))
+    try:
+        new = ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, SubnetId=subnet,
+                                SecurityGroupIds=[fleet["sg"]], KeyName="laptop",
+                                InstanceType="c6i.large")["Instances"][0]["InstanceId"]
+        launched = time.monotonic()
+        probe = world.hosts.run(0, [sys.executable, "-c", PROBE, world.hosts.private_addr(2), "30"], timeout=60)
+        booted = time.monotonic() - launched
+    finally:
+        world.set_boot(Boot())
+    seen = probe.stdout.splitlines()
+    # In this order; sshd's own start may refuse a probe or two after the resets.
+    assert list(dict.fromkeys(seen)) == ["silent", "refused", "no banner", "banner"] and seen.count("silent") == 1, seen
+    assert booted >= 6.0
+    # RunInstances' own reply shows the emulator's address for it (AWS shows none yet): describe.
     new = ec2.describe_instances(InstanceIds=[new])["Reservations"][0]["Instances"][0]
     assert (new["PrivateIpAddress"], new["PublicIpAddress"]) == (world.hosts.private_addr(2),
                                                                  world.hosts.public_addr(2))
