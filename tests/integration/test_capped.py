@@ -17,12 +17,13 @@ from pathlib import Path
 import pytest
 
 from tests.harness.capped import CappedCluster, capped_requirements
+from tests.harness.machine import cpus_on_distinct_cores
 from tests.harness.steal import CpuWindow
 from tests.integration.helpers import read_until, wait_for
 
 pytestmark = pytest.mark.skipif(capped_requirements() is not None, reason=str(capped_requirements()))
 
-CORES = sorted(os.sched_getaffinity(0))[:2]
+CORES = cpus_on_distinct_cores()[:2]  # two CPUs of different physical cores: hyperthreads of one core share it
 LINK_GBPS = 1.0
 BUSY = [sys.executable, "-c", "while True: pass"]
 RECEIVER = """

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.machine import physical_cores
 from tests.harness.netns import NetnsCluster, missing_requirements
 from tests.integration.helpers import cmdline, output_of, wait_for
 
@@ -132,8 +133,9 @@ def test_two_ranks_per_host_split_the_cores(ready: NetnsCluster, shared_data: Pa
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     result = json.loads((tmp_path / "np8" / "result.json").read_text())
     assert Counter(result["rank_hosts"]) == {ready.name(i): 2 for i in range(4)}
-    cores = os.cpu_count() or 1
+    cores = physical_cores()  # cpudist's count (os.cpu_count() counts hyperthreads and CPUs outside the mask)
     assert result["ppn"] == 2 and result["threads_per_rank"] == max(1, cores // 2)
+    assert result["rank_threads"] == [max(1, cores // 2)] * 8  # each rank's own sizing: its host's cores, halved
 
 
 def test_killed_rank_on_a_remote_host_ends_the_job(ready: NetnsCluster, shared_data: Path, tmp_path: Path) -> None:

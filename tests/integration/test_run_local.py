@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.machine import physical_cores
 from tests.integration.helpers import CPUDIST, cmdline, cpudist, descendants
 
 pytestmark = pytest.mark.slow
@@ -133,7 +134,10 @@ def test_speed_levers_train_the_same_model(shared_data: Path, tmp_path: Path) ->
 
     r = cpudist("run", *mrpc(shared_data), "--ppn", "auto", "--max-steps", "1", "--dry-run")
     assert r.returncode == 0, r.stderr
-    assert "--ppn auto: 1 rank(s) per node" in r.stderr and " -np 1 " in r.stdout
+    cores = physical_cores()
+    ranks = max(1, cores // 8)  # the README's rule: one rank per 8 physical cores, at least one, sharing them
+    assert f"--ppn auto: {ranks} rank(s) per node x {cores // ranks} thread(s)" in r.stderr, r.stderr
+    assert f" -np {ranks} " in r.stdout
 
 
 def test_dry_run_runs_nothing(shared_data: Path, tmp_path: Path) -> None:

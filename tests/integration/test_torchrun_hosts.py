@@ -1,9 +1,10 @@
 """torchrun across hosts (the zero-MPI path), and threads sized by each rank from the CPUs its host gives it.
 
 Four network-namespace hosts with a real sshd each (tests/harness/netns.py), `cpudist hosts ssh-setup` once;
-cpudist runs on host 0, the head. Host 1's sshd is pinned to CPU 0 (`taskset`), host 2's sits in a cgroup
-holding it to half a core: everything they start inherits that, as ranks under a Slurm cpuset or in a
-container do. Needs root (tests/harness/setup.sh installs the rest; CI runs as root).
+cpudist runs on host 0, the head. Host 1's sshd is pinned to one CPU (`taskset`), host 2's sits in a cgroup
+holding it to half a core (cgroup v1 or v2, whichever has the cpu controller: tests/harness/quota.py):
+everything they start inherits that, as ranks under a Slurm cpuset or in a container do. Needs root
+(tests/harness/setup.sh installs the rest; CI runs as root).
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.machine import physical_cores
 from tests.harness.netns import NetnsCluster, missing_requirements
+from tests.harness.quota import QuotaGroup, cpu_controller_version, quota_unavailable
 from tests.integration.helpers import cmdline, read_until
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))]
 CPUDIST = [sys.executable, "-m", "cpudist.cli"]
-CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
 
 
 @pytest.fixture(scope="module")
@@ -43,30 +45,25 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
 
 @contextlib.contextmanager
 def limited(c: NetnsCluster, pinned: int, held: int, quota: float) -> Iterator[None]:
-    """Host `pinned` may use CPU 0 only; host `held` gets `quota` of a core (cgroup v1 CFS quota)."""
-    if not (CPU_CGROUP / "cpu.cfs_quota_us").exists():
-        pytest.skip(f"no cgroup v1 cpu controller at {CPU_CGROUP} to hold a host to a quota")
+    """Host `pinned` may use one CPU only; host `held` gets `quota` of a core (a cgroup CPU quota, v1 or v2)."""
+    version = cpu_controller_version() or 1
+    why = quota_unavailable(version)
+    if why is not None:
+        pytest.skip(why)  # not on CI's allowlist (tests/conftest.py): a CI machine has a cpu controller to use
     sshd, held_sshd = c.sshd_pid(pinned), c.sshd_pid(held)
     before = os.sched_getaffinity(sshd)
-    group = CPU_CGROUP / f"{c.prefix}-quota"
-    group.mkdir()
+    group = QuotaGroup(f"{c.prefix}-quota", quota, version).create()
     try:
-        os.sched_setaffinity(sshd, {0})
-        (group / "cpu.cfs_period_us").write_text("10000")
-        (group / "cpu.cfs_quota_us").write_text(str(int(quota * 10000)))
-        (group / "cgroup.procs").write_text(str(held_sshd))
-        # `ip netns exec` gave the hosts a /sys without cgroup mounts: mount the cpu controller in host `held`
-        # as a machine has it, so its ranks can read their quota.
-        subprocess.run(["nsenter", "--target", str(held_sshd), "--mount", "--", "sh", "-c",
-                        "mount -t tmpfs cgroup_root /sys/fs/cgroup && mkdir /sys/fs/cgroup/cpu && "
-                        "mount -t cgroup -o cpu cgroup /sys/fs/cgroup/cpu"], check=True)
+        os.sched_setaffinity(sshd, {min(before)})
+        group.join(held_sshd)
+        # `ip netns exec` gave the hosts a /sys without cgroup mounts: mount the cpu controller's hierarchy in
+        # host `held` as a machine has it, so its ranks can read their quota.
+        subprocess.run(["nsenter", "--target", str(held_sshd), "--mount", "--", "sh", "-c", group.mount_command()],
+                       check=True)
         yield
     finally:
         os.sched_setaffinity(sshd, before)
-        for pid in (group / "cgroup.procs").read_text().split():
-            with contextlib.suppress(OSError):
-                (CPU_CGROUP / "cgroup.procs").write_text(pid)
-        group.rmdir()
+        group.remove()
 
 
 def run_argv(c: NetnsCluster, data: Path, out: Path, *extra: str) -> list[str]:
@@ -82,8 +79,12 @@ def leftovers(c: NetnsCluster) -> list[str]:
 
 
 def test_four_hosts_each_rank_sizing_its_threads(hosts: NetnsCluster, shared_data: Path, tmp_path: Path) -> None:
-    """4 distinct hosts in result.json; the rank under `taskset -c 0` and the one held to half a core run one
-    thread, the others two (this machine has 2 cores); `hosts doctor` shows the difference per node."""
+    """4 distinct hosts in result.json; the rank under `taskset -c CPU` and the one held to half a core run one
+    thread, the others one per physical core (the hosts' /sys has no cgroup mounts: no quota they could read);
+    `hosts doctor` shows the difference per node."""
+    cores = physical_cores()
+    if cores < 2:
+        pytest.skip(f"needs 2 physical cores to tell a limited host from a full one; this process may use {cores}")
     with limited(hosts, pinned=1, held=2, quota=0.5):
         r = hosts.run(0, run_argv(hosts, shared_data, tmp_path / "run", "--max-steps", "3", "--max-eval-samples", "64"),
                       timeout=300)
@@ -93,14 +94,14 @@ def test_four_hosts_each_rank_sizing_its_threads(hosts: NetnsCluster, shared_dat
     assert result["launcher"] == "torchrun" and result["world_size"] == 4
     assert sorted(result["nodes"]) == [hosts.name(i) for i in range(4)]
     threads = dict(zip(result["rank_hosts"], result["rank_threads"], strict=True))
-    assert threads == {hosts.name(0): 2, hosts.name(1): 1, hosts.name(2): 1, hosts.name(3): 2}
+    assert threads == {hosts.name(0): cores, hosts.name(1): 1, hosts.name(2): 1, hosts.name(3): cores}
     assert f"[{hosts.name(3)}] rank " in r.stderr  # every host's output, prefixed with its name
     command = (tmp_path / "run" / "command.txt").read_text()
     assert command.count("--rdzv-backend c10d") == 4 and f"--rdzv-endpoint {hosts.name(0)}:" in command
     assert doctor.returncode == 1, doctor.stdout + doctor.stderr
     usable = {n["host"]: (n["facts"]["usable_cores"], n["problems"]) for n in json.loads(doctor.stdout)}
-    assert usable[hosts.name(1)][0] == 1 and usable[hosts.name(2)][0] == 1 and usable[hosts.name(3)] == (2, [])
-    assert "1 usable cores != head's 2 (cgroup quota 0.5 CPUs)" in usable[hosts.name(2)][1]
+    assert usable[hosts.name(1)][0] == 1 and usable[hosts.name(2)][0] == 1 and usable[hosts.name(3)] == (cores, [])
+    assert f"1 usable cores != head's {cores} (cgroup quota 0.5 CPUs)" in usable[hosts.name(2)][1]
     assert leftovers(hosts) == []
 
 

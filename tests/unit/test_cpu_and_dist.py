@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
-from cpudist.cpu import parse_cpuinfo
+from cpudist.cpu import parse_cpuinfo, read_cpu
 from cpudist.errors import BadInput
 from cpudist.train.dist import discover_rank
 from cpudist.train.setup import resolve_precision
+from tests.harness.machine import cpus_on_distinct_cores
 
 CPUINFO = "\n\n".join(
     f"processor\t: {i}\nmodel name\t: Xeon\nphysical id\t: 0\ncore id\t\t: {i % 2}\n"
@@ -16,6 +20,25 @@ def test_cpuinfo_counts_physical_cores_and_bf16() -> None:
     cpu = parse_cpuinfo(CPUINFO)
     assert (cpu.logical_cpus, cpu.physical_cores, cpu.has_bf16) == (4, 2, True)
     assert parse_cpuinfo(CPUINFO, allowed={0}).physical_cores == 1
+
+
+def test_this_machines_cores_are_the_kernels_physical_cores() -> None:
+    """What cpudist counts here (and tests size their expectations by) is the kernel's topology: one core per
+    (package, core id) among the CPUs of this process's affinity mask, not one per logical CPU."""
+    topology = Path("/sys/devices/system/cpu")
+    if not (topology / "cpu0" / "topology" / "core_id").is_file():
+        pytest.skip("no CPU topology in sysfs to compare with")
+    allowed = sorted(os.sched_getaffinity(0))
+
+    def core(cpu: int) -> tuple[str, str]:
+        folder = topology / f"cpu{cpu}" / "topology"
+        return (folder / "physical_package_id").read_text().strip(), (folder / "core_id").read_text().strip()
+
+    cores = {core(cpu) for cpu in allowed}
+    cpu = read_cpu()
+    assert cpu.physical_cores == len(cores) and cpu.logical_cpus == len(allowed)
+    distinct = cpus_on_distinct_cores()
+    assert len(distinct) == len(cores) and len({core(c) for c in distinct}) == len(cores)
 
 
 def test_precision_auto() -> None:

@@ -20,6 +20,7 @@ from cpudist.errors import BadInput
 from cpudist.hosts.doctor import compare, usable_text
 from cpudist.launch.env import EnvSpec, node_env
 from cpudist.train.threads import CpuShare, pinned_threads, threads_for
+from tests.harness.quota import cpu_controller_version
 
 V1 = """12:cpuset:/
 4:memory:/process_api/92fbe2444184548e8913cb4a01dd125e
@@ -106,3 +107,14 @@ def test_doctor_flags_a_node_with_fewer_usable_cores() -> None:
     assert compare(head, node, None) == ("1 usable cores != head's 2 (cgroup quota 0.5 CPUs)",)
     assert compare(head, head, None) == ()
     assert usable_text(node) == "1 (cgroup quota 0.5 CPUs)" and usable_text(head) == "2"
+
+
+PROC_CGROUPS = "#subsys_name\thierarchy\tnum_cgroups\tenabled\ncpuset\t3\t1\t1\ncpu\t{h}\t1\t{e}\nmemory\t4\t65\t1\n"
+
+
+def test_which_cgroup_version_holds_the_cpu_controller() -> None:
+    """The end-to-end quota tests (tests/integration/test_threads_cgroup.py) pick the real hierarchy from this."""
+    assert cpu_controller_version(PROC_CGROUPS.format(h=1, e=1)) == 1  # v1 mounts it (this machine)
+    assert cpu_controller_version(PROC_CGROUPS.format(h=0, e=1)) == 2  # left to the unified hierarchy
+    assert cpu_controller_version(PROC_CGROUPS.format(h=0, e=0)) is None  # cgroup_disable=cpu
+    assert cpu_controller_version("#subsys_name\thierarchy\tnum_cgroups\tenabled\n") is None
