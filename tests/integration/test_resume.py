@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import CPUDIST, cmdline, cpudist, descendants
+from tests.integration.helpers import CPUDIST, cmdline, cpudist, descendants, output_of
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +43,7 @@ def sigterm_ranks_at(args: list[str], run_dir: Path, step: int, cwd: Path) -> su
                             cwd=cwd, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
     deadline = time.monotonic() + 180
     while logged(run_dir) < step:
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        assert proc.poll() is None and time.monotonic() < deadline, output_of(proc)
         time.sleep(0.01)
     ranks = [p for p in descendants(proc.pid) if "cpudist.train" in cmdline(p) and "mpiexec" not in cmdline(p)]
     assert len(ranks) == 2, [cmdline(p) for p in descendants(proc.pid)]

@@ -15,7 +15,7 @@ import pytest
 
 from tests.harness.imds import ImdsServer
 from tests.harness.s3 import FAKE_CREDENTIALS, S3Server
-from tests.integration.helpers import CPUDIST, cmdline, cpudist, descendants
+from tests.integration.helpers import CPUDIST, cmdline, cpudist, descendants, output_of
 from tests.integration.test_resume import common, logged, sigterm_ranks_at, steps
 
 pytestmark = pytest.mark.slow
@@ -29,7 +29,7 @@ def test_a_spot_notice_stops_every_rank_with_a_checkpoint(shared_data: Path, tmp
         proc = subprocess.Popen([*CPUDIST, "run", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 120
         while logged(run_dir) < 10:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            assert proc.poll() is None and time.monotonic() < deadline, output_of(proc)
             time.sleep(0.05)
         assert any(path.endswith("/spot/instance-action") for _, _, path in imds.requests)  # polled already
         imds.schedule("terminate", time="2026-11-22T12:00:00Z")
