@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import read_until, wait_for
+from tests.integration.helpers import descendants, output_of, read_until, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 SILENT = "import time; print('started', flush=True); time.sleep(3600)"
@@ -41,6 +41,17 @@ def test_the_lines_up_to_the_marker_then_the_rest() -> None:
     assert read_until(proc, "step 3/", timeout=60) == ["a\n", "step 3/9\n"]
     assert read_until(proc, None, timeout=60) == ["b\n", "c\n"]
     assert proc.wait(timeout=60) == 0
+
+
+def test_output_of_kills_the_command_and_what_it_started() -> None:
+    """A failed wait's message: the command's output, once it and its children (which hold its pipes) are gone."""
+    proc = popen("import subprocess, sys, time; print('parent up', flush=True); "
+                 "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)']); time.sleep(3600)")
+    (child,) = wait_for(lambda: descendants(proc.pid), 60, "the child to start")
+    note = output_of(proc)
+    assert note.startswith("exit code -9") and "parent up" in note, note
+    wait_for(lambda: not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text(), 30,
+             "the child to be killed")
 
 
 def test_wait_for_returns_the_value_or_fails_saying_what_and_why() -> None:
