@@ -5,10 +5,12 @@ The one module that talks SSH. Errors come out as CpudistErrors that name the ho
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +20,9 @@ from cpudist import state
 from cpudist.errors import CpudistError
 
 CONNECT_TIMEOUT_S = 10.0
+KEEPALIVE_S = 5.0  # how often the server is asked for a reply
+DEAD_AFTER_S = 15.0  # no reply for this long: the connection is lost (OpenSSH's ServerAliveCountMax 3 x 5 s)
+LINK_ERRORS = (paramiko.SSHException, OSError, EOFError)  # what paramiko raises when a connection breaks
 
 
 class HostKeyChanged(CpudistError):
@@ -82,6 +87,35 @@ class _PinNew(paramiko.MissingHostKeyPolicy):
         self.known.pin(hostname, key)
 
 
+class _Keepalive(threading.Thread):
+    """Asks the server for a reply every KEEPALIVE_S and closes the connection when none came in DEAD_AFTER_S.
+
+    paramiko's own `set_keepalive` sends messages that want no reply, so a link that drops packets without a
+    word (a laptop's Wi-Fi, a firewall) went unnoticed until TCP gave up, about 15 minutes later.
+    """
+
+    def __init__(self, transport: paramiko.Transport) -> None:
+        super().__init__(daemon=True, name="cpudist-ssh-keepalive")
+        self.transport = transport
+        self.lost = threading.Event()
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(KEEPALIVE_S) and self.transport.is_active():
+            answered = threading.Event()
+            threading.Thread(target=self._ask, args=(answered,), daemon=True).start()
+            if not answered.wait(DEAD_AFTER_S) and not self.done.is_set():
+                self.lost.set()
+                self.transport.close()  # wakes every reader and writer of its channels
+                return
+
+    def _ask(self, answered: threading.Event) -> None:
+        # OpenSSH's own client sends this; servers answer it (with a failure, which is an answer too).
+        with contextlib.suppress(*LINK_ERRORS):
+            self.transport.global_request("keepalive@openssh.com", wait=True)
+        answered.set()
+
+
 class Remote:
     """An open SSH session to one node."""
 
@@ -109,15 +143,64 @@ class Remote:
             self.client.close()
             raise Unreachable(f"cannot reach {target.host}:{target.port} over SSH ({e})",
                               "Check that the node is up, the name resolves and sshd listens") from None
+        transport = self.client.get_transport()
+        assert transport is not None  # connect() returned
+        self._keepalive = _Keepalive(transport)
+        self._keepalive.start()
+
+    @property
+    def lost(self) -> bool:
+        """True once the server stopped answering (or the connection closed under us)."""
+        transport = self.client.get_transport()
+        return self._keepalive.lost.is_set() or transport is None or not transport.is_active()
+
+    def lost_error(self, why: object = None) -> Unreachable:
+        """The error for a connection that broke: silence (no reply to keepalives), or `why`."""
+        if self._keepalive.lost.is_set():
+            what = f"no answer for {DEAD_AFTER_S:g}s"
+        elif why is not None:
+            what = str(why) or type(why).__name__  # paramiko's EOFError says nothing
+        else:
+            what = "closed by the other end"
+        return Unreachable(f"lost the SSH connection to {self.target.host} ({what})",
+                           "Check the network between here and the node, then re-run")
+
+    @contextlib.contextmanager
+    def _link(self, doing: str, timeout: float | None = None) -> Iterator[None]:
+        """paramiko's and the socket's errors as one Unreachable naming the host."""
+        try:
+            yield
+        except TimeoutError:
+            if self.lost or timeout is None:
+                raise self.lost_error() from None
+            raise Unreachable(f"{self.target.host} gave no answer within {timeout:g}s to `{doing}`",
+                              "Check the node (is it overloaded or stuck?), then re-run") from None
+        except LINK_ERRORS as e:
+            raise self.lost_error(e) from None
 
     def run(self, command: str, stdin: bytes | None = None, timeout: float = 120) -> tuple[int, str, str]:
         """Run a shell command; returns (exit code, stdout, stderr)."""
-        chan_in, out, err = self.client.exec_command(command, timeout=timeout)
-        if stdin is not None:
-            chan_in.write(stdin)
-        chan_in.channel.shutdown_write()
-        stdout, stderr = out.read().decode(), err.read().decode()
-        return out.channel.recv_exit_status(), stdout, stderr
+        with self._link(command.split(" &&")[0][:60], timeout):
+            chan_in, out, err = self.client.exec_command(command, timeout=timeout)
+            self._feed(chan_in, stdin)
+            stdout, stderr = out.read().decode(), err.read().decode()
+            code = out.channel.recv_exit_status()
+        if code == -1 and self.lost:  # the channel ended without an exit status: the connection went
+            raise self.lost_error()
+        return code, stdout, stderr
+
+    def _feed(self, chan_in: paramiko.ChannelStdinFile, data: bytes | None) -> None:
+        """Write a command's stdin and close it; a command that exits before reading it all (its disk is full)
+        closes the channel, and then its exit code and stderr say why, not the write."""
+        channel = chan_in.channel
+        try:
+            if data is not None:
+                chan_in.write(data)
+            if not channel.closed:
+                channel.shutdown_write()
+        except OSError:
+            if self.lost or not channel.closed:
+                raise
 
     def check(self, command: str, stdin: bytes | None = None, timeout: float = 120) -> str:
         """Run a command that must succeed; its stdout."""
@@ -131,21 +214,21 @@ class Remote:
         """Start a long command; its stdout and stderr come merged on the returned channel."""
         transport = self.client.get_transport()
         if transport is None or not transport.is_active():
-            raise Unreachable(f"the SSH connection to {self.target.host} is closed", "Re-run the command")
-        transport.set_keepalive(10)  # a dead peer is noticed in seconds, not at the next write
-        channel = transport.open_session()
-        channel.set_combine_stderr(True)
-        channel.exec_command(command)
+            raise self.lost_error()
+        with self._link(command):  # a lost connection closes the channel: see `lost` when reading ends
+            channel = transport.open_session()
+            channel.set_combine_stderr(True)
+            channel.exec_command(command)
         return channel
 
     def put(self, local_path: Path, remote_path: str) -> None:
         """Copy one file to the node."""
-        with self.client.open_sftp() as sftp:
+        with self._link(f"sftp put {remote_path}"), self.client.open_sftp() as sftp:
             sftp.put(str(local_path), remote_path)
 
     def fetch(self, remote_path: str, local_path: Path) -> bool:
         """Copy one file from the node; False when it does not exist there."""
-        with self.client.open_sftp() as sftp:
+        with self._link(f"sftp get {remote_path}"), self.client.open_sftp() as sftp:
             try:
                 sftp.stat(remote_path)
             except FileNotFoundError:
@@ -154,6 +237,7 @@ class Remote:
         return True
 
     def close(self) -> None:
+        self._keepalive.done.set()
         self.client.close()
 
     def __enter__(self) -> Remote:

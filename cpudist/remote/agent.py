@@ -2,7 +2,9 @@
 
 The laptop sends one JSON line (a JobRequest), keeps stdin open while it watches, and reads rank
 output and progress events from stdout. End of stdin (Ctrl-C on the laptop, or a lost connection)
-stops every rank, as Ctrl-C does for a local run; so do SIGTERM and SIGHUP.
+stops every rank, as Ctrl-C does for a local run; so do SIGTERM and SIGHUP. A laptop that sends
+`alive` lines is watched: SILENCE_S without one means its link dropped without a word (sshd would
+notice only when TCP gives up, some 15 minutes later), and the ranks are stopped too.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import queue
 import signal
 import sys
 import threading
@@ -22,6 +25,9 @@ from cpudist.train import events
 from cpudist.train.config import TrainConfig
 
 STATUS = "@@cpudist-agent "
+ALIVE = "alive"  # the laptop's heartbeat line, sent every HEARTBEAT_S
+HEARTBEAT_S = 5.0
+SILENCE_S = 30.0  # no line from a laptop that sends heartbeats for this long: it is gone
 
 
 @dataclass(frozen=True)
@@ -69,11 +75,30 @@ def _say(line: str) -> None:
     sys.stdout.flush()
 
 
-def _watch_stdin() -> None:
-    """End of stdin (or a `stop` line) means the laptop is gone or wants out: interrupt the job."""
+def _read_stdin(lines: queue.Queue[str | None]) -> None:
     for line in sys.stdin:
-        if line.strip() == "stop":
+        lines.put(line.strip())
+    lines.put(None)
+
+
+def _watch_stdin(silence_s: float = SILENCE_S) -> None:
+    """End of stdin, a `stop` line, or silence once heartbeats began: the laptop wants out or is gone, so
+    interrupt the job."""
+    lines: queue.Queue[str | None] = queue.Queue()
+    threading.Thread(target=_read_stdin, args=(lines,), daemon=True).start()
+    beating = False
+    while True:
+        try:
+            line = lines.get(timeout=silence_s if beating else None)
+        except queue.Empty:
+            # Nobody reads our output any more: writes to it must not block the stop (the channel's window fills).
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
             break
+        if line is None or line == "stop":
+            break
+        beating = beating or line == ALIVE
     os.kill(os.getpid(), signal.SIGINT)
 
 

@@ -26,17 +26,16 @@ from cpudist.hosts.keys import CLUSTER_DIR
 from cpudist.hosts.ssh import KnownHosts, Remote, Target
 from cpudist.launch.job import Callbacks
 from cpudist.remote import stage
-from cpudist.remote.agent import JobRequest, parse_status
+from cpudist.remote.agent import JobRequest
+from cpudist.remote.follow import follow
 from cpudist.results import ledger
 from cpudist.results.ledger import default_ledger
 from cpudist.results.schema import RunResult
-from cpudist.train import events
 from cpudist.train.config import TrainConfig
 from cpudist.train.models import PRESETS, resolve_model, tokenizer_source
 from cpudist.train.preempt import MARKER
 
 FETCHED = ("result.json", "steps.jsonl", "command.txt", "ranks.log", "hostfile", MARKER)
-STOP_GRACE_S = 40.0  # the agent's own stop takes up to the runner's SIGTERM grace (10 s) plus teardown
 PYTHONS = ("/opt/cpudist/bin/python", "python3.11", "python3")
 
 
@@ -159,47 +158,6 @@ def _stage_code(head: Remote, python: str, stager: Stager, mode: str, wheels: Pa
     return site
 
 
-def _follow(head: Remote, command: str, request: JobRequest, cb: Callbacks) -> dict[str, Any]:
-    """Run the agent, pass its output on, stop it on Ctrl-C; the agent's final status."""
-    channel = head.stream(command)
-    channel.sendall((request.to_json() + "\n").encode())
-    status: dict[str, Any] = {}
-    interrupted = False
-    lines = channel.makefile("r")
-    while True:
-        try:
-            for raw in lines:  # ends when the agent exits, or the connection is lost
-                line = raw.rstrip("\n")
-                found = parse_status(line)
-                if found is not None:
-                    status = found
-                    continue
-                event = events.parse(line)
-                if event is not None:
-                    cb.on_event(event)
-                else:
-                    cb.on_line(line)
-            break
-        except TimeoutError:  # the agent did not finish stopping within the grace: nothing more to read
-            break
-        except KeyboardInterrupt:
-            if interrupted:
-                continue  # a second Ctrl-C: the ranks are being stopped already
-            interrupted = True
-            cb.on_line("[cpudist] stopping every rank on every node ...")
-            channel.sendall(b"stop\n")
-            channel.shutdown_write()
-            channel.settimeout(STOP_GRACE_S)
-    code = channel.recv_exit_status() if channel.exit_status_ready() or not interrupted else -1
-    channel.close()
-    if interrupted:
-        raise JobFailed("interrupted: all ranks were stopped on every node", "Re-run the command to start over")
-    if not status:
-        raise JobFailed(f"the connection to the head ended without a result (exit code {code})",
-                        "See the output above; re-run the command")
-    return status
-
-
 def run_remote(cfg: TrainConfig, request: JobRequest, head_spec: Head, local_dir: Path, ledger_path: Path,
                cb: Callbacks, extra: dict[str, Any], say: Any) -> RunResult:
     """The whole remote run; the result as appended to this machine's ledger."""
@@ -228,11 +186,11 @@ def run_remote(cfg: TrainConfig, request: JobRequest, head_spec: Head, local_dir
         say(f"launching on {head_spec.target.host} ({len(nodes)} node(s)); staging took {staging_s}s, "
             f"sent {stager.sent_bytes / 1e6:.1f} MB")
         try:
-            status = _follow(head, command, job, cb)
+            status = follow(head, command, job, cb)
         finally:
             local_dir.mkdir(parents=True, exist_ok=True)
             (local_dir / MARKER).unlink(missing_ok=True)  # an earlier part's stop
-            for name in FETCHED:
+            for name in FETCHED if not head.lost else ():  # a lost head's error is the one to show
                 head.fetch(f"{run_dir}/{name}", local_dir / name)
     if status.get("exit_code") == Preempted.exit_code and (local_dir / MARKER).is_file():
         stop = json.loads((local_dir / MARKER).read_text())

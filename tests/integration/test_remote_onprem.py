@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.netns import missing_requirements
+from tests.harness.netns import missing_requirements, sh
 from tests.harness.world import World
 from tests.integration.helpers import cmdline, read_until
 
@@ -145,3 +145,46 @@ def test_stopping_the_laptop_stops_every_rank_with_each_mpi(site: World, launche
     if how != signal.SIGKILL:
         assert "interrupted: all ranks were stopped on every node" in out, out[-4000:]
     assert wait_no_leftovers(site) == []
+
+
+def _drop_link(w: World, on: bool) -> None:
+    """Drop every packet between the laptop and the head, both ways, without a word (no RST, no ICMP): a Wi-Fi
+    gone, a VPN stalled. Each end's INPUT drops what the other sends, so no sender gets an error either."""
+    op = "-I" if on else "-D"
+    sh("ip", "netns", "exec", w.operator_ns, "iptables", op, "INPUT", "-i", "eth0", "-j", "DROP", check=on)
+    sh("ip", "netns", "exec", w.hosts.name(0), "iptables", op, "INPUT", "-s", w.operator_addr, "-j", "DROP",
+       check=on)
+
+
+def test_a_laptop_link_that_drops_silently_stops_every_rank(site: World) -> None:
+    """#23: the laptop's keepalives want replies, so `cpudist run` there ends with one line within ~20 s; the agent
+    on the head hears no heartbeat and stops the ranks (stock sshd, no ClientAliveInterval, would wait ~15 min)."""
+    proc = site.operator_popen(laptop_argv(site, "silent-drop", "--max-steps", "5000", "--log-every", "1",
+                                           "--no-eval"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    cut = None
+    try:
+        read_until(proc, "step 3/")
+        ranks = [pid for i in range(site.hosts.n) for pid in site.hosts.pids(i)
+                 if cmdline(pid).split()[1:3] == ["-m", "cpudist.train"]]
+        assert len(ranks) == 2, leftovers(site)
+        _drop_link(site, on=True)
+        cut = time.monotonic()
+        try:
+            out, _ = proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            pytest.fail("`cpudist run` on the laptop did not notice the dropped link in 90 s")
+        laptop_s = time.monotonic() - cut
+        left = wait_no_leftovers(site, within_s=90)
+        ranks_s = time.monotonic() - cut
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if cut is not None:
+            _drop_link(site, on=False)
+    print(f"laptop ended {laptop_s:.1f}s after the cut, the ranks {ranks_s:.1f}s after it")
+    last = out.strip().splitlines()[-1]
+    assert proc.returncode == 1 and "Traceback" not in out, out[-4000:]
+    assert last.startswith(f"Error: lost the SSH connection to {site.hosts.public_addr(0)} (no answer for"), last
+    assert laptop_s < 45, f"the laptop noticed after {laptop_s:.0f}s"
+    assert left == [] and ranks_s < 75, f"after {ranks_s:.0f}s: {left}"
