@@ -12,6 +12,11 @@ own namespace (the root namespace's network is never touched); its own hostname 
 system (Python, the repository, the data) is shared; an OpenSSH sshd with its own host key,
 public-key login only. A "user key" is pre-authorized on every host, as a cloud or an admin
 would do. Teardown stops only the sshd processes this harness started (by PID).
+
+Options make hosts less convenient, as real ones are: `loopback_name` hosts get Debian's
+`127.0.1.1 <hostname>` line in place of their own address (gloo then binds loopback unless told
+otherwise); `users` adds unprivileged logins (e.g. AWS's `ubuntu`), each with its own home on every
+host; `strict_modes` makes sshd check the ownership and modes of ~/.ssh, as stock sshd does.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -31,6 +37,21 @@ SSHD = "/usr/sbin/sshd"
 
 def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, check=check, capture_output=True, text=True)
+
+
+def ensure_user(name: str) -> None:
+    """An unprivileged login `name` on this machine (the hosts share /etc/passwd), with no home made here:
+    every host mounts one of its own there."""
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        # Password `*`: none, but not locked (sshd without PAM refuses a locked account even its keys).
+        made = sh("useradd", "--no-create-home", "--home-dir", f"/home/{name}", "--shell", "/bin/bash",
+                  "--password", "*", name, check=False)
+        if made.returncode not in (0, 9):  # 9: made by a test running beside this one
+            raise RuntimeError(f"useradd {name} failed: {made.stderr}") from None
+        entry = pwd.getpwnam(name)
+    Path(entry.pw_dir).mkdir(parents=True, exist_ok=True)  # the mount point of the hosts' homes
 
 
 def missing_requirements() -> str | None:
@@ -58,6 +79,9 @@ class NetnsCluster:
     gateway: str | None = None  # e.g. "198.18.0.1": this (root) namespace joins the network there
     prefixlen: int = 24
     preauthorize: bool = True  # the user key is in every host's authorized_keys from the start
+    loopback_name: tuple[int, ...] = ()  # hosts whose /etc/hosts says `127.0.1.1 <own name>` (Debian)
+    users: tuple[str, ...] = ()  # unprivileged logins (made on this machine if missing), a home per host
+    strict_modes: bool = False  # sshd's StrictModes: refuse keys in group/world-writable ~/.ssh or homes
 
     def name(self, i: int) -> str:
         return f"{self.prefix}-n{i}"
@@ -84,6 +108,14 @@ class NetnsCluster:
     def sshd_pid(self, i: int) -> int:
         return int((self.node_dir(i) / "sshd.pid").read_text().strip())
 
+    def home(self, i: int, user: str) -> Path:
+        """Where the test process writes what host i's `user` sees as their home (one of `users`)."""
+        return self.node_dir(i) / f"home-{user}"
+
+    def hosts_file(self, i: int) -> Path:
+        """Host i's /etc/hosts."""
+        return self.node_dir(i) / "hosts" if i in self.loopback_name else self.state / "hosts"
+
     # --- lifecycle -------------------------------------------------------------------------
 
     def up(self) -> NetnsCluster:
@@ -100,6 +132,13 @@ class NetnsCluster:
         # v4-mapped entries serve c10d's reverse lookups of peers (else it warns on every connect).
         hosts += [f"::ffff:{self.addr(i)} {self.name(i)}" for i in range(self.n)]
         (self.state / "hosts").write_text("\n".join(hosts) + "\n")
+        for i in self.loopback_name:
+            # What Debian's installer writes: the own name on 127.0.1.1, the others from DNS (here: the list).
+            theirs = [line for line in hosts[1:] if not line.endswith(f" {self.name(i)}")]
+            self.node_dir(i).mkdir(parents=True, exist_ok=True)
+            self.hosts_file(i).write_text("\n".join([hosts[0], f"127.0.1.1 {self.name(i)}", *theirs]) + "\n")
+        for user in self.users:
+            ensure_user(user)
         self.hostfile.write_text("".join(f"{self.name(i)}\n" for i in range(self.n)))
         self._add_networks()
         for i in range(self.n):
@@ -130,6 +169,8 @@ class NetnsCluster:
         auth = d / "dot-ssh" / "authorized_keys"
         auth.write_text((self.user_key.with_suffix(".pub")).read_text() if self.preauthorize else "")
         auth.chmod(0o600)
+        for user in self.users:
+            self._make_home(i, user)
         sh("ip", "netns", "add", ns)
         sh("ip", "-n", ns, "link", "set", "lo", "up")
         self._plug(ns, "eth0", f"{self.addr(i)}/{self.prefixlen}", self.bridge_ns, f"v{i}")
@@ -151,12 +192,63 @@ class NetnsCluster:
         """Addresses host i's sshd listens on."""
         return [self.addr(i)]
 
+    def _make_home(self, i: int, user: str) -> None:
+        """`user`'s home on host i as `useradd -m` leaves it: theirs, 0755, nothing in it yet."""
+        home = self.home(i, user)
+        home.mkdir(parents=True, exist_ok=True)
+        entry = pwd.getpwnam(user)
+        os.chown(home, entry.pw_uid, entry.pw_gid)
+        home.chmod(0o755)
+
+    def authorize(self, i: int, user: str, public_key: str) -> None:
+        """Add `public_key` to `user`'s ~/.ssh/authorized_keys on host i, as an admin or cloud-init would."""
+        entry = pwd.getpwnam(user)
+        ssh_dir = self.home(i, user) / ".ssh"
+        ssh_dir.mkdir(mode=0o700, exist_ok=True)
+        auth = ssh_dir / "authorized_keys"
+        with auth.open("a") as f:
+            f.write(public_key.strip() + "\n")
+        for path in (ssh_dir, auth):
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+        auth.chmod(0o600)
+
     def _host_mounts(self, i: int) -> list[str]:
         """Shell commands run in host i's new mount namespace before sshd starts."""
         home = Path.home()
         d = self.node_dir(i)
-        return [f"mount --bind '{self.state}/hosts' /etc/hosts", f"mount --bind '{d}/dot-ssh' '{home}/.ssh'",
-                f"mount --bind '{d}/dot-cpudist' '{home}/.cpudist'"]
+        mounts = [f"mount --bind '{self.hosts_file(i)}' /etc/hosts", f"mount --bind '{d}/dot-ssh' '{home}/.ssh'",
+                  f"mount --bind '{d}/dot-cpudist' '{home}/.cpudist'"]
+        if self.users:
+            mounts += [*self._python_for_users(i),
+                       *(f"mount --bind '{self.home(i, u)}' '{pwd.getpwnam(u).pw_dir}'" for u in self.users)]
+        return mounts
+
+    def _python_for_users(self, i: int) -> list[str]:
+        """Mounts that install this Python as the host's `python3.11` for every login, as a node image would.
+
+        It shows as /usr/local/bin/python3.11 (with its scripts beside it, as `make altinstall` and pip
+        leave them), on the PATH sshd gives a login; folders on the way to it that only root may enter
+        (pyenv's /root) get an overlay that lets others pass, writes going to a folder of this host.
+        """
+        real_bin = Path(sys.executable).resolve().parent
+        extra = self.node_dir(i) / "usr-local-bin"
+        extra.mkdir(exist_ok=True)
+        for entry in real_bin.iterdir():
+            link = extra / entry.name
+            if not link.is_symlink():
+                link.symlink_to(entry)
+        mounts = []
+        closed = sorted({p for p in (real_bin, *real_bin.parents) if p.is_dir() and not p.stat().st_mode & 0o001},
+                        key=lambda p: len(p.parts))
+        for n, folder in enumerate(closed):
+            upper, work = self.node_dir(i) / f"pass-{n}", self.node_dir(i) / f"pass-{n}-work"
+            for made in (upper, work):
+                made.mkdir(exist_ok=True)
+            upper.chmod(folder.stat().st_mode & 0o7777 | 0o011)
+            mounts.append(f"mount -t overlay overlay -o 'lowerdir={folder},upperdir={upper},workdir={work}' "
+                          f"'{folder}'")
+        Path("/usr/local/bin").mkdir(parents=True, exist_ok=True)
+        return [*mounts, f"mount -t overlay overlay -o 'lowerdir={extra}:/usr/local/bin' /usr/local/bin"]
 
     def _launch_sshd(self, i: int, new_key: bool) -> None:
         ns, d = self.name(i), self.node_dir(i)
@@ -166,7 +258,9 @@ class NetnsCluster:
             key.with_suffix(".pub").unlink(missing_ok=True)
             sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", ns, "-f", str(key))
         (d / "sshd.pid").unlink(missing_ok=True)
-        listen = "".join(f"ListenAddress {a}\n" for a in self.listen_addrs(i))
+        # A real sshd listens on every address, so a Debian host reaches itself by name (127.0.1.1) too.
+        loopback = ["127.0.1.1"] if i in self.loopback_name else []
+        listen = "".join(f"ListenAddress {a}\n" for a in [*self.listen_addrs(i), *loopback])
         (d / "sshd_config").write_text(f"""Port 22
 {listen}HostKey {key}
 PidFile {d}/sshd.pid
@@ -174,8 +268,7 @@ PermitRootLogin prohibit-password
 PubkeyAuthentication yes
 PasswordAuthentication no
 KbdInteractiveAuthentication no
-# The bind-mounted ~/.ssh lives under a world-writable /tmp path: StrictModes would refuse it.
-StrictModes no
+{"StrictModes yes" if self.strict_modes else "StrictModes no"}
 UsePAM no
 X11Forwarding no
 PrintMotd no
