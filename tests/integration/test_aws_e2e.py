@@ -25,6 +25,7 @@ import pytest
 
 from tests.harness.ec2 import FAKE_CREDENTIALS, Emulator
 from tests.harness.netns import missing_requirements
+from tests.harness.power import Boot
 from tests.harness.world import World
 from tests.integration.helpers import cmdline, read_until
 
@@ -98,9 +99,15 @@ RUN = ["run", "mrpc", "--np", str(NODES), "--ppn", "1", "--cluster", "e2e", "--d
 
 @pytest.fixture(scope="module")
 def cluster(world: World, cloud: dict[str, Any]) -> Iterator[str]:
-    up = laptop(world, cloud, "cluster", "up", "--name", "e2e", "--nodes", str(NODES), "--image", cloud["ami"],
-                "--subnet", cloud["subnet"], "--user", "root", "--ssh-cidr", world.ssh_cidr, "--yes",
-                "--instance-type", "c6i.large", "--boot-timeout", "60")
+    """The cluster, brought up through a slow boot: pending for longer than `up`'s first polls, then sshd
+    refusing and resetting connections for longer than its first banner probes."""
+    world.set_boot(Boot(pending_s=3.0, refusing_s=3.0, no_banner_s=4.0))
+    try:
+        up = laptop(world, cloud, "cluster", "up", "--name", "e2e", "--nodes", str(NODES), "--image", cloud["ami"],
+                    "--subnet", cloud["subnet"], "--user", "root", "--ssh-cidr", world.ssh_cidr, "--yes",
+                    "--instance-type", "c6i.large", "--boot-timeout", "60")
+    finally:
+        world.set_boot(Boot())
     assert up.returncode == 0, up.stderr
     yield up.stdout
     laptop(world, cloud, "cluster", "down", "--name", "e2e", "--yes")
@@ -209,6 +216,37 @@ def test_a_reclaimed_spot_node_is_replaced_and_the_run_resumes(world: World, clo
     finally:
         imds.terminate()
         imds.wait(timeout=30)
+
+
+NOTICE_NODE_LOSS_S = 60  # #23 asks for 30 s; twice that for a busy CI machine
+
+
+@pytest.mark.xfail(strict=True, raises=subprocess.TimeoutExpired,
+                   reason="#23: a vanished node hangs the run: the surviving ranks wait in gloo for --dist-timeout "
+                          "(300 s), then mpiexec.hydra waits forever for the dead node's proxy (its ssh and control "
+                          "connection are silent); nothing on the run path watches the nodes")
+def test_a_node_that_vanishes_mid_run_fails_the_run_naming_it(world: World, cloud: dict[str, Any],
+                                                              cluster: str) -> None:
+    """AWS takes node 2 away mid-run (its host goes silent and everything on it dies): the laptop's run ends
+    within a bounded time with one line naming the node. Next to last: it leaves the cluster a node short."""
+    nodes = json.loads(laptop(world, cloud, "cluster", "status", "--name", "e2e", "--json").stdout)["nodes"]
+    proc = start_long_run(world, cloud)
+    cloud["ec2"].terminate_instances(InstanceIds=[nodes[2]["instance_id"]])
+    gone = time.monotonic()
+    try:
+        out, _ = proc.communicate(timeout=NOTICE_NODE_LOSS_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # the laptop vanishes too: its agent on the head stops the ranks that are left
+        proc.communicate()
+        raise
+    took = time.monotonic() - gone
+    last = out.strip().splitlines()[-1]
+    names = (world.hosts.private_addr(2), world.hosts.public_addr(2), world.hosts.name(2), nodes[2]["instance_id"])
+    assert proc.returncode == 1, out[-4000:]
+    assert last.startswith("Error: ") and any(n in last for n in names), out[-4000:]
+    assert "Traceback" not in out, out[-4000:]
+    assert took < NOTICE_NODE_LOSS_S
+    assert wait_no_leftovers(world) == []
 
 
 def test_down_leaves_nothing_in_ec2_nor_on_the_laptop(world: World, cloud: dict[str, Any], cluster: str) -> None:
