@@ -1,14 +1,17 @@
 """Checkpoints: everything a run needs to go on exactly where it stopped, written so that none is half.
 
-    <checkpoint dir>/step-000040/state.pt    model, optimizer and scheduler (identical on every rank)
+    <checkpoint dir>/step-000040/state.pt    model, optimizer, scheduler (rank 0's), the sync's shared state
                                 rng.pt      every rank's torch/python/numpy RNG state
+                                ranks.pt    every rank's own sync state: local SGD's model and AdamW moments
+                                            between averages, PowerSGD's error feedback (format 2 on)
                                 meta.json   step, sampler position, batch layout, time so far, file sizes and sha256
                                 COMPLETE    written last
 
 A checkpoint is written as `step-N.tmp/` and renamed when complete, so a crash mid-write leaves
 nothing that resume would pick; a file damaged afterwards (truncated, edited) fails its sha256 and
-resume falls back to the previous checkpoint, saying so. Only rank 0 writes (the state is the same
-on every rank) and only rank 0 reads: the ranks on other nodes get the bytes over the process group.
+resume falls back to the previous checkpoint, saying so. Only rank 0 writes and only rank 0 reads:
+the ranks on other nodes send and get the bytes over the process group (each rank only its own part
+of ranks.pt).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from cpudist.errors import BadInput
 
 COMPLETE = "COMPLETE"
 NAME = re.compile(r"^step-(\d+)$")
-FORMAT = 1
+FORMAT = 2  # 2: ranks.pt added (a format 1 checkpoint still resumes, as inexactly as it did)
 # What must match for a checkpoint to continue a run: another model or data order is another run.
 SAME_RUN = ("task", "model", "seed", "sampler", "max_seq_len", "max_train_samples")
 
@@ -56,6 +59,7 @@ class Restored:
     meta: dict[str, Any]
     state: dict[str, Any]  # model, optimizer, scheduler
     rng: dict[str, Any] | None  # this rank's RNG state; None when the world size changed
+    rank_state: dict[str, Any] | None = None  # this rank's own sync state; None: format 1 or another world size
 
 
 def rng_state() -> dict[str, Any]:
@@ -129,16 +133,23 @@ def choose(folder: Path, say: Callable[[str], None]) -> Path | None:
 
 
 def write(folder: Path, step: int, state: dict[str, Any], rngs: list[dict[str, Any]], meta: dict[str, Any],
-          keep: int) -> Path:
-    """Write one checkpoint atomically, then remove all but the newest `keep` (rank 0 only)."""
+          keep: int, ranks: list[dict[str, Any]] | None = None) -> Path:
+    """Write one checkpoint atomically, then remove all but the newest `keep` (rank 0 only).
+
+    `ranks`: every rank's own sync state, in rank order; meta's `rank_state` says whether any rank has one.
+    """
     final = folder / f"step-{step:06d}"
     tmp = folder / f"{final.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)  # a leftover of a write that crashed
     tmp.mkdir(parents=True)
+    ranks = ranks if ranks is not None else [{} for _ in rngs]
     torch.save(state, tmp / "state.pt")
     torch.save(rngs, tmp / "rng.pt")
-    files = {n: {"bytes": (tmp / n).stat().st_size, "sha256": _sha256(tmp / n)} for n in ("state.pt", "rng.pt")}
-    (tmp / "meta.json").write_text(json.dumps({**meta, "format": FORMAT, "step": step, "files": files}, indent=1))
+    torch.save(ranks, tmp / "ranks.pt")
+    names = ("state.pt", "rng.pt", "ranks.pt")
+    files = {n: {"bytes": (tmp / n).stat().st_size, "sha256": _sha256(tmp / n)} for n in names}
+    meta = {**meta, "format": FORMAT, "step": step, "rank_state": any(ranks), "files": files}
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     (tmp / COMPLETE).write_text("")
     shutil.rmtree(final, ignore_errors=True)  # the same step written again after a resume
     tmp.rename(final)
@@ -155,6 +166,22 @@ def gather_rngs(world: int) -> list[dict[str, Any]]:
     out: list[Any] = [None] * world
     dist.all_gather_object(out, mine)
     return out
+
+
+def gather_ranks(mine: dict[str, Any], rank: int, world: int) -> list[dict[str, Any]] | None:
+    """Every rank's own state, in rank order, on rank 0 (None elsewhere; a collective)."""
+    if world == 1:
+        return [mine]
+    out: list[Any] | None = [None] * world if rank == 0 else None
+    dist.gather_object(mine, out, dst=0)
+    return out
+
+
+def check_format(meta: dict[str, Any], path: Path) -> None:
+    """Refuse a checkpoint written by a newer cpudist, whose files this one would misread."""
+    if int(meta.get("format", 1)) > FORMAT:
+        raise BadInput(f"checkpoint {path} has format {meta['format']}, newer than this cpudist's ({FORMAT})",
+                       "Resume with the cpudist version that wrote it, or start over without --resume")
 
 
 def check_same_run(meta: dict[str, Any], cfg: dict[str, Any], path: Path) -> None:
@@ -186,5 +213,19 @@ def load(path: Path | None, rank: int, world: int) -> Restored | None:
     raw, rngs_raw, meta = broadcast((raw, rngs_raw, meta), rank, world)
     state = torch.load(io.BytesIO(raw), weights_only=False)
     rngs = torch.load(io.BytesIO(rngs_raw), weights_only=False)
-    mine = rngs[rank] if len(rngs) == world else None
-    return Restored(found, meta, state, mine)
+    same = len(rngs) == world
+    return Restored(found, meta, state, rngs[rank] if same else None,
+                    _scatter_ranks(Path(found), rank, world) if same else None)
+
+
+def _scatter_ranks(path: Path, rank: int, world: int) -> dict[str, Any] | None:
+    """This rank's part of ranks.pt (rank 0 reads it and sends each rank its own; None: format 1)."""
+    parts: list[Any] | None = None
+    if rank == 0:
+        have = (path / "ranks.pt").is_file()
+        parts = torch.load(path / "ranks.pt", weights_only=False) if have else [None] * world
+    if world == 1:
+        return parts[0] if parts else None
+    box: list[Any] = [None]
+    dist.scatter_object_list(box, parts, src=0)
+    return box[0]

@@ -149,7 +149,7 @@ def train(cfg: TrainConfig, model: torch.nn.Module, data: Encoded, regression: b
     stats.strategy = strategy
     if restored:
         _apply(restored, model, opt, sched, stats, cfg.seed + rank)
-        strategy.load(restored.state.get("sync", {}))
+        strategy.load(restored.state.get("sync", {}), restored.rank_state)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
     pending: list[Pending] = []
     shapes: set[tuple[int, ...]] = set()
@@ -201,7 +201,6 @@ def train(cfg: TrainConfig, model: torch.nn.Module, data: Encoded, regression: b
             if save_now or stop_now:
                 _flush(pending, stats, log, world, total)
                 pending = []
-                strategy.parameters(stats.steps, final=True)  # local SGD: a checkpoint holds the ranks' mean
                 _save(cfg, saver, model, opt, sched, stats, next_pos, total, world, rank)
                 last_save = time.monotonic()
             if stop_now:
@@ -279,8 +278,9 @@ def _apply(restored: Restored, model: torch.nn.Module, opt: torch.optim.Optimize
 
 def _save(cfg: TrainConfig, saver: Saver, model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any,
           stats: TrainStats, pos: Position, total: int, world: int, rank: int) -> None:
-    """Write a checkpoint (rank 0), with every rank's RNG state; every rank calls it."""
+    """Write a checkpoint (rank 0), with every rank's RNG and own sync state; every rank calls it."""
     rngs = gather_rngs(world)
+    ranks = checkpoint.gather_ranks(stats.strategy.rank_state() if stats.strategy else {}, rank, world)
     if rank == 0:
         state = {"model": getattr(model, "module", model).state_dict(), "optimizer": opt.state_dict(),
                  "scheduler": sched.state_dict(), "sync": stats.strategy.state() if stats.strategy else {}}
@@ -290,7 +290,7 @@ def _save(cfg: TrainConfig, saver: Saver, model: torch.nn.Module, opt: torch.opt
                 "parts": saver.parts, "wall_s": saver.wall_before_s + time.perf_counter() - saver.started,
                 "stats": {"steps": stats.steps, "samples": stats.samples, "tokens": stats.tokens,
                           "flops": stats.flops, "train_time_s": stats.train_time_s}}
-        path = checkpoint.write(saver.folder, stats.steps, state, rngs, meta, saver.keep)
+        path = checkpoint.write(saver.folder, stats.steps, state, rngs, meta, saver.keep, ranks)
         if saver.mirror is not None:
             saver.mirror.upload(path)
             saver.mirror.prune(saver.keep)

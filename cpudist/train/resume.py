@@ -2,7 +2,9 @@
 
 With another world size the global batch is kept and the per-rank batch adapts (the length-grouped
 sampler then feeds the same rows step by step); a global batch that the new ranks cannot split
-evenly, or the `random` sampler (whose shuffle depends on the world size), is refused.
+evenly, or the `random` sampler (whose shuffle depends on the world size), is refused. So is a
+checkpoint that holds every rank's own state (local SGD's models and moments between averages,
+PowerSGD's error feedback) on another world size or another --sync: no rank could take it up exactly.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cpudist.errors import BadInput
-from cpudist.train import checkpoint
+from cpudist.train import checkpoint, sync
 from cpudist.train.checkpoint import Restored
 from cpudist.train.config import TrainConfig
 from cpudist.train.loop import Saver
@@ -74,7 +76,9 @@ def pick(cfg: TrainConfig, run_dir: Path, say: Callable[[str], None]) -> Path | 
 
 def adapt(cfg: TrainConfig, meta: dict[str, Any], world: int, path: str) -> TrainConfig:
     """The config that continues the checkpointed run on `world` ranks (the global batch is kept)."""
+    checkpoint.check_format(meta, Path(path))
     checkpoint.check_same_run(meta, dataclasses.asdict(cfg), Path(path))
+    _check_rank_state(cfg, meta, world, path)
     if meta["world_size"] == world:
         return dataclasses.replace(cfg, batch_size=meta["global_batch"] // (world * cfg.grad_accum))
     if cfg.sampler != "grouped":
@@ -86,6 +90,19 @@ def adapt(cfg: TrainConfig, meta: dict[str, Any], world: int, path: str) -> Trai
                        f"--grad-accum {cfg.grad_accum}",
                        f"Resume with --np {meta['world_size']}, or a rank count that divides {meta['global_batch']}")
     return dataclasses.replace(cfg, batch_size=meta["global_batch"] // split)
+
+
+def _check_rank_state(cfg: TrainConfig, meta: dict[str, Any], world: int, path: str) -> None:
+    """Refuse a checkpoint whose per-rank sync state these ranks, or this strategy, cannot take up."""
+    if not meta.get("rank_state"):
+        return
+    label = sync.spec_of(cfg, meta["total"]).label
+    if meta["world_size"] != world:
+        raise BadInput(f"checkpoint {path} holds each of {meta['world_size']} ranks' own {meta['sync']} state; "
+                       f"{world} rank(s) cannot go on from it exactly", f"Resume with --np {meta['world_size']}")
+    if meta["sync"] != label:
+        raise BadInput(f"checkpoint {path} holds the ranks' own {meta['sync']} state; this run asks for {label}",
+                       "Resume with the --sync options of the run that wrote it")
 
 
 def start(cfg: TrainConfig, run_dir: Path, rank: int, world: int,

@@ -27,6 +27,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from cpudist.errors import BadInput
 from cpudist.traffic import STRATEGIES, SyncSpec, parse_compression
+from cpudist.train import powersgd
 from cpudist.train.config import TrainConfig
 
 POWERSGD_START_SHARE = 0.1  # PowerSGD's plain fp32 steps before it compresses: 10% of the run
@@ -130,11 +131,15 @@ class Strategy:
         """After the optimizer step (and `final` after the last one): reconcile parameters if needed."""
 
     def state(self) -> dict[str, Any]:
-        """What a checkpoint must keep for this strategy to go on."""
+        """What a checkpoint must keep for this strategy to go on, alike on every rank (rank 0's is written)."""
         return {}
 
-    def load(self, state: dict[str, Any]) -> None:
-        """Take back what `state()` gave."""
+    def rank_state(self) -> dict[str, Any]:
+        """What a checkpoint must keep of this rank's own (gathered from every rank; {}: nothing)."""
+        return {}
+
+    def load(self, state: dict[str, Any], mine: dict[str, Any] | None) -> None:
+        """Take back what `state()` and this rank's `rank_state()` gave (mine None: a checkpoint without it)."""
 
 
 class DDP(Strategy):
@@ -147,8 +152,10 @@ class DDP(Strategy):
         ddp = torch.nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False,
                                                         bucket_cap_mb=spec.bucket_cap_mb)
         state, hook = _hook(spec)
+        self.memory: powersgd.Memory | None = None
         if spec.compression == "powersgd":
-            hook = _in_order(hook)
+            self.memory = powersgd.Memory(state, self.trained)
+            hook = _in_order(self.memory.wrap(hook))
         ddp.register_comm_hook(state, _timed(hook, self.clock))
         self.model = ddp
 
@@ -157,6 +164,16 @@ class DDP(Strategy):
 
     def gradients(self, step: int) -> None:
         self.clock.end_step(overlapped=True)  # the buckets went out during backward; it returned when done
+
+    def state(self) -> dict[str, Any]:
+        return {"powersgd": self.memory.shared()} if self.memory is not None else {}
+
+    def rank_state(self) -> dict[str, Any]:
+        return {"powersgd": self.memory.mine()} if self.memory is not None else {}
+
+    def load(self, state: dict[str, Any], mine: dict[str, Any] | None) -> None:
+        if self.memory is not None and "powersgd" in state:
+            self.memory.load(state["powersgd"], (mine or {}).get("powersgd"))
 
 
 def _hook(spec: SyncSpec) -> tuple[Any, Callable[..., Any]]:
@@ -253,7 +270,7 @@ class LocalSGD(Strategy):
         self.anchor: list[torch.Tensor] = []
         self.outer: torch.optim.Optimizer | None = None
         self.synced_at = 0
-        self.averages = 0  # made in this process (a resumed run counts again: every rank alike)
+        self.averages = 0  # made so far (alike on every rank): every --second-moment-every J-th takes the second moment
         if spec.outer == "nesterov" or self.wire is not None:
             self.anchor = [p.detach().clone() for p in self.trained]  # the model at the last sync
         if spec.outer == "nesterov":
@@ -316,18 +333,32 @@ class LocalSGD(Strategy):
         return [state[p][k] for k in keys for p in self.trained if k in state.get(p, {})]
 
     def state(self) -> dict[str, Any]:
-        if self.outer is None:
-            return {}
-        return {"anchor": [a.clone() for a in self.anchor], "outer": self.outer.state_dict()}
+        """The last average (alike on every rank), DiLoCo's momentum, and which average comes next."""
+        return {"anchor": [a.clone() for a in self.anchor], "averages": self.averages, "synced_at": self.synced_at,
+                **({"outer": self.outer.state_dict()} if self.outer is not None else {})}
 
-    def load(self, state: dict[str, Any]) -> None:
-        if self.outer is not None and state:
+    def rank_state(self) -> dict[str, Any]:
+        """Every rank's model and AdamW moments differ between averages (rank 0's are the checkpoint's own)."""
+        if dist.get_rank() == 0 or self.optimizer is None:
+            return {}
+        return {"params": [p.detach().clone() for p in self.trained], "optimizer": self.optimizer.state_dict()}
+
+    def load(self, state: dict[str, Any], mine: dict[str, Any] | None) -> None:
+        if mine:
+            with torch.no_grad():
+                for p, saved in zip(self.trained, mine["params"], strict=True):
+                    p.copy_(saved)
+            if self.optimizer is not None:
+                self.optimizer.load_state_dict(mine["optimizer"])
+        self.averages, self.synced_at = int(state.get("averages", 0)), int(state.get("synced_at", 0))
+        if state.get("anchor"):
             for a, saved in zip(self.anchor, state["anchor"], strict=True):
                 a.copy_(saved)
-            self.outer.load_state_dict(state["outer"])
-        elif self.anchor:  # a checkpoint holds the ranks' average: the model just restored is the last one
+        elif self.anchor:  # a checkpoint of format 1 holds the ranks' average: the model just restored is the last one
             for a, p in zip(self.anchor, self.trained, strict=True):
                 a.copy_(p.data)
+        if self.outer is not None and "outer" in state:
+            self.outer.load_state_dict(state["outer"])
 
 
 CLASSES: dict[str, type[Strategy]] = {"ddp": DDP, "allreduce": AllReduce, "gather-scatter": GatherScatter,
