@@ -89,3 +89,56 @@ def test_clipping_bounds_the_gradient_norm_and_reports_the_norm_before() -> None
     norm = clip_and_step(model, opt, sched, max_norm=0)  # 0: no clipping
     moved = torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(model.parameters(), before, strict=True)))
     assert abs(float(moved) - norm) < 1e-3 * norm and norm > 0.5
+
+
+def test_every_ranks_own_state_is_written_verified_and_given_back(tmp_path: Path) -> None:
+    cfg = TrainConfig(task="mrpc", output_dir=str(tmp_path))
+    meta = {"config": cfg.__dict__, "world_size": 1, "global_batch": 32, "stats": {}}
+    mine = {"powersgd": {"error": [torch.arange(5.0), None]}}
+    path = checkpoint.write(tmp_path, 7, {"w": torch.ones(3)}, [checkpoint.rng_state()], meta, 3, [mine])
+    written = json.loads((path / "meta.json").read_text())
+    assert written["format"] == checkpoint.FORMAT == 2 and written["rank_state"] is True
+    assert set(written["files"]) == {"state.pt", "rng.pt", "ranks.pt"}
+    restored = checkpoint.load(path, 0, 1)
+    assert restored is not None and restored.rank_state is not None
+    error = restored.rank_state["powersgd"]["error"]
+    assert torch.equal(error[0], torch.arange(5.0)) and error[1] is None
+    ranks = path / "ranks.pt"
+    size = ranks.stat().st_size
+    ranks.write_bytes(ranks.read_bytes()[:-3])
+    assert checkpoint.damage(path) == f"ranks.pt has {size - 3} bytes, {size} were written"
+
+
+def test_a_format_1_checkpoint_still_loads_without_rank_state(tmp_path: Path) -> None:
+    path = write(tmp_path, 10)
+    (path / "ranks.pt").unlink()
+    meta = json.loads((path / "meta.json").read_text())
+    del meta["files"]["ranks.pt"], meta["rank_state"]
+    (path / "meta.json").write_text(json.dumps({**meta, "format": 1}))
+    assert checkpoint.damage(path) is None
+    restored = checkpoint.load(path, 0, 1)
+    assert restored is not None and restored.rank_state is None
+
+
+def sgd_meta(**over: object) -> dict[str, object]:
+    cfg = TrainConfig(task="mrpc", output_dir="o", sync="local-sgd", sync_every=4, batch_size=16)
+    return {"config": {**cfg.__dict__}, "world_size": 2, "global_batch": 32, "total": 16, "sync": "local-sgd:4",
+            "rank_state": True, "format": 2, **over}
+
+
+def test_per_rank_state_is_refused_on_other_ranks_or_another_sync() -> None:
+    cfg = TrainConfig(task="mrpc", output_dir="o", sync="local-sgd", sync_every=4, batch_size=16)
+    assert resume.adapt(cfg, sgd_meta(), 2, "ck").batch_size == 16
+    with pytest.raises(BadInput, match="holds each of 2 ranks' own local-sgd:4 state; 1 rank") as e:
+        resume.adapt(cfg, sgd_meta(), 1, "ck")
+    assert str(e.value).endswith(". Resume with --np 2")
+    with pytest.raises(BadInput, match="holds the ranks' own local-sgd:4 state; this run asks for local-sgd:8"):
+        resume.adapt(TrainConfig(task="mrpc", output_dir="o", sync="local-sgd", sync_every=8), sgd_meta(), 2, "ck")
+    # No rank has a state of its own (ddp, or PowerSGD before it compressed): another world size goes on.
+    assert resume.adapt(cfg, sgd_meta(rank_state=False), 4, "ck").batch_size == 8
+
+
+def test_a_checkpoint_of_a_newer_format_is_refused_in_one_line() -> None:
+    cfg = TrainConfig(task="mrpc", output_dir="o", sync="local-sgd", sync_every=4)
+    with pytest.raises(BadInput, match=r"checkpoint ck has format 3, newer than this cpudist's \(2\)"):
+        resume.adapt(cfg, sgd_meta(format=3), 2, "ck")

@@ -1,0 +1,121 @@
+"""Resume goes on exactly where the straight run went: dropout on, and every --sync strategy's own state.
+
+A straight run writes checkpoints; another run resumes from an early one in a folder of its own and
+writes none. From there on its losses and gradient norms must equal the straight run's at every step.
+Measured: bit-identical (same ranks, same order of every reduction). The bound is 1e-6 relative:
+room for a BLAS that picks another kernel elsewhere, and 90x below the least that a state left behind
+moved the first step it touched (measured by leaving each out in turn: rank 1's AdamW moments 9e-5,
+PowerSGD's error feedback 3e-4 of the gradient norm, DiLoCo's momentum 5e-4, the --second-moment-every
+count 9e-4, the ranks' RNG 3e-3). The straight run also checkpoints after the step the resume starts
+from: a checkpoint that changed the run (local SGD averaging at a checkpoint, as it did: 6e-4) shows there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.integration.helpers import cmdline, cpudist, descendants
+from tests.integration.test_resume import sigterm_ranks_at
+
+pytestmark = pytest.mark.slow
+
+STEPS = 16
+REL = 1e-6
+
+
+def common(shared_data: Path, steps: int = STEPS) -> list[str]:
+    """Two ranks of the tiny model with its own dropout (0.1) on: every step draws masks on every rank."""
+    return ["mrpc", "--data-dir", str(shared_data / "glue" / "MRPC"), "--model", "tiny", "--max-steps", str(steps),
+            "--precision", "fp32", "--log-every", "1", "--no-eval", "--lr", "1e-3", "--np", "2"]
+
+
+def steps(run_dir: Path) -> dict[int, dict[str, float]]:
+    return {s["step"]: s for s in map(json.loads, (run_dir / "steps.jsonl").read_text().splitlines())}
+
+
+def assert_goes_on_as(straight: Path, resumed: Path, after: int, total: int = STEPS) -> None:
+    """The resumed run's steps past `after` are the straight run's, loss and gradient norm."""
+    one, two = steps(straight), steps(resumed)
+    assert set(range(after + 1, total + 1)) <= set(two), sorted(two)
+    for n in range(after + 1, total + 1):
+        a, b = one[n], two[n]
+        assert abs(a["loss"] - b["loss"]) <= REL * abs(a["loss"]), (n, a, b)
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= REL * abs(a["grad_norm"]), (n, a, b)
+
+
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    return sorted(int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step-*"))
+
+
+def test_sigterm_with_dropout_then_resume_goes_on_bit_identical(shared_data: Path, tmp_path: Path) -> None:
+    """--fast-dropout (the default): every rank's RNG goes into the stop's checkpoint and comes back."""
+    total = 24
+    straight = tmp_path / "straight"
+    r = cpudist("run", *common(shared_data, total), "--output-dir", straight)
+    assert r.returncode == 0, r.stderr
+    run_dir = tmp_path / "run"
+    stopped = sigterm_ranks_at([*common(shared_data, total), "--output-dir", str(run_dir)], run_dir, 6, tmp_path)
+    assert stopped.returncode == 75, stopped.stderr
+    at = json.loads((run_dir / "preempted.json").read_text())["step"]
+    assert 6 <= at < total, at
+    assert not [p for p in descendants(os.getpid()) if "cpudist.train" in cmdline(p)]
+    resumed = cpudist("run", *common(shared_data, total), "--output-dir", run_dir, "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming from {run_dir}/checkpoints/step-{at:06d}" in resumed.stderr
+    assert_goes_on_as(straight, run_dir, 0, total)  # the first part as well: the stop changed nothing before it
+
+
+def test_time_based_checkpoints_are_written_and_resume_with_torch_dropout(shared_data: Path, tmp_path: Path) -> None:
+    """--checkpoint-every-min alone: checkpoints come by the clock (0.001 min: at least after the first step,
+    whose warm-up alone is longer, on any machine), and a run resumed from the first goes on exactly; with
+    torch's own dropout, whose masks come from the same per-rank generator."""
+    timed = tmp_path / "timed"
+    r = cpudist("run", *common(shared_data), "--torch-dropout", "--checkpoint-every-min", "0.001",
+                "--keep-checkpoints", "100", "--output-dir", timed)
+    assert r.returncode == 0, r.stderr
+    written = checkpoint_steps(timed)
+    assert written and written[0] < STEPS, written
+    first = timed / "checkpoints" / f"step-{written[0]:06d}"
+    assert json.loads((first / "meta.json").read_text())["config"]["checkpoint_every"] is None
+    resumed = tmp_path / "resumed"
+    r = cpudist("run", *common(shared_data), "--torch-dropout", "--output-dir", resumed, "--resume", first)
+    assert r.returncode == 0, r.stderr
+    assert not (resumed / "checkpoints").exists()
+    assert_goes_on_as(timed, resumed, written[0])
+
+
+LOCAL = ["--sync", "local-sgd", "--sync-every", "4"]  # averages at 4, 8, 12, 16: the resume starts between two
+CASES = {
+    "local-sgd": LOCAL,
+    "local-sgd-moments-bf16": [*LOCAL, "--average-moments", "both", "--grad-compression", "bf16",
+                               "--second-moment-every", "2"],
+    "diloco": [*LOCAL, "--outer-optimizer", "nesterov"],
+    "powersgd": ["--grad-compression", "powersgd:2"],  # compresses from step 3 (10% of 16, at least 2 plain steps)
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_resume_restores_every_ranks_sync_state(shared_data: Path, tmp_path: Path, case: str) -> None:
+    """Checkpoints at 5, 10, 15; the resume starts at 5 (mid-window, PowerSGD already compressing) and writes none.
+
+    On another number of ranks no rank could take up its own state: refused, before any rank starts."""
+    extra = CASES[case]
+    straight = tmp_path / "straight"
+    r = cpudist("run", *common(shared_data), *extra, "--checkpoint-every", "5", "--keep-checkpoints", "3",
+                "--output-dir", straight)
+    assert r.returncode == 0, r.stderr
+    assert checkpoint_steps(straight) == [5, 10, 15]
+    at = straight / "checkpoints" / "step-000005"
+    assert json.loads((at / "meta.json").read_text())["rank_state"] is True
+    resumed = tmp_path / "resumed"
+    r = cpudist("run", *common(shared_data), *extra, "--output-dir", resumed, "--resume", at)
+    assert r.returncode == 0, r.stderr
+    assert_goes_on_as(straight, resumed, 5)
+    one = cpudist("run", *common(shared_data), *extra, "--np", "1", "--output-dir", tmp_path / "one", "--resume", at)
+    assert one.returncode == 2, one.stderr
+    assert "holds each of 2 ranks' own" in one.stderr and "Resume with --np 2" in one.stderr
+    assert not (tmp_path / "one" / "steps.jsonl").exists()
