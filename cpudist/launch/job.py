@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import os
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -155,6 +157,20 @@ def _cluster_hosts(where: Placement, out_dir: Path, launcher: str,
     return hosts, str(rendered), ssh
 
 
+def rendezvous_address(hosts: tuple[Host, ...]) -> str:
+    """MASTER_ADDR: the head's name, or the head's address toward the next node when the head resolves its own
+    name to loopback (Debian's `127.0.1.1 <hostname>`): its ranks listen where MASTER_ADDR leads (train/dist.py)."""
+    head = hosts[0].name
+    try:
+        if len(hosts) < 2 or not ipaddress.ip_address(socket.gethostbyname(head)).is_loopback:
+            return head
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((socket.gethostbyname(hosts[1].name), 9))  # UDP: picks the route, sends nothing
+            return str(s.getsockname()[0])
+    except OSError:
+        return head
+
+
 def prepare(cfg: TrainConfig, where: Placement, launcher: str, mpirun: str | None,
             env_overrides: tuple[tuple[str, str], ...], allocator: str = "auto", dry_run: bool = False,
             openmp: str = "auto", slurm: SlurmOptions | None = None) -> RunSpec:
@@ -172,7 +188,7 @@ def prepare(cfg: TrainConfig, where: Placement, launcher: str, mpirun: str | Non
         hosts, master = slurm_job.slurm_hosts(allocation, where.np // where.ppn)
     elif where.hostfile is not None:
         hosts, hostfile, ssh = _cluster_hosts(where, Path(cfg.output_dir), name, dry_run)
-        master = hosts[0].name
+        master = rendezvous_address(hosts[: max(1, where.np // where.ppn)])
     return RunSpec(train=cfg, np=where.np, ppn=where.ppn, hosts=hosts, launcher=name, launcher_path=path,
                    python=sys.executable, master_addr=master, master_port=free_port(),
                    physical_cores=cpu.physical_cores, hub_offline=hub_offline, env_overrides=env_overrides,

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import importlib
+import ipaddress
+import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
 from cpudist.errors import BadInput
 from cpudist.launch.slurm import expand_counts
+from cpudist.train.netcount import iface_toward
 
 # (rank, size, local rank, local size) variables, most specific launcher first: torchrun sets
 # RANK even under Slurm, and Hydra sets PMI_* even inside an sbatch allocation.
@@ -78,8 +82,38 @@ def init_distributed(info: RankInfo, backend: str, env: Mapping[str, str], timeo
         if var not in env:
             raise BadInput(f"{var} is not set for rank {info.rank}",
                            "Start ranks with `cpudist run`, or export MASTER_ADDR/MASTER_PORT")
+    iface = gloo_interface(info, env) if backend == "gloo" else None
+    if iface is not None:
+        # torch builds gloo's device from this variable only (init_process_group takes no device).
+        os.environ["GLOO_SOCKET_IFNAME"] = iface
     dist.init_process_group(backend, init_method="env://", rank=info.rank,
                             world_size=info.world_size, timeout=timedelta(seconds=timeout_s))
+
+
+def _loopback(name: str) -> str | None:
+    """The loopback address `name` resolves to here (Debian's `127.0.1.1 <hostname>` line), or None."""
+    try:
+        addr = socket.gethostbyname(name)
+    except OSError:
+        return "nothing"  # gloo then falls back to loopback itself
+    return addr if ipaddress.ip_address(addr).is_loopback else None
+
+
+def gloo_interface(info: RankInfo, env: Mapping[str, str]) -> str | None:
+    """The interface gloo must listen on when this node's name resolves to loopback in a job across nodes
+    (gloo binds the hostname's address, which the other nodes cannot reach); None when gloo's choice is right."""
+    if env.get("GLOO_SOCKET_IFNAME") or info.local_world_size >= info.world_size:
+        return None
+    host = socket.gethostname()
+    own = _loopback(host)
+    if own is None:
+        return None
+    iface = iface_toward(env)  # the interface toward the head (on the head: MASTER_ADDR's own)
+    if iface is None:
+        raise BadInput(f"{host} resolves its own name to {own} (/etc/hosts), so gloo would listen where the other "
+                       "nodes cannot reach it", "Pass --iface with the interface toward the other nodes, or map "
+                       f"{host} to its network address in /etc/hosts")
+    return iface
 
 
 def shutdown_distributed() -> None:

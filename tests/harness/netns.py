@@ -238,7 +238,9 @@ class NetnsCluster:
             if not link.is_symlink():
                 link.symlink_to(entry)
         mounts = []
-        closed = sorted({p for p in (real_bin, *real_bin.parents) if p.is_dir() and not p.stat().st_mode & 0o001},
+        repo = Path(__file__).resolve().parents[2]  # an editable install imports cpudist from here
+        on_the_way = {p for top in (real_bin, repo) for p in (top, *top.parents)}
+        closed = sorted((p for p in on_the_way if p.is_dir() and not p.stat().st_mode & 0o001),
                         key=lambda p: len(p.parts))
         for n, folder in enumerate(closed):
             upper, work = self.node_dir(i) / f"pass-{n}", self.node_dir(i) / f"pass-{n}-work"
