@@ -3,7 +3,9 @@
 test_sync_exchange counts each strategy's bytes where the strategy is called by hand; this runs `cpudist
 run` across two hosts (one rank each, a real sshd each, tests/harness/netns.py), where cpudist's loop
 decides when to exchange: once per optimizer step under --grad-accum (not per micro-batch), every K-th step
-under local SGD, plain fp32 before PowerSGD compresses. Each node's eth0 counter, read by the rank between
+under local SGD, plain fp32 before PowerSGD compresses (its warm-up is a share of the run's steps); the
+16-bit wires halve the bytes whatever the loop does (test_sync_exchange counts them). Each node's eth0
+counter, read by the rank between
 barriers around the training steps (`measured_tx_bytes_per_step`), must match what cpudist.traffic
 expects of the strategy; the expectations are also pinned to the arithmetic of the case, so that a change
 in both the strategy and its expectation shows.
@@ -30,11 +32,11 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))]
 
 CPUDIST = [sys.executable, "-m", "cpudist.cli"]
-# Measured over the expected bytes: +0.3% for fp32 and bf16 steps, +1.5% for PowerSGD's (many small messages):
-# TCP/IP headers (veth offloads carry up to 64 KiB per counted packet), the peers' acknowledgements, and each
-# step's all-reduced stop flag. 5% keeps room for all of it and still rejects a skipped or doubled exchange
-# (-100%, +100%), an exchange per micro-batch (+100%), local SGD averaging every step (+50% and more here),
-# and PowerSGD sending fp32 after its warm-up (x6) or nothing (-23%).
+# Measured over the expected bytes: +0.2% to +0.4% for fp32 and 16-bit steps, +1.1% to +1.5% for PowerSGD's
+# small messages: TCP/IP headers (veth offloads carry up to 64 KiB per counted packet), the peers'
+# acknowledgements, and each step's all-reduced stop flag. 5% keeps room for all of it and still rejects a
+# skipped or doubled exchange (-100%, +100%), an exchange per micro-batch (+100%), local SGD averaging every
+# step (+120% here), and PowerSGD sending fp32 after its warm-up (x7.7) or nothing (-23%).
 TOLERANCE = 0.05
 
 
@@ -73,8 +75,6 @@ Bytes = Any  # (g, c) -> bytes per step
 CASES: dict[str, tuple[list[str], int, Bytes, dict[str, Bytes]]] = {
     "grad-accum": (["--grad-accum", "2"], 6, lambda g, c: 2 * g,
                    {"an exchange per micro-batch": lambda g, c: 2 * 2 * g}),
-    "ddp+fp16": (["--grad-compression", "fp16"], 6, lambda g, c: g,
-                 {"fp32 on the wire": lambda g, c: 2 * g}),
     # 2 fp32 warm-up steps (10% of 20, at least 2), then 18 compressed ones
     "ddp+powersgd:1": (["--grad-compression", "powersgd:1"], 20, lambda g, c: (2 * 2 * g + 18 * 2 * c) / 20,
                        {"fp32 after the warm-up": lambda g, c: 2 * g,
