@@ -23,7 +23,7 @@ from cpudist.cloud.aws.client import call
 from cpudist.errors import CpudistError
 from cpudist.hosts.ssh import KnownHosts, Remote, Target, wait_banner
 from cpudist.interrupts import shielded, signals_interrupt
-from cpudist.remote.session import build_wheel
+from cpudist.run.remote import build_wheel
 
 Say = Callable[[str], None]
 UBUNTU_PARAMETER = "/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/hvm/ebs-gp3/ami-id"

@@ -21,7 +21,11 @@ from cpudist.errors import BadInput, Preempted
 from cpudist.hosts.hostfile import render_hostfile
 from cpudist.interrupts import signals_interrupt
 from cpudist.launch.env import auto_ppn, threads_per_rank
-from cpudist.launch.job import (
+from cpudist.launch.plan import SBATCH_FILE, check_layout, plan
+from cpudist.results.ledger import default_ledger
+from cpudist.results.schema import RunResult
+from cpudist.run.agent import JobRequest
+from cpudist.run.prepare import (
     Callbacks,
     Placement,
     default_output_dir,
@@ -29,12 +33,8 @@ from cpudist.launch.job import (
     run_job,
     unfinished_run,
 )
-from cpudist.launch.plan import SBATCH_FILE, check_layout, plan
-from cpudist.remote.agent import JobRequest
-from cpudist.remote.session import Head, local_inputs, run_remote
-from cpudist.remote.targets import cluster_target, onprem_head, recover_cluster
-from cpudist.results.ledger import default_ledger
-from cpudist.results.schema import RunResult
+from cpudist.run.remote import Head, local_inputs, run_remote
+from cpudist.run.where import cluster_target, onprem_head, recover_cluster
 from cpudist.train.config import TrainConfig
 
 
@@ -201,7 +201,7 @@ def _run_remote(cfg: TrainConfig, head: Head, np_: int, ppn: int, launcher: str,
             click.echo(f"# stage {what} ({name}) {path} -> ~/.cpudist/stage/<sha256>/ on the head, then on "
                        f"{', '.join(h.name for h in head.inside[1: np_ // ppn]) or 'no other node'}")
         click.echo(f"# nodes (as they reach each other): {' '.join(h.name for h in head.inside[: np_ // ppn])}")
-        click.echo("# on the head: python -m cpudist.remote.agent, with this request on stdin")
+        click.echo("# on the head: python -m cpudist.run.agent, with this request on stdin")
         click.echo(request.to_json())
         return
     _batch_note(cfg, np_, quiet)

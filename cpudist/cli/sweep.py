@@ -16,9 +16,9 @@ from cpudist.cli.run import run
 from cpudist.cli.run_options import SECTIONS
 from cpudist.errors import BadInput, CpudistError, JobFailed, Preempted
 from cpudist.hosts.hostfile import read_hostfile
-from cpudist.launch.sweep import Where, check_series, default_sweep_dir, parse_counts, run_dirs
 from cpudist.results.ledger import read_result
 from cpudist.results.schema import RunResult
+from cpudist.run.sweep import Where, check_series, default_sweep_dir, parse_counts, run_dirs
 
 # run's options that a series sets itself for each count, and as what run sees them: --np left to
 # follow --nodes x --ppn (run's own rule, --ppn auto included); --output-dir of the sweep holds the runs'

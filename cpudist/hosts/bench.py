@@ -22,9 +22,9 @@ from cpudist import state
 from cpudist.cpu import read_cpu
 from cpudist.errors import BadInput, JobFailed
 from cpudist.launch import runner
-from cpudist.launch.job import Placement, _cluster_hosts, failed_host
 from cpudist.launch.plan import Launch, RunSpec
 from cpudist.launch.tools import free_port, resolve_launcher
+from cpudist.run.prepare import Placement, _cluster_hosts, failed_host
 from cpudist.traffic import ring_factor
 from cpudist.train.config import TrainConfig
 

@@ -1,4 +1,4 @@
-"""The agent's stdin watch (cpudist/remote/agent.py): a laptop that sent heartbeats and went silent is gone."""
+"""The agent's stdin watch (cpudist/run/agent.py): a laptop that sent heartbeats and went silent is gone."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 # (its stdout and stderr are /dev/null by then: nobody would read them).
 WATCHER = """
 import sys, threading, time
-from cpudist.remote import agent
+from cpudist.run import agent
 threading.Thread(target=agent._watch_stdin, args=(1.0,), daemon=True).start()
 try:
     time.sleep(30)

@@ -8,8 +8,8 @@ from cpudist.hosts.hostfile import Host
 from cpudist.hosts.keys import generate_key, ssh_config, ssh_wrapper
 from cpudist.hosts.probe import mem_available_gib
 from cpudist.launch.env import EnvSpec, node_env
-from cpudist.launch.outcome import failed_host
 from cpudist.launch.plan import RunSpec, plan
+from cpudist.run.outcome import failed_host
 from cpudist.train.config import TrainConfig
 
 HOSTS = tuple(Host(f"n{i}") for i in range(4))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from cpudist.remote import stage
-from cpudist.remote.agent import JobRequest, parse_status, status_line
+from cpudist.run import stage
+from cpudist.run.agent import JobRequest, parse_status, status_line
 from cpudist.train.config import TrainConfig
 
 

@@ -11,7 +11,7 @@ from cpudist.cli.main import cli
 from cpudist.cli.run import run
 from cpudist.cli.sweep import SET_PER_RUN, sweep
 from cpudist.errors import BadInput
-from cpudist.launch.sweep import Where, check_series, parse_counts, run_dirs
+from cpudist.run.sweep import Where, check_series, parse_counts, run_dirs
 
 HOSTFILE = Where(Path("hosts"), None, "auto", 4)
 

@@ -3,7 +3,7 @@
     laptop --ssh (public address, pinned host key)--> head --cluster ssh (private addresses)--> nodes
 
 Inputs go to the head once and fan out from it over the private network; the head runs
-`python -m cpudist.remote.agent`, which launches the ranks as `cpudist run --hostfile` does on a head
+`python -m cpudist.run.agent`, which launches the ranks as `cpudist run --hostfile` does on a head
 node; the result, the steps and the rank log come back into the local run folder and ledger.
 """
 
@@ -24,13 +24,13 @@ from cpudist.errors import BadInput, CpudistError, JobFailed, Preempted
 from cpudist.hosts.hostfile import Host, render_hostfile
 from cpudist.hosts.keys import CLUSTER_DIR
 from cpudist.hosts.ssh import KnownHosts, Remote, Target
-from cpudist.launch.job import Callbacks
-from cpudist.remote import stage
-from cpudist.remote.agent import JobRequest
-from cpudist.remote.follow import follow
 from cpudist.results import ledger
 from cpudist.results.ledger import default_ledger
 from cpudist.results.schema import RunResult
+from cpudist.run import stage
+from cpudist.run.agent import JobRequest
+from cpudist.run.follow import follow
+from cpudist.run.prepare import Callbacks
 from cpudist.train.config import TrainConfig
 from cpudist.train.models import PRESETS, resolve_model, tokenizer_source
 from cpudist.train.preempt import MARKER
@@ -141,7 +141,7 @@ def _stage_code(head: Remote, python: str, stager: Stager, mode: str, wheels: Pa
     if mode == "never":
         return None
     if mode == "auto":
-        code, out, _ = head.run(f"{shlex.quote(python)} -c 'from cpudist.remote.stage import code_fingerprint; "
+        code, out, _ = head.run(f"{shlex.quote(python)} -c 'from cpudist.run.stage import code_fingerprint; "
                                 f"print(code_fingerprint())'", timeout=60)
         if code == 0 and out.strip().splitlines()[-1:] == [stage.code_fingerprint()]:
             return None
@@ -181,7 +181,7 @@ def run_remote(cfg: TrainConfig, request: JobRequest, head_spec: Head, local_dir
         job = dataclasses.replace(request, train=remote_cfg, hostfile=f"{run_dir}/hostfile.in", env=env)
         prefix = f"env PYTHONPATH={shlex.quote(pythonpath)} " if pythonpath else ""
         # From the home folder: Hydra starts every rank in the launcher's folder, which must exist on all nodes.
-        command = f"cd && exec {prefix}{shlex.quote(python)} -m cpudist.remote.agent"
+        command = f"cd && exec {prefix}{shlex.quote(python)} -m cpudist.run.agent"
         staging_s = round(time.monotonic() - started, 1)
         say(f"launching on {head_spec.target.host} ({len(nodes)} node(s)); staging took {staging_s}s, "
             f"sent {stager.sent_bytes / 1e6:.1f} MB")

@@ -1,4 +1,4 @@
-"""The head-node side of a run started elsewhere: `python -m cpudist.remote.agent`, spec on stdin.
+"""The head-node side of a run started elsewhere: `python -m cpudist.run.agent`, spec on stdin.
 
 The laptop sends one JSON line (a JobRequest), keeps stdin open while it watches, and reads rank
 output and progress events from stdout. End of stdin (Ctrl-C on the laptop, or a lost connection)
@@ -108,8 +108,8 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def execute(req: JobRequest) -> int:
     """Run the request like `cpudist run --hostfile` on this node; the exit code to leave with."""
-    from cpudist.launch.job import Callbacks, Placement, prepare, run_job
     from cpudist.launch.plan import plan
+    from cpudist.run.prepare import Callbacks, Placement, prepare, run_job
 
     try:
         where = Placement(req.np, req.ppn, Path(req.hostfile), None, req.oversubscribe, req.iface)

@@ -22,12 +22,12 @@ from cpudist.errors import BadInput, JobFailed
 from cpudist.hosts.hostfile import Host, check_resolvable, local_hosts, read_hostfile, render_hostfile
 from cpudist.hosts.keys import local_cluster_dir
 from cpudist.launch import runner, slurm_job
-from cpudist.launch.outcome import check, fetch_from_rank0, record
-from cpudist.launch.outcome import failed_host as failed_host  # where it lived before outcome.py
 from cpudist.launch.plan import Launch, RunSpec, check_layout
 from cpudist.launch.slurm import SlurmOptions
 from cpudist.launch.tools import free_port, is_this_machine, pick_allocator, pick_openmp, resolve_launcher
 from cpudist.results.schema import RunResult
+from cpudist.run.outcome import check, fetch_from_rank0, record
+from cpudist.run.outcome import failed_host as failed_host  # where it lived before outcome.py
 from cpudist.train import resume
 from cpudist.train.config import TrainConfig
 from cpudist.train.models import is_local_model, resolve_model, tokenizer_source

@@ -10,7 +10,7 @@ from cpudist.hosts.hostfile import Host, read_hostfile
 from cpudist.hosts.keys import local_cluster_dir
 from cpudist.hosts.ssh import Target
 from cpudist.launch.tools import is_this_machine
-from cpudist.remote.session import Head
+from cpudist.run.remote import Head
 
 
 def cluster_target(name: str, nodes: int, python: str | None,
