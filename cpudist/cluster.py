@@ -22,7 +22,7 @@ from cpudist.cloud.aws.errors import AwsError
 from cpudist.cloud.aws.instances import LaunchSpec, Node
 from cpudist.cloud.aws.pricing import Price, hourly_price, on_demand_price
 from cpudist.errors import BadInput, CpudistError
-from cpudist.hosts.hostfile import Host, render_hostfile
+from cpudist.hostfile import Host, render_hostfile
 from cpudist.hosts.setup import forget, ssh_setup
 from cpudist.hosts.ssh import KnownHosts, Remote, Target, wait_banner
 from cpudist.interrupts import shielded, signals_interrupt

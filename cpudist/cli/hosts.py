@@ -12,10 +12,10 @@ from rich.table import Table
 
 from cpudist.cli.options import output_options
 from cpudist.errors import CpudistError
+from cpudist.hostfile import check_resolvable, read_hostfile, render_hostfile
 from cpudist.hosts.bench import DEFAULT_SIZES, BenchResult, Probe, human, parse_sizes, probe_spec, run_probe, save
 from cpudist.hosts.doctor import doctor as run_doctor
 from cpudist.hosts.doctor import usable_text
-from cpudist.hosts.hostfile import check_resolvable, read_hostfile, render_hostfile
 from cpudist.hosts.keys import local_cluster_dir
 from cpudist.hosts.setup import forget as forget_host
 from cpudist.hosts.setup import setup_plan

@@ -18,7 +18,7 @@ from cpudist.cli.run_options import SECTIONS, run_options
 from cpudist.cli.slurm_options import to_slurm_options
 from cpudist.cpu import read_cpu
 from cpudist.errors import BadInput, Preempted
-from cpudist.hosts.hostfile import render_hostfile
+from cpudist.hostfile import render_hostfile
 from cpudist.interrupts import signals_interrupt
 from cpudist.launch.env import auto_ppn, threads_per_rank
 from cpudist.launch.plan import SBATCH_FILE, check_layout, plan

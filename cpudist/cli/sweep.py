@@ -15,7 +15,7 @@ from cpudist.cli.report import format_option, plot_option, show_report
 from cpudist.cli.run import run
 from cpudist.cli.run_options import SECTIONS
 from cpudist.errors import BadInput, CpudistError, JobFailed, Preempted
-from cpudist.hosts.hostfile import read_hostfile
+from cpudist.hostfile import read_hostfile
 from cpudist.results.ledger import read_result
 from cpudist.results.schema import RunResult
 from cpudist.run.sweep import Where, check_series, default_sweep_dir, parse_counts, run_dirs

@@ -157,7 +157,7 @@ class Probe:
 
 def probe_spec(probe: Probe, workdir: Path, dry_run: bool = False) -> RunSpec:
     """The launch spec of a probe on every node of the hostfile (checked; a dry run writes and probes nothing)."""
-    from cpudist.hosts.hostfile import read_hostfile
+    from cpudist.hostfile import read_hostfile
 
     hosts = read_hostfile(probe.hostfile)
     np_ = len(hosts) * probe.ppn

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cpudist.errors import CpudistError
-from cpudist.hosts.hostfile import Host
+from cpudist.hostfile import Host
 from cpudist.hosts.keys import local_cluster_dir
 from cpudist.hosts.probe import facts as local_facts
 from cpudist.hosts.setup import parallel

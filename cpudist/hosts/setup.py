@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from cpudist import state
-from cpudist.hosts.hostfile import Host
+from cpudist.hostfile import Host
 from cpudist.hosts.keys import CLUSTER_DIR, load_or_create_key, local_cluster_dir, ssh_config, ssh_wrapper
 from cpudist.hosts.ssh import KnownHosts, Remote, Target
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cpudist.errors import BadInput
-from cpudist.hosts.hostfile import Host
+from cpudist.hostfile import Host
 from cpudist.launch import slurm, torchrun
 from cpudist.launch.env import EnvSpec, node_env
 from cpudist.launch.slurm import Allocation, SlurmOptions

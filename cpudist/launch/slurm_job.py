@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cpudist.errors import BadInput, JobFailed
-from cpudist.hosts.hostfile import Host
+from cpudist.hostfile import Host
 from cpudist.interrupts import shielded
 from cpudist.launch.plan import SBATCH_FILE, Launch
 from cpudist.launch.slurm import Allocation, JobInfo, expand_counts, parse_job

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from cpudist.errors import JobFailed, Preempted
-from cpudist.hosts.hostfile import Host
+from cpudist.hostfile import Host
 from cpudist.launch import slurm
 from cpudist.launch.plan import RunSpec
 from cpudist.launch.runner import Outcome

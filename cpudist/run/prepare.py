@@ -19,7 +19,7 @@ from typing import Any
 
 from cpudist.cpu import read_cpu
 from cpudist.errors import BadInput, JobFailed
-from cpudist.hosts.hostfile import Host, check_resolvable, local_hosts, read_hostfile, render_hostfile
+from cpudist.hostfile import Host, check_resolvable, local_hosts, read_hostfile, render_hostfile
 from cpudist.hosts.keys import local_cluster_dir
 from cpudist.launch import runner, slurm_job
 from cpudist.launch.plan import Launch, RunSpec, check_layout

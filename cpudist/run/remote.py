@@ -21,7 +21,7 @@ from typing import Any
 
 import cpudist
 from cpudist.errors import BadInput, CpudistError, JobFailed, Preempted
-from cpudist.hosts.hostfile import Host, render_hostfile
+from cpudist.hostfile import Host, render_hostfile
 from cpudist.hosts.keys import CLUSTER_DIR
 from cpudist.hosts.ssh import KnownHosts, Remote, Target
 from cpudist.results import ledger

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cpudist.errors import BadInput
-from cpudist.hosts.hostfile import Host, read_hostfile
+from cpudist.hostfile import Host, read_hostfile
 from cpudist.hosts.keys import local_cluster_dir
 from cpudist.hosts.ssh import Target
 from cpudist.launch.tools import is_this_machine

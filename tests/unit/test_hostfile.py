@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cpudist.errors import BadInput
-from cpudist.hosts.hostfile import Host, check_resolvable, parse_hostfile, render_hostfile
+from cpudist.hostfile import Host, check_resolvable, parse_hostfile, render_hostfile
 
 label = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,10}[a-z0-9])?", fullmatch=True)
 hostname = st.lists(label, min_size=1, max_size=3).map(".".join)

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from cpudist.errors import BadInput
-from cpudist.hosts.hostfile import Host, local_hosts
+from cpudist.hostfile import Host, local_hosts
 from cpudist.launch.env import EnvSpec, node_env, parse_env_pairs
 from cpudist.launch.plan import RunSpec, check_layout, plan
 from cpudist.train.config import TrainConfig, from_argv

@@ -3,8 +3,8 @@ from __future__ import annotations
 import paramiko
 import pytest
 
+from cpudist.hostfile import Host
 from cpudist.hosts.doctor import compare
-from cpudist.hosts.hostfile import Host
 from cpudist.hosts.keys import generate_key, ssh_config, ssh_wrapper
 from cpudist.hosts.probe import mem_available_gib
 from cpudist.launch.env import EnvSpec, node_env

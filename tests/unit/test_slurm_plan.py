@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cpudist.errors import BadInput
-from cpudist.hosts.hostfile import Host
+from cpudist.hostfile import Host
 from cpudist.launch.plan import RunSpec, plan
 from cpudist.launch.slurm import Allocation, JobInfo, SlurmOptions, expand_counts, failure, parse_job
 from cpudist.train.config import TrainConfig, from_argv
