@@ -44,7 +44,7 @@ class Arm:
 
     name: str
     trainer: str  # "cpudist" or "hf"
-    # cpudist flags (python -m cpudist.train) or TrainingArguments fields, as strings/numbers.
+    # cpudist flags (python -m cpudist.rank) or TrainingArguments fields, as strings/numbers.
     overrides: dict[str, Any] = field(default_factory=dict)
 
 
@@ -111,7 +111,7 @@ def child_env() -> dict[str, str]:
     repo = str(HERE.parent)
     return {**os.environ, "HF_HUB_OFFLINE": "1",  # no Hub here: fail fast instead of retrying
             "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", ""),
-            # cpudist.train always opens a process group, even a world of one.
+            # cpudist.rank always opens a process group, even a world of one.
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
 
 
@@ -119,7 +119,7 @@ def cpudist_argv(arm: Arm, data: Path, model: str, plan: dict[str, Any], seed: i
     base = {"task": "stsb", "data-dir": str(data), "model": model, "epochs": plan["epochs"], "lr": plan["lr"],
             "batch-size": BATCH, "max-seq-len": MAX_LEN, "seed": seed, "output-dir": str(out),
             "log-every": 1, **arm.overrides}
-    return [sys.executable, "-m", "cpudist.train", *[f"--{k}={v}" for k, v in base.items()]]
+    return [sys.executable, "-m", "cpudist.rank", *[f"--{k}={v}" for k, v in base.items()]]
 
 
 def run_cpudist(arm: Arm, data: Path, model: str, plan: dict[str, Any], seed: int, tmp: Path) -> dict[str, Any]:

@@ -14,6 +14,8 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from cpudist.train.dist import expand_counts as expand_counts  # parsed where the ranks read it
+
 # States after which a job runs no more (man squeue, JOB STATE CODES).
 TERMINAL = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
                       "OUT_OF_MEMORY", "PREEMPTED", "REVOKED", "SPECIAL_EXIT", "TIMEOUT"})
@@ -62,17 +64,6 @@ class JobInfo:
     @property
     def ended(self) -> bool:
         return self.state in TERMINAL
-
-
-def expand_counts(text: str) -> list[int]:
-    """Slurm's compressed per-node counts, e.g. SLURM_TASKS_PER_NODE `2(x3),1` -> [2, 2, 2, 1]."""
-    counts: list[int] = []
-    for part in text.strip().split(","):
-        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
-        if m is None:
-            raise ValueError(f"not a Slurm count list: {text!r}")
-        counts += [int(m.group(1))] * int(m.group(2) or 1)
-    return counts
 
 
 def parse_job(text: str) -> JobInfo | None:

@@ -144,7 +144,7 @@ def _decoder(hint: Any) -> Any:
 def from_argv(argv: list[str]) -> TrainConfig:
     """Parse what `to_argv` rendered back into a TrainConfig."""
     hints = typing.get_type_hints(TrainConfig)
-    parser = argparse.ArgumentParser(prog="python -m cpudist.train")
+    parser = argparse.ArgumentParser(prog="python -m cpudist.rank")
     for f in dataclasses.fields(TrainConfig):
         required = _default(f) is dataclasses.MISSING
         parser.add_argument(_flag(f.name), dest=f.name, type=_decoder(hints[f.name]),

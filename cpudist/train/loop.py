@@ -21,6 +21,7 @@ from cpudist.flops import ModelShape, training_flops
 from cpudist.train import checkpoint, events, netcount, preempt, speed, sync
 from cpudist.train.checkpoint import Position, Restored, gather_rngs, seed_all, set_rng_state
 from cpudist.train.config import TrainConfig, effective_lr
+from cpudist.train.durable import Mirror
 from cpudist.train.features import Encoded, collate
 from cpudist.train.preempt import StopRequests
 from cpudist.train.sampling import fed_batches, global_batches
@@ -67,7 +68,7 @@ class Saver:
     every: int | None
     every_s: float | None
     keep: int
-    mirror: Any = None  # a durable.S3Mirror, or None
+    mirror: Mirror | None = None  # the durable copy (--checkpoint-s3)
     wall_before_s: float = 0.0  # wall time of the earlier parts of a resumed run
     parts: int = 1
     started: float = field(default_factory=time.perf_counter)  # this part's start (perf_counter)

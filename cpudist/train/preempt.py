@@ -1,4 +1,5 @@
-"""Why a rank should stop early: SIGTERM, or a spot interruption notice from the instance metadata.
+"""Why a rank should stop early: SIGTERM, or the provider's notice that it reclaims the machine (a spot
+interruption: cpudist/cloud/aws/notice.py polls for it, handed in by cpudist/rank.py as a NoticePoller).
 
 A signal handler only sets a flag; the loop asks at each step boundary, all ranks agree over one
 all-reduce, write a checkpoint and leave with EXIT_PREEMPTED, so the launcher and `cpudist run`
@@ -9,8 +10,7 @@ from __future__ import annotations
 
 import signal
 from types import FrameType
-
-from cpudist.train.notice import DEFAULT_IMDS, NoticeWatcher, on_ec2
+from typing import Any, Protocol
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped on purpose, resume to go on
 MARKER = "preempted.json"  # rank 0 writes it in the run folder: step, checkpoint, reason
@@ -20,6 +20,33 @@ NOTICE = "spot interruption notice"
 PEER = "a peer rank was asked to stop"
 
 
+class Notice(Protocol):
+    """A posted interruption: what the provider will do, and when (its own words, or None)."""
+
+    @property
+    def action(self) -> str: ...
+
+    @property
+    def time(self) -> str | None: ...
+
+
+class NoticePoller(Protocol):
+    """Polls the provider in the background for a notice that this machine is about to go."""
+
+    @property
+    def notice(self) -> Notice | None:
+        """The first notice seen (it stays once set), or None."""
+        ...
+
+    def start(self) -> Any:
+        """Start polling."""
+        ...
+
+    def stop(self) -> None:
+        """Stop polling (promptly)."""
+        ...
+
+
 def stop_reason(reasons: list[tuple[str, str | None]]) -> tuple[str, str | None]:
     """Which (host, reason) of all ranks' to report: a spot notice first (it names the cause, where a SIGTERM
     that came with it does not), then any rank's own reason, else rank 0's."""
@@ -27,21 +54,12 @@ def stop_reason(reasons: list[tuple[str, str | None]]) -> tuple[str, str | None]
     return next((x for x in own if x[1] and x[1].startswith(NOTICE)), own[0] if own else reasons[0])
 
 
-def imds_endpoint(setting: str) -> str | None:
-    """The metadata service to poll: `auto` is AWS's own on EC2 only, `off` none, else the URL given."""
-    if setting == "off":
-        return None
-    if setting == "auto":
-        return DEFAULT_IMDS if on_ec2() else None
-    return setting.rstrip("/")
-
-
 class StopRequests:
-    """SIGTERM and (on one rank per node) interruption notices, asked at step boundaries."""
+    """SIGTERM and (on one rank per node: the others get no poller) interruption notices, asked at step boundaries."""
 
-    def __init__(self, imds: str | None, poll_s: float = 5.0) -> None:
+    def __init__(self, watcher: NoticePoller | None) -> None:
         self.reason: str | None = None
-        self.watcher = NoticeWatcher(imds, poll_s) if imds else None
+        self.watcher = watcher
         self._previous = signal.getsignal(signal.SIGTERM)
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:

@@ -19,6 +19,7 @@ from cpudist.errors import BadInput
 from cpudist.train import checkpoint, sync
 from cpudist.train.checkpoint import Restored
 from cpudist.train.config import TrainConfig
+from cpudist.train.durable import Mirror
 from cpudist.train.loop import Saver
 
 
@@ -26,18 +27,8 @@ def checkpoint_folder(cfg: TrainConfig, run_dir: Path) -> Path:
     return Path(cfg.checkpoint_dir).expanduser() if cfg.checkpoint_dir else run_dir / "checkpoints"
 
 
-def mirror_of(cfg: TrainConfig) -> Any:
-    """The S3 copy of the checkpoints, when --checkpoint-s3 is given."""
-    if not cfg.checkpoint_s3:
-        return None
-    from cpudist.train.durable import S3Mirror
-
-    return S3Mirror(cfg.checkpoint_s3)
-
-
-def _from_s3(cfg: TrainConfig, folder: Path, say: Callable[[str], None]) -> Path | None:
+def _from_s3(cfg: TrainConfig, folder: Path, say: Callable[[str], None], mirror: Mirror | None) -> Path | None:
     """Download the newest undamaged checkpoint of the S3 copy into `folder`."""
-    mirror = mirror_of(cfg)
     if mirror is None:
         return None
     for name in reversed(mirror.complete()):
@@ -50,13 +41,13 @@ def _from_s3(cfg: TrainConfig, folder: Path, say: Callable[[str], None]) -> Path
     return None
 
 
-def pick(cfg: TrainConfig, run_dir: Path, say: Callable[[str], None]) -> Path | None:
-    """Rank 0's choice of checkpoint for `--resume` (None: start from step 0)."""
+def pick(cfg: TrainConfig, run_dir: Path, say: Callable[[str], None], mirror: Mirror | None = None) -> Path | None:
+    """Rank 0's choice of checkpoint for `--resume` (None: start from step 0); `mirror`: the S3 copy, if any."""
     if cfg.resume is None:
         return None
     if cfg.resume == "auto":
         folder = checkpoint_folder(cfg, run_dir)
-        found = checkpoint.choose(folder, say) or _from_s3(cfg, folder, say)
+        found = checkpoint.choose(folder, say) or _from_s3(cfg, folder, say, mirror)
         if found is None:
             say(f"--resume auto: no checkpoint in {folder}{' or ' + cfg.checkpoint_s3 if cfg.checkpoint_s3 else ''}"
                 ", starting from step 0")
@@ -105,10 +96,10 @@ def _check_rank_state(cfg: TrainConfig, meta: dict[str, Any], world: int, path: 
                        "Resume with the --sync options of the run that wrote it")
 
 
-def start(cfg: TrainConfig, run_dir: Path, rank: int, world: int,
-          say: Callable[[str], None]) -> tuple[TrainConfig, Restored | None]:
+def start(cfg: TrainConfig, run_dir: Path, rank: int, world: int, say: Callable[[str], None],
+          mirror: Mirror | None = None) -> tuple[TrainConfig, Restored | None]:
     """(config to train with, checkpoint to continue from): a collective, every rank calls it."""
-    path = pick(cfg, run_dir, say) if rank == 0 else None
+    path = pick(cfg, run_dir, say, mirror) if rank == 0 else None
     restored = checkpoint.load(path, rank, world)
     if restored is None:
         return cfg, None
@@ -121,12 +112,13 @@ def start(cfg: TrainConfig, run_dir: Path, rank: int, world: int,
     return adapted, restored
 
 
-def saver(cfg: TrainConfig, run_dir: Path, restored: Restored | None, started: float) -> Saver:
-    """When and where this part writes checkpoints, and what the earlier parts took."""
+def saver(cfg: TrainConfig, run_dir: Path, restored: Restored | None, started: float,
+          mirror: Mirror | None = None) -> Saver:
+    """When and where this part writes checkpoints (and their durable copy), and what the earlier parts took."""
     prior_wall = float(restored.meta.get("wall_s", 0.0)) if restored else 0.0
     return Saver(checkpoint_folder(cfg, run_dir), cfg.checkpoint_every,
                  cfg.checkpoint_every_min * 60 if cfg.checkpoint_every_min else None, cfg.keep_checkpoints,
-                 mirror_of(cfg), prior_wall, restored.meta.get("parts", 1) + 1 if restored else 1, started)
+                 mirror, prior_wall, restored.meta.get("parts", 1) + 1 if restored else 1, started)
 
 
 def preflight(cfg: TrainConfig, world: int) -> None:

@@ -147,7 +147,7 @@ def test_up_run_report_down_from_the_laptop(world: World, cloud: dict[str, Any],
 def test_a_killed_rank_fails_the_run_clearly_and_leaves_nothing(world: World, cloud: dict[str, Any],
                                                                 cluster: str) -> None:
     proc = start_long_run(world, cloud)
-    victim = next(pid for pid in world.hosts.pids(2) if "cpudist.train" in cmdline(pid))
+    victim = next(pid for pid in world.hosts.pids(2) if "cpudist.rank" in cmdline(pid))
     os.kill(victim, signal.SIGKILL)
     killed = time.monotonic()
     out, _ = proc.communicate(timeout=120)

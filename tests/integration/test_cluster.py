@@ -149,7 +149,7 @@ def test_killed_rank_on_a_remote_host_ends_the_job(ready: NetnsCluster, shared_d
         wait_for(lambda: (steps.exists() and steps.stat().st_size) or proc.poll() is not None, 120,
                  "training to start")
         assert proc.poll() is None, output_of(proc)
-        victims = [p for p in ready.pids(2) if "cpudist.train" in cmdline(p) and "hydra" not in cmdline(p)]
+        victims = [p for p in ready.pids(2) if "cpudist.rank" in cmdline(p) and "hydra" not in cmdline(p)]
         assert len(victims) == 1
         os.kill(victims[0], signal.SIGKILL)
         start = time.monotonic()
@@ -163,7 +163,7 @@ def test_killed_rank_on_a_remote_host_ends_the_job(ready: NetnsCluster, shared_d
 
     def ranks_left() -> list[str]:
         return [f"{ready.name(i)}: {cmdline(p)[:100]}" for i in range(4) for p in ready.pids(i)
-                if "cpudist.train" in cmdline(p)]
+                if "cpudist.rank" in cmdline(p)]
 
     wait_for(lambda: not ranks_left(), 30, "every rank on every host to exit", ranks_left)
 

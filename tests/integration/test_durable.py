@@ -1,4 +1,5 @@
-"""Checkpoint mirroring against moto's S3 server over HTTP: the client is boto3's own, found by its env vars."""
+"""Checkpoint mirroring (train/durable.py) over the S3 store (cloud/aws/objects.py) against moto's S3 server over
+HTTP: the client is boto3's own, found by its env vars."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from botocore.config import Config
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cpudist.cloud.aws.objects import S3Objects, parse_s3_url
 from cpudist.errors import BadInput, CpudistError
-from cpudist.train.durable import MARKER, MirrorError, S3Mirror, parse_s3_url
+from cpudist.train.durable import MARKER, Mirror, MirrorError
 from tests.harness.s3 import FAKE_CREDENTIALS, S3Server
 
 
@@ -61,7 +63,7 @@ def keys(s3: Any, bucket: str) -> set[str]:
 
 
 def test_upload_list_download_round_trip(s3: Any, bucket: str, tmp_path: Path) -> None:
-    mirror = S3Mirror(f"s3://{bucket}/runs/sst2/")
+    mirror = Mirror(S3Objects(f"s3://{bucket}/runs/sst2/"))
     first = checkpoint(tmp_path / "out", 900, size=9 * 2**20)  # above boto3's multipart threshold
     second = checkpoint(tmp_path / "out", 1000)
     mirror.upload(second)
@@ -77,9 +79,9 @@ def test_upload_list_download_round_trip(s3: Any, bucket: str, tmp_path: Path) -
 
 
 def test_marker_is_uploaded_last(s3: Any, bucket: str, tmp_path: Path) -> None:
-    mirror = S3Mirror(f"s3://{bucket}")
+    mirror = Mirror(S3Objects(f"s3://{bucket}"))
     order: list[str] = []
-    mirror.client.meta.events.register("before-parameter-build.s3.PutObject",
+    mirror.store.client.meta.events.register("before-parameter-build.s3.PutObject",
                                        lambda params, **_: order.append(params["Key"]))
     mirror.upload(checkpoint(tmp_path, 40))
     assert len(order) == 4 and order[-1] == f"step-000040/{MARKER}"
@@ -87,7 +89,7 @@ def test_marker_is_uploaded_last(s3: Any, bucket: str, tmp_path: Path) -> None:
 
 
 def test_checkpoint_without_marker_is_not_listed(s3: Any, bucket: str, tmp_path: Path) -> None:
-    mirror = S3Mirror(f"s3://{bucket}/run")
+    mirror = Mirror(S3Objects(f"s3://{bucket}/run"))
     mirror.upload(checkpoint(tmp_path, 10))
     half = checkpoint(tmp_path, 20, complete=False)
     for path in half.rglob("*.pt"):  # an upload cut short before its marker
@@ -99,7 +101,7 @@ def test_checkpoint_without_marker_is_not_listed(s3: Any, bucket: str, tmp_path:
 
 
 def test_reupload_replaces_the_earlier_copy(s3: Any, bucket: str, tmp_path: Path) -> None:
-    mirror = S3Mirror(f"s3://{bucket}/run")
+    mirror = Mirror(S3Objects(f"s3://{bucket}/run"))
     ckpt = checkpoint(tmp_path, 60)
     (ckpt / "ranks" / "rank-1.pt").write_bytes(b"from a world of two")
     mirror.upload(ckpt)
@@ -112,7 +114,7 @@ def test_reupload_replaces_the_earlier_copy(s3: Any, bucket: str, tmp_path: Path
 
 
 def test_download_replaces_a_stale_local_copy(s3: Any, bucket: str, tmp_path: Path) -> None:
-    mirror = S3Mirror(f"s3://{bucket}/run")
+    mirror = Mirror(S3Objects(f"s3://{bucket}/run"))
     mirror.upload(checkpoint(tmp_path / "src", 30))
     stale = checkpoint(tmp_path / "dest", 30, complete=False)
     (tmp_path / "dest" / "step-000030.part").mkdir()  # left by an interrupted download
@@ -123,7 +125,7 @@ def test_download_replaces_a_stale_local_copy(s3: Any, bucket: str, tmp_path: Pa
 
 
 def test_prune_keeps_the_newest(s3: Any, bucket: str, tmp_path: Path) -> None:
-    mirror = S3Mirror(f"s3://{bucket}/run")
+    mirror = Mirror(S3Objects(f"s3://{bucket}/run"))
     for step in (10, 20, 30, 40):
         mirror.upload(checkpoint(tmp_path, step))
     for step in (15, 50):  # one abandoned upload, one still under way
@@ -139,7 +141,7 @@ def test_prune_keeps_the_newest(s3: Any, bucket: str, tmp_path: Path) -> None:
 
 
 def test_upload_refuses_an_unfinished_checkpoint(s3: Any, bucket: str, tmp_path: Path) -> None:
-    mirror = S3Mirror(f"s3://{bucket}/run")
+    mirror = Mirror(S3Objects(f"s3://{bucket}/run"))
     with pytest.raises(BadInput, match="no COMPLETE marker"):
         mirror.upload(checkpoint(tmp_path, 5, complete=False))
     (tmp_path / "latest").mkdir()
@@ -149,7 +151,7 @@ def test_upload_refuses_an_unfinished_checkpoint(s3: Any, bucket: str, tmp_path:
 
 
 def test_missing_bucket_says_how_to_create_it(s3: Any, tmp_path: Path) -> None:
-    mirror = S3Mirror("s3://no-such-bucket-here/run")
+    mirror = Mirror(S3Objects("s3://no-such-bucket-here/run"))
     with pytest.raises(MirrorError, match=r"NoSuchBucket.*aws s3 mb s3://no-such-bucket-here") as e:
         mirror.complete()
     assert e.value.code == "NoSuchBucket" and isinstance(e.value, CpudistError)
@@ -162,7 +164,7 @@ def test_no_credentials_says_how_to_configure(s3: Any, monkeypatch: pytest.Monke
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance profile to find off EC2
     with pytest.raises(MirrorError, match=r"no AWS credentials.*aws configure"):
-        S3Mirror("s3://some-bucket/run").complete()
+        Mirror(S3Objects("s3://some-bucket/run")).complete()
 
 
 def test_unreachable_endpoint_is_reported(s3: Any) -> None:
@@ -171,7 +173,7 @@ def test_unreachable_endpoint_is_reported(s3: Any) -> None:
         dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
     client = boto3.client("s3", endpoint_url=dead, config=Config(retries={"total_max_attempts": 1}))
     with pytest.raises(MirrorError, match=r"S3 is unreachable.*AWS_ENDPOINT_URL_S3"):
-        S3Mirror("s3://some-bucket", client=client).complete()
+        Mirror(S3Objects("s3://some-bucket", client=client)).complete()
 
 
 @pytest.mark.parametrize("url", ["", "my-bucket/run", "s3:/my-bucket", "s3://", "s3://My_Bucket/run",

@@ -133,7 +133,7 @@ def test_stopping_the_laptop_stops_every_rank_with_each_mpi(site: World, launche
         seen = read_until(proc, "step 3/")
         assert any("step 3/" in line for line in seen), "".join(seen)[-4000:]
         ranks = [pid for i in range(site.hosts.n) for pid in site.hosts.pids(i)
-                 if cmdline(pid).split()[1:3] == ["-m", "cpudist.train"]]
+                 if cmdline(pid).split()[1:3] == ["-m", "cpudist.rank"]]
         assert len(ranks) == 2, leftovers(site)
         proc.send_signal(how)
         out, _ = proc.communicate(timeout=120)
@@ -165,7 +165,7 @@ def test_a_laptop_link_that_drops_silently_stops_every_rank(site: World) -> None
     try:
         read_until(proc, "step 3/")
         ranks = [pid for i in range(site.hosts.n) for pid in site.hosts.pids(i)
-                 if cmdline(pid).split()[1:3] == ["-m", "cpudist.train"]]
+                 if cmdline(pid).split()[1:3] == ["-m", "cpudist.rank"]]
         assert len(ranks) == 2, leftovers(site)
         _drop_link(site, on=True)
         cut = time.monotonic()

@@ -82,4 +82,4 @@ def test_a_run_as_ubuntu_on_stock_nodes_finds_python_by_itself(stock: World) -> 
     assert result["staging"]["remote_run_dir"].startswith(f"{pwd.getpwnam(USER).pw_dir}/.cpudist/runs/")
     # The ranks ran under the Python the lookup found on the login's PATH, not one the laptop named.
     command = stock.operator_path("runs/stock/command.txt").read_text()
-    assert "/usr/local/bin/python3.11 -m cpudist.train" in command, command
+    assert "/usr/local/bin/python3.11 -m cpudist.rank" in command, command

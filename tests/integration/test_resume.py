@@ -45,7 +45,7 @@ def sigterm_ranks_at(args: list[str], run_dir: Path, step: int, cwd: Path) -> su
     while logged(run_dir) < step:
         assert proc.poll() is None and time.monotonic() < deadline, output_of(proc)
         time.sleep(0.01)
-    ranks = [p for p in descendants(proc.pid) if "cpudist.train" in cmdline(p) and "mpiexec" not in cmdline(p)]
+    ranks = [p for p in descendants(proc.pid) if "cpudist.rank" in cmdline(p) and "mpiexec" not in cmdline(p)]
     assert len(ranks) == 2, [cmdline(p) for p in descendants(proc.pid)]
     for pid in ranks:
         os.kill(pid, signal.SIGTERM)
@@ -79,7 +79,7 @@ def test_sigterm_every_rank_then_resume_matches_the_straight_run(shared_data: Pa
     assert marker["reason"] == "SIGTERM" and marker["step"] >= 20
     assert f"--resume auto --output-dir {run_dir}" in stopped.stderr.splitlines()[-1]
     assert not (run_dir / "result.json").exists()
-    assert not [p for p in descendants(os.getpid()) if "cpudist.train" in cmdline(p)]
+    assert not [p for p in descendants(os.getpid()) if "cpudist.rank" in cmdline(p)]
 
     resumed = cpudist("run", *common(shared_data), "--np", "2", "--output-dir", run_dir, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr

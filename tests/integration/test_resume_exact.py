@@ -62,7 +62,7 @@ def test_sigterm_with_dropout_then_resume_goes_on_bit_identical(shared_data: Pat
     assert stopped.returncode == 75, stopped.stderr
     at = json.loads((run_dir / "preempted.json").read_text())["step"]
     assert 6 <= at < total, at
-    assert not [p for p in descendants(os.getpid()) if "cpudist.train" in cmdline(p)]
+    assert not [p for p in descendants(os.getpid()) if "cpudist.rank" in cmdline(p)]
     resumed = cpudist("run", *common(shared_data, total), "--output-dir", run_dir, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming from {run_dir}/checkpoints/step-{at:06d}" in resumed.stderr

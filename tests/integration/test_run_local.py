@@ -145,7 +145,7 @@ def test_dry_run_runs_nothing(shared_data: Path, tmp_path: Path) -> None:
                 "--env", "FOO=bar")
     assert r.returncode == 0, r.stderr
     assert "export OMP_NUM_THREADS=" in r.stdout and "export FOO=bar" in r.stdout
-    assert "-m cpudist.train --task=mrpc" in r.stdout
+    assert "-m cpudist.rank --task=mrpc" in r.stdout
     assert not (tmp_path / "dry").exists()
 
 
@@ -218,7 +218,7 @@ def test_killed_rank_ends_the_job(shared_data: Path, tmp_path: Path) -> None:
         while not steps.exists() or not steps.stat().st_size:
             assert time.monotonic() < deadline and proc.poll() is None, "training never started"
             time.sleep(0.5)
-        ranks = [p for p in descendants(proc.pid) if "cpudist.train" in cmdline(p) and "mpiexec" not in cmdline(p)]
+        ranks = [p for p in descendants(proc.pid) if "cpudist.rank" in cmdline(p) and "mpiexec" not in cmdline(p)]
         assert len(ranks) == 2
         os.kill(ranks[1], signal.SIGKILL)
         _, err = proc.communicate(timeout=60)
@@ -227,4 +227,4 @@ def test_killed_rank_ends_the_job(shared_data: Path, tmp_path: Path) -> None:
             proc.kill()
     assert proc.returncode == 1, err
     assert "the job failed" in err
-    assert not [p for p in ranks if Path(f"/proc/{p}").exists() and "cpudist.train" in cmdline(p)]
+    assert not [p for p in ranks if Path(f"/proc/{p}").exists() and "cpudist.rank" in cmdline(p)]

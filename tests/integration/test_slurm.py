@@ -55,7 +55,7 @@ def job_state(slurm: SlurmCluster, job_id: str) -> str:
 
 def ranks_left(slurm: SlurmCluster) -> list[str]:
     return [cmdline(pid)[:100] for i in range(slurm.hosts.n) for pid in slurm.hosts.pids(i)
-            if "cpudist.train" in cmdline(pid) or "slurmstepd" in cmdline(pid)]
+            if "cpudist.rank" in cmdline(pid) or "slurmstepd" in cmdline(pid)]
 
 
 def one_error(stderr: str) -> str:

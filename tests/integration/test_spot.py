@@ -42,7 +42,7 @@ def test_a_spot_notice_stops_every_rank_with_a_checkpoint(shared_data: Path, tmp
     assert marker["reason"] == "spot interruption notice (terminate at 2026-11-22T12:00:00Z)"
     assert (run_dir / "checkpoints" / f"step-{marker['step']:06d}" / "COMPLETE").is_file()
     assert "Resume: the same command with --resume auto" in err
-    assert not [p for p in descendants(os.getpid()) if "cpudist.train" in cmdline(p)]
+    assert not [p for p in descendants(os.getpid()) if "cpudist.rank" in cmdline(p)]
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cpudist.train.notice import ImdsUnreachable, Notice, NoticeWatcher, fetch_notice, on_ec2
+from cpudist.cloud.aws.notice import ImdsUnreachable, Notice, NoticeWatcher, fetch_notice, on_ec2
 from tests.harness.imds import ACTION_PATH, TOKEN_PATH, ImdsServer
 from tests.integration.helpers import wait_for
 

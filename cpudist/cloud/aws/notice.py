@@ -1,9 +1,12 @@
 """AWS spot interruption notices, read from the instance metadata service (IMDSv2) with the stdlib.
 
-    watcher = NoticeWatcher(DEFAULT_IMDS).start() if on_ec2() else None
+    endpoint = imds_endpoint("auto")                 # AWS's own on EC2, else None
+    watcher = NoticeWatcher(endpoint).start() if endpoint else None
     ...  # each step: if watcher and watcher.notice: checkpoint now and leave
 
 AWS posts the notice about two minutes before it reclaims a spot instance and advises polling every 5 s.
+The rank's entry point (cpudist/rank.py) hands the watcher to the trainer as its notice poller
+(cpudist/train/preempt.py: NoticePoller).
 """
 
 from __future__ import annotations
@@ -43,6 +46,15 @@ class Notice:
 def on_ec2(dmi: Path = DMI) -> bool:
     """Whether this machine is an EC2 instance (by its DMI data); False where that cannot be read."""
     return _read(dmi / "board_asset_tag").startswith("i-") or "Amazon EC2" in _read(dmi / "sys_vendor")
+
+
+def imds_endpoint(setting: str) -> str | None:
+    """The metadata service to poll: `auto` is AWS's own on EC2 only, `off` none, else the URL given."""
+    if setting == "off":
+        return None
+    if setting == "auto":
+        return DEFAULT_IMDS if on_ec2() else None
+    return setting.rstrip("/")
 
 
 def _read(path: Path) -> str:

@@ -1,41 +1,55 @@
-"""Rank entry point: one process per rank, started by a launcher.
+"""One rank's whole part of a run: set up, resume, train, evaluate, and (on rank 0) write result.json.
 
-    mpirun -np 2 -ppn 2 -genv MASTER_ADDR 127.0.0.1 -genv MASTER_PORT 29500 \
-        python -m cpudist.train --task mrpc --data-dir glue/MRPC --model tiny --output-dir run
-    torchrun --standalone --nproc-per-node 2 -m cpudist.train --task synthetic --output-dir run
-
-`cpudist run` builds these commands for you (see `cpudist run --dry-run`).
+The entry point (cpudist/rank.py, `python -m cpudist.rank`) parses the TrainConfig, finds the rank and
+hands in what the rank reaches of its cloud provider (a Provider: the checkpoint mirror's object store,
+the spot-notice poller); this module and the rest of cpudist/train know only those interfaces.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import socket
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
-
-# Inductor (--compile) fixes its cache folder when torch is imported: the user's, kept across runs and reboots.
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path.home() / ".cpudist" / "inductor"))
 
 import torch
 import torch.distributed as dist
 
-from cpudist.errors import CpudistError
+from cpudist.errors import BadInput
 from cpudist.flops import shape_of
 from cpudist.train import events, preempt, resume
 from cpudist.train.checkpoint import Restored
-from cpudist.train.config import TrainConfig, from_argv
-from cpudist.train.dist import RankInfo, discover_rank, shutdown_distributed
+from cpudist.train.config import TrainConfig
+from cpudist.train.dist import RankInfo
+from cpudist.train.durable import Mirror, ObjectStore
 from cpudist.train.evaluate import evaluate
 from cpudist.train.loop import Saver, TrainStats, train
+from cpudist.train.preempt import NoticePoller
 from cpudist.train.result import build_result, peak_rss_mb
 from cpudist.train.setup import Job, setup
+
+
+@dataclass(frozen=True)
+class Provider:
+    """What a rank reaches of its cloud provider, built by the entry point; nothing by default."""
+
+    store: Callable[[str], ObjectStore] | None = None  # --checkpoint-s3's location -> its object store
+    notices: Callable[[str], NoticePoller | None] | None = None  # --imds's setting -> a poller (None: no notices)
+
+
+def _mirror(cfg: TrainConfig, provider: Provider) -> Mirror | None:
+    """The durable copy of the checkpoints, when --checkpoint-s3 is given."""
+    if not cfg.checkpoint_s3:
+        return None
+    if provider.store is None:
+        raise BadInput(f"--checkpoint-s3 {cfg.checkpoint_s3}: this rank has no object store to copy checkpoints to",
+                       "Start ranks with `python -m cpudist.rank` (as `cpudist run` does)")
+    return Mirror(provider.store(cfg.checkpoint_s3))
 
 
 def _say_rank0(rank: int) -> Callable[[str], None]:
@@ -47,13 +61,14 @@ def _say_rank0(rank: int) -> Callable[[str], None]:
     return say
 
 
-def run(cfg: TrainConfig, info: RankInfo) -> int:
+def run(cfg: TrainConfig, info: RankInfo, provider: Provider) -> int:
     """Set up, train, evaluate and (on rank 0) write result.json; the exit code."""
     started, started_at = time.perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
     job = setup(cfg, info)
-    cfg, restored = resume.start(cfg, job.run_dir, info.rank, info.world_size, _say_rank0(info.rank))
+    mirror = _mirror(cfg, provider)
+    cfg, restored = resume.start(cfg, job.run_dir, info.rank, info.world_size, _say_rank0(info.rank), mirror)
     job = dataclasses.replace(job, cfg=cfg)
-    saver = resume.saver(cfg, job.run_dir, restored, started)
+    saver = resume.saver(cfg, job.run_dir, restored, started, mirror)
     if info.rank == 0:
         (job.run_dir / preempt.MARKER).unlink(missing_ok=True)
     params = sum(p.numel() for p in job.model.parameters())
@@ -62,8 +77,9 @@ def run(cfg: TrainConfig, info: RankInfo) -> int:
                      f"{params / 1e6:.1f}M params, {'bf16' if job.bf16 else 'fp32'}, "
                      f"{torch.get_num_threads()} threads\n")
     sys.stdout.flush()
-    imds = preempt.imds_endpoint(cfg.imds) if info.local_rank == 0 else None  # one poller per node
-    with preempt.StopRequests(imds) as stop:
+    # One poller per node.
+    poller = provider.notices(cfg.imds) if provider.notices is not None and info.local_rank == 0 else None
+    with preempt.StopRequests(poller) as stop:
         stats = train(cfg, job.model, job.train_data, job.regression, job.bf16, job.run_dir, info.rank,
                       info.world_size, shape_of(getattr(job.model, "module", job.model)), saver, stop, restored,
                       job.iface)
@@ -118,27 +134,3 @@ def _stopped(job: Job, stats: TrainStats, info: RankInfo) -> int:
     if info.world_size > 1:
         dist.barrier()
     return preempt.EXIT_PREEMPTED
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run one rank; errors print one line prefixed with host:rank and set the exit code."""
-    cfg = from_argv(sys.argv[1:] if argv is None else argv)
-    rank = "?"
-    try:
-        info = discover_rank(os.environ)
-        rank = str(info.rank)
-        return run(cfg, info)
-    except CpudistError as e:
-        sys.stderr.write(f"[{socket.gethostname()}:{rank}] error: {e.message}\n")
-        sys.stderr.flush()
-        return e.exit_code
-    except OSError as e:  # e.g. a model or tokenizer that cannot be loaded
-        sys.stderr.write(f"[{socket.gethostname()}:{rank}] error: {e}\n")
-        sys.stderr.flush()
-        return 1
-    finally:
-        shutdown_distributed()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

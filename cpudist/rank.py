@@ -1,0 +1,61 @@
+"""Rank entry point: one process per rank, started by a launcher.
+
+    mpirun -np 2 -ppn 2 -genv MASTER_ADDR 127.0.0.1 -genv MASTER_PORT 29500 \
+        python -m cpudist.rank --task mrpc --data-dir glue/MRPC --model tiny --output-dir run
+    torchrun --standalone --nproc-per-node 2 -m cpudist.rank --task synthetic --output-dir run
+
+`cpudist run` builds these commands for you (see `cpudist run --dry-run`). This module wires the
+trainer (cpudist/train, which imports no provider) to the provider's parts: the S3 object store of
+the checkpoint mirror and the EC2 spot-notice poller (cpudist/cloud/aws).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+# Inductor (--compile) fixes its cache folder when torch is imported: the user's, kept across runs and reboots.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path.home() / ".cpudist" / "inductor"))
+
+from cpudist.cloud.aws.notice import NoticeWatcher, imds_endpoint
+from cpudist.cloud.aws.objects import S3Objects
+from cpudist.errors import CpudistError
+from cpudist.train.config import from_argv
+from cpudist.train.dist import discover_rank, shutdown_distributed
+from cpudist.train.main import Provider, run
+from cpudist.train.preempt import NoticePoller
+
+
+def spot_notices(setting: str) -> NoticePoller | None:
+    """The poller of EC2's spot notices for --imds (auto: on EC2 only; off: none; else the URL given)."""
+    endpoint = imds_endpoint(setting)
+    return NoticeWatcher(endpoint) if endpoint else None
+
+
+AWS = Provider(store=S3Objects, notices=spot_notices)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one rank; errors print one line prefixed with host:rank and set the exit code."""
+    cfg = from_argv(sys.argv[1:] if argv is None else argv)
+    rank = "?"
+    try:
+        info = discover_rank(os.environ)
+        rank = str(info.rank)
+        return run(cfg, info, AWS)
+    except CpudistError as e:
+        sys.stderr.write(f"[{socket.gethostname()}:{rank}] error: {e.message}\n")
+        sys.stderr.flush()
+        return e.exit_code
+    except OSError as e:  # e.g. a model or tokenizer that cannot be loaded
+        sys.stderr.write(f"[{socket.gethostname()}:{rank}] error: {e}\n")
+        sys.stderr.flush()
+        return 1
+    finally:
+        shutdown_distributed()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
