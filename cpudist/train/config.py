@@ -13,6 +13,10 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
+from cpudist.errors import BadInput
+from cpudist.traffic import STRATEGIES, SyncSpec, parse_compression
+
+POWERSGD_START_SHARE = 0.1  # PowerSGD's plain fp32 steps before it compresses: 10% of the run
 PRECISIONS = ("auto", "fp32", "bf16")
 SAMPLERS = ("random", "grouped")
 BACKENDS = ("gloo", "ccl")
@@ -150,3 +154,14 @@ def from_argv(argv: list[str]) -> TrainConfig:
         parser.add_argument(_flag(f.name), dest=f.name, type=_decoder(hints[f.name]),
                             required=required, default=argparse.SUPPRESS)
     return TrainConfig(**vars(parser.parse_args(argv)))
+
+
+def spec_of(cfg: TrainConfig, total_steps: int) -> SyncSpec:
+    """The run's SyncSpec, with warm-ups worked out from its length."""
+    if cfg.sync not in STRATEGIES:
+        raise BadInput(f"--sync {cfg.sync}: unknown", f"Use one of: {', '.join(STRATEGIES)}")
+    compression, rank = parse_compression(cfg.grad_compression)
+    start = max(2, round(POWERSGD_START_SHARE * total_steps))
+    return SyncSpec(cfg.sync, compression, rank, start, cfg.bucket_cap_mb, cfg.sync_every,
+                    cfg.local_sgd_warmup if cfg.sync == "local-sgd" else 0, cfg.outer_optimizer, cfg.outer_lr,
+                    cfg.outer_momentum, cfg.average_moments, cfg.second_moment_every)

@@ -13,7 +13,6 @@ only the few verbs of ObjectStore.
 
 from __future__ import annotations
 
-import re
 import shutil
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -21,9 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 from cpudist.errors import BadInput, CpudistError
-
-MARKER = "COMPLETE"
-STEP = re.compile(r"step-(\d+)")
+from cpudist.train.checkpoint_meta import COMPLETE, PART, step_of
 
 
 class StoreError(CpudistError):
@@ -64,12 +61,6 @@ class ObjectStore(Protocol):
         ...
 
 
-def step_of(name: str) -> int | None:
-    """The step number of a checkpoint folder name (step-000040 -> 40), or None for another name."""
-    m = STEP.fullmatch(name)
-    return int(m.group(1)) if m else None
-
-
 class Mirror:
     """Checkpoint folders under the store's location as <name>/<path>, each with its COMPLETE marker put last."""
 
@@ -81,18 +72,18 @@ class Mirror:
         """Upload a finished checkpoint folder; its COMPLETE marker goes last, after every other file."""
         if step_of(ckpt.name) is None:
             raise BadInput(f"{ckpt} is not named like a checkpoint", "Name checkpoint folders step-NNNNNN")
-        if not (ckpt / MARKER).is_file():
-            raise BadInput(f"{ckpt} has no {MARKER} marker", "Upload a checkpoint only once it is fully written")
-        files = {p.relative_to(ckpt).as_posix(): p for p in ckpt.rglob("*") if p.is_file() and p.name != MARKER}
+        if not (ckpt / COMPLETE).is_file():
+            raise BadInput(f"{ckpt} has no {COMPLETE} marker", "Upload a checkpoint only once it is fully written")
+        files = {p.relative_to(ckpt).as_posix(): p for p in ckpt.rglob("*") if p.is_file() and p.name != COMPLETE}
         with self._errors(f"upload {ckpt.name} to {self.url}"):
             # A re-upload of the same step must not look complete while its files are half replaced,
             # nor keep files of the earlier upload that this one lacks (a rank file of a larger world).
-            self.store.delete([f"{ckpt.name}/{MARKER}"])
+            self.store.delete([f"{ckpt.name}/{COMPLETE}"])
             earlier = self._listing(ckpt.name).get(ckpt.name, {})
             for rel in sorted(files):
                 self.store.put(files[rel], f"{ckpt.name}/{rel}")
             self.store.delete([key for rel, key in earlier.items() if rel not in files])
-            self.store.put(ckpt / MARKER, f"{ckpt.name}/{MARKER}")
+            self.store.put(ckpt / COMPLETE, f"{ckpt.name}/{COMPLETE}")
 
     def complete(self) -> list[str]:
         """Names of the checkpoints whose COMPLETE marker is in the store, oldest step first."""
@@ -101,14 +92,14 @@ class Mirror:
     def download(self, name: str, dest_dir: Path) -> Path:
         """Download a complete checkpoint to dest_dir/<name> (via <name>.part and a rename); its path."""
         listing = self._listing()
-        if MARKER not in listing.get(name, {}):
+        if COMPLETE not in listing.get(name, {}):
             raise MirrorError(f"no complete checkpoint '{name}' in {self.url}",
                               f"Pick one of: {', '.join(self.complete()) or 'none (start from scratch)'}",
                               "NoSuchCheckpoint")
-        final, part = dest_dir / name, dest_dir / f"{name}.part"
+        final, part = dest_dir / name, dest_dir / f"{name}{PART}"
         shutil.rmtree(part, ignore_errors=True)  # what an interrupted download left
         with self._errors(f"download {name} from {self.url}"):
-            for rel, key in sorted(listing[name].items(), key=lambda item: item[0] == MARKER):
+            for rel, key in sorted(listing[name].items(), key=lambda item: item[0] == COMPLETE):
                 target = part / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
                 self.store.get(key, target)
@@ -128,8 +119,8 @@ class Mirror:
         newest = step_of(done[-1]) or 0
         stale = [n for n in listing if n not in done[-keep:] and (n in done or (step_of(n) or 0) < newest)]
         # Markers first: a checkpoint interrupted mid-delete must not be listed as complete.
-        markers = [listing[n][MARKER] for n in stale if MARKER in listing[n]]
-        rest = [key for n in stale for rel, key in listing[n].items() if rel != MARKER]
+        markers = [listing[n][COMPLETE] for n in stale if COMPLETE in listing[n]]
+        rest = [key for n in stale for rel, key in listing[n].items() if rel != COMPLETE]
         with self._errors(f"prune {self.url}"):
             self.store.delete(markers)
             self.store.delete(rest)
@@ -155,4 +146,4 @@ class Mirror:
 
 def _complete(listing: dict[str, dict[str, str]]) -> list[str]:
     """The names in a listing whose marker is there, oldest step first."""
-    return sorted((n for n, keys in listing.items() if MARKER in keys), key=lambda n: step_of(n) or 0)
+    return sorted((n for n, keys in listing.items() if COMPLETE in keys), key=lambda n: step_of(n) or 0)

@@ -19,8 +19,9 @@ from torch.utils.data import DataLoader, DistributedSampler
 from cpudist.errors import BadInput
 from cpudist.flops import ModelShape, training_flops
 from cpudist.train import checkpoint, events, netcount, preempt, speed, sync
-from cpudist.train.checkpoint import Position, Restored, gather_rngs, seed_all, set_rng_state
-from cpudist.train.config import TrainConfig, effective_lr
+from cpudist.train.checkpoint import Restored, gather_rngs, seed_all, set_rng_state
+from cpudist.train.checkpoint_meta import START, CheckpointMeta, Done, Position
+from cpudist.train.config import TrainConfig, effective_lr, spec_of
 from cpudist.train.durable import Mirror
 from cpudist.train.features import Encoded, collate
 from cpudist.train.preempt import StopRequests
@@ -85,7 +86,7 @@ Batch = tuple[Position, list[int], int]  # (where it sits, this rank's rows, row
 
 
 def batch_plan(cfg: TrainConfig, data: Encoded, rank: int, world: int,
-               start: Position = checkpoint.START) -> tuple[int, Iterator[Batch]]:
+               start: Position = START) -> tuple[int, Iterator[Batch]]:
     """(micro-batches per epoch, endless iterator of this rank's micro-batches from `start` on)."""
     if cfg.sampler == "grouped":
         lengths = [len(ids) for ids in data.input_ids]
@@ -132,13 +133,13 @@ def train(cfg: TrainConfig, model: torch.nn.Module, data: Encoded, regression: b
 
     `iface`: the network interface whose sent bytes this rank counts (one rank per node), or None.
     """
-    start = Position(**restored.meta["position"]) if restored else checkpoint.START
+    start = restored.meta.position if restored else START
     per_epoch, batches = batch_plan(cfg, data, rank, world, start)
-    total = restored.meta["total"] if restored else plan_steps(cfg, per_epoch)
+    total = restored.meta.total if restored else plan_steps(cfg, per_epoch)
     opt = _optimizer(cfg, model, effective_lr(cfg, world))
     if cfg.ipex:
         model, opt = speed.use_ipex(model, opt, bf16)
-    strategy = sync.make(model, sync.spec_of(cfg, total), world)
+    strategy = sync.make(model, spec_of(cfg, total), world)
     strategy.use(opt)
     model = strategy.model
     forward = speed.compiled(model) if cfg.compile else model
@@ -271,10 +272,10 @@ def _apply(restored: Restored, model: torch.nn.Module, opt: torch.optim.Optimize
     if restored.rng is not None:
         set_rng_state(restored.rng)
     else:  # another world size: no saved state belongs to this rank; fresh noise, still per rank
-        seed_all(rank_seed + 1_000_003 * int(restored.meta["step"]))
-    done = restored.meta["stats"]
-    stats.steps, stats.samples, stats.tokens = done["steps"], done["samples"], done["tokens"]
-    stats.flops, stats.train_time_s = done["flops"], done["train_time_s"]
+        seed_all(rank_seed + 1_000_003 * restored.meta.step)
+    done = restored.meta.stats
+    stats.steps, stats.samples, stats.tokens = done.steps, done.samples, done.tokens
+    stats.flops, stats.train_time_s = done.flops, done.train_time_s
 
 
 def _save(cfg: TrainConfig, saver: Saver, model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any,
@@ -285,13 +286,12 @@ def _save(cfg: TrainConfig, saver: Saver, model: torch.nn.Module, opt: torch.opt
     if rank == 0:
         state = {"model": getattr(model, "module", model).state_dict(), "optimizer": opt.state_dict(),
                  "scheduler": sched.state_dict(), "sync": stats.strategy.state() if stats.strategy else {}}
-        meta = {"config": dataclasses.asdict(cfg), "total": total, "position": dataclasses.asdict(pos),
-                "world_size": world, "global_batch": cfg.batch_size * cfg.grad_accum * world,
-                "sync": stats.strategy.spec.label if stats.strategy else "ddp",
-                "parts": saver.parts, "wall_s": saver.wall_before_s + time.perf_counter() - saver.started,
-                "stats": {"steps": stats.steps, "samples": stats.samples, "tokens": stats.tokens,
-                          "flops": stats.flops, "train_time_s": stats.train_time_s}}
-        path = checkpoint.write(saver.folder, stats.steps, state, rngs, meta, saver.keep, ranks)
+        meta = CheckpointMeta(dataclasses.asdict(cfg), total, pos, world, cfg.batch_size * cfg.grad_accum * world,
+                              stats.strategy.spec.label if stats.strategy else "ddp", saver.parts,
+                              saver.wall_before_s + time.perf_counter() - saver.started,
+                              Done(stats.steps, stats.samples, stats.tokens, stats.flops, stats.train_time_s),
+                              stats.steps)
+        path = checkpoint.write(saver.folder, state, rngs, meta, saver.keep, ranks)
         if saver.mirror is not None:
             saver.mirror.upload(path)
             saver.mirror.prune(saver.keep)

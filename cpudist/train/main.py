@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,7 +23,7 @@ import torch.distributed as dist
 
 from cpudist.errors import BadInput
 from cpudist.flops import shape_of
-from cpudist.train import events, preempt, resume
+from cpudist.train import checkpoint, events, preempt, resume
 from cpudist.train.checkpoint import Restored
 from cpudist.train.config import TrainConfig
 from cpudist.train.dist import RankInfo
@@ -66,9 +67,9 @@ def run(cfg: TrainConfig, info: RankInfo, provider: Provider) -> int:
     started, started_at = time.perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
     job = setup(cfg, info)
     mirror = _mirror(cfg, provider)
-    cfg, restored = resume.start(cfg, job.run_dir, info.rank, info.world_size, _say_rank0(info.rank), mirror)
+    cfg, restored = _restore(cfg, job.run_dir, info, _say_rank0(info.rank), mirror)
     job = dataclasses.replace(job, cfg=cfg)
-    saver = resume.saver(cfg, job.run_dir, restored, started, mirror)
+    saver = _saver(cfg, job.run_dir, restored, started, mirror)
     if info.rank == 0:
         (job.run_dir / preempt.MARKER).unlink(missing_ok=True)
     params = sum(p.numel() for p in job.model.parameters())
@@ -94,6 +95,31 @@ def run(cfg: TrainConfig, info: RankInfo, provider: Provider) -> int:
                                    cfg.eval_batch_size, job.bf16, info.rank, info.world_size)
     _finish(job, stats, metrics, phases, saver, started_at, restored)
     return 0
+
+
+def _restore(cfg: TrainConfig, run_dir: Path, info: RankInfo, say: Callable[[str], None],
+             mirror: Mirror | None) -> tuple[TrainConfig, Restored | None]:
+    """(config to train with, checkpoint to continue from): a collective, every rank calls it."""
+    rank, world = info.rank, info.world_size
+    path = resume.pick(cfg, run_dir, say, mirror) if rank == 0 else None
+    restored = checkpoint.load(path, rank, world)
+    if restored is None:
+        return cfg, None
+    meta = restored.meta
+    adapted = resume.adapt(cfg, meta, world, restored.path)
+    if rank == 0:
+        change = (f"; {meta.world_size} -> {world} ranks: per-rank batch {adapted.batch_size}, "
+                  f"global batch {meta.global_batch} kept, dropout noise re-seeded" if meta.world_size != world else "")
+        say(f"resuming from {restored.path} at step {meta.step}{change}")
+    return adapted, restored
+
+
+def _saver(cfg: TrainConfig, run_dir: Path, restored: Restored | None, started: float,
+           mirror: Mirror | None) -> Saver:
+    """When and where this part writes checkpoints (and their durable copy), and what the earlier parts took."""
+    return Saver(resume.checkpoint_folder(cfg, run_dir), cfg.checkpoint_every,
+                 cfg.checkpoint_every_min * 60 if cfg.checkpoint_every_min else None, cfg.keep_checkpoints,
+                 mirror, restored.meta.wall_s if restored else 0.0, restored.meta.parts + 1 if restored else 1, started)
 
 
 def _finish(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict[str, float], saver: Saver,

@@ -65,7 +65,7 @@ def build_result(job: Job, stats: TrainStats, metrics: dict[str, float], phases:
         peak_rss_mb=max(float(r["peak_rss_mb"]) for r in rank_info),
         eval_phases=phases, run_dir=str(job.run_dir.resolve()), train_flops_per_s=flops_per_s,
         mfu=flops_per_s / peak_used if peak_used else 0.0, peak_flops_per_s=peak_used, peak_how=peak.how,
-        resumed_from_step=int(restored.meta["step"]) if restored else None,
+        resumed_from_step=restored.meta.step if restored else None,
         resumed_from=restored.path if restored else None, parts=saver.parts,
         checkpoints={"folder": str(saver.folder), "written": stats.checkpoints, "s3": cfg.checkpoint_s3,
                      "keep": saver.keep} if stats.checkpoints or restored else {},

@@ -5,22 +5,22 @@ sampler then feeds the same rows step by step); a global batch that the new rank
 evenly, or the `random` sampler (whose shuffle depends on the world size), is refused. So is a
 checkpoint that holds every rank's own state (local SGD's models and moments between averages,
 PowerSGD's error feedback) on another world size or another --sync: no rank could take it up exactly.
+
+No torch here: `cpudist run` calls `preflight` before any rank starts (the ranks load the tensors with
+cpudist/train/checkpoint.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from cpudist.errors import BadInput
-from cpudist.train import checkpoint, sync
-from cpudist.train.checkpoint import Restored
-from cpudist.train.config import TrainConfig
+from cpudist.train import checkpoint_meta as ckpt
+from cpudist.train.checkpoint_meta import CheckpointMeta
+from cpudist.train.config import TrainConfig, spec_of
 from cpudist.train.durable import Mirror
-from cpudist.train.loop import Saver
 
 
 def checkpoint_folder(cfg: TrainConfig, run_dir: Path) -> Path:
@@ -33,7 +33,7 @@ def _from_s3(cfg: TrainConfig, folder: Path, say: Callable[[str], None], mirror:
         return None
     for name in reversed(mirror.complete()):
         path = mirror.download(name, folder)
-        problem = checkpoint.damage(path)
+        problem = ckpt.damage(path)
         if problem is None:
             say(f"fetched {name} from {cfg.checkpoint_s3}")
             return path
@@ -47,78 +47,52 @@ def pick(cfg: TrainConfig, run_dir: Path, say: Callable[[str], None], mirror: Mi
         return None
     if cfg.resume == "auto":
         folder = checkpoint_folder(cfg, run_dir)
-        found = checkpoint.choose(folder, say) or _from_s3(cfg, folder, say, mirror)
+        found = ckpt.choose(folder, say) or _from_s3(cfg, folder, say, mirror)
         if found is None:
             say(f"--resume auto: no checkpoint in {folder}{' or ' + cfg.checkpoint_s3 if cfg.checkpoint_s3 else ''}"
                 ", starting from step 0")
         return found
     given = Path(cfg.resume).expanduser()
-    if checkpoint.NAME.match(given.name):
-        problem = checkpoint.damage(given) if (given / checkpoint.COMPLETE).is_file() else "it is incomplete"
+    if ckpt.step_of(given.name) is not None:
+        problem = ckpt.damage(given) if (given / ckpt.COMPLETE).is_file() else "it is incomplete"
         if problem:
             raise BadInput(f"checkpoint {given} cannot be used: {problem}", "Pass an older one, or --resume auto")
         return given
     for folder in (given / "checkpoints", given):
-        found = checkpoint.choose(folder, say)
+        found = ckpt.choose(folder, say)
         if found is not None:
             return found
     raise BadInput(f"no usable checkpoint in {given}", "Pass a run folder, its checkpoints folder or a step-N folder")
 
 
-def adapt(cfg: TrainConfig, meta: dict[str, Any], world: int, path: str) -> TrainConfig:
+def adapt(cfg: TrainConfig, meta: CheckpointMeta, world: int, path: str) -> TrainConfig:
     """The config that continues the checkpointed run on `world` ranks (the global batch is kept)."""
-    checkpoint.check_format(meta, Path(path))
-    checkpoint.check_same_run(meta, dataclasses.asdict(cfg), Path(path))
+    ckpt.check_same_run(meta, dataclasses.asdict(cfg), Path(path))
     _check_rank_state(cfg, meta, world, path)
-    if meta["world_size"] == world:
-        return dataclasses.replace(cfg, batch_size=meta["global_batch"] // (world * cfg.grad_accum))
+    if meta.world_size == world:
+        return dataclasses.replace(cfg, batch_size=meta.global_batch // (world * cfg.grad_accum))
     if cfg.sampler != "grouped":
-        raise BadInput(f"checkpoint {path} was written by {meta['world_size']} ranks; the random sampler cannot "
-                       f"continue it on {world}", f"Resume with --np {meta['world_size']}")
+        raise BadInput(f"checkpoint {path} was written by {meta.world_size} ranks; the random sampler cannot "
+                       f"continue it on {world}", f"Resume with --np {meta.world_size}")
     split = world * cfg.grad_accum
-    if meta["global_batch"] % split:
-        raise BadInput(f"the run's global batch of {meta['global_batch']} cannot be split over {world} rank(s) x "
+    if meta.global_batch % split:
+        raise BadInput(f"the run's global batch of {meta.global_batch} cannot be split over {world} rank(s) x "
                        f"--grad-accum {cfg.grad_accum}",
-                       f"Resume with --np {meta['world_size']}, or a rank count that divides {meta['global_batch']}")
-    return dataclasses.replace(cfg, batch_size=meta["global_batch"] // split)
+                       f"Resume with --np {meta.world_size}, or a rank count that divides {meta.global_batch}")
+    return dataclasses.replace(cfg, batch_size=meta.global_batch // split)
 
 
-def _check_rank_state(cfg: TrainConfig, meta: dict[str, Any], world: int, path: str) -> None:
+def _check_rank_state(cfg: TrainConfig, meta: CheckpointMeta, world: int, path: str) -> None:
     """Refuse a checkpoint whose per-rank sync state these ranks, or this strategy, cannot take up."""
-    if not meta.get("rank_state"):
+    if not meta.rank_state:
         return
-    label = sync.spec_of(cfg, meta["total"]).label
-    if meta["world_size"] != world:
-        raise BadInput(f"checkpoint {path} holds each of {meta['world_size']} ranks' own {meta['sync']} state; "
-                       f"{world} rank(s) cannot go on from it exactly", f"Resume with --np {meta['world_size']}")
-    if meta["sync"] != label:
-        raise BadInput(f"checkpoint {path} holds the ranks' own {meta['sync']} state; this run asks for {label}",
+    label = spec_of(cfg, meta.total).label
+    if meta.world_size != world:
+        raise BadInput(f"checkpoint {path} holds each of {meta.world_size} ranks' own {meta.sync} state; "
+                       f"{world} rank(s) cannot go on from it exactly", f"Resume with --np {meta.world_size}")
+    if meta.sync != label:
+        raise BadInput(f"checkpoint {path} holds the ranks' own {meta.sync} state; this run asks for {label}",
                        "Resume with the --sync options of the run that wrote it")
-
-
-def start(cfg: TrainConfig, run_dir: Path, rank: int, world: int, say: Callable[[str], None],
-          mirror: Mirror | None = None) -> tuple[TrainConfig, Restored | None]:
-    """(config to train with, checkpoint to continue from): a collective, every rank calls it."""
-    path = pick(cfg, run_dir, say, mirror) if rank == 0 else None
-    restored = checkpoint.load(path, rank, world)
-    if restored is None:
-        return cfg, None
-    adapted = adapt(cfg, restored.meta, world, restored.path)
-    if rank == 0:
-        change = (f"; {restored.meta['world_size']} -> {world} ranks: per-rank batch {adapted.batch_size}, "
-                  f"global batch {restored.meta['global_batch']} kept, dropout noise re-seeded"
-                  if restored.meta["world_size"] != world else "")
-        say(f"resuming from {restored.path} at step {restored.meta['step']}{change}")
-    return adapted, restored
-
-
-def saver(cfg: TrainConfig, run_dir: Path, restored: Restored | None, started: float,
-          mirror: Mirror | None = None) -> Saver:
-    """When and where this part writes checkpoints (and their durable copy), and what the earlier parts took."""
-    prior_wall = float(restored.meta.get("wall_s", 0.0)) if restored else 0.0
-    return Saver(checkpoint_folder(cfg, run_dir), cfg.checkpoint_every,
-                 cfg.checkpoint_every_min * 60 if cfg.checkpoint_every_min else None, cfg.keep_checkpoints,
-                 mirror, prior_wall, restored.meta.get("parts", 1) + 1 if restored else 1, started)
 
 
 def preflight(cfg: TrainConfig, world: int) -> None:
@@ -126,13 +100,13 @@ def preflight(cfg: TrainConfig, world: int) -> None:
     if cfg.resume is None:
         return
     if cfg.resume == "auto":  # any complete checkpoint of the run has its layout: no hashing twice (ranks verify)
-        found = checkpoint.complete_checkpoints(checkpoint_folder(cfg, Path(cfg.output_dir)))
+        found = ckpt.complete_checkpoints(checkpoint_folder(cfg, Path(cfg.output_dir)))
         path = found[0] if found else None
     else:
         path = pick(cfg, Path(cfg.output_dir), lambda line: None)
     if path is not None:
         try:
-            meta = json.loads((path / "meta.json").read_text())
+            meta = ckpt.read_meta(path)
         except (OSError, ValueError):
             return  # damaged: rank 0 says so and falls back to an older one
         adapt(cfg, meta, world, str(path))

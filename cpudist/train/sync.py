@@ -25,23 +25,8 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from cpudist.errors import BadInput
-from cpudist.traffic import STRATEGIES, SyncSpec, parse_compression
+from cpudist.traffic import SyncSpec
 from cpudist.train import powersgd
-from cpudist.train.config import TrainConfig
-
-POWERSGD_START_SHARE = 0.1  # PowerSGD's plain fp32 steps before it compresses: 10% of the run
-
-
-def spec_of(cfg: TrainConfig, total_steps: int) -> SyncSpec:
-    """The run's SyncSpec, with warm-ups worked out from its length."""
-    if cfg.sync not in STRATEGIES:
-        raise BadInput(f"--sync {cfg.sync}: unknown", f"Use one of: {', '.join(STRATEGIES)}")
-    compression, rank = parse_compression(cfg.grad_compression)
-    start = max(2, round(POWERSGD_START_SHARE * total_steps))
-    return SyncSpec(cfg.sync, compression, rank, start, cfg.bucket_cap_mb, cfg.sync_every,
-                    cfg.local_sgd_warmup if cfg.sync == "local-sgd" else 0, cfg.outer_optimizer, cfg.outer_lr,
-                    cfg.outer_momentum, cfg.average_moments, cfg.second_moment_every)
 
 
 @dataclass

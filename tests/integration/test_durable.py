@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from cpudist.cloud.aws.objects import S3Objects, parse_s3_url
 from cpudist.errors import BadInput, CpudistError
-from cpudist.train.durable import MARKER, Mirror, MirrorError
+from cpudist.train.checkpoint_meta import COMPLETE
+from cpudist.train.durable import Mirror, MirrorError
 from tests.harness.s3 import FAKE_CREDENTIALS, S3Server
 
 
@@ -53,7 +54,7 @@ def checkpoint(root: Path, step: int, size: int = 4096, complete: bool = True) -
     for rel in ("model.pt", "optim.pt", "ranks/rank-0.pt"):
         (ckpt / rel).write_bytes(os.urandom(size))
     if complete:
-        (ckpt / MARKER).write_text(f"{step}\n")
+        (ckpt / COMPLETE).write_text(f"{step}\n")
     return ckpt
 
 
@@ -84,7 +85,7 @@ def test_marker_is_uploaded_last(s3: Any, bucket: str, tmp_path: Path) -> None:
     mirror.store.client.meta.events.register("before-parameter-build.s3.PutObject",
                                        lambda params, **_: order.append(params["Key"]))
     mirror.upload(checkpoint(tmp_path, 40))
-    assert len(order) == 4 and order[-1] == f"step-000040/{MARKER}"
+    assert len(order) == 4 and order[-1] == f"step-000040/{COMPLETE}"
     assert mirror.complete() == ["step-000040"]  # no prefix: checkpoints at the bucket's root
 
 
@@ -108,7 +109,8 @@ def test_reupload_replaces_the_earlier_copy(s3: Any, bucket: str, tmp_path: Path
     (ckpt / "ranks" / "rank-1.pt").unlink()
     (ckpt / "model.pt").write_bytes(b"retrained")
     mirror.upload(ckpt)
-    assert keys(s3, bucket) == {f"run/step-000060/{rel}" for rel in ("model.pt", "optim.pt", "ranks/rank-0.pt", MARKER)}
+    kept = ("model.pt", "optim.pt", "ranks/rank-0.pt", COMPLETE)
+    assert keys(s3, bucket) == {f"run/step-000060/{rel}" for rel in kept}
     got = mirror.download("step-000060", tmp_path / "fresh")
     assert (got / "model.pt").read_bytes() == b"retrained"
 
@@ -119,7 +121,7 @@ def test_download_replaces_a_stale_local_copy(s3: Any, bucket: str, tmp_path: Pa
     stale = checkpoint(tmp_path / "dest", 30, complete=False)
     (tmp_path / "dest" / "step-000030.part").mkdir()  # left by an interrupted download
     got = mirror.download("step-000030", tmp_path / "dest")
-    assert got == stale and (got / MARKER).read_text() == "30\n"
+    assert got == stale and (got / COMPLETE).read_text() == "30\n"
     assert (got / "model.pt").read_bytes() == (tmp_path / "src" / "step-000030" / "model.pt").read_bytes()
     assert not (tmp_path / "dest" / "step-000030.part").exists()
 

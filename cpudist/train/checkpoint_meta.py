@@ -1,0 +1,200 @@
+"""A checkpoint's names and its meta.json, in one place and without torch (the CLI reads them before any
+rank starts; cpudist/train/checkpoint.py writes and loads the tensors).
+
+    <checkpoint dir>/step-000040/        a complete checkpoint: its COMPLETE marker is written last
+                     step-000040.tmp/    one being written, renamed when complete (never picked)
+                     step-000040.part/   one being downloaded from the durable copy, renamed when complete
+
+meta.json is a CheckpointMeta: the run's options, where the data stream stands, the batch layout, the time
+and work so far, and each file's size and sha256. Its `format` is checked first on load: a checkpoint of
+format 1 (before ranks.pt) still resumes; a newer or foreign one is refused in one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from cpudist.errors import BadInput
+
+COMPLETE = "COMPLETE"  # the marker a checkpoint folder gets last, locally and in its durable copy
+NAME = re.compile(r"step-(\d+)")
+TMP = ".tmp"  # suffix of a folder being written
+PART = ".part"  # suffix of a folder being downloaded
+META = "meta.json"
+FORMAT = 2  # 2: ranks.pt added (a format 1 checkpoint still resumes, as inexactly as it did)
+# What must match for a checkpoint to continue a run: another model or data order is another run.
+SAME_RUN = ("task", "model", "seed", "sampler", "max_seq_len", "max_train_samples")
+FIX = "Resume with the cpudist version that wrote it, or start over without --resume"
+
+
+def folder_name(step: int) -> str:
+    """The folder of the checkpoint after optimizer step `step`: step-000040."""
+    return f"step-{step:06d}"
+
+
+def step_of(name: str) -> int | None:
+    """The step number of a checkpoint folder name (step-000040 -> 40), or None for another name."""
+    m = NAME.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+def complete_checkpoints(folder: Path) -> list[Path]:
+    """Complete checkpoints in `folder`, newest first."""
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if step_of(p.name) is not None and (p / COMPLETE).is_file()]
+    return sorted(found, key=lambda p: step_of(p.name) or 0, reverse=True)
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where the data stream stands: the next micro-batch is batch `index` of `epoch`."""
+
+    epoch: int
+    index: int
+
+
+START = Position(0, 0)
+
+
+@dataclass(frozen=True)
+class Done:
+    """The work of every part of the run up to the checkpoint (global counts)."""
+
+    steps: int
+    samples: int
+    tokens: int
+    flops: float
+    train_time_s: float
+
+
+@dataclass(frozen=True)
+class FileSum:
+    """What a checkpoint file held when it was written."""
+
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class CheckpointMeta:
+    """meta.json: everything but the tensors. `step`, `rank_state`, `files` and `format` are set on write."""
+
+    config: dict[str, Any]  # the TrainConfig of the part that wrote it, as a dict
+    total: int  # the run's optimizer steps
+    position: Position
+    world_size: int
+    global_batch: int
+    sync: str  # the sync's label (ddp, local-sgd:8, ...)
+    parts: int  # parts of the run so far, this one included
+    wall_s: float  # wall time of all parts so far
+    stats: Done
+    step: int
+    rank_state: bool = False  # whether ranks.pt holds some rank's own sync state (format 2 on)
+    files: dict[str, FileSum] = field(default_factory=dict)
+    format: int = FORMAT
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object, keys in the order cpudist always wrote them."""
+        return {"config": self.config, "total": self.total, "position": asdict(self.position),
+                "world_size": self.world_size, "global_batch": self.global_batch, "sync": self.sync,
+                "parts": self.parts, "wall_s": self.wall_s, "stats": asdict(self.stats), "format": self.format,
+                "step": self.step, "rank_state": self.rank_state,
+                "files": {name: asdict(f) for name, f in self.files.items()}}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> CheckpointMeta:
+        """The meta of a checkpoint of this cpudist's format or an older one; BadInput for any other."""
+        version = data.get("format", 1) if isinstance(data, dict) else None
+        if not isinstance(version, int) or version < 1 or "config" not in data:
+            raise BadInput(f"checkpoint {where} has a {META} that cpudist did not write",
+                           "Pass a checkpoint folder (step-N) that cpudist wrote, or start over without --resume")
+        if version > FORMAT:
+            raise BadInput(f"checkpoint {where} has format {version}, newer than this cpudist's ({FORMAT})", FIX)
+        try:
+            return cls(dict(data["config"]), int(data["total"]), Position(**data["position"]),
+                       int(data["world_size"]), int(data["global_batch"]), str(data["sync"]),
+                       int(data.get("parts", 1)), float(data.get("wall_s", 0.0)), Done(**data["stats"]),
+                       int(data["step"]), bool(data.get("rank_state", False)),
+                       {name: FileSum(**f) for name, f in data.get("files", {}).items()}, version)
+        except KeyError as e:
+            raise BadInput(f"checkpoint {where} has a {META} of format {version} without {e.args[0]!r}", FIX) from None
+        except (TypeError, ValueError, AttributeError) as e:
+            raise BadInput(f"checkpoint {where} has a {META} of format {version} that cannot be read ({e})",
+                           FIX) from None
+
+    def written(self, files: dict[str, FileSum], rank_state: bool) -> CheckpointMeta:
+        """This meta as the writer completes it."""
+        return replace(self, files=files, rank_state=rank_state, format=FORMAT)
+
+
+def raw_meta(path: Path) -> Any:
+    """meta.json of the checkpoint folder `path` as JSON (OSError or ValueError when it cannot be read)."""
+    return json.loads((path / META).read_text())
+
+
+def read_meta(path: Path) -> CheckpointMeta:
+    """The meta of the checkpoint folder `path`: OSError or ValueError when meta.json cannot be read
+    (damage), BadInput when it is of a newer or foreign format."""
+    return CheckpointMeta.from_dict(raw_meta(path), str(path))
+
+
+def write_meta(path: Path, meta: CheckpointMeta) -> None:
+    """meta.json into the checkpoint folder `path` (still .tmp: the rename makes it visible)."""
+    (path / META).write_text(json.dumps(meta.to_dict(), indent=1))
+
+
+def file_sum(path: Path) -> FileSum:
+    """The size and sha256 of a file."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return FileSum(path.stat().st_size, h.hexdigest())
+
+
+def damage(path: Path) -> str | None:
+    """What is wrong with a checkpoint folder, or None when every file is as written (BadInput: not ours)."""
+    try:
+        meta = read_meta(path)
+    except (OSError, ValueError) as e:
+        return f"{META} is unreadable ({e})"
+    for name, want in meta.files.items():
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != want.bytes:
+            return f"{name} has {f.stat().st_size} bytes, {want.bytes} were written"
+        if file_sum(f).sha256 != want.sha256:
+            return f"{name} does not match its sha256"
+    return None
+
+
+def choose(folder: Path, say: Callable[[str], None]) -> Path | None:
+    """The newest undamaged checkpoint in `folder`; each damaged newer one is named and skipped."""
+    skipped: list[str] = []
+    for path in complete_checkpoints(folder):
+        problem = damage(path)
+        if problem is None:
+            if skipped:
+                say(f"resuming from {path.name} instead: {'; '.join(skipped)}")
+            return path
+        skipped.append(f"{path.name} is damaged ({problem})")
+    if skipped:
+        say(f"no usable checkpoint in {folder}: {'; '.join(skipped)}")
+    return None
+
+
+def check_same_run(meta: CheckpointMeta, cfg: dict[str, Any], path: Path) -> None:
+    """Refuse a checkpoint of another run (another model, data or seed), naming what differs."""
+    differ = [f"{k}: {meta.config.get(k)!r} there, {cfg.get(k)!r} here" for k in SAME_RUN
+              if meta.config.get(k) != cfg.get(k)]
+    if differ:
+        raise BadInput(f"checkpoint {path} belongs to another run ({'; '.join(differ)})",
+                       "Resume with the options of the run that wrote it, or start over without --resume")
