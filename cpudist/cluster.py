@@ -23,10 +23,11 @@ from cpudist.cloud.aws.instances import LaunchSpec, Node
 from cpudist.cloud.aws.pricing import Price, hourly_price, on_demand_price
 from cpudist.errors import BadInput, CpudistError
 from cpudist.hostfile import Host, render_hostfile
-from cpudist.hosts.setup import forget, ssh_setup
-from cpudist.hosts.ssh import KnownHosts, Remote, Target, wait_banner
 from cpudist.interrupts import shielded, signals_interrupt
 from cpudist.record import ClusterRecord, NodeRecord, load_record, save_record
+from cpudist.ssh.client import Remote, Target, wait_banner
+from cpudist.ssh.known_hosts import KnownHosts
+from cpudist.ssh.setup import ssh_setup
 
 __all__ = ["ClusterRecord", "ClusterSpec", "NodeRecord", "down", "load_record", "up"]
 
@@ -111,7 +112,7 @@ def _rollback(ec2: Any, spec: ClusterSpec, run: _Run, say: Say) -> None:
         for n in made:
             for addr in (n.public_ip, n.private_ip):
                 if addr:
-                    forget(addr, state.cluster_dir(spec.name) / "known_hosts")
+                    KnownHosts(state.cluster_dir(spec.name) / "known_hosts").forget(addr)
 
 
 def _configure_first(node_addr: str, spec: ClusterSpec, key: Path, say: Say) -> None:
@@ -232,7 +233,7 @@ def _converge(ec2: Any, spec: ClusterSpec, price: Price, run: _Run, say: Say) ->
     for n in nodes:  # a new machine behind an address used before (a replaced node): its old key is stale
         if n.instance_id in fresh:
             for addr in filter(None, (n.public_ip, n.private_ip)):
-                forget(addr, folder / "known_hosts")
+                KnownHosts(folder / "known_hosts").forget(addr)
     if spec.ssh:
         _connect_nodes(spec, nodes, key.private_key, say)
     return _record(spec, nodes, key.private_key, price)

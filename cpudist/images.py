@@ -21,9 +21,10 @@ from cpudist import state
 from cpudist.cloud.aws import images, instances, network
 from cpudist.cloud.aws.client import call
 from cpudist.errors import CpudistError
-from cpudist.hosts.ssh import KnownHosts, Remote, Target, wait_banner
 from cpudist.interrupts import shielded, signals_interrupt
 from cpudist.run.remote import build_wheel
+from cpudist.ssh.client import Remote, Target, wait_banner
+from cpudist.ssh.known_hosts import KnownHosts
 
 Say = Callable[[str], None]
 UBUNTU_PARAMETER = "/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/hvm/ebs-gp3/ami-id"

@@ -16,12 +16,12 @@ from cpudist.hostfile import check_resolvable, read_hostfile, render_hostfile
 from cpudist.hosts.bench import DEFAULT_SIZES, BenchResult, Probe, human, parse_sizes, probe_spec, run_probe, save
 from cpudist.hosts.doctor import doctor as run_doctor
 from cpudist.hosts.doctor import usable_text
-from cpudist.hosts.keys import local_cluster_dir
-from cpudist.hosts.setup import forget as forget_host
-from cpudist.hosts.setup import setup_plan
-from cpudist.hosts.setup import ssh_setup as run_ssh_setup
 from cpudist.launch.plan import LAUNCHERS, Launch, RunSpec
 from cpudist.launch.plan import plan as plan_launch
+from cpudist.ssh.keys import local_cluster_dir
+from cpudist.ssh.known_hosts import KnownHosts
+from cpudist.ssh.setup import setup_plan
+from cpudist.ssh.setup import ssh_setup as run_ssh_setup
 
 hostfile_option = click.option("--hostfile", type=click.Path(path_type=Path), required=True,
                                help="One host per line, the head node first.")
@@ -109,7 +109,7 @@ def doctor(hostfile: Path, user: str | None, identity: str | None, port: int, la
 @click.argument("host")
 def forget(host: str) -> None:
     """Drop HOST's pinned host key (after a deliberate reinstall), so ssh-setup can pin the new one."""
-    if forget_host(host):
+    if KnownHosts(local_cluster_dir() / "known_hosts").forget(host):
         click.echo(f"forgot the host key of {host}; run `cpudist hosts ssh-setup` to pin the new one")
     else:
         click.echo(f"no pinned key for {host}")

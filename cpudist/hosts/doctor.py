@@ -11,10 +11,11 @@ from typing import Any
 
 from cpudist.errors import CpudistError
 from cpudist.hostfile import Host
-from cpudist.hosts.keys import local_cluster_dir
 from cpudist.hosts.probe import facts as local_facts
-from cpudist.hosts.setup import parallel
-from cpudist.hosts.ssh import KnownHosts, Remote, Target
+from cpudist.ssh.client import Remote, Target
+from cpudist.ssh.keys import local_cluster_dir
+from cpudist.ssh.known_hosts import KnownHosts
+from cpudist.ssh.setup import parallel
 
 SAME_AS_HEAD = ("python", "cpudist", "torch", "transformers")
 SAME_AS_HERE = ("cpudist", "torch", "mpi")  # what the laptop's cpudist must match to launch there

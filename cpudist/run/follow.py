@@ -8,9 +8,9 @@ import threading
 from typing import Any
 
 from cpudist.errors import JobFailed
-from cpudist.hosts.ssh import LINK_ERRORS, Remote
 from cpudist.run.agent import ALIVE, HEARTBEAT_S, SILENCE_S, JobRequest, parse_status
 from cpudist.run.prepare import Callbacks
+from cpudist.ssh.client import LINK_ERRORS, Remote
 from cpudist.train import events
 
 STOP_GRACE_S = 40.0  # the agent's own stop takes up to the runner's SIGTERM grace (10 s) plus teardown

@@ -6,21 +6,18 @@ import importlib.util
 import ipaddress
 import os
 import socket
-import subprocess
 import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from cpudist.cpu import read_cpu
-from cpudist.errors import BadInput, JobFailed
+from cpudist.errors import BadInput
 from cpudist.hostfile import Host, check_resolvable, local_hosts, read_hostfile, render_hostfile
-from cpudist.hosts.keys import local_cluster_dir
 from cpudist.launch import runner, slurm_job
 from cpudist.launch.plan import Launch, RunSpec, check_layout
 from cpudist.launch.slurm import SlurmOptions
@@ -28,6 +25,8 @@ from cpudist.launch.tools import free_port, is_this_machine, pick_allocator, pic
 from cpudist.results.schema import RunResult
 from cpudist.run.outcome import check, fetch_from_rank0, record
 from cpudist.run.outcome import failed_host as failed_host  # where it lived before outcome.py
+from cpudist.ssh.keys import local_cluster_dir
+from cpudist.ssh.reach import check_reachable
 from cpudist.train import resume
 from cpudist.train.config import TrainConfig
 from cpudist.train.models import is_local_model, resolve_model, tokenizer_source
@@ -97,43 +96,6 @@ class Placement:
     ssh: str | None = None  # default: the cluster key's wrapper from `hosts ssh-setup`, else ssh
     oversubscribe: bool = False
     iface: str | None = None
-
-
-def host_key_problem(name: str, stderr: str) -> tuple[str, str] | None:
-    """(message, hint) when ssh refused `name` over its host key: never pinned, or changed since."""
-    if "IDENTIFICATION HAS CHANGED" in stderr or "key for this host has changed" in stderr.lower():
-        return (f"the host key of {name} does not match the pinned one: refusing to connect",
-                f"If {name} was reinstalled on purpose: `cpudist hosts forget {name}`, then "
-                "`cpudist hosts ssh-setup --hostfile ...` to pin and distribute its new key")
-    if "host key is known" in stderr or "Host key verification failed" in stderr:
-        return (f"no host key of {name} is pinned, so ssh refuses to connect to it",
-                "Run `cpudist hosts ssh-setup --hostfile ...` to pin every node's key")
-    return None
-
-
-def check_reachable(hosts: tuple[Host, ...], ssh: str, timeout_s: float = 15) -> None:
-    """Every node answers the launcher's ssh before any rank starts; else fail naming the host."""
-
-    def probe(h: Host) -> tuple[str, int, str]:
-        try:
-            p = subprocess.run([ssh, "-o", "ConnectTimeout=5", "-o", "BatchMode=yes", h.name, "true"],
-                               capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
-            return h.name, p.returncode, p.stderr.strip()
-        except subprocess.TimeoutExpired:
-            return h.name, 255, f"no answer within {timeout_s:g}s"
-        except OSError as e:  # the ssh program itself is missing
-            return h.name, 255, str(e)
-
-    with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
-        bad = [r for r in pool.map(probe, hosts) if r[1] != 0]
-    for name, _, err in bad:
-        problem = host_key_problem(name, err)
-        if problem:
-            raise JobFailed(*problem)
-    if bad:
-        names = ", ".join(f"{n} ({err or 'exit ' + str(code)})" for n, code, err in bad)
-        raise JobFailed(f"cannot reach {names} over ssh with {ssh}",
-                        "Check the node is up, then run `cpudist hosts ssh-setup --hostfile ...`")
 
 
 def _cluster_hosts(where: Placement, out_dir: Path, launcher: str,

@@ -22,8 +22,6 @@ from typing import Any
 import cpudist
 from cpudist.errors import BadInput, CpudistError, JobFailed, Preempted
 from cpudist.hostfile import Host, render_hostfile
-from cpudist.hosts.keys import CLUSTER_DIR
-from cpudist.hosts.ssh import KnownHosts, Remote, Target
 from cpudist.results import ledger
 from cpudist.results.ledger import default_ledger
 from cpudist.results.schema import RunResult
@@ -31,6 +29,9 @@ from cpudist.run import stage
 from cpudist.run.agent import JobRequest
 from cpudist.run.follow import follow
 from cpudist.run.prepare import Callbacks
+from cpudist.ssh.client import Remote, Target
+from cpudist.ssh.keys import CLUSTER_DIR
+from cpudist.ssh.known_hosts import KnownHosts
 from cpudist.train.config import TrainConfig
 from cpudist.train.models import PRESETS, resolve_model, tokenizer_source
 from cpudist.train.preempt import MARKER

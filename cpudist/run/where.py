@@ -7,10 +7,10 @@ from pathlib import Path
 
 from cpudist.errors import BadInput
 from cpudist.hostfile import Host, read_hostfile
-from cpudist.hosts.keys import local_cluster_dir
-from cpudist.hosts.ssh import Target
 from cpudist.launch.tools import is_this_machine
 from cpudist.run.remote import Head
+from cpudist.ssh.client import Target
+from cpudist.ssh.keys import local_cluster_dir
 
 
 def cluster_target(name: str, nodes: int, python: str | None,

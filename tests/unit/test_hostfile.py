@@ -64,7 +64,7 @@ def test_open_mpi_slots_with_spaces_around_the_equals(line: str) -> None:
 
 
 def test_host_key_refusals_are_told_apart() -> None:
-    from cpudist.run.prepare import host_key_problem
+    from cpudist.ssh.reach import host_key_problem
 
     never = ("No ED25519 host key is known for node3 and you have requested strict checking.\n"
              "Host key verification failed.")

@@ -5,11 +5,11 @@ import pytest
 
 from cpudist.hostfile import Host
 from cpudist.hosts.doctor import compare
-from cpudist.hosts.keys import generate_key, ssh_config, ssh_wrapper
 from cpudist.hosts.probe import mem_available_gib
 from cpudist.launch.env import EnvSpec, node_env
 from cpudist.launch.plan import RunSpec, plan
 from cpudist.run.outcome import failed_host
+from cpudist.ssh.keys import generate_key, ssh_config, ssh_wrapper
 from cpudist.train.config import TrainConfig
 
 HOSTS = tuple(Host(f"n{i}") for i in range(4))

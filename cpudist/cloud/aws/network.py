@@ -11,7 +11,7 @@ from cpudist.cloud.aws.client import call, wait_until
 from cpudist.cloud.aws.errors import AwsError
 from cpudist.cloud.aws.tags import RUN_TAG, cluster_filter, has_tag, run_filter, tag_spec
 from cpudist.errors import BadInput, CpudistError
-from cpudist.hosts.keys import generate_key
+from cpudist.ssh.keys import generate_key
 
 
 @dataclass(frozen=True)

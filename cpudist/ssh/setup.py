@@ -13,8 +13,9 @@ from typing import TypeVar
 
 from cpudist import state
 from cpudist.hostfile import Host
-from cpudist.hosts.keys import CLUSTER_DIR, load_or_create_key, local_cluster_dir, ssh_config, ssh_wrapper
-from cpudist.hosts.ssh import KnownHosts, Remote, Target
+from cpudist.ssh.client import Remote, Target
+from cpudist.ssh.keys import CLUSTER_DIR, load_or_create_key, local_cluster_dir, ssh_config, ssh_wrapper
+from cpudist.ssh.known_hosts import KnownHosts
 
 T = TypeVar("T")
 
@@ -89,7 +90,7 @@ def ssh_setup(hosts: Sequence[Host], user: str | None, identity: str | None, por
     remotes = dict(zip([h.name for h in hosts], parallel(hosts, connect), strict=True))
     try:
         aliases = {h.name: [n, _address(n)] for h, n in zip(hosts, names, strict=True)}
-        node_known = known.lines_for(aliases)
+        node_known = known.lines_for(aliases, port)
         homes = parallel(hosts, lambda h: _install(remotes[h.name], key.private, key.public, node_known, login))
         if key_folder is None:  # launchers on this machine use the same wrapper as on the nodes
             local_home = str(Path.home())
@@ -125,13 +126,3 @@ def setup_plan(hosts: Sequence[Host], user: str | None, identity: str | None, po
               f"# here: {folder / 'ssh_config'} and {folder / 'ssh'} (the launchers' ssh)"]
     return lines
 
-
-def forget(host: str, known_hosts: Path | None = None) -> bool:
-    """Drop a host's pinned key (after a deliberate reinstall); True if there was one."""
-    path = known_hosts or local_cluster_dir() / "known_hosts"
-    if not path.is_file():
-        return False
-    lines = path.read_text().splitlines()
-    kept = [ln for ln in lines if host not in ln.split(" ", 1)[0].split(",")]
-    path.write_text("".join(f"{ln}\n" for ln in kept))
-    return len(kept) != len(lines)

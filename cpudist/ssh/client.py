@@ -1,4 +1,4 @@
-"""SSH to cluster nodes with paramiko, with host keys pinned on first contact.
+"""SSH to cluster nodes with paramiko, with host keys pinned on first contact (known_hosts.py).
 
 The one module that talks SSH. Errors come out as CpudistErrors that name the host and the fix.
 """
@@ -6,7 +6,7 @@ The one module that talks SSH. Errors come out as CpudistErrors that name the ho
 from __future__ import annotations
 
 import contextlib
-import os
+import shlex
 import socket
 import threading
 import time
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import paramiko
 
-from cpudist import state
 from cpudist.errors import CpudistError
+from cpudist.ssh.known_hosts import KnownHosts, entry_name
 
 CONNECT_TIMEOUT_S = 10.0
 KEEPALIVE_S = 5.0  # how often the server is asked for a reply
@@ -41,42 +41,6 @@ class Target:
     user: str | None = None
     port: int = 22
     identity: str | None = None  # private key file; None: ssh-agent and ~/.ssh defaults
-
-
-class KnownHosts:
-    """A known_hosts file: keys seen before are enforced, new hosts are pinned (trust on first use)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.keys = paramiko.HostKeys()
-        if path.is_file():
-            self.keys.load(str(path))
-        self._lock = threading.Lock()
-
-    def entry_name(self, host: str, port: int) -> str:
-        return host if port == 22 else f"[{host}]:{port}"
-
-    def pin(self, name: str, key: paramiko.PKey) -> None:
-        """Remember a new host's key: merged into the file under a lock, which is replaced whole."""
-        with self._lock, state.locked(self.path):
-            on_disk = paramiko.HostKeys()
-            if self.path.is_file():
-                on_disk.load(str(self.path))
-            on_disk.add(name, key.get_name(), key)
-            self.keys.add(name, key.get_name(), key)
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-            on_disk.save(str(tmp))
-            os.replace(tmp, self.path)
-
-    def lines_for(self, names: dict[str, list[str]]) -> str:
-        """known_hosts text for the nodes themselves: each pinned host's keys under the names they use."""
-        out = []
-        for pinned, aliases in names.items():
-            entry = self.keys.lookup(pinned)
-            hostnames = ",".join(dict.fromkeys(aliases))
-            for kind, key in (entry or {}).items():
-                out.append(f"{hostnames} {kind} {key.get_base64()}")
-        return "\n".join(out) + "\n"
 
 
 class _PinNew(paramiko.MissingHostKeyPolicy):
@@ -133,7 +97,8 @@ class Remote:
             raise HostKeyChanged(
                 f"the host key of {target.host} changed since it was pinned in {known.path}: refusing to connect",
                 f"If the node was reinstalled on purpose, re-trust it with "
-                f"`cpudist hosts forget {target.host}` (or `ssh-keygen -R {target.host} -f {known.path}`) "
+                f"`cpudist hosts forget {target.host}` "
+                f"(or `ssh-keygen -R {shlex.quote(entry_name(target.host, target.port))} -f {known.path}`) "
                 f"and run `cpudist hosts ssh-setup` again") from None
         except paramiko.AuthenticationException:
             self.client.close()
