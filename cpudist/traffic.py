@@ -1,7 +1,8 @@
 """What a gradient sync puts on the wire: bytes per rank and per node, for each strategy.
 
-Pure arithmetic over the shapes of the trained parameters; the trainer records it beside what the
-network interfaces counted, and `cpudist plan` predicts step times from it.
+Pure arithmetic over the shapes of the trained parameters and each strategy's traffic plan (its row in
+cpudist/strategies.py); the trainer records it beside what the network interfaces counted, and
+`cpudist plan` predicts step times from it.
 
 - A ring all-reduce (gloo's, and what DDP, `allreduce` and local SGD's averaging use) has every rank
   send 2(N-1)/N of the payload to its successor; ranks are placed node by node, so exactly one ring
@@ -20,52 +21,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cpudist.errors import BadInput
+from cpudist.strategies import GATHER_SCATTER, SyncSpec
 
-STRATEGIES = ("ddp", "allreduce", "gather-scatter", "local-sgd")
-COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
 FP32 = 4
 POWERSGD_MIN_COMPRESSION_RATE = 2  # torch's PowerSGDState default
-
-
-@dataclass(frozen=True)
-class SyncSpec:
-    """How the ranks agree on the model: strategy and its knobs (recorded in result.json)."""
-
-    strategy: str = "ddp"
-    compression: str = "none"  # ddp: none | bf16 | fp16 | powersgd; local-sgd: none | bf16
-    powersgd_rank: int = 1
-    powersgd_start: int = 2  # steps of plain fp32 all-reduce before PowerSGD compresses
-    bucket_cap_mb: float = 25.0
-    sync_every: int = 1  # local-sgd: K, steps between parameter averages
-    warmup_steps: int = 0  # local-sgd: synchronous (gradient-averaging) steps first
-    outer: str = "none"  # local-sgd: none | nesterov (DiLoCo's outer optimizer)
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9
-    moments: str = "none"  # local-sgd: AdamW's moments averaged with the parameters: none | first | second | both
-    second_moment_every: int = 1  # local-sgd: the second moment joins every J-th average only (it moves slowly)
-
-    @property
-    def label(self) -> str:
-        """Short name for tables: ddp, ddp+bf16, ddp+powersgd:2, local-sgd:8, diloco:8, ..."""
-        if self.strategy == "ddp" and self.compression != "none":
-            return f"ddp+{self.compression}" + (f":{self.powersgd_rank}" if self.compression == "powersgd" else "")
-        if self.strategy == "local-sgd":
-            moments = {"none": "", "first": "+m", "second": "+v", "both": "+mv"}[self.moments]
-            if self.second_moment_every > 1 and self.moments in ("second", "both"):  # +m+v/2: v every other average
-                moments = ("+m" if self.moments == "both" else "") + f"+v/{self.second_moment_every}"
-            wire = "" if self.compression == "none" else f"+{self.compression}"
-            return f"{'diloco' if self.outer == 'nesterov' else 'local-sgd'}:{self.sync_every}{moments}{wire}"
-        return self.strategy
-
-
-def parse_compression(text: str) -> tuple[str, int]:
-    """`powersgd:2` -> ("powersgd", 2); `bf16` -> ("bf16", 1); a bad value is one-line BadInput."""
-    name, _, rank = text.partition(":")
-    if name not in COMPRESSIONS or (rank and (name != "powersgd" or not rank.isdigit() or int(rank) < 1)):
-        raise BadInput(f"--grad-compression {text}: not one of none, bf16, fp16, powersgd[:RANK]",
-                       "e.g. --grad-compression bf16, or powersgd:2 for a rank-2 PowerSGD")
-    return name, int(rank or 1)
 
 
 def powersgd_values(shape: Sequence[int], rank: int) -> int:
@@ -105,12 +64,12 @@ class Traffic:
         return sum(self.node_tx)
 
 
-def _exchange(strategy: str, payload: float, world: int, ppn: int) -> tuple[float, list[float]]:
+def _exchange(collective: str, payload: float, world: int, ppn: int) -> tuple[float, list[float]]:
     """(busiest rank's send, per-node interface send) of one exchange of `payload` bytes."""
     nodes = world // ppn
     if world == 1:
         return 0.0, [0.0] * nodes
-    if strategy == "gather-scatter":
+    if collective == GATHER_SCATTER:
         per_node = [float((world - ppn) * payload)] + [float(ppn * payload)] * (nodes - 1)
         return (world - 1) * payload, per_node if nodes > 1 else [0.0]
     ring = ring_factor(world) * payload
@@ -121,28 +80,13 @@ def expected_traffic(sync: SyncSpec, shapes: Sequence[Sequence[int]], world: int
     """Bytes per optimizer step of a run of `steps` steps with this sync, averaged over its steps."""
     steps = max(1, steps)
     grads = payload_bytes(shapes)
-    if sync.strategy == "local-sgd":
-        warm = min(sync.warmup_steps, steps)
-        averages = math.ceil((steps - warm) / max(1, sync.sync_every))  # the last one at the end of training
-        # the parameters (or, on a 16-bit wire, their changes) and the moments averaged with them; the second
-        # moment only with every J-th average (the i-th average takes it when J divides i)
-        first, second = sync.moments in ("first", "both"), sync.moments in ("second", "both")
-        wire = payload_bytes(shapes, sync.compression)
-        plan = [(warm, grads), (averages, (1 + first) * wire),
-                (averages // sync.second_moment_every, second * wire)]
-    elif sync.strategy == "ddp" and sync.compression == "powersgd":
-        start = min(sync.powersgd_start, steps)
-        plan = [(start, grads), (steps - start, payload_bytes(shapes, "powersgd", sync.powersgd_rank))]
-    elif sync.strategy == "ddp":
-        plan = [(steps, payload_bytes(shapes, sync.compression))]
-    else:
-        plan = [(steps, grads)]
     rank_send, node_tx, exchanges = 0.0, [0.0] * (world // ppn), 0.0
-    for count, payload in plan:
-        send, per_node = _exchange(sync.strategy, payload, world, ppn)
-        rank_send += count * send
-        node_tx = [a + count * b for a, b in zip(node_tx, per_node, strict=True)]
-        exchanges += count * payload / grads if grads else 0.0
+    for phase in sync.row.plan(sync, steps):
+        payload = phase.copies * payload_bytes(shapes, phase.compression, phase.powersgd_rank)
+        send, per_node = _exchange(sync.row.collective, payload, world, ppn)
+        rank_send += phase.count * send
+        node_tx = [a + phase.count * b for a, b in zip(node_tx, per_node, strict=True)]
+        exchanges += phase.count * payload / grads if grads else 0.0
     return Traffic(rank_send / steps, tuple(t / steps for t in node_tx), exchanges / steps)
 
 

@@ -38,7 +38,6 @@ The model (pure arithmetic; `cpudist plan` prints its inputs beside its answers)
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -46,22 +45,13 @@ from dataclasses import dataclass
 
 from cpudist.errors import BadInput
 from cpudist.results.schema import RunResult
-from cpudist.traffic import SyncSpec, buckets, expected_traffic, ring_factor
+from cpudist.strategies import GATHER_SCATTER, SyncSpec, from_record
+from cpudist.traffic import buckets, expected_traffic, ring_factor
 
 DEFAULT_OVERLAP = 0.0  # without measured multi-node DDP runs: assume DDP hides nothing (conservative)
 DEFAULT_LATENCY_S = 1e-4
 GOAL = 0.15  # the plan should be within 15% of every measured speedup
 NEAR = 0.02  # choices within 2% of the fastest count as as fast: then prefer exact gradients and fewer nodes
-
-RISKS = {  # what each strategy does to the optimization, as the recommendation states it
-    "exact": "",
-    "bf16": "gradients are rounded to bf16 before averaging (a small change; check the metric once)",
-    "powersgd": "PowerSGD averages a low-rank approximation of the gradients (error feedback keeps the "
-                "rest for later): it changes the optimization, so compare the metric with a ddp run",
-    "local-sgd": "local SGD lets every rank take {k} steps on its own between model averages: it changes "
-                 "the optimization, so compare the metric with a ddp run",
-}
-
 
 @dataclass(frozen=True)
 class Link:
@@ -128,58 +118,27 @@ def pick_baseline(runs: Sequence[RunResult], run_id: str | None = None) -> tuple
 
 
 def sync_of(r: RunResult) -> SyncSpec:
-    """The sync a run used: its recorded knobs, else its label (ddp+bf16, ddp+powersgd:2, local-sgd:8, ...)."""
-    fields = {f.name for f in dataclasses.fields(SyncSpec)}
-    if "strategy" in r.sync_options:
-        return SyncSpec(**{k: v for k, v in r.sync_options.items() if k in fields})
-    return parse_label(r.sync)
-
-
-def parse_label(label: str) -> SyncSpec:
-    """SyncSpec of a table label; unknown labels are DDP (what runs before sync strategies recorded)."""
-    name, _, knob = label.partition(":")
-    if name.startswith("ddp+"):
-        compression = name[4:]
-        return SyncSpec(compression=compression, powersgd_rank=int(knob or 1))
-    if name in ("local-sgd", "diloco"):
-        return SyncSpec("local-sgd", sync_every=int(knob or 1), outer="nesterov" if name == "diloco" else "none")
-    if name in ("allreduce", "gather-scatter"):
-        return SyncSpec(name)
-    return SyncSpec()
+    """The sync a run used: its recorded knobs (under any cpudist's names), else its label."""
+    return from_record(r.sync_options, r.sync)
 
 
 def strategies(powersgd_rank: int = 2, local_sgd_k: int = 8) -> tuple[SyncSpec, ...]:
     """The strategies a plan compares."""
-    return (SyncSpec(), SyncSpec(compression="bf16"), SyncSpec(compression="powersgd", powersgd_rank=powersgd_rank),
-            SyncSpec("allreduce"), SyncSpec("gather-scatter"), SyncSpec("local-sgd", sync_every=local_sgd_k))
+    return (SyncSpec(), SyncSpec(grad_compression="bf16"),
+            SyncSpec(grad_compression="powersgd", powersgd_rank=powersgd_rank), SyncSpec("allreduce"),
+            SyncSpec("gather-scatter"), SyncSpec("local-sgd", sync_every=local_sgd_k))
 
 
 def risk_of(sync: SyncSpec) -> str:
     """What the strategy changes in the optimization ('' when the gradients are averaged exactly)."""
-    if sync.strategy == "local-sgd":
-        return RISKS["local-sgd"].format(k=sync.sync_every)
-    if sync.strategy == "ddp" and sync.compression in ("bf16", "fp16"):
-        return RISKS["bf16"].replace("bf16", sync.compression)
-    if sync.strategy == "ddp" and sync.compression == "powersgd":
-        return RISKS["powersgd"]
-    return RISKS["exact"]
+    return sync.row.risk(sync)
 
 
 def collectives(sync: SyncSpec, shapes: Sequence[Sequence[int]], steps: int) -> float:
     """Collective calls per step, averaged over `steps` (each pays the link's latency once)."""
     b = buckets(shapes, sync.bucket_cap_mb)
     steps = max(1, steps)
-    if sync.strategy == "local-sgd":
-        warm = min(sync.warmup_steps, steps)
-        return b * (warm + math.ceil((steps - warm) / max(1, sync.sync_every))) / steps
-    if sync.strategy == "allreduce":
-        return 1.0  # one all-reduce of every gradient, flattened
-    if sync.strategy == "gather-scatter":
-        return 2.0  # one gather and one scatter, flattened
-    if sync.strategy == "ddp" and sync.compression == "powersgd":
-        start = min(sync.powersgd_start, steps)
-        return b * (start + 3 * (steps - start)) / steps
-    return float(b)
+    return sum(p.count * p.calls * (b if p.per_bucket else 1) for p in sync.row.plan(sync, steps)) / steps
 
 
 def wire_bytes(sync: SyncSpec, shapes: Sequence[Sequence[int]], nodes: int, ppn: int, steps: int) -> float:
@@ -188,7 +147,7 @@ def wire_bytes(sync: SyncSpec, shapes: Sequence[Sequence[int]], nodes: int, ppn:
         return 0.0
     traffic = expected_traffic(sync, shapes, nodes * ppn, ppn, steps)
     # gather-scatter: the head receives every gradient before it can send the mean back
-    phases = 2 if sync.strategy == "gather-scatter" else 1
+    phases = 2 if sync.row.collective == GATHER_SCATTER else 1
     return float(phases * max(traffic.node_tx))
 
 
@@ -203,7 +162,7 @@ def comm_time(sync: SyncSpec, shapes: Sequence[Sequence[int]], nodes: int, ppn: 
 
 def hides(sync: SyncSpec) -> bool:
     """DDP overlaps its all-reduces with backward; the explicit strategies run after it."""
-    return sync.strategy == "ddp"
+    return sync.row.hides
 
 
 @dataclass(frozen=True)
@@ -249,7 +208,7 @@ def plan(base: Baseline, node_counts: Sequence[int], syncs: Sequence[SyncSpec], 
     time_s = steps * base.compute_s
     cost = None if base.usd_per_node_hour is None else base.usd_per_node_hour * time_s / 3600
     rows = [Prediction(1, "measured", base.compute_s, 0.0, base.compute_s, 1.0, 1.0, steps, time_s, cost, "")]
-    usable = [s for s in syncs if base.shapes_known or s.compression != "powersgd"]
+    usable = [s for s in syncs if base.shapes_known or s.grad_compression != "powersgd"]
     cpu = cpu_s_per_byte or {}  # c per strategy label
     rows += [predict(base, s, n, link, overlap, steps_for(base, n, samples), cpu.get(s.label, 0.0))
              for n in node_counts if n > 1 for s in usable]
@@ -258,7 +217,7 @@ def plan(base: Baseline, node_counts: Sequence[int], syncs: Sequence[SyncSpec], 
 
 def risk_level(p: Prediction) -> int:
     """0: exact gradient averaging; 1: rounded gradients; 2: a changed optimization."""
-    return 0 if not p.risk else 1 if p.risk == risk_of(SyncSpec(compression="bf16")) else 2
+    return 0 if not p.risk else 1 if p.risk == risk_of(SyncSpec(grad_compression="bf16")) else 2
 
 
 @dataclass(frozen=True)
@@ -302,7 +261,7 @@ def duration(seconds: float) -> str:
 
 def measured_overlap(runs: Sequence[RunResult]) -> tuple[float, tuple[str, ...]]:
     """(f, the runs it came from): median of 1 - exposed/comm over measured multi-node DDP runs, else 0."""
-    ddp = [r for r in runs if len(r.nodes) > 1 and r.comm_time_s > 0 and sync_of(r).strategy == "ddp"]
+    ddp = [r for r in runs if len(r.nodes) > 1 and r.comm_time_s > 0 and hides(sync_of(r))]
     if not ddp:
         return DEFAULT_OVERLAP, ()
     shares = [min(1.0, max(0.0, 1 - r.exposed_comm_s / r.comm_time_s)) for r in ddp]
@@ -378,7 +337,7 @@ def measured_sync_cpu(runs: Sequence[RunResult], link: Link, like: RunResult | N
 def kind(sync: SyncSpec) -> tuple[str, str]:
     """What sets a sync's CPU work per byte: the collective (ring all-reduce, gather and scatter) and the
     compression around it (PowerSGD's matrix products, bf16's casts)."""
-    return sync.strategy, sync.compression if sync.strategy == "ddp" else "none"
+    return sync.sync, sync.grad_compression if sync.row.cpu_by_compression else "none"
 
 
 def validate(runs: Sequence[RunResult], link_gbps: float, latency_s: float = DEFAULT_LATENCY_S,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cpudist.errors import BadInput
-from cpudist.traffic import STRATEGIES, SyncSpec, parse_compression
+from cpudist.strategies import STRATEGIES, SyncSpec, parse_compression
 
 POWERSGD_START_SHARE = 0.1  # PowerSGD's plain fp32 steps before it compresses: 10% of the run
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -86,7 +86,7 @@ class TrainConfig:
     fast_dropout: bool = True  # dropout masks from 16-bit lanes of 64-bit draws (cpudist/train/dropout.py)
     lr_scaling: str = "none"  # none | linear | sqrt: --lr times world size (or its root), every sync
     optimizer: str = "adamw"  # sgd: plain SGD (no momentum), linear in the gradient: for teaching and checks
-    # Gradient sync (cpudist/train/sync.py, cpudist/traffic.py)
+    # Gradient sync: SyncSpec's knobs, under the same names (cpudist/strategies.py, cpudist/train/sync.py)
     sync: str = "ddp"  # ddp | allreduce | gather-scatter | local-sgd
     bucket_cap_mb: float = 25.0  # DDP's buckets; local SGD's averaging buckets
     grad_compression: str = "none"  # ddp: none | bf16 | fp16 | powersgd[:RANK]

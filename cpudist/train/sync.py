@@ -1,5 +1,8 @@
 """How ranks agree on the model: one object per `--sync` strategy, called by the loop at three points.
 
+Each Strategy subclass is the code of the row of cpudist/strategies.py with its `name` (the row says what
+the planner, the traffic model and the option checks need to know of it); defining it registers it.
+
     ddp             DistributedDataParallel: buckets all-reduced during backward, through a comm hook
                     (fp32, bf16, fp16 or PowerSGD) that also times them
     allreduce       after backward, one all-reduce of all gradients flattened (the teaching baseline)
@@ -19,13 +22,13 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from cpudist.traffic import SyncSpec
+from cpudist.strategies import SyncSpec
 from cpudist.train import powersgd
 
 
@@ -86,9 +89,15 @@ def _mean_(tensors: list[torch.Tensor], world: int, clock: CommClock, cap_bytes:
 
 
 class Strategy:
-    """The default for one rank: nothing to exchange."""
+    """The default for one rank: nothing to exchange. A subclass with a `name` is that strategy's code."""
 
-    label = "none"
+    name = ""  # its row in cpudist/strategies.py
+    registry: ClassVar[dict[str, type[Strategy]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.name:
+            Strategy.registry[cls.name] = cls
 
     def __init__(self, model: torch.nn.Module, spec: SyncSpec, world: int) -> None:
         self.model, self.spec, self.world = model, spec, world
@@ -130,6 +139,8 @@ class Strategy:
 class DDP(Strategy):
     """DistributedDataParallel with a timed comm hook; --grad-compression picks the hook."""
 
+    name = "ddp"
+
     def __init__(self, model: torch.nn.Module, spec: SyncSpec, world: int) -> None:
         super().__init__(model, spec, world)
         # No buffer sync per forward: BERT's buffers never change, and a sync on a forward that some
@@ -138,7 +149,7 @@ class DDP(Strategy):
                                                         bucket_cap_mb=spec.bucket_cap_mb)
         state, hook = _hook(spec)
         self.memory: powersgd.Memory | None = None
-        if spec.compression == "powersgd":
+        if spec.grad_compression == "powersgd":
             self.memory = powersgd.Memory(state, self.trained)
             hook = _in_order(self.memory.wrap(hook))
         ddp.register_comm_hook(state, _timed(hook, self.clock))
@@ -164,7 +175,7 @@ class DDP(Strategy):
 def _hook(spec: SyncSpec) -> tuple[Any, Callable[..., Any]]:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-    if spec.compression == "powersgd":
+    if spec.grad_compression == "powersgd":
         # Error feedback needs a few plain steps first (PyTorch refuses start_powerSGD_iter <= 1 with it).
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=spec.powersgd_rank,
                                             start_powerSGD_iter=max(2, spec.powersgd_start),
@@ -172,7 +183,7 @@ def _hook(spec: SyncSpec) -> tuple[Any, Callable[..., Any]]:
         return state, powerSGD_hook.powerSGD_hook
     hooks = {"none": default_hooks.allreduce_hook, "bf16": default_hooks.bf16_compress_hook,
              "fp16": default_hooks.fp16_compress_hook}
-    return None, hooks[spec.compression]
+    return None, hooks[spec.grad_compression]
 
 
 def _in_order(hook: Callable[..., Any]) -> Callable[..., Any]:
@@ -218,6 +229,8 @@ def _timed(hook: Callable[..., Any], clock: CommClock) -> Callable[..., Any]:
 class AllReduce(Strategy):
     """One all-reduce of every gradient, flattened, after backward."""
 
+    name = "allreduce"
+
     def gradients(self, step: int) -> None:
         _mean_([p.grad for p in self.trained if p.grad is not None], self.world, self.clock)
         self.clock.end_step(overlapped=False)
@@ -225,6 +238,8 @@ class AllReduce(Strategy):
 
 class GatherScatter(Strategy):
     """Rank 0 gathers every rank's gradients, averages them and scatters the mean back."""
+
+    name = "gather-scatter"
 
     def gradients(self, step: int) -> None:
         grads = [p.grad for p in self.trained if p.grad is not None]
@@ -248,22 +263,24 @@ class LocalSGD(Strategy):
     numbers, kept to bf16's 3 digits, added to the fp32 model) and the moments (fp16 would flush the second
     moment's 1e-10s to zero; bf16 has fp32's range)."""
 
+    name = "local-sgd"
+
     def __init__(self, model: torch.nn.Module, spec: SyncSpec, world: int) -> None:
         super().__init__(model, spec, world)
         self.cap = spec.bucket_cap_mb * 1024 * 1024
-        self.wire = torch.bfloat16 if spec.compression == "bf16" else None
+        self.wire = torch.bfloat16 if spec.grad_compression == "bf16" else None
         self.anchor: list[torch.Tensor] = []
         self.outer: torch.optim.Optimizer | None = None
         self.synced_at = 0
         self.averages = 0  # made so far (alike on every rank): every --second-moment-every J-th takes the second moment
-        if spec.outer == "nesterov" or self.wire is not None:
+        if spec.outer_optimizer == "nesterov" or self.wire is not None:
             self.anchor = [p.detach().clone() for p in self.trained]  # the model at the last sync
-        if spec.outer == "nesterov":
+        if spec.outer_optimizer == "nesterov":
             self.outer = torch.optim.SGD(self.anchor, lr=spec.outer_lr, momentum=spec.outer_momentum,
                                          nesterov=spec.outer_momentum > 0)  # torch's Nesterov needs a momentum
 
     def local_step(self, step: int) -> bool:
-        return step > self.spec.warmup_steps
+        return step > self.spec.local_sgd_warmup
 
     def gradients(self, step: int) -> None:
         if not self.local_step(step):  # warm-up: synchronous SGD
@@ -271,7 +288,7 @@ class LocalSGD(Strategy):
         self.clock.end_step(overlapped=False)
 
     def parameters(self, step: int, final: bool = False) -> None:
-        local = step - self.spec.warmup_steps
+        local = step - self.spec.local_sgd_warmup
         due = local % self.spec.sync_every == 0 or final  # final: the steps since the last average
         if local <= 0 or not due or step == self.synced_at:
             return
@@ -309,7 +326,7 @@ class LocalSGD(Strategy):
         --second-moment-every J-th average. Measured: J=2 cost MRPC 11 points where J=1 cost 1 (an averaged
         first moment over a rank's own second moment steps badly)."""
         keys = {"none": (), "first": ("exp_avg",), "second": ("exp_avg_sq",),
-                "both": ("exp_avg", "exp_avg_sq")}[self.spec.moments]
+                "both": ("exp_avg", "exp_avg_sq")}[self.spec.average_moments]
         if self.averages % self.spec.second_moment_every:
             keys = tuple(k for k in keys if k != "exp_avg_sq")
         if not keys or self.optimizer is None:
@@ -346,15 +363,11 @@ class LocalSGD(Strategy):
             self.outer.load_state_dict(state["outer"])
 
 
-CLASSES: dict[str, type[Strategy]] = {"ddp": DDP, "allreduce": AllReduce, "gather-scatter": GatherScatter,
-                                      "local-sgd": LocalSGD}
-
-
 def make(model: torch.nn.Module, spec: SyncSpec, world: int) -> Strategy:
     """The strategy object for this run (nothing to exchange on one rank)."""
     if world == 1:
         return Strategy(model, spec, world)
-    return CLASSES[spec.strategy](model, spec, world)
+    return Strategy.registry[spec.sync](model, spec, world)
 
 
 def named_shapes(model: torch.nn.Module) -> Iterator[tuple[int, ...]]:

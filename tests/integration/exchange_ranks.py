@@ -31,15 +31,15 @@ STEPS = 5
 ROWS = 2  # rows per rank and micro-batch: each weight's gradient has rank <= ROWS x ranks (see PowerSGD's case)
 # (name, SyncSpec fields, micro-batches per step)
 CASES: list[tuple[str, dict[str, Any], int]] = [
-    ("ddp", {"strategy": "ddp"}, 1),
-    ("ddp+bf16", {"strategy": "ddp", "compression": "bf16"}, 1),
-    ("ddp+fp16", {"strategy": "ddp", "compression": "fp16"}, 1),
-    ("ddp+powersgd:1", {"strategy": "ddp", "compression": "powersgd", "powersgd_rank": 1}, 1),
-    ("ddp+powersgd:4", {"strategy": "ddp", "compression": "powersgd", "powersgd_rank": 4}, 1),
-    ("ddp+accum", {"strategy": "ddp"}, 2),
-    ("allreduce", {"strategy": "allreduce"}, 1),
-    ("gather-scatter", {"strategy": "gather-scatter"}, 1),
-    ("local-sgd:2", {"strategy": "local-sgd", "sync_every": 2, "warmup_steps": 1}, 1),
+    ("ddp", {"sync": "ddp"}, 1),
+    ("ddp+bf16", {"sync": "ddp", "grad_compression": "bf16"}, 1),
+    ("ddp+fp16", {"sync": "ddp", "grad_compression": "fp16"}, 1),
+    ("ddp+powersgd:1", {"sync": "ddp", "grad_compression": "powersgd", "powersgd_rank": 1}, 1),
+    ("ddp+powersgd:4", {"sync": "ddp", "grad_compression": "powersgd", "powersgd_rank": 4}, 1),
+    ("ddp+accum", {"sync": "ddp"}, 2),
+    ("allreduce", {"sync": "allreduce"}, 1),
+    ("gather-scatter", {"sync": "gather-scatter"}, 1),
+    ("local-sgd:2", {"sync": "local-sgd", "sync_every": 2, "local_sgd_warmup": 1}, 1),
 ]
 
 
@@ -82,7 +82,7 @@ def run_case(name: str, fields: dict[str, Any], micro: int, rank: int, world: in
     and loopback's (bytes, packets) per micro-batch and after the optimizer step."""
     import torch
 
-    from cpudist.traffic import SyncSpec
+    from cpudist.strategies import SyncSpec
     from cpudist.train import sync
 
     net = model(hidden)

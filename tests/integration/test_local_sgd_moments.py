@@ -26,7 +26,7 @@ K = 3
 RANK = r"""
 import json, os, sys, torch, torch.distributed as dist
 from cpudist.train import sync
-from cpudist.traffic import SyncSpec
+from cpudist.strategies import SyncSpec
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
@@ -34,8 +34,8 @@ model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Linear(4, 2))  # the
 opt = torch.optim.AdamW(model.parameters(), lr=0.01, fused=True)
 k = int(sys.argv[2])
 j = int(sys.argv[4])
-spec = SyncSpec("local-sgd", sync_every=k, moments=sys.argv[1], compression=sys.argv[3], bucket_cap_mb=1e-4,
-                second_moment_every=j)
+spec = SyncSpec("local-sgd", sync_every=k, average_moments=sys.argv[1], grad_compression=sys.argv[3],
+                bucket_cap_mb=1e-4, second_moment_every=j)
 strategy = sync.make(model, spec, world)
 strategy.use(opt)
 torch.manual_seed(100 + rank)  # each rank its own data

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 import torch
 
-from cpudist.traffic import SyncSpec, expected_traffic, powersgd_values
+from cpudist.strategies import SyncSpec
+from cpudist.traffic import expected_traffic, powersgd_values
 from tests.integration.exchange_ranks import CASES, DEADLINE_S, STEPS
 
 pytestmark = pytest.mark.slow

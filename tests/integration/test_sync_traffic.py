@@ -25,7 +25,8 @@ from typing import Any
 
 import pytest
 
-from cpudist.traffic import SyncSpec, payload_bytes, powersgd_values
+from cpudist.strategies import SyncSpec
+from cpudist.traffic import payload_bytes, powersgd_values
 from tests.harness.netns import NetnsCluster, missing_requirements
 
 pytestmark = [pytest.mark.slow,

@@ -15,7 +15,6 @@ from cpudist.results.planner import (
     comm_time,
     measured_overlap,
     measured_sync_cpu,
-    parse_label,
     pick_baseline,
     plan,
     predict,
@@ -25,7 +24,7 @@ from cpudist.results.planner import (
     validate,
 )
 from cpudist.results.schema import RunResult
-from cpudist.traffic import SyncSpec
+from cpudist.strategies import SyncSpec, parse_label
 
 MB100 = ((5000, 5000),)  # 25e6 fp32 values: 100 MB of gradients
 GBIT = Link(1.0, latency_s=0.0)
@@ -199,7 +198,7 @@ def test_baseline_choice_and_errors() -> None:
 
 def test_sync_from_options_or_label() -> None:
     assert sync_of(run(2, sync_options={"strategy": "local-sgd", "sync_every": 4, "extra": 1})).sync_every == 4
-    assert parse_label("ddp+powersgd:4") == SyncSpec(compression="powersgd", powersgd_rank=4)
-    assert parse_label("diloco:16").outer == "nesterov"
-    assert parse_label("gather-scatter").strategy == "gather-scatter"
+    assert parse_label("ddp+powersgd:4") == SyncSpec(grad_compression="powersgd", powersgd_rank=4)
+    assert parse_label("diloco:16").outer_optimizer == "nesterov"
+    assert parse_label("gather-scatter").sync == "gather-scatter"
     assert parse_label("ddp") == SyncSpec()

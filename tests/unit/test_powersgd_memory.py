@@ -18,10 +18,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from cpudist.traffic import SyncSpec
+from cpudist.strategies import SyncSpec
 from cpudist.train import sync
 
-SPEC = SyncSpec("ddp", compression="powersgd", powersgd_rank=1, powersgd_start=2, bucket_cap_mb=0.002)
+SPEC = SyncSpec("ddp", grad_compression="powersgd", powersgd_rank=1, powersgd_start=2, bucket_cap_mb=0.002)
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
 
-from cpudist.traffic import SyncSpec, buckets, expected_traffic, payload_bytes, powersgd_values
+from cpudist.strategies import SyncSpec
+from cpudist.traffic import buckets, expected_traffic, payload_bytes, powersgd_values
 
 SHAPES = [(1000, 64), (64,), (64, 64)]  # 64000 + 64 + 4096 = 68160 values
 NUMEL = 68160
@@ -54,7 +55,7 @@ def test_local_sgd_moves_one_kth_after_its_warmup() -> None:
     ddp = expected_traffic(SyncSpec(), SHAPES, 4, 1, 80)
     k8 = expected_traffic(SyncSpec("local-sgd", sync_every=8), SHAPES, 4, 1, 80)
     assert k8.total_node_tx == pytest.approx(ddp.total_node_tx / 8)
-    warm = expected_traffic(SyncSpec("local-sgd", sync_every=8, warmup_steps=8), SHAPES, 4, 1, 80)
+    warm = expected_traffic(SyncSpec("local-sgd", sync_every=8, local_sgd_warmup=8), SHAPES, 4, 1, 80)
     assert warm.exchanges == pytest.approx((8 + 72 // 8) / 80)
     # The steps after the last average are averaged once more when training ends.
     assert expected_traffic(SyncSpec("local-sgd", sync_every=8), SHAPES, 4, 1, 20).exchanges == pytest.approx(3 / 20)
@@ -64,21 +65,22 @@ def test_local_sgd_moments_add_a_model_each_and_a_16_bit_wire_halves_them_all() 
     ddp = expected_traffic(SyncSpec(), SHAPES, 4, 1, 80).total_node_tx
     def k8(**knobs: Any) -> float:
         return expected_traffic(SyncSpec("local-sgd", sync_every=8, **knobs), SHAPES, 4, 1, 80).total_node_tx
-    assert k8(moments="first") == k8(moments="second") == pytest.approx(2 * ddp / 8)
-    assert k8(moments="both") == pytest.approx(3 * ddp / 8)
-    assert k8(moments="both", compression="bf16") == pytest.approx(1.5 * ddp / 8)  # 5.3x fewer bytes than ddp
-    assert k8(moments="second", compression="bf16") == pytest.approx(ddp / 8)
+    assert k8(average_moments="first") == k8(average_moments="second") == pytest.approx(2 * ddp / 8)
+    assert k8(average_moments="both") == pytest.approx(3 * ddp / 8)
+    assert k8(average_moments="both", grad_compression="bf16") == pytest.approx(1.5 * ddp / 8)  # 5.3x fewer than ddp
+    assert k8(average_moments="second", grad_compression="bf16") == pytest.approx(ddp / 8)
     # The second moment every other average: 2.5 models' bytes per average, on a bf16 wire 6.4x fewer than ddp.
-    assert k8(moments="both", compression="bf16", second_moment_every=2) == pytest.approx(1.25 * ddp / 8)
-    assert k8(moments="second", second_moment_every=5) == pytest.approx(1.2 * ddp / 8)  # 10 averages: 2 with v
-    assert k8(moments="first", second_moment_every=2) == k8(moments="first")  # no second moment to thin out
+    assert k8(average_moments="both", grad_compression="bf16", second_moment_every=2) == pytest.approx(1.25 * ddp / 8)
+    assert k8(average_moments="second", second_moment_every=5) == pytest.approx(1.2 * ddp / 8)  # 10 averages: 2 with v
+    assert k8(average_moments="first", second_moment_every=2) == k8(average_moments="first")  # no second moment
     # The warm-up's synchronous steps average fp32 gradients whatever the wire of the averages.
-    warm = expected_traffic(SyncSpec("local-sgd", sync_every=8, warmup_steps=8, compression="bf16"), SHAPES, 4, 1, 80)
+    spec = SyncSpec("local-sgd", sync_every=8, local_sgd_warmup=8, grad_compression="bf16")
+    warm = expected_traffic(spec, SHAPES, 4, 1, 80)
     assert warm.total_node_tx == pytest.approx(ddp * (8 + 9 / 2) / 80)
 
 
 def test_powersgd_sends_plain_gradients_before_it_starts() -> None:
-    sync = SyncSpec(compression="powersgd", powersgd_rank=1, powersgd_start=5)
+    sync = SyncSpec(grad_compression="powersgd", powersgd_rank=1, powersgd_start=5)
     t = expected_traffic(sync, SHAPES, 2, 1, 10)
     small = payload_bytes(SHAPES, "powersgd", 1)
     assert small < payload_bytes(SHAPES) / 10
@@ -87,10 +89,12 @@ def test_powersgd_sends_plain_gradients_before_it_starts() -> None:
 
 def test_labels_and_buckets() -> None:
     assert SyncSpec().label == "ddp"
-    assert SyncSpec(compression="powersgd", powersgd_rank=2).label == "ddp+powersgd:2"
-    assert SyncSpec("local-sgd", sync_every=8, outer="nesterov").label == "diloco:8"
-    assert SyncSpec("local-sgd", sync_every=8, moments="both", compression="bf16").label == "local-sgd:8+mv+bf16"
-    assert SyncSpec("local-sgd", sync_every=8, moments="both", compression="bf16",
+    assert SyncSpec(grad_compression="powersgd", powersgd_rank=2).label == "ddp+powersgd:2"
+    assert SyncSpec("local-sgd", sync_every=8, outer_optimizer="nesterov").label == "diloco:8"
+    both = SyncSpec("local-sgd", sync_every=8, average_moments="both", grad_compression="bf16")
+    assert both.label == "local-sgd:8+mv+bf16"
+    assert SyncSpec("local-sgd", sync_every=8, average_moments="both", grad_compression="bf16",
                     second_moment_every=2).label == "local-sgd:8+m+v/2+bf16"
-    assert SyncSpec("local-sgd", sync_every=8, moments="second", second_moment_every=3).label == "local-sgd:8+v/3"
+    second = SyncSpec("local-sgd", sync_every=8, average_moments="second", second_moment_every=3)
+    assert second.label == "local-sgd:8+v/3"
     assert buckets([(1024, 1024)] * 26, 25) == 1 + 5  # 104 MiB: a 1 MiB first bucket, then 103 MiB in 25 MiB ones
