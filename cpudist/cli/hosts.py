@@ -10,15 +10,15 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from cpudist import state
 from cpudist.cli.options import output_options
 from cpudist.errors import CpudistError
 from cpudist.hostfile import check_resolvable, read_hostfile, render_hostfile
 from cpudist.hosts.bench import DEFAULT_SIZES, BenchResult, Probe, human, parse_sizes, probe_spec, run_probe, save
 from cpudist.hosts.doctor import doctor as run_doctor
 from cpudist.hosts.doctor import usable_text
-from cpudist.launch.plan import LAUNCHERS, Launch, RunSpec
-from cpudist.launch.plan import plan as plan_launch
-from cpudist.ssh.keys import local_cluster_dir
+from cpudist.launch.kinds import plan as plan_launch
+from cpudist.launch.spec import LAUNCHERS, Launch, RunSpec
 from cpudist.ssh.known_hosts import KnownHosts
 from cpudist.ssh.setup import setup_plan
 from cpudist.ssh.setup import ssh_setup as run_ssh_setup
@@ -66,7 +66,7 @@ def ssh_setup(hostfile: Path, user: str | None, identity: str | None, port: int,
     if broken:
         raise CpudistError(f"{broken[0].host} cannot ssh to {', '.join(broken[0].fails)} with the cluster key",
                            "Check sshd on those nodes (AuthorizedKeysFile, firewall), then re-run ssh-setup")
-    click.echo(f"ok: {len(nodes)} nodes reach each other; launchers use {local_cluster_dir()}/ssh")
+    click.echo(f"ok: {len(nodes)} nodes reach each other; launchers use {state.local_cluster_dir()}/ssh")
 
 
 @hosts.command()
@@ -109,7 +109,7 @@ def doctor(hostfile: Path, user: str | None, identity: str | None, port: int, la
 @click.argument("host")
 def forget(host: str) -> None:
     """Drop HOST's pinned host key (after a deliberate reinstall), so ssh-setup can pin the new one."""
-    if KnownHosts(local_cluster_dir() / "known_hosts").forget(host):
+    if KnownHosts(state.local_cluster_dir() / "known_hosts").forget(host):
         click.echo(f"forgot the host key of {host}; run `cpudist hosts ssh-setup` to pin the new one")
     else:
         click.echo(f"no pinned key for {host}")

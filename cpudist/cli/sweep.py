@@ -18,7 +18,7 @@ from cpudist.errors import BadInput, CpudistError, JobFailed, Preempted
 from cpudist.hostfile import read_hostfile
 from cpudist.results.ledger import read_result
 from cpudist.results.schema import RunResult
-from cpudist.run.sweep import Where, check_series, default_sweep_dir, parse_counts, run_dirs
+from cpudist.run.sweep import SeriesHosts, check_series, default_sweep_dir, parse_counts, run_dirs
 
 # run's options that a series sets itself for each count, and as what run sees them: --np left to
 # follow --nodes x --ppn (run's own rule, --ppn auto included); --output-dir of the sweep holds the runs'
@@ -35,7 +35,7 @@ class _Counts(click.ParamType):
         return value if isinstance(value, tuple) else parse_counts(str(value))
 
 
-def _where(opts: dict[str, Any]) -> Where:
+def _where(opts: dict[str, Any]) -> SeriesHosts:
     """What the user's options offer to run on, and how many hosts that is."""
     hostfile, cluster = opts["hostfile"], opts["cluster_name"]
     hosts = None
@@ -49,7 +49,7 @@ def _where(opts: dict[str, Any]) -> Where:
         hosts = len(record.nodes)
     elif hostfile is not None:
         hosts = len(read_hostfile(hostfile))
-    return Where(hostfile, cluster, opts["launcher"], hosts)
+    return SeriesHosts(hostfile, cluster, opts["launcher"], hosts)
 
 
 def _invoke_run(ctx: click.Context, opts: dict[str, Any], per_run: dict[str, Any]) -> None:

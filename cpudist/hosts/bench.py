@@ -1,6 +1,6 @@
 """`cpudist hosts bench`: an all-reduce probe of the links between a hostfile's nodes, kept for `cpudist plan`.
 
-The ranks start through the same launcher machinery as training (launch/plan.py, launch/runner.py)
+The ranks start through the same launcher machinery as training (launch/kinds.py, launch/runner.py)
 and run `python -m cpudist.hosts.bench_rank`. Bandwidths follow nccl-tests: algorithm bandwidth =
 bytes / time, bus bandwidth = algorithm bandwidth x 2(N-1)/N, which for a ring all-reduce is the
 rate each node's link carried. Results go to `$CPUDIST_HOME/bench/<hostfile>-<time>.json`.
@@ -22,9 +22,10 @@ from cpudist import state
 from cpudist.cpu import read_cpu
 from cpudist.errors import BadInput, JobFailed
 from cpudist.launch import runner
-from cpudist.launch.plan import Launch, RunSpec
+from cpudist.launch.nodes import cluster_hosts
+from cpudist.launch.runner import failed_host
+from cpudist.launch.spec import Launch, RunSpec
 from cpudist.launch.tools import free_port, resolve_launcher
-from cpudist.run.prepare import Placement, _cluster_hosts, failed_host
 from cpudist.traffic import ring_factor
 from cpudist.train.config import TrainConfig
 
@@ -107,14 +108,10 @@ class BenchResult:
                    tuple(BenchPoint(**p) for p in data["points"]), dict(data.get("cpu", {})))
 
 
-def bench_dir() -> Path:
-    return state.home() / "bench"
-
-
 def save(result: BenchResult) -> Path:
     """Write the result as <hostfile name>-<time>.json under the bench folder; returns its path."""
     stamp = datetime.fromisoformat(result.created_at).strftime("%Y%m%d-%H%M%S")
-    path = bench_dir() / f"{Path(result.hostfile).name}-{stamp}.json"
+    path = state.bench_dir() / f"{Path(result.hostfile).name}-{stamp}.json"
     state.write_atomic(path, json.dumps(result.to_dict(), indent=2) + "\n")
     return path
 
@@ -126,8 +123,8 @@ def read_bench(path: Path) -> BenchResult:
     except FileNotFoundError:
         raise BadInput(f"no bench result at {path}", "Run `cpudist hosts bench --hostfile H` on the head") from None
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        raise BadInput(f"{path} is not a `cpudist hosts bench` result ({e})", "Pass a file from ~/.cpudist/bench/") \
-            from None
+        raise BadInput(f"{path} is not a `cpudist hosts bench` result ({e})",
+                       f"Pass a file from {state.bench_dir()}/") from None
     if not result.points:
         raise BadInput(f"{path} holds no measured sizes", "Run `cpudist hosts bench` again")
     return result
@@ -135,7 +132,7 @@ def read_bench(path: Path) -> BenchResult:
 
 def newest_bench() -> Path | None:
     """The most recently written result in the bench folder, if any."""
-    found = list(bench_dir().glob("*.json")) if bench_dir().is_dir() else []
+    found = list(state.bench_dir().glob("*.json")) if state.bench_dir().is_dir() else []
     return max(found, key=lambda p: p.stat().st_mtime, default=None)
 
 
@@ -165,8 +162,7 @@ def probe_spec(probe: Probe, workdir: Path, dry_run: bool = False) -> RunSpec:
         raise BadInput(f"{probe.hostfile} names one host and --ppn is 1: nothing to all-reduce with",
                        "List at least two nodes in the hostfile (or raise --ppn to measure one node's loopback)")
     name, path = resolve_launcher(probe.launcher, probe.mpirun)
-    where = Placement(np_, probe.ppn, probe.hostfile, probe.ssh, False, probe.iface)
-    hosts, hostfile, ssh = _cluster_hosts(where, workdir, name, dry_run)
+    hosts, hostfile, ssh = cluster_hosts(probe.hostfile, (np_, probe.ppn, False), probe.ssh, workdir, name, dry_run)
     program = ("cpudist.hosts.bench_rank", "--sizes", ",".join(map(str, probe.sizes)), "--iters", str(probe.iters),
                "--warmup", str(probe.warmup), "--timeout", str(probe.dist_timeout_s))
     return RunSpec(train=TrainConfig(task="hosts-bench", output_dir=str(workdir)), np=np_, ppn=probe.ppn,

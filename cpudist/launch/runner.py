@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import re
 import signal
 import subprocess
 import threading
@@ -14,10 +15,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from cpudist.errors import JobFailed
-from cpudist.launch.plan import Launch
+from cpudist.launch.spec import Launch
 from cpudist.train import events
 
 GRACE_S = 10.0  # between SIGTERM and SIGKILL of the launcher's process group
+
+
+_HOST_PATTERNS = (re.compile(r"RUNNING AT (\S+)"), re.compile(r"on node (\S+?)[ ,.]"),
+                  re.compile(r"\[([^\]:\s]+):\d+\] error: "))
+
+
+def failed_host(lines: tuple[str, ...]) -> str | None:
+    """The host a launcher blamed for a failure (Hydra: RUNNING AT h; Open MPI: on node h)."""
+    for line in lines:
+        for pattern in _HOST_PATTERNS:
+            m = pattern.search(line)
+            if m:
+                return m.group(1)
+    return None
 
 
 @dataclass(frozen=True)

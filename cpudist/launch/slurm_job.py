@@ -17,8 +17,9 @@ from typing import Any
 from cpudist.errors import BadInput, JobFailed
 from cpudist.hostfile import Host
 from cpudist.interrupts import shielded
-from cpudist.launch.plan import SBATCH_FILE, Launch
-from cpudist.launch.slurm import Allocation, JobInfo, expand_counts, parse_job
+from cpudist.launch import slurm
+from cpudist.launch.slurm import Allocation, JobInfo, SlurmOptions, expand_counts, parse_job
+from cpudist.launch.spec import SBATCH_FILE, Launch, RunSpec, trainer_argv
 from cpudist.train import events
 
 POLL_S = 2.0  # between `scontrol show job` calls (the output file is read every OUTPUT_POLL_S)
@@ -155,3 +156,29 @@ def submit_and_follow(launch: Launch, out: Path, on_event: Callable[[dict[str, A
                 time.sleep(OUTPUT_POLL_S)
         raise JobFailed(f"interrupted: Slurm job {job_id} was cancelled (scancel)",
                         "Re-run the command to start over") from None
+
+
+def batch_or_step(spec: RunSpec, env: dict[str, str]) -> Launch:
+    """srun inside an allocation (each rank its node's share of the CPUs); else an sbatch script to submit."""
+    if spec.allocation is not None:
+        alloc = spec.allocation
+        if spec.np // spec.ppn > len(alloc.nodes):
+            raise BadInput(f"--np {spec.np} with --ppn {spec.ppn} needs {spec.np // spec.ppn} nodes but the "
+                           f"allocation (job {alloc.job_id}) has {len(alloc.nodes)}",
+                           f"Use at most --nodes {len(alloc.nodes)}, or allocate more (salloc -N ...)")
+        cpus = max(1, alloc.cpus_per_node // spec.ppn)
+        return Launch(tuple(slurm.srun_argv(spec.np, spec.ppn, trainer_argv(spec), cpus)), env)
+    out = Path(spec.cwd, spec.train.output_dir)  # absolute: the script may be submitted from elsewhere
+    job = slurm.BatchJob(f"cpudist-{spec.train.task}", spec.np, spec.ppn, spec.cwd, str(out / "slurm-%j.out"),
+                         tuple(trainer_argv(spec)), tuple(env.items()), spec.slurm or SlurmOptions())
+    return Launch(("sbatch", "--parsable", str(out / SBATCH_FILE)), env, script=slurm.sbatch_script(job))
+
+
+@dataclass(frozen=True)
+class Slurm:
+    """Slurm: srun inside an allocation, else a batch script that sbatch submits (and cpudist follows)."""
+
+    name: str = "slurm"
+
+    def build(self, spec: RunSpec, env: dict[str, str]) -> Launch:
+        return batch_or_step(spec, env)

@@ -14,6 +14,11 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cpudist.errors import BadInput
+from cpudist.launch.spec import Launch, RunSpec, rank_module
 
 # Set by torchrun itself for every worker: passing ours would only mislead a reader of the command.
 OWN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT")
@@ -44,3 +49,35 @@ def host_commands(hosts: Sequence[str], ssh: str, python: str, cwd: str, env: di
         argv = ("sh", "-c", line) if i == 0 else (ssh, host, line)
         commands.append((host, argv))
     return tuple(commands)
+
+
+def local_argv(spec: RunSpec) -> list[str]:
+    """torchrun on this machine: one agent spawning --ppn ranks (env comes from the parent)."""
+    return [spec.python, "-m", "torch.distributed.run", "--nnodes", "1",
+            "--nproc-per-node", str(spec.ppn), "--master-addr", spec.master_addr,
+            "--master-port", str(spec.master_port), "--tee", "3", "-m", *rank_module(spec)]
+
+
+def hosts_launch(spec: RunSpec, env: dict[str, str], nodes: int) -> Launch:
+    """One torchrun agent per host of the hostfile, the head's hosting the c10d rendezvous."""
+    hosts = [h.name for h in spec.hosts[:nodes]]
+    run_id = Path(spec.train.output_dir).name or "cpudist"
+    commands = host_commands(hosts, spec.ssh, spec.python, spec.cwd, env, spec.ppn, spec.master_port,
+                                      run_id, rank_module(spec))
+    return Launch(commands[0][1], env, per_host=commands)
+
+
+@dataclass(frozen=True)
+class Torchrun:
+    """torchrun: one agent on this machine, or one per host of a hostfile (started over ssh, under a tether)."""
+
+    name: str = "torchrun"
+
+    def build(self, spec: RunSpec, env: dict[str, str]) -> Launch:
+        nodes = max(1, spec.np // spec.ppn)
+        if spec.hostfile:
+            return hosts_launch(spec, env, nodes)
+        if nodes > 1:
+            raise BadInput("torchrun on more than one node needs the nodes: a hostfile",
+                           "Pass --hostfile H (head first; `cpudist hosts ssh-setup` once), or --launcher slurm")
+        return Launch(tuple(local_argv(spec)), env)

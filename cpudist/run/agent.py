@@ -1,6 +1,6 @@
 """The head-node side of a run started elsewhere: `python -m cpudist.run.agent`, spec on stdin.
 
-The laptop sends one JSON line (a JobRequest), keeps stdin open while it watches, and reads rank
+The laptop sends one JSON line (a RunRequest), keeps stdin open while it watches, and reads rank
 output and progress events from stdout. End of stdin (Ctrl-C on the laptop, or a lost connection)
 stops every rank, as Ctrl-C does for a local run; so do SIGTERM and SIGHUP. A laptop that sends
 `alive` lines is watched: SILENCE_S without one means its link dropped without a word (sshd would
@@ -9,54 +9,22 @@ notice only when TCP gives up, some 15 minutes later), and the ranks are stopped
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import queue
 import signal
 import sys
 import threading
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from cpudist.errors import CpudistError
+from cpudist.run.request import Callbacks, RunRequest
 from cpudist.train import events
-from cpudist.train.config import TrainConfig
 
 STATUS = "@@cpudist-agent "
 ALIVE = "alive"  # the laptop's heartbeat line, sent every HEARTBEAT_S
 HEARTBEAT_S = 5.0
 SILENCE_S = 30.0  # no line from a laptop that sends heartbeats for this long: it is gone
-
-
-@dataclass(frozen=True)
-class JobRequest:
-    """A run as the head node executes it: every path in it is a path on the head."""
-
-    train: TrainConfig
-    np: int
-    ppn: int
-    hostfile: str
-    launcher: str = "auto"
-    mpirun: str | None = None
-    env: tuple[tuple[str, str], ...] = ()
-    allocator: str = "auto"
-    iface: str | None = None
-    oversubscribe: bool = False
-    timeout_s: float | None = None
-    openmp: str = "auto"
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> JobRequest:
-        data = json.loads(text)
-        train = data.pop("train")
-        train["text_columns"] = tuple(train.get("text_columns", ()))
-        data["env"] = tuple(tuple(p) for p in data.get("env", ()))
-        return cls(train=TrainConfig(**train), **data)
 
 
 def status_line(**fields: Any) -> str:
@@ -106,31 +74,33 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def execute(req: JobRequest) -> int:
-    """Run the request like `cpudist run --hostfile` on this node; the exit code to leave with."""
-    from cpudist.launch.plan import plan
-    from cpudist.run.prepare import Callbacks, Placement, prepare, run_job
+def execute(req: RunRequest) -> int:
+    """Run the request like `cpudist run --hostfile` on this node; the exit code to leave with.
+
+    The result is recorded by the laptop (run/outcome.record), with what only this side knows from the status.
+    """
+    from cpudist.launch.kinds import plan
+    from cpudist.run.local import execute as execute_here
+    from cpudist.run.prepare import prepare
 
     try:
-        where = Placement(req.np, req.ppn, Path(req.hostfile), None, req.oversubscribe, req.iface)
-        spec = prepare(req.train, where, req.launcher, req.mpirun, req.env, req.allocator, openmp=req.openmp)
-        launch = plan(spec)
-        ledger = Path(req.train.output_dir) / "ledger.jsonl"
-        run_job(spec, launch, ledger, Callbacks(lambda e: _say(events.MARKER + json.dumps(e)), _say), req.timeout_s)
+        spec = prepare(req)
+        known = execute_here(spec, plan(spec), Callbacks(lambda e: _say(events.MARKER + json.dumps(e)), _say),
+                             req.launch.timeout_s)
     except CpudistError as e:
         _say(status_line(status="error", exit_code=e.exit_code, message=e.message))
         return e.exit_code
     except KeyboardInterrupt:
         _say(status_line(status="error", exit_code=1, message="interrupted before the ranks started"))
         return 1
-    _say(status_line(status="ok", output_dir=req.train.output_dir))
+    _say(status_line(status="ok", output_dir=req.train.output_dir, known=known))
     return 0
 
 
 def main() -> None:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
-    req = JobRequest.from_json(sys.stdin.readline())
+    req = RunRequest.from_json(sys.stdin.readline())
     threading.Thread(target=_watch_stdin, daemon=True).start()
     sys.exit(execute(req))
 

@@ -8,8 +8,8 @@ import threading
 from typing import Any
 
 from cpudist.errors import JobFailed
-from cpudist.run.agent import ALIVE, HEARTBEAT_S, SILENCE_S, JobRequest, parse_status
-from cpudist.run.prepare import Callbacks
+from cpudist.run.agent import ALIVE, HEARTBEAT_S, SILENCE_S, parse_status
+from cpudist.run.request import Callbacks, RunRequest
 from cpudist.ssh.client import LINK_ERRORS, Remote
 from cpudist.train import events
 
@@ -43,7 +43,7 @@ class _Heartbeat:
             self.channel.shutdown_write()
 
 
-def follow(head: Remote, command: str, request: JobRequest, cb: Callbacks) -> dict[str, Any]:
+def follow(head: Remote, command: str, request: RunRequest, cb: Callbacks) -> dict[str, Any]:
     """Run the agent, pass its output on, stop it on Ctrl-C; the agent's final status."""
     channel = head.stream(command)
     beat = _Heartbeat(channel)

@@ -3,35 +3,45 @@
 from __future__ import annotations
 
 import json
-import re
 import shlex
 import signal
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cpudist import state
 from cpudist.errors import JobFailed, Preempted
 from cpudist.hostfile import Host
 from cpudist.launch import slurm
-from cpudist.launch.plan import RunSpec
-from cpudist.launch.runner import Outcome
+from cpudist.launch.runner import Outcome, failed_host
 from cpudist.launch.slurm import JobInfo
 from cpudist.results import ledger
 from cpudist.results.schema import RunResult
 from cpudist.train.preempt import MARKER
 
-_HOST_PATTERNS = (re.compile(r"RUNNING AT (\S+)"), re.compile(r"on node (\S+?)[ ,.]"),
-                  re.compile(r"\[([^\]:\s]+):\d+\] error: "))
+
+@dataclass(frozen=True)
+class Stop:
+    """The marker rank 0 leaves when the ranks stopped on purpose after a checkpoint (train/preempt.py)."""
+
+    step: int
+    checkpoint: str
+    reason: str
+    host: str
+
+    def said(self, where: str = "") -> str:
+        return (f"the ranks stopped at step {self.step} ({self.reason} on {self.host}) after saving "
+                f"{Path(self.checkpoint).name}{where}")
 
 
-def failed_host(lines: tuple[str, ...]) -> str | None:
-    """The host a launcher blamed for a failure (Hydra: RUNNING AT h; Open MPI: on node h)."""
-    for line in lines:
-        for pattern in _HOST_PATTERNS:
-            m = pattern.search(line)
-            if m:
-                return m.group(1)
-    return None
+def read_stop(out: Path) -> Stop | None:
+    """The run folder's stop marker, if the ranks left one (the one reader, for every route)."""
+    path = out / MARKER
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    return Stop(int(data["step"]), str(data["checkpoint"]), str(data["reason"]), str(data["host"]))
 
 
 def check(outcome: Outcome, out: Path, timeout_s: float | None, what: str, slurm_info: JobInfo | None = None) -> None:
@@ -39,9 +49,8 @@ def check(outcome: Outcome, out: Path, timeout_s: float | None, what: str, slurm
     if outcome.timed_out:
         raise JobFailed(f"the job ran past --timeout {timeout_s:g}s and was stopped",
                         "Raise --timeout, or lower --max-steps/--epochs")
-    stop = json.loads((out / MARKER).read_text()) if (out / MARKER).is_file() else None
-    saved = (f"the ranks stopped at step {stop['step']} ({stop['reason']} on {stop['host']}) after saving "
-             f"{Path(stop['checkpoint']).name}") if stop else ""
+    stop = read_stop(out)
+    saved = stop.said() if stop else ""
     resume = f"--resume auto --output-dir {out}"
     last = next((line.strip() for line in outcome.last_lines if "] error: " in line), None)  # the trainer's own
     if slurm_info is not None and slurm_info.state not in ("COMPLETED", "UNKNOWN"):
@@ -68,14 +77,16 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def record(spec: RunSpec, out: Path, ledger_path: Path, extra: dict[str, Any]) -> RunResult:
-    """Read the ranks' result.json, add what only the launcher knows, and append it to the ledger."""
+def record(out: Path, ledger_path: Path | None, updates: dict[str, Any]) -> RunResult:
+    """The one writer of a finished run's record: the ranks' result.json with what only the launching side knows,
+    rewritten whole (atomically) and appended to the ledger (none on a head that runs for a laptop)."""
     result_file = out / "result.json"
     if not result_file.is_file():
         raise JobFailed(f"the job ended without writing {result_file}", "See the rank output above")
-    result = ledger.read_result(result_file).with_updates(launcher=spec.launcher, **extra)
-    result_file.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
-    ledger.append(ledger_path, result)
+    result = ledger.read_result(result_file).with_updates(**updates)
+    state.write_atomic(result_file, json.dumps(result.to_dict(), indent=2) + "\n")
+    if ledger_path is not None:
+        ledger.append(ledger_path, result)
     return result
 
 

@@ -10,27 +10,24 @@ node; the result, the steps and the rank log come back into the local run folder
 from __future__ import annotations
 
 import dataclasses
-import json
 import shlex
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import cpudist
+from cpudist import state
 from cpudist.errors import BadInput, CpudistError, JobFailed, Preempted
 from cpudist.hostfile import Host, render_hostfile
-from cpudist.results import ledger
-from cpudist.results.ledger import default_ledger
 from cpudist.results.schema import RunResult
 from cpudist.run import stage
-from cpudist.run.agent import JobRequest
 from cpudist.run.follow import follow
-from cpudist.run.prepare import Callbacks
-from cpudist.ssh.client import Remote, Target
-from cpudist.ssh.keys import CLUSTER_DIR
+from cpudist.run.outcome import read_stop, record
+from cpudist.run.request import Callbacks, RunRequest
+from cpudist.run.where import Head
+from cpudist.ssh.client import Remote
 from cpudist.ssh.known_hosts import KnownHosts
 from cpudist.train.config import TrainConfig
 from cpudist.train.models import PRESETS, resolve_model, tokenizer_source
@@ -38,17 +35,6 @@ from cpudist.train.preempt import MARKER
 
 FETCHED = ("result.json", "steps.jsonl", "command.txt", "ranks.log", "hostfile", MARKER)
 PYTHONS = ("/opt/cpudist/bin/python", "python3.11", "python3")
-
-
-@dataclass(frozen=True)
-class Head:
-    """How this machine reaches the head node, and the names the nodes use for each other."""
-
-    target: Target
-    known_hosts: Path
-    inside: tuple[Host, ...]  # every node as the others reach it (private addresses), head first
-    python: str | None = None  # the head's Python that has cpudist; None: look for one
-    stage_code: str = "auto"  # auto: when the head's cpudist differs from ours | always | never
 
 
 def local_inputs(cfg: TrainConfig) -> list[tuple[str, str, Path]]:
@@ -124,7 +110,7 @@ class Stager:
     def fan_out(self, items: list[stage.StageItem]) -> None:
         if not self.others or not items:
             return
-        ssh = f"{self.home}/{CLUSTER_DIR}/ssh"
+        ssh = f"{self.home}/{state.CLUSTER_DIR}/ssh"
         script = stage.fan_out_script([i.remote_dir(self.home) for i in items], [h.name for h in self.others], ssh)
         out = self.head.check(script, timeout=3600)
         results = [line.split(" ", 2) for line in out.splitlines() if line.count(" ") >= 2]
@@ -159,27 +145,28 @@ def _stage_code(head: Remote, python: str, stager: Stager, mode: str, wheels: Pa
     return site
 
 
-def run_remote(cfg: TrainConfig, request: JobRequest, head_spec: Head, local_dir: Path, ledger_path: Path,
-               cb: Callbacks, extra: dict[str, Any], say: Any) -> RunResult:
+def run(request: RunRequest, head_spec: Head, ledger_path: Path, cb: Callbacks, extra: dict[str, Any]) -> RunResult:
     """The whole remote run; the result as appended to this machine's ledger."""
     started = time.monotonic()
+    cfg, say = request.train, cb.on_line
+    local_dir = Path(cfg.output_dir)
     with Remote(head_spec.target, KnownHosts(head_spec.known_hosts)) as head:
         home = head.check('printf %s "$HOME"').strip()
         python = _find_python(head, head_spec.python)
-        nodes = head_spec.inside[: max(1, request.np // request.ppn)]
+        nodes = head_spec.inside[: request.launch.nodes]
         stager = Stager(head, home, nodes[1:], say)
-        pythonpath = _stage_code(head, python, stager, head_spec.stage_code, default_ledger().parent / "wheels")
+        pythonpath = _stage_code(head, python, stager, head_spec.stage_code, state.wheels_dir())
         inputs = [(name, stage.item(what, path, stage.TOKENIZER_FILES if name == "tokenizer" else ()))
                   for name, what, path in local_inputs(cfg)]
         stager.put([it for _, it in inputs])
         stager.fan_out([it for _, it in inputs])
-        run_dir = f"{home}/.cpudist/runs/{local_dir.name}"
+        run_dir = f"{home}/{state.RUNS_DIR}/{local_dir.name}"
         head.check(f"mkdir -p {shlex.quote(run_dir)} && cat > {shlex.quote(run_dir)}/hostfile.in",
                    stdin=render_hostfile(nodes).encode())
         moved: dict[str, Any] = {name: it.remote_path(home) for name, it in inputs}
-        remote_cfg = dataclasses.replace(cfg, output_dir=run_dir, **moved)
-        env = request.env + ((("PYTHONPATH", pythonpath),) if pythonpath else ())
-        job = dataclasses.replace(request, train=remote_cfg, hostfile=f"{run_dir}/hostfile.in", env=env)
+        env = request.launch.env + ((("PYTHONPATH", pythonpath),) if pythonpath else ())
+        job = dataclasses.replace(request.with_train(output_dir=run_dir, **moved), hostfile=f"{run_dir}/hostfile.in",
+                                  launch=dataclasses.replace(request.launch, env=env))
         prefix = f"env PYTHONPATH={shlex.quote(pythonpath)} " if pythonpath else ""
         # From the home folder: Hydra starts every rank in the launcher's folder, which must exist on all nodes.
         command = f"cd && exec {prefix}{shlex.quote(python)} -m cpudist.run.agent"
@@ -193,22 +180,15 @@ def run_remote(cfg: TrainConfig, request: JobRequest, head_spec: Head, local_dir
             (local_dir / MARKER).unlink(missing_ok=True)  # an earlier part's stop
             for name in FETCHED if not head.lost else ():  # a lost head's error is the one to show
                 head.fetch(f"{run_dir}/{name}", local_dir / name)
-    if status.get("exit_code") == Preempted.exit_code and (local_dir / MARKER).is_file():
-        stop = json.loads((local_dir / MARKER).read_text())
-        raise Preempted(f"the ranks stopped at step {stop['step']} ({stop['reason']} on {stop['host']}) after saving "
-                        f"{Path(stop['checkpoint']).name} on the head",
+    stop = read_stop(local_dir)
+    if status.get("exit_code") == Preempted.exit_code and stop is not None:
+        raise Preempted(stop.said(" on the head"),
                         f"Resume: the same command with --resume auto --output-dir {local_dir}, or add "
                         "--on-preemption resume to replace lost nodes and go on by itself")
     if status.get("status") != "ok":
         cls = BadInput if status.get("exit_code") == 2 else JobFailed
         raise cls(f"on the head node: {status.get('message', 'the job failed')}")
-    result = ledger.read_result(local_dir / "result.json").with_updates(
-        run_dir=str(local_dir), staging={"sent_to_head_bytes": stager.sent_bytes, "copies_to_nodes": stager.copies,
-                                         "remote_run_dir": run_dir, "head": head_spec.target.host,
-                                         "code": "wheel" if pythonpath else "node's own",
-                                         "seconds": staging_s},
-        **extra)
-    (local_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
-    ledger.append(ledger_path, result)
-    return result
-
+    staging = {"sent_to_head_bytes": stager.sent_bytes, "copies_to_nodes": stager.copies, "remote_run_dir": run_dir,
+               "head": head_spec.target.host, "code": "wheel" if pythonpath else "node's own", "seconds": staging_s}
+    return record(local_dir, ledger_path, {**status.get("known", {}), "run_dir": str(local_dir), "staging": staging,
+                                           **extra})

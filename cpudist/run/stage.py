@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import cpudist
+from cpudist import state
 
 COMPLETE = ".complete"
 CHUNK = 1 << 20
@@ -39,7 +40,7 @@ class StageItem:
 
     def remote_dir(self, home: str) -> str:
         """The folder that holds the item on a node."""
-        return f"{home}/.cpudist/stage/{self.digest[:32]}"
+        return f"{home}/{state.STAGE_DIR}/{self.digest[:32]}"
 
     def remote_path(self, home: str) -> str:
         """The path that replaces `local` in the job: the folder itself, or the file inside the folder."""

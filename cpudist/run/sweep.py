@@ -32,8 +32,8 @@ def parse_counts(text: str) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class Where:
-    """Where a sweep runs: what the user gave, and how many hosts that offers (None: not known here)."""
+class SeriesHosts:
+    """SeriesHosts a sweep runs: what the user gave, and how many hosts that offers (None: not known here)."""
 
     hostfile: Path | None
     cluster: str | None
@@ -41,7 +41,7 @@ class Where:
     hosts: int | None
 
 
-def check_series(counts: Sequence[int], ppn: int | str | None, where: Where) -> None:
+def check_series(counts: Sequence[int], ppn: int | str | None, where: SeriesHosts) -> None:
     """Refuse a series that cannot finish, before its first run."""
     source = f"cluster {where.cluster}" if where.cluster else f"hostfile {where.hostfile}"
     if ppn is None and (where.hostfile is not None or where.cluster is not None):

@@ -1,16 +1,86 @@
-"""Where a run goes: a cluster from `cpudist cluster up`, or an on-prem hostfile reached through --head."""
+"""Where a run's ranks start, and the rules that pick it from the user's options.
+
+    here      this machine (its ranks, or Slurm's nodes with --launcher slurm)
+    hostfile  the nodes of a hostfile, from their head node (this machine is the first host)
+    head      a head reached over SSH from outside the cluster (a cluster from `cluster up`, or --head)
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+from cpudist import state
 from cpudist.errors import BadInput
 from cpudist.hostfile import Host, read_hostfile
 from cpudist.launch.tools import is_this_machine
-from cpudist.run.remote import Head
 from cpudist.ssh.client import Target
-from cpudist.ssh.keys import local_cluster_dir
+
+
+@dataclass(frozen=True)
+class Head:
+    """How this machine reaches the head node, and the names the nodes use for each other."""
+
+    target: Target
+    known_hosts: Path
+    inside: tuple[Host, ...]  # every node as the others reach it (private addresses), head first
+    python: str | None = None  # the head's Python that has cpudist; None: look for one
+    stage_code: str = "auto"  # auto: when the head's cpudist differs from ours | always | never
+
+
+@dataclass(frozen=True)
+class Route:
+    """The options of `cpudist run` that say where to go."""
+
+    hostfile: Path | None = None
+    cluster: str | None = None
+    head_addr: str | None = None
+    user: str | None = None
+    identity: str | None = None
+    remote_python: str | None = None
+    stage_code: str = "auto"
+    on_preemption: str = "stop"  # stop | resume (with --cluster: replace lost nodes and go on)
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where the ranks start: here, a hostfile's nodes from their head, or a head over SSH."""
+
+    head: Head | None = None
+    hostfile: Path | None = None
+    cluster: str | None = None
+    usd_per_hour: float | None = None
+    recover: bool = False  # --on-preemption resume: replace reclaimed nodes with `cluster up` and go on
+
+    @property
+    def kind(self) -> str:
+        return "head" if self.head is not None else "hostfile" if self.hostfile is not None else "here"
+
+
+def where_for(route: Route, nodes: int, ppn_given: bool, launcher: str) -> Where:
+    """The route rules: each combination that cannot work is one line naming what would."""
+    if not ppn_given and (route.hostfile is not None or route.cluster is not None):
+        raise BadInput("--hostfile/--cluster need --ppn (ranks per node)",
+                       "e.g. --np 4 --ppn 1 for one rank on each of 4 nodes")
+    head, hostfile, price = None, route.hostfile, None
+    if route.cluster is not None:
+        head, cluster_hostfile, price = cluster_target(route.cluster, nodes, route.remote_python, route.stage_code)
+        hostfile = hostfile or cluster_hostfile
+    elif route.head_addr is not None:
+        if route.hostfile is None:
+            raise BadInput("--head needs --hostfile (the nodes as they name each other, head first)",
+                           "Pass --hostfile H --head ADDRESS")
+        head = onprem_head(route.hostfile, route.head_addr, route.user, route.identity, route.remote_python,
+                           route.stage_code)
+    if head is not None and launcher == "slurm":
+        raise BadInput("--launcher slurm runs from the cluster's login node, not through --head/--cluster",
+                       "ssh to the login node and run `cpudist run ... --launcher slurm` there")
+    if head is not None and route.on_preemption == "resume" and route.cluster is None:
+        raise BadInput("--on-preemption resume needs --cluster (it replaces lost nodes with `cluster up`)",
+                       "Use --cluster NAME, or resume by hand with --resume auto")
+    recover = head is not None and route.on_preemption == "resume"
+    return Where(head, hostfile, route.cluster, price, recover)
 
 
 def cluster_target(name: str, nodes: int, python: str | None,
@@ -33,13 +103,12 @@ def onprem_head(hostfile: Path, address: str, user: str | None, identity: str | 
                 stage_code: str) -> Head:
     """An on-prem cluster seen from outside: the hostfile as nodes name each other, the head by `address`."""
     hosts = read_hostfile(hostfile)
-    folder = local_cluster_dir()
+    folder = state.local_cluster_dir()
     key = identity or (str(folder / "id_ed25519") if (folder / "id_ed25519").is_file() else None)
     return Head(Target(address, user, 22, key), folder / "known_hosts", hosts, python, stage_code)
 
 
-def recover_cluster(name: str, nodes: int, python: str | None, stage_code: str, wait_gone_s: float,
-                    say: Callable[[str], None]) -> Head:
+def recover_cluster(name: str, nodes: int, head: Head, wait_gone_s: float, say: Callable[[str], None]) -> Head:
     """Replace the cluster's reclaimed nodes (as `cluster up` would) and return how to reach its head now."""
     from cpudist.cloud.aws.client import ec2_client
     from cpudist.cluster import load_record, recover
@@ -48,7 +117,7 @@ def recover_cluster(name: str, nodes: int, python: str | None, stage_code: str, 
     if record is None:
         raise BadInput(f"no local record of cluster {name}", "Run `cpudist cluster up` first")
     recover(ec2_client(record.region, record.endpoint_url), record, wait_gone_s, say)
-    head, _, _ = cluster_target(name, nodes, python, stage_code)
-    if head is None:
+    new_head, _, _ = cluster_target(name, nodes, head.python, head.stage_code)
+    if new_head is None:
         raise BadInput("--on-preemption resume runs from outside the cluster", "Start it from your own machine")
-    return head
+    return new_head

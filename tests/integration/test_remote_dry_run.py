@@ -23,7 +23,7 @@ def test_dry_run_from_outside_shows_the_plan_and_touches_nothing(shared_data: Pa
     assert any(line.startswith("# stage data (data_dir)") and "then on node-b" in line for line in lines)
     assert "# nodes (as they reach each other): node-a node-b" in lines
     request = json.loads(lines[-1])
-    assert request["np"] == 2 and request["train"]["model"] == "tiny"
+    assert request["launch"]["np"] == 2 and request["train"]["model"] == "tiny"
     assert not out_dir.exists() and not (tmp_path / "home").exists()
 
 

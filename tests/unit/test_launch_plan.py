@@ -5,7 +5,8 @@ import pytest
 from cpudist.errors import BadInput
 from cpudist.hostfile import Host, local_hosts
 from cpudist.launch.env import EnvSpec, node_env, parse_env_pairs
-from cpudist.launch.plan import RunSpec, check_layout, plan
+from cpudist.launch.kinds import plan
+from cpudist.launch.spec import RunSpec, check_layout
 from cpudist.train.config import TrainConfig, from_argv
 
 
@@ -40,7 +41,7 @@ def test_hydra_command() -> None:
     i = argv.index("OMP_NUM_THREADS")
     assert argv[i - 1:i + 2] == ["-genv", "OMP_NUM_THREADS", "4"]
     j = argv.index("-m")
-    assert argv[j - 1:j + 2] == ["/usr/bin/python3", "-m", "cpudist.train"]
+    assert argv[j - 1:j + 2] == ["/usr/bin/python3", "-m", "cpudist.rank"]
     assert from_argv(argv[j + 2:]) == spec().train  # the trainer gets exactly our config
 
 

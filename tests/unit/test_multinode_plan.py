@@ -7,8 +7,9 @@ from cpudist.hostfile import Host
 from cpudist.hosts.doctor import compare
 from cpudist.hosts.probe import mem_available_gib
 from cpudist.launch.env import EnvSpec, node_env
-from cpudist.launch.plan import RunSpec, plan
-from cpudist.run.outcome import failed_host
+from cpudist.launch.kinds import plan
+from cpudist.launch.runner import failed_host
+from cpudist.launch.spec import RunSpec
 from cpudist.ssh.keys import generate_key, ssh_config, ssh_wrapper
 from cpudist.train.config import TrainConfig
 
@@ -63,7 +64,7 @@ def test_torchrun_across_hosts_starts_one_agent_per_host() -> None:
     line = other[2]
     assert line.startswith("cd /work && exec env ") and "-m cpudist.launch.tether -- /py/bin/python" in line
     assert "--nnodes 4 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint n0:29500" in line
-    assert "--local-addr n3" in line and "-m cpudist.train --task=mrpc" in line
+    assert "--local-addr n3" in line and "-m cpudist.rank --task=mrpc" in line
     assert "OMP_NUM_THREADS=8" in line and "MASTER_ADDR" not in line  # torchrun sets the rendezvous itself
 
 
@@ -97,9 +98,9 @@ def test_generated_key_is_usable_by_openssh_and_paramiko(tmp_path: object) -> No
 
     key = paramiko.Ed25519Key.from_private_key(io.StringIO(pair.private))
     assert pair.public.split()[1] == key.get_base64()
-    cfg = ssh_config("/home/u", "u")
+    cfg = ssh_config("/home/u/.cpudist/cluster", "u")
     assert "StrictHostKeyChecking yes" in cfg and "IdentityFile /home/u/.cpudist/cluster/id_ed25519" in cfg
-    assert 'ssh -F "/home/u/.cpudist/cluster/ssh_config"' in ssh_wrapper("/home/u")
+    assert 'ssh -F "/home/u/.cpudist/cluster/ssh_config"' in ssh_wrapper("/home/u/.cpudist/cluster")
 
 
 def facts(**kw: object) -> dict[str, object]:

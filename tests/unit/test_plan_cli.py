@@ -12,7 +12,7 @@ from click.testing import CliRunner, Result
 from cpudist.cli.main import cli
 from cpudist.errors import BadInput
 from cpudist.hosts.bench import BenchResult, human, parse_sizes, points, read_bench, save
-from cpudist.launch.plan import plan as plan_launch
+from cpudist.launch.kinds import plan as plan_launch
 from tests.unit.test_launch_plan import spec
 from tests.unit.test_planner import run
 

@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 from cpudist.errors import BadInput
 from cpudist.hostfile import Host
-from cpudist.launch.plan import RunSpec, plan
+from cpudist.launch.kinds import plan
 from cpudist.launch.slurm import Allocation, JobInfo, SlurmOptions, expand_counts, failure, parse_job
+from cpudist.launch.spec import RunSpec
 from cpudist.train.config import TrainConfig, from_argv
 from cpudist.train.dist import discover_rank
 
@@ -43,7 +44,7 @@ def test_batch_script() -> None:
     srun = script.splitlines()[-1].split()
     assert srun[:7] == ["exec", "srun", "--nodes=2", "--ntasks=4", "--ntasks-per-node=2", "--kill-on-bad-exit=1",
                         "--label"]
-    assert from_argv(srun[srun.index("cpudist.train") + 1:]) == spec().train
+    assert from_argv(srun[srun.index("cpudist.rank") + 1:]) == spec().train
 
 
 def test_batch_script_is_valid_bash_and_works_out_the_cpus() -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from cpudist.launch.slurm import SlurmOptions
 from cpudist.run import stage
-from cpudist.run.agent import JobRequest, parse_status, status_line
+from cpudist.run.agent import parse_status, status_line
+from cpudist.run.request import LaunchOptions, RunRequest
 from cpudist.train.config import TrainConfig
 
 
@@ -64,7 +66,9 @@ def test_fan_out_script_names_every_host_and_folder() -> None:
 
 def test_job_request_round_trip_and_status_lines() -> None:
     cfg = TrainConfig(task="mrpc", output_dir="/r", text_columns=("a", "b"), max_steps=3)
-    req = JobRequest(cfg, 4, 1, "/r/hostfile.in", "mpich", None, (("A", "1"),), "auto", None, False, 60.0)
-    assert JobRequest.from_json(req.to_json()) == req
+    launch = LaunchOptions(4, 1, "mpich", env=(("A", "1"),), timeout_s=60.0,
+                           slurm=SlurmOptions("cpu", "10", None, True, ("--mem=0",)))
+    req = RunRequest(cfg, launch, "/r/hostfile.in")
+    assert RunRequest.from_json(req.to_json()) == req
     assert parse_status(status_line(status="ok", output_dir="/r")) == {"status": "ok", "output_dir": "/r"}
     assert parse_status("[host:0] ordinary rank output") is None

@@ -11,9 +11,9 @@ from cpudist.cli.main import cli
 from cpudist.cli.run import run
 from cpudist.cli.sweep import SET_PER_RUN, sweep
 from cpudist.errors import BadInput
-from cpudist.run.sweep import Where, check_series, parse_counts, run_dirs
+from cpudist.run.sweep import SeriesHosts, check_series, parse_counts, run_dirs
 
-HOSTFILE = Where(Path("hosts"), None, "auto", 4)
+HOSTFILE = SeriesHosts(Path("hosts"), None, "auto", 4)
 
 
 def test_counts_run_smallest_first() -> None:
@@ -31,16 +31,16 @@ def test_bad_counts(text: str, why: str) -> None:
 
 def test_series_checks() -> None:
     check_series((1, 2, 4), 1, HOSTFILE)
-    check_series((1,), None, Where(None, None, "auto", None))  # one node: this machine will do
-    check_series((1, 2), 2, Where(None, None, "slurm", None))  # Slurm's allocation holds the nodes
+    check_series((1,), None, SeriesHosts(None, None, "auto", None))  # one node: this machine will do
+    check_series((1, 2), 2, SeriesHosts(None, None, "slurm", None))  # Slurm's allocation holds the nodes
     with pytest.raises(BadInput, match="more than the 4 host"):
         check_series((1, 8), 1, HOSTFILE)
     with pytest.raises(BadInput, match="need --ppn"):
         check_series((1, 2), None, HOSTFILE)
     with pytest.raises(BadInput, match=r"more than the 2 host.*cluster c1"):
-        check_series((1, 4), 1, Where(None, "c1", "auto", 2))
+        check_series((1, 4), 1, SeriesHosts(None, "c1", "auto", 2))
     with pytest.raises(BadInput, match="needs more than this machine"):
-        check_series((1, 2), 1, Where(None, None, "auto", None))
+        check_series((1, 2), 1, SeriesHosts(None, None, "auto", None))
 
 
 def test_each_count_gets_its_folder() -> None:
@@ -83,7 +83,7 @@ def test_dry_run_shows_each_run_with_the_options_passed_through(tmp_path: Path, 
     assert r.exit_code == 0, r.output
     assert [line for line in r.output.splitlines() if line.startswith("# sweep")] == [
         "# sweep 1/2: 1 node(s), --ppn 1 -> s/nodes1", "# sweep 2/2: 2 node(s), --ppn 1 -> s/nodes2"]
-    commands = [line for line in r.output.splitlines() if "cpudist.train" in line]
+    commands = [line for line in r.output.splitlines() if "cpudist.rank" in line]
     assert len(commands) == 2 and "-np 1 -ppn 1" in commands[0] and "-np 2 -ppn 1" in commands[1]
     assert all("--max-steps=3" in c for c in commands) and "--output-dir=s/nodes2" in commands[1]
     torchrun = CliRunner().invoke(cli, [*common, "--nodes", "1", "--launcher", "torchrun"])

@@ -1,0 +1,58 @@
+"""MPI launchers: MPICH's and Intel MPI's Hydra (`mpiexec.hydra`), and Open MPI's `mpirun`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cpudist.launch.spec import Launch, RunSpec, trainer_argv
+
+
+def hydra_argv(spec: RunSpec, env: dict[str, str]) -> list[str]:
+    """MPICH's or Intel MPI's Hydra: `mpiexec.hydra -f H -np N -ppn P -genv K V ... python -m cpudist.rank`.
+
+    The two differ only in how they name the ssh bootstrap: -launcher (MPICH), -bootstrap (Intel).
+    """
+    argv = [spec.launcher_path]
+    if spec.hostfile:
+        flag = "-bootstrap" if spec.launcher == "impi" else "-launcher"
+        argv += [flag, "ssh", f"{flag}-exec", spec.ssh, "-f", spec.hostfile]
+    argv += ["-np", str(spec.np), "-ppn", str(spec.ppn), "-prepend-pattern", "[%h:%r] "]
+    for key, value in env.items():
+        argv += ["-genv", key, value]
+    return argv + trainer_argv(spec)
+
+
+def openmpi_argv(spec: RunSpec, env: dict[str, str]) -> list[str]:
+    """Open MPI: `--map-by ppr:P:node` places P ranks per node (else it fills each host's cores)."""
+    argv = [spec.launcher_path]
+    if spec.as_root:
+        argv.append("--allow-run-as-root")  # Open MPI refuses root unless told; only then
+    argv += ["-np", str(spec.np), "--map-by", f"ppr:{spec.ppn}:node", "--output", "tag-detailed"]
+    if spec.oversubscribe:
+        argv += ["--oversubscribe"]
+    if spec.hostfile:
+        argv += ["--hostfile", spec.hostfile, "--prtemca", "plm_ssh_agent", spec.ssh]
+    for key, value in env.items():
+        argv += ["-x", f"{key}={value}"]
+    return argv + trainer_argv(spec)
+
+
+
+@dataclass(frozen=True)
+class Hydra:
+    """MPICH's or Intel MPI's Hydra: one command; it starts every node's ranks over ssh."""
+
+    name: str  # mpich | impi
+
+    def build(self, spec: RunSpec, env: dict[str, str]) -> Launch:
+        return Launch(tuple(hydra_argv(spec, env)), env)
+
+
+@dataclass(frozen=True)
+class OpenMPI:
+    """Open MPI's mpirun: one command, `--map-by ppr:P:node`."""
+
+    name: str = "openmpi"
+
+    def build(self, spec: RunSpec, env: dict[str, str]) -> Launch:
+        return Launch(tuple(openmpi_argv(spec, env)), env)

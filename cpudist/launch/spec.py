@@ -1,0 +1,98 @@
+"""A launch as data: the resolved run (RunSpec), the command and variables it becomes (Launch), and what every
+launcher kind shares (the rank program, the rank environment, the layout check)."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from cpudist.errors import BadInput
+from cpudist.hostfile import Host
+from cpudist.launch.env import EnvSpec, node_env
+from cpudist.launch.slurm import Allocation, SlurmOptions
+from cpudist.train.config import TrainConfig, to_argv
+
+LAUNCHERS = ("auto", "mpich", "impi", "openmpi", "slurm", "torchrun")
+SBATCH_FILE = "job.sbatch"  # the batch script's name in the run folder
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One job: what to train, on how many ranks, where, with which launcher."""
+
+    train: TrainConfig
+    np: int
+    ppn: int
+    hosts: tuple[Host, ...]
+    launcher: str  # resolved: mpich | impi | openmpi | slurm | torchrun
+    launcher_path: str  # mpiexec.hydra / mpirun / srun; unused for torchrun
+    python: str
+    master_addr: str
+    master_port: int
+    physical_cores: int
+    hub_offline: bool = False
+    env_overrides: tuple[tuple[str, str], ...] = ()
+    oversubscribe: bool = False
+    hostfile: str | None = None  # rendered hostfile of the nodes in use; None: this machine only
+    ssh: str = "ssh"  # the ssh program the launcher uses to reach other nodes
+    as_root: bool = False
+    iface: str | None = None
+    allocator: str | None = None
+    iomp: str | None = None
+    program: tuple[str, ...] = ()  # the rank module and its arguments (`python -m ...`); empty: the trainer
+    cwd: str = "."  # where the ranks run (and relative paths resolve) on every node
+    slurm: SlurmOptions | None = None  # --launcher slurm: what to ask Slurm for
+    allocation: Allocation | None = None  # --launcher slurm inside an allocation: srun there, not sbatch
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The command to spawn and the variables every rank gets."""
+
+    argv: tuple[str, ...]
+    rank_env: dict[str, str]
+    per_host: tuple[tuple[str, tuple[str, ...]], ...] = ()  # torchrun across hosts: (host, argv) each
+    script: str | None = None  # Slurm outside an allocation: the batch script that `argv` submits
+
+    def shell(self) -> str:
+        """The command as copy-pasteable shell: one line, or one per host after a `# host` line."""
+        if self.per_host:
+            return "\n".join(f"# {host}\n{shlex.join(argv)}" for host, argv in self.per_host)
+        return shlex.join(self.argv)
+
+
+def check_layout(np: int, ppn: int, hosts: tuple[Host, ...], oversubscribe: bool) -> int:
+    """Nodes the job needs; bad rank counts are errors that say what would fit."""
+    if np < 1 or ppn < 1:
+        raise BadInput(f"--np {np} --ppn {ppn}: both must be at least 1", "Pass positive counts")
+    if np % ppn:
+        raise BadInput(f"--np {np} is not divisible by --ppn {ppn}",
+                       "Every node takes --ppn ranks: make --np a multiple of --ppn")
+    nodes = np // ppn
+    if nodes > len(hosts):
+        raise BadInput(f"--np {np} with --ppn {ppn} needs {nodes} nodes but {len(hosts)} "
+                       f"{'is' if len(hosts) == 1 else 'are'} available",
+                       f"Use at most --np {ppn * len(hosts)}, raise --ppn, or add hosts (--hostfile)")
+    short = [h for h in hosts[:nodes] if h.slots is not None and h.slots < ppn]
+    if short and not oversubscribe:
+        h = short[0]
+        raise BadInput(f"--ppn {ppn} is larger than the {h.slots} slots of {h.name}",
+                       "Lower --ppn, or pass --oversubscribe to run more ranks than cores")
+    return nodes
+
+
+def rank_module(spec: RunSpec) -> list[str]:
+    """What every rank runs after `python -m`: the trainer with its job, or another program (hosts bench)."""
+    return list(spec.program) if spec.program else ["cpudist.rank", *to_argv(spec.train)]
+
+
+def trainer_argv(spec: RunSpec) -> list[str]:
+    return [spec.python, "-m", *rank_module(spec)]
+
+
+def rank_env(spec: RunSpec) -> dict[str, str]:
+    return node_env(EnvSpec(spec.physical_cores, spec.ppn, spec.train.backend, spec.master_addr,
+                            spec.master_port, spec.hub_offline, spec.env_overrides, spec.launcher,
+                            spec.iface, spec.allocator, spec.iomp))
+
+

@@ -1,0 +1,47 @@
+"""A run whose ranks start from this machine: launch, follow, and how it ended.
+
+This machine is the cluster, the head of a hostfile's nodes, a Slurm login node, or the head that a
+laptop's agent (run/agent.py) runs on. Recording the result is the caller's (run/outcome.record).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from cpudist.launch import kinds
+from cpudist.launch.spec import Launch, RunSpec
+from cpudist.run.outcome import check, fetch_from_rank0
+from cpudist.run.request import Callbacks
+from cpudist.train.preempt import MARKER
+
+
+def execute(spec: RunSpec, launch: Launch, cb: Callbacks, timeout_s: float | None) -> dict[str, Any]:
+    """Launch the ranks (or submit them to Slurm), wait; raise the one-line error of a run that did not end well.
+
+    Returns what only the launching side knows, for the run's record (the launcher, Slurm's job id).
+    """
+    out = Path(spec.train.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "command.txt").write_text(launch.shell() + "\n")
+    (out / MARKER).unlink(missing_ok=True)  # a stop of an earlier part, already resumed
+    known: dict[str, Any] = {"launcher": spec.launcher}
+    if spec.allocation is not None:
+        known["slurm_job_id"] = spec.allocation.job_id
+    with (out / "ranks.log").open("w") as log:  # every rank line, also when a run elsewhere fetches it
+
+        def to_log(line: str) -> None:
+            log.write(line + "\n")
+            log.flush()
+
+        def on_line(line: str) -> None:
+            to_log(line)
+            cb.on_line(line)
+
+        ended = kinds.execute(launch, out, kinds.Streams(cb.on_event, on_line, to_log, cb.on_line), timeout_s)
+    if ended.slurm is not None:
+        known["slurm_job_id"] = ended.slurm.job_id
+    check(ended.outcome, out, timeout_s, ended.what, ended.slurm)
+    if launch.per_host:
+        fetch_from_rank0(out, spec.hosts, spec.ssh)
+    return known

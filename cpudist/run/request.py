@@ -1,0 +1,139 @@
+"""One run as the user asked for it: what to train and how to launch it. The same request crosses SSH to the head.
+
+    cpudist run (options) -> RunRequest -> run.start.start() -> RunSpec (run.prepare) -> Launch (launch.kinds)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from cpudist.errors import BadInput
+from cpudist.launch.slurm import SlurmOptions
+from cpudist.train.config import TrainConfig
+from cpudist.train.preempt import MARKER
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """How many ranks, where they go, and how the launcher starts them."""
+
+    np: int = 1
+    ppn: int = 1
+    launcher: str = "auto"  # auto | mpich | impi | openmpi | slurm | torchrun
+    mpirun: str | None = None  # the launcher program, when not the one found
+    ssh: str | None = None  # default: the cluster key's wrapper from `hosts ssh-setup`, else ssh
+    iface: str | None = None
+    allocator: str = "auto"
+    openmp: str = "auto"
+    env: tuple[tuple[str, str], ...] = ()
+    oversubscribe: bool = False
+    timeout_s: float | None = None
+    slurm: SlurmOptions | None = None
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.np // self.ppn)
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """A run: the trainer's config, the launch, and the nodes (a hostfile, head first) or None for this machine.
+
+    Every path in it is a path on the machine that launches the ranks.
+    """
+
+    train: TrainConfig
+    launch: LaunchOptions
+    hostfile: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> RunRequest:
+        data = json.loads(text)
+        train = data.pop("train")
+        train["text_columns"] = tuple(train.get("text_columns", ()))
+        launch = data.pop("launch")
+        launch["env"] = tuple(tuple(p) for p in launch.get("env", ()))
+        if launch.get("slurm") is not None:
+            launch["slurm"] = SlurmOptions(**{**launch["slurm"],
+                                              "sbatch_args": tuple(launch["slurm"].get("sbatch_args", ()))})
+        return cls(train=TrainConfig(**train), launch=LaunchOptions(**launch), **data)
+
+    def with_train(self, **changes: Any) -> RunRequest:
+        return dataclasses.replace(self, train=dataclasses.replace(self.train, **changes))
+
+
+@dataclass(frozen=True)
+class Callbacks:
+    """Where a running job reports: events (progress) and rank output lines."""
+
+    on_event: Callable[[dict[str, Any]], None]
+    on_line: Callable[[str], None]
+    note: Callable[[str], None] = lambda line: None  # cpudist's own advice before the ranks start (not under --quiet)
+
+
+def default_output_dir(cfg: TrainConfig, np: int) -> str:
+    """runs/<task>-<model>-np<N>-<time>: one folder per run, never overwritten."""
+    model = Path(cfg.model).name or cfg.model.replace("/", "-")
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    return str(Path("runs") / f"{cfg.task}-{model}-np{np}-{stamp}")
+
+
+def unfinished_run(cfg: TrainConfig) -> Path | None:
+    """The newest run folder of this task and model that stopped before its result (for --resume auto)."""
+    model = Path(cfg.model).name or cfg.model.replace("/", "-")
+    found = [p for p in Path("runs").glob(f"{cfg.task}-{model}-np*-*")
+             if not (p / "result.json").exists() and ((p / MARKER).exists() or any(p.glob("checkpoints/step-*")))]
+    return max(found, key=lambda p: p.stat().st_mtime, default=None)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The rank counts as given: --np (and whether it was given), --ppn (a count, `auto`, or none), --nodes."""
+
+    np: int
+    ppn: int | str | None
+    nodes: int | None
+    np_given: bool
+
+
+def resolve_layout(given: Layout, remote: bool, physical_cores: Callable[[], int],
+                   say: Callable[[str], None]) -> tuple[int, int | None]:
+    """(--np, --ppn) once `--ppn auto` and `--nodes` are worked out."""
+    from cpudist.launch.env import auto_ppn, threads_per_rank
+
+    np_, ppn, nodes = given.np, given.ppn, given.nodes
+    if ppn == "auto":
+        if remote:
+            raise BadInput("--ppn auto reads the cores of the machine it runs on, and the nodes are elsewhere",
+                           "Give --ppn N (ranks per node), or run from the head node")
+        cores = physical_cores()
+        ppn = auto_ppn(cores)
+        say(f"--ppn auto: {ppn} rank(s) per node x {threads_per_rank(cores, ppn)} thread(s) ({cores} physical cores)")
+        if not given.np_given and nodes is None:
+            nodes = 1
+    if nodes is not None:
+        if given.np_given and np_ != nodes * int(ppn or 1):
+            raise BadInput(f"--np {np_} disagrees with --nodes {nodes} x --ppn {ppn or 1}",
+                           "Give --nodes with --ppn (the rank count follows), or --np alone")
+        np_ = nodes * int(ppn or 1)
+        ppn = int(ppn or 1)
+    return np_, None if ppn is None else int(ppn)
+
+
+def batch_note(cfg: TrainConfig, np_: int) -> str | None:
+    """Before a multi-rank run: the global batch grew and the learning rate did not."""
+    if np_ > 1 and cfg.lr_scaling == "none" and cfg.task != "synthetic":
+        batch = cfg.batch_size * cfg.grad_accum
+        return (f"{np_} ranks x batch {batch} = global batch {np_ * batch}: 1/{np_} of one rank's optimizer steps per "
+                f"epoch at the same --lr {cfg.lr:g}. At 4 ranks on MRPC that cost accuracy unless the lr grew with the "
+                "batch: see --lr-scaling")
+    return None

@@ -1,0 +1,71 @@
+"""One run, in order: where it goes, what would happen (dry run), or run it and record it.
+
+    request (run/request.py) + where (run/where.py)
+      here | hostfile | Slurm:  prepare (run/prepare.py) -> plan (launch/kinds.py) -> local.execute -> outcome.record
+      head over SSH:            recovery.run_remote -> remote.run (stage, agent on the head, follow, fetch)
+                                -> outcome.record
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cpudist import state
+from cpudist.hostfile import render_hostfile
+from cpudist.launch.kinds import plan
+from cpudist.launch.spec import SBATCH_FILE, check_layout
+from cpudist.results.schema import RunResult
+from cpudist.run import local, recovery
+from cpudist.run.outcome import record
+from cpudist.run.prepare import prepare
+from cpudist.run.remote import local_inputs
+from cpudist.run.request import Callbacks, RunRequest, batch_note
+from cpudist.run.where import Head, Where
+
+
+def start(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> RunResult:
+    """Run it wherever it goes, and record the result in its run folder and the ledger."""
+    extra = {"cluster": where.cluster, "usd_per_hour": where.usd_per_hour}
+    note = batch_note(request.train, request.launch.np)
+    if where.head is not None:
+        check_layout(request.launch.np, request.launch.ppn, where.head.inside, request.launch.oversubscribe)
+        if note:
+            cb.note(note)
+        return recovery.run_remote(request, where, ledger, cb, extra)
+    spec = prepare(request)
+    launch = plan(spec)
+    if note:
+        cb.note(note)
+    known = local.execute(spec, launch, cb, request.launch.timeout_s)
+    return record(Path(request.train.output_dir), ledger, {**known, **extra})
+
+
+def describe(request: RunRequest, where: Where) -> str:
+    """What `start` would do, as text to print (`--dry-run`): nothing is written, started or connected to."""
+    if where.head is not None:
+        check_layout(request.launch.np, request.launch.ppn, where.head.inside, request.launch.oversubscribe)
+        return _describe_remote(request, where.head)
+    spec = prepare(request, dry_run=True)
+    launch = plan(spec)
+    if launch.script is not None:
+        return (f"# {Path(request.train.output_dir) / SBATCH_FILE} (written and submitted with `{launch.shell()}`)\n"
+                f"{launch.script}")
+    lines = ["# environment of every rank", *(f"export {k}={v}" for k, v in launch.rank_env.items())]
+    if spec.hostfile and not launch.per_host:  # torchrun across hosts runs one command per host instead
+        used = spec.hosts[: request.launch.nodes]
+        lines += [f"# hostfile {spec.hostfile} (written when the run starts)",
+                  render_hostfile(used, "openmpi" if spec.launcher == "openmpi" else "hydra", spec.ppn).rstrip("\n")]
+    return "\n".join([*lines, "# command", launch.shell()]) + "\n"
+
+
+def _describe_remote(request: RunRequest, head: Head) -> str:
+    nodes = head.inside[: request.launch.nodes]
+    user = f"{head.target.user}@" if head.target.user else ""
+    lines = [f"# from this machine: ssh {user}{head.target.host} (port {head.target.port}, host keys pinned in "
+             f"{head.known_hosts})"]
+    others = ", ".join(h.name for h in nodes[1:]) or "no other node"
+    lines += [f"# stage {what} ({name}) {path} -> ~/{state.STAGE_DIR}/<sha256>/ on the head, then on {others}"
+              for name, what, path in local_inputs(request.train)]
+    lines += [f"# nodes (as they reach each other): {' '.join(h.name for h in nodes)}",
+              "# on the head: python -m cpudist.run.agent, with this request on stdin", request.to_json()]
+    return "\n".join(lines) + "\n"
