@@ -83,6 +83,9 @@ def _imported_after(*argv: str, env: dict[str, str] | None = None) -> tuple[str,
 def test_top_level_help_and_completion_import_nothing_heavy() -> None:
     out, heavy = _imported_after("--help")
     assert heavy == set() and all(name in out for name in COMMANDS)
+    for command in ("run", "sweep"):  # the biggest --help, and the command that trains
+        out, heavy = _imported_after(command, "--help")
+        assert heavy == set() and "Gradient sync:" in out, (command, heavy)
     out, heavy = _imported_after(env={"_CPUDIST_COMPLETE": "bash_complete", "COMP_WORDS": "cpudist ru",
                                       "COMP_CWORD": "1"})
     assert heavy == set() and "plain,run" in out
