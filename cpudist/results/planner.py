@@ -34,12 +34,15 @@ The model (pure arithmetic; `cpudist plan` prints its inputs beside its answers)
   gather-scatter moves bytes without summing them, PowerSGD adds matrix products); without them c = 0
   and the plan says so. `validate` fits c without the run it checks, as it does f.
 - Step time at N nodes, all told: t_c + (1 - f) t_m + c x wire bytes.
+
+This module is the model; cpudist/results/catalogue.py holds the strategies a plan compares and the
+recommendation among them, cpudist/results/validation.py the fits of f and c from measured runs and the
+check of the model against them.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -48,10 +51,7 @@ from cpudist.results.schema import RunResult
 from cpudist.strategies import GATHER_SCATTER, SyncSpec, from_record
 from cpudist.traffic import buckets, expected_traffic, ring_factor
 
-DEFAULT_OVERLAP = 0.0  # without measured multi-node DDP runs: assume DDP hides nothing (conservative)
 DEFAULT_LATENCY_S = 1e-4
-GOAL = 0.15  # the plan should be within 15% of every measured speedup
-NEAR = 0.02  # choices within 2% of the fastest count as as fast: then prefer exact gradients and fewer nodes
 
 @dataclass(frozen=True)
 class Link:
@@ -120,13 +120,6 @@ def pick_baseline(runs: Sequence[RunResult], run_id: str | None = None) -> tuple
 def sync_of(r: RunResult) -> SyncSpec:
     """The sync a run used: its recorded knobs (under any cpudist's names), else its label."""
     return from_record(r.sync_options, r.sync)
-
-
-def strategies(powersgd_rank: int = 2, local_sgd_k: int = 8) -> tuple[SyncSpec, ...]:
-    """The strategies a plan compares."""
-    return (SyncSpec(), SyncSpec(grad_compression="bf16"),
-            SyncSpec(grad_compression="powersgd", powersgd_rank=powersgd_rank), SyncSpec("allreduce"),
-            SyncSpec("gather-scatter"), SyncSpec("local-sgd", sync_every=local_sgd_k))
 
 
 def risk_of(sync: SyncSpec) -> str:
@@ -212,155 +205,4 @@ def plan(base: Baseline, node_counts: Sequence[int], syncs: Sequence[SyncSpec], 
     cpu = cpu_s_per_byte or {}  # c per strategy label
     rows += [predict(base, s, n, link, overlap, steps_for(base, n, samples), cpu.get(s.label, 0.0))
              for n in node_counts if n > 1 for s in usable]
-    return rows
-
-
-def risk_level(p: Prediction) -> int:
-    """0: exact gradient averaging; 1: rounded gradients; 2: a changed optimization."""
-    return 0 if not p.risk else 1 if p.risk == risk_of(SyncSpec(grad_compression="bf16")) else 2
-
-
-@dataclass(frozen=True)
-class Recommendation:
-    """The choice and the line that states it, with its accuracy risk."""
-
-    choice: Prediction
-    line: str
-    fastest_exact: Prediction
-
-
-def recommend(rows: Sequence[Prediction]) -> Recommendation:
-    """The fastest choice; within NEAR of it, exact gradients first, then fewer nodes."""
-    best = min(p.time_s for p in rows)
-    pick = min((p for p in rows if p.time_s <= best * (1 + NEAR)), key=lambda p: (risk_level(p), p.nodes, p.time_s))
-    exact = min((p for p in rows if not p.risk), key=lambda p: (p.time_s, p.nodes))
-    if pick.nodes == 1:
-        other = min((p for p in rows if p.nodes > 1), key=lambda p: p.time_s, default=None)
-        why = (f"the best of more nodes, {other.sync} at {other.nodes} nodes, reaches only {other.speedup:.2f}x"
-               if other else "no other node count was asked for")
-        return Recommendation(pick, f"recommend: stay on 1 node ({why})", exact)
-    cost = "" if pick.cost_usd is None else f", ${pick.cost_usd:.2f}"
-    head = (f"recommend: {pick.nodes} nodes with {pick.sync}: {pick.speedup:.2f}x the 1-node throughput "
-            f"({pick.efficiency:.0%} efficiency), {duration(pick.time_s)}{cost}")
-    batch = f"the global batch grows {pick.nodes}x (same per-rank batch): the learning rate may need retuning"
-    if risk_level(pick) == 0:
-        return Recommendation(pick, f"{head}; exact gradient averaging, but {batch}", exact)
-    alt = (f"the fastest exact choice is {exact.nodes} node{'s' if exact.nodes > 1 else ''} "
-           f"{'' if exact.nodes == 1 else 'with ' + exact.sync + ' '}({duration(exact.time_s)})")
-    return Recommendation(pick, f"{head}; accuracy risk: {pick.risk}; {alt}; and {batch}", exact)
-
-
-def duration(seconds: float) -> str:
-    """1h02m, 12m05s or 42.0s."""
-    if seconds >= 3600:
-        return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
-    if seconds >= 60:
-        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
-    return f"{seconds:.1f}s"
-
-
-def measured_overlap(runs: Sequence[RunResult]) -> tuple[float, tuple[str, ...]]:
-    """(f, the runs it came from): median of 1 - exposed/comm over measured multi-node DDP runs, else 0."""
-    ddp = [r for r in runs if len(r.nodes) > 1 and r.comm_time_s > 0 and hides(sync_of(r))]
-    if not ddp:
-        return DEFAULT_OVERLAP, ()
-    shares = [min(1.0, max(0.0, 1 - r.exposed_comm_s / r.comm_time_s)) for r in ddp]
-    return statistics.median(shares), tuple(r.run_id for r in ddp)
-
-
-def comparable(a: RunResult, b: RunResult) -> bool:
-    """Two runs whose step times compare: same work per rank and node, on the same CPU."""
-    def key(r: RunResult) -> tuple[object, ...]:
-        return (r.task, r.model, r.precision, r.backend, r.per_rank_batch_size, r.grad_accum, r.max_seq_len, r.ppn,
-                r.cpu.get("model"))
-    return key(a) == key(b)
-
-
-@dataclass(frozen=True)
-class Row:
-    """Measured against predicted speedup of one multi-node run."""
-
-    run_id: str
-    baseline_id: str
-    sync: str
-    nodes: int
-    world_size: int
-    measured_speedup: float
-    predicted_speedup: float
-    error: float  # predicted / measured - 1
-    flagged: bool  # |error| > GOAL
-    measured_step_s: float
-    predicted_step_s: float
-    overlap: float
-    traffic_error: float | None  # measured / expected bytes between nodes - 1, when counted
-    cpu_s_per_byte: float = 0.0  # c used for this prediction
-
-
-def base_of(r: RunResult, runs: Sequence[RunResult]) -> RunResult | None:
-    """The newest 1-node run comparable to `r` (same work per rank and node, same CPU), if any."""
-    bases = [b for b in runs if len(b.nodes) == 1 and b.steps > 0 and b.train_time_s > 0 and comparable(b, r)]
-    return max(bases, key=lambda x: x.started_at) if bases else None
-
-
-def same_nodes(a: RunResult, b: RunResult) -> bool:
-    return (a.cpu.get("model"), a.threads_per_rank) == (b.cpu.get("model"), b.threads_per_rank)
-
-
-def measured_sync_cpu(runs: Sequence[RunResult], link: Link, like: RunResult | None = None,
-                      overlap: float | None = None, sync: SyncSpec | None = None) -> tuple[float, tuple[str, ...]]:
-    """(c, the runs it came from): seconds of a node's step per byte on its busiest link beyond the wire time.
-
-    The median over measured multi-node runs (on `like`'s CPU model and threads per rank, when given) of
-    (measured step - t_c - (1 - f) t_m) / wire bytes, never below 0; 0 without such runs. With `sync`, only
-    the runs of its kind when there are any (a gather moves bytes without summing them, a ring sums each).
-    """
-    per_byte, ids, kinds = [], [], []
-    for r in runs:
-        b = base_of(r, runs)
-        if len(r.nodes) < 2 or r.steps < 1 or b is None or (like is not None and not same_nodes(r, like)):
-            continue
-        base, ran = baseline_of(b), sync_of(r)
-        wire = wire_bytes(ran, base.shapes, len(r.nodes), base.ppn, r.steps)
-        if wire <= 0:
-            continue
-        f = overlap if overlap is not None else measured_overlap([x for x in runs if x is not r])[0]
-        without = predict(base, ran, len(r.nodes), link, f, r.steps).step_s
-        per_byte.append(max(0.0, (r.train_time_s / r.steps - without) / wire))
-        ids.append(r.run_id)
-        kinds.append(kind(ran))
-    if sync is not None and kind(sync) in kinds:  # the same strategy's own cost, where measured
-        pick = [i for i, k in enumerate(kinds) if k == kind(sync)]
-        per_byte, ids = [per_byte[i] for i in pick], [ids[i] for i in pick]
-    return (statistics.median(per_byte), tuple(ids)) if per_byte else (0.0, ())
-
-
-def kind(sync: SyncSpec) -> tuple[str, str]:
-    """What sets a sync's CPU work per byte: the collective (ring all-reduce, gather and scatter) and the
-    compression around it (PowerSGD's matrix products, bf16's casts)."""
-    return sync.sync, sync.grad_compression if sync.row.cpu_by_compression else "none"
-
-
-def validate(runs: Sequence[RunResult], link_gbps: float, latency_s: float = DEFAULT_LATENCY_S,
-             overlap: float | None = None, cpu_s_per_byte: float | None = None) -> list[Row]:
-    """Every multi-node run that has a comparable 1-node run, predicted from that run alone.
-
-    Without `overlap`, DDP's f comes from the other measured DDP runs, and without `cpu_s_per_byte`, c
-    from the other measured multi-node runs (never the run checked itself).
-    """
-    link = Link(link_gbps, latency_s)
-    rows = []
-    for r in runs:
-        b = base_of(r, runs)
-        if len(r.nodes) < 2 or b is None or r.steps < 1:
-            continue
-        others = [x for x in runs if x is not r]
-        f = overlap if overlap is not None else measured_overlap(others)[0]
-        c = (cpu_s_per_byte if cpu_s_per_byte is not None
-             else measured_sync_cpu(others, link, r, overlap, sync_of(r))[0])
-        p = predict(baseline_of(b), sync_of(r), len(r.nodes), link, f, r.steps, c)
-        measured = r.train_samples_per_s / b.train_samples_per_s
-        error = p.speedup / measured - 1 if measured else math.inf
-        rows.append(Row(r.run_id, b.run_id, p.sync, len(r.nodes), r.world_size, measured, p.speedup, error,
-                        abs(error) > GOAL, r.train_time_s / r.steps, p.step_s, f if hides(sync_of(r)) else 0.0,
-                        r.traffic_error, c))
     return rows

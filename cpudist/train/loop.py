@@ -3,29 +3,25 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
-import math
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, DistributedSampler
 
-from cpudist.errors import BadInput
-from cpudist.flops import ModelShape, training_flops
-from cpudist.train import checkpoint, events, netcount, preempt, speed, sync
-from cpudist.train.checkpoint import Restored, gather_rngs, seed_all, set_rng_state
-from cpudist.train.checkpoint_meta import START, CheckpointMeta, Done, Position
+from cpudist.flops import shape_of, training_flops
+from cpudist.train import events, netcount, preempt, speed, sync
+from cpudist.train.checkpoint import Restored
+from cpudist.train.checkpoint_meta import START, Position
 from cpudist.train.config import TrainConfig, effective_lr, spec_of
-from cpudist.train.durable import Mirror
-from cpudist.train.features import Encoded, collate
+from cpudist.train.features import collate
 from cpudist.train.preempt import StopRequests
-from cpudist.train.sampling import fed_batches, global_batches
+from cpudist.train.sampling import batch_plan, plan_steps
+from cpudist.train.saver import Saver, Training, restore, save
+from cpudist.train.setup import Job
 
 WARMUP_STEPS_EXCLUDED = 3  # steady-state throughput leaves out the first steps (allocator warm-up)
 
@@ -61,78 +57,11 @@ class TrainStats:
         return sum(self.step_samples[i] for i in kept) / t if t > 0 else 0.0
 
 
-@dataclass(frozen=True)
-class Saver:
-    """Where and when checkpoints go."""
-
-    folder: Path
-    every: int | None
-    every_s: float | None
-    keep: int
-    mirror: Mirror | None = None  # the durable copy (--checkpoint-s3)
-    wall_before_s: float = 0.0  # wall time of the earlier parts of a resumed run
-    parts: int = 1
-    started: float = field(default_factory=time.perf_counter)  # this part's start (perf_counter)
-
-
-def plan_steps(cfg: TrainConfig, batches_per_epoch: int) -> int:
-    """Optimizer steps of the run: --max-steps, else epochs x (micro-batches / accumulation)."""
-    if cfg.max_steps is not None:
-        return cfg.max_steps
-    return max(1, math.ceil(cfg.epochs * batches_per_epoch / cfg.grad_accum))
-
-
-Batch = tuple[Position, list[int], int]  # (where it sits, this rank's rows, rows of the global batch)
-
-
-def batch_plan(cfg: TrainConfig, data: Encoded, rank: int, world: int,
-               start: Position = START) -> tuple[int, Iterator[Batch]]:
-    """(micro-batches per epoch, endless iterator of this rank's micro-batches from `start` on)."""
-    if cfg.sampler == "grouped":
-        lengths = [len(ids) for ids in data.input_ids]
-
-        def epoch_batches(epoch: int) -> list[list[int]]:
-            step_rows = cfg.batch_size * world * cfg.grad_accum  # grouped per step: --grad-accum changes no step
-            return fed_batches(global_batches(lengths, step_rows, cfg.seed, epoch), world, cfg.grad_accum)
-
-        per_epoch = len(epoch_batches(0))
-        if per_epoch == 0:
-            raise BadInput(f"{len(lengths)} training row(s) cannot feed {world} ranks",
-                           "Use more data (--max-train-samples), or fewer ranks")
-
-        def grouped() -> Iterator[Batch]:
-            epoch, skip = start.epoch, start.index
-            while True:
-                for i, b in enumerate(epoch_batches(epoch)):
-                    if i >= skip:
-                        yield Position(epoch, i), b[rank::world], len(b)
-                epoch, skip = epoch + 1, 0
-
-        return per_epoch, grouped()
-    rows: Any = range(len(data))  # a sized, indexable dataset of row numbers
-    sampler: DistributedSampler[int] = DistributedSampler(rows, num_replicas=world, rank=rank,
-                                                          shuffle=True, seed=cfg.seed)
-    loader: DataLoader[int] = DataLoader(rows, batch_size=cfg.batch_size, sampler=sampler, collate_fn=list)
-
-    def shuffled() -> Iterator[Batch]:
-        epoch, skip = start.epoch, start.index
-        while True:
-            sampler.set_epoch(epoch)  # a new seeded shuffle each epoch, identical on every rank
-            for i, idx in enumerate(loader):
-                if i >= skip:  # the sampler pads to equal shares: every rank has len(idx) rows
-                    yield Position(epoch, i), idx, len(idx) * world
-            epoch, skip = epoch + 1, 0
-
-    return len(loader), shuffled()
-
-
-def train(cfg: TrainConfig, model: torch.nn.Module, data: Encoded, regression: bool, bf16: bool, run_dir: Path,
-          rank: int, world: int, shape: ModelShape, saver: Saver, stop: StopRequests,
-          restored: Restored | None = None, iface: str | None = None) -> TrainStats:
-    """Train `model` (synced by its --sync strategy when world > 1) and return what was measured.
-
-    `iface`: the network interface whose sent bytes this rank counts (one rank per node), or None.
-    """
+def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None = None) -> TrainStats:
+    """Train the job's model (synced by its --sync strategy when world > 1) and return what was measured."""
+    cfg, model, data, regression, bf16 = job.cfg, job.model, job.train_data, job.regression, job.bf16
+    rank, world, iface = job.info.rank, job.info.world_size, job.iface  # iface: where this rank counts bytes sent
+    shape = shape_of(getattr(model, "module", model))
     start = restored.meta.position if restored else START
     per_epoch, batches = batch_plan(cfg, data, rank, world, start)
     total = restored.meta.total if restored else plan_steps(cfg, per_epoch)
@@ -149,13 +78,14 @@ def train(cfg: TrainConfig, model: torch.nn.Module, data: Encoded, regression: b
     sched = get_linear_schedule_with_warmup(opt, int(cfg.warmup_ratio * total), total)
     stats = TrainStats()
     stats.strategy = strategy
+    live = Training(cfg, model, opt, sched, rank, world)
     if restored:
-        _apply(restored, model, opt, sched, stats, cfg.seed + rank)
+        restore(restored, live, stats)
         strategy.load(restored.state.get("sync", {}), restored.rank_state)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
     pending: list[Pending] = []
     shapes: set[tuple[int, ...]] = set()
-    log = _steps_log(run_dir, stats.steps) if rank == 0 else None
+    log = _steps_log(job.run_dir, stats.steps) if rank == 0 else None
     model.train()
     if rank == 0:
         events.emit("start", total=total, batches_per_epoch=per_epoch, step=stats.steps)
@@ -203,7 +133,7 @@ def train(cfg: TrainConfig, model: torch.nn.Module, data: Encoded, regression: b
             if save_now or stop_now:
                 _flush(pending, stats, log, world, total)
                 pending = []
-                _save(cfg, saver, model, opt, sched, stats, next_pos, total, world, rank)
+                save(saver, live, stats, next_pos, total)
                 last_save = time.monotonic()
             if stop_now:
                 stats.stopped = stop.pending() or preempt.PEER
@@ -261,44 +191,6 @@ def _steps_log(run_dir: Path, resumed_at: int) -> TextIO:
     log = path.open("w")
     log.write("".join(line + "\n" for line in kept))
     return log
-
-
-def _apply(restored: Restored, model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any,
-           stats: TrainStats, rank_seed: int) -> None:
-    """Put a checkpoint's state into the model, optimizer, scheduler, RNGs and counters."""
-    getattr(model, "module", model).load_state_dict(restored.state["model"])
-    opt.load_state_dict(restored.state["optimizer"])
-    sched.load_state_dict(restored.state["scheduler"])
-    if restored.rng is not None:
-        set_rng_state(restored.rng)
-    else:  # another world size: no saved state belongs to this rank; fresh noise, still per rank
-        seed_all(rank_seed + 1_000_003 * restored.meta.step)
-    done = restored.meta.stats
-    stats.steps, stats.samples, stats.tokens = done.steps, done.samples, done.tokens
-    stats.flops, stats.train_time_s = done.flops, done.train_time_s
-
-
-def _save(cfg: TrainConfig, saver: Saver, model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any,
-          stats: TrainStats, pos: Position, total: int, world: int, rank: int) -> None:
-    """Write a checkpoint (rank 0), with every rank's RNG and own sync state; every rank calls it."""
-    rngs = gather_rngs(world)
-    ranks = checkpoint.gather_ranks(stats.strategy.rank_state() if stats.strategy else {}, rank, world)
-    if rank == 0:
-        state = {"model": getattr(model, "module", model).state_dict(), "optimizer": opt.state_dict(),
-                 "scheduler": sched.state_dict(), "sync": stats.strategy.state() if stats.strategy else {}}
-        meta = CheckpointMeta(dataclasses.asdict(cfg), total, pos, world, cfg.batch_size * cfg.grad_accum * world,
-                              stats.strategy.spec.label if stats.strategy else "ddp", saver.parts,
-                              saver.wall_before_s + time.perf_counter() - saver.started,
-                              Done(stats.steps, stats.samples, stats.tokens, stats.flops, stats.train_time_s),
-                              stats.steps)
-        path = checkpoint.write(saver.folder, state, rngs, meta, saver.keep, ranks)
-        if saver.mirror is not None:
-            saver.mirror.upload(path)
-            saver.mirror.prune(saver.keep)
-        stats.checkpoints.append(str(path))
-        events.emit("checkpoint", step=stats.steps, path=str(path))
-    if world > 1:
-        dist.barrier()  # nobody runs ahead (or leaves) before the checkpoint is complete
 
 
 def _optimizer(cfg: TrainConfig, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:

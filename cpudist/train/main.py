@@ -22,16 +22,16 @@ import torch
 import torch.distributed as dist
 
 from cpudist.errors import BadInput
-from cpudist.flops import shape_of
 from cpudist.train import checkpoint, events, preempt, resume
 from cpudist.train.checkpoint import Restored
 from cpudist.train.config import TrainConfig
 from cpudist.train.dist import RankInfo
 from cpudist.train.durable import Mirror, ObjectStore
 from cpudist.train.evaluate import evaluate
-from cpudist.train.loop import Saver, TrainStats, train
+from cpudist.train.loop import TrainStats, train
 from cpudist.train.preempt import NoticePoller
 from cpudist.train.result import build_result, peak_rss_mb
+from cpudist.train.saver import Saver
 from cpudist.train.setup import Job, setup
 
 
@@ -81,9 +81,7 @@ def run(cfg: TrainConfig, info: RankInfo, provider: Provider) -> int:
     # One poller per node.
     poller = provider.notices(cfg.imds) if provider.notices is not None and info.local_rank == 0 else None
     with preempt.StopRequests(poller) as stop:
-        stats = train(cfg, job.model, job.train_data, job.regression, job.bf16, job.run_dir, info.rank,
-                      info.world_size, shape_of(getattr(job.model, "module", job.model)), saver, stop, restored,
-                      job.iface)
+        stats = train(job, saver, stop, restored)
     if stats.stopped is not None:
         return _stopped(job, stats, info)
     metrics: dict[str, float] = {}

@@ -18,7 +18,8 @@ from cpudist.traffic import expected_traffic, payload_bytes
 from cpudist.train import sync
 from cpudist.train.checkpoint import Restored
 from cpudist.train.config import effective_lr
-from cpudist.train.loop import Saver, TrainStats
+from cpudist.train.loop import TrainStats
+from cpudist.train.saver import Saver
 from cpudist.train.setup import CPU, Job
 
 

@@ -8,8 +8,17 @@ and 2 ranks x 16 train on exactly the same data, step by step.
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from torch.utils.data import DataLoader, DistributedSampler
+
+from cpudist.errors import BadInput
+from cpudist.train.checkpoint_meta import START, Position
+from cpudist.train.config import TrainConfig
+from cpudist.train.features import Encoded
 
 MEGABATCH = 50  # global batches sorted together: enough to group lengths, small enough to stay random
 
@@ -51,3 +60,54 @@ def fed_batches(batches: list[list[int]], world: int, accum: int = 1) -> list[li
 def rank_batches(batches: list[list[int]], rank: int, world: int) -> list[list[int]]:
     """This rank's share of each global batch that feeds every rank."""
     return [b[rank::world] for b in fed_batches(batches, world)]
+
+
+def plan_steps(cfg: TrainConfig, batches_per_epoch: int) -> int:
+    """Optimizer steps of the run: --max-steps, else epochs x (micro-batches / accumulation)."""
+    if cfg.max_steps is not None:
+        return cfg.max_steps
+    return max(1, math.ceil(cfg.epochs * batches_per_epoch / cfg.grad_accum))
+
+
+Batch = tuple[Position, list[int], int]  # (where it sits, this rank's rows, rows of the global batch)
+
+
+def batch_plan(cfg: TrainConfig, data: Encoded, rank: int, world: int,
+               start: Position = START) -> tuple[int, Iterator[Batch]]:
+    """(micro-batches per epoch, endless iterator of this rank's micro-batches from `start` on)."""
+    if cfg.sampler == "grouped":
+        lengths = [len(ids) for ids in data.input_ids]
+
+        def epoch_batches(epoch: int) -> list[list[int]]:
+            step_rows = cfg.batch_size * world * cfg.grad_accum  # grouped per step: --grad-accum changes no step
+            return fed_batches(global_batches(lengths, step_rows, cfg.seed, epoch), world, cfg.grad_accum)
+
+        per_epoch = len(epoch_batches(0))
+        if per_epoch == 0:
+            raise BadInput(f"{len(lengths)} training row(s) cannot feed {world} ranks",
+                           "Use more data (--max-train-samples), or fewer ranks")
+
+        def grouped() -> Iterator[Batch]:
+            epoch, skip = start.epoch, start.index
+            while True:
+                for i, b in enumerate(epoch_batches(epoch)):
+                    if i >= skip:
+                        yield Position(epoch, i), b[rank::world], len(b)
+                epoch, skip = epoch + 1, 0
+
+        return per_epoch, grouped()
+    rows: Any = range(len(data))  # a sized, indexable dataset of row numbers
+    sampler: DistributedSampler[int] = DistributedSampler(rows, num_replicas=world, rank=rank,
+                                                          shuffle=True, seed=cfg.seed)
+    loader: DataLoader[int] = DataLoader(rows, batch_size=cfg.batch_size, sampler=sampler, collate_fn=list)
+
+    def shuffled() -> Iterator[Batch]:
+        epoch, skip = start.epoch, start.index
+        while True:
+            sampler.set_epoch(epoch)  # a new seeded shuffle each epoch, identical on every rank
+            for i, idx in enumerate(loader):
+                if i >= skip:  # the sampler pads to equal shares: every rank has len(idx) rows
+                    yield Position(epoch, i), idx, len(idx) * world
+            epoch, skip = epoch + 1, 0
+
+    return len(loader), shuffled()

@@ -7,23 +7,10 @@ import dataclasses
 import pytest
 
 from cpudist.errors import BadInput
-from cpudist.results.planner import (
-    GOAL,
-    Baseline,
-    Link,
-    baseline_of,
-    comm_time,
-    measured_overlap,
-    measured_sync_cpu,
-    pick_baseline,
-    plan,
-    predict,
-    recommend,
-    strategies,
-    sync_of,
-    validate,
-)
+from cpudist.results.catalogue import recommend, strategies
+from cpudist.results.planner import Baseline, Link, baseline_of, comm_time, pick_baseline, plan, predict, sync_of
 from cpudist.results.schema import RunResult
+from cpudist.results.validation import GOAL, measured_overlap, measured_sync_cpu, validate
 from cpudist.strategies import SyncSpec, parse_label
 
 MB100 = ((5000, 5000),)  # 25e6 fp32 values: 100 MB of gradients

@@ -39,7 +39,7 @@ def test_too_few_rows_for_the_ranks_is_an_error_not_a_hang() -> None:
     from cpudist.errors import BadInput
     from cpudist.train.config import TrainConfig
     from cpudist.train.features import Encoded
-    from cpudist.train.loop import batch_plan
+    from cpudist.train.sampling import batch_plan
 
     data = Encoded([[101, 7, 102]], None, [0.0], 0)
     with pytest.raises(BadInput, match="cannot feed 2 ranks"):

@@ -1,0 +1,88 @@
+"""When and where checkpoints are written during training, and how a loaded one is put back.
+
+The loop calls `save` at the steps every rank agreed on (rank 0 writes, with every rank's RNG and own
+sync state, then copies it to the durable mirror) and `restore` once, before the first step of a resumed part.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from cpudist.train import checkpoint, events
+from cpudist.train.checkpoint import Restored, gather_rngs, seed_all, set_rng_state
+from cpudist.train.checkpoint_meta import CheckpointMeta, Done, Position
+from cpudist.train.config import TrainConfig
+from cpudist.train.durable import Mirror
+
+if TYPE_CHECKING:
+    from cpudist.train.loop import TrainStats
+
+
+@dataclass(frozen=True)
+class Saver:
+    """Where and when checkpoints go."""
+
+    folder: Path
+    every: int | None
+    every_s: float | None
+    keep: int
+    mirror: Mirror | None = None  # the durable copy (--checkpoint-s3)
+    wall_before_s: float = 0.0  # wall time of the earlier parts of a resumed run
+    parts: int = 1
+    started: float = field(default_factory=time.perf_counter)  # this part's start (perf_counter)
+
+
+@dataclass(frozen=True)
+class Training:
+    """What a checkpoint is taken of, and put back into, on one rank."""
+
+    cfg: TrainConfig
+    model: torch.nn.Module  # the strategy's (DDP's wrapper, or the model itself)
+    opt: torch.optim.Optimizer
+    sched: Any
+    rank: int
+    world: int
+
+
+def restore(restored: Restored, t: Training, stats: TrainStats) -> None:
+    """Put a checkpoint's state into the model, optimizer, scheduler, RNGs and counters."""
+    getattr(t.model, "module", t.model).load_state_dict(restored.state["model"])
+    t.opt.load_state_dict(restored.state["optimizer"])
+    t.sched.load_state_dict(restored.state["scheduler"])
+    if restored.rng is not None:
+        set_rng_state(restored.rng)
+    else:  # another world size: no saved state belongs to this rank; fresh noise, still per rank
+        seed_all(t.cfg.seed + t.rank + 1_000_003 * restored.meta.step)
+    done = restored.meta.stats
+    stats.steps, stats.samples, stats.tokens = done.steps, done.samples, done.tokens
+    stats.flops, stats.train_time_s = done.flops, done.train_time_s
+
+
+def save(saver: Saver, t: Training, stats: TrainStats, pos: Position, total: int) -> None:
+    """Write a checkpoint (rank 0), with every rank's RNG and own sync state; every rank calls it."""
+    cfg, rank, world = t.cfg, t.rank, t.world
+    rngs = gather_rngs(world)
+    ranks = checkpoint.gather_ranks(stats.strategy.rank_state() if stats.strategy else {}, rank, world)
+    if rank == 0:
+        state = {"model": getattr(t.model, "module", t.model).state_dict(), "optimizer": t.opt.state_dict(),
+                 "scheduler": t.sched.state_dict(), "sync": stats.strategy.state() if stats.strategy else {}}
+        meta = CheckpointMeta(dataclasses.asdict(cfg), total, pos, world, cfg.batch_size * cfg.grad_accum * world,
+                              stats.strategy.spec.label if stats.strategy else "ddp", saver.parts,
+                              saver.wall_before_s + time.perf_counter() - saver.started,
+                              Done(stats.steps, stats.samples, stats.tokens, stats.flops, stats.train_time_s),
+                              stats.steps)
+        path = checkpoint.write(saver.folder, state, rngs, meta, saver.keep, ranks)
+        if saver.mirror is not None:
+            saver.mirror.upload(path)
+            saver.mirror.prune(saver.keep)
+        stats.checkpoints.append(str(path))
+        events.emit("checkpoint", step=stats.steps, path=str(path))
+    if world > 1:
+        dist.barrier()  # nobody runs ahead (or leaves) before the checkpoint is complete
