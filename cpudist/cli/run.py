@@ -15,7 +15,6 @@ from cpudist.cli.progress import JobView
 from cpudist.cli.run_options import SECTIONS, run_options
 from cpudist.cli.slurm_options import to_slurm_options
 from cpudist.cpu import read_cpu
-from cpudist.errors import BadInput
 from cpudist.interrupts import signals_interrupt
 from cpudist.results.schema import RunResult
 from cpudist.run.request import (
@@ -27,6 +26,7 @@ from cpudist.run.request import (
     resolve_layout,
     unfinished_run,
 )
+from cpudist.strategies import check_sync
 from cpudist.train.config import TrainConfig
 
 if TYPE_CHECKING:
@@ -37,28 +37,6 @@ LAUNCH = {"np_", "ppn", "nodes", "launcher", "mpirun", "ssh", "iface", "allocato
           "oversubscribe", "timeout", "partition", "time_limit", "account", "exclusive", "sbatch_args"}
 ROUTE = {"hostfile", "cluster_name", "head_addr", "user", "identity", "remote_python", "stage_code", "on_preemption"}
 OUTPUT = {"output_dir", "ledger", "fmt", "quiet", "dry_run"}
-
-
-def check_sync(cfg: TrainConfig) -> None:
-    """Knobs of one strategy given with another are mistakes: say so before anything starts."""
-    defaults = TrainConfig(task=cfg.task, output_dir="")
-    local_only = ("sync_every", "local_sgd_warmup", "outer_optimizer", "outer_lr", "outer_momentum",
-                  "average_moments", "second_moment_every")
-    given = [k for k in local_only if getattr(cfg, k) != getattr(defaults, k)]
-    if cfg.sync != "local-sgd" and given:
-        flag = "--" + given[0].replace("_", "-")
-        raise BadInput(f"{flag} applies to --sync local-sgd, not {cfg.sync}",
-                       f"Add --sync local-sgd, or drop {flag}")
-    if cfg.sync == "local-sgd" and cfg.grad_compression not in ("none", "bf16"):
-        raise BadInput(f"--grad-compression {cfg.grad_compression}: local SGD averages in fp32 (none) or bf16",
-                       "Use --grad-compression bf16 with --sync local-sgd, or --sync ddp for PowerSGD")
-    if cfg.second_moment_every > 1 and cfg.average_moments not in ("second", "both"):
-        raise BadInput(f"--second-moment-every {cfg.second_moment_every}: the second moment is not averaged "
-                       f"(--average-moments {cfg.average_moments})",
-                       "Add --average-moments both (or second), or drop --second-moment-every")
-    if cfg.sync not in ("ddp", "local-sgd") and cfg.grad_compression != "none":
-        raise BadInput(f"--grad-compression applies to --sync ddp and local-sgd, not {cfg.sync}",
-                       "Use --sync ddp (or local-sgd) with it, or drop --grad-compression")
 
 
 def summary(r: RunResult) -> str:
