@@ -66,10 +66,6 @@ class ClusterSpec:
     boot_timeout_s: float = 900
 
 
-def clusters_dir() -> Path:
-    return state.home() / "clusters"
-
-
 @dataclass
 class _Run:
     """One `cluster up`: its tag value, and whether a launch call may be in flight."""

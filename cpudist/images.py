@@ -72,10 +72,10 @@ def bootstrap_result(console: str) -> tuple[bool, str | None]:
 
 def _upload(address: str, spec: BakeSpec, key: Path, wheel: Path, known: Path) -> None:
     with Remote(Target(address, spec.user, 22, str(key)), KnownHosts(known)) as builder:
-        builder.check("mkdir -p ~/.cpudist/upload")
+        builder.check(f"mkdir -p ~/{state.UPLOAD_DIR}")
         home = builder.check('printf %s "$HOME"').strip()
-        builder.put(wheel, f"{home}/.cpudist/upload/{wheel.name}")
-        builder.check("touch ~/.cpudist/upload/ready")
+        builder.put(wheel, f"{home}/{state.UPLOAD_DIR}/{wheel.name}")
+        builder.check(f"touch ~/{state.UPLOAD_DIR}/ready")
 
 
 def _cleanup(ec2: Any, owner: str, run_id: str, name: str, keep_image: bool) -> None:
@@ -91,7 +91,7 @@ def _cleanup(ec2: Any, owner: str, run_id: str, name: str, keep_image: bool) -> 
 def bake(ec2: Any, spec: BakeSpec, say: Say) -> str:
     """Build the image; its id. Nothing but the image is left, and nothing at all on failure."""
     run_id, owner, folder = uuid.uuid4().hex[:12], f"image-{spec.name}", state.image_dir(spec.name)
-    wheel = build_wheel(state.home() / "wheels")
+    wheel = build_wheel(state.wheels_dir())
     script = (recipe_dir() / "bootstrap.sh").read_text()
     image: str | None = None
     try:

@@ -14,10 +14,11 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from pathlib import Path
+
+from cpudist import state
 
 # Inductor (--compile) fixes its cache folder when torch is imported: the user's, kept across runs and reboots.
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path.home() / ".cpudist" / "inductor"))
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(state.inductor_dir()))
 
 from cpudist.cloud.aws.notice import NoticeWatcher, imds_endpoint
 from cpudist.cloud.aws.objects import S3Objects

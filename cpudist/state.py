@@ -1,4 +1,10 @@
-"""cpudist's local state, in one place: the home folder, cluster folders, key and record files.
+"""cpudist's state, in one place: every local path (all under the home folder, `CPUDIST_HOME`) and the names
+cpudist uses on the nodes.
+
+Two different things share the name ~/.cpudist: the home folder of the machine cpudist runs on (the laptop,
+or the head when a run starts there), which `CPUDIST_HOME` moves, and the folders a node keeps under its
+login's home (the cluster key from ssh-setup, staged data, a remote run's folder), whose names below are
+relative to that node's home and never follow a local setting.
 
 Files are written whole or not at all (a temporary file in the same folder, then a rename), keys
 with mode 0600 from the first byte. Nothing here touches anything outside the home folder.
@@ -19,10 +25,59 @@ from cpudist.errors import BadInput
 
 CLUSTER_NAME = re.compile(r"^[a-z0-9-]{1,40}$")
 
+# On a node, relative to its login's home ("~/" in a shell there):
+NODE_DIR = Path(".cpudist")
+CLUSTER_DIR = NODE_DIR / "cluster"  # the cluster key, known_hosts, ssh_config and the launchers' ssh (ssh-setup)
+STAGE_DIR = NODE_DIR / "stage"  # data, model and code staged for a run, one folder per content digest
+RUNS_DIR = NODE_DIR / "runs"  # on the head: the folder of a run started from another machine
+UPLOAD_DIR = NODE_DIR / "upload"  # on an image builder: this cpudist's wheel (ami/bootstrap.sh waits for it)
+
 
 def home() -> Path:
-    """`CPUDIST_HOME`, else ~/.cpudist."""
+    """`CPUDIST_HOME`, else ~/.cpudist: everything cpudist keeps on this machine lives under it."""
     return Path(os.environ.get("CPUDIST_HOME", "~/.cpudist")).expanduser()
+
+
+def ledger_path() -> Path:
+    """The results ledger every run appends to (`cpudist run --ledger` names another)."""
+    return home() / "results.jsonl"
+
+
+def bench_dir() -> Path:
+    """Saved `cpudist hosts bench` results."""
+    return home() / "bench"
+
+
+def wheels_dir() -> Path:
+    """Wheels of this cpudist, built for a head or an image that needs this version."""
+    return home() / "wheels"
+
+
+def inductor_dir() -> Path:
+    """torch.compile's kernel cache (TORCHINDUCTOR_CACHE_DIR), kept across runs."""
+    return home() / "inductor"
+
+
+def clusters_dir() -> Path:
+    """One folder per cluster from `cpudist cluster up`."""
+    return home() / "clusters"
+
+
+def images_dir() -> Path:
+    """One folder per image being built."""
+    return home() / "images"
+
+
+def local_cluster_dir() -> Path:
+    """This machine's on-prem cluster folder (the key, pinned host keys, the launchers' ssh): `home()/cluster`.
+
+    Before CPUDIST_HOME was honoured here it was always ~/.cpudist/cluster, which is also where ssh-setup installs
+    the key on every node, this machine included when it is one: when only that folder holds a key, it is used.
+    """
+    mine, as_node = home() / "cluster", Path.home() / CLUSTER_DIR
+    if not (mine / "id_ed25519").is_file() and (as_node / "id_ed25519").is_file():
+        return as_node
+    return mine
 
 
 def check_cluster_name(name: str) -> str:
@@ -35,12 +90,12 @@ def check_cluster_name(name: str) -> str:
 
 def cluster_dir(name: str) -> Path:
     """~/.cpudist/clusters/NAME (never anything outside it: the name is checked)."""
-    return home() / "clusters" / check_cluster_name(name)
+    return clusters_dir() / check_cluster_name(name)
 
 
 def image_dir(name: str) -> Path:
     """~/.cpudist/images/NAME: the builder's key and pinned host key while an image is baked."""
-    return home() / "images" / check_cluster_name(name)
+    return images_dir() / check_cluster_name(name)
 
 
 def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:

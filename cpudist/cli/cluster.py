@@ -227,7 +227,7 @@ def list_clusters(region: str, endpoint_url: str | None) -> None:
     live = instances.describe(ec2, [{"Name": "tag-key", "Values": [CLUSTER_TAG]},
                                     {"Name": "instance-state-name", "Values": instances.LIVE_STATES}])
     names = Counter(n.cluster for n in live if n.cluster)
-    local = {p.name for p in lib.clusters_dir().glob("*") if (p / "record.json").exists()}
+    local = {p.name for p in state.clusters_dir().glob("*") if (p / "record.json").exists()}
     for cluster_name in sorted(set(names) | local):
         note = "" if cluster_name in local else "  (no local record)"
         click.echo(f"{cluster_name}\t{names.get(cluster_name, 0)} live instance(s){note}")

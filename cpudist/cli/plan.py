@@ -12,11 +12,12 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from cpudist import state
 from cpudist.cli.options import output_options
 from cpudist.errors import BadInput
 from cpudist.hosts.bench import human, newest_bench, read_bench
 from cpudist.results import planner
-from cpudist.results.ledger import default_ledger, load_sources
+from cpudist.results.ledger import load_sources
 from cpudist.results.planner import Baseline, Link, Prediction, Row
 from cpudist.results.schema import RunResult
 
@@ -141,7 +142,7 @@ def plan(sources: tuple[Path, ...], node_counts: tuple[int, ...], link_gbps: flo
     SOURCES (result.json files, run folders, ledgers) default to the ledger. The model is in
     cpudist/results/planner.py; multi-node runs in the sources are checked against it.
     """
-    runs = load_sources(sources or (default_ledger(),))
+    runs = load_sources(sources or (state.ledger_path(),))
     link, link_from = resolve_link(link_gbps, bench_file, latency_ms)
     f, f_runs = (overlap, ()) if overlap is not None else planner.measured_overlap(runs)
     given_c = None if sync_cpu is None else sync_cpu / 1e9

@@ -9,9 +9,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from cpudist import state
 from cpudist.cli.options import output_options
 from cpudist.errors import BadInput
-from cpudist.results.ledger import default_ledger, load_sources
+from cpudist.results.ledger import load_sources
 from cpudist.results.report import (
     COLUMNS,
     FLAG_NOTE,
@@ -50,7 +51,7 @@ def report(sources: tuple[Path, ...], fmt: str, plot: Path | None) -> None:
     counted (! when they differ by more than 10%), the share of training spent waiting for
     communication, and the bus bandwidth.
     """
-    results = load_sources(sources or (default_ledger(),))
+    results = load_sources(sources or (state.ledger_path(),))
     if not results:
         raise BadInput("no runs to report", "Run `cpudist run` first")
     show_report(results, fmt, plot)

@@ -9,11 +9,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cpudist import state
 from cpudist.errors import CpudistError
 from cpudist.hostfile import Host
 from cpudist.hosts.probe import facts as local_facts
 from cpudist.ssh.client import Remote, Target
-from cpudist.ssh.keys import local_cluster_dir
 from cpudist.ssh.known_hosts import KnownHosts
 from cpudist.ssh.setup import parallel
 
@@ -76,9 +76,9 @@ def usable_text(facts: dict[str, Any]) -> str:
 
 def probe(host: Host, user: str | None, identity: str | None, port: int, python: str) -> dict[str, Any]:
     """Run the probe module on a node with the head's Python path."""
-    known = KnownHosts(local_cluster_dir() / "known_hosts")
-    key = identity or (str(local_cluster_dir() / "id_ed25519")
-                       if (local_cluster_dir() / "id_ed25519").exists() else None)
+    known = KnownHosts(state.local_cluster_dir() / "known_hosts")
+    key = identity or (str(state.local_cluster_dir() / "id_ed25519")
+                       if (state.local_cluster_dir() / "id_ed25519").exists() else None)
     with Remote(Target(host.name, user, port, key), known) as remote:
         code, out, err = remote.run(f"{shlex.quote(python)} -m cpudist.hosts.probe", timeout=60)
     if code != 0:

@@ -12,11 +12,6 @@ from cpudist.errors import BadInput
 from cpudist.results.schema import RunResult
 
 
-def default_ledger() -> Path:
-    """`$CPUDIST_HOME/results.jsonl` (CPUDIST_HOME defaults to ~/.cpudist)."""
-    return Path(os.environ.get("CPUDIST_HOME", "~/.cpudist")).expanduser() / "results.jsonl"
-
-
 def append(path: Path, result: RunResult) -> None:
     """Append one result as a single write under an exclusive lock, so lines never interleave."""
     path.parent.mkdir(parents=True, exist_ok=True)

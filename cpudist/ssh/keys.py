@@ -10,12 +10,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from cpudist import state
 
-CLUSTER_DIR = Path(".cpudist") / "cluster"  # relative to each node's home
-
-
-def local_cluster_dir() -> Path:
-    return Path.home() / CLUSTER_DIR
-
 
 @dataclass(frozen=True)
 class KeyPair:
@@ -46,14 +40,14 @@ def load_or_create_key(folder: Path) -> KeyPair:
     return pair
 
 
-def ssh_config(home: str, user: str) -> str:
+def ssh_config(folder: str, user: str) -> str:
     """ssh_config used between nodes: the cluster key, pinned host keys, never a prompt; an ssh to a node that
     vanished (powered off: no FIN, no RST) gives up after 3 unanswered keepalives 5 s apart, not TCP's ~15 min."""
     return f"""Host *
   User {user}
-  IdentityFile {home}/{CLUSTER_DIR}/id_ed25519
+  IdentityFile {folder}/id_ed25519
   IdentitiesOnly yes
-  UserKnownHostsFile {home}/{CLUSTER_DIR}/known_hosts
+  UserKnownHostsFile {folder}/known_hosts
   GlobalKnownHostsFile /dev/null
   StrictHostKeyChecking yes
   BatchMode yes
@@ -64,6 +58,6 @@ def ssh_config(home: str, user: str) -> str:
 """
 
 
-def ssh_wrapper(home: str) -> str:
+def ssh_wrapper(folder: str) -> str:
     """The `ssh` that launchers are told to use (Hydra's -launcher-exec, Open MPI's plm_ssh_agent)."""
-    return f'#!/bin/sh\nexec ssh -F "{home}/{CLUSTER_DIR}/ssh_config" "$@"\n'
+    return f'#!/bin/sh\nexec ssh -F "{folder}/ssh_config" "$@"\n'

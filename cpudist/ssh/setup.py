@@ -14,8 +14,9 @@ from typing import TypeVar
 from cpudist import state
 from cpudist.hostfile import Host
 from cpudist.ssh.client import Remote, Target
-from cpudist.ssh.keys import CLUSTER_DIR, load_or_create_key, local_cluster_dir, ssh_config, ssh_wrapper
+from cpudist.ssh.keys import load_or_create_key, ssh_config, ssh_wrapper
 from cpudist.ssh.known_hosts import KnownHosts
+from cpudist.state import CLUSTER_DIR
 
 T = TypeVar("T")
 
@@ -53,8 +54,8 @@ def _install(remote: Remote, key_private: str, key_public: str, known_hosts: str
     _put(remote, f"{CLUSTER_DIR}/id_ed25519", key_private, "600")
     _put(remote, f"{CLUSTER_DIR}/id_ed25519.pub", key_public + "\n", "644")
     _put(remote, f"{CLUSTER_DIR}/known_hosts", known_hosts, "644")
-    _put(remote, f"{CLUSTER_DIR}/ssh_config", ssh_config(home, user), "644")
-    _put(remote, f"{CLUSTER_DIR}/ssh", ssh_wrapper(home), "755")
+    _put(remote, f"{CLUSTER_DIR}/ssh_config", ssh_config(f"{home}/{CLUSTER_DIR}", user), "644")
+    _put(remote, f"{CLUSTER_DIR}/ssh", ssh_wrapper(f"{home}/{CLUSTER_DIR}"), "755")
     quoted = shlex.quote(key_public)
     remote.check(f"umask 077 && mkdir -p ~/.ssh && touch ~/.ssh/authorized_keys && "
                  f"(grep -qxF {quoted} ~/.ssh/authorized_keys || echo {quoted} >> ~/.ssh/authorized_keys)")
@@ -76,9 +77,9 @@ def ssh_setup(hosts: Sequence[Host], user: str | None, identity: str | None, por
     `hosts` are reached from here (a cloud node's public address); `inside` names the same nodes
     as they reach each other (private addresses), the names the nodes' known_hosts and the check
     use [default: the same names]. Without `key_folder` this is an on-prem set-up: its key and the
-    launchers' ssh wrapper live in ~/.cpudist/cluster, as on every node.
+    launchers' ssh wrapper live in `state.local_cluster_dir()`, as on every node in ~/.cpudist/cluster.
     """
-    folder = key_folder or local_cluster_dir()
+    folder = key_folder or state.local_cluster_dir()
     known = KnownHosts(known_hosts or folder / "known_hosts")
     key = load_or_create_key(folder)
     login = user or getpass.getuser()
@@ -93,9 +94,8 @@ def ssh_setup(hosts: Sequence[Host], user: str | None, identity: str | None, por
         node_known = known.lines_for(aliases, port)
         homes = parallel(hosts, lambda h: _install(remotes[h.name], key.private, key.public, node_known, login))
         if key_folder is None:  # launchers on this machine use the same wrapper as on the nodes
-            local_home = str(Path.home())
-            state.write_atomic(folder / "ssh_config", ssh_config(local_home, login))
-            state.write_atomic(folder / "ssh", ssh_wrapper(local_home), 0o755)
+            state.write_atomic(folder / "ssh_config", ssh_config(str(folder), login))
+            state.write_atomic(folder / "ssh", ssh_wrapper(str(folder)), 0o755)
         quoted = " ".join(shlex.quote(n) for n in names)
         probe = (f"for h in {quoted}; do if ~/{CLUSTER_DIR}/ssh -p {port} -o ConnectTimeout=5 \"$h\" true "
                  f"</dev/null >/dev/null 2>&1; then echo \"ok $h\"; else echo \"fail $h\"; fi; done")
@@ -114,7 +114,7 @@ def ssh_setup(hosts: Sequence[Host], user: str | None, identity: str | None, por
 def setup_plan(hosts: Sequence[Host], user: str | None, identity: str | None, port: int = 22,
                key_folder: Path | None = None) -> list[str]:
     """What `ssh_setup` would do, as lines: nothing is connected to or written."""
-    folder = key_folder or local_cluster_dir()
+    folder = key_folder or state.local_cluster_dir()
     key = folder / "id_ed25519"
     login = user or getpass.getuser()
     lines = [f"# key: {key} ({'exists, reused' if key.is_file() else 'would be made (ed25519, mode 0600)'})",

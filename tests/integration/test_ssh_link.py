@@ -16,8 +16,9 @@ import pytest
 
 from cpudist.errors import CpudistError
 from cpudist.ssh.client import KnownHosts, Remote, Target, Unreachable
-from cpudist.ssh.keys import CLUSTER_DIR, ssh_config
+from cpudist.ssh.keys import ssh_config
 from cpudist.ssh.known_hosts import entry_name
+from cpudist.state import CLUSTER_DIR
 from tests.harness.netns import SSHD, NetnsCluster, missing_requirements, sh
 
 pytestmark = [pytest.mark.slow,
@@ -99,7 +100,7 @@ def test_the_nodes_ssh_gives_up_on_a_node_that_went_silent(node: NetnsCluster, t
     addr = node.addr(0)
     with Remote(Target(addr, "root", 22, str(node.user_key)), KnownHosts(folder / "known_hosts")):
         pass  # pins the host key where the config looks
-    (folder / "ssh_config").write_text(ssh_config(str(home), "root"))
+    (folder / "ssh_config").write_text(ssh_config(str(folder), "root"))
     ssh = subprocess.Popen(["ssh", "-F", str(folder / "ssh_config"), addr, "echo connected; exec sleep 600"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
     assert node.gateway is not None  # this process reaches the node from there

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from cpudist.results.ledger import default_ledger, read_ledger
+from cpudist import state
+from cpudist.results.ledger import read_ledger
 from tests.harness.netns import NetnsCluster, missing_requirements
 from tests.integration.helpers import CPUDIST
 
@@ -53,7 +54,7 @@ def test_sweep_runs_each_count_reports_and_plots(pair: NetnsCluster, shared_data
     rows = [line for line in r.stdout.splitlines() if re.match(r"^│ [12] +│ [12] +│ 1 +│", line)]
     assert len(rows) == 2 and "1.00x" in rows[0], r.stdout
     assert "done: mrpc tiny on 2 rank(s), 2 node(s)" in r.stderr  # each run's summary: progress, not the report
-    ledger = read_ledger(default_ledger())
+    ledger = read_ledger(state.ledger_path())
     assert [r.nodes for r in ledger] == [(pair.name(0),), (pair.name(0), pair.name(1))]
     assert [Path(r.run_dir) for r in ledger] == [tmp_path / "sweep" / "nodes1", tmp_path / "sweep" / "nodes2"]
     plotted = on_head(pair, "report", "--plot", tmp_path / "s.png")
@@ -70,4 +71,4 @@ def test_a_failed_run_stops_the_series_naming_its_count(pair: NetnsCluster, shar
     assert last.startswith("Error: sweep stopped: the run on 2 node(s) failed: cannot reach 198.18.0.99")
     table = [line for line in r.stdout.splitlines() if line.startswith("| 1 | 1 |")]
     assert len(table) == 1 and "| speedup |" in r.stdout  # the report of the run that finished
-    assert [len(r.nodes) for r in read_ledger(default_ledger())] == [1]
+    assert [len(r.nodes) for r in read_ledger(state.ledger_path())] == [1]
