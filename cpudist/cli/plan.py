@@ -16,10 +16,11 @@ from cpudist import state
 from cpudist.cli.options import output_options
 from cpudist.errors import BadInput
 from cpudist.hosts.bench import human, newest_bench, read_bench
-from cpudist.results import planner
+from cpudist.results import catalogue, planner, validation
 from cpudist.results.ledger import load_sources
-from cpudist.results.planner import Baseline, Link, Prediction, Row
+from cpudist.results.planner import Baseline, Link, Prediction
 from cpudist.results.schema import RunResult
+from cpudist.results.validation import Row
 
 
 def _counts(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
@@ -69,13 +70,13 @@ def work(base: Baseline, steps: int | None, epochs: float | None) -> tuple[float
 
 
 def _cells(p: Prediction, priced: bool) -> list[str]:
-    risk = ["-", "bf16 rounding", "changes the optimization"][planner.risk_level(p)]
+    risk = ["-", "bf16 rounding", "changes the optimization"][catalogue.risk_level(p)]
     cells = [str(p.nodes), p.sync, f"{p.step_s:.3f}", f"{p.comm_s:.3f}", f"{p.speedup:.2f}x", f"{p.efficiency:.0%}",
-             str(p.steps), planner.duration(p.time_s)]
+             str(p.steps), catalogue.duration(p.time_s)]
     return [*cells, *([f"{p.cost_usd:.2f}"] if priced and p.cost_usd is not None else []), risk]
 
 
-def print_plan(rows: list[Prediction], rec: planner.Recommendation, header: list[str]) -> None:
+def print_plan(rows: list[Prediction], rec: catalogue.Recommendation, header: list[str]) -> None:
     for line in header:
         click.echo(line)
     priced = rows[0].cost_usd is not None
@@ -91,7 +92,7 @@ def print_plan(rows: list[Prediction], rec: planner.Recommendation, header: list
 def print_validation(rows: list[Row], unchecked: int) -> None:
     table = Table("run", "sync", "nodes", "ranks", "measured", "predicted", "error", "step measured (s)",
                   "step predicted (s)", "f", "bytes vs expected", "",
-                  title=f"measured vs predicted speedup (goal: within {planner.GOAL:.0%})", title_justify="left")
+                  title=f"measured vs predicted speedup (goal: within {validation.GOAL:.0%})", title_justify="left")
     for r in rows:
         traffic = "-" if r.traffic_error is None else f"{r.traffic_error:+.1%}"
         table.add_row(r.run_id, r.sync, str(r.nodes), str(r.world_size), f"{r.measured_speedup:.2f}x",
@@ -99,7 +100,7 @@ def print_validation(rows: list[Row], unchecked: int) -> None:
                       f"{r.predicted_step_s:.3f}", f"{r.overlap:.2f}", traffic, "OVER" if r.flagged else "ok")
     _console().print(table)
     off = sum(r.flagged for r in rows)
-    click.echo(f"validation: {len(rows) - off} of {len(rows)} measured points within {planner.GOAL:.0%}"
+    click.echo(f"validation: {len(rows) - off} of {len(rows)} measured points within {validation.GOAL:.0%}"
                + (f"; {unchecked} multi-node run(s) have no comparable 1-node run and were not checked"
                   if unchecked else ""))
 
@@ -144,9 +145,9 @@ def plan(sources: tuple[Path, ...], node_counts: tuple[int, ...], link_gbps: flo
     """
     runs = load_sources(sources or (state.ledger_path(),))
     link, link_from = resolve_link(link_gbps, bench_file, latency_ms)
-    f, f_runs = (overlap, ()) if overlap is not None else planner.measured_overlap(runs)
+    f, f_runs = (overlap, ()) if overlap is not None else validation.measured_overlap(runs)
     given_c = None if sync_cpu is None else sync_cpu / 1e9
-    checked = planner.validate(runs, link.gbps, link.latency_s, overlap, given_c)
+    checked = validation.validate(runs, link.gbps, link.latency_s, overlap, given_c)
     unchecked = sum(len(r.nodes) > 1 for r in runs) - len(checked)
     if only_validate:
         if not checked:
@@ -162,13 +163,13 @@ def plan(sources: tuple[Path, ...], node_counts: tuple[int, ...], link_gbps: flo
     if price is not None:
         base = dataclasses.replace(base, usd_per_node_hour=price)
     samples, what = work(base, steps, epochs)
-    syncs = planner.strategies(powersgd_rank, local_sgd_k)
+    syncs = catalogue.strategies(powersgd_rank, local_sgd_k)
     fitted = {s.label: ((given_c, ()) if given_c is not None
-                        else planner.measured_sync_cpu(runs, link, chosen, overlap, s)) for s in syncs}
+                        else validation.measured_sync_cpu(runs, link, chosen, overlap, s)) for s in syncs}
     c = {label: per_byte for label, (per_byte, _) in fitted.items()}
     c_runs = tuple(dict.fromkeys(i for _, ids in fitted.values() for i in ids))
     rows = planner.plan(base, node_counts, syncs, link, f, samples, c)
-    rec = planner.recommend(rows)
+    rec = catalogue.recommend(rows)
     if fmt == "json":
         out = _as_json(chosen, why, base, link, link_from, f, f_runs, rows, rec, checked)
         click.echo(json.dumps({**out, "sync_cpu": {"s_per_byte": c, "runs": list(c_runs)}}, indent=2))
@@ -207,7 +208,7 @@ def _header(r: RunResult, why: str, base: Baseline, link: Link, link_from: str, 
 
 
 def _as_json(r: RunResult, why: str, base: Baseline, link: Link, link_from: str, f: float, f_runs: tuple[str, ...],
-             rows: list[Prediction], rec: planner.Recommendation, checked: list[Row]) -> dict[str, Any]:
+             rows: list[Prediction], rec: catalogue.Recommendation, checked: list[Row]) -> dict[str, Any]:
     return {"baseline": {"run_id": r.run_id, "why": why, **asdict(base)},
             "link": {"gbps": link.gbps, "latency_s": link.latency_s, "from": link_from},
             "overlap": {"f": f, "runs": list(f_runs)},
