@@ -17,7 +17,6 @@ from typing import Any
 
 from cpudist import state
 from cpudist.cloud.aws import images, instances, network
-from cpudist.cloud.aws.client import wait_until
 from cpudist.cloud.aws.errors import AwsError
 from cpudist.cloud.aws.instances import LaunchSpec, Node
 from cpudist.cloud.aws.pricing import Price, hourly_price, on_demand_price
@@ -28,6 +27,7 @@ from cpudist.record import ClusterRecord, NodeRecord, load_record, save_record
 from cpudist.ssh.client import Remote, Target, wait_banner
 from cpudist.ssh.known_hosts import KnownHosts
 from cpudist.ssh.setup import ssh_setup
+from cpudist.waits import wait_until
 
 __all__ = ["ClusterRecord", "ClusterSpec", "NodeRecord", "down", "load_record", "up"]
 

@@ -7,6 +7,7 @@ output from the file the script names (`slurm-<job>.out` in the run folder), rea
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -21,6 +22,7 @@ from cpudist.launch import slurm
 from cpudist.launch.slurm import Allocation, JobInfo, SlurmOptions, expand_counts, parse_job
 from cpudist.launch.spec import SBATCH_FILE, Launch, RunSpec, trainer_argv
 from cpudist.train import events
+from cpudist.waits import TimedOut, wait_until
 
 POLL_S = 2.0  # between `scontrol show job` calls (the output file is read every OUTPUT_POLL_S)
 OUTPUT_POLL_S = 0.5
@@ -151,9 +153,9 @@ def submit_and_follow(launch: Launch, out: Path, on_event: Callable[[dict[str, A
     except KeyboardInterrupt:
         with shielded(lambda: None):  # a second Ctrl-C must not leave the job running
             subprocess.run(["scancel", job_id], capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
-            deadline = time.monotonic() + CANCEL_WAIT_S
-            while time.monotonic() < deadline and not (job_info(job_id) or JobInfo(job_id, "COMPLETED")).ended:
-                time.sleep(OUTPUT_POLL_S)
+            with contextlib.suppress(TimedOut):  # the error below says it was cancelled either way
+                wait_until(lambda: (job_info(job_id) or JobInfo(job_id, "COMPLETED")).ended or None,
+                           f"Slurm job {job_id} to end", CANCEL_WAIT_S, OUTPUT_POLL_S)
         raise JobFailed(f"interrupted: Slurm job {job_id} was cancelled (scancel)",
                         "Re-run the command to start over") from None
 

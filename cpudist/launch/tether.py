@@ -16,8 +16,9 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
+
+from cpudist.waits import TimedOut, wait_until
 
 GRACE_S = 5.0
 PR_SET_CHILD_SUBREAPER = 36
@@ -51,18 +52,21 @@ def _reap() -> None:
             return
 
 
+def _ended() -> bool | None:
+    """True once nothing runs below this process (reaping what ended)."""
+    _reap()
+    return True if not descendants(os.getpid()) else None
+
+
 def stop_tree(grace_s: float = GRACE_S) -> None:
     """SIGTERM everything below this process, SIGKILL what is left after `grace_s`."""
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 2.0)):
         for pid in descendants(os.getpid()):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            _reap()
-            if not descendants(os.getpid()):
-                return
-            time.sleep(0.1)
+        with contextlib.suppress(TimedOut):
+            wait_until(_ended, "the processes below to end", wait, 0.1)
+            return
 
 
 def main(argv: list[str]) -> int:

@@ -9,7 +9,6 @@ import contextlib
 import shlex
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ import paramiko
 
 from cpudist.errors import CpudistError
 from cpudist.ssh.known_hosts import KnownHosts, entry_name
+from cpudist.waits import TimedOut, wait_until
 
 CONNECT_TIMEOUT_S = 10.0
 KEEPALIVE_S = 5.0  # how often the server is asked for a reply
@@ -214,16 +214,21 @@ class Remote:
 
 def wait_banner(address: str, port: int = 22, timeout_s: float = 600, interval_s: float = 2.0) -> None:
     """Wait until sshd answers on `address` with its banner (booted far enough to log in)."""
-    deadline = time.monotonic() + timeout_s
-    last = ""
-    while time.monotonic() < deadline:
+    last = [""]
+
+    def banner() -> bool | None:
         try:
             with socket.create_connection((address, port), timeout=5) as s:
                 s.settimeout(5)
                 if s.recv(64).startswith(b"SSH-"):
-                    return
+                    return True
         except OSError as e:
-            last = str(e)
-        time.sleep(interval_s)
-    raise Unreachable(f"no SSH banner from {address}:{port} after {timeout_s:g}s ({last or 'no answer'})",
-                      "Check the security group allows your address (--ssh-cidr) and --connect public/private")
+            last[0] = str(e)
+        return None
+
+    try:
+        wait_until(banner, f"the SSH banner of {address}:{port}", timeout_s, interval_s)
+    except TimedOut:
+        raise Unreachable(f"no SSH banner from {address}:{port} after {timeout_s:g}s ({last[0] or 'no answer'})",
+                          "Check the security group allows your address (--ssh-cidr) and --connect public/private") \
+            from None

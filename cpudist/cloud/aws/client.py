@@ -1,4 +1,4 @@
-"""The one EC2 client factory, the one retry helper and the one wait helper."""
+"""The one EC2 client factory and the one retry helper (the one wait helper is cpudist/waits.py)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,14 @@ from botocore.config import Config
 from botocore.parsers import ResponseParserError
 
 from cpudist.cloud.aws.errors import AwsBadInput, translate
-from cpudist.errors import BadInput, CpudistError
+from cpudist.errors import BadInput
 
 T = TypeVar("T")
 RETRIED_CODES = frozenset({"RequestLimitExceeded", "Throttling", "ThrottlingException"})
 # EC2 is eventually consistent: an instance RunInstances just made can be unknown to the next call that
 # names it (CreateTags, TerminateInstances) for a few seconds. Retried only where the id came from AWS.
 NOT_YET_VISIBLE = frozenset({"InvalidInstanceID.NotFound"})
+CHECK_AWS = "Check the AWS console or `cpudist cluster status`, then retry"  # what to do when a wait times out
 
 
 def ec2_client(region: str, endpoint_url: str | None = None, profile: str | None = None) -> Any:
@@ -65,16 +66,3 @@ def call(fn: Callable[..., T], attempts: int = 6, base_delay: float = 0.5, also_
         except (botocore.exceptions.BotoCoreError, ResponseParserError) as e:
             raise translate(e) from None
     raise AssertionError("unreachable")
-
-
-def wait_until(check: Callable[[], T | None], what: str, timeout_s: float, interval_s: float = 2.0) -> T:
-    """Poll `check` until it returns something (not None); fail naming `what` after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value is not None:
-            return value
-        if time.monotonic() >= deadline:
-            raise CpudistError(f"timed out after {timeout_s:g}s waiting for {what}",
-                               "Check the AWS console or `cpudist cluster status`, then retry")
-        time.sleep(interval_s)

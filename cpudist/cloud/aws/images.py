@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from cpudist.cloud.aws.client import call, wait_until
+from cpudist.cloud.aws.client import CHECK_AWS, call
 from cpudist.cloud.aws.tags import CLUSTER_TAG, run_filter, tag_spec
 from cpudist.errors import CpudistError
+from cpudist.waits import wait_until
 
 
 def create_image(ec2: Any, instance_id: str, owner_tag: str, name: str, run_id: str = "",
@@ -24,7 +25,7 @@ def create_image(ec2: Any, instance_id: str, owner_tag: str, name: str, run_id: 
             raise CpudistError(f"image {image_id} ended up {state}", "Check the instance, then re-run")
         return True if state == "available" else None
 
-    wait_until(available, f"image {image_id} to be available", timeout_s, 5.0)
+    wait_until(available, f"image {image_id} to be available", timeout_s, 5.0, hint=CHECK_AWS)
     return image_id
 
 

@@ -6,10 +6,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from cpudist.cloud.aws.client import NOT_YET_VISIBLE, call, wait_until
+from cpudist.cloud.aws.client import CHECK_AWS, NOT_YET_VISIBLE, call
 from cpudist.cloud.aws.errors import AwsError
 from cpudist.cloud.aws.tags import CLUSTER_TAG, NODE_TAG, ROLE_TAG, cluster_filter, run_filter, tag_spec, tag_value
 from cpudist.errors import CpudistError
+from cpudist.waits import wait_until
 
 LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 # Spot capacity or price refusals, where an on-demand instance may still be had.
@@ -145,7 +146,7 @@ def wait_state(ec2: Any, ids: list[str], state: str, timeout_s: float) -> list[N
                                "A spot instance may have been reclaimed: re-run `cpudist cluster up`")
         return nodes if len(nodes) == len(ids) and all(n.state == state for n in nodes) else None
 
-    return wait_until(check, f"{len(ids)} instance(s) to be {state}", timeout_s)
+    return wait_until(check, f"{len(ids)} instance(s) to be {state}", timeout_s, hint=CHECK_AWS)
 
 
 def terminate(ec2: Any, ids: list[str], timeout_s: float = 600) -> None:

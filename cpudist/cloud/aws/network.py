@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Any
 
 from cpudist import state
-from cpudist.cloud.aws.client import call, wait_until
+from cpudist.cloud.aws.client import CHECK_AWS, call
 from cpudist.cloud.aws.errors import AwsError
 from cpudist.cloud.aws.tags import RUN_TAG, cluster_filter, has_tag, run_filter, tag_spec
 from cpudist.errors import BadInput, CpudistError
 from cpudist.ssh.keys import generate_key
+from cpudist.waits import wait_until
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,8 @@ def delete_security_group(ec2: Any, cluster: str, run_id: str | None = None, tim
                     return True
                 raise
 
-        wait_until(attempt, f"security group {g['GroupId']} to be free of instances", timeout_s, 3.0)
+        wait_until(attempt, f"security group {g['GroupId']} to be free of instances", timeout_s, 3.0,
+                   hint=CHECK_AWS)
     return bool(groups)
 
 
