@@ -4,7 +4,7 @@ fewer CPUs than this machine has, and the rank's thread count read back from res
 cgroup v1 (`cpu.cfs_quota_us`) and v2 (`cpu.max`, stock Debian 12 has only v2) are each tested with a real group
 and the kernel's own files, but a kernel gives the cpu controller to one hierarchy only (tests/harness/quota.py):
 a machine runs one of the two and skips the other, a skip CI accepts only where the other version holds the
-controller (tests/conftest.py). So that cpu.max is read end to end on every machine, the third test builds a
+controller (tests/conftest.py). So that cpu.max is read end to end on every machine, one more test builds a
 v2-only machine's layout in a private mount namespace: a real cgroup2 mount at /sys/fs/cgroup and a real group the
 run joins (so the rank's /proc/self/cgroup is the kernel's), where only the group's cpu.max file is supplied (a
 tmpfs over the group's folder), since no cgroup2 group has one where v1 holds the controller. That file is read,
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from cpudist.cpu import read_cpu
+from tests.harness.machine import physical_cores
 from tests.harness.quota import PERIOD_US, QuotaGroup, quota_unavailable
 from tests.integration.helpers import CPUDIST
 
@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="ne
 def quota_below_the_cores() -> tuple[float, int]:
     """A fractional quota one and a half CPUs under the cores this process may use, and the threads a rank held to
     it should run (rounded up: 0.5 of a CPU still runs a thread); the rank would run one more without it."""
-    cores = read_cpu().physical_cores
+    cores = physical_cores()
     if cores < 2:
         pytest.skip(f"needs 2 physical cores to tell a held rank from a free one; this process may use {cores}")
     quota = cores - 1.5
