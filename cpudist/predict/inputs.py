@@ -1,0 +1,81 @@
+"""The rows to predict: a user file read as `cpudist run` reads custom data, or a GLUE split in GLUE's layout."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cpudist.errors import BadInput
+from cpudist.train.data import Split, _column_index, _field, _read_records, _split_from_table, read_table
+from cpudist.train.tasks import GLUE_DIR_NAMES, GLUE_TASKS
+
+SPLITS = ("dev", "test")
+# GLUE's test files: the id column run_glue.py's submission rows are numbered by (QQP calls it `id`), and the
+# text columns by name (CoLA's train and dev files have no header, its test file does).
+TEST_ID_COLUMN = {"qqp": "id"}
+TEST_TEXT = {"cola": ("sentence",)}
+TEST_FILE = {"mnli": "test_matched.tsv"}
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Rows to predict: one tuple per text column; labels and metric names when the split has them."""
+
+    path: Path
+    texts: tuple[tuple[str, ...], ...]
+    ids: tuple[str, ...]  # each row's id: GLUE's index column, else its position
+    labels: tuple[float, ...] | None = None  # class ids (or scores) in the task's label order
+    metrics: tuple[str, ...] = ()
+    task: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def read_file(path: Path, text_columns: Sequence[str]) -> Inputs:
+    """A csv, tsv, `;`-separated txt, json or jsonl file: the named text columns of every row."""
+    if not 1 <= len(text_columns) <= 2:
+        raise BadInput(f"{len(text_columns)} text columns given", "Name one or two with --text-columns a[,b]")
+    columns, rows = _read_records(path)
+    if not rows:
+        raise BadInput(f"{path} has no data rows", "Give a file with a header and at least one row")
+    indices = [_column_index(path, columns, c, "text") for c in text_columns]
+    texts = tuple(tuple(_field(path, r, i) for r in rows) for i in indices)
+    return Inputs(path, texts, tuple(str(i) for i in range(len(rows))))
+
+
+def split_file(task: str, split: str, data_dir: Path) -> Path:
+    """The TSV of a GLUE split in DATA_DIR or DATA_DIR/<GLUE name>, as GLUE's download script lays it out."""
+    if task not in GLUE_TASKS:
+        raise BadInput(f"--split needs a GLUE task, not '{task}'", f"Pass --task, one of: {', '.join(GLUE_TASKS)}")
+    if split not in SPLITS:
+        raise BadInput(f"unknown split '{split}'", f"Use one of: {', '.join(SPLITS)}")
+    name = GLUE_TASKS[task].tsv.validation_file if split == "dev" else TEST_FILE.get(task, "test.tsv")
+    for folder in (data_dir, data_dir / GLUE_DIR_NAMES[task]):
+        if (folder / name).is_file():
+            return folder / name
+    raise BadInput(f"no {name} in {data_dir} or {data_dir / GLUE_DIR_NAMES[task]}",
+                   "Point --data-dir at the GLUE task folder that holds it")
+
+
+def read_split(task: str, split: str, data_dir: Path) -> Inputs:
+    """A GLUE split: dev with its labels (to score), test with its index column (for the submission file)."""
+    spec = GLUE_TASKS[task]
+    path = split_file(task, split, data_dir)
+    if split == "dev":
+        columns, rows = read_table(path, "\t", header=spec.tsv.header)
+        part: Split = _split_from_table(path, columns, rows, spec.tsv.text, spec.tsv.label, spec.labels)
+        return Inputs(path, part.texts, tuple(str(i) for i in range(len(part))), part.labels, spec.metrics, task)
+    columns, rows = read_table(path, "\t")
+    text = TEST_TEXT.get(task, tuple(str(c) for c in spec.tsv.text))
+    if not rows:
+        raise BadInput(f"{path} has no data rows", "Give the GLUE test file with its header and rows")
+    indices = [_column_index(path, columns, c, "text") for c in text]
+    id_column = TEST_ID_COLUMN.get(task, "index")
+    if id_column not in columns:
+        raise BadInput(f"{path} has no '{id_column}' column (columns: {', '.join(columns)})",
+                       "Give GLUE's own test file: its rows are numbered in that column")
+    id_index = columns.index(id_column)
+    texts = tuple(tuple(_field(path, r, i) for r in rows) for i in indices)
+    return Inputs(path, texts, tuple(_field(path, r, id_index) for r in rows), task=task)

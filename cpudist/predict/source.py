@@ -1,0 +1,135 @@
+"""Where the model is, what its run recorded (precision, lengths, data), how to compute: files only, no torch."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cpudist.errors import BadInput
+
+RANK_MODULE = "cpudist.rank"  # the rank program's words follow it in command.txt
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a run folder says about how its model was trained and evaluated (None: not recorded)."""
+
+    task: str | None = None
+    data_dir: str | None = None
+    text_columns: tuple[str, ...] = ()
+    precision: str | None = None  # fp32 | bf16: what the run computed in (result.json)
+    max_seq_len: int | None = None
+    eval_batch_size: int | None = None
+    world_size: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Source:
+    """A model folder (saved with save_pretrained), its run folder when it has one, and its labels."""
+
+    model_dir: Path
+    run_dir: Path | None
+    facts: RunFacts
+    label_names: tuple[str, ...]  # in class-id order; empty for regression
+
+    @property
+    def is_regression(self) -> bool:
+        return not self.label_names
+
+
+def _is_run_folder(path: Path) -> bool:
+    return any((path / name).is_file() for name in ("result.json", "command.txt", "steps.jsonl", "run.json"))
+
+
+def find_source(given: Path) -> Source:
+    """The model folder in MODEL_OR_RUN (itself, or its model/), with what its run recorded."""
+    path = given.expanduser()
+    if not path.exists():
+        raise BadInput(f"model or run folder not found: {given}",
+                       "Give a folder saved with save_pretrained() or a run folder of `cpudist run`")
+    if (path / "config.json").is_file():
+        model_dir = path
+        run_dir = path.parent if _is_run_folder(path.parent) else None
+    elif (path / "model" / "config.json").is_file():
+        model_dir, run_dir = path / "model", path
+    elif _is_run_folder(path):
+        raise BadInput(f"run folder {path} has no model/ (the run did not save its model)",
+                       "Re-run `cpudist run` with --save-model last (the default) to get <run>/model/, "
+                       "or give a folder saved with save_pretrained()")
+    else:
+        raise BadInput(f"{path} holds no model: no config.json there or in {path / 'model'}",
+                       "Give a folder saved with save_pretrained() or a run folder of `cpudist run`")
+    return Source(model_dir, run_dir, read_facts(run_dir) if run_dir else RunFacts(), label_names(model_dir))
+
+
+def label_names(model_dir: Path) -> tuple[str, ...]:
+    """Class names from config.json's id2label in id order; () for a regression head."""
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise BadInput(f"cannot read {model_dir / 'config.json'}: {e}",
+                       "Save the model again with save_pretrained()") from None
+    id2label: dict[str, str] = config.get("id2label") or {}
+    count = int(config.get("num_labels") or len(id2label) or 2)
+    if config.get("problem_type") == "regression" or count == 1:
+        return ()
+    return tuple(str(id2label.get(str(i), f"LABEL_{i}")) for i in range(count))
+
+
+def _rank_words(command: str) -> list[str]:
+    """The rank program's own options in command.txt (the launcher's words before them dropped)."""
+    for line in command.splitlines():
+        if RANK_MODULE not in line:
+            continue
+        try:
+            words = shlex.split(line)
+        except ValueError:
+            continue
+        if RANK_MODULE in words:
+            return words[words.index(RANK_MODULE) + 1:]
+    return []
+
+
+def read_facts(run_dir: Path) -> RunFacts:
+    """result.json's precision, lengths and metrics, and the rank options in command.txt; missing parts stay None."""
+    result: dict[str, Any] = {}
+    if (run_dir / "result.json").is_file():
+        try:
+            result = json.loads((run_dir / "result.json").read_text())
+        except json.JSONDecodeError:
+            result = {}
+    cfg = None
+    if (run_dir / "command.txt").is_file():
+        words = _rank_words((run_dir / "command.txt").read_text())
+        if words:
+            from cpudist.train.config import from_argv  # parsing only, no torch
+
+            try:
+                cfg = from_argv(words)
+            except SystemExit:  # argparse's way to refuse: a command of another version; use result.json alone
+                cfg = None
+    return RunFacts(
+        task=result.get("task") or (cfg.task if cfg else None),
+        data_dir=cfg.data_dir if cfg else None,
+        text_columns=cfg.text_columns if cfg else (),
+        precision=result.get("precision"),
+        max_seq_len=result.get("max_seq_len") or (cfg.max_seq_len if cfg else None),
+        eval_batch_size=cfg.eval_batch_size if cfg else None,
+        world_size=result.get("world_size"),
+        metrics=dict(result.get("metrics") or {}),
+    )
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How to run the model: precision (fp32 | bf16 autocast), truncation, batch size, threads."""
+
+    model_dir: str
+    precision: str
+    max_seq_len: int
+    batch_size: int
+    threads: int
