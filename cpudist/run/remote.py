@@ -160,7 +160,9 @@ def run(request: RunRequest, head_spec: Head, ledger_path: Path, cb: Callbacks, 
                   for name, what, path in local_inputs(cfg)]
         stager.put([it for _, it in inputs])
         stager.fan_out([it for _, it in inputs])
-        run_dir = f"{home}/{state.RUNS_DIR}/{local_dir.name}"
+        # One folder per run (its id): runs from folders of the same name (a sweep's nodesN) never share one.
+        run_dir = f"{home}/{state.RUNS_DIR}/{local_dir.name}-{cfg.run_id}" if cfg.run_id else \
+            f"{home}/{state.RUNS_DIR}/{local_dir.name}"
         head.check(f"mkdir -p {shlex.quote(run_dir)} && cat > {shlex.quote(run_dir)}/hostfile.in",
                    stdin=render_hostfile(nodes).encode())
         moved: dict[str, Any] = {name: it.remote_path(home) for name, it in inputs}

@@ -8,14 +8,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 from cpudist import state
+from cpudist.errors import Preempted
 from cpudist.hostfile import render_hostfile
 from cpudist.launch.kinds import plan
 from cpudist.launch.spec import SBATCH_FILE, check_layout
 from cpudist.results.schema import RunResult
-from cpudist.run import local, recovery
+from cpudist.run import identity, local, recovery
 from cpudist.run.outcome import record
 from cpudist.run.prepare import prepare
 from cpudist.run.remote import local_inputs
@@ -24,20 +27,53 @@ from cpudist.run.where import Head, Where
 
 
 def start(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> RunResult:
-    """Run it wherever it goes, and record the result in its run folder and the ledger."""
+    """Run it wherever it goes (with its id, run/identity.py), and record the result in its run folder and the
+    ledger; run.json follows its state."""
+    request = dataclasses.replace(request, train=identity.assign(request.train))
     extra = {"cluster": where.cluster, "usd_per_hour": where.usd_per_hour}
     note = batch_note(request.train, request.launch.np)
     if where.head is not None:
         check_layout(request.launch.np, request.launch.ppn, where.head.inside, request.launch.oversubscribe)
         if note:
             cb.note(note)
-        return recovery.run_remote(request, where, ledger, cb, extra)
-    spec = prepare(request)
+        return _tracked(request, _where_name(request, where),
+                        lambda: recovery.run_remote(request, where, ledger, cb, extra))
+    spec = prepare(request)  # refuses a fresh run into another run's checkpoints before run.json is touched
     launch = plan(spec)
     if note:
         cb.note(note)
-    known = local.execute(spec, launch, cb, request.launch.timeout_s)
-    return record(Path(request.train.output_dir), ledger, {**known, **extra})
+    out = Path(request.train.output_dir)
+    return _tracked(request, _where_name(request, where), lambda: record(
+        out, ledger, {**local.execute(spec, launch, cb, request.launch.timeout_s), **extra}))
+
+
+def _where_name(request: RunRequest, where: Where) -> str:
+    if where.cluster:
+        return f"cluster:{where.cluster}"
+    if where.head is not None:
+        return f"head:{where.head.target.host}"
+    if where.hostfile is not None:
+        return f"hostfile:{where.hostfile}"
+    return "slurm" if request.launch.launcher == "slurm" else "here"
+
+
+def _tracked(request: RunRequest, where: str, run: Callable[[], RunResult]) -> RunResult:
+    """Run `run` with run.json saying running, then finished, preempted, interrupted or failed."""
+    out = Path(request.train.output_dir)
+    identity.begin(request.train, where)
+    try:
+        result = run()
+    except Preempted as e:
+        identity.mark(out, "preempted", message=e.message)
+        raise
+    except KeyboardInterrupt:
+        identity.mark(out, "interrupted")
+        raise
+    except BaseException as e:
+        identity.mark(out, "failed", message=getattr(e, "message", None) or str(e) or type(e).__name__)
+        raise
+    identity.mark(out, "finished", metrics=result.metrics)
+    return result
 
 
 def describe(request: RunRequest, where: Where) -> str:

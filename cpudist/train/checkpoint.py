@@ -35,7 +35,10 @@ from cpudist.train.checkpoint_meta import (
     complete_checkpoints,
     file_sum,
     folder_name,
+    owner,
     raw_meta,
+    same_run,
+    step_of,
     write_meta,
 )
 
@@ -72,7 +75,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def write(folder: Path, state: dict[str, Any], rngs: list[dict[str, Any]], meta: CheckpointMeta,
           keep: int, ranks: list[dict[str, Any]] | None = None) -> Path:
-    """Write the checkpoint of step `meta.step` atomically, then remove all but the newest `keep` (rank 0 only).
+    """Write the checkpoint of step `meta.step` atomically, then remove all but the run's newest `keep`
+    (rank 0 only; cpudist/train/checkpoint.rotate).
 
     `ranks`: every rank's own sync state, in rank order; meta's `rank_state` says whether any rank has one.
     """
@@ -88,9 +92,17 @@ def write(folder: Path, state: dict[str, Any], rngs: list[dict[str, Any]], meta:
     (tmp / COMPLETE).write_text("")
     shutil.rmtree(final, ignore_errors=True)  # the same step written again after a resume
     tmp.rename(final)
-    for old in complete_checkpoints(folder)[keep:]:
-        shutil.rmtree(old, ignore_errors=True)
+    rotate(folder, meta, keep)
     return final
+
+
+def rotate(folder: Path, meta: CheckpointMeta, keep: int) -> None:
+    """Keep the checkpoint just written and the run's newest `keep - 1` older ones; another run's checkpoints, and any
+    of a newer step (a timeline a resume abandoned), are not this rotation's to delete."""
+    older = [p for p in complete_checkpoints(folder)
+             if (step_of(p.name) or 0) < meta.step and same_run(owner(p), meta.run_id)]
+    for old in older[max(keep - 1, 0):]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def gather_rngs(world: int) -> list[dict[str, Any]]:

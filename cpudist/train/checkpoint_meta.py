@@ -99,6 +99,7 @@ class CheckpointMeta:
     rank_state: bool = False  # whether ranks.pt holds some rank's own sync state (format 2 on)
     files: dict[str, FileSum] = field(default_factory=dict)
     format: int = FORMAT
+    run_id: str = ""  # the run that wrote it ("" before runs had ids: any run may continue it)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object, keys in the order cpudist always wrote them."""
@@ -106,7 +107,7 @@ class CheckpointMeta:
                 "world_size": self.world_size, "global_batch": self.global_batch, "sync": self.sync,
                 "parts": self.parts, "wall_s": self.wall_s, "stats": asdict(self.stats), "format": self.format,
                 "step": self.step, "rank_state": self.rank_state,
-                "files": {name: asdict(f) for name, f in self.files.items()}}
+                "files": {name: asdict(f) for name, f in self.files.items()}, "run_id": self.run_id}
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> CheckpointMeta:
@@ -122,7 +123,8 @@ class CheckpointMeta:
                        int(data["world_size"]), int(data["global_batch"]), str(data["sync"]),
                        int(data.get("parts", 1)), float(data.get("wall_s", 0.0)), Done(**data["stats"]),
                        int(data["step"]), bool(data.get("rank_state", False)),
-                       {name: FileSum(**f) for name, f in data.get("files", {}).items()}, version)
+                       {name: FileSum(**f) for name, f in data.get("files", {}).items()}, version,
+                       str(data.get("run_id", "")))
         except KeyError as e:
             raise BadInput(f"checkpoint {where} has a {META} of format {version} without {e.args[0]!r}", FIX) from None
         except (TypeError, ValueError, AttributeError) as e:
@@ -176,10 +178,40 @@ def damage(path: Path) -> str | None:
     return None
 
 
-def choose(folder: Path, say: Callable[[str], None]) -> Path | None:
-    """The newest undamaged checkpoint in `folder`; each damaged newer one is named and skipped."""
+def owner(path: Path) -> str | None:
+    """The id of the run that wrote the checkpoint at `path` ("" before runs had ids; None: meta unreadable)."""
+    try:
+        data = raw_meta(path)
+    except (OSError, ValueError):
+        return None
+    return str(data.get("run_id", "")) if isinstance(data, dict) else None
+
+
+def same_run(found: str | None, run_id: str) -> bool:
+    """Whether a checkpoint written by run `found` belongs to run `run_id` (one without an id belongs to any)."""
+    return found is not None and found in ("", run_id)
+
+
+def set_aside(folder: Path, step: int, run_id: str, stamp: str) -> Path | None:
+    """Move the run's checkpoints newer than `step` (the timeline a resume from `step` abandons) into
+    `folder/abandoned-<stamp>/`, never deleting them; the folder they went to, or None when there were none."""
+    newer = [p for p in complete_checkpoints(folder) if (step_of(p.name) or 0) > step and same_run(owner(p), run_id)]
+    if not newer:
+        return None
+    aside = folder / f"abandoned-{stamp}"
+    aside.mkdir(parents=True, exist_ok=True)
+    for path in newer:
+        path.rename(aside / path.name)
+    return aside
+
+
+def choose(folder: Path, say: Callable[[str], None], run_id: str | None = None) -> Path | None:
+    """The newest undamaged checkpoint in `folder` (of run `run_id` when given); each damaged newer one is named
+    and skipped."""
     skipped: list[str] = []
     for path in complete_checkpoints(folder):
+        if run_id is not None and not same_run(owner(path), run_id) and owner(path) is not None:
+            continue  # another run's
         problem = damage(path)
         if problem is None:
             if skipped:

@@ -79,6 +79,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     checkpoint_s3: str | None = None  # s3://bucket/prefix: a durable copy of every checkpoint
     resume: str | None = None  # auto: the newest usable checkpoint, if any | a checkpoint or its folder
+    run_id: str = ""  # the run's id (cpudist/run/identity.py), given by `cpudist run`; a resume keeps the run's
     imds: str = "auto"  # spot notices: auto (AWS's metadata service on EC2) | off | URL
     freeze_embeddings: bool = False  # the word-embedding table is not trained (cpudist/train/speed.py)
     compile: bool = False  # torch.compile, batches padded to a few static lengths

@@ -14,6 +14,7 @@ only the few verbs of ObjectStore.
 from __future__ import annotations
 
 import shutil
+import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -62,11 +63,12 @@ class ObjectStore(Protocol):
 
 
 class Mirror:
-    """Checkpoint folders under the store's location as <name>/<path>, each with its COMPLETE marker put last."""
+    """Checkpoint folders under the store's location as <run id>/<name>/<path> (<name>/<path> for a run without an
+    id), each with its COMPLETE marker put last: runs sharing a location never see each other's checkpoints."""
 
-    def __init__(self, store: ObjectStore) -> None:
-        self.store = store
-        self.url = store.url
+    def __init__(self, store: ObjectStore, run_id: str = "") -> None:
+        self.store: ObjectStore = _Under(store, f"{run_id}/") if run_id else store
+        self.url = self.store.url
 
     def upload(self, ckpt: Path) -> None:
         """Upload a finished checkpoint folder; its COMPLETE marker goes last, after every other file."""
@@ -108,22 +110,42 @@ class Mirror:
         part.rename(final)
         return final
 
-    def prune(self, keep: int) -> None:
-        """Delete all but the newest `keep` complete checkpoints, and incomplete ones older than the newest."""
+    def prune(self, keep: int, written: str | None = None) -> None:
+        """Keep `written` (the checkpoint just uploaded; default: the newest) and the newest `keep - 1` complete ones
+        older than it; delete the other older ones, complete or not. Newer ones (a timeline a resume abandoned,
+        see set_aside) are left alone."""
         if keep < 1:
             raise BadInput(f"keep={keep} would delete every checkpoint", "Keep at least 1 to be able to resume")
         listing = self._listing()
         done = _complete(listing)
         if not done:
             return
-        newest = step_of(done[-1]) or 0
-        stale = [n for n in listing if n not in done[-keep:] and (n in done or (step_of(n) or 0) < newest)]
+        newest = step_of(written or done[-1]) or 0
+        older = [n for n in done if (step_of(n) or 0) < newest]
+        kept = set(older[max(0, len(older) - (keep - 1)):] if keep > 1 else [])
+        stale = [n for n in listing if (step_of(n) or 0) < newest and n not in kept]
         # Markers first: a checkpoint interrupted mid-delete must not be listed as complete.
         markers = [listing[n][COMPLETE] for n in stale if COMPLETE in listing[n]]
         rest = [key for n in stale for rel, key in listing[n].items() if rel != COMPLETE]
         with self._errors(f"prune {self.url}"):
             self.store.delete(markers)
             self.store.delete(rest)
+
+    def set_aside(self, step: int, stamp: str) -> list[str]:
+        """Move the checkpoints newer than `step` (the timeline a resume from `step` abandons) to
+        abandoned-<stamp>/<name>/ under the run's location, never deleting them; the names moved."""
+        listing = self._listing()
+        newer = [n for n in listing if (step_of(n) or 0) > step]
+        with self._errors(f"set aside {', '.join(newer)} in {self.url}"), tempfile.TemporaryDirectory() as tmp:
+            for name in newer:
+                keys = sorted(listing[name].items(), key=lambda item: item[0] == COMPLETE)  # the marker last
+                for i, (rel, key) in enumerate(keys):
+                    local = Path(tmp) / str(i)
+                    self.store.get(key, local)
+                    self.store.put(local, f"abandoned-{stamp}/{name}/{rel}")
+                self.store.delete([k for rel, k in listing[name].items() if rel == COMPLETE])  # unlisted first
+                self.store.delete([k for rel, k in listing[name].items() if rel != COMPLETE])
+        return newer
 
     def _listing(self, only: str = "") -> dict[str, dict[str, str]]:
         """Checkpoint folder name -> {path inside the folder: key}, for folders named step-N (or `only`)."""
@@ -142,6 +164,26 @@ class Mirror:
             yield
         except StoreError as e:
             raise MirrorError(f"cannot {doing}: {e.what}", e.hint, e.code) from e
+
+
+class _Under:
+    """A store seen from one of its folders: keys relative to `base` (a run's own part of a location)."""
+
+    def __init__(self, store: ObjectStore, base: str) -> None:
+        self.inner, self.base = store, base
+        self.url = f"{store.url.rstrip('/')}/{base.rstrip('/')}"
+
+    def keys(self, under: str = "") -> list[str]:
+        return [k[len(self.base):] for k in self.inner.keys(self.base + under)]
+
+    def put(self, path: Path, key: str) -> None:
+        self.inner.put(path, self.base + key)
+
+    def get(self, key: str, path: Path) -> None:
+        self.inner.get(self.base + key, path)
+
+    def delete(self, keys: Sequence[str]) -> None:
+        self.inner.delete([self.base + k for k in keys])
 
 
 def _complete(listing: dict[str, dict[str, str]]) -> list[str]:

@@ -50,7 +50,7 @@ def _mirror(cfg: TrainConfig, provider: Provider) -> Mirror | None:
     if provider.store is None:
         raise BadInput(f"--checkpoint-s3 {cfg.checkpoint_s3}: this rank has no object store to copy checkpoints to",
                        "Start ranks with `python -m cpudist.rank` (as `cpudist run` does)")
-    return Mirror(provider.store(cfg.checkpoint_s3))
+    return Mirror(provider.store(cfg.checkpoint_s3), cfg.run_id)
 
 
 def _say_rank0(rank: int) -> Callable[[str], None]:
@@ -109,6 +109,7 @@ def _restore(cfg: TrainConfig, run_dir: Path, info: RankInfo, say: Callable[[str
         change = (f"; {meta.world_size} -> {world} ranks: per-rank batch {adapted.batch_size}, "
                   f"global batch {meta.global_batch} kept, dropout noise re-seeded" if meta.world_size != world else "")
         say(f"resuming from {restored.path} at step {meta.step}{change}")
+        resume.set_aside(adapted, run_dir, meta.step, mirror, say)
     return adapted, restored
 
 

@@ -58,7 +58,7 @@ def build_result(job: Job, stats: TrainStats, metrics: dict[str, float], phases:
         steady_samples_per_s=stats.steady_samples_per_s(),
         train_tokens_per_s=stats.tokens / stats.train_time_s if stats.train_time_s else 0.0,
         metrics=metrics,
-        versions=versions(), cpu=cpu.summary(), run_id=job.run_dir.name, started_at=started_at,
+        versions=versions(), cpu=cpu.summary(), run_id=cfg.run_id or job.run_dir.name, started_at=started_at,
         rank_hosts=hosts, epochs=cfg.epochs if cfg.max_steps is None else None, max_steps=cfg.max_steps,
         seed=cfg.seed, lr=effective_lr(cfg, world), lr_scaling=cfg.lr_scaling, threads_per_rank=torch.get_num_threads(),
         rank_threads=tuple(int(r["threads"]) for r in rank_info),

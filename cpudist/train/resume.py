@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 from cpudist.errors import BadInput
@@ -41,13 +42,26 @@ def _from_s3(cfg: TrainConfig, folder: Path, say: Callable[[str], None], mirror:
     return None
 
 
+def set_aside(cfg: TrainConfig, run_dir: Path, step: int, mirror: Mirror | None, say: Callable[[str], None]) -> None:
+    """Resuming from `step`: the run's newer checkpoints (locally and in the S3 copy) are another timeline now; move
+    them aside (never delete them), so that rotation, prune and a later --resume auto do not mistake them for this
+    one's."""
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    aside = ckpt.set_aside(checkpoint_folder(cfg, run_dir), step, cfg.run_id, stamp)
+    if aside is not None:
+        say(f"checkpoints newer than step {step} moved to {aside} (the timeline this resume leaves)")
+    moved = mirror.set_aside(step, stamp) if mirror is not None else []
+    if moved:
+        say(f"{', '.join(moved)} moved to {mirror.url if mirror else ''}/abandoned-{stamp}")
+
+
 def pick(cfg: TrainConfig, run_dir: Path, say: Callable[[str], None], mirror: Mirror | None = None) -> Path | None:
     """Rank 0's choice of checkpoint for `--resume` (None: start from step 0); `mirror`: the S3 copy, if any."""
     if cfg.resume is None:
         return None
     if cfg.resume == "auto":
         folder = checkpoint_folder(cfg, run_dir)
-        found = ckpt.choose(folder, say) or _from_s3(cfg, folder, say, mirror)
+        found = ckpt.choose(folder, say, cfg.run_id or None) or _from_s3(cfg, folder, say, mirror)
         if found is None:
             say(f"--resume auto: no checkpoint in {folder}{' or ' + cfg.checkpoint_s3 if cfg.checkpoint_s3 else ''}"
                 ", starting from step 0")
@@ -95,12 +109,29 @@ def _check_rank_state(cfg: TrainConfig, meta: CheckpointMeta, world: int, path: 
                        "Resume with the --sync options of the run that wrote it")
 
 
+def check_fresh(cfg: TrainConfig) -> None:
+    """Refuse a fresh run (no --resume) whose checkpoint folder holds another run's checkpoints: its rotation and a
+    later --resume auto would mix the two."""
+    if cfg.resume is not None:
+        return
+    folder = checkpoint_folder(cfg, Path(cfg.output_dir))
+    theirs = [p for p in ckpt.complete_checkpoints(folder) if ckpt.owner(p) != cfg.run_id or not cfg.run_id]
+    if theirs:
+        who = ckpt.owner(theirs[0]) or "a run without an id"
+        where = "--checkpoint-dir" if cfg.checkpoint_dir else "--output-dir"
+        raise BadInput(f"{folder} holds checkpoints of another run ({who}, newest {theirs[0].name})",
+                       f"Continue that run with --resume auto, or give this run another {where}")
+
+
 def preflight(cfg: TrainConfig, world: int) -> None:
-    """Refuse, before any rank starts, a local checkpoint that these ranks cannot continue."""
+    """Refuse, before any rank starts, a local checkpoint that these ranks cannot continue (or a fresh run into
+    another run's checkpoints)."""
+    check_fresh(cfg)
     if cfg.resume is None:
         return
     if cfg.resume == "auto":  # any complete checkpoint of the run has its layout: no hashing twice (ranks verify)
-        found = ckpt.complete_checkpoints(checkpoint_folder(cfg, Path(cfg.output_dir)))
+        found = [p for p in ckpt.complete_checkpoints(checkpoint_folder(cfg, Path(cfg.output_dir)))
+                 if not cfg.run_id or ckpt.same_run(ckpt.owner(p), cfg.run_id)]
         path = found[0] if found else None
     else:
         path = pick(cfg, Path(cfg.output_dir), lambda line: None)

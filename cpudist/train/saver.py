@@ -77,11 +77,11 @@ def save(saver: Saver, t: Training, stats: TrainStats, pos: Position, total: int
                               stats.strategy.spec.label if stats.strategy else "ddp", saver.parts,
                               saver.wall_before_s + time.perf_counter() - saver.started,
                               Done(stats.steps, stats.samples, stats.tokens, stats.flops, stats.train_time_s),
-                              stats.steps)
+                              stats.steps, run_id=cfg.run_id)
         path = checkpoint.write(saver.folder, state, rngs, meta, saver.keep, ranks)
         if saver.mirror is not None:
             saver.mirror.upload(path)
-            saver.mirror.prune(saver.keep)
+            saver.mirror.prune(saver.keep, path.name)
         stats.checkpoints.append(str(path))
         events.emit("checkpoint", step=stats.steps, path=str(path))
     if world > 1:

@@ -207,3 +207,37 @@ def test_parse_any_text_is_a_location_or_bad_input(url: str) -> None:
     except BadInput:
         return
     assert url.startswith(f"s3://{bucket}") and not prefix.startswith("/") and not prefix.endswith("/")
+
+
+def test_runs_sharing_a_location_keep_their_own_checkpoints(s3: Any, bucket: str, tmp_path: Path) -> None:
+    """The README's per-task prefix shared by two runs: each prunes and lists only its own part (<prefix>/<run id>/)."""
+    first = Mirror(S3Objects(f"s3://{bucket}/runs/mrpc"), "20261126-090000-aaaaaa")
+    for step in (4, 6):
+        first.upload(checkpoint(tmp_path / "a", step))
+        first.prune(keep=2)
+    second = Mirror(S3Objects(f"s3://{bucket}/runs/mrpc"), "20261126-100000-bbbbbb")
+    second.upload(checkpoint(tmp_path / "b", 1))
+    second.prune(keep=2)
+    assert second.url == f"s3://{bucket}/runs/mrpc/20261126-100000-bbbbbb"
+    assert second.complete() == ["step-000001"] and first.complete() == ["step-000004", "step-000006"]
+    assert {k.split("/")[2] for k in keys(s3, bucket)} == {"20261126-090000-aaaaaa", "20261126-100000-bbbbbb"}
+
+
+def test_prune_after_a_resume_keeps_the_upload_and_sets_the_old_timeline_aside(s3: Any, bucket: str,
+                                                                                tmp_path: Path) -> None:
+    mirror = Mirror(S3Objects(f"s3://{bucket}/run"), "20261126-090000-aaaaaa")
+    for step in (2, 4, 6):
+        mirror.upload(checkpoint(tmp_path / "a", step))
+    assert mirror.set_aside(2, "20261126-100000") == ["step-000004", "step-000006"]  # resuming from step 2
+    assert mirror.complete() == ["step-000002"]
+    mirror.upload(checkpoint(tmp_path / "b", 3))
+    mirror.prune(keep=1, written="step-000003")
+    assert mirror.complete() == ["step-000003"]
+    aside = {k.split("/", 3)[3] for k in keys(s3, bucket) if "/abandoned-20261126-100000/" in k}
+    assert aside == {f"step-{s:06d}/{rel}" for s in (4, 6) for rel in ("model.pt", "optim.pt", "ranks/rank-0.pt",
+                                                                        COMPLETE)}
+    # Without set_aside (an older cpudist's copy), prune still never deletes what was just uploaded.
+    mirror.upload(checkpoint(tmp_path / "c", 9))
+    mirror.upload(checkpoint(tmp_path / "d", 5))
+    mirror.prune(keep=1, written="step-000005")
+    assert mirror.complete() == ["step-000005", "step-000009"]

@@ -81,5 +81,6 @@ def test_the_s3_copy_survives_losing_the_head_disk(shared_data: Path, tmp_path: 
     listed = boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL_S3"], region_name="us-east-1",
                           aws_access_key_id="testing", aws_secret_access_key="testing").list_objects_v2(
         Bucket="ckpt", Prefix="runs/a/")
-    names = {o["Key"].split("/")[2] for o in listed.get("Contents", [])}
+    run_id = result["run_id"]  # each run keeps its copy under <prefix>/<run id>/
+    names = {o["Key"].split("/")[3] for o in listed.get("Contents", []) if o["Key"].split("/")[2] == run_id}
     assert names == {"step-000030", "step-000040"}, names  # --keep-checkpoints 2 holds in S3 too

@@ -1,0 +1,123 @@
+"""A run's identity: its id, given once where the run starts, and run.json, the run's state in its folder.
+
+    20261126-101502-3fa9c1     sortable by start time; unique (6 random hex digits)
+    <run folder>/run.json      id, task, model, where, state, start and end time, metric; rewritten whole
+                               (atomically) at every change of state by `mark`, its one writer
+
+The id goes to the ranks (TrainConfig.run_id), into every checkpoint's meta and result.json, names the run's
+part of a --checkpoint-s3 location and its folder on a remote head. A resume keeps the id of the run it continues.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import secrets
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from cpudist import state
+from cpudist.train import checkpoint_meta as ckpt
+from cpudist.train.config import TrainConfig
+from cpudist.train.resume import checkpoint_folder
+
+RUN_FILE = "run.json"
+STATES = ("running", "finished", "failed", "interrupted", "preempted")
+
+
+def new_run_id(now: datetime | None = None) -> str:
+    """YYYYMMDD-HHMMSS-<6 hex>, in UTC: sorts by start time."""
+    return f"{(now or datetime.now(UTC)).strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """run.json: what a run is and where it stands."""
+
+    id: str
+    task: str
+    model: str
+    where: str  # here | hostfile:<path> | slurm | cluster:<name> | head:<host>
+    state: str  # one of STATES
+    started_at: str
+    ended_at: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    run_dir: str = ""
+    parts: int = 1  # the parts so far (a resume adds one)
+    message: str = ""  # how a run that did not finish ended, in one line
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunInfo:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def read_run(out: Path) -> RunInfo | None:
+    """The run.json of run folder `out`, or None when there is none (or it cannot be read)."""
+    try:
+        return RunInfo.from_dict(json.loads((out / RUN_FILE).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def write_run(out: Path, info: RunInfo) -> None:
+    state.write_atomic(out / RUN_FILE, json.dumps(info.to_dict(), indent=2) + "\n")
+
+
+def begin(cfg: TrainConfig, where: str) -> RunInfo:
+    """run.json as the run (or its next part) starts: running, with the first part's start time."""
+    out = Path(cfg.output_dir)
+    earlier = read_run(out)
+    if earlier is not None and earlier.id == cfg.run_id:
+        info = dataclasses.replace(earlier, state="running", ended_at=None, where=where, parts=earlier.parts + 1,
+                                   message="")
+    else:
+        info = RunInfo(cfg.run_id, cfg.task, cfg.model, where, "running", _now(), run_dir=str(out.resolve()))
+    write_run(out, info)
+    return info
+
+
+def mark(out: Path, run_state: str, metrics: dict[str, float] | None = None, message: str = "") -> None:
+    """Record a change of state in run.json (the one writer after `begin`): its end time, metric or message."""
+    assert run_state in STATES, run_state
+    info = read_run(out)
+    if info is None:
+        return
+    ended = None if run_state == "running" else _now()
+    write_run(out, dataclasses.replace(info, state=run_state, ended_at=ended, message=message,
+                                       metrics=metrics if metrics is not None else info.metrics))
+
+
+def assign(cfg: TrainConfig) -> TrainConfig:
+    """The config with the run's id: a fresh id for a new run; a resume keeps the id of the run it continues
+    (the checkpoint's, else the run folder's run.json); an id already given (a recovery's next part) stays."""
+    if cfg.run_id:
+        return cfg
+    found = _continued(cfg) if cfg.resume is not None else None
+    return dataclasses.replace(cfg, run_id=found or new_run_id())
+
+
+def _continued(cfg: TrainConfig) -> str | None:
+    """The id of the run a --resume continues, where this machine can see it."""
+    out = Path(cfg.output_dir)
+    if cfg.resume == "auto":
+        newest = ckpt.complete_checkpoints(checkpoint_folder(cfg, out))
+        candidates = newest[:1]
+    else:
+        given = Path(cfg.resume or "").expanduser()
+        candidates = [given] if ckpt.step_of(given.name) is not None else (
+            ckpt.complete_checkpoints(given / "checkpoints") or ckpt.complete_checkpoints(given))[:1]
+    for path in candidates:
+        if ckpt.owner(path):
+            return ckpt.owner(path)
+    info = read_run(out)
+    return info.id if info is not None and cfg.resume == "auto" else None
