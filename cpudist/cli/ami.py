@@ -6,11 +6,14 @@ import sys
 
 import click
 
+from cpudist import state
 from cpudist.cli.cluster import _caller_cidr, _name, region_option, say
 from cpudist.cloud.aws.client import ec2_client, ssm_client
 from cpudist.cloud.aws.pricing import hourly_price
+from cpudist.cloud.images import BAKE_MINUTES, BakeSpec, bake, ubuntu_image
 from cpudist.errors import BadInput, CpudistError
-from cpudist.images import BAKE_MINUTES, BakeSpec, bake, ubuntu_image
+from cpudist.run.remote import build_wheel
+from cpudist.ssh.access import SshAccess
 from cpudist.validate import check_ssh_cidr
 
 
@@ -54,7 +57,8 @@ def build(name: str, base_image: str | None, region: str, endpoint_url: str | No
             raise BadInput("not asking for confirmation without a terminal", "Pass --yes to go ahead")
         click.confirm("Build the image?", abort=True, err=True)
     try:
-        image = bake(ec2, BakeSpec(name, base, instance_type, subnet, cidr, user, connect, timeout), say)
+        image = bake(ec2, BakeSpec(name, base, instance_type, subnet, cidr, user, connect, timeout),
+                     build_wheel(state.wheels_dir()), SshAccess(), say)
     except KeyboardInterrupt:
         raise CpudistError("interrupted: the builder and everything it used were removed") from None
     click.echo(image)

@@ -1,4 +1,4 @@
-"""`cpudist cluster up/down/status/list`: AWS, thin over cpudist.cluster."""
+"""`cpudist cluster up/down/status/list`: AWS, thin over cpudist.cloud (up, down, record)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from rich.console import Console
 from rich.table import Table
 
 from cpudist import __version__, state
-from cpudist import cluster as lib
 from cpudist.cli.defaults import config_option
 from cpudist.cli.options import output_options
 from cpudist.cloud.aws import instances
@@ -25,9 +24,16 @@ from cpudist.cloud.aws.client import ec2_client, ssm_client
 from cpudist.cloud.aws.images import newest_base_image
 from cpudist.cloud.aws.pricing import hourly_price
 from cpudist.cloud.aws.tags import CLUSTER_TAG
+from cpudist.cloud.cluster import ClusterSpec, cost_so_far, price_of
+from cpudist.cloud.down import down as remove_cluster
+from cpudist.cloud.down import inventory
+from cpudist.cloud.images import BAKE_MINUTES, BakeSpec, bake, ubuntu_image
+from cpudist.cloud.record import load_record
+from cpudist.cloud.up import up as bring_up
 from cpudist.errors import BadInput, CpudistError
-from cpudist.images import BAKE_MINUTES, BakeSpec, bake, ubuntu_image
 from cpudist.interrupts import signals_interrupt
+from cpudist.run.remote import build_wheel
+from cpudist.ssh.access import SshAccess
 from cpudist.state import check_cluster_name
 from cpudist.validate import check_endpoint_url, check_ssh_cidr
 
@@ -109,9 +115,9 @@ def up(name: str, nodes: int, region: str, endpoint_url: str | None, ssh_cidr: s
     """Provision NODES identical instances, tagged cpudist:cluster=NAME, and print the hostfile."""
     cidr = check_ssh_cidr(ssh_cidr, allow_ssh_from_anywhere) if ssh_cidr else _caller_cidr()
     ec2 = ec2_client(region, endpoint_url)
-    spec = lib.ClusterSpec(name=name, nodes=nodes, region=region, ssh_cidr=cidr,
+    spec = ClusterSpec(name=name, nodes=nodes, region=region, ssh_cidr=cidr,
                            endpoint_url=endpoint_url, boot_timeout_s=boot_timeout, ssh=ssh, **opts)
-    price = lib.price_of(ec2, spec)
+    price = price_of(ec2, spec)
     per_node = "unknown" if price.usd_per_hour is None else f"${price.usd_per_hour:.4g}/h"
     total = price.total(nodes)
     say(f"{nodes} x {spec.instance_type} {'spot' if spec.spot else 'on-demand'} in {region}: {per_node} per node"
@@ -127,7 +133,7 @@ def up(name: str, nodes: int, region: str, endpoint_url: str | None, ssh_cidr: s
     if spec.image is None:
         spec = dataclasses.replace(spec, image=default_image(ec2, region, endpoint_url, spec, yes))
     try:
-        record = lib.up(ec2, spec, price, say)
+        record = bring_up(ec2, spec, price, SshAccess(), say)
     except KeyboardInterrupt:
         raise CpudistError("interrupted: what this run created was removed",
                            "Re-run `cpudist cluster up` to start again") from None
@@ -139,7 +145,7 @@ def up(name: str, nodes: int, region: str, endpoint_url: str | None, ssh_cidr: s
     click.echo(Path(record.hostfile).read_text(), nl=False)
 
 
-def default_image(ec2: Any, region: str, endpoint_url: str | None, spec: lib.ClusterSpec, yes: bool) -> str:
+def default_image(ec2: Any, region: str, endpoint_url: str | None, spec: ClusterSpec, yes: bool) -> str:
     """The newest image `ami build` made for this cpudist; without one, build it (after asking)."""
     found = newest_base_image(ec2, __version__)
     if found:
@@ -155,7 +161,8 @@ def default_image(ec2: Any, region: str, endpoint_url: str | None, spec: lib.Clu
         click.confirm("Build the image?", abort=True, err=True)
     base = ubuntu_image(ssm_client(region, endpoint_url))
     return bake(ec2, BakeSpec(f"cpudist-{__version__.replace('.', '-')}", base, ssh_cidr=spec.ssh_cidr,
-                              user=spec.user, connect=spec.connect, subnet=spec.subnet), say)
+                              user=spec.user, connect=spec.connect, subnet=spec.subnet),
+                build_wheel(state.wheels_dir()), SshAccess(), say)
 
 
 @cluster.command()
@@ -167,7 +174,7 @@ def default_image(ec2: Any, region: str, endpoint_url: str | None, spec: lib.Clu
 def down(name: str, region: str, endpoint_url: str | None, keep_image: bool, yes: bool, dry_run: bool) -> None:
     """Remove every resource tagged with the cluster, and its local record and keys."""
     ec2 = ec2_client(region, endpoint_url)
-    found = lib.inventory(ec2, name)
+    found = inventory(ec2, name)
     images = [] if keep_image else found["images"]
     listed = [*found["instances"], *found["security_groups"], *filter(None, (found["placement_group"],)),
               *filter(None, (found["key_pair"],)), *images]
@@ -185,7 +192,7 @@ def down(name: str, region: str, endpoint_url: str | None, keep_image: bool, yes
             raise BadInput("not asking for confirmation without a terminal", "Pass --yes to go ahead")
         click.confirm("Remove all of this?", abort=True, err=True)
     with signals_interrupt():
-        removed = lib.down(ec2, name, keep_image, say)
+        removed = remove_cluster(ec2, name, keep_image, say)
     click.echo(json.dumps(removed))
 
 
@@ -203,9 +210,9 @@ def _uptime(launch_time: str) -> str:
 def status(name: str, region: str, endpoint_url: str | None, fmt: str) -> None:
     """Nodes, states, private and public addresses, spot or on-demand, price, uptime and cost so far."""
     nodes = instances.find_nodes(ec2_client(region, endpoint_url), name, role=None)
-    record = lib.load_record(name)
+    record = load_record(name)
     prices = {n.instance_id: n.usd_per_hour for n in record.nodes} if record else {}
-    cost = lib.cost_so_far(nodes, record)
+    cost = cost_so_far(nodes, record)
     if fmt == "json":
         rows = [{**n.__dict__, "usd_per_hour": prices.get(n.instance_id)} for n in nodes]
         click.echo(json.dumps({"name": name, "nodes": rows, "cost_so_far_usd": cost}, default=str, indent=2))

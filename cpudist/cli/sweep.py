@@ -40,7 +40,7 @@ def _where(opts: dict[str, Any]) -> SeriesHosts:
     hostfile, cluster = opts["hostfile"], opts["cluster_name"]
     hosts = None
     if cluster is not None:
-        from cpudist.cluster import load_record
+        from cpudist.cloud.record import load_record
 
         record = load_record(cluster)
         if record is None:

@@ -86,7 +86,7 @@ def where_for(route: Route, nodes: int, ppn_given: bool, launcher: str) -> Where
 def cluster_target(name: str, nodes: int, python: str | None,
                    stage_code: str) -> tuple[Head | None, Path, float | None]:
     """(head to reach when this machine is outside the cluster, else None; hostfile; USD per hour of `nodes`)."""
-    from cpudist.cluster import load_record
+    from cpudist.cloud.record import load_record
 
     record = load_record(name)
     if record is None:
@@ -111,12 +111,14 @@ def onprem_head(hostfile: Path, address: str, user: str | None, identity: str | 
 def recover_cluster(name: str, nodes: int, head: Head, wait_gone_s: float, say: Callable[[str], None]) -> Head:
     """Replace the cluster's reclaimed nodes (as `cluster up` would) and return how to reach its head now."""
     from cpudist.cloud.aws.client import ec2_client
-    from cpudist.cluster import load_record, recover
+    from cpudist.cloud.record import load_record
+    from cpudist.cloud.recover import recover
+    from cpudist.ssh.access import SshAccess
 
     record = load_record(name)
     if record is None:
         raise BadInput(f"no local record of cluster {name}", "Run `cpudist cluster up` first")
-    recover(ec2_client(record.region, record.endpoint_url), record, wait_gone_s, say)
+    recover(ec2_client(record.region, record.endpoint_url), record, wait_gone_s, SshAccess(), say)
     new_head, _, _ = cluster_target(name, nodes, head.python, head.stage_code)
     if new_head is None:
         raise BadInput("--on-preemption resume runs from outside the cluster", "Start it from your own machine")

@@ -7,7 +7,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from cpudist.images import bootstrap_result, recipe_dir
+from cpudist.cloud.images import bootstrap_result, recipe_dir
 
 
 def test_bootstrap_is_valid_bash_that_powers_off_on_every_way_out() -> None:

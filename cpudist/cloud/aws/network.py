@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,6 @@ from cpudist.cloud.aws.client import CHECK_AWS, call
 from cpudist.cloud.aws.errors import AwsError
 from cpudist.cloud.aws.tags import RUN_TAG, cluster_filter, has_tag, run_filter, tag_spec
 from cpudist.errors import BadInput, CpudistError
-from cpudist.ssh.keys import generate_key
 from cpudist.waits import wait_until
 
 
@@ -62,9 +62,10 @@ def resolve_subnet(ec2: Any, subnet_id: str | None) -> Subnet:
     return Subnet(s["SubnetId"], s["VpcId"], s["AvailabilityZone"], s["CidrBlock"])
 
 
-def ensure_key_pair(ec2: Any, cluster: str, folder: Path, key_name: str | None,
-                    identity: Path | None, run_id: str = "") -> tuple[KeyInfo, bool]:
-    """(key, created now): the user's key pair, or one cpudist generates (private key 0600 in `folder`)."""
+def ensure_key_pair(ec2: Any, cluster: str, folder: Path, key_name: str | None, identity: Path | None,
+                    run_id: str, new_key: Callable[[str], tuple[str, str]]) -> tuple[KeyInfo, bool]:
+    """(key, created now): the user's key pair, or a new one from `new_key(comment) -> (private, public)`
+    (OpenSSH text; the private half 0600 in `folder`)."""
     if key_name:
         if not _exists(ec2.describe_key_pairs, "InvalidKeyPair", KeyNames=[key_name]):
             raise BadInput(f"key pair {key_name} not found in this region", "Check --key-name and --region")
@@ -78,10 +79,10 @@ def ensure_key_pair(ec2: Any, cluster: str, folder: Path, key_name: str | None,
             raise CpudistError(f"key pair {name} exists in AWS but its private key is not in {folder}",
                                f"Run `cpudist cluster down --name {cluster}` first, or pass --key-name/--identity")
         return KeyInfo(name, private), False
-    pair = generate_key(f"cpudist-{cluster}")
-    state.write_private(private, pair.private)
-    state.write_atomic(folder / "id_ed25519.pub", pair.public + "\n")
-    call(ec2.import_key_pair, KeyName=name, PublicKeyMaterial=pair.public.encode(),
+    private_text, public = new_key(f"cpudist-{cluster}")
+    state.write_private(private, private_text)
+    state.write_atomic(folder / "id_ed25519.pub", public + "\n")
+    call(ec2.import_key_pair, KeyName=name, PublicKeyMaterial=public.encode(),
          TagSpecifications=tag_spec("key-pair", cluster, name, run=run_id))
     return KeyInfo(name, private), True
 

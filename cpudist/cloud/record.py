@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cpudist import state
+from cpudist.cloud.access import address
 from cpudist.errors import CpudistError
 
 
@@ -50,11 +51,8 @@ class ClusterRecord:
     def address(self, i: int) -> str:
         """How this machine reaches node i."""
         node = self.nodes[i]
-        chosen = node.private_ip if self.connect == "private" else node.public_ip
-        if not chosen:
-            raise CpudistError(f"node {i} ({node.instance_id}) of cluster {self.name} has no {self.connect} address",
-                               "Use --connect private from inside the VPC, or a subnet that assigns public addresses")
-        return chosen
+        return address(node.private_ip, node.public_ip, self.connect,
+                       f"node {i} ({node.instance_id}) of cluster {self.name}")
 
     def usd_per_hour(self, nodes: int) -> float | None:
         """The price of the first `nodes` nodes, per hour; None when any price is unknown."""

@@ -18,13 +18,11 @@ from typing import Any
 
 import cpudist
 from cpudist import state
+from cpudist.cloud.access import NodeAccess, address
 from cpudist.cloud.aws import images, instances, network
 from cpudist.cloud.aws.client import call
 from cpudist.errors import CpudistError
 from cpudist.interrupts import shielded, signals_interrupt
-from cpudist.run.remote import build_wheel
-from cpudist.ssh.client import Remote, Target, wait_banner
-from cpudist.ssh.known_hosts import KnownHosts
 
 Say = Callable[[str], None]
 UBUNTU_PARAMETER = "/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/hvm/ebs-gp3/ami-id"
@@ -70,8 +68,8 @@ def bootstrap_result(console: str) -> tuple[bool, str | None]:
     return False, None
 
 
-def _upload(address: str, spec: BakeSpec, key: Path, wheel: Path, known: Path) -> None:
-    with Remote(Target(address, spec.user, 22, str(key)), KnownHosts(known)) as builder:
+def _upload(node: str, spec: BakeSpec, key: Path, wheel: Path, known: Path, ssh: NodeAccess) -> None:
+    with ssh.login(node, spec.user, 22, key, known) as builder:
         builder.check(f"mkdir -p ~/{state.UPLOAD_DIR}")
         home = builder.check('printf %s "$HOME"').strip()
         builder.put(wheel, f"{home}/{state.UPLOAD_DIR}/{wheel.name}")
@@ -88,28 +86,26 @@ def _cleanup(ec2: Any, owner: str, run_id: str, name: str, keep_image: bool) -> 
     state.remove_dir(state.image_dir(name))
 
 
-def bake(ec2: Any, spec: BakeSpec, say: Say) -> str:
-    """Build the image; its id. Nothing but the image is left, and nothing at all on failure."""
+def bake(ec2: Any, spec: BakeSpec, wheel: Path, ssh: NodeAccess, say: Say) -> str:
+    """Build the image with `wheel` (this cpudist) inside; its id. Nothing but the image is left, and
+    nothing at all on failure. SSH to the builder goes through `ssh`, from the caller."""
     run_id, owner, folder = uuid.uuid4().hex[:12], f"image-{spec.name}", state.image_dir(spec.name)
-    wheel = build_wheel(state.wheels_dir())
     script = (recipe_dir() / "bootstrap.sh").read_text()
     image: str | None = None
     try:
         with signals_interrupt() as signals:
             subnet = network.resolve_subnet(ec2, spec.subnet)
-            key, _ = network.ensure_key_pair(ec2, owner, folder, None, None, run_id)
+            key, _ = network.ensure_key_pair(ec2, owner, folder, None, None, run_id, ssh.new_key)
             group, _ = network.ensure_security_group(ec2, owner, subnet.vpc_id, spec.ssh_cidr, run_id)
             builder = instances.launch_builder(ec2, owner, spec.base_image, spec.instance_type, subnet.subnet_id,
                                                script, key.name, group, run_id)
             say(f"builder {builder.instance_id} is booting from {spec.base_image}; uploading {wheel.name} when it "
                 "answers SSH")
             builder = instances.wait_state(ec2, [builder.instance_id], "running", spec.timeout_s)[0]
-            address = builder.private_ip if spec.connect == "private" else builder.public_ip
-            if not address:
-                raise CpudistError(f"builder {builder.instance_id} has no {spec.connect} address",
-                                   "Use a subnet that assigns public addresses, or --connect private")
-            wait_banner(address, 22, spec.timeout_s)
-            _upload(address, spec, key.private_key, wheel, folder / "known_hosts")
+            reach = address(builder.private_ip, builder.public_ip, spec.connect, f"builder {builder.instance_id}",
+                            "Use a subnet that assigns public addresses, or --connect private")
+            ssh.wait_banner(reach, 22, spec.timeout_s)
+            _upload(reach, spec, key.private_key, wheel, folder / "known_hosts", ssh)
             say("wheel uploaded; the builder powers off when its bootstrap ends")
             instances.wait_state(ec2, [builder.instance_id], "stopped", spec.timeout_s)
             ok, step = bootstrap_result(instances.console_output(ec2, builder.instance_id))

@@ -1,76 +1,43 @@
-"""Cluster lifecycle on AWS: up (get-or-create every piece, roll back on failure), down, cost.
+"""`cluster up`: bring a cluster to its spec, every piece get-or-create; a failure removes what this run made.
 
-State lives in the cloud (tags); the local record (cpudist/record.py) only caches what is needed
-to reach the nodes. Every resource an `up` makes carries its run's tag, so a failed or interrupted
-`up` removes exactly what it made, including what a lost answer hid from it.
+Every resource an `up` makes carries its run's tag, so a failed or interrupted `up` removes exactly
+what it made, including what a lost answer hid from it. SSH (the banner, the cluster key, node 0's
+set-up script, stale host keys) goes through the `NodeAccess` the caller passes in.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from cpudist import state
+from cpudist.cloud.access import NodeAccess, address
 from cpudist.cloud.aws import images, instances, network
 from cpudist.cloud.aws.errors import AwsError
 from cpudist.cloud.aws.instances import LaunchSpec, Node
-from cpudist.cloud.aws.pricing import Price, hourly_price, on_demand_price
+from cpudist.cloud.aws.pricing import Price, on_demand_price
+from cpudist.cloud.cluster import ClusterSpec, Say
+from cpudist.cloud.record import ClusterRecord, NodeRecord, load_record, save_record
 from cpudist.errors import BadInput, CpudistError
 from cpudist.hostfile import Host, render_hostfile
 from cpudist.interrupts import shielded, signals_interrupt
-from cpudist.record import ClusterRecord, NodeRecord, load_record, save_record
-from cpudist.ssh.client import Remote, Target, wait_banner
-from cpudist.ssh.known_hosts import KnownHosts
-from cpudist.ssh.setup import ssh_setup
 from cpudist.waits import wait_until
 
-__all__ = ["ClusterRecord", "ClusterSpec", "NodeRecord", "down", "load_record", "up"]
-
-Say = Callable[[str], None]
 LAUNCH_IN_FLIGHT_S = 30.0
 # Answers after which a RunInstances may or may not have launched something (server faults, lost replies).
 UNCERTAIN = frozenset({"InternalError", "InternalFailure", "ServiceUnavailable", "Unavailable", "RequestTimeout",
                        "EndpointConnectionError", "ReadTimeoutError", "ConnectTimeoutError", "ConnectionClosedError"})
 
 
-@dataclass(frozen=True)
-class ClusterSpec:
-    """What `cpudist cluster up` was asked for."""
-
-    name: str
-    nodes: int
-    region: str
-    image: str | None
-    ssh_cidr: str
-    instance_type: str = "c6i.16xlarge"
-    spot: bool = True
-    max_price: str | None = None
-    on_demand_fallback: bool = False
-    key_name: str | None = None
-    identity: Path | None = None
-    subnet: str | None = None
-    placement_group: bool = True
-    user: str = "ubuntu"
-    connect: str = "public"  # public | private address for SSH
-    clone_from_first: bool = False
-    setup_script: Path | None = None
-    ssh: bool = True
-    keep_on_failure: bool = False
-    endpoint_url: str | None = None
-    ssh_port: int = 22
-    boot_timeout_s: float = 900
-
-
-@dataclass
+@dataclasses.dataclass
 class _Run:
-    """One `cluster up`: its tag value, and whether a launch call may be in flight."""
+    """One `cluster up`: its tag value, the SSH it uses, and whether a launch call may be in flight."""
 
     id: str
+    ssh: NodeAccess
     launching: bool = False  # interrupted mid-RunInstances: its instances can show up after we stop waiting
 
     def launch(self, ec2: Any, spec: LaunchSpec, indices: list[int]) -> list[Node]:
@@ -83,6 +50,14 @@ class _Run:
             raise
         self.launching = False
         return nodes
+
+
+def _known_hosts(spec: ClusterSpec) -> Path:
+    return state.cluster_dir(spec.name) / "known_hosts"
+
+
+def _reach(node: Node, spec: ClusterSpec) -> str:
+    return address(node.private_ip, node.public_ip, spec.connect, f"instance {node.instance_id}")
 
 
 def _rollback(ec2: Any, spec: ClusterSpec, run: _Run, say: Say) -> None:
@@ -105,28 +80,16 @@ def _rollback(ec2: Any, spec: ClusterSpec, run: _Run, say: Say) -> None:
     if load_record(spec.name) is None:
         state.remove_cluster_dir(spec.name)  # no earlier `up` made it: the key this run wrote, its pins
     else:
-        for n in made:
-            for addr in (n.public_ip, n.private_ip):
-                if addr:
-                    KnownHosts(state.cluster_dir(spec.name) / "known_hosts").forget(addr)
+        run.ssh.forget(_known_hosts(spec), [a for n in made for a in (n.public_ip, n.private_ip) if a])
 
 
-def _configure_first(node_addr: str, spec: ClusterSpec, key: Path, say: Say) -> None:
+def _configure_first(node_addr: str, spec: ClusterSpec, key: Path, run: _Run, say: Say) -> None:
     """Run the user's setup script on the first node before it is imaged (the blog's clone flow)."""
     if spec.setup_script is None:
         return
     say(f"configuring {node_addr} with {spec.setup_script}")
-    known = KnownHosts(state.cluster_dir(spec.name) / "known_hosts")
-    with Remote(Target(node_addr, spec.user, spec.ssh_port, str(key)), known) as remote:
+    with run.ssh.login(node_addr, spec.user, spec.ssh_port, key, _known_hosts(spec)) as remote:
         remote.check("bash -s", stdin=spec.setup_script.read_bytes(), timeout=3600)
-
-
-def address(node: Node, connect: str) -> str:
-    chosen = node.private_ip if connect == "private" else node.public_ip
-    if not chosen:
-        raise CpudistError(f"instance {node.instance_id} has no {connect} address",
-                           "Use --connect private from inside the VPC, or a subnet that assigns public addresses")
-    return chosen
 
 
 def _launch(ec2: Any, spec: ClusterSpec, run: _Run, launch: LaunchSpec, missing: list[int], key: Path,
@@ -141,8 +104,8 @@ def _launch(ec2: Any, spec: ClusterSpec, run: _Run, launch: LaunchSpec, missing:
     say(f"launched node 0: {first.instance_id} ({first.lifecycle}); configuring it to clone the rest")
     first = instances.wait_state(ec2, [first.instance_id], "running", spec.boot_timeout_s)[0]
     if spec.ssh or spec.setup_script:  # --no-ssh without a setup script images node 0 as it booted
-        wait_banner(address(first, spec.connect), spec.ssh_port, spec.boot_timeout_s)
-        _configure_first(address(first, spec.connect), spec, key, say)
+        run.ssh.wait_banner(_reach(first, spec), spec.ssh_port, spec.boot_timeout_s)
+        _configure_first(_reach(first, spec), spec, key, run, say)
     image = images.create_image(ec2, first.instance_id, spec.name, f"cpudist-{spec.name}-node0", launch.run_id)
     say(f"imaged node 0 as {image}")
     rest = run.launch(ec2, dataclasses.replace(launch, image_id=image), [i for i in missing if i])
@@ -168,17 +131,14 @@ def _existing(ec2: Any, spec: ClusterSpec, group_id: str, say: Say) -> list[Node
     return nodes
 
 
-def _connect_nodes(spec: ClusterSpec, nodes: list[Node], key: Path, say: Say) -> None:
+def _connect_nodes(spec: ClusterSpec, nodes: list[Node], key: Path, run: _Run, say: Say) -> None:
     """Wait for SSH, install the cluster key, and check that every node reaches every other privately."""
-    reach = [address(n, spec.connect) for n in nodes]
+    reach = [_reach(n, spec) for n in nodes]
     for a in reach:
-        wait_banner(a, spec.ssh_port, spec.boot_timeout_s)
+        run.ssh.wait_banner(a, spec.ssh_port, spec.boot_timeout_s)
     say("nodes answer SSH; installing the cluster key on every node")
-    folder = state.cluster_dir(spec.name)
     private = [n.private_ip or "" for n in nodes]
-    results = ssh_setup([Host(a) for a in reach], spec.user, str(key), spec.ssh_port, folder / "known_hosts",
-                        inside=private, key_folder=folder)
-    broken = [(r.host, f) for r in results for f in r.fails]
+    broken = run.ssh.setup(reach, private, spec.user, spec.ssh_port, key, state.cluster_dir(spec.name))
     if broken:
         src, dst = broken[0]
         raise CpudistError(f"node {src} cannot reach node {dst} over its private address "
@@ -204,7 +164,7 @@ def _converge(ec2: Any, spec: ClusterSpec, price: Price, run: _Run, say: Say) ->
     run_id = run.id
     folder = state.cluster_dir(spec.name)
     subnet = network.resolve_subnet(ec2, spec.subnet)
-    key, _ = network.ensure_key_pair(ec2, spec.name, folder, spec.key_name, spec.identity, run_id)
+    key, _ = network.ensure_key_pair(ec2, spec.name, folder, spec.key_name, spec.identity, run_id, run.ssh.new_key)
     group_id, _ = network.ensure_security_group(ec2, spec.name, subnet.vpc_id, spec.ssh_cidr, run_id)
     placement = network.ensure_placement_group(ec2, spec.name, run_id)[0] if spec.placement_group else None
     nodes = _existing(ec2, spec, group_id, say)
@@ -226,21 +186,20 @@ def _converge(ec2: Any, spec: ClusterSpec, price: Price, run: _Run, say: Say) ->
     by_index = {n.instance_id: n.index for n in nodes}
     nodes = instances.wait_state(ec2, list(by_index), "running", spec.boot_timeout_s)
     nodes = sorted((dataclasses.replace(n, index=by_index[n.instance_id]) for n in nodes), key=lambda n: n.index)
-    for n in nodes:  # a new machine behind an address used before (a replaced node): its old key is stale
-        if n.instance_id in fresh:
-            for addr in filter(None, (n.public_ip, n.private_ip)):
-                KnownHosts(folder / "known_hosts").forget(addr)
+    # A new machine behind an address used before (a replaced node): its old key is stale.
+    run.ssh.forget(folder / "known_hosts",
+                   [a for n in nodes if n.instance_id in fresh for a in (n.public_ip, n.private_ip) if a])
     if spec.ssh:
-        _connect_nodes(spec, nodes, key.private_key, say)
+        _connect_nodes(spec, nodes, key.private_key, run, say)
     return _record(spec, nodes, key.private_key, price)
 
 
-def up(ec2: Any, spec: ClusterSpec, price: Price, say: Say) -> ClusterRecord:
+def up(ec2: Any, spec: ClusterSpec, price: Price, ssh: NodeAccess, say: Say) -> ClusterRecord:
     """Bring the cluster to `spec`: every step get-or-create; a failure removes what this run made.
 
     SIGTERM and SIGHUP count as Ctrl-C; a second Ctrl-C while the rollback runs does not stop it.
     """
-    run = _Run(uuid.uuid4().hex[:12])
+    run = _Run(uuid.uuid4().hex[:12], ssh)
     try:
         with signals_interrupt() as signals:
             record = _converge(ec2, spec, price, run, say)
@@ -255,76 +214,3 @@ def up(ec2: Any, spec: ClusterSpec, price: Price, say: Say) -> ClusterRecord:
                     say(f"rollback incomplete ({e}): run `cpudist cluster down --name {spec.name}`")
         raise
     return record
-
-
-def inventory(ec2: Any, name: str) -> dict[str, Any]:
-    """Everything tagged with the cluster, by kind (what `down` would remove)."""
-    return {"instances": [n.instance_id for n in instances.find_nodes(ec2, name, role=None)],
-            "security_groups": [g["GroupId"] for g in network.security_groups(ec2, name)],
-            "placement_group": network.resource_name(name) if network.placement_group_exists(ec2, name) else None,
-            "key_pair": network.resource_name(name) if network.key_pair_exists(ec2, name) else None,
-            "images": [i["ImageId"] for i in images.owned_images(ec2, name)]}
-
-
-def down(ec2: Any, name: str, keep_image: bool, say: Say) -> dict[str, Any]:
-    """Remove everything tagged with the cluster: instances, group, placement group, key, images; forget it."""
-    removed = inventory(ec2, name)
-    say(f"terminating {len(removed['instances'])} instance(s)")
-    with shielded(lambda: say("finishing the removal first; it stops by itself")):
-        instances.terminate(ec2, removed["instances"])
-        network.delete_security_group(ec2, name)
-        network.delete_placement_group(ec2, name)
-        network.delete_key_pair(ec2, network.resource_name(name))
-        removed["images"] = [] if keep_image else images.delete_images(ec2, name)
-        state.remove_cluster_dir(name)  # the key, the record and the pinned host keys
-    return removed
-
-
-def cost_so_far(nodes: list[Node], record: ClusterRecord | None, now: datetime | None = None) -> float | None:
-    """Dollars spent by the live nodes since they launched, each at its own price."""
-    if record is None:
-        return None
-    prices = {n.instance_id: n.usd_per_hour for n in record.nodes}
-    now = now or datetime.now(UTC)
-    total = 0.0
-    for n in nodes:
-        price = prices.get(n.instance_id)
-        if price is None or not n.launch_time:
-            return None
-        total += max(0.0, (now - datetime.fromisoformat(n.launch_time)).total_seconds()) / 3600 * price
-    return round(total, 4)
-
-
-def price_of(ec2: Any, spec: ClusterSpec) -> Price:
-    zone = network.resolve_subnet(ec2, spec.subnet).zone
-    return hourly_price(ec2, spec.instance_type, spec.region, spec.spot, zone)
-
-
-def spec_of(record: ClusterRecord) -> ClusterSpec:
-    """What `up` was asked for, from the record it wrote."""
-    if not record.spec:
-        raise CpudistError(f"the record of cluster {record.name} predates recovery",
-                           f"Run `cpudist cluster up --name {record.name} ...` once more to refresh it")
-    data = dict(record.spec)
-    for key in ("identity", "setup_script"):
-        data[key] = Path(data[key]) if data.get(key) else None
-    return ClusterSpec(**data)
-
-
-def recover(ec2: Any, record: ClusterRecord, wait_gone_s: float, say: Say) -> ClusterRecord:
-    """After a spot notice: wait (up to `wait_gone_s`) for a node to go, then converge like `up` (replace it)."""
-    spec = spec_of(record)
-    ids = [n.instance_id for n in record.nodes]
-
-    def gone() -> list[str] | None:
-        left = {n.instance_id for n in instances.describe(ec2, [{"Name": "instance-id", "Values": ids}])
-                if n.state == "running"}
-        lost = [i for i in ids if i not in left]
-        return lost or None
-
-    try:
-        lost = wait_until(gone, "a reclaimed node to go", wait_gone_s, interval_s=2.0)
-        say(f"node(s) {', '.join(lost)} of cluster {record.name} are gone: replacing them")
-    except CpudistError:
-        say(f"every node of cluster {record.name} is still running after {wait_gone_s:g}s: resuming on them")
-    return up(ec2, spec, price_of(ec2, spec), say)
