@@ -86,7 +86,7 @@ def test_a_checkpoint_from_before_run_ids_reads_as_any_runs(tmp_path: Path) -> N
 def test_a_fresh_run_into_another_runs_checkpoints_is_refused_in_one_line(tmp_path: Path) -> None:
     write(tmp_path / "checkpoints", 6, "A")
     with pytest.raises(BadInput) as refused:
-        resume.check_fresh(cfg_of(tmp_path, run_id="B"))
+        resume.preflight(cfg_of(tmp_path, run_id="B"), 1)  # what `cpudist run` calls before any rank starts
     line = refused.value.message
     assert "holds checkpoints of another run (A, newest step-000006)" in line and "\n" not in line
     assert "Continue that run with --resume auto, or give this run another --output-dir" in line
