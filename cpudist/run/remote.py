@@ -181,7 +181,8 @@ def run(request: RunRequest, head_spec: Head, ledger_path: Path, cb: Callbacks, 
             local_dir.mkdir(parents=True, exist_ok=True)
             (local_dir / MARKER).unlink(missing_ok=True)  # an earlier part's stop
             for name in FETCHED if not head.lost else ():  # a lost head's error is the one to show
-                head.fetch(f"{run_dir}/{name}", local_dir / name)
+                if not head.fetch(f"{run_dir}/{name}", local_dir / name) and name == "result.json":
+                    (local_dir / name).unlink(missing_ok=True)  # an earlier run's, in a reused folder: not this one's
     stop = read_stop(local_dir)
     if status.get("exit_code") == Preempted.exit_code and stop is not None:
         raise Preempted(stop.said(" on the head"),
