@@ -50,6 +50,13 @@ class JobView:
         elif kind == "preempted":
             self.close()
             self._plain(f"stopping at step {event['step']}: {event['reason']} on {event['host']}")
+        elif kind == "evaluated":  # during training (--eval-every): the bar goes on
+            scores = " ".join(f"{k}={v:.4f}" for k, v in event["metrics"].items())
+            if not self.quiet:
+                self.on_line(f"[cpudist] evaluation at step {event['step']}: {scores}")
+        elif kind == "model":
+            self._plain(f"model saved: {event['path']} (step {event['step']}, {event['bytes'] / 1e6:.1f} MB, "
+                        f"{event['seconds']:.1f}s)")
         elif kind == "eval":
             self.close()
             self._plain(f"evaluating on {event['rows']} rows")

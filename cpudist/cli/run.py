@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +29,7 @@ from cpudist.run.request import (
     unfinished_run,
 )
 from cpudist.strategies import check_sync
-from cpudist.train.config import TrainConfig
+from cpudist.train.config import TrainConfig, check_save
 
 if TYPE_CHECKING:
     from cpudist.run.where import Route
@@ -44,7 +46,8 @@ def summary(r: RunResult) -> str:
     metrics = " ".join(f"{k}={v:.4f}" for k, v in r.metrics.items()) or "no eval"
     return (f"done: {r.task} {r.model} on {r.world_size} rank(s), {len(r.nodes)} node(s): "
             f"train {r.train_time_s:.1f}s, {r.train_samples_per_s:.1f} samples/s, "
-            f"wall {r.wall_time_s:.1f}s, {metrics}  -> {r.run_dir}/result.json")
+            f"wall {r.wall_time_s:.1f}s, {metrics}  -> {r.run_dir}/result.json"
+            + (f", model {r.model_dir}" if r.model_dir else ""))
 
 
 def _train_config(opts: dict[str, Any]) -> TrainConfig:
@@ -88,6 +91,7 @@ def run(ctx: click.Context, **opts: Any) -> None:
 
     cfg = _train_config(opts)
     check_sync(cfg)
+    check_save(cfg)
     route = _route(opts)
     output_dir = opts["output_dir"]
     if output_dir is None and cfg.resume == "auto":
@@ -101,7 +105,8 @@ def run(ctx: click.Context, **opts: Any) -> None:
     cfg = TrainConfig(**{**cfg.__dict__, "output_dir": str(output_dir or default_output_dir(cfg, np_))})
     launch = _launch(opts, np_, ppn or np_)
     where = where_for(route, launch.nodes, ppn is not None, launch.launcher)
-    request = RunRequest(cfg, launch, str(where.hostfile) if where.hostfile and where.head is None else None)
+    request = RunRequest(cfg, launch, str(where.hostfile) if where.hostfile and where.head is None else None,
+                         shlex.join(["cpudist", *sys.argv[1:]]))
     with signals_interrupt():
         if opts["dry_run"]:
             click.echo(describe(request, where), nl=False)

@@ -17,7 +17,7 @@ from cpudist.launch.env import AUTO_PPN_WHY, parse_env_pairs
 from cpudist.launch.spec import LAUNCHERS
 from cpudist.launch.tools import OPENMP_AUTO
 from cpudist.strategies import STRATEGIES, parse_compression
-from cpudist.train.config import BACKENDS, LR_SCALINGS, MOMENTS, OPTIMIZERS, PRECISIONS, SAMPLERS
+from cpudist.train.config import BACKENDS, LR_SCALINGS, MOMENTS, OPTIMIZERS, PRECISIONS, SAMPLERS, SAVE_MODELS
 from cpudist.train.tasks import normalize_task, task_names
 from cpudist.validate import check_imds
 
@@ -138,6 +138,16 @@ OPTIONS: list[Callable[[Any], Any]] = [
                  help="Task synthetic: rows of random tokens (throughput runs)."),
     click.option("--eval/--no-eval", "do_eval", default=True, show_default=True,
                  help="Evaluate on the validation rows after training."),
+    click.option("--eval-every", type=click.IntRange(min=1),
+                 help="Also evaluate every N optimizer steps during training (as HF's eval_steps); local SGD: at "
+                 "parameter averages only (N a multiple of K), where the ranks hold one model."),
+    click.option("--save-model", type=click.Choice(SAVE_MODELS), default="last", show_default=True,
+                 help="Rank 0 writes the model to <run folder>/model/ (save_pretrained: safetensors, tokenizer, "
+                 "id2label with the task's class names, README.md model card), loadable with transformers' "
+                 "pipeline('text-classification', model=...): last: as trained (local SGD/DiLoCo: the ranks' "
+                 "average, as evaluated); best: the best evaluation's by the task's first metric (with --eval-every; "
+                 "HF's load_best_model_at_end); none. On a cluster the folder is on the head; Slurm: on the shared "
+                 "filesystem. Task synthetic saves none."),
     click.option("--log-every", type=click.IntRange(min=1), default=10, show_default=True,
                  help="Optimizer steps between lines of steps.jsonl and progress."),
     click.option("--dist-timeout", type=click.IntRange(min=1), default=300, show_default=True,
@@ -230,7 +240,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
                        "label_column", "max_seq_len", "max_train_samples", "max_eval_samples", "synthetic_samples"),
     "Training": ("epochs", "max_steps", "batch_size", "grad_accum", "lr", "lr_scaling", "optimizer", "weight_decay",
                  "warmup_ratio", "max_grad_norm", "seed", "precision", "dropout", "sampler", "freeze_embeddings",
-                 "do_eval", "eval_batch_size", "log_every"),
+                 "do_eval", "eval_every", "eval_batch_size", "save_model", "log_every"),
     "Gradient sync": ("sync", "grad_compression", "bucket_cap_mb", "sync_every", "local_sgd_warmup", "average_moments",
                       "second_moment_every", "outer_optimizer", "outer_lr", "outer_momentum", "backend",
                       "dist_timeout"),

@@ -81,6 +81,16 @@ class RunResult:
     comm_time_s: float = 0.0  # sync collectives in flight (mean over ranks, all steps of this part)
     exposed_comm_s: float = 0.0  # training time spent waiting for them (the rest is compute)
     bus_bandwidth_gbps: float | None = None  # busiest rank's bytes sent / comm_time_s
+    # The model rank 0 saved (--save-model; cpudist/train/export.py) and the evaluations it was chosen from. With
+    # --save-model best, `metrics` are the best evaluation's (as HF's load_best_model_at_end), else the last one's.
+    save_model: str = ""  # last | best | none ("": a run from before models were saved)
+    model_dir: str | None = None  # where rank 0 wrote it (None: not saved)
+    model_step: int | None = None  # the optimizer step whose weights it holds
+    model_bytes: int | None = None  # every file of the folder together
+    model_save_s: float | None = None  # weights, tokenizer and card
+    evaluations: tuple[dict[str, Any], ...] = ()  # {"step", "metrics", "seconds"}, in order; the last is the final one
+    data: dict[str, Any] = field(default_factory=dict)  # where the rows came from, how many, the class names
+    command: str = ""  # the `cpudist run` command line, as typed (the launching side's)
     schema: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -91,7 +101,7 @@ class RunResult:
         """Read a result written by this or a later version (unknown keys are ignored)."""
         names = {f.name for f in dataclasses.fields(cls)}
         kept = {k: v for k, v in data.items() if k in names}
-        for key in ("nodes", "rank_hosts", "rank_threads"):
+        for key in ("nodes", "rank_hosts", "rank_threads", "evaluations"):
             if key in kept:
                 kept[key] = tuple(kept[key])
         if "param_shapes" in kept:

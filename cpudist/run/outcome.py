@@ -17,6 +17,7 @@ from cpudist.launch import slurm
 from cpudist.launch.runner import Outcome, failed_host
 from cpudist.launch.slurm import JobInfo
 from cpudist.results import ledger
+from cpudist.results.card import CARD, MODEL_DIR, folder_bytes, write_card
 from cpudist.results.schema import RunResult
 from cpudist.train.preempt import MARKER
 
@@ -84,6 +85,9 @@ def record(out: Path, ledger_path: Path | None, updates: dict[str, Any]) -> RunR
     if not result_file.is_file():
         raise JobFailed(f"the job ended without writing {result_file}", "See the rank output above")
     result = ledger.read_result(result_file).with_updates(**updates)
+    if (out / MODEL_DIR / CARD).is_file():  # the card again, now with the command, the launcher and the price
+        write_card(out / MODEL_DIR, result)
+        result = result.with_updates(model_bytes=folder_bytes(out / MODEL_DIR))
     state.write_atomic(result_file, json.dumps(result.to_dict(), indent=2) + "\n")
     if ledger_path is not None:
         ledger.append(ledger_path, result)

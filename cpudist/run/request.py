@@ -51,6 +51,7 @@ class RunRequest:
     train: TrainConfig
     launch: LaunchOptions
     hostfile: str | None = None
+    command: str = ""  # the `cpudist run` command line as typed (the model card shows it)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

@@ -30,7 +30,7 @@ def start(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> Run
     """Run it wherever it goes (with its id, run/identity.py), and record the result in its run folder and the
     ledger; run.json follows its state."""
     request = dataclasses.replace(request, train=identity.assign(request.train))
-    extra = {"cluster": where.cluster, "usd_per_hour": where.usd_per_hour}
+    extra = {"cluster": where.cluster, "usd_per_hour": where.usd_per_hour, "command": request.command}
     note = batch_note(request.train, request.launch.np)
     if where.head is not None:
         check_layout(request.launch.np, request.launch.ppn, where.head.inside, request.launch.oversubscribe)

@@ -23,6 +23,7 @@ BACKENDS = ("gloo", "ccl")
 OPTIMIZERS = ("adamw", "sgd")
 MOMENTS = ("none", "first", "second", "both")
 LR_SCALINGS = ("none", "linear", "sqrt")
+SAVE_MODELS = ("last", "best", "none")
 
 
 def effective_lr(cfg: TrainConfig, world: int) -> float:
@@ -70,6 +71,8 @@ class TrainConfig:
     max_eval_samples: int | None = None
     synthetic_samples: int = 2048
     do_eval: bool = True
+    eval_every: int | None = None  # optimizer steps between evaluations during training (HF's eval_steps)
+    save_model: str = "last"  # last | best | none: the weights rank 0 writes to <output_dir>/model (train/export.py)
     log_every: int = 10
     dist_timeout_s: int = 300
     max_grad_norm: float = 1.0  # like HF Trainer; 0 turns clipping off
@@ -155,6 +158,21 @@ def from_argv(argv: list[str]) -> TrainConfig:
         parser.add_argument(_flag(f.name), dest=f.name, type=_decoder(hints[f.name]),
                             required=required, default=argparse.SUPPRESS)
     return TrainConfig(**vars(parser.parse_args(argv)))
+
+
+def check_save(cfg: TrainConfig) -> None:
+    """--save-model best and --eval-every: refused where they cannot mean what they say."""
+    if cfg.save_model not in SAVE_MODELS:
+        raise BadInput(f"--save-model {cfg.save_model}: unknown", f"Use one of: {', '.join(SAVE_MODELS)}")
+    if not cfg.do_eval and (cfg.save_model == "best" or cfg.eval_every):
+        what = "--save-model best" if cfg.save_model == "best" else "--eval-every"
+        raise BadInput(f"{what} needs evaluations, and --no-eval turns them off", f"Drop --no-eval or {what}")
+    if cfg.eval_every and cfg.sync == "local-sgd" and (cfg.eval_every % cfg.sync_every
+                                                       or cfg.local_sgd_warmup % cfg.sync_every):
+        # Between averages every rank holds its own model: an evaluation there would score a mix of them.
+        raise BadInput(f"--eval-every {cfg.eval_every} with --sync local-sgd evaluates between parameter averages, "
+                       "where the ranks' models differ",
+                       f"Give --eval-every a multiple of --sync-every {cfg.sync_every} (and --local-sgd-warmup too)")
 
 
 def spec_of(cfg: TrainConfig, total_steps: int) -> SyncSpec:

@@ -18,6 +18,7 @@ from cpudist.train.checkpoint import Restored
 from cpudist.train.checkpoint_meta import START, Position
 from cpudist.train.config import TrainConfig, effective_lr, spec_of
 from cpudist.train.features import collate
+from cpudist.train.keep import Evaluations
 from cpudist.train.preempt import StopRequests
 from cpudist.train.sampling import batch_plan, plan_steps
 from cpudist.train.saver import Saver, Training, restore, save
@@ -57,8 +58,10 @@ class TrainStats:
         return sum(self.step_samples[i] for i in kept) / t if t > 0 else 0.0
 
 
-def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None = None) -> TrainStats:
-    """Train the job's model (synced by its --sync strategy when world > 1) and return what was measured."""
+def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None = None,
+          evals: Evaluations | None = None) -> TrainStats:
+    """Train the job's model (synced by its --sync strategy when world > 1) and return what was measured;
+    `evals` evaluates every --eval-every steps (outside the steps' times)."""
     cfg, model, data, regression, bf16 = job.cfg, job.model, job.train_data, job.regression, job.bf16
     rank, world, iface = job.info.rank, job.info.world_size, job.iface  # iface: where this rank counts bytes sent
     shape = shape_of(getattr(model, "module", model))
@@ -138,6 +141,8 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
             if stop_now:
                 stats.stopped = stop.pending() or preempt.PEER
                 break
+            if evals is not None and evals.due(stats.steps, total):
+                evals.run(job, stats.steps, during=True)
         strategy.parameters(stats.steps, final=True)  # local SGD: evaluate (and keep) the ranks' mean
         tx_end = _counted(iface, world)
         if tx_start is not None and tx_end is not None:

@@ -27,7 +27,8 @@ from cpudist.train.checkpoint import Restored
 from cpudist.train.config import TrainConfig
 from cpudist.train.dist import RankInfo
 from cpudist.train.durable import Mirror, ObjectStore
-from cpudist.train.evaluate import evaluate
+from cpudist.train.export import save_model
+from cpudist.train.keep import Evaluations
 from cpudist.train.loop import TrainStats, train
 from cpudist.train.preempt import NoticePoller
 from cpudist.train.result import build_result, peak_rss_mb
@@ -80,18 +81,16 @@ def run(cfg: TrainConfig, info: RankInfo, provider: Provider) -> int:
     sys.stdout.flush()
     # One poller per node.
     poller = provider.notices(cfg.imds) if provider.notices is not None and info.local_rank == 0 else None
+    evals = Evaluations.of(job)
     with preempt.StopRequests(poller) as stop:
-        stats = train(job, saver, stop, restored)
+        stats = train(job, saver, stop, restored, evals)
     if stats.stopped is not None:
         return _stopped(job, stats, info)
     metrics: dict[str, float] = {}
     phases: dict[str, float] = {}
-    if cfg.do_eval:
-        if info.rank == 0:
-            events.emit("eval", rows=len(job.eval_data))
-        metrics, phases = evaluate(getattr(job.model, "module", job.model), job.eval_data, job.metrics, job.regression,
-                                   cfg.eval_batch_size, job.bf16, info.rank, info.world_size)
-    _finish(job, stats, metrics, phases, saver, started_at, restored)
+    if cfg.do_eval:  # the model as trained; local SGD and DiLoCo: the ranks' average (the loop's final sync)
+        metrics, phases = evals.run(job, stats.steps)
+    _finish(job, stats, metrics, phases, saver, started_at, restored, evals)
     return 0
 
 
@@ -122,8 +121,8 @@ def _saver(cfg: TrainConfig, run_dir: Path, restored: Restored | None, started: 
 
 
 def _finish(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict[str, float], saver: Saver,
-            started_at: str, restored: Restored | None) -> None:
-    """Gather every rank's host and memory, write result.json on rank 0, and leave together."""
+            started_at: str, restored: Restored | None, evals: Evaluations) -> None:
+    """Gather every rank's host and memory; on rank 0 save the model and write result.json; leave together."""
     info = job.info
     clock = stats.strategy.clock if stats.strategy else None
     mine = {"host": socket.gethostname(), "peak_rss_mb": peak_rss_mb(), "tx_bytes": stats.tx_bytes,
@@ -135,6 +134,10 @@ def _finish(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict
         dist.all_gather_object(rank_info, mine)
     if info.rank == 0:
         result = build_result(job, stats, metrics, phases, saver, started_at, rank_info, restored)
+        result = save_model(job, evals, result)
+        if result.model_dir:
+            events.emit("model", path=result.model_dir, step=result.model_step, bytes=result.model_bytes,
+                        seconds=round(result.model_save_s or 0.0, 2))
         tmp = job.run_dir / "result.json.tmp"
         tmp.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
         tmp.replace(job.run_dir / "result.json")

@@ -71,7 +71,7 @@ def build_result(job: Job, stats: TrainStats, metrics: dict[str, float], phases:
         checkpoints={"folder": str(saver.folder), "written": stats.checkpoints, "s3": cfg.checkpoint_s3,
                      "keep": saver.keep} if stats.checkpoints or restored else {},
         optimizer=cfg.optimizer, fast_dropout=cfg.fast_dropout,
-        freeze_embeddings=cfg.freeze_embeddings, **_sync_fields(job, stats, rank_info, hosts),
+        freeze_embeddings=cfg.freeze_embeddings, data=job.data, **_sync_fields(job, stats, rank_info, hosts),
     )
 
 

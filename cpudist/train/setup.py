@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -16,6 +17,7 @@ from cpudist.train.data import load_task
 from cpudist.train.dist import RankInfo, init_distributed
 from cpudist.train.features import Encoded, encode, synthetic
 from cpudist.train.models import build_model, load_tokenizer
+from cpudist.train.tasks import display_labels
 from cpudist.train.threads import rank_threads
 
 CPU = read_cpu()  # read once per rank
@@ -35,6 +37,8 @@ class Job:
     bf16: bool
     run_dir: Path
     iface: str | None = None  # the network interface whose sent bytes this rank counts (one rank per node)
+    labels: tuple[str, ...] = ()  # class names in id order (empty: regression), for the saved model's id2label
+    data: dict[str, Any] = field(default_factory=dict)  # where the rows came from, for result.json and the model card
 
 
 def resolve_precision(requested: str, has_bf16: bool) -> str:
@@ -61,12 +65,16 @@ def setup(cfg: TrainConfig, info: RankInfo) -> Job:
         eval_data = synthetic(max(64, cfg.synthetic_samples // 8), cfg.max_seq_len, vocab, 2, cfg.seed + 1)
         metrics: tuple[str, ...] = ("accuracy",)
         regression = False
+        labels: tuple[str, ...] = ("0", "1")
+        data = {"source": "synthetic", "train_rows": len(train_data), "eval_rows": len(eval_data)}
     else:
         task = load_task(cfg)
         tokenizer = load_tokenizer(cfg.model, cfg.tokenizer)
         train_data = encode(task.train.head(cfg.max_train_samples), tokenizer, cfg.max_seq_len)
         eval_data = encode(task.validation.head(cfg.max_eval_samples), tokenizer, cfg.max_seq_len)
         metrics, regression = task.metrics, task.is_regression
+        labels = display_labels(task.name, task.label_names)
+        data = {**data_source(cfg), "train_rows": len(train_data), "eval_rows": len(eval_data), "labels": list(labels)}
         torch.manual_seed(cfg.seed)  # same classifier init whatever the tokenizer consumed
         model = build_model(cfg.model, task.num_labels, regression, cfg.dropout)
     if cfg.freeze_embeddings:
@@ -79,4 +87,13 @@ def setup(cfg: TrainConfig, info: RankInfo) -> Job:
     run_dir.mkdir(parents=True, exist_ok=True)
     counted = info.local_rank == 0 and info.world_size > 1
     iface = netcount.iface_toward(os.environ) if counted else None
-    return Job(cfg, info, model, train_data, eval_data, metrics, regression, bf16, run_dir, iface)
+    return Job(cfg, info, model, train_data, eval_data, metrics, regression, bf16, run_dir, iface, labels, data)
+
+
+def data_source(cfg: TrainConfig) -> dict[str, Any]:
+    """Where the task's rows were read from."""
+    if cfg.task == "custom":
+        return {"source": "files", "train": cfg.train_file, "validation": cfg.validation_file}
+    if cfg.data_dir is not None:
+        return {"source": "glue-tsv", "dir": cfg.data_dir}
+    return {"source": "hub", "dataset": "nyu-mll/glue", "config": cfg.task}

@@ -67,6 +67,21 @@ GLUE_TASKS: dict[str, GlueTask] = {
     )
 }
 
+# The class names the Hub's glue dataset gives each task's label ids (GLUE's files say 0/1): what a saved
+# model's id2label shows.
+HUB_LABEL_NAMES: dict[str, tuple[str, ...]] = {
+    "cola": ("unacceptable", "acceptable"), "sst2": ("negative", "positive"),
+    "mrpc": ("not_equivalent", "equivalent"), "qqp": ("not_duplicate", "duplicate"),
+    "mnli": ("entailment", "neutral", "contradiction"), "qnli": ("entailment", "not_entailment"),
+    "rte": ("entailment", "not_entailment"), "wnli": ("not_entailment", "entailment"),
+}
+
+
+def display_labels(task: str, labels: tuple[str, ...]) -> tuple[str, ...]:
+    """Class names in id order: the Hub's for a GLUE task, the data's own otherwise (custom data)."""
+    return HUB_LABEL_NAMES.get(task, labels)
+
+
 # Directory names used by GLUE's download script, so `--data-dir glue/` also works.
 GLUE_DIR_NAMES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "qqp": "QQP",
                   "mnli": "MNLI", "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI"}
