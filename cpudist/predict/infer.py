@@ -15,18 +15,19 @@ from cpudist.train.features import Encoded, collate, encode
 
 
 def load(model_dir: str) -> tuple[Any, Any]:
-    """The model (in eval mode) and its tokenizer from a save_pretrained folder."""
+    """The model (in eval mode) and its tokenizer from a save_pretrained folder; never the Hub."""
     import transformers
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     transformers.logging.set_verbosity_error()  # a load report and a bar per process would drown the progress
     transformers.utils.logging.disable_progress_bar()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir, use_fast=True)
-    except (OSError, ValueError) as e:
-        raise BadInput(f"no tokenizer in {model_dir} ({str(e).splitlines()[0]})",
-                       "Save the tokenizer beside the model (tokenizer.save_pretrained(folder))") from None
-    model = AutoModelForSequenceClassification.from_pretrained(model_dir)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, use_fast=True, local_files_only=True)
+        model = AutoModelForSequenceClassification.from_pretrained(model_dir, local_files_only=True)
+    except Exception as e:  # transformers and safetensors raise many kinds; each means the folder is unusable
+        said = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise BadInput(f"cannot load the model in {model_dir}: {said}",
+                       "Give a folder that save_pretrained() wrote (model and tokenizer)") from None
     return model.eval(), tokenizer
 
 

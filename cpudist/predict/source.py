@@ -11,6 +11,9 @@ from typing import Any
 from cpudist.errors import BadInput
 
 RANK_MODULE = "cpudist.rank"  # the rank program's words follow it in command.txt
+# A tokenizer's own files: without one, transformers 5 builds an empty tokenizer from config.json without a word.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model",
+                   "sentencepiece.bpe.model")
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,9 @@ def find_source(given: Path) -> Source:
     else:
         raise BadInput(f"{path} holds no model: no config.json there or in {path / 'model'}",
                        "Give a folder saved with save_pretrained() or a run folder of `cpudist run`")
+    if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
+        raise BadInput(f"no tokenizer in {model_dir} (none of {', '.join(TOKENIZER_FILES)})",
+                       "Save the tokenizer beside the model: tokenizer.save_pretrained(folder)")
     return Source(model_dir, run_dir, read_facts(run_dir) if run_dir else RunFacts(), label_names(model_dir))
 
 

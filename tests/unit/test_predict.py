@@ -32,6 +32,7 @@ def model_folder(path: Path, id2label: dict[str, str] | None = None, regression:
     else:
         config["id2label"] = id2label or {"0": "not_equivalent", "1": "equivalent"}
     (path / "config.json").write_text(json.dumps(config))
+    (path / "tokenizer_config.json").write_text("{}")
     return path
 
 
@@ -70,6 +71,7 @@ def test_facts_survive_a_command_of_another_shape(tmp_path: Path) -> None:
     (lambda p: run_folder(p, with_model=False), "has no model/", "--save-model last"),
     (lambda p: p.mkdir(), "holds no model", "save_pretrained()"),
     (lambda p: None, "not found", "run folder"),
+    (lambda p: (model_folder(p) / "tokenizer_config.json").unlink(), "no tokenizer", "tokenizer.save_pretrained"),
 ])
 def test_no_model_is_one_bad_input_saying_how_to_get_one(tmp_path: Path, make: object, says: str,
                                                           hint: str) -> None:

@@ -21,16 +21,16 @@ from cpudist.train.metrics import compute_metrics
 from cpudist.train.models import build_model, load_tokenizer
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> tuple[Path, Any, Any]:
-    """A random-init `tiny` classifier saved as save_pretrained writes it, with its tokenizer.
+def save_tiny(folder: Path, shared_data: Path, labels: tuple[str, ...] = ("not_equivalent", "equivalent")) -> Any:
+    """A random-init `tiny` classifier saved as save_pretrained writes it, with its tokenizer; the model.
 
     Its bias is set so that it calls half of MRPC's dev rows each way: a random head calls them all one way, and a
     metric of constant predictions would not notice rows scored out of order.
     """
-    folder = tmp_path_factory.mktemp("tiny")
     torch.manual_seed(3)
     model = build_model("tiny", 2, False, None).eval()
+    model.config.id2label = dict(enumerate(labels))
+    model.config.label2id = {name: i for i, name in enumerate(labels)}
     tokenizer = load_tokenizer("tiny", None)
     dev = load_glue_tsv("mrpc", shared_data / "glue" / "MRPC").validation
     with torch.inference_mode():
@@ -39,7 +39,13 @@ def tiny(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> tuple[P
         model.classifier.bias[1] -= (logits[:, 1] - logits[:, 0]).median()
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    return folder, model, tokenizer
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> tuple[Path, Any, Any]:
+    folder = tmp_path_factory.mktemp("tiny")
+    return folder, save_tiny(folder, shared_data), load_tokenizer("tiny", None)
 
 
 class Recorder(torch.nn.Module):
