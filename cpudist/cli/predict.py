@@ -61,12 +61,14 @@ def summary(p: Plan, done: Outcome) -> str:
               help="Tokens per row, truncated [default: the run's, else 128].")
 @click.option("--batch-size", type=click.IntRange(min=1),
               help="Rows per batch [default: the run's eval batch, else 64].")
+@click.option("--max-rows", type=click.IntRange(min=1),
+              help="Only the first N rows [default: all; for --split dev of a run, the rows it scored].")
 @click.option("--np", "np_", type=click.IntRange(min=1), default=1, show_default=True,
               help="Processes on this machine, each with its share of the rows and of the cores.")
 @click.option("--dry-run", is_flag=True, help="Say what would be read and written, and how; load no model.")
 def predict(model_or_run: Path, file: Path | None, text_columns: str | None, split: str | None, task: str | None,
             data_dir: Path | None, output: str | None, fmt: str | None, precision: str | None,
-            max_seq_len: int | None, batch_size: int | None, np_: int, dry_run: bool) -> None:
+            max_seq_len: int | None, batch_size: int | None, max_rows: int | None, np_: int, dry_run: bool) -> None:
     """Predict with a trained model (a save_pretrained folder, or a run folder with model/).
 
     Examples: cpudist predict runs/RUN --file reviews.csv --text-columns text -o predictions.jsonl;
@@ -76,7 +78,7 @@ def predict(model_or_run: Path, file: Path | None, text_columns: str | None, spl
 
     columns = tuple(c.strip() for c in (text_columns or "").split(",") if c.strip())
     request = PredictRequest(model_or_run, file, normalize_task(task) if task else None, split, data_dir, columns,
-                             output, fmt, precision, max_seq_len, batch_size, np_)
+                             output, fmt, precision, max_seq_len, batch_size, np_, max_rows)
     p = plan(request)
     if dry_run:
         click.echo(describe(p), nl=False)

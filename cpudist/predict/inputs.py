@@ -32,6 +32,13 @@ class Inputs:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def head(self, n: int | None) -> Inputs:
+        """The first n rows (all when n is None)."""
+        if n is None or n >= len(self):
+            return self
+        labels = self.labels[:n] if self.labels is not None else None
+        return Inputs(self.path, tuple(c[:n] for c in self.texts), self.ids[:n], labels, self.metrics, self.task)
+
 
 def read_file(path: Path, text_columns: Sequence[str]) -> Inputs:
     """A csv, tsv, `;`-separated txt, json or jsonl file: the named text columns of every row."""

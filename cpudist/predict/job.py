@@ -42,6 +42,7 @@ class PredictRequest:
     max_seq_len: int | None = None
     batch_size: int | None = None
     np: int = 1
+    max_rows: int | None = None  # the first N rows only; for the dev split of a run, the run's --max-eval-samples
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,10 @@ def _inputs(req: PredictRequest, source: Source) -> Inputs:
     if task is None or data_dir is None:
         raise BadInput(f"--split {req.split} needs the task and its data folder",
                        "Pass --task (e.g. mrpc) and --data-dir (GLUE's task folder)")
-    return read_split(task, req.split or "", data_dir)
+    rows = read_split(task, req.split or "", data_dir)
+    if req.max_rows is None and req.split == "dev" and task == facts.task:
+        return rows.head(facts.max_eval_samples)  # the rows the run scored
+    return rows
 
 
 def _output(req: PredictRequest, source: Source, inputs: Inputs) -> Path | None:
@@ -117,7 +121,7 @@ def plan(req: PredictRequest) -> Plan:
     if req.np < 1:
         raise BadInput(f"--np {req.np}", "Use 1 or more processes")
     source = find_source(req.model_or_run)
-    inputs = _inputs(req, source)
+    inputs = _inputs(req, source).head(req.max_rows)
     if inputs.task is not None and GLUE_TASKS[inputs.task].num_labels != len(source.label_names or (0,)):
         raise BadInput(f"{source.model_dir} has {len(source.label_names) or 1} output(s); {inputs.task} has "
                        f"{GLUE_TASKS[inputs.task].num_labels}", "Give a model trained on that task")

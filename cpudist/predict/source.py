@@ -26,6 +26,7 @@ class RunFacts:
     precision: str | None = None  # fp32 | bf16: what the run computed in (result.json)
     max_seq_len: int | None = None
     eval_batch_size: int | None = None
+    max_eval_samples: int | None = None  # the run scored the first N dev rows
     world_size: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)
 
@@ -125,6 +126,7 @@ def read_facts(run_dir: Path) -> RunFacts:
         precision=result.get("precision"),
         max_seq_len=result.get("max_seq_len") or (cfg.max_seq_len if cfg else None),
         eval_batch_size=cfg.eval_batch_size if cfg else None,
+        max_eval_samples=cfg.max_eval_samples if cfg else None,
         world_size=result.get("world_size"),
         metrics=dict(result.get("metrics") or {}),
     )

@@ -20,7 +20,7 @@ from tests.unit.test_cli_front_door import _imported_after
 
 COMMAND = ("/usr/bin/mpiexec.hydra -np 2 -ppn 2 -genv OMP_NUM_THREADS 1 /usr/bin/python3.11 -m cpudist.rank "
            "--task=mrpc --output-dir=/x/run --model=tiny --data-dir=/data/glue/MRPC --max-seq-len=96 "
-           "--eval-batch-size=32 --max-steps=3\n")
+           "--eval-batch-size=32 --max-eval-samples=100 --max-steps=3\n")
 
 
 def model_folder(path: Path, id2label: dict[str, str] | None = None, regression: bool = False) -> Path:
@@ -169,7 +169,8 @@ def test_the_plan_takes_the_runs_precision_lengths_and_batches_and_the_option_wi
     assert "1725 from" in text and "bf16 (the run's result.json)" in text and "predict_results_mrpc.txt" in text
     p = plan(PredictRequest(run, split="dev", precision="fp32", batch_size=8, output="-"))
     assert (p.settings.precision, p.settings.batch_size, p.output, p.fmt) == ("fp32", 8, None, "glue")
-    assert p.inputs.labels is not None
+    assert p.inputs.labels is not None and len(p.inputs.labels) == len(p.inputs) == 100  # the rows the run scored
+    assert len(plan(PredictRequest(run, split="dev", max_rows=7)).inputs.texts[1]) == 7
     bare = model_folder(tmp_path / "bare")
     (tmp_path / "rows.csv").write_text("text\nhello\n")
     p = plan(PredictRequest(bare, file=tmp_path / "rows.csv"))
