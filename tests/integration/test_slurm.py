@@ -76,6 +76,9 @@ def test_sbatch_on_two_nodes(slurm: SlurmCluster, shared_data: Path, tmp_path: P
     script = (tmp_path / "run" / "job.sbatch").read_text()
     assert "#SBATCH --nodes=2" in script and "export CPUDIST_THREADS=auto" in script and "exec srun " in script
     assert (tmp_path / "run" / "command.txt").read_text().startswith("sbatch --parsable ")
+    model = tmp_path / "run" / "model"  # rank 0 saved it from its node into the run folder the nodes share
+    assert result["model_dir"] == str(model.resolve()) and (model / "model.safetensors").is_file()
+    assert "launched with slurm" in (model / "README.md").read_text()  # the login side's record wrote the card again
     ledger = Path(os.environ["CPUDIST_HOME"]) / "results.jsonl"
     assert json.loads(ledger.read_text().splitlines()[-1])["slurm_job_id"] == result["slurm_job_id"]
     assert slurm.jobs() == [] and ranks_left(slurm) == []
