@@ -13,14 +13,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import secrets
+import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from cpudist import state
+from cpudist.errors import CpudistError
 from cpudist.train import checkpoint_meta as ckpt
 from cpudist.train.config import TrainConfig
+from cpudist.train.durable import runs_in
 from cpudist.train.resume import checkpoint_folder
 
 RUN_FILE = "run.json"
@@ -99,7 +102,8 @@ def mark(out: Path, run_state: str, metrics: dict[str, float] | None = None, mes
 
 def assign(cfg: TrainConfig) -> TrainConfig:
     """The config with the run's id: a fresh id for a new run; a resume keeps the id of the run it continues
-    (the checkpoint's, else the run folder's run.json); an id already given (a recovery's next part) stays."""
+    (the checkpoint's, else the run folder's run.json, else the newest matching run in the --checkpoint-s3
+    location); an id already given (a recovery's next part) stays."""
     if cfg.run_id:
         return cfg
     found = _continued(cfg) if cfg.resume is not None else None
@@ -120,4 +124,25 @@ def _continued(cfg: TrainConfig) -> str | None:
         if ckpt.owner(path):
             return ckpt.owner(path)
     info = read_run(out)
-    return info.id if info is not None and cfg.resume == "auto" else None
+    if info is not None and cfg.resume == "auto":
+        return info.id
+    return _from_copy(cfg) if cfg.resume == "auto" and cfg.checkpoint_s3 else None
+
+
+def _from_copy(cfg: TrainConfig) -> str | None:
+    """The run folder is gone (the head's disk with it): the newest run in the --checkpoint-s3 location whose
+    checkpoints this config can continue (same task, model, data and seed)."""
+    from cpudist.cloud.aws.objects import S3Objects  # boto3: only on this path
+
+    store = S3Objects(cfg.checkpoint_s3 or "")
+    mine = dataclasses.asdict(cfg)
+    for run_id, names in sorted(runs_in(store).items(), reverse=True):  # ids sort by start time
+        with tempfile.TemporaryDirectory() as tmp:
+            store.get(f"{run_id}/{names[-1]}/{ckpt.META}", Path(tmp) / ckpt.META)
+            try:
+                meta = ckpt.read_meta(Path(tmp))
+            except (OSError, ValueError, CpudistError):
+                continue
+        if all(meta.config.get(k) == mine.get(k) for k in ckpt.SAME_RUN):
+            return run_id
+    return None

@@ -166,6 +166,16 @@ class Mirror:
             raise MirrorError(f"cannot {doing}: {e.what}", e.hint, e.code) from e
 
 
+def runs_in(store: ObjectStore) -> dict[str, list[str]]:
+    """Run id -> its complete checkpoints (oldest first), for every run keeping copies at the store's location."""
+    found: dict[str, list[str]] = {}
+    for key in store.keys(""):
+        parts = key.split("/")
+        if len(parts) == 3 and parts[2] == COMPLETE and step_of(parts[1]) is not None and step_of(parts[0]) is None:
+            found.setdefault(parts[0], []).append(parts[1])
+    return {run: sorted(names, key=lambda n: step_of(n) or 0) for run, names in found.items()}
+
+
 class _Under:
     """A store seen from one of its folders: keys relative to `base` (a run's own part of a location)."""
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from cpudist.cloud.aws.objects import S3Objects, parse_s3_url
 from cpudist.errors import BadInput, CpudistError
 from cpudist.train.checkpoint_meta import COMPLETE
-from cpudist.train.durable import Mirror, MirrorError
+from cpudist.train.durable import Mirror, MirrorError, runs_in
 from tests.harness.s3 import FAKE_CREDENTIALS, S3Server
 
 
@@ -221,6 +221,8 @@ def test_runs_sharing_a_location_keep_their_own_checkpoints(s3: Any, bucket: str
     assert second.url == f"s3://{bucket}/runs/mrpc/20261126-100000-bbbbbb"
     assert second.complete() == ["step-000001"] and first.complete() == ["step-000004", "step-000006"]
     assert {k.split("/")[2] for k in keys(s3, bucket)} == {"20261126-090000-aaaaaa", "20261126-100000-bbbbbb"}
+    assert runs_in(S3Objects(f"s3://{bucket}/runs/mrpc")) == {"20261126-090000-aaaaaa": ["step-000004", "step-000006"],
+                                                              "20261126-100000-bbbbbb": ["step-000001"]}
 
 
 def test_prune_after_a_resume_keeps_the_upload_and_sets_the_old_timeline_aside(s3: Any, bucket: str,

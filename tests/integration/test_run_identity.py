@@ -95,13 +95,14 @@ def test_a_reused_s3_prefix_keeps_the_new_runs_uploads_and_resumes_it(shared_dat
     assert f"runs/mrpc/{second_id}/step-{step:06d}/COMPLETE" in listed, sorted(listed)  # pruned at once on HEAD
     assert {f"runs/mrpc/{first_id}/step-{s:06d}/COMPLETE" for s in (15, 20)} <= listed
 
-    shutil.rmtree(out / "checkpoints")  # the head node went, and its disk with it
+    shutil.rmtree(out)  # the head node went, and its disk with it: run.json too, so the S3 copy says which run
     resumed = cpudist("run", *base, "--np", "2", "--output-dir", out, "--lr", "5e-3", "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr
     assert f"fetched step-{step:06d} from {prefix}" in resumed.stderr
     result = json.loads((out / "result.json").read_text())
     assert result["run_id"] == second_id and result["resumed_from_step"] == step
-    assert [s["step"] for s in steps(out)] == list(range(1, 21))
+    assert [s["step"] for s in steps(out)] == list(range(step + 1, 21))
+    assert run_json(out)["id"] == second_id
     after = {o["Key"] for o in s3.list_objects_v2(Bucket="ckpt", Prefix=f"runs/mrpc/{first_id}/").get("Contents", [])}
     assert after == {k for k in listed if k.startswith(f"runs/mrpc/{first_id}/")}  # the first run's copy untouched
 
