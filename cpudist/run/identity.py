@@ -113,13 +113,15 @@ def assign(cfg: TrainConfig) -> TrainConfig:
 def _continued(cfg: TrainConfig) -> str | None:
     """The id of the run a --resume continues, where this machine can see it."""
     out = Path(cfg.output_dir)
+    folder = checkpoint_folder(cfg, out)
     if cfg.resume == "auto":
-        newest = ckpt.complete_checkpoints(checkpoint_folder(cfg, out))
-        candidates = newest[:1]
+        candidates = ckpt.complete_checkpoints(folder)[:1]
     else:
         given = Path(cfg.resume or "").expanduser()
         candidates = [given] if ckpt.step_of(given.name) is not None else (
             ckpt.complete_checkpoints(given / "checkpoints") or ckpt.complete_checkpoints(given))[:1]
+        # A checkpoint of another folder starts a run of its own (a branch); one of this folder goes on with it.
+        candidates = [p for p in candidates if p.parent.resolve() == folder.resolve()]
     for path in candidates:
         if ckpt.owner(path):
             return ckpt.owner(path)

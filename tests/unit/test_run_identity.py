@@ -97,8 +97,10 @@ def test_a_fresh_run_into_another_runs_checkpoints_is_refused_in_one_line(tmp_pa
 def test_a_resume_keeps_the_id_of_the_run_it_continues(tmp_path: Path) -> None:
     write(tmp_path / "checkpoints", 6, "20261126-090000-aaaaaa")
     assert identity.assign(cfg_of(tmp_path, resume="auto")).run_id == "20261126-090000-aaaaaa"
-    explicit = cfg_of(tmp_path / "other", resume=str(tmp_path / "checkpoints" / "step-000006"))
-    assert identity.assign(explicit).run_id == "20261126-090000-aaaaaa"
+    older = cfg_of(tmp_path, resume=str(tmp_path / "checkpoints" / "step-000006"))  # on purpose, in its folder
+    assert identity.assign(older).run_id == "20261126-090000-aaaaaa"
+    branch = cfg_of(tmp_path / "other", resume=str(tmp_path / "checkpoints" / "step-000006"))
+    assert identity.assign(branch).run_id not in ("", "20261126-090000-aaaaaa")  # another folder: a run of its own
     fresh = identity.assign(cfg_of(tmp_path))
     assert fresh.run_id != "20261126-090000-aaaaaa" and re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{6}", fresh.run_id)
     assert identity.assign(cfg_of(tmp_path, run_id="given", resume="auto")).run_id == "given"  # a recovery's part
