@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from cpudist.cloud.aws import network
-from cpudist.cloud.aws.instances import Node
 from cpudist.cloud.aws.pricing import Price, hourly_price
+from cpudist.cloud.provider import Node
 from cpudist.cloud.record import ClusterRecord
 from cpudist.errors import CpudistError
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from cpudist import state
 from cpudist.cloud.aws import images, instances, network
+from cpudist.cloud.aws.provider import Ec2
 from cpudist.cloud.cluster import Say
 from cpudist.interrupts import shielded
 
@@ -24,7 +25,7 @@ def down(ec2: Any, name: str, keep_image: bool, say: Say) -> dict[str, Any]:
     removed = inventory(ec2, name)
     say(f"terminating {len(removed['instances'])} instance(s)")
     with shielded(lambda: say("finishing the removal first; it stops by itself")):
-        instances.terminate(ec2, removed["instances"])
+        Ec2(ec2).terminate(removed["instances"])
         network.delete_security_group(ec2, name)
         network.delete_placement_group(ec2, name)
         network.delete_key_pair(ec2, network.resource_name(name))

@@ -21,6 +21,7 @@ from cpudist import state
 from cpudist.cloud.access import NodeAccess, address
 from cpudist.cloud.aws import images, instances, network
 from cpudist.cloud.aws.client import call
+from cpudist.cloud.aws.provider import Ec2
 from cpudist.errors import CpudistError
 from cpudist.interrupts import shielded, signals_interrupt
 
@@ -78,7 +79,7 @@ def _upload(node: str, spec: BakeSpec, key: Path, wheel: Path, known: Path, ssh:
 
 def _cleanup(ec2: Any, owner: str, run_id: str, name: str, keep_image: bool) -> None:
     made = instances.of_run(ec2, run_id)
-    instances.terminate(ec2, [n.instance_id for n in made])
+    Ec2(ec2).terminate([n.instance_id for n in made])
     if not keep_image:
         images.delete_images(ec2, owner, run_id)
     network.delete_security_group(ec2, owner, run_id)
@@ -101,20 +102,20 @@ def bake(ec2: Any, spec: BakeSpec, wheel: Path, ssh: NodeAccess, say: Say) -> st
                                                script, key.name, group, run_id)
             say(f"builder {builder.instance_id} is booting from {spec.base_image}; uploading {wheel.name} when it "
                 "answers SSH")
-            builder = instances.wait_state(ec2, [builder.instance_id], "running", spec.timeout_s)[0]
+            builder = Ec2(ec2).wait([builder.instance_id], "running", spec.timeout_s)[0]
             reach = address(builder.private_ip, builder.public_ip, spec.connect, f"builder {builder.instance_id}",
                             "Use a subnet that assigns public addresses, or --connect private")
             ssh.wait_banner(reach, 22, spec.timeout_s)
             _upload(reach, spec, key.private_key, wheel, folder / "known_hosts", ssh)
             say("wheel uploaded; the builder powers off when its bootstrap ends")
-            instances.wait_state(ec2, [builder.instance_id], "stopped", spec.timeout_s)
+            Ec2(ec2).wait([builder.instance_id], "stopped", spec.timeout_s)
             ok, step = bootstrap_result(instances.console_output(ec2, builder.instance_id))
             if not ok:
                 raise CpudistError(f"the image bootstrap failed at step {step or 'unknown (no result on the console)'}",
                                    f"See ami/README.md for what step {step} does; fix it and re-run "
                                    "`cpudist ami build`")
-            made = images.create_image(ec2, builder.instance_id, owner, spec.name, run_id,
-                                       version=cpudist.__version__, image="base")
+            made = Ec2(ec2).image(builder.instance_id, owner, spec.name, run_id, version=cpudist.__version__,
+                                  image="base")
             signals.check()  # a Ctrl-C swallowed on the way removes the image too
             image = made
     finally:

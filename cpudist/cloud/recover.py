@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from cpudist.cloud.access import NodeAccess
-from cpudist.cloud.aws import instances
+from cpudist.cloud.aws.provider import Ec2
 from cpudist.cloud.cluster import Say, price_of, spec_of
 from cpudist.cloud.record import ClusterRecord
 from cpudist.cloud.up import up
@@ -19,8 +19,7 @@ def recover(ec2: Any, record: ClusterRecord, wait_gone_s: float, ssh: NodeAccess
     ids = [n.instance_id for n in record.nodes]
 
     def gone() -> list[str] | None:
-        left = {n.instance_id for n in instances.describe(ec2, [{"Name": "instance-id", "Values": ids}])
-                if n.state == "running"}
+        left = {n.instance_id for n in Ec2(ec2).describe(ids) if n.state == "running"}
         lost = [i for i in ids if i not in left]
         return lost or None
 

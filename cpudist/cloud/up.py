@@ -17,9 +17,10 @@ from cpudist import state
 from cpudist.cloud.access import NodeAccess, address
 from cpudist.cloud.aws import images, instances, network
 from cpudist.cloud.aws.errors import AwsError
-from cpudist.cloud.aws.instances import LaunchSpec, Node
 from cpudist.cloud.aws.pricing import Price, on_demand_price
+from cpudist.cloud.aws.provider import Ec2
 from cpudist.cloud.cluster import ClusterSpec, Say
+from cpudist.cloud.provider import LaunchSpec, Node, Provider
 from cpudist.cloud.record import ClusterRecord, NodeRecord, load_record, save_record
 from cpudist.errors import BadInput, CpudistError
 from cpudist.hostfile import Host, render_hostfile
@@ -34,16 +35,17 @@ UNCERTAIN = frozenset({"InternalError", "InternalFailure", "ServiceUnavailable",
 
 @dataclasses.dataclass
 class _Run:
-    """One `cluster up`: its tag value, the SSH it uses, and whether a launch call may be in flight."""
+    """One `cluster up`: its tag value, the provider and SSH it uses, and whether a launch may be in flight."""
 
     id: str
+    cloud: Provider
     ssh: NodeAccess
     launching: bool = False  # interrupted mid-RunInstances: its instances can show up after we stop waiting
 
-    def launch(self, ec2: Any, spec: LaunchSpec, indices: list[int]) -> list[Node]:
+    def launch(self, spec: LaunchSpec, indices: list[int]) -> list[Node]:
         self.launching = True
         try:
-            nodes = instances.launch_nodes(ec2, spec, indices)
+            nodes = self.cloud.launch(spec, indices)
         except AwsError as e:
             if e.code not in UNCERTAIN:
                 self.launching = False  # a refusal: AWS made nothing, so there is nothing to wait for
@@ -72,7 +74,7 @@ def _rollback(ec2: Any, spec: ClusterSpec, run: _Run, say: Say) -> None:
                               LAUNCH_IN_FLIGHT_S, 1.0)
         except CpudistError:
             made = []  # the call never reached AWS
-    instances.terminate(ec2, [n.instance_id for n in made])
+    run.cloud.terminate([n.instance_id for n in made])
     images.delete_images(ec2, spec.name, run_id)
     network.delete_placement_group(ec2, spec.name, run_id)
     network.delete_security_group(ec2, spec.name, run_id)
@@ -92,27 +94,26 @@ def _configure_first(node_addr: str, spec: ClusterSpec, key: Path, run: _Run, sa
         remote.check("bash -s", stdin=spec.setup_script.read_bytes(), timeout=3600)
 
 
-def _launch(ec2: Any, spec: ClusterSpec, run: _Run, launch: LaunchSpec, missing: list[int], key: Path,
-            say: Say) -> list[Node]:
+def _launch(spec: ClusterSpec, run: _Run, launch: LaunchSpec, missing: list[int], key: Path, say: Say) -> list[Node]:
     """Launch the missing nodes: in one call, or node 0 first to image it (--clone-from-first)."""
     if not spec.clone_from_first or 0 not in missing:
-        nodes = run.launch(ec2, launch, missing)
+        nodes = run.launch(launch, missing)
         say(f"launched node(s) {', '.join(str(n.index) for n in nodes)}: "
             + ", ".join(f"{n.instance_id} ({n.lifecycle})" for n in nodes))
         return nodes
-    first = run.launch(ec2, launch, [0])[0]
+    first = run.launch(launch, [0])[0]
     say(f"launched node 0: {first.instance_id} ({first.lifecycle}); configuring it to clone the rest")
-    first = instances.wait_state(ec2, [first.instance_id], "running", spec.boot_timeout_s)[0]
+    first = run.cloud.wait([first.instance_id], "running", spec.boot_timeout_s)[0]
     if spec.ssh or spec.setup_script:  # --no-ssh without a setup script images node 0 as it booted
         run.ssh.wait_banner(_reach(first, spec), spec.ssh_port, spec.boot_timeout_s)
         _configure_first(_reach(first, spec), spec, key, run, say)
-    image = images.create_image(ec2, first.instance_id, spec.name, f"cpudist-{spec.name}-node0", launch.run_id)
+    image = run.cloud.image(first.instance_id, spec.name, f"cpudist-{spec.name}-node0", launch.run_id)
     say(f"imaged node 0 as {image}")
-    rest = run.launch(ec2, dataclasses.replace(launch, image_id=image), [i for i in missing if i])
+    rest = run.launch(dataclasses.replace(launch, image_id=image), [i for i in missing if i])
     return [first, *rest]
 
 
-def _existing(ec2: Any, spec: ClusterSpec, group_id: str, say: Say) -> list[Node]:
+def _existing(ec2: Any, spec: ClusterSpec, run: _Run, group_id: str, say: Say) -> list[Node]:
     """The cluster's live nodes, stopped ones started again; more than asked for is an error."""
     foreign = instances.foreign_in_group(ec2, spec.name, group_id)
     if foreign:
@@ -123,7 +124,7 @@ def _existing(ec2: Any, spec: ClusterSpec, group_id: str, say: Say) -> list[Node
         raise CpudistError(f"cluster {spec.name} has {len(nodes)} nodes, not {spec.nodes}",
                            f"Pass --nodes {len(nodes)}, or `cpudist cluster down --name {spec.name}` first")
     stopping = [n.instance_id for n in nodes if n.state == "stopping"]
-    instances.wait_state(ec2, stopping, "stopped", spec.boot_timeout_s)
+    run.cloud.wait(stopping, "stopped", spec.boot_timeout_s)
     stopped = [n.instance_id for n in nodes if n.state in ("stopped", "stopping")]
     if stopped:
         say(f"starting stopped node(s): {', '.join(stopped)}")
@@ -167,7 +168,7 @@ def _converge(ec2: Any, spec: ClusterSpec, price: Price, run: _Run, say: Say) ->
     key, _ = network.ensure_key_pair(ec2, spec.name, folder, spec.key_name, spec.identity, run_id, run.ssh.new_key)
     group_id, _ = network.ensure_security_group(ec2, spec.name, subnet.vpc_id, spec.ssh_cidr, run_id)
     placement = network.ensure_placement_group(ec2, spec.name, run_id)[0] if spec.placement_group else None
-    nodes = _existing(ec2, spec, group_id, say)
+    nodes = _existing(ec2, spec, run, group_id, say)
     fresh: set[str] = set()
     missing = sorted(set(range(spec.nodes)) - {n.index for n in nodes})
     if missing:
@@ -178,13 +179,13 @@ def _converge(ec2: Any, spec: ClusterSpec, price: Price, run: _Run, say: Say) ->
             raise BadInput("no image given", "Pass --image AMI_ID (e.g. from `cpudist ami build`)")
         launch = LaunchSpec(spec.name, spec.image, spec.instance_type, key.name, group_id, subnet.subnet_id,
                             placement, spec.spot, spec.max_price, spec.on_demand_fallback, run_id=run_id)
-        launched = _launch(ec2, spec, run, launch, missing, key.private_key, say)
+        launched = _launch(spec, run, launch, missing, key.private_key, say)
         nodes += launched
         fresh = {n.instance_id for n in launched}
     else:
         say(f"cluster {spec.name} already has its {len(nodes)} nodes")
     by_index = {n.instance_id: n.index for n in nodes}
-    nodes = instances.wait_state(ec2, list(by_index), "running", spec.boot_timeout_s)
+    nodes = run.cloud.wait(list(by_index), "running", spec.boot_timeout_s)
     nodes = sorted((dataclasses.replace(n, index=by_index[n.instance_id]) for n in nodes), key=lambda n: n.index)
     # A new machine behind an address used before (a replaced node): its old key is stale.
     run.ssh.forget(folder / "known_hosts",
@@ -199,7 +200,7 @@ def up(ec2: Any, spec: ClusterSpec, price: Price, ssh: NodeAccess, say: Say) -> 
 
     SIGTERM and SIGHUP count as Ctrl-C; a second Ctrl-C while the rollback runs does not stop it.
     """
-    run = _Run(uuid.uuid4().hex[:12], ssh)
+    run = _Run(uuid.uuid4().hex[:12], Ec2(ec2), ssh)
     try:
         with signals_interrupt() as signals:
             record = _converge(ec2, spec, price, run, say)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any
 
 from cpudist.cloud.aws.client import CHECK_AWS, NOT_YET_VISIBLE, call
 from cpudist.cloud.aws.errors import AwsError
 from cpudist.cloud.aws.tags import CLUSTER_TAG, NODE_TAG, ROLE_TAG, cluster_filter, run_filter, tag_spec, tag_value
+from cpudist.cloud.provider import LaunchSpec, Node
 from cpudist.errors import CpudistError
 from cpudist.waits import wait_until
 
@@ -16,42 +16,6 @@ LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 # Spot capacity or price refusals, where an on-demand instance may still be had.
 SPOT_REFUSALS = frozenset({"InsufficientInstanceCapacity", "SpotMaxPriceTooLow", "MaxSpotInstanceCountExceeded",
                            "InsufficientCapacity"})
-
-
-@dataclass(frozen=True)
-class Node:
-    """One instance of a cluster."""
-
-    instance_id: str
-    index: int
-    role: str
-    state: str
-    private_ip: str | None
-    public_ip: str | None
-    lifecycle: str  # spot | on-demand
-    launch_time: str
-    image_id: str
-    instance_type: str
-    security_groups: tuple[str, ...]
-    cluster: str | None = None
-
-
-@dataclass(frozen=True)
-class LaunchSpec:
-    """What every node of a cluster is launched with."""
-
-    cluster: str
-    image_id: str
-    instance_type: str
-    key_name: str
-    security_group: str
-    subnet_id: str
-    placement_group: str | None
-    spot: bool
-    max_price: str | None
-    on_demand_fallback: bool
-    user_data: str | None = None
-    run_id: str = ""
 
 
 def to_node(inst: dict[str, Any]) -> Node:
