@@ -20,6 +20,7 @@ from cpudist.launch.mpi import Hydra, OpenMPI
 from cpudist.launch.slurm import JobInfo
 from cpudist.launch.spec import LAUNCHERS, Launch, RunSpec, check_layout, rank_env
 from cpudist.launch.torchrun import Torchrun
+from cpudist.launch.watch import NodeWatch
 
 
 class Kind(Protocol):
@@ -62,13 +63,14 @@ class Ended:
     slurm: JobInfo | None = None
 
 
-def execute(launch: Launch, out: Path, streams: Streams, timeout_s: float | None) -> Ended:
-    """Run a launch of any shape to its end."""
+def execute(launch: Launch, out: Path, streams: Streams, timeout_s: float | None,
+            watch: NodeWatch | None = None) -> Ended:
+    """Run a launch of any shape to its end; `watch` (not for Slurm's) stops it when a node is lost."""
     if launch.script is not None:
         followed = slurm_job.submit_and_follow(launch, out, streams.on_event, streams.on_line, streams.say, timeout_s)
         code = 0 if followed.info.state == "COMPLETED" else 1
         return Ended(runner.Outcome(code, followed.timed_out, followed.last_lines), "launcher", followed.info)
     if launch.per_host:
         return Ended(runner.execute_hosts(launch, os.environ, streams.on_event, streams.on_line, timeout_s,
-                                          streams.to_log), "torchrun")
-    return Ended(runner.execute(launch, os.environ, streams.on_event, streams.on_line, timeout_s), "launcher")
+                                          streams.to_log, watch), "torchrun")
+    return Ended(runner.execute(launch, os.environ, streams.on_event, streams.on_line, timeout_s, watch), "launcher")

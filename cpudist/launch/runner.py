@@ -16,6 +16,7 @@ from typing import Any
 
 from cpudist.errors import JobFailed
 from cpudist.launch.spec import Launch
+from cpudist.launch.watch import NodeWatch
 from cpudist.train import events
 
 GRACE_S = 10.0  # between SIGTERM and SIGKILL of the launcher's process group
@@ -60,11 +61,14 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 
 
 def execute(launch: Launch, base_env: Mapping[str, str], on_event: Callable[[dict[str, Any]], None],
-            on_line: Callable[[str], None], timeout_s: float | None = None) -> Outcome:
-    """Run the launch to the end, passing events and other output lines to the callbacks."""
+            on_line: Callable[[str], None], timeout_s: float | None = None, watch: NodeWatch | None = None) -> Outcome:
+    """Run the launch to the end, passing events and other output lines to the callbacks; a node that `watch`
+    finds lost stops it (its `lost` says which)."""
     proc = subprocess.Popen(list(launch.argv), env={**base_env, **launch.rank_env},
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
+    if watch is not None:
+        watch.start(lambda: _stop(proc))
     expired = threading.Event()
 
     def on_timeout() -> None:
@@ -93,6 +97,8 @@ def execute(launch: Launch, base_env: Mapping[str, str], on_event: Callable[[dic
     finally:
         if timer:
             timer.cancel()
+        if watch is not None:
+            watch.close()
         if proc.poll() is None:  # any other way out of the loop must not orphan the ranks
             _stop(proc)
     return Outcome(proc.returncode, expired.is_set(), tuple(tail))
@@ -140,13 +146,15 @@ class _Hosts:
 
 def execute_hosts(launch: Launch, base_env: Mapping[str, str], on_event: Callable[[dict[str, Any]], None],
                   on_line: Callable[[str], None], timeout_s: float | None = None,
-                  on_late_line: Callable[[str], None] | None = None) -> Outcome:
+                  on_late_line: Callable[[str], None] | None = None, watch: NodeWatch | None = None) -> Outcome:
     """Run one launcher per host, lines prefixed `[host]`; the first to fail (or Ctrl-C) stops the rest.
 
     What the other hosts print while they stop (torchrun's tracebacks of its SIGTERM) goes to `on_late_line`
     (the run's log) rather than `on_line`, so the failure stays in view.
     """
     hosts = _Hosts(launch, base_env)
+    if watch is not None:
+        watch.start(hosts.stop)
     running, tail = set(hosts.procs), list[str]()
     failed: tuple[str, int] | None = None
     deadline = time.monotonic() + timeout_s if timeout_s else None
@@ -182,6 +190,8 @@ def execute_hosts(launch: Launch, base_env: Mapping[str, str], on_event: Callabl
                 interrupted = True
                 hosts.stop()
     finally:
+        if watch is not None:
+            watch.close()
         for proc in hosts.procs.values():
             if proc.poll() is None:  # any other way out must not leave a host's agent running
                 _stop(proc)

@@ -11,7 +11,8 @@ from typing import Any
 
 from cpudist.launch import kinds
 from cpudist.launch.spec import Launch, RunSpec
-from cpudist.run.outcome import check, fetch_from_rank0
+from cpudist.launch.watch import lost_error, node_watch
+from cpudist.run.outcome import check, fetch_from_rank0, read_stop
 from cpudist.run.request import Callbacks
 from cpudist.train.preempt import MARKER
 
@@ -38,7 +39,15 @@ def execute(spec: RunSpec, launch: Launch, cb: Callbacks, timeout_s: float | Non
             to_log(line)
             cb.on_line(line)
 
-        ended = kinds.execute(launch, out, kinds.Streams(cb.on_event, on_line, to_log, cb.on_line), timeout_s)
+        watch = None if launch.script is not None else node_watch(spec)
+        ended = kinds.execute(launch, out, kinds.Streams(cb.on_event, on_line, to_log, cb.on_line), timeout_s,
+                              watch)
+    if watch is not None and ended.outcome.returncode != 0 and read_stop(out) is None:
+        # A lost node is the cause whatever the launcher said (it may have seen its ssh end first); a stop after a
+        # checkpoint stays a stop (resumable, --on-preemption resume), whatever happened to a node since.
+        lost = watch.lost or watch.check_now()
+        if lost is not None:
+            raise lost_error(lost)
     if ended.slurm is not None:
         known["slurm_job_id"] = ended.slurm.job_id
     check(ended.outcome, out, timeout_s, ended.what, ended.slurm)

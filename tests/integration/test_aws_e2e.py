@@ -221,10 +221,6 @@ def test_a_reclaimed_spot_node_is_replaced_and_the_run_resumes(world: World, clo
 NOTICE_NODE_LOSS_S = 60  # #23 asks for 30 s; twice that for a busy CI machine
 
 
-@pytest.mark.xfail(strict=True, raises=subprocess.TimeoutExpired,
-                   reason="#23: a vanished node hangs the run: the surviving ranks wait in gloo for --dist-timeout "
-                          "(300 s), then mpiexec.hydra waits forever for the dead node's proxy (its ssh and control "
-                          "connection are silent); nothing on the run path watches the nodes")
 def test_a_node_that_vanishes_mid_run_fails_the_run_naming_it(world: World, cloud: dict[str, Any],
                                                               cluster: str) -> None:
     """AWS takes node 2 away mid-run (its host goes silent and everything on it dies): the laptop's run ends
@@ -241,6 +237,7 @@ def test_a_node_that_vanishes_mid_run_fails_the_run_naming_it(world: World, clou
         raise
     took = time.monotonic() - gone
     last = out.strip().splitlines()[-1]
+    print(f"{last}\n(the run ended {took:.1f}s after node 2 was terminated)")
     names = (world.hosts.private_addr(2), world.hosts.public_addr(2), world.hosts.name(2), nodes[2]["instance_id"])
     assert proc.returncode == 1, out[-4000:]
     assert last.startswith("Error: ") and any(n in last for n in names), out[-4000:]
