@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import sys
@@ -37,7 +38,8 @@ if TYPE_CHECKING:
 # run's options that are not TrainConfig fields, by what they feed
 LAUNCH = {"np_", "ppn", "nodes", "launcher", "mpirun", "ssh", "iface", "allocator", "openmp", "env_pairs",
           "oversubscribe", "timeout", "partition", "time_limit", "account", "exclusive", "sbatch_args"}
-ROUTE = {"hostfile", "cluster_name", "head_addr", "user", "identity", "remote_python", "stage_code", "on_preemption"}
+ROUTE = {"hostfile", "cluster_name", "head_addr", "user", "identity", "remote_python", "stage_code", "on_preemption",
+         "fetch_model"}
 OUTPUT = {"output_dir", "ledger", "fmt", "quiet", "dry_run"}
 
 
@@ -105,6 +107,8 @@ def run(ctx: click.Context, **opts: Any) -> None:
     cfg = TrainConfig(**{**cfg.__dict__, "output_dir": str(output_dir or default_output_dir(cfg, np_))})
     launch = _launch(opts, np_, ppn or np_)
     where = where_for(route, launch.nodes, ppn is not None, launch.launcher)
+    if where.head is not None and opts["fetch_model"] == "no":
+        where = dataclasses.replace(where, head=dataclasses.replace(where.head, fetch_model=False))
     request = RunRequest(cfg, launch, str(where.hostfile) if where.hostfile and where.head is None else None,
                          shlex.join(["cpudist", *sys.argv[1:]]))
     with signals_interrupt():

@@ -87,6 +87,9 @@ OPTIONS: list[Callable[[Any], Any]] = [
                  "python3.11, python3]."),
     click.option("--stage-code", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True,
                  help="Send a wheel of this cpudist to the nodes: when theirs differs (auto), always, or never."),
+    click.option("--fetch-model", type=click.Choice(["yes", "no"]), default="yes", show_default=True,
+                 help="With --cluster or --head: bring the run's model/ home into the local run folder "
+                 "(sha256-checked), or leave it in the run folder on the head."),
     click.option("--launcher", "--mpi", "launcher", type=click.Choice(LAUNCHERS), default="auto", show_default=True,
                  help="auto: srun inside a Slurm allocation, else the MPI of --mpirun, else MPICH's Hydra when "
                  "installed, else torchrun. slurm: sbatch from a login node (srun inside an allocation); torchrun "
@@ -146,8 +149,8 @@ OPTIONS: list[Callable[[Any], Any]] = [
                  "id2label with the task's class names, README.md model card), loadable with transformers' "
                  "pipeline('text-classification', model=...): last: as trained (local SGD/DiLoCo: the ranks' "
                  "average, as evaluated); best: the best evaluation's by the task's first metric (with --eval-every; "
-                 "HF's load_best_model_at_end); none. On a cluster the folder is on the head; Slurm: on the shared "
-                 "filesystem. Task synthetic saves none."),
+                 "HF's load_best_model_at_end); none. From a laptop it comes home too (--fetch-model); Slurm: in the "
+                 "run folder on the shared filesystem. Task synthetic saves none."),
     click.option("--log-every", type=click.IntRange(min=1), default=10, show_default=True,
                  help="Optimizer steps between lines of steps.jsonl and progress."),
     click.option("--dist-timeout", type=click.IntRange(min=1), default=300, show_default=True,
@@ -249,7 +252,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "Checkpoints and spot instances": ("checkpoint_every", "checkpoint_every_min", "checkpoint_dir",
                                        "keep_checkpoints", "checkpoint_s3", "resume", "imds", "on_preemption"),
     "From outside the cluster (AWS cluster or on-prem head)": ("cluster_name", "head_addr", "user", "identity",
-                                                               "remote_python", "stage_code"),
+                                                               "remote_python", "stage_code", "fetch_model"),
     "Slurm (--launcher slurm)": ("partition", "time_limit", "account", "exclusive", "sbatch_args"),
     "Output": ("output_dir", "ledger", "fmt", "quiet", "dry_run", "config"),
 }

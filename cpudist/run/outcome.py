@@ -85,9 +85,12 @@ def record(out: Path, ledger_path: Path | None, updates: dict[str, Any]) -> RunR
     if not result_file.is_file():
         raise JobFailed(f"the job ended without writing {result_file}", "See the rank output above")
     result = ledger.read_result(result_file).with_updates(**updates)
-    if (out / MODEL_DIR / CARD).is_file():  # the card again, now with the command, the launcher and the price
-        write_card(out / MODEL_DIR, result)
-        result = result.with_updates(model_bytes=folder_bytes(out / MODEL_DIR))
+    model = out / MODEL_DIR
+    # The card again, now with the command, the launcher and the price (this run's model only: not one an earlier
+    # run left in a reused folder, nor a folder the result does not name)
+    if result.model_dir == str(model.resolve()) and (model / CARD).is_file():
+        write_card(model, result)
+        result = result.with_updates(model_bytes=folder_bytes(model))
     state.write_atomic(result_file, json.dumps(result.to_dict(), indent=2) + "\n")
     if ledger_path is not None:
         ledger.append(ledger_path, result)

@@ -21,8 +21,10 @@ import cpudist
 from cpudist import state
 from cpudist.errors import BadInput, CpudistError, JobFailed, Preempted
 from cpudist.hostfile import Host, render_hostfile
+from cpudist.results.card import MODEL_DIR
 from cpudist.results.schema import RunResult
 from cpudist.run import stage
+from cpudist.run.fetch_model import fetch_model
 from cpudist.run.follow import follow
 from cpudist.run.outcome import read_stop, record
 from cpudist.run.request import Callbacks, RunRequest
@@ -183,6 +185,8 @@ def run(request: RunRequest, head_spec: Head, ledger_path: Path, cb: Callbacks, 
             for name in FETCHED if not head.lost else ():  # a lost head's error is the one to show
                 if not head.fetch(f"{run_dir}/{name}", local_dir / name) and name == "result.json":
                     (local_dir / name).unlink(missing_ok=True)  # an earlier run's, in a reused folder: not this one's
+        fetched = (fetch_model(head, f"{run_dir}/{MODEL_DIR}", local_dir / MODEL_DIR, say)
+                   if head_spec.fetch_model and status.get("status") == "ok" else {})
     stop = read_stop(local_dir)
     if status.get("exit_code") == Preempted.exit_code and stop is not None:
         raise Preempted(stop.said(" on the head"),
@@ -192,6 +196,8 @@ def run(request: RunRequest, head_spec: Head, ledger_path: Path, cb: Callbacks, 
         cls = BadInput if status.get("exit_code") == 2 else JobFailed
         raise cls(f"on the head node: {status.get('message', 'the job failed')}")
     staging = {"sent_to_head_bytes": stager.sent_bytes, "copies_to_nodes": stager.copies, "remote_run_dir": run_dir,
-               "head": head_spec.target.host, "code": "wheel" if pythonpath else "node's own", "seconds": staging_s}
+               "head": head_spec.target.host, "code": "wheel" if pythonpath else "node's own", "seconds": staging_s,
+               **({"model": fetched} if fetched else {})}
+    home_model = {"model_dir": str((local_dir / MODEL_DIR).resolve())} if fetched else {}
     return record(local_dir, ledger_path, {**status.get("known", {}), "run_dir": str(local_dir), "staging": staging,
-                                           **extra})
+                                           **home_model, **extra})

@@ -27,6 +27,7 @@ class Head:
     inside: tuple[Host, ...]  # every node as the others reach it (private addresses), head first
     python: str | None = None  # the head's Python that has cpudist; None: look for one
     stage_code: str = "auto"  # auto: when the head's cpudist differs from ours | always | never
+    fetch_model: bool = True  # bring the run's model/ home (--fetch-model)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ laptop's home; the hostfile names the hosts as they know each other, which the l
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -188,3 +189,37 @@ def test_a_laptop_link_that_drops_silently_stops_every_rank(site: World) -> None
     assert last.startswith(f"Error: lost the SSH connection to {site.hosts.public_addr(0)} (no answer for"), last
     assert laptop_s < 45, f"the laptop noticed after {laptop_s:.0f}s"
     assert left == [] and ranks_s < 75, f"after {ranks_s:.0f}s: {left}"
+
+
+def test_the_model_comes_home_sha256_checked_or_stays_on_the_head(site: World) -> None:
+    """#22: the run's model/ comes back into the laptop's run folder, each file checked against the head's sha256;
+    the laptop's record writes its card again (the command as typed); --fetch-model no leaves it on the head."""
+    from transformers import AutoConfig
+
+    r = run_from_laptop(site, "model-home")
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    local = site.operator_path("runs/model-home/model")
+    result = json.loads(site.operator_path("runs/model-home/result.json").read_text())
+    fetched = result["staging"]["model"]
+    assert result["model_dir"] == "/srv/cpd-operator/runs/model-home/model"
+    assert r.stdout.rstrip().endswith("model /srv/cpd-operator/runs/model-home/model")
+    assert sorted(fetched["sha256"]) == sorted(p.name for p in local.iterdir())
+    assert "model.safetensors" in fetched["sha256"]
+    for name, digest in fetched["sha256"].items():
+        if name != "README.md":  # the card is written again here
+            assert hashlib.sha256((local / name).read_bytes()).hexdigest() == digest, name
+    on_head = site.hosts.run(0, ["sha256sum", f"{fetched['from']}/model.safetensors"])
+    assert on_head.stdout.split()[0] == fetched["sha256"]["model.safetensors"], on_head
+    assert "fetched model/model.safetensors" in r.stderr
+    assert not site.operator_path("runs/model-home/model.tmp").exists()
+    assert AutoConfig.from_pretrained(local).id2label == {0: "not_equivalent", 1: "equivalent"}
+    card = (local / "README.md").read_text()
+    assert "--head " in card and "--output-dir /srv/cpd-operator/runs/model-home" in card
+
+    r = run_from_laptop(site, "model-stays", "--fetch-model", "no")
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    result = json.loads(site.operator_path("runs/model-stays/result.json").read_text())
+    assert not site.operator_path("runs/model-stays/model").exists() and "model" not in result["staging"]
+    assert result["model_dir"] == f"{result['staging']['remote_run_dir']}/model"
+    assert site.hosts.run(0, ["test", "-s", f"{result['model_dir']}/model.safetensors"]).returncode == 0
+    assert wait_no_leftovers(site) == []
