@@ -19,10 +19,14 @@ import pytest
 
 from cpudist.train import checkpoint_meta as ckpt
 from tests.harness.s3 import FAKE_CREDENTIALS, S3Server
+from tests.harness.world import World
+from tests.integration import test_remote_onprem as onprem
 from tests.integration.helpers import cpudist
 from tests.integration.test_resume import common, sigterm_ranks_at, steps
 
 pytestmark = pytest.mark.slow
+site = onprem.site  # the on-prem pair of hosts reached from the laptop (tests/integration/test_remote_onprem.py)
+run_from_laptop = onprem.run_from_laptop
 
 
 def run_json(out: Path) -> dict[str, Any]:
@@ -137,3 +141,17 @@ def test_run_json_says_failed_with_the_reason(shared_data: Path, tmp_path: Path)
     assert state["state"] == "failed" and "ran past --timeout 3s" in state["message"] and state["ended_at"]
     assert not (out / "result.json").exists()
     assert os.path.basename(state["run_dir"]) == "run"
+
+
+def test_runs_from_the_laptop_get_a_head_folder_each_and_a_failed_one_fetches_no_result(site: World) -> None:
+    """Every `sweep --cluster` ran in ~/.cpudist/runs/nodesN on the head: the second sweep's failed run fetched the
+    first one's result.json into its own folder (and the sweeps shared checkpoints)."""
+    first = run_from_laptop(site, "sweep-a/nodes1")
+    assert first.returncode == 0, first.stdout + first.stderr[-4000:]
+    result = json.loads(site.operator_path("runs/sweep-a/nodes1/result.json").read_text())
+    assert result["staging"]["remote_run_dir"].endswith(f"/nodes1-{result['run_id']}")
+    failed = run_from_laptop(site, "sweep-b/nodes1", "--timeout", "1")
+    assert failed.returncode == 1, failed.stdout + failed.stderr[-4000:]
+    assert not site.operator_path("runs/sweep-b/nodes1/result.json").exists()  # HEAD: the first run's, fetched
+    state = json.loads(site.operator_path("runs/sweep-b/nodes1/run.json").read_text())
+    assert state["state"] == "failed" and state["id"] != result["run_id"] and state["where"].startswith("head:")
