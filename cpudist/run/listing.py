@@ -78,9 +78,8 @@ def list_runs(folders: Sequence[Path], ledger: Sequence[RunResult], now: datetim
     now = now or datetime.now(UTC)
     rows = [row_of_info(info, now) for path in run_files(folders) if (info := read_run(path.parent)) is not None]
     seen_ids = {r.id for r in rows}
-    seen_dirs = {str(Path(r.run_dir).resolve()) for r in rows if r.run_dir}
-    for result in ledger:
-        if result.run_id in seen_ids or (result.run_dir and str(Path(result.run_dir).resolve()) in seen_dirs):
+    for result in ledger:  # by id only: a folder reused by a later run still lists the earlier one
+        if result.run_id in seen_ids:
             continue
         seen_ids.add(result.run_id)
         rows.append(row_of_result(result))

@@ -40,22 +40,26 @@ def test_runs_lists_every_state_and_the_ledgers_older_runs_once(tmp_path: Path) 
                               run_dir="/elsewhere/mrpc-tiny-np1-20261101")
     ledger.append(book, old)  # a run from before run.json: the ledger is all there is of it
     ledger.append(book, dataclasses.replace(old, run_id="20261126-091000-bbbbbb", run_dir=""))  # also a folder
+    earlier = dataclasses.replace(old, run_id="20261120-070000-dddddd", started_at="2026-11-20T07:00:00+00:00",
+                                  run_dir=str(runs / "a"))
+    ledger.append(book, earlier)  # a finished run whose folder a later run took over: still listed
 
     out = cpudist("runs", runs, "--ledger", book, "--json")
     assert out.exit_code == 0, out.output
     rows = json.loads(out.output)
     assert [(r["id"], r["state"]) for r in rows] == [
-        ("mrpc-tiny-np1-20261101", "finished"), ("20261126-090000-aaaaaa", "preempted"),
-        ("20261126-091000-bbbbbb", "finished"), ("20261126-092000-cccccc", "running")]
-    assert rows[1]["message"] == "the ranks stopped at step 3" and rows[1]["duration_s"] is not None
-    assert rows[2]["metrics"] == {"accuracy": 0.75} and rows[3]["where"] == "cluster:demo"
+        ("mrpc-tiny-np1-20261101", "finished"), ("20261120-070000-dddddd", "finished"),
+        ("20261126-090000-aaaaaa", "preempted"), ("20261126-091000-bbbbbb", "finished"),
+        ("20261126-092000-cccccc", "running")]
+    assert rows[2]["message"] == "the ranks stopped at step 3" and rows[2]["duration_s"] is not None
+    assert rows[3]["metrics"] == {"accuracy": 0.75} and rows[4]["where"] == "cluster:demo"
     assert rows[0]["duration_s"] == old.wall_time_s and rows[0]["task"] == old.task
 
     text = cpudist("runs", runs, "--ledger", book)
     assert text.exit_code == 0
     header, *lines = text.output.splitlines()
     assert header.split() == ["id", "task", "model", "where", "state", "start", "duration", "metric"]
-    assert len(lines) == 4 and "preempted" in lines[1] and "accuracy=0.7500" in lines[2]
+    assert len(lines) == 5 and "preempted" in lines[2] and "accuracy=0.7500" in lines[3]
 
 
 def test_a_running_runs_duration_runs_to_now_and_nothing_is_one_line(tmp_path: Path) -> None:
