@@ -3,7 +3,8 @@
 As HF Trainer's load_best_model_at_end with metric_for_best_model set to the task's first metric (accuracy for
 MRPC, Matthews' correlation for CoLA, Pearson's r for STS-B; greater is better): a later evaluation replaces the
 best only when it scores strictly higher, so a tie keeps the earlier model. Rank 0 keeps the best weights in memory
-(one more copy of the model); the other ranks keep nothing.
+(one more copy of the model); the other ranks keep nothing. A resumed run chooses among the evaluations of its
+own part: checkpoints hold neither the earlier parts' evaluations nor their best weights.
 """
 
 from __future__ import annotations
