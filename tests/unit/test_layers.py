@@ -6,6 +6,7 @@ Imports point down this list (lazy imports inside functions count too); hosts/ m
 cloud/ imports neither ssh/ nor hosts/ (its caller passes SSH in, cpudist/cloud/access.py); leaves import
 only leaves; launch/ and cloud/ take from train/ only the torch-free modules named in INTO_TRAIN; no
 module over 300 lines; no cycle between top-level folders. A new folder or leaf must be placed in LAYER.
+The imports in KNOWN break these rules today; each says why, and one that is fixed must leave the list.
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ INTO_TRAIN = {
     "cloud": {"cpudist.train.durable"},  # the ObjectStore interface (and StoreError) that S3 implements
 }
 MAX_LINES = 300
+# Imports known to break the layers, each with why it is not fixed yet; a fixed one must leave this list.
+KNOWN = {
+    # Names the presets to tell a Hub id from a random-init preset; makes a train <-> results folder cycle
+    # (train/export.py writes the card). Fix: the card module in train/, or the preset names in a leaf.
+    "cpudist/results/card.py -> cpudist.train.models",
+}
 
 
 def _modules(root: Path) -> Iterator[tuple[str, Path]]:
@@ -66,9 +73,11 @@ def _top(module: str) -> str | None:
     return parts[1] if len(parts) > 1 else None  # None: the package itself (__version__)
 
 
-def violations(root: Path = PACKAGE) -> list[str]:
-    """Every import that breaks the layering, as 'file:line: what'."""
+def violations(root: Path = PACKAGE, known: set[str] | None = None,
+               known_seen: set[str] | None = None) -> list[str]:
+    """Every import that breaks the layering, as 'file:line: what', less the `known` ones (noted in `known_seen`)."""
     found: list[str] = []
+    known_seen = set() if known_seen is None else known_seen
     for name, path in _modules(root):
         src = _top(name)
         if src is None:
@@ -82,6 +91,9 @@ def violations(root: Path = PACKAGE) -> list[str]:
             if dst is None or dst == src:
                 continue
             where = f"{path.relative_to(root.parent)}:{line}: {src} -> {target}"
+            if known is not None and f"{path.relative_to(root.parent)} -> {target}" in known:
+                known_seen.add(f"{path.relative_to(root.parent)} -> {target}")
+                continue
             if dst not in LAYER:
                 found.append(f"{where} ({dst} has no place in LAYER)")
             elif (src, dst) in FORBIDDEN:
@@ -99,13 +111,15 @@ def long_modules(root: Path = PACKAGE) -> list[str]:
             if (n := len(p.read_text().splitlines())) > MAX_LINES]
 
 
-def folder_cycle(root: Path = PACKAGE) -> list[str] | None:
-    """A cycle between top-level folders or modules (as the list of its names), or None."""
+def folder_cycle(root: Path = PACKAGE, known: set[str] | None = None) -> list[str] | None:
+    """A cycle between top-level folders or modules (as the list of its names), or None; `known` imports left out."""
     edges: dict[str, set[str]] = {}
     for name, path in _modules(root):
         src = _top(name)
         for target, _ in _imports(name, path, root):
             dst = _top(target)
+            if f"{path.relative_to(root.parent)} -> {target}" in (known or set()):
+                continue
             if src and dst and dst != src:
                 edges.setdefault(src, set()).add(dst)
     state: dict[str, int] = {}  # 1 on the path, 2 done
@@ -127,7 +141,9 @@ def folder_cycle(root: Path = PACKAGE) -> list[str] | None:
 
 
 def test_imports_follow_the_layers() -> None:
-    assert violations() == []
+    seen: set[str] = set()
+    assert violations(known=KNOWN, known_seen=seen) == []
+    assert seen == KNOWN, f"fixed, so take them out of KNOWN: {sorted(KNOWN - seen)}"
 
 
 def test_no_module_over_300_lines() -> None:
@@ -135,7 +151,7 @@ def test_no_module_over_300_lines() -> None:
 
 
 def test_no_cycle_between_folders() -> None:
-    assert folder_cycle() is None
+    assert folder_cycle(known=KNOWN) is None
 
 
 def _package(tmp_path: Path, files: dict[str, str]) -> Path:
