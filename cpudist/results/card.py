@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from cpudist.results.schema import RunResult
-from cpudist.train.models import PRESETS
 
 MODEL_DIR = "model"  # where rank 0 saves the model in the run folder (train/export.py)
 CARD = "README.md"
@@ -96,13 +95,6 @@ def _data_text(r: RunResult) -> str:
     return str(source or "unknown")
 
 
-def _base_model(r: RunResult) -> str | None:
-    """A Hub id the weights started from; None for a preset's random weights or a local folder."""
-    if r.model in PRESETS or r.model.startswith((".", "/", "~")) or Path(r.model).expanduser().exists():
-        return None
-    return r.model
-
-
 def card_data(r: RunResult) -> Any:
     """The front matter: what the Hub indexes (library, pipeline, datasets, metrics, base model, results)."""
     from huggingface_hub import EvalResult, ModelCardData
@@ -116,7 +108,7 @@ def card_data(r: RunResult) -> Any:
     return ModelCardData(library_name="transformers", pipeline_tag="text-classification",
                          tags=["text-classification", "cpudist", *(["glue", r.task] if glue else [])],
                          datasets=[dataset] if dataset else None, metrics=list(r.metrics) or None,
-                         base_model=_base_model(r), model_name=model_name(r), eval_results=results or None)
+                         base_model=r.base_model, model_name=model_name(r), eval_results=results or None)
 
 
 def model_name(r: RunResult) -> str:
@@ -128,7 +120,7 @@ def render_card(r: RunResult) -> str:
     from huggingface_hub import ModelCard
 
     labels = _labels(r)
-    base = _base_model(r)
+    base = r.base_model
     saved = f"The saved weights are those of step {r.model_step} of {r.steps}"
     if r.save_model == "best" and r.evaluations:
         saved += f", the best of {len(r.evaluations)} evaluations by {next(iter(r.metrics), '?')}"
@@ -137,8 +129,7 @@ def render_card(r: RunResult) -> str:
     cost = f"${r.cost_usd:.4f} (${r.usd_per_hour:.3f}/h for the nodes)" if r.cost_usd is not None else "not known"
     card = ModelCard.from_template(
         card_data(r), template_str=TEMPLATE, r=r, name=model_name(r),
-        origin=f"`{base}`" if base else (f"The `{r.model}` preset (random initial weights)" if r.model in PRESETS
-                                         else f"The model of `{r.model}`"),
+        origin=f"`{base}`" if base else f"`{r.model}` (random initial weights of a preset, or a local folder)",
         task_text=f"GLUE {r.task.upper()}" if r.data.get("source") in ("glue-tsv", "hub") else f"{r.task} data",
         kind="regression, one score" if not labels else f"{len(labels)}-class classification",
         labels=", ".join(f"{i}: {n}" for i, n in enumerate(labels)), data_text=_data_text(r),

@@ -91,6 +91,7 @@ class RunResult:
     evaluations: tuple[dict[str, Any], ...] = ()  # {"step", "metrics", "seconds"}, in order; the last is the final one
     data: dict[str, Any] = field(default_factory=dict)  # where the rows came from, how many, the class names
     command: str = ""  # the `cpudist run` command line, as typed (the launching side's)
+    base_model: str | None = None  # the Hub id the saved weights started from (None: a preset's random ones, a folder)
     schema: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:

@@ -13,13 +13,21 @@ from __future__ import annotations
 
 import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 from cpudist.results.card import MODEL_DIR, folder_bytes, write_card
 from cpudist.results.schema import RunResult
 from cpudist.train.keep import Evaluations
-from cpudist.train.models import load_tokenizer
+from cpudist.train.models import PRESETS, load_tokenizer
 from cpudist.train.setup import Job
+
+
+def hub_base(model: str) -> str | None:
+    """The Hub id the weights started from (the card's base_model); None for a preset's random weights or a folder."""
+    if model in PRESETS or model.startswith((".", "/", "~")) or Path(model).expanduser().exists():
+        return None
+    return model
 
 
 def label_config(config: Any, labels: tuple[str, ...], regression: bool) -> None:
@@ -36,7 +44,8 @@ def save_model(job: Job, evals: Evaluations, result: RunResult) -> RunResult:
     """Write <run folder>/model (rank 0 only) and return the result with where, which step, size and time."""
     cfg = job.cfg
     chosen = evals.saved(cfg.save_model)
-    result = result.with_updates(save_model=cfg.save_model, evaluations=tuple(evals.history))
+    result = result.with_updates(save_model=cfg.save_model, evaluations=tuple(evals.history),
+                                 base_model=hub_base(cfg.model))
     if chosen is not None and cfg.save_model == "best":
         result = result.with_updates(metrics=chosen["metrics"])
     if cfg.save_model == "none" or cfg.task == "synthetic":  # synthetic rows are noise: nothing worth keeping

@@ -35,11 +35,7 @@ INTO_TRAIN = {
 }
 MAX_LINES = 300
 # Imports known to break the layers, each with why it is not fixed yet; a fixed one must leave this list.
-KNOWN = {
-    # Names the presets to tell a Hub id from a random-init preset; makes a train <-> results folder cycle
-    # (train/export.py writes the card). Fix: the card module in train/, or the preset names in a leaf.
-    "cpudist/results/card.py -> cpudist.train.models",
-}
+KNOWN: set[str] = set()
 
 
 def _modules(root: Path) -> Iterator[tuple[str, Path]]:

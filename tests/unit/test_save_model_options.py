@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from click.testing import CliRunner
 from huggingface_hub import ModelCard
@@ -48,6 +49,7 @@ def test_old_results_read_without_model_fields_and_new_ones_round_trip() -> None
 
 def test_card_front_matter_and_body_from_a_result() -> None:
     r = result(4, 10.0, nodes=("a", "b"), ppn=2, model="sentence-transformers/all-MiniLM-L6-v2", epochs=3.0,
+               base_model="sentence-transformers/all-MiniLM-L6-v2",
                usd_per_hour=2.0, wall_time_s=1800.0, save_model="best", model_step=40,
                command="cpudist run mrpc --np 4",
                data={"source": "glue-tsv", "dir": "/d/MRPC", "train_rows": 3668, "eval_rows": 408,
@@ -63,4 +65,11 @@ def test_card_front_matter_and_body_from_a_result() -> None:
     assert "step 40 of 10, the best of 2 evaluations by accuracy" in card.text
     assert "| 80 | 0.6000 | 0.7000 |" in card.text and "cpudist run mrpc --np 4" in card.text
     preset = ModelCard(render_card(result(1, 10.0)))
-    assert preset.data.base_model is None and "The `tiny` preset (random initial weights)" in preset.text
+    assert preset.data.base_model is None and "`tiny` (random initial weights of a preset" in preset.text
+
+
+def test_base_model_is_a_hub_id_only(tmp_path: Path) -> None:
+    from cpudist.train.export import hub_base
+
+    assert hub_base("sentence-transformers/all-MiniLM-L6-v2") == "sentence-transformers/all-MiniLM-L6-v2"
+    assert hub_base("tiny") is None and hub_base(str(tmp_path)) is None and hub_base("./my-model") is None
