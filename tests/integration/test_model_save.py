@@ -42,7 +42,7 @@ def _result(run: Path) -> dict[str, Any]:
     return json.loads((run / "result.json").read_text())
 
 
-def _reevaluate(model_dir: Path, train: Path, validation: Path) -> dict[str, float]:
+def _reevaluate(model_dir: Path, train: Path, validation: Path, label: str = "label") -> dict[str, float]:
     """Score the saved folder on the run's validation rows with cpudist's own evaluation (1 rank, fp32)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -50,10 +50,10 @@ def _reevaluate(model_dir: Path, train: Path, validation: Path) -> dict[str, flo
     from cpudist.train.evaluate import evaluate
     from cpudist.train.features import encode
 
-    task = load_custom(train, validation, ("text",), "label")
+    task = load_custom(train, validation, ("text",), label)
     data = encode(task.validation, AutoTokenizer.from_pretrained(model_dir), 128)
     model = AutoModelForSequenceClassification.from_pretrained(model_dir)
-    metrics, _ = evaluate(model, data, task.metrics, False, 64, False, 0, 1)
+    metrics, _ = evaluate(model, data, task.metrics, task.is_regression, 64, False, 0, 1)
     return metrics
 
 
@@ -133,18 +133,34 @@ def test_best_keeps_the_best_evaluation_diloco(tmp_path: Path) -> None:
     assert AutoConfig.from_pretrained(run / "model").id2label == {0: "neg", 1: "pos"}  # custom classes, id order
 
 
-def test_regression_model_is_marked_as_hf_marks_it(tmp_path: Path) -> None:
-    """Scores with fractions (as STS-B's) train a regression: one output, problem_type regression, pipeline loads."""
+def test_regression_model_is_marked_as_hf_marks_it_frozen_embeddings_saved(tmp_path: Path) -> None:
+    """Scores with fractions (as STS-B's) train a regression: one output, problem_type regression, pipeline loads.
+    With --freeze-embeddings the folder holds the untouched word embeddings beside the trained rest, and scores
+    what the run's evaluation scored."""
+    import torch
+    from safetensors.torch import load_file
     from transformers import AutoConfig, pipeline
 
+    from cpudist.train.models import build_model
+
     lines = ["text,score", *(f"{'good ' * (i % 5 + 1)}day,{(i % 5) / 2:.1f}" for i in range(40))]
-    (tmp_path / "scores.csv").write_text("\n".join(lines) + "\n")
+    scores = tmp_path / "scores.csv"
+    scores.write_text("\n".join(lines) + "\n")
     run = tmp_path / "RUN"
-    r = cpudist("run", "custom", "--train-file", tmp_path / "scores.csv", "--validation-file", tmp_path / "scores.csv",
-                "--label-column", "score", "--model", "tiny", "--max-steps", "2", "--output-dir", run)
+    r = cpudist("run", "custom", "--train-file", scores, "--validation-file", scores, "--label-column", "score",
+                "--model", "tiny", "--max-steps", "3", "--lr", "1e-3", "--precision", "fp32", "--freeze-embeddings",
+                "--output-dir", run)
     assert r.returncode == 0, r.stderr
     config = AutoConfig.from_pretrained(run / "model")
     assert config.problem_type == "regression" and config.num_labels == 1
-    assert set(_result(run)["metrics"]) == {"pearson", "spearmanr"}
+    result = _result(run)
+    assert set(result["metrics"]) == {"pearson", "spearmanr"}
+    assert _reevaluate(run / "model", scores, scores, "score") == pytest.approx(result["metrics"], abs=1e-6)
+    torch.manual_seed(42)  # the run's seed: its initial model (cpudist/train/setup.py)
+    initial = build_model("tiny", 1, True, None).state_dict()
+    saved = load_file(str(run / "model" / "model.safetensors"))
+    table = "bert.embeddings.word_embeddings.weight"
+    assert torch.equal(saved[table], initial[table])  # frozen: saved as it was used
+    assert not torch.equal(saved["classifier.weight"], initial["classifier.weight"])  # trained: saved as trained
     out = pipeline("text-classification", model=str(run / "model"), function_to_apply="none")("good good day")
     assert isinstance(out[0]["score"], float)
