@@ -93,6 +93,7 @@ def bake(ec2: Any, spec: BakeSpec, wheel: Path, ssh: NodeAccess, say: Say) -> st
     run_id, owner, folder = uuid.uuid4().hex[:12], f"image-{spec.name}", state.image_dir(spec.name)
     script = (recipe_dir() / "bootstrap.sh").read_text()
     image: str | None = None
+    cloud = Ec2(ec2)
     try:
         with signals_interrupt() as signals:
             subnet = network.resolve_subnet(ec2, spec.subnet)
@@ -102,20 +103,19 @@ def bake(ec2: Any, spec: BakeSpec, wheel: Path, ssh: NodeAccess, say: Say) -> st
                                                script, key.name, group, run_id)
             say(f"builder {builder.instance_id} is booting from {spec.base_image}; uploading {wheel.name} when it "
                 "answers SSH")
-            builder = Ec2(ec2).wait([builder.instance_id], "running", spec.timeout_s)[0]
+            builder = cloud.wait([builder.instance_id], "running", spec.timeout_s)[0]
             reach = address(builder.private_ip, builder.public_ip, spec.connect, f"builder {builder.instance_id}",
                             "Use a subnet that assigns public addresses, or --connect private")
             ssh.wait_banner(reach, 22, spec.timeout_s)
             _upload(reach, spec, key.private_key, wheel, folder / "known_hosts", ssh)
             say("wheel uploaded; the builder powers off when its bootstrap ends")
-            Ec2(ec2).wait([builder.instance_id], "stopped", spec.timeout_s)
+            cloud.wait([builder.instance_id], "stopped", spec.timeout_s)
             ok, step = bootstrap_result(instances.console_output(ec2, builder.instance_id))
             if not ok:
                 raise CpudistError(f"the image bootstrap failed at step {step or 'unknown (no result on the console)'}",
                                    f"See ami/README.md for what step {step} does; fix it and re-run "
                                    "`cpudist ami build`")
-            made = Ec2(ec2).image(builder.instance_id, owner, spec.name, run_id, version=cpudist.__version__,
-                                  image="base")
+            made = cloud.image(builder.instance_id, owner, spec.name, run_id, version=cpudist.__version__, image="base")
             signals.check()  # a Ctrl-C swallowed on the way removes the image too
             image = made
     finally:
