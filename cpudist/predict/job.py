@@ -151,8 +151,10 @@ def describe(p: Plan) -> str:
 def _gather(parts: list[list[tuple[int, list[float]]]], rows: int) -> list[list[float]]:
     """The processes' (row, logits) pairs in input order; every row exactly once."""
     by_row = {i: logits for part in parts for i, logits in part}
-    if len(by_row) != rows or sum(len(p) for p in parts) != rows:
-        raise JobFailed(f"the predict processes returned {len(by_row)} of {rows} rows", "Re-run with --np 1")
+    returned = sum(len(p) for p in parts)
+    if len(by_row) != rows or returned != rows:
+        raise JobFailed(f"the predict processes returned {returned} predictions for {len(by_row)} of {rows} rows",
+                        "Re-run with --np 1")
     return [by_row[i] for i in range(rows)]
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from cpudist.errors import JobFailed
 from cpudist.predict.infer import encode_rows, predict_rows, run_shard
 from cpudist.predict.job import _gather
 from cpudist.predict.source import Settings
@@ -105,5 +106,7 @@ def test_shards_cover_every_row_once_and_gather_in_input_order(tiny: tuple[Path,
     assert [len(p) for p in parts] == [14, 13, 13] and {i for i, _ in parts[1]} == set(range(1, 40, 3))
     np.testing.assert_allclose(np.array(_gather(parts, 40)), np.array(whole), atol=1e-5)
     assert run_shard(dev.head(2).texts, 2, 3, settings) == []  # more processes than rows
-    with pytest.raises(Exception, match="returned 39 of 40 rows"):
+    with pytest.raises(JobFailed, match="returned 39 predictions for 39 of 40 rows"):
         _gather([parts[0], parts[1], parts[2][1:]], 40)
+    with pytest.raises(JobFailed, match="returned 41 predictions for 40 of 40 rows"):
+        _gather([parts[0], parts[1], parts[2] + parts[2][:1]], 40)
