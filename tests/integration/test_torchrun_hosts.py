@@ -23,12 +23,14 @@ import pytest
 
 from tests.harness.machine import physical_cores
 from tests.harness.netns import NetnsCluster, missing_requirements
+from tests.harness.power import kill_namespace
 from tests.harness.quota import QuotaGroup, cpu_controller_version, quota_unavailable
 from tests.integration.helpers import cmdline, read_until
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))]
 CPUDIST = [sys.executable, "-m", "cpudist.cli"]
+NOTICE_NODE_LOSS_S = 60  # #23 asks for 30 s; twice that for a busy CI machine
 
 
 @pytest.fixture(scope="module")
@@ -129,3 +131,32 @@ def test_killing_one_hosts_torchrun_ends_the_job_everywhere(hosts: NetnsCluster,
     while leftovers(hosts) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert leftovers(hosts) == []
+
+
+def test_a_host_that_vanishes_ends_the_job_naming_it(hosts: NetnsCluster, shared_data: Path, tmp_path: Path) -> None:
+    """#23: host 3 powered off mid-run (its link down first, so no FIN or RST reaches anyone, then everything on it
+    killed): the head's node watch (cpudist/launch/watch.py) stops the job in bounded time with one line naming it.
+    Last in the module: host 3 stays off."""
+    argv = run_argv(hosts, shared_data, tmp_path / "vanish", "--epochs", "50", "--no-eval", "--log-every", "1")
+    proc = subprocess.Popen(hosts.exec_argv(0, argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        read_until(proc, "step 2/")
+        subprocess.run(["ip", "-n", hosts.name(3), "link", "set", "eth0", "down"], check=True)
+        gone = time.monotonic()
+        kill_namespace(hosts.name(3))
+        out, _ = proc.communicate(timeout=NOTICE_NODE_LOSS_S)
+        took = time.monotonic() - gone
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    error = [line for line in out.splitlines() if line.startswith("Error: ")]
+    assert proc.returncode == 1 and took < NOTICE_NODE_LOSS_S, (took, out[-3000:])
+    assert len(error) == 1 and f"node {hosts.name(3)} stopped answering" in error[0], out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    print(f"{error[0]}\n(the job ended {took:.1f}s after host 3 went silent)")
+    deadline = time.monotonic() + 30
+    while (left := [line for line in leftovers(hosts) if not line.startswith(hosts.name(3))]) and \
+            time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert left == []
