@@ -75,7 +75,7 @@ def _precision(req: PredictRequest, source: Source) -> tuple[str, str]:
     if req.precision is not None:
         return req.precision, "--precision"
     if source.facts.precision:
-        return source.facts.precision, "the run's result.json"
+        return source.facts.precision, "the run's result.json" if source.run_dir else "the model card"
     return "fp32", "no run record; --precision to change"
 
 

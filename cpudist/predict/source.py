@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,7 +71,17 @@ def find_source(given: Path) -> Source:
     if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
         raise BadInput(f"no tokenizer in {model_dir} (none of {', '.join(TOKENIZER_FILES)})",
                        "Save the tokenizer beside the model: tokenizer.save_pretrained(folder)")
-    return Source(model_dir, run_dir, read_facts(run_dir) if run_dir else RunFacts(), label_names(model_dir))
+    facts = read_facts(run_dir) if run_dir else RunFacts(precision=card_precision(model_dir))
+    return Source(model_dir, run_dir, facts, label_names(model_dir))
+
+
+def card_precision(model_dir: Path) -> str | None:
+    """The precision a model card of cpudist names (`precision bf16`), for a model folder away from its run."""
+    card = model_dir / "README.md"
+    if not card.is_file():
+        return None
+    found = re.search(r"\bprecision (bf16|fp32)\b", card.read_text(errors="replace"))
+    return found.group(1) if found else None
 
 
 def label_names(model_dir: Path) -> tuple[str, ...]:

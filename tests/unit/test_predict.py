@@ -176,6 +176,9 @@ def test_the_plan_takes_the_runs_precision_lengths_and_batches_and_the_option_wi
     p = plan(PredictRequest(bare, file=tmp_path / "rows.csv"))
     assert (p.settings.precision, p.settings.max_seq_len, p.settings.batch_size) == ("fp32", 128, 64)
     assert p.output is None and p.fmt == "jsonl"
+    (bare / "README.md").write_text("## Training\n\n- seed 42, precision bf16, sync ddp\n")  # a card, away from its run
+    p = plan(PredictRequest(bare, file=tmp_path / "rows.csv"))
+    assert (p.settings.precision, p.precision_from) == ("bf16", "the model card")
 
 
 @pytest.mark.parametrize(("request_", "says"), [
