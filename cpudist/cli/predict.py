@@ -45,6 +45,8 @@ def summary(p: Plan, done: Outcome) -> str:
 @click.option("--file", "file", type=click.Path(path_type=Path),
               help="Rows to predict: csv, tsv, `;`-separated txt, json or jsonl (as `cpudist run` reads them).")
 @click.option("--text-columns", help="The file's 1 or 2 text columns, comma-separated [default: the run's, else text].")
+@click.option("--label-column", help="--file's label column: score the predictions against it, as the run scored "
+              "its dev rows (class names or ids; numbers for regression).")
 @click.option("--split", type=click.Choice(SPLITS), help="A GLUE split instead of --file: test writes the "
               "submission file (index, prediction), dev is scored against its labels.")
 @click.option("--task", help="The GLUE task of --split [default: the run's].")
@@ -66,7 +68,8 @@ def summary(p: Plan, done: Outcome) -> str:
 @click.option("--np", "np_", type=click.IntRange(min=1), default=1, show_default=True,
               help="Processes on this machine, each with its share of the rows and of the cores.")
 @click.option("--dry-run", is_flag=True, help="Say what would be read and written, and how; load no model.")
-def predict(model_or_run: Path, file: Path | None, text_columns: str | None, split: str | None, task: str | None,
+def predict(model_or_run: Path, file: Path | None, text_columns: str | None, label_column: str | None,
+            split: str | None, task: str | None,
             data_dir: Path | None, output: str | None, fmt: str | None, precision: str | None,
             max_seq_len: int | None, batch_size: int | None, max_rows: int | None, np_: int, dry_run: bool) -> None:
     """Predict with a trained model (a save_pretrained folder, or a run folder with model/).
@@ -78,7 +81,7 @@ def predict(model_or_run: Path, file: Path | None, text_columns: str | None, spl
 
     columns = tuple(c.strip() for c in (text_columns or "").split(",") if c.strip())
     request = PredictRequest(model_or_run, file, normalize_task(task) if task else None, split, data_dir, columns,
-                             output, fmt, precision, max_seq_len, batch_size, np_, max_rows)
+                             output, fmt, precision, max_seq_len, batch_size, np_, max_rows, label_column)
     p = plan(request)
     if dry_run:
         click.echo(describe(p), nl=False)

@@ -7,7 +7,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cpudist.errors import BadInput
-from cpudist.train.data import Split, _column_index, _field, _read_records, _split_from_table, read_table
+from cpudist.train.data import (
+    Row,
+    Split,
+    _column_index,
+    _field,
+    _labels_to_ids,
+    _read_records,
+    _split_from_table,
+    read_table,
+)
 from cpudist.train.tasks import GLUE_DIR_NAMES, GLUE_TASKS
 
 SPLITS = ("dev", "test")
@@ -40,8 +49,31 @@ class Inputs:
         return Inputs(self.path, tuple(c[:n] for c in self.texts), self.ids[:n], labels, self.metrics, self.task)
 
 
-def read_file(path: Path, text_columns: Sequence[str]) -> Inputs:
-    """A csv, tsv, `;`-separated txt, json or jsonl file: the named text columns of every row."""
+def metric_names(names: tuple[str, ...], task: str | None) -> tuple[str, ...]:
+    """What `cpudist run` reports for this task: GLUE's own metrics, else custom data's by the kind of label."""
+    if task in GLUE_TASKS:
+        return GLUE_TASKS[task].metrics
+    if not names:
+        return ("pearson", "spearmanr")
+    return ("accuracy", "f1") if len(names) == 2 else ("accuracy", "f1_macro")
+
+
+def _label_ids(path: Path, rows: Sequence[Row], raw: Sequence[str], names: tuple[str, ...]) -> tuple[float, ...]:
+    """Class names (the model's id2label) or class ids as numbers; scores for regression."""
+    if not names:
+        return _labels_to_ids(path, rows, raw, names)
+    ids = {n: i for i, n in enumerate(names)} | {str(i): i for i in range(len(names))}
+    for (line, _), value in zip(rows, raw, strict=True):
+        if value not in ids:
+            raise BadInput(f"unknown label '{value}' at {path}:{line}",
+                           f"Expected one of the model's classes: {', '.join(names)} (or their ids)")
+    return tuple(float(ids[v]) for v in raw)
+
+
+def read_file(path: Path, text_columns: Sequence[str], label_column: str | None = None,
+              names: tuple[str, ...] = (), task: str | None = None) -> Inputs:
+    """A csv, tsv, `;`-separated txt, json or jsonl file: the named text columns of every row, and its labels to
+    score against when a label column is named."""
     if not 1 <= len(text_columns) <= 2:
         raise BadInput(f"{len(text_columns)} text columns given", "Name one or two with --text-columns a[,b]")
     columns, rows = _read_records(path)
@@ -49,7 +81,12 @@ def read_file(path: Path, text_columns: Sequence[str]) -> Inputs:
         raise BadInput(f"{path} has no data rows", "Give a file with a header and at least one row")
     indices = [_column_index(path, columns, c, "text") for c in text_columns]
     texts = tuple(tuple(_field(path, r, i) for r in rows) for i in indices)
-    return Inputs(path, texts, tuple(str(i) for i in range(len(rows))))
+    ids = tuple(str(i) for i in range(len(rows)))
+    if label_column is None:
+        return Inputs(path, texts, ids)
+    at = _column_index(path, columns, label_column, "label")
+    labels = _label_ids(path, rows, [_field(path, r, at).strip() for r in rows], names)
+    return Inputs(path, texts, ids, labels, metric_names(names, task), task)
 
 
 def split_file(task: str, split: str, data_dir: Path) -> Path:

@@ -43,6 +43,7 @@ class PredictRequest:
     batch_size: int | None = None
     np: int = 1
     max_rows: int | None = None  # the first N rows only; for the dev split of a run, the run's --max-eval-samples
+    label_column: str | None = None  # --file's labels, to score the predictions against
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,8 @@ def _inputs(req: PredictRequest, source: Source) -> Inputs:
     if req.file is not None:
         task_text = GLUE_TASKS[facts.task].tsv.text if facts.task in GLUE_TASKS else ()
         named = tuple(c for c in task_text if isinstance(c, str))
-        return read_file(req.file, req.text_columns or facts.text_columns or named or ("text",))
+        return read_file(req.file, req.text_columns or facts.text_columns or named or ("text",), req.label_column,
+                         source.label_names, facts.task)
     task = req.task or facts.task
     data_dir = req.data_dir or (Path(facts.data_dir) if facts.data_dir else None)
     if task is None or data_dir is None:
@@ -122,9 +124,9 @@ def plan(req: PredictRequest) -> Plan:
         raise BadInput(f"--np {req.np}", "Use 1 or more processes")
     source = find_source(req.model_or_run)
     inputs = _inputs(req, source).head(req.max_rows)
-    if inputs.task is not None and GLUE_TASKS[inputs.task].num_labels != len(source.label_names or (0,)):
+    if inputs.task in GLUE_TASKS and GLUE_TASKS[inputs.task].num_labels != len(source.label_names or (0,)):
         raise BadInput(f"{source.model_dir} has {len(source.label_names) or 1} output(s); {inputs.task} has "
-                       f"{GLUE_TASKS[inputs.task].num_labels}", "Give a model trained on that task")
+                       f"{GLUE_TASKS[inputs.task or ''].num_labels}", "Give a model trained on that task")
     precision, why = _precision(req, source)
     facts = source.facts
     settings = Settings(str(source.model_dir), precision, req.max_seq_len or facts.max_seq_len or DEFAULT_MAX_LEN,

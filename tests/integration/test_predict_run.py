@@ -44,8 +44,11 @@ def test_a_runs_model_predicts_its_dev_metric_exactly_and_pipeline_agrees(tmp_pa
     assert r.returncode == 0, r.stderr
     result = json.loads((run / "result.json").read_text())
 
-    p = cpudist("predict", run, "--file", dev, "-o", tmp_path / "dev.jsonl.out", "--format", "jsonl")
+    p = cpudist("predict", run, "--file", dev, "--label-column", "label", "-o", tmp_path / "dev.jsonl.out",
+                "--format", "jsonl")
     assert p.returncode == 0, p.stderr
+    said = {k: float(v) for k, v in (kv.split("=") for kv in p.stderr.split(", ")[-1].split(" -> ")[0].split())}
+    assert said == {k: round(v, 4) for k, v in result["metrics"].items()}  # scored as the run scored, and said
     assert f", {result['precision']}, 1 process(es)" in p.stderr  # the run's precision, from its result.json
     records = [json.loads(line) for line in (tmp_path / "dev.jsonl.out").read_text().splitlines()]
     task = load_custom(train, dev, ("text",), "label")

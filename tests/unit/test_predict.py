@@ -12,7 +12,7 @@ import pytest
 
 from cpudist.errors import BadInput
 from cpudist.predict import outputs
-from cpudist.predict.inputs import read_file, read_split
+from cpudist.predict.inputs import metric_names, read_file, read_split
 from cpudist.predict.job import PredictRequest, describe, plan
 from cpudist.predict.outputs import Prediction, pick_format, predictions, render
 from cpudist.predict.source import find_source, read_facts
@@ -110,6 +110,20 @@ def test_files_read_as_run_reads_custom_data(tmp_path: Path) -> None:
     with pytest.raises(BadInput) as e:
         read_file(tmp_path / "a.csv", ("sentence",))
     assert "--text-columns" in e.value.format_message() and "text, other" in e.value.what
+
+
+def test_a_files_label_column_is_scored_by_class_name_or_id(tmp_path: Path) -> None:
+    names = ("neg", "pos")
+    (tmp_path / "a.csv").write_text("text,label,stars\ngood,pos,4.5\nbad,0,1.0\nmeh,neg,2.5\n")
+    rows = read_file(tmp_path / "a.csv", ("text",), "label", names, "custom")
+    assert rows.labels == (1.0, 0.0, 0.0) and rows.metrics == ("accuracy", "f1")
+    assert read_file(tmp_path / "a.csv", ("text",), "label", names, "sst2").metrics == ("accuracy",)  # GLUE's own
+    assert read_file(tmp_path / "a.csv", ("text",), "stars", (), None).labels == (4.5, 1.0, 2.5)
+    assert metric_names(("a", "b", "c"), None) == ("accuracy", "f1_macro")
+    with pytest.raises(BadInput) as e:
+        read_file(tmp_path / "a.csv", ("text",), "label", ("negative", "positive"), None)
+    assert "unknown label 'pos'" in e.value.what and "negative, positive" in e.value.format_message()
+    assert read_file(tmp_path / "a.csv", ("text",)).labels is None
 
 
 def test_predictions_take_the_argmax_of_the_logits_and_softmax_scores() -> None:
