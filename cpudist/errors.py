@@ -28,6 +28,13 @@ class JobFailed(CpudistError):
     exit_code = 1
 
 
+class Interrupted(JobFailed):
+    """The user stopped the job (Ctrl-C, SIGTERM, a hang-up) and every rank was stopped: exit code 130, as a shell
+    reports a command ended by SIGINT."""
+
+    exit_code = 130
+
+
 class Preempted(JobFailed):
     """The ranks stopped on purpose (SIGTERM, spot notice) after saving a checkpoint: exit code 75."""
 

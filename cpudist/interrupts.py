@@ -1,4 +1,8 @@
-"""SIGTERM and SIGHUP as Ctrl-C: a killed or hung-up command cleans up the way an interrupted one does."""
+"""SIGTERM and SIGHUP as Ctrl-C: a killed or hung-up command cleans up the way an interrupted one does.
+
+A signal the command was started with ignored stays ignored: `nohup` ignores SIGHUP, a shell's `&` without job
+control ignores SIGINT, and the user meant the command to outlive those.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,11 @@ import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+
+
+def _heeded() -> list[int]:
+    """SIGINT, SIGTERM and SIGHUP, less those this process was started ignoring (nohup's SIGHUP)."""
+    return [sig for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if signal.getsignal(sig) != signal.SIG_IGN]
 
 
 class Interrupts:
@@ -29,7 +38,7 @@ class Interrupts:
 def signals_interrupt() -> Iterator[Interrupts]:
     """Within the block, SIGINT, SIGTERM and SIGHUP raise KeyboardInterrupt, and are remembered."""
     seen = Interrupts()
-    previous = {sig: signal.signal(sig, seen._raise) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    previous = {sig: signal.signal(sig, seen._raise) for sig in _heeded()}
     try:
         yield seen
     finally:
@@ -40,8 +49,7 @@ def signals_interrupt() -> Iterator[Interrupts]:
 @contextmanager
 def shielded(on_interrupt: Callable[[], None]) -> Iterator[None]:
     """Within the block (a cleanup), Ctrl-C, SIGTERM and SIGHUP only call `on_interrupt`: it runs to the end."""
-    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    previous = {sig: signal.signal(sig, lambda signum, frame: on_interrupt()) for sig in signals}
+    previous = {sig: signal.signal(sig, lambda signum, frame: on_interrupt()) for sig in _heeded()}
     try:
         yield
     finally:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cpudist.errors import JobFailed
+from cpudist.errors import Interrupted
 from cpudist.launch.spec import Launch
 from cpudist.launch.watch import NodeWatch
 from cpudist.train import events
@@ -93,7 +93,7 @@ def execute(launch: Launch, base_env: Mapping[str, str], on_event: Callable[[dic
         proc.wait()
     except KeyboardInterrupt:
         _stop(proc)
-        raise JobFailed("interrupted: all ranks were stopped", "Re-run the command to start over") from None
+        raise Interrupted("interrupted: all ranks were stopped", "Re-run the command to start over") from None
     finally:
         if timer:
             timer.cancel()
@@ -196,6 +196,6 @@ def execute_hosts(launch: Launch, base_env: Mapping[str, str], on_event: Callabl
             if proc.poll() is None:  # any other way out must not leave a host's agent running
                 _stop(proc)
     if interrupted:
-        raise JobFailed("interrupted: all ranks were stopped on every host", "Re-run the command to start over")
+        raise Interrupted("interrupted: all ranks were stopped on every host", "Re-run the command to start over")
     code = failed[1] if failed else max((p.returncode for p in hosts.procs.values()), key=abs, default=0)
     return Outcome(code, expired, tuple(tail), failed[0] if failed else None)

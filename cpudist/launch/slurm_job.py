@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cpudist.errors import BadInput, JobFailed
+from cpudist.errors import BadInput, Interrupted, JobFailed
 from cpudist.hostfile import Host
 from cpudist.interrupts import shielded
 from cpudist.launch import slurm
@@ -156,7 +156,7 @@ def submit_and_follow(launch: Launch, out: Path, on_event: Callable[[dict[str, A
             with contextlib.suppress(TimedOut):  # the error below says it was cancelled either way
                 wait_until(lambda: (job_info(job_id) or JobInfo(job_id, "COMPLETED")).ended or None,
                            f"Slurm job {job_id} to end", CANCEL_WAIT_S, OUTPUT_POLL_S)
-        raise JobFailed(f"interrupted: Slurm job {job_id} was cancelled (scancel)",
+        raise Interrupted(f"interrupted: Slurm job {job_id} was cancelled (scancel)",
                         "Re-run the command to start over") from None
 
 

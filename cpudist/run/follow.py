@@ -7,7 +7,7 @@ import contextlib
 import threading
 from typing import Any
 
-from cpudist.errors import JobFailed
+from cpudist.errors import Interrupted, JobFailed
 from cpudist.run.agent import ALIVE, HEARTBEAT_S, SILENCE_S, parse_status
 from cpudist.run.request import Callbacks, RunRequest
 from cpudist.ssh.client import LINK_ERRORS, Remote
@@ -94,7 +94,7 @@ def _read_agent(head: Remote, channel: Any, beat: _Heartbeat, cb: Callbacks) -> 
     code = channel.recv_exit_status() if channel.exit_status_ready() or not interrupted else -1
     channel.close()
     if interrupted:
-        raise JobFailed("interrupted: all ranks were stopped on every node", "Re-run the command to start over")
+        raise Interrupted("interrupted: all ranks were stopped on every node", "Re-run the command to start over")
     if not status and head.lost:
         raise _lost(head)
     if not status:

@@ -13,13 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cpudist import state
-from cpudist.errors import Preempted
+from cpudist.errors import Interrupted, Preempted
 from cpudist.hostfile import render_hostfile
 from cpudist.launch.kinds import plan
 from cpudist.launch.spec import SBATCH_FILE, check_layout
 from cpudist.results.schema import RunResult
 from cpudist.run import identity, local, recovery
-from cpudist.run.outcome import record
+from cpudist.run.outcome import read_stop, record
 from cpudist.run.prepare import prepare
 from cpudist.run.remote import local_inputs
 from cpudist.run.request import Callbacks, RunRequest, batch_note
@@ -65,6 +65,13 @@ def _tracked(request: RunRequest, where: str, run: Callable[[], RunResult]) -> R
         result = run()
     except Preempted as e:
         identity.mark(out, "preempted", message=e.message)
+        raise
+    except Interrupted as e:
+        identity.mark(out, "interrupted", message=e.what)
+        stop = read_stop(out)  # the ranks stopped after a checkpoint: say how to go on from it
+        if stop is not None:
+            raise Interrupted(f"interrupted: {stop.said()}",
+                              f"Resume: the same command with --resume auto --output-dir {out}") from None
         raise
     except KeyboardInterrupt:
         identity.mark(out, "interrupted")

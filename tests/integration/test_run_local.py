@@ -228,3 +228,36 @@ def test_killed_rank_ends_the_job(shared_data: Path, tmp_path: Path) -> None:
     assert proc.returncode == 1, err
     assert "the job failed" in err
     assert not [p for p in ranks if Path(f"/proc/{p}").exists() and "cpudist.rank" in cmdline(p)]
+
+
+def test_ctrl_c_after_a_checkpoint_says_how_to_resume_and_exits_130(shared_data: Path, tmp_path: Path) -> None:
+    """Ctrl-C stops every rank after a checkpoint: exit 130 (a shell's code for SIGINT, not a failure's 1), one
+    line naming the step and the resume command, run.json says interrupted, and that command goes on from it."""
+    out = tmp_path / "ctrlc"
+    args = [*mrpc(shared_data), "--np", "2", "--max-steps", "60", "--checkpoint-every", "2", "--no-eval",
+            "--output-dir", str(out)]
+    proc = subprocess.Popen([*CPUDIST, "run", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=os.environ.copy())
+    try:
+        deadline = time.monotonic() + 180
+        while not list((out / "checkpoints").glob("step-*")):
+            assert time.monotonic() < deadline and proc.poll() is None, "no checkpoint was written"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("Error: interrupted: the ranks stopped at step "), err[-3000:]
+    assert f"--resume auto --output-dir {out}" in last and "Traceback" not in err
+    assert json.loads((out / "run.json").read_text())["state"] == "interrupted"
+    stopped_at = int(last.split("at step ")[1].split()[0])
+    assert 0 < stopped_at < 60
+    again = cpudist("run", *args, "--resume", "auto")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"step-{stopped_at:06d} at step {stopped_at}" in again.stderr, again.stderr[-3000:]  # "resuming from"
+    assert json.loads((out / "result.json").read_text())["steps"] == 60
+    assert json.loads((out / "run.json").read_text())["state"] == "finished"

@@ -122,7 +122,7 @@ def test_ctrl_c_cancels_the_job(slurm: SlurmCluster, shared_data: Path, tmp_path
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 1 and f"interrupted: Slurm job {job.group(1)} was cancelled (scancel)" in out, out
+    assert proc.returncode == 130 and f"interrupted: Slurm job {job.group(1)} was cancelled (scancel)" in out, out
     assert job_state(slurm, job.group(1)) == "CANCELLED"
     assert slurm.jobs() == [] and ranks_left(slurm) == []
 
