@@ -24,6 +24,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "sweep": ("cpudist.cli.sweep", "sweep", "The same run at each node count, then its speedup report."),
     "predict": ("cpudist.cli.predict", "predict", "Predictions of a trained model on a file or a GLUE split."),
     "runs": ("cpudist.cli.runs", "runs", "Every run with its id, state, start, duration and metric."),
+    "logs": ("cpudist.cli.logs", "logs", "A run's output so far, or followed (-f) until it ends."),
+    "stop": ("cpudist.cli.stop", "stop", "Stop a running run from another shell (it checkpoints first)."),
     "report": ("cpudist.cli.report", "report", "Speedup and efficiency of comparable runs."),
     "plan": ("cpudist.cli.plan", "plan", "Step time, speedup and cost at N nodes, before renting them."),
     "hosts": ("cpudist.cli.hosts", "hosts", "Prepare and check the nodes of an on-prem or cloud cluster."),

@@ -21,6 +21,7 @@ from typing import Any
 
 from cpudist import state
 from cpudist.errors import CpudistError
+from cpudist.run.process import this_process
 from cpudist.train import checkpoint_meta as ckpt
 from cpudist.train.config import TrainConfig
 from cpudist.train.durable import runs_in
@@ -54,6 +55,10 @@ class RunInfo:
     run_dir: str = ""
     parts: int = 1  # the parts so far (a resume adds one)
     message: str = ""  # how a run that did not finish ended, in one line
+    command: str = ""  # the `cpudist run` command line (for the resume command `cpudist stop` prints)
+    pid: int = 0  # the launching `cpudist run` process (`cpudist stop` signals it), on host, started at pid_start
+    host: str = ""
+    pid_start: int = 0  # its start in clock ticks after boot (run/process.py): a reused PID never matches
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -76,15 +81,19 @@ def write_run(out: Path, info: RunInfo) -> None:
     state.write_atomic(out / RUN_FILE, json.dumps(info.to_dict(), indent=2) + "\n")
 
 
-def begin(cfg: TrainConfig, where: str) -> RunInfo:
-    """run.json as the run (or its next part) starts: running, with the first part's start time."""
+def begin(cfg: TrainConfig, where: str, command: str = "") -> RunInfo:
+    """run.json as the run (or its next part) starts: running, with the first part's start time, and this
+    (the launching) process."""
     out = Path(cfg.output_dir)
     earlier = read_run(out)
+    me = this_process()
     if earlier is not None and earlier.id == cfg.run_id:
         info = dataclasses.replace(earlier, state="running", ended_at=None, where=where, parts=earlier.parts + 1,
-                                   message="")
+                                   message="", command=command or earlier.command)
     else:
-        info = RunInfo(cfg.run_id, cfg.task, cfg.model, where, "running", _now(), run_dir=str(out.resolve()))
+        info = RunInfo(cfg.run_id, cfg.task, cfg.model, where, "running", _now(), run_dir=str(out.resolve()),
+                       command=command)
+    info = dataclasses.replace(info, pid=me.pid, host=me.host, pid_start=me.start)
     write_run(out, info)
     return info
 

@@ -18,7 +18,7 @@ from cpudist.hostfile import render_hostfile
 from cpudist.launch.kinds import plan
 from cpudist.launch.spec import SBATCH_FILE, check_layout
 from cpudist.results.schema import RunResult
-from cpudist.run import identity, local, recovery
+from cpudist.run import identity, local, recovery, runlog
 from cpudist.run.outcome import read_stop, record
 from cpudist.run.prepare import prepare
 from cpudist.run.remote import local_inputs
@@ -30,6 +30,7 @@ def start(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> Run
     """Run it wherever it goes (with its id, run/identity.py), and record the result in its run folder and the
     ledger; run.json follows its state."""
     request = dataclasses.replace(request, train=identity.assign(request.train))
+    cb = runlog.tee(cb, Path(request.train.output_dir), request.train.run_id)  # for `cpudist logs` elsewhere
     extra = {"cluster": where.cluster, "usd_per_hour": where.usd_per_hour, "command": request.command}
     note = batch_note(request.train, request.launch.np)
     if where.head is not None:
@@ -60,7 +61,7 @@ def _where_name(request: RunRequest, where: Where) -> str:
 def _tracked(request: RunRequest, where: str, run: Callable[[], RunResult]) -> RunResult:
     """Run `run` with run.json saying running, then finished, preempted, interrupted or failed."""
     out = Path(request.train.output_dir)
-    identity.begin(request.train, where)
+    identity.begin(request.train, where, request.command)
     try:
         result = run()
     except Preempted as e:

@@ -1,0 +1,55 @@
+"""`cpudist logs RUN [-f]`: a run's output so far, or followed until the run ends, from any shell."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from cpudist import state
+from cpudist.errors import BadInput
+from cpudist.results.ledger import read_ledger
+
+if TYPE_CHECKING:
+    from cpudist.run.listing import RunRow
+
+
+def run_arg(text: str) -> RunRow:
+    """RUN (an id, a unique prefix of one, or a run folder) as `cpudist runs` lists it (./runs and the ledger)."""
+    from cpudist.run.control import find_run
+
+    ledger_path = state.ledger_path()
+    return find_run(text, (Path("runs"),), read_ledger(ledger_path) if ledger_path.is_file() else [])
+
+
+def _emit(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+@click.command()
+@click.argument("run")
+@click.option("-f", "--follow", is_flag=True, help="Go on printing until the run ends (Ctrl-C stops following).")
+@click.pass_context
+def logs(ctx: click.Context, run: str, follow: bool) -> None:
+    """Print a run's output: rank lines and cpudist's progress (its folder's cpudist.log, or ranks.log).
+
+    RUN is a run id (or a unique prefix of one, as `cpudist runs` lists them) or a run folder.
+
+    Example: cpudist logs -f 20261126-101502
+    """
+    from cpudist.run.runlog import show
+
+    row = run_arg(run)
+    run_dir = Path(row.run_dir)
+    if not row.run_dir or not run_dir.is_dir():
+        raise BadInput(f"run {row.id}'s folder {row.run_dir or '(none recorded)'} is not on this machine",
+                       "Give the run's folder where it is")
+    try:
+        ended = show(run_dir, _emit, follow)
+    except KeyboardInterrupt:
+        ctx.exit(130)  # following stopped, the run goes on
+    if follow and ended:
+        click.echo(f"[cpudist] run {row.id} is {ended}", err=True)

@@ -1,0 +1,106 @@
+"""A run found by its id or folder, and stopped from another shell (`cpudist logs`, `cpudist stop`).
+
+    find_run("20261126-1015")   an id, a unique prefix of one, or a run folder -> its row (run/listing.py)
+    stop(info)                  SIGINT to the launching `cpudist run` (only if it is still that process, on this
+                                host): the ranks checkpoint when the run checkpoints, run.json says interrupted
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from cpudist.errors import BadInput
+from cpudist.results.schema import RunResult
+from cpudist.run.identity import RunInfo, read_run
+from cpudist.run.listing import RunRow, list_runs, row_of_info
+from cpudist.run.outcome import Stop, read_stop
+from cpudist.run.process import Proc, interrupt, this_host
+from cpudist.waits import TimedOut, wait_until
+
+STOP_WAIT_S = 120.0
+
+
+def find_run(text: str, folders: Sequence[Path], ledger: Sequence[RunResult]) -> RunRow:
+    """The run that `text` names: a run folder (with run.json), else an id or a unique prefix of one among the
+    runs `cpudist runs` lists."""
+    folder = Path(text).expanduser()
+    if folder.is_dir() and (info := read_run(folder)) is not None:
+        return row_of_info(info, datetime.now(UTC))
+    rows = [r for r in list_runs(folders, ledger) if r.id]
+    exact = [r for r in rows if r.id == text]
+    found = exact or [r for r in rows if r.id.startswith(text)]
+    if not found:
+        where = ", ".join(str(f) for f in folders)
+        raise BadInput(f"no run {text!r} in {where} or the ledger",
+                       "`cpudist runs` lists the runs and their ids; or give the run's folder")
+    if len({r.id for r in found}) > 1:
+        raise BadInput(f"{text!r} names {len(found)} runs ({', '.join(r.id for r in found[:5])})",
+                       "Give more of the id")
+    return found[0]
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """How a stopped run ended: run.json after the stop, and the checkpoint it left (None: none)."""
+
+    info: RunInfo
+    checkpoint: Stop | None
+
+    def resume_command(self) -> str:
+        """The run's command with --resume auto --output-dir <its folder> (instead of any it had)."""
+        words = shlex.split(self.info.command) if self.info.command else ["cpudist", "run", "<the same options>"]
+        kept: list[str] = []
+        skip = False
+        for word in words:
+            if skip:
+                skip = False
+            elif word in ("--output-dir", "--resume"):
+                skip = True
+            elif not word.startswith(("--output-dir=", "--resume=")):
+                kept.append(word)
+        return shlex.join([*kept, "--resume", "auto", "--output-dir", self.info.run_dir]).replace(
+            "'<the same options>'", "<the same options>")
+
+
+def stoppable(row: RunRow) -> RunInfo:
+    """run.json of a run this shell may stop, or the BadInput that says why not and what to do."""
+    info = read_run(Path(row.run_dir)) if row.run_dir else None
+    if info is None or info.state != "running":
+        state = info.state if info is not None else row.state
+        raise BadInput(f"run {row.id} is not running (it is {state})",
+                       "Nothing to stop; `cpudist runs` shows every run's state")
+    if not info.pid:
+        raise BadInput(f"run {row.id}'s run.json names no process (an older cpudist started it)",
+                       "Stop it with Ctrl-C in its terminal, or `kill -INT` its `cpudist run` process")
+    if info.host != this_host():
+        raise BadInput(f"run {row.id} was started on {info.host}, not on this machine ({this_host()})",
+                       f"Run `cpudist stop {row.id}` on {info.host}")
+    return info
+
+
+def stop(row: RunRow, wait_s: float = STOP_WAIT_S, interval_s: float = 1.0) -> Stopped:
+    """Interrupt the run's launching process and wait (at most `wait_s`) for run.json to leave running."""
+    info = stoppable(row)
+    out = Path(info.run_dir)
+    try:
+        interrupt(Proc(info.pid, info.host, info.pid_start))
+    except ProcessLookupError:
+        raise BadInput(f"run {row.id}'s process {info.pid} is gone (or the PID is another process's now): run.json "
+                       "says running, but the run ended without recording it; nothing was signalled",
+                       f"`cpudist logs {row.id}` shows its last lines; its checkpoints are in {out}") from None
+
+    def ended() -> RunInfo | None:
+        now = read_run(out)
+        return now if now is not None and now.state != "running" else None
+
+    try:
+        final = wait_until(ended, f"run {row.id} to stop", wait_s, interval_s)
+    except TimedOut as e:
+        raise TimedOut(f"run {row.id} still says running {wait_s:g}s after the interrupt",
+                       f"`cpudist logs -f {row.id}` shows what it does; stop it again, or kill process {info.pid}"
+                       ) from e
+    return Stopped(final, read_stop(out))
