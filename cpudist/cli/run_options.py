@@ -18,6 +18,7 @@ from cpudist.launch.spec import LAUNCHERS
 from cpudist.launch.tools import OPENMP_AUTO
 from cpudist.strategies import STRATEGIES, parse_compression
 from cpudist.train.config import BACKENDS, LR_SCALINGS, MOMENTS, OPTIMIZERS, PRECISIONS, SAMPLERS, SAVE_MODELS
+from cpudist.train.report_to import parse_report_to
 from cpudist.train.tasks import normalize_task, task_names
 from cpudist.validate import check_imds
 
@@ -61,6 +62,10 @@ def _s3(ctx: click.Context, param: click.Parameter, value: str | None) -> str | 
 
 def _imds(ctx: click.Context, param: click.Parameter, value: str) -> str:
     return check_imds(value)
+
+
+def _report_to(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...]:
+    return parse_report_to(value)
 
 
 def _compression(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -153,6 +158,12 @@ OPTIONS: list[Callable[[Any], Any]] = [
                  "run folder on the shared filesystem. Task synthetic saves none."),
     click.option("--log-every", type=click.IntRange(min=1), default=10, show_default=True,
                  help="Optimizer steps between lines of steps.jsonl and progress."),
+    click.option("--report-to", default="none", show_default=True, callback=_report_to,
+                 help="tensorboard: rank 0 also writes every step's loss, learning rate, grad norm, samples/s and "
+                 "comm share and every evaluation as TensorBoard event files in <run folder>/tensorboard/ "
+                 "(pip install 'cpudist[tensorboard]'; `tensorboard --logdir runs/`), as HF Trainer's report_to; "
+                 "from a laptop they come home with the run. MLflow is not supported (its client alone pulls a "
+                 "web server and some thirty packages)."),
     click.option("--dist-timeout", type=click.IntRange(min=1), default=300, show_default=True,
                  help="Seconds before a missing peer fails the job."),
     click.option("--max-grad-norm", type=click.FloatRange(min=0), default=1.0, show_default=True,
@@ -243,7 +254,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
                        "label_column", "max_seq_len", "max_train_samples", "max_eval_samples", "synthetic_samples"),
     "Training": ("epochs", "max_steps", "batch_size", "grad_accum", "lr", "lr_scaling", "optimizer", "weight_decay",
                  "warmup_ratio", "max_grad_norm", "seed", "precision", "dropout", "sampler", "freeze_embeddings",
-                 "do_eval", "eval_every", "eval_batch_size", "save_model", "log_every"),
+                 "do_eval", "eval_every", "eval_batch_size", "save_model", "log_every",
+                 "report_to"),
     "Gradient sync": ("sync", "grad_compression", "bucket_cap_mb", "sync_every", "local_sgd_warmup", "average_moments",
                       "second_moment_every", "outer_optimizer", "outer_lr", "outer_momentum", "backend",
                       "dist_timeout"),

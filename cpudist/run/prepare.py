@@ -17,7 +17,7 @@ from cpudist.launch.nodes import cluster_hosts, rendezvous_address
 from cpudist.launch.spec import RunSpec
 from cpudist.launch.tools import free_port, pick_allocator, pick_openmp, resolve_launcher
 from cpudist.run.request import RunRequest
-from cpudist.train import resume
+from cpudist.train import report_to, resume
 from cpudist.train.config import TrainConfig
 from cpudist.train.models import is_local_model, resolve_model, tokenizer_source
 
@@ -47,6 +47,7 @@ def preflight(cfg: TrainConfig) -> bool:
     if cfg.ipex and importlib.util.find_spec("intel_extension_for_pytorch") is None:
         raise BadInput("--ipex needs intel_extension_for_pytorch, which is not installed",
                        "Install the IPEX matching your torch (its last release, 2.8, needs torch 2.8), or drop --ipex")
+    report_to.check_installed(cfg.report_to)
     data_local = cfg.task == "synthetic" or bool(cfg.data_dir or cfg.train_file or cfg.task == "custom")
     if data_local and cfg.task != "synthetic":
         load_task(cfg)

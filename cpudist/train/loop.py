@@ -20,6 +20,7 @@ from cpudist.train.config import TrainConfig, effective_lr, spec_of
 from cpudist.train.features import collate
 from cpudist.train.keep import Evaluations
 from cpudist.train.preempt import StopRequests
+from cpudist.train.report_to import Reporters
 from cpudist.train.sampling import batch_plan, plan_steps
 from cpudist.train.saver import Saver, Training, restore, save
 from cpudist.train.setup import Job
@@ -59,9 +60,9 @@ class TrainStats:
 
 
 def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None = None,
-          evals: Evaluations | None = None) -> TrainStats:
+          evals: Evaluations | None = None, report: Reporters | None = None) -> TrainStats:
     """Train the job's model (synced by its --sync strategy when world > 1) and return what was measured;
-    `evals` evaluates every --eval-every steps (outside the steps' times)."""
+    `evals` evaluates every --eval-every steps (outside the steps' times); `report` gets steps and evaluations."""
     cfg, model, data, regression, bf16 = job.cfg, job.model, job.train_data, job.regression, job.bf16
     rank, world, iface = job.info.rank, job.info.world_size, job.iface  # iface: where this rank counts bytes sent
     shape = shape_of(getattr(model, "module", model))
@@ -96,7 +97,7 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
     tx_start = _counted(iface, world)  # after DDP's initial broadcast: only the training's traffic
     try:
         while stats.steps < total:
-            t0 = time.perf_counter()
+            t0, waited = time.perf_counter(), strategy.clock.exposed_s
             micro_batches = [next(batches) for _ in range(cfg.grad_accum)]
             step_rows = sum(n for _, _, n in micro_batches)
             last = micro_batches[-1][0]
@@ -128,13 +129,14 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
             stats.steps += 1
             stats.train_time_s += dt
             stats.step_times.append(dt)
-            pending.append((stats.steps, loss_sum, n_local, tokens, flops, dt, sched.get_last_lr()[0], grad_norm))
+            pending.append((stats.steps, loss_sum, n_local, tokens, flops, dt, sched.get_last_lr()[0], grad_norm,
+                            strategy.clock.exposed_s - waited))
             if stats.steps % cfg.log_every == 0 or stats.steps == total:
-                _flush(pending, stats, log, world, total)
+                _flush(pending, stats, log, world, total, report)
                 pending = []
             stop_now, save_now = _agree(stop, saver, stats.steps, time.monotonic() - last_save, world)
             if save_now or stop_now:
-                _flush(pending, stats, log, world, total)
+                _flush(pending, stats, log, world, total, report)
                 pending = []
                 save(saver, live, stats, next_pos, total)
                 last_save = time.monotonic()
@@ -142,7 +144,9 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
                 stats.stopped = stop.pending() or preempt.PEER
                 break
             if evals is not None and evals.due(stats.steps, total):
-                evals.run(job, stats.steps, during=True)
+                metrics, _ = evals.run(job, stats.steps, during=True)
+                if report is not None:
+                    report.log_eval(stats.steps, metrics)
         strategy.parameters(stats.steps, final=True)  # local SGD: evaluate (and keep) the ranks' mean
         tx_end = _counted(iface, world)
         if tx_start is not None and tx_end is not None:
@@ -160,7 +164,7 @@ def _counted(iface: str | None, world: int) -> int | None:
     return netcount.tx_bytes(iface)
 
 
-Pending = tuple[int, torch.Tensor, int, int, float, float, float, float]
+Pending = tuple[int, torch.Tensor, int, int, float, float, float, float, float]
 
 
 def clip_and_step(model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any, max_norm: float) -> float:
@@ -214,14 +218,15 @@ def _optimizer(cfg: TrainConfig, model: torch.nn.Module, lr: float) -> torch.opt
 
 
 def _flush(pending: list[Pending], stats: TrainStats,
-           log: TextIO | None, world: int, total: int) -> None:
+           log: TextIO | None, world: int, total: int, report: Reporters | None = None) -> None:
     """One all-reduce per logging interval gives the global loss, samples and tokens per step."""
     if not pending:
         return
     vec = torch.tensor([[float(p[1]), p[2], p[3], p[4]] for p in pending], dtype=torch.float64)
     if world > 1:
         dist.all_reduce(vec)
-    for (step, _, _, _, _, dt, lr, norm), (loss, samples, tokens, flops) in zip(pending, vec.tolist(), strict=True):
+    for (step, _, _, _, _, dt, lr, norm, waited), (loss, samples, tokens, flops) in zip(pending, vec.tolist(),
+                                                                                      strict=True):
         loss /= samples  # the mean over every row of the global step, however ranks shared them
         stats.samples += int(samples)
         stats.tokens += int(tokens)
@@ -231,6 +236,10 @@ def _flush(pending: list[Pending], stats: TrainStats,
         if log is not None:
             log.write(json.dumps({"step": step, "loss": loss, "lr": lr, "samples": int(samples),
                                   "tokens": int(tokens), "step_time_s": dt, "grad_norm": norm}) + "\n")
+            if report is not None:  # as HF's report_to names them; comm_share: rank 0's wait for the exchange
+                report.log_step(step, {"loss": loss, "learning_rate": lr, "grad_norm": norm,
+                                       "samples_per_s": samples / dt if dt else 0.0,
+                                       "comm_share": waited / dt if dt else 0.0})
     if log is not None:
         log.flush()
         last = pending[-1]

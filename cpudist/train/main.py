@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from cpudist.errors import BadInput
-from cpudist.train import checkpoint, events, preempt, resume
+from cpudist.train import checkpoint, events, preempt, report_to, resume
 from cpudist.train.checkpoint import Restored
 from cpudist.train.config import TrainConfig
 from cpudist.train.dist import RankInfo
@@ -66,6 +66,7 @@ def _say_rank0(rank: int) -> Callable[[str], None]:
 def run(cfg: TrainConfig, info: RankInfo, provider: Provider) -> int:
     """Set up, train, evaluate and (on rank 0) write result.json; the exit code."""
     started, started_at = time.perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
+    report_to.check_installed(cfg.report_to)  # on every rank, before any collective: all stop alike
     job = setup(cfg, info)
     mirror = _mirror(cfg, provider)
     cfg, restored = _restore(cfg, job.run_dir, info, _say_rank0(info.rank), mirror)
@@ -82,15 +83,21 @@ def run(cfg: TrainConfig, info: RankInfo, provider: Provider) -> int:
     # One poller per node.
     poller = provider.notices(cfg.imds) if provider.notices is not None and info.local_rank == 0 else None
     evals = Evaluations.of(job)
-    with preempt.StopRequests(poller) as stop:
-        stats = train(job, saver, stop, restored, evals)
-    if stats.stopped is not None:
-        return _stopped(job, stats, info)
-    metrics: dict[str, float] = {}
-    phases: dict[str, float] = {}
-    if cfg.do_eval:  # the model as trained; local SGD and DiLoCo: the ranks' average (the loop's final sync)
-        metrics, phases = evals.run(job, stats.steps)
-    _finish(job, stats, metrics, phases, saver, started_at, restored, evals)
+    report = report_to.Reporters.open(cfg.report_to, info.rank, job.run_dir, dataclasses.asdict(cfg),
+                                      restored.meta.step if restored else 0)
+    try:
+        with preempt.StopRequests(poller) as stop:
+            stats = train(job, saver, stop, restored, evals, report)
+        if stats.stopped is not None:
+            return _stopped(job, stats, info)
+        metrics: dict[str, float] = {}
+        phases: dict[str, float] = {}
+        if cfg.do_eval:  # the model as trained; local SGD and DiLoCo: the ranks' average (the loop's final sync)
+            metrics, phases = evals.run(job, stats.steps)
+            report.log_eval(stats.steps, metrics)
+        _finish(job, stats, metrics, phases, saver, started_at, restored, evals)
+    finally:
+        report.close()  # the event files are whole on every way out
     return 0
 
 
