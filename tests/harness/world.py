@@ -368,8 +368,11 @@ class World:
         return self.state / "operator-home" / rel
 
     def operator_argv(self, argv: list[str]) -> list[str]:
-        return ["nsenter", "--target", str(self.operator_pid()), "--net", "--mount", "--uts",
-                f"--wd={OPERATOR_HOME}", "--", *argv]
+        # `env -C`, not nsenter's --wd: that one opens the folder before entering the mount namespace, so the
+        # command's cwd was the host's folder under the home's bind mount (relative paths landed there, absolute ones
+        # in the home: `runs/x` made by mkdir was not /srv/cpd-operator/runs/x to tempfile).
+        return ["nsenter", "--target", str(self.operator_pid()), "--net", "--mount", "--uts", "--",
+                "env", "-C", str(OPERATOR_HOME), *argv]
 
     def operator_env(self, env: dict[str, str] | None = None) -> dict[str, str]:
         """This process's environment, HOME = the operator's, CPUDIST_HOME unset, then `env`."""
