@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from cpudist.errors import BadInput
+from cpudist.errors import BadInput, JobFailed
 from cpudist.results.schema import RunResult
 from cpudist.run.identity import RunInfo, read_run
 from cpudist.run.listing import RunRow, list_runs, row_of_info
 from cpudist.run.outcome import Stop, read_stop
-from cpudist.run.process import Proc, interrupt, this_host
+from cpudist.run.process import Proc, alive, interrupt, this_host
 from cpudist.waits import TimedOut, wait_until
 
 STOP_WAIT_S = 120.0
@@ -86,16 +86,18 @@ def stop(row: RunRow, wait_s: float = STOP_WAIT_S, interval_s: float = 1.0) -> S
     """Interrupt the run's launching process and wait (at most `wait_s`) for run.json to leave running."""
     info = stoppable(row)
     out = Path(info.run_dir)
+    proc = Proc(info.pid, info.host, info.pid_start)
     try:
-        interrupt(Proc(info.pid, info.host, info.pid_start))
+        interrupt(proc)
     except ProcessLookupError:
         raise BadInput(f"run {row.id}'s process {info.pid} is gone (or the PID is another process's now): run.json "
                        "says running, but the run ended without recording it; nothing was signalled",
                        f"`cpudist logs {row.id}` shows its last lines; its checkpoints are in {out}") from None
 
     def ended() -> RunInfo | None:
-        now = read_run(out)
-        return now if now is not None and now.state != "running" else None
+        gone = not alive(proc)  # before run.json: a process that recorded its end, then exited, is not lost
+        now = read_run(out) or info
+        return now if now.state != "running" or gone else None
 
     try:
         final = wait_until(ended, f"run {row.id} to stop", wait_s, interval_s)
@@ -103,4 +105,7 @@ def stop(row: RunRow, wait_s: float = STOP_WAIT_S, interval_s: float = 1.0) -> S
         raise TimedOut(f"run {row.id} still says running {wait_s:g}s after the interrupt",
                        f"`cpudist logs -f {row.id}` shows what it does; stop it again, or kill process {info.pid}"
                        ) from e
+    if final.state == "running":
+        raise JobFailed(f"run {row.id}'s process {info.pid} ended without recording how (run.json says running)",
+                        f"`cpudist logs {row.id}` shows its last lines; its checkpoints are in {out}")
     return Stopped(final, read_stop(out))

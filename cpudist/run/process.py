@@ -24,12 +24,14 @@ class Proc:
 
 
 def start_ticks(pid: int) -> int | None:
-    """When process `pid` started (ticks after boot), or None when there is no such process."""
+    """When process `pid` started (ticks after boot), or None when there is no such process, or it has exited and
+    waits for its parent to reap it (a zombie)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return int(stat.rsplit(")", 1)[1].split()[19])  # field 22; the name in () may hold spaces
+    fields = stat.rsplit(")", 1)[1].split()  # after the name, which may hold spaces and parentheses
+    return None if fields[0] in ("Z", "X") else int(fields[19])  # fields 3 (state) and 22 (starttime)
 
 
 def this_process() -> Proc:
