@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,15 @@ settings.register_profile("cpudist", deadline=None)
 settings.load_profile("cpudist")
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+# The tests that press Ctrl-C or hang up on a command model a user at a terminal, where neither signal is ignored.
+# A suite started under `nohup` or with `&` from a script inherits SIGHUP or SIGINT ignored, and so would every
+# command it starts (an ignored disposition survives exec), which cpudist rightly keeps ignoring
+# (cpudist/interrupts.py). So the session restores the terminal's dispositions for itself and its children.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 @pytest.fixture(scope="session")
