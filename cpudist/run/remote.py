@@ -34,6 +34,7 @@ from cpudist.ssh.known_hosts import KnownHosts
 from cpudist.train.config import TrainConfig
 from cpudist.train.models import PRESETS, resolve_model, tokenizer_source
 from cpudist.train.preempt import MARKER
+from cpudist.train.report_to import TENSORBOARD_DIR
 
 FETCHED = ("result.json", "steps.jsonl", "command.txt", "ranks.log", "hostfile", MARKER)
 PYTHONS = ("/opt/cpudist/bin/python", "python3.11", "python3")
@@ -56,6 +57,16 @@ def local_inputs(cfg: TrainConfig) -> list[tuple[str, str, Path]]:
         if tok.is_dir() and not (cfg.model not in PRESETS and tok == Path(resolve_model(cfg.model))):
             found.append(("tokenizer", "tokenizer", tok))  # the tokenizer's files only: see stage.item
     return found
+
+
+def fetch_tree(head: Remote, remote_dir: str, local_dir: Path) -> int:
+    """Copy every file under the head's remote_dir (small ones: --report-to's event files) into local_dir."""
+    code, out, _ = head.run(f"cd {shlex.quote(remote_dir)} && find . -type f -printf '%P\\n'", timeout=120)
+    names = [n for n in out.splitlines() if n] if code == 0 else []
+    for name in names:
+        (local_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        head.fetch(f"{remote_dir}/{name}", local_dir / name)
+    return len(names)
 
 
 def _find_python(head: Remote, given: str | None) -> str:
@@ -185,6 +196,8 @@ def run(request: RunRequest, head_spec: Head, ledger_path: Path, cb: Callbacks, 
             for name in FETCHED if not head.lost else ():  # a lost head's error is the one to show
                 if not head.fetch(f"{run_dir}/{name}", local_dir / name) and name == "result.json":
                     (local_dir / name).unlink(missing_ok=True)  # an earlier run's, in a reused folder: not this one's
+            if cfg.report_to and not head.lost:
+                fetch_tree(head, f"{run_dir}/{TENSORBOARD_DIR}", local_dir / TENSORBOARD_DIR)
         fetched = (fetch_model(head, f"{run_dir}/{MODEL_DIR}", local_dir / MODEL_DIR, say)
                    if head_spec.fetch_model and status.get("status") == "ok" else {})
     stop = read_stop(local_dir)

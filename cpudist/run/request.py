@@ -61,6 +61,7 @@ class RunRequest:
         data = json.loads(text)
         train = data.pop("train")
         train["text_columns"] = tuple(train.get("text_columns", ()))
+        train["report_to"] = tuple(train.get("report_to", ()))
         launch = data.pop("launch")
         launch["env"] = tuple(tuple(p) for p in launch.get("env", ()))
         if launch.get("slurm") is not None:

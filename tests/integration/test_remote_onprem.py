@@ -223,3 +223,23 @@ def test_the_model_comes_home_sha256_checked_or_stays_on_the_head(site: World) -
     assert result["model_dir"] == f"{result['staging']['remote_run_dir']}/model"
     assert site.hosts.run(0, ["test", "-s", f"{result['model_dir']}/model.safetensors"]).returncode == 0
     assert wait_no_leftovers(site) == []
+
+
+def test_tensorboard_event_files_come_home(site: World) -> None:
+    """--report-to tensorboard from the laptop: rank 0's event files on the head come into the local run folder,
+    byte for byte, and tensorboard's reader finds every step there."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    r = run_from_laptop(site, "tb-home", "--report-to", "tensorboard", "--log-every", "1", "--save-model", "none")
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    local = site.operator_path("runs/tb-home/tensorboard")
+    files = [p for p in local.rglob("*") if p.is_file()]
+    assert len(files) == 1 and files[0].name.startswith("events.out.tfevents."), files
+    remote = json.loads(site.operator_path("runs/tb-home/result.json").read_text())["staging"]["remote_run_dir"]
+    on_head = site.hosts.run(0, ["sha256sum", f"{remote}/tensorboard/{files[0].name}"])
+    assert on_head.stdout.split()[0] == hashlib.sha256(files[0].read_bytes()).hexdigest(), on_head
+    events = EventAccumulator(str(local))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3]
+    assert [e.step for e in events.Scalars("eval/accuracy")] == [3]
+    assert wait_no_leftovers(site) == []

@@ -79,3 +79,13 @@ def test_missing_tensorboard_stops_a_rank_before_it_joins(tmp_path: Path) -> Non
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and ":1] error: --report-to tensorboard needs the tensorboard package" in lines[0], lines
     assert "pip install 'cpudist[tensorboard]'" in lines[0]
+
+
+def test_it_crosses_ssh_to_the_head() -> None:
+    """The head's agent gets the run as JSON (run/request.py): the names come back a tuple, so its ranks get them."""
+    from cpudist.run.request import LaunchOptions, RunRequest
+
+    request = RunRequest(TrainConfig(task="mrpc", output_dir="run", report_to=("tensorboard",)),
+                         LaunchOptions(np=2, ppn=1))
+    again = RunRequest.from_json(request.to_json())
+    assert again == request and "--report-to=tensorboard" in to_argv(again.train)
