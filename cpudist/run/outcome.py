@@ -58,17 +58,22 @@ def check(outcome: Outcome, out: Path, timeout_s: float | None, what: str, slurm
         # Slurm's verdict first (TIMEOUT, NODE_FAIL, ...): the ranks' own stop is a consequence of it.
         message, hint = slurm.failure(slurm_info, str(out / f"slurm-{slurm_info.job_id}.out"), last)
         raise JobFailed(message, f"{hint}. {saved[0].upper()}{saved[1:]}: {resume} goes on" if stop else hint)
-    killed = outcome.failed_host is not None and outcome.returncode > 128  # a host's launcher died of a signal
+    # A host's launcher died of a signal (128 + its number); 255 is ssh's own code for a connection that failed.
+    killed = outcome.failed_host is not None and 128 < outcome.returncode < 128 + signal.NSIG
     if outcome.returncode != 0 and stop and not killed:
         raise Preempted(saved, f"Resume: the same command with {resume}")
     if outcome.returncode != 0:
         host = outcome.failed_host or failed_host(outcome.last_lines)
         where = f" on {host}" if host else ""
-        signal_name = f", {_signal_name(outcome.returncode - 128)}" if killed else ""
+        signal_name = (f", {_signal_name(outcome.returncode - 128)}" if killed
+                       else ", ssh lost the host" if outcome.failed_host and outcome.returncode == SSH_FAILED else "")
         detail = f": {last}" if last else ""
         hint = "See the rank output above; the first failing rank is named in it"
         raise JobFailed(f"the job failed{where} ({what} exit code {outcome.returncode}{signal_name}){detail}",
                         f"{hint}. {saved[0].upper()}{saved[1:]}: {resume} goes on" if stop else hint)
+
+
+SSH_FAILED = 255  # ssh's exit code when the connection itself failed (not the remote command's)
 
 
 def _signal_name(number: int) -> str:

@@ -1,0 +1,30 @@
+"""The one-line error of a failed launch names how the failing host's launcher ended: a signal as its name, and
+ssh's own 255 as a lost connection, not as "signal 127" (255 - 128)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cpudist.errors import JobFailed
+from cpudist.launch.runner import Outcome
+from cpudist.run.outcome import check
+
+
+def failure(tmp_path: Path, code: int) -> str:
+    with pytest.raises(JobFailed) as failed:
+        check(Outcome(code, False, (), failed_host="n3"), tmp_path, None, "torchrun")
+    return failed.value.what
+
+
+def test_a_launcher_killed_by_a_signal_is_named_by_it(tmp_path: Path) -> None:
+    assert failure(tmp_path, 137) == "the job failed on n3 (torchrun exit code 137, killed by SIGKILL)"
+
+
+def test_ssh_losing_the_host_is_not_read_as_a_signal(tmp_path: Path) -> None:
+    assert failure(tmp_path, 255) == "the job failed on n3 (torchrun exit code 255, ssh lost the host)"
+
+
+def test_a_plain_exit_code_is_just_that(tmp_path: Path) -> None:
+    assert failure(tmp_path, 1) == "the job failed on n3 (torchrun exit code 1)"
