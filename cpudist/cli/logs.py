@@ -32,14 +32,21 @@ def _emit(text: str) -> None:
 @click.command()
 @click.argument("run")
 @click.option("-f", "--follow", is_flag=True, help="Go on printing until the run ends (Ctrl-C stops following).")
+@click.option("--head", "from_head", is_flag=True,
+              help="Read the ranks' output on the run's head over SSH (runs with --cluster or --head).")
+@click.option("--user", help="With --head for a run started with --head HOST: the login there, as run took it.")
+@click.option("--identity", help="With --head for a run started with --head HOST: the private key, as run took it.")
 @click.pass_context
-def logs(ctx: click.Context, run: str, follow: bool) -> None:
+def logs(ctx: click.Context, run: str, follow: bool, from_head: bool, user: str | None,
+         identity: str | None) -> None:
     """Print a run's output: rank lines and cpudist's progress (its folder's cpudist.log, or ranks.log).
 
-    RUN is a run id (or a unique prefix of one, as `cpudist runs` lists them) or a run folder.
+    RUN is a run id (or a unique prefix of one, as `cpudist runs` lists them) or a run folder. A run on a cluster
+    from this machine logs here what it streamed; --head reads the head's ranks.log instead.
 
     Example: cpudist logs -f 20261126-101502
     """
+    from cpudist.run.identity import read_run
     from cpudist.run.runlog import show
 
     row = run_arg(run)
@@ -47,8 +54,16 @@ def logs(ctx: click.Context, run: str, follow: bool) -> None:
     if not row.run_dir or not run_dir.is_dir():
         raise BadInput(f"run {row.id}'s folder {row.run_dir or '(none recorded)'} is not on this machine",
                        "Give the run's folder where it is")
+    info = read_run(run_dir) if from_head else None
+    if from_head and info is None:
+        raise BadInput(f"run {row.id} has no run.json in {run_dir}", "`cpudist logs` without --head shows its log")
     try:
-        ended = show(run_dir, _emit, follow)
+        if info is not None:
+            from cpudist.run.headlog import show_head  # paramiko: only on this path
+
+            ended = show_head(info, user, identity, _emit, follow)
+        else:
+            ended = show(run_dir, _emit, follow)
     except KeyboardInterrupt:
         ctx.exit(130)  # following stopped, the run goes on
     if follow and ended:

@@ -151,3 +151,13 @@ def test_logs_follow_ends_with_the_run_and_ctrl_c_exits_130_quietly(tmp_path: Pa
         assert follow.returncode == 130 and err == "", err
     finally:
         follow.kill()
+
+
+def test_logs_head_of_a_run_without_a_head_says_where_its_output_is(tmp_path: Path) -> None:
+    here = tmp_path / "here"
+    here.mkdir()
+    write_run(here, RunInfo("20261126-100000-123456", "mrpc", "tiny", "here", "finished", "2026-11-26T10:00:00+00:00",
+                            run_dir=str(here)))
+    r = CliRunner().invoke(cli, ["logs", "--head", str(here)])
+    assert r.exit_code == 2 and r.output == (f"Error: run 20261126-100000-123456 ran here, not on a head over SSH: its "
+                                             f"ranks' output is in {here}. `cpudist logs` without --head shows it\n")
