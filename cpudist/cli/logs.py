@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -67,8 +66,5 @@ def logs(ctx: click.Context, run: str, follow: bool, from_head: bool, user: str 
             ended = show(run_dir, _emit, follow)
     except KeyboardInterrupt:
         ctx.exit(130)  # following stopped, the run goes on
-    except BrokenPipeError:  # `cpudist logs RUN | head`: the reader has what it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes at exit
-        ctx.exit(0)
     if follow and ended:
         click.echo(f"[cpudist] run {row.id} is {ended}", err=True)
