@@ -22,8 +22,8 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(state.inductor_dir()))
 
 from cpudist.cloud.aws.notice import NoticeWatcher, imds_endpoint
 from cpudist.cloud.aws.objects import S3Objects
+from cpudist.config import from_argv
 from cpudist.errors import CpudistError
-from cpudist.train.config import from_argv
 from cpudist.train.dist import discover_rank, shutdown_distributed
 from cpudist.train.main import Provider, run
 from cpudist.train.preempt import NoticePoller

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import click
 
+from cpudist.config import PRECISIONS
 from cpudist.interrupts import signals_interrupt
 from cpudist.predict.inputs import SPLITS
 from cpudist.predict.job import Outcome, Plan, PredictRequest, describe, execute, plan
 from cpudist.predict.outputs import FORMATS
-from cpudist.train.config import PRECISIONS
 
 
 @contextmanager

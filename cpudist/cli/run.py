@@ -17,6 +17,7 @@ from cpudist.cli.options import SectionedCommand
 from cpudist.cli.progress import JobView
 from cpudist.cli.run_options import SECTIONS, run_options
 from cpudist.cli.slurm_options import to_slurm_options
+from cpudist.config import TrainConfig, check_save
 from cpudist.cpu import read_cpu
 from cpudist.interrupts import signals_interrupt
 from cpudist.results.schema import RunResult
@@ -30,7 +31,6 @@ from cpudist.run.request import (
     unfinished_run,
 )
 from cpudist.strategies import check_sync
-from cpudist.train.config import TrainConfig, check_save
 
 if TYPE_CHECKING:
     from cpudist.run.where import Route

@@ -12,12 +12,12 @@ from cpudist.cli.defaults import config_option
 from cpudist.cli.options import output_options
 from cpudist.cli.slurm_options import slurm_options
 from cpudist.cloud.aws.objects import parse_s3_url
+from cpudist.config import BACKENDS, LR_SCALINGS, MOMENTS, OPTIMIZERS, PRECISIONS, SAMPLERS, SAVE_MODELS
 from cpudist.errors import BadInput
 from cpudist.launch.env import AUTO_PPN_WHY, parse_env_pairs
 from cpudist.launch.spec import LAUNCHERS
 from cpudist.launch.tools import OPENMP_AUTO
 from cpudist.strategies import STRATEGIES, parse_compression
-from cpudist.train.config import BACKENDS, LR_SCALINGS, MOMENTS, OPTIMIZERS, PRECISIONS, SAMPLERS, SAVE_MODELS
 from cpudist.train.report_to import parse_report_to
 from cpudist.train.tasks import normalize_task, task_names
 from cpudist.validate import check_imds

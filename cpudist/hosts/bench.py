@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cpudist import state
+from cpudist.config import TrainConfig
 from cpudist.cpu import read_cpu
 from cpudist.errors import BadInput, JobFailed
 from cpudist.launch import runner
@@ -27,7 +28,6 @@ from cpudist.launch.runner import failed_host
 from cpudist.launch.spec import Launch, RunSpec
 from cpudist.launch.tools import free_port, resolve_launcher
 from cpudist.traffic import ring_factor
-from cpudist.train.config import TrainConfig
 
 DEFAULT_SIZES = "1MB,8MB,32MB,64MB"
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}

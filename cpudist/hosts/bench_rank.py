@@ -18,8 +18,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from cpudist import events
 from cpudist.cpu import read_cpu
-from cpudist.train import events
 from cpudist.train.dist import discover_rank, init_distributed, shutdown_distributed
 
 

@@ -14,10 +14,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cpudist import events
 from cpudist.errors import Interrupted
 from cpudist.launch.spec import Launch
 from cpudist.launch.watch import NodeWatch
-from cpudist.train import events
 
 GRACE_S = 10.0  # between SIGTERM and SIGKILL of the launcher's process group
 

@@ -14,7 +14,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from cpudist.train.dist import expand_counts as expand_counts  # parsed where the ranks read it
+from cpudist.slurm_counts import expand_counts as expand_counts  # parsed where the ranks read it
 
 # States after which a job runs no more (man squeue, JOB STATE CODES).
 TERMINAL = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",

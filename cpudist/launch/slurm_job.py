@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cpudist import events
 from cpudist.errors import BadInput, Interrupted, JobFailed
 from cpudist.hostfile import Host
 from cpudist.interrupts import shielded
 from cpudist.launch import slurm
 from cpudist.launch.slurm import Allocation, JobInfo, SlurmOptions, expand_counts, parse_job
 from cpudist.launch.spec import SBATCH_FILE, Launch, RunSpec, trainer_argv
-from cpudist.train import events
 from cpudist.waits import TimedOut, wait_until
 
 POLL_S = 2.0  # between `scontrol show job` calls (the output file is read every OUTPUT_POLL_S)

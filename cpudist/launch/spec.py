@@ -6,11 +6,11 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from cpudist.config import TrainConfig, to_argv
 from cpudist.errors import BadInput
 from cpudist.hostfile import Host
 from cpudist.launch.env import EnvSpec, node_env
 from cpudist.launch.slurm import Allocation, SlurmOptions
-from cpudist.train.config import TrainConfig, to_argv
 
 LAUNCHERS = ("auto", "mpich", "impi", "openmpi", "slurm", "torchrun")
 SBATCH_FILE = "job.sbatch"  # the batch script's name in the run folder

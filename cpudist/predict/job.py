@@ -13,12 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cpudist import events
 from cpudist.cpu import read_cpu, read_cpu_quota, usable_cores
 from cpudist.errors import BadInput, JobFailed
 from cpudist.predict import outputs
 from cpudist.predict.inputs import Inputs, read_file, read_split
 from cpudist.predict.source import Settings, Source, find_source
-from cpudist.train import events
 from cpudist.train.tasks import GLUE_TASKS
 from cpudist.train.threads import pinned_threads
 

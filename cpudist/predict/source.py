@@ -124,7 +124,7 @@ def read_facts(run_dir: Path) -> RunFacts:
     if (run_dir / "command.txt").is_file():
         words = _rank_words((run_dir / "command.txt").read_text())
         if words:
-            from cpudist.train.config import from_argv  # parsing only, no torch
+            from cpudist.config import from_argv  # parsing only, no torch
 
             try:
                 cfg = from_argv(words)

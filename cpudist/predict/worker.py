@@ -10,10 +10,10 @@ import json
 import sys
 from pathlib import Path
 
+from cpudist import events
 from cpudist.errors import CpudistError
 from cpudist.predict.infer import run_shard
 from cpudist.predict.source import Settings
-from cpudist.train import events
 
 
 def main(argv: list[str]) -> int:

@@ -17,9 +17,9 @@ import sys
 import threading
 from typing import Any
 
+from cpudist import events
 from cpudist.errors import CpudistError
 from cpudist.run.request import Callbacks, RunRequest
-from cpudist.train import events
 
 STATUS = "@@cpudist-agent "
 ALIVE = "alive"  # the laptop's heartbeat line, sent every HEARTBEAT_S

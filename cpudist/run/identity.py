@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from cpudist import state
+from cpudist.config import TrainConfig
 from cpudist.errors import CpudistError
 from cpudist.run.process import this_process
 from cpudist.train import checkpoint_meta as ckpt
-from cpudist.train.config import TrainConfig
 from cpudist.train.durable import runs_in
 from cpudist.train.resume import checkpoint_folder
 

@@ -9,6 +9,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from cpudist.config import TrainConfig
 from cpudist.cpu import read_cpu
 from cpudist.errors import BadInput
 from cpudist.hostfile import local_hosts
@@ -18,7 +19,6 @@ from cpudist.launch.spec import RunSpec
 from cpudist.launch.tools import free_port, pick_allocator, pick_openmp, resolve_launcher
 from cpudist.run.request import RunRequest
 from cpudist.train import report_to, resume
-from cpudist.train.config import TrainConfig
 from cpudist.train.models import is_local_model, resolve_model, tokenizer_source
 
 HUB_PROBE_TIMEOUT_S = 5.0

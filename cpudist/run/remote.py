@@ -19,6 +19,7 @@ from typing import Any
 
 import cpudist
 from cpudist import state
+from cpudist.config import TrainConfig
 from cpudist.errors import BadInput, CpudistError, JobFailed, Preempted
 from cpudist.hostfile import Host, render_hostfile
 from cpudist.results.card import MODEL_DIR
@@ -31,7 +32,6 @@ from cpudist.run.request import Callbacks, RunRequest
 from cpudist.run.where import Head
 from cpudist.ssh.client import Remote
 from cpudist.ssh.known_hosts import KnownHosts
-from cpudist.train.config import TrainConfig
 from cpudist.train.models import PRESETS, resolve_model, tokenizer_source
 from cpudist.train.preempt import MARKER
 from cpudist.train.report_to import TENSORBOARD_DIR

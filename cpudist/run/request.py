@@ -13,9 +13,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from cpudist.config import TrainConfig
 from cpudist.errors import BadInput
 from cpudist.launch.slurm import SlurmOptions
-from cpudist.train.config import TrainConfig
 from cpudist.train.preempt import MARKER
 
 

@@ -12,8 +12,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from cpudist.config import TrainConfig
 from cpudist.errors import BadInput
-from cpudist.train.config import TrainConfig
 from cpudist.train.tasks import GLUE_DIR_NAMES, GLUE_TASKS, GlueTask
 
 CUSTOM_SUFFIXES = (".csv", ".tsv", ".txt", ".json", ".jsonl")

@@ -5,13 +5,13 @@ from __future__ import annotations
 import importlib
 import ipaddress
 import os
-import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
 from cpudist.errors import BadInput
+from cpudist.slurm_counts import expand_counts
 from cpudist.train.netcount import iface_toward
 
 # (rank, size, local rank, local size) variables, most specific launcher first: torchrun sets
@@ -38,17 +38,6 @@ class RankInfo:
 
 # srun's per-node task counts, the step's first (srun sets all three; sbatch's own may differ from a step's).
 SLURM_TASK_COUNTS = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE")
-
-
-def expand_counts(text: str) -> list[int]:
-    """Slurm's compressed per-node counts, e.g. SLURM_TASKS_PER_NODE `2(x3),1` -> [2, 2, 2, 1]."""
-    counts: list[int] = []
-    for part in text.strip().split(","):
-        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
-        if m is None:
-            raise ValueError(f"not a Slurm count list: {text!r}")
-        counts += [int(m.group(1))] * int(m.group(2) or 1)
-    return counts
 
 
 def slurm_local_size(env: Mapping[str, str], size: int) -> int:

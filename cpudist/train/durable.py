@@ -18,18 +18,10 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Protocol
 
 from cpudist.errors import BadInput, CpudistError
+from cpudist.objects import ObjectStore, StoreError
 from cpudist.train.checkpoint_meta import COMPLETE, PART, step_of
-
-
-class StoreError(CpudistError):
-    """An object store call failed; `code` keeps the provider's error code (the mirror says what it was doing)."""
-
-    def __init__(self, message: str, hint: str | None = None, code: str = "") -> None:
-        super().__init__(message, hint)
-        self.hint, self.code = hint, code
 
 
 class MirrorError(CpudistError):
@@ -38,28 +30,6 @@ class MirrorError(CpudistError):
     def __init__(self, message: str, hint: str | None = None, code: str = "") -> None:
         super().__init__(message, hint)
         self.code = code
-
-
-class ObjectStore(Protocol):
-    """Files by key under one location (an S3 bucket and prefix); failures raise StoreError."""
-
-    url: str  # the location, for messages
-
-    def keys(self, under: str = "") -> list[str]:
-        """Every key that starts with `under`."""
-        ...
-
-    def put(self, path: Path, key: str) -> None:
-        """Copy a local file to `key`."""
-        ...
-
-    def get(self, key: str, path: Path) -> None:
-        """Copy `key` into a local file."""
-        ...
-
-    def delete(self, keys: Sequence[str]) -> None:
-        """Delete keys; a missing one is no error."""
-        ...
 
 
 class Mirror:

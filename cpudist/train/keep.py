@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from cpudist.train import events
+from cpudist import events
 from cpudist.train.evaluate import evaluate
 from cpudist.train.setup import Job
 

@@ -12,11 +12,12 @@ from typing import Any, TextIO
 import torch
 import torch.distributed as dist
 
+from cpudist import events
+from cpudist.config import TrainConfig, effective_lr, spec_of
 from cpudist.flops import shape_of, training_flops
-from cpudist.train import events, netcount, preempt, speed, sync
+from cpudist.train import netcount, preempt, speed, sync
 from cpudist.train.checkpoint import Restored
 from cpudist.train.checkpoint_meta import START, Position
-from cpudist.train.config import TrainConfig, effective_lr, spec_of
 from cpudist.train.features import collate
 from cpudist.train.keep import Evaluations
 from cpudist.train.preempt import StopRequests

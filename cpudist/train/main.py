@@ -21,12 +21,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from cpudist import events
+from cpudist.config import TrainConfig
 from cpudist.errors import BadInput
-from cpudist.train import checkpoint, events, preempt, report_to, resume
+from cpudist.objects import ObjectStore
+from cpudist.train import checkpoint, preempt, report_to, resume
 from cpudist.train.checkpoint import Restored
-from cpudist.train.config import TrainConfig
 from cpudist.train.dist import RankInfo
-from cpudist.train.durable import Mirror, ObjectStore
+from cpudist.train.durable import Mirror
 from cpudist.train.export import save_model
 from cpudist.train.keep import Evaluations
 from cpudist.train.loop import TrainStats, train

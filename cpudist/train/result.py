@@ -12,12 +12,12 @@ from typing import Any
 import torch
 
 from cpudist import __version__
+from cpudist.config import effective_lr
 from cpudist.flops import cpu_ghz, peak_flops
 from cpudist.results.schema import RunResult
 from cpudist.traffic import expected_traffic, payload_bytes
 from cpudist.train import sync
 from cpudist.train.checkpoint import Restored
-from cpudist.train.config import effective_lr
 from cpudist.train.loop import TrainStats
 from cpudist.train.saver import Saver
 from cpudist.train.setup import CPU, Job

@@ -17,10 +17,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+from cpudist.config import TrainConfig, spec_of
 from cpudist.errors import BadInput
 from cpudist.train import checkpoint_meta as ckpt
 from cpudist.train.checkpoint_meta import CheckpointMeta
-from cpudist.train.config import TrainConfig, spec_of
 from cpudist.train.durable import Mirror
 
 

@@ -15,9 +15,9 @@ from typing import Any
 
 from torch.utils.data import DataLoader, DistributedSampler
 
+from cpudist.config import TrainConfig
 from cpudist.errors import BadInput
 from cpudist.train.checkpoint_meta import START, Position
-from cpudist.train.config import TrainConfig
 from cpudist.train.features import Encoded
 
 MEGABATCH = 50  # global batches sorted together: enough to group lengths, small enough to stay random

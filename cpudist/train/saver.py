@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from cpudist.train import checkpoint, events
+from cpudist import events
+from cpudist.config import TrainConfig
+from cpudist.train import checkpoint
 from cpudist.train.checkpoint import Restored, gather_rngs, seed_all, set_rng_state
 from cpudist.train.checkpoint_meta import CheckpointMeta, Done, Position
-from cpudist.train.config import TrainConfig
 from cpudist.train.durable import Mirror
 
 if TYPE_CHECKING:

@@ -9,10 +9,10 @@ from typing import Any
 
 import torch
 
+from cpudist.config import TrainConfig
 from cpudist.cpu import read_cpu
 from cpudist.train import dropout, netcount, speed
 from cpudist.train.checkpoint import seed_all
-from cpudist.train.config import TrainConfig
 from cpudist.train.data import load_task
 from cpudist.train.dist import RankInfo, init_distributed
 from cpudist.train.features import Encoded, encode, synthetic

@@ -15,7 +15,7 @@ from cpudist.launch.tools import free_port
 RANK = r"""
 import json, os, sys, torch, torch.distributed as dist
 from cpudist.train.setup import setup
-from cpudist.train.config import TrainConfig
+from cpudist.config import TrainConfig
 from cpudist.train.dist import discover_rank, shutdown_distributed
 cfg = TrainConfig(task="synthetic", output_dir=sys.argv[1], model="tiny", synthetic_samples=64, max_seq_len=16)
 job = setup(cfg, discover_rank(os.environ))

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import torch
 
+from cpudist.config import TrainConfig
 from cpudist.errors import BadInput
 from cpudist.train import checkpoint, resume
 from cpudist.train import checkpoint_meta as ckpt
 from cpudist.train.checkpoint_meta import CheckpointMeta, Done, Position
-from cpudist.train.config import TrainConfig
 from cpudist.train.loop import clip_and_step
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cpudist.train.config import TrainConfig, from_argv, to_argv
+from cpudist.config import TrainConfig, from_argv, to_argv
 
 names = st.text(alphabet=st.characters(categories=["L", "N"], include_characters="_-."), min_size=1, max_size=12)
 
@@ -29,7 +29,7 @@ def test_defaults_are_left_out() -> None:
 
 
 def test_lr_scaling_follows_the_global_batch_of_every_strategy() -> None:
-    from cpudist.train.config import effective_lr
+    from cpudist.config import effective_lr
 
     base = TrainConfig(task="mrpc", output_dir="", lr=1e-4)
     assert effective_lr(base, 4) == 1e-4

@@ -2,12 +2,12 @@ from __future__ import annotations
 
 import pytest
 
+from cpudist.config import TrainConfig, from_argv
 from cpudist.errors import BadInput
 from cpudist.hostfile import Host, local_hosts
 from cpudist.launch.env import EnvSpec, node_env, parse_env_pairs
 from cpudist.launch.kinds import plan
 from cpudist.launch.spec import RunSpec, check_layout
-from cpudist.train.config import TrainConfig, from_argv
 
 
 def spec(np: int = 2, ppn: int = 2, launcher: str = "mpich", **kw: object) -> RunSpec:

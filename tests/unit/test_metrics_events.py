@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cpudist.train import events
+from cpudist import events
 from cpudist.train.metrics import compute_metrics
 
 

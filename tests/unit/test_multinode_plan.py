@@ -3,6 +3,7 @@ from __future__ import annotations
 import paramiko
 import pytest
 
+from cpudist.config import TrainConfig
 from cpudist.hostfile import Host
 from cpudist.hosts.doctor import compare
 from cpudist.hosts.probe import mem_available_gib
@@ -11,7 +12,6 @@ from cpudist.launch.kinds import plan
 from cpudist.launch.runner import failed_host
 from cpudist.launch.spec import RunSpec
 from cpudist.ssh.keys import generate_key, ssh_config, ssh_wrapper
-from cpudist.train.config import TrainConfig
 
 HOSTS = tuple(Host(f"n{i}") for i in range(4))
 

@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from cpudist.cli.main import cli
+from cpudist.config import TrainConfig, from_argv, to_argv
 from cpudist.errors import BadInput
-from cpudist.train.config import TrainConfig, from_argv, to_argv
 from cpudist.train.report_to import parse_report_to
 
 # Python's own way to make an installed package unimportable (importlib's find_spec then says None): the

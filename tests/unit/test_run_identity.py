@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from cpudist.config import TrainConfig
 from cpudist.errors import BadInput
 from cpudist.run import identity
 from cpudist.train import checkpoint, resume
 from cpudist.train import checkpoint_meta as ckpt
 from cpudist.train.checkpoint_meta import CheckpointMeta, Done, Position
-from cpudist.train.config import TrainConfig
 
 
 def cfg_of(out: Path, **over: object) -> TrainConfig:

@@ -11,11 +11,11 @@ from pathlib import Path
 from click.testing import CliRunner, Result
 
 from cpudist.cli.main import cli
+from cpudist.config import TrainConfig
 from cpudist.results import ledger
 from cpudist.run import identity
 from cpudist.run.identity import RunInfo
 from cpudist.run.listing import duration_text, list_runs
-from cpudist.train.config import TrainConfig
 from tests.unit.test_planner import run as a_result
 
 

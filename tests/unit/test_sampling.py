@@ -36,8 +36,8 @@ def test_grouping_cuts_padding_and_epochs_differ() -> None:
 def test_too_few_rows_for_the_ranks_is_an_error_not_a_hang() -> None:
     import pytest
 
+    from cpudist.config import TrainConfig
     from cpudist.errors import BadInput
-    from cpudist.train.config import TrainConfig
     from cpudist.train.features import Encoded
     from cpudist.train.sampling import batch_plan
 

@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cpudist.config import TrainConfig, from_argv
 from cpudist.errors import BadInput
 from cpudist.hostfile import Host
 from cpudist.launch.kinds import plan
 from cpudist.launch.slurm import Allocation, JobInfo, SlurmOptions, expand_counts, failure, parse_job
 from cpudist.launch.spec import RunSpec
-from cpudist.train.config import TrainConfig, from_argv
 from cpudist.train.dist import discover_rank
 
 

@@ -75,7 +75,7 @@ def test_allocator_auto_takes_tcmalloc_only(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_frozen_embeddings_get_no_gradient_and_no_optimizer_state() -> None:
-    from cpudist.train.config import TrainConfig
+    from cpudist.config import TrainConfig
 
     model = build_model("tiny", 2, False, 0.0)
     table = model.get_input_embeddings().weight

@@ -5,11 +5,11 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from cpudist.config import TrainConfig
 from cpudist.launch.slurm import SlurmOptions
 from cpudist.run import stage
 from cpudist.run.agent import parse_status, status_line
 from cpudist.run.request import LaunchOptions, RunRequest
-from cpudist.train.config import TrainConfig
 
 
 def _tree(root: Path, files: dict[str, str]) -> Path:

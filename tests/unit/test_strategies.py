@@ -11,11 +11,11 @@ import pytest
 from click.testing import CliRunner
 
 from cpudist.cli.main import cli
+from cpudist.config import TrainConfig, spec_of
 from cpudist.errors import BadInput
 from cpudist.results.ledger import read_ledger
 from cpudist.results.planner import sync_of
 from cpudist.strategies import OLD_NAMES, SHARED, TABLE, SyncSpec, check_sync, from_record, parse_label
-from cpudist.train.config import TrainConfig, spec_of
 
 OLD_LEDGER = Path(__file__).parents[2] / "benchmarks" / "results" / "scaling-halfcore-amx-bf16-ledger.jsonl"
 

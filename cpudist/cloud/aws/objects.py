@@ -1,4 +1,4 @@
-"""S3 as the checkpoint mirror's object store (cpudist/train/durable.py: ObjectStore), with boto3.
+"""S3 as the checkpoint mirror's object store (cpudist/objects.py: ObjectStore), with boto3.
 
     store = S3Objects("s3://my-bucket/runs/sst2")   # keys below are relative to runs/sst2/
     Mirror(store).upload(Path("out/step-000040"))
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cpudist.errors import BadInput, CpudistError
-from cpudist.train.durable import StoreError
+from cpudist.objects import StoreError
 
 BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")  # S3's naming rules, less the rarer exceptions
 URL_HINT = "Give an S3 location as s3://bucket or s3://bucket/prefix, e.g. s3://my-bucket/runs/sst2"
