@@ -22,6 +22,54 @@ from cpudist.train import report_to, resume
 from cpudist.train.models import is_local_model, resolve_model, tokenizer_source
 
 HUB_PROBE_TIMEOUT_S = 5.0
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "CPUDIST_THREADS")  # what launch/env.py and train/threads.py read
+
+
+def _nearest_existing(path: Path) -> Path:
+    """The path itself, or its closest ancestor that exists."""
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _check_folder_for(path: Path, folder: Path, option: str) -> None:
+    """Refuse `path` when `folder` (or its closest existing ancestor) is not a folder this user may write into."""
+    above = _nearest_existing(folder)
+    if not above.is_dir():
+        raise BadInput(f"{option} {path}: {above} is a file, not a folder", f"Pass a {option} path under a folder")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise BadInput(f"{option} {path}: {above} is not writable", f"Pass a {option} path in a folder you can write")
+
+
+def make_output_dir(path: Path) -> None:
+    """Create the run folder before anything is written into it; a file or an unwritable place is one line."""
+    if path.exists() and not path.is_dir():
+        raise BadInput(f"--output-dir {path} is a file", "Pass a folder (new or a run folder) to --output-dir")
+    _check_folder_for(path, path, "--output-dir")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BadInput(f"--output-dir {path} cannot be created ({e.strerror})",
+                       "Pass a folder you can write to --output-dir") from None
+
+
+def check_ledger(path: Path) -> None:
+    """Refuse, before training, a ledger the result could not be appended to."""
+    if path.is_dir():
+        raise BadInput(f"--ledger {path} is a folder", "Pass a file (results.jsonl, new or a ledger) to --ledger")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise BadInput(f"--ledger {path} is not writable", "Pass a ledger file you can write to --ledger")
+    _check_folder_for(path, path.parent, "--ledger")
+
+
+def check_env(pairs: tuple[tuple[str, str], ...]) -> None:
+    """Refuse a thread count from --env that every rank would refuse (a positive number, or auto for ours)."""
+    for key, value in pairs:
+        ok = (value.strip().isdigit() and int(value) >= 1) or (key == "CPUDIST_THREADS" and value.strip() == "auto")
+        if key in THREAD_VARIABLES and not ok:
+            raise BadInput(f"--env {key}={value}: the thread count must be a positive number",
+                           f"Pass --env {key}=N with N >= 1, or leave it out (one thread per core)")
 
 
 def check_hub(what: str) -> None:
@@ -64,6 +112,7 @@ def preflight(cfg: TrainConfig) -> bool:
 def prepare(request: RunRequest, dry_run: bool = False) -> RunSpec:
     """A checked RunSpec: this machine as the cluster, the nodes of a hostfile, or Slurm's."""
     cfg, opts = request.train, request.launch
+    check_env(opts.env)
     hub_offline = preflight(cfg)
     resume.preflight(cfg, opts.np)
     cpu = read_cpu()

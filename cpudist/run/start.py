@@ -20,7 +20,7 @@ from cpudist.launch.spec import SBATCH_FILE, check_layout
 from cpudist.results.schema import RunResult
 from cpudist.run import identity, local, recovery, runlog
 from cpudist.run.outcome import read_stop, record
-from cpudist.run.prepare import prepare
+from cpudist.run.prepare import check_ledger, make_output_dir, prepare
 from cpudist.run.remote import local_inputs
 from cpudist.run.request import Callbacks, RunRequest, batch_note
 from cpudist.run.where import Head, Where
@@ -29,6 +29,8 @@ from cpudist.run.where import Head, Where
 def start(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> RunResult:
     """Run it wherever it goes (with its id, run/identity.py), and record the result in its run folder and the
     ledger; run.json follows its state."""
+    check_ledger(ledger)  # before training: a result that cannot reach the ledger would be lost
+    make_output_dir(Path(request.train.output_dir))
     request = dataclasses.replace(request, train=identity.assign(request.train))
     cb = runlog.tee(cb, Path(request.train.output_dir), request.train.run_id)  # for `cpudist logs` elsewhere
     extra = {"cluster": where.cluster, "usd_per_hour": where.usd_per_hour, "command": request.command}

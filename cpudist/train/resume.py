@@ -67,6 +67,9 @@ def pick(cfg: TrainConfig, run_dir: Path, say: Callable[[str], None], mirror: Mi
                 ", starting from step 0")
         return found
     given = Path(cfg.resume).expanduser()
+    if not given.exists():
+        raise BadInput(f"--resume {given} does not exist",
+                       "Pass an existing run folder, its checkpoints folder or a step-N folder, or --resume auto")
     if ckpt.step_of(given.name) is not None:
         problem = ckpt.damage(given) if (given / ckpt.COMPLETE).is_file() else "it is incomplete"
         if problem:
