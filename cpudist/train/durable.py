@@ -69,12 +69,12 @@ class Mirror:
                               f"Pick one of: {', '.join(self.complete()) or 'none (start from scratch)'}",
                               "NoSuchCheckpoint")
         final, part = dest_dir / name, dest_dir / f"{name}{PART}"
+        targets = {rel: _inside(part, rel, key, self.url) for rel, key in listing[name].items()}  # before any write
         shutil.rmtree(part, ignore_errors=True)  # what an interrupted download left
         with self._errors(f"download {name} from {self.url}"):
             for rel, key in sorted(listing[name].items(), key=lambda item: item[0] == COMPLETE):
-                target = part / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                self.store.get(key, target)
+                targets[rel].parent.mkdir(parents=True, exist_ok=True)
+                self.store.get(key, targets[rel])
         if final.exists():
             shutil.rmtree(final)  # a stale or half-written local copy: the store's complete one wins
         part.rename(final)
@@ -123,7 +123,7 @@ class Mirror:
         with self._errors(f"list {self.url}"):
             for key in self.store.keys(f"{only}/" if only else ""):
                 name, _, rel = key.partition("/")
-                if step_of(name) is not None and rel and ".." not in rel.split("/"):
+                if step_of(name) is not None and rel:  # a hostile rel ('/abs', '../x') fails download
                     found.setdefault(name, {})[rel] = key
         return found
 
@@ -134,6 +134,17 @@ class Mirror:
             yield
         except StoreError as e:
             raise MirrorError(f"cannot {doing}: {e.what}", e.hint, e.code) from e
+
+
+def _inside(folder: Path, rel: str, key: str, url: str) -> Path:
+    """Where the file of `key` (`rel` inside its checkpoint) goes: a path strictly inside `folder`, else MirrorError
+    (an empty or '..' segment in a key would write to an absolute path or outside the checkpoint)."""
+    target = (folder / rel).resolve()
+    if not target.is_relative_to(folder.resolve()) or target == folder.resolve():
+        raise MirrorError(f"the key '{key}' in {url} would be written outside its checkpoint folder {folder}",
+                          "Someone put it there by hand or the store is tampered with: remove it from the store, "
+                          "or resume from another checkpoint", "UnsafeKey")
+    return target
 
 
 def runs_in(store: ObjectStore) -> dict[str, list[str]]:

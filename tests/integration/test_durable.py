@@ -243,3 +243,24 @@ def test_prune_after_a_resume_keeps_the_upload_and_sets_the_old_timeline_aside(s
     mirror.upload(checkpoint(tmp_path / "d", 5))
     mirror.prune(keep=1, written="step-000005")
     assert mirror.complete() == ["step-000005", "step-000009"]
+
+
+@pytest.mark.parametrize("hostile", ["absolute", "dot-dot"])
+def test_a_key_that_leaves_the_checkpoint_folder_fails_the_download_and_writes_nothing(
+        s3: Any, bucket: str, tmp_path: Path, hostile: str) -> None:
+    """Keys come from whoever can write to the bucket: 'step-N//abs/path' or 'step-N/../../x' is refused by name."""
+    mirror = Mirror(S3Objects(f"s3://{bucket}/runs/sst2"))
+    mirror.upload(checkpoint(tmp_path / "out", 5))
+    dest = tmp_path / "deep" / "checkpoints"
+    outside = tmp_path / "planted" if hostile == "absolute" else tmp_path / "deep" / "planted"
+    rel = str(outside) if hostile == "absolute" else "../../planted"  # from dest/step-000005.part/
+    key = f"runs/sst2/step-000005/{rel}"
+    assert ("//" in key) == (hostile == "absolute")
+    s3.put_object(Bucket=bucket, Key=key, Body=b"planted")
+    assert key in keys(s3, bucket)  # the emulator keeps the key as it was put
+    with pytest.raises(MirrorError) as e:
+        mirror.download("step-000005", dest)
+    assert str(e.value).startswith(f"the key 'step-000005/{rel}' in s3://{bucket}/runs/sst2 would be written "
+                                   "outside its checkpoint folder") and "\n" not in str(e.value)
+    assert e.value.code == "UnsafeKey"
+    assert not outside.exists() and not dest.exists()  # nothing written, not even the .part folder
