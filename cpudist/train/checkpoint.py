@@ -1,7 +1,7 @@
 """Checkpoints: everything a run needs to go on exactly where it stopped, written so that none is half.
 
     <checkpoint dir>/step-000040/state.pt    model, optimizer, scheduler (rank 0's), the sync's shared state
-                                rng.pt      every rank's torch/python/numpy RNG state
+                                rng.pt      every rank's torch/python/numpy RNG state (numpy's as a dict and a tensor)
                                 ranks.pt    every rank's own sync state: local SGD's model and AdamW moments
                                             between averages, PowerSGD's error feedback (format 2 on)
                                 meta.json   a CheckpointMeta (cpudist/train/checkpoint_meta.py, with the names):
@@ -10,24 +10,29 @@
 
 A checkpoint is written as `step-N.tmp/` and renamed when complete, so a crash mid-write leaves
 nothing that resume would pick; a file damaged afterwards (truncated, edited) fails its sha256 and
-resume falls back to the previous checkpoint, saying so. Only rank 0 writes and only rank 0 reads:
-the ranks on other nodes send and get the bytes over the process group (each rank only its own part
-of ranks.pt).
+resume falls back to the previous checkpoint, saying so. The .pt files come from --resume PATH or an object
+store, so they are read with torch's safe unpickler (weights_only=True: tensors, dicts, lists, tuples, numbers,
+strings, None; no code runs): everything written into them is of those types, no other type is allowed
+(format 3 on; a checkpoint of an earlier format is refused in one line before it is read). Only rank 0
+writes and only rank 0 reads: the ranks on other nodes send and get the bytes over the process group (each
+rank only its own part of ranks.pt).
 """
 
 from __future__ import annotations
 
 import io
+import pickle
 import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from cpudist.errors import BadInput
 from cpudist.train.checkpoint_meta import (
     COMPLETE,
     TMP,
@@ -57,7 +62,11 @@ class Restored:
 
 
 def rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    """This process's RNG states, of types the safe unpickler takes (numpy's own tuple holds an ndarray)."""
+    kind, keys, pos, has_gauss, gauss = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
+    numpy = {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+             "has_gauss": int(has_gauss), "gauss": float(gauss)}
+    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": numpy}
 
 
 def seed_all(seed: int) -> None:
@@ -70,7 +79,8 @@ def seed_all(seed: int) -> None:
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
 
 
 def write(folder: Path, state: dict[str, Any], rngs: list[dict[str, Any]], meta: CheckpointMeta,
@@ -134,28 +144,57 @@ def broadcast(value: Any, rank: int, world: int) -> Any:
 
 
 def load(path: Path | None, rank: int, world: int) -> Restored | None:
-    """Rank 0 reads the checkpoint at `path` (None on other ranks), every rank gets its part."""
+    """Rank 0 reads the checkpoint at `path` (None on other ranks), every rank gets its part; BadInput on every
+    rank alike for a file that holds anything but tensors and plain data."""
     found = broadcast(str(path) if path is not None else None, rank, world)
     if found is None:
         return None
     raw = (Path(found) / "state.pt").read_bytes() if rank == 0 else None
     rngs_raw = (Path(found) / "rng.pt").read_bytes() if rank == 0 else None
     meta = raw_meta(Path(found)) if rank == 0 else None
-    raw, rngs_raw, meta = broadcast((raw, rngs_raw, meta), rank, world)
+    parts, refused = _read_ranks(Path(found)) if rank == 0 else (None, None)
+    raw, rngs_raw, meta, refused = broadcast((raw, rngs_raw, meta, refused), rank, world)
     restored = CheckpointMeta.from_dict(meta, found)  # on every rank: a meta it cannot take fails them all alike
-    state = torch.load(io.BytesIO(raw), weights_only=False)
-    rngs = torch.load(io.BytesIO(rngs_raw), weights_only=False)
+    if refused is not None:
+        raise BadInput(refused, UNSAFE)
+    state = _safe_load(raw, found, "state.pt")
+    rngs = _safe_load(rngs_raw, found, "rng.pt")
     same = len(rngs) == world
     return Restored(found, restored, state, rngs[rank] if same else None,
-                    _scatter_ranks(Path(found), rank, world) if same else None)
+                    _scatter_ranks(parts, rank, world) if same else None)
 
 
-def _scatter_ranks(path: Path, rank: int, world: int) -> dict[str, Any] | None:
-    """This rank's part of ranks.pt (rank 0 reads it and sends each rank its own; None: format 1)."""
-    parts: list[Any] | None = None
-    if rank == 0:
-        have = (path / "ranks.pt").is_file()
-        parts = torch.load(path / "ranks.pt", weights_only=False) if have else [None] * world
+UNSAFE = "cpudist writes only tensors and plain data there: resume from a checkpoint you trust, or start over"
+
+
+def _safe_load(raw: bytes, where: str, name: str) -> Any:
+    """A .pt file's content through torch's safe unpickler: BadInput for anything it refuses (nothing is run)."""
+    try:
+        return torch.load(io.BytesIO(raw), weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise BadInput(f"checkpoint {where}: {name} holds more than tensors and plain data, refused unread "
+                       f"({_refusal(str(e))})", UNSAFE) from None
+
+
+def _refusal(text: str) -> str:
+    """torch's reason in its long weights_only message (what it would not load), without its advice."""
+    after = text.split("WeightsUnpickler error:", 1)[-1] if "WeightsUnpickler error:" in text else ""
+    lines = [line.strip() for line in after.splitlines()] + [
+        line.strip() for line in text.splitlines() if "unsupported" in line.lower()]
+    reason = next((line for line in lines if line), "the safe unpickler refused it")
+    return reason.split(". ")[0].rstrip(".")[:200]
+
+
+def _read_ranks(path: Path) -> tuple[list[Any] | None, str | None]:
+    """(every rank's part of ranks.pt, None) or (None, why it is refused); rank 0 only."""
+    try:
+        return _safe_load((path / "ranks.pt").read_bytes(), str(path), "ranks.pt"), None
+    except BadInput as e:
+        return None, e.what
+
+
+def _scatter_ranks(parts: list[Any] | None, rank: int, world: int) -> dict[str, Any] | None:
+    """This rank's part of ranks.pt (rank 0 sends each rank its own)."""
     if world == 1:
         return parts[0] if parts else None
     box: list[Any] = [None]

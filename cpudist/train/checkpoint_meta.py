@@ -7,7 +7,8 @@ rank starts; cpudist/train/checkpoint.py writes and loads the tensors).
 
 meta.json is a CheckpointMeta: the run's options, where the data stream stands, the batch layout, the time
 and work so far, and each file's size and sha256. Its `format` is checked first on load: a checkpoint of
-format 1 (before ranks.pt) still resumes; a newer or foreign one is refused in one line.
+an older format (1, 2: numpy RNG state pickled, which the safe unpickler will not read), a newer or a foreign
+one is refused in one line.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ NAME = re.compile(r"step-(\d+)")
 TMP = ".tmp"  # suffix of a folder being written
 PART = ".part"  # suffix of a folder being downloaded
 META = "meta.json"
-FORMAT = 2  # 2: ranks.pt added (a format 1 checkpoint still resumes, as inexactly as it did)
+FORMAT = 3  # 2: ranks.pt added; 3: only tensors and plain data in the .pt files, which are read with weights_only=True
+OLDEST = 3  # formats 1 and 2 pickled numpy's RNG state (an ndarray): the safe unpickler refuses them
 # What must match for a checkpoint to continue a run: another model or data order is another run.
 SAME_RUN = ("task", "model", "seed", "sampler", "max_seq_len", "max_train_samples")
 FIX = "Resume with the cpudist version that wrote it, or start over without --resume"
@@ -118,6 +120,9 @@ class CheckpointMeta:
                            "Pass a checkpoint folder (step-N) that cpudist wrote, or start over without --resume")
         if version > FORMAT:
             raise BadInput(f"checkpoint {where} has format {version}, newer than this cpudist's ({FORMAT})", FIX)
+        if version < OLDEST:
+            raise BadInput(f"checkpoint {where} has format {version}, older than this cpudist reads ({OLDEST}: "
+                           "checkpoints read without running pickled code)", FIX)
         try:
             return cls(dict(data["config"]), int(data["total"]), Position(**data["position"]),
                        int(data["world_size"]), int(data["global_batch"]), str(data["sync"]),

@@ -110,7 +110,7 @@ def test_every_ranks_own_state_is_written_verified_and_given_back(tmp_path: Path
     path = checkpoint.write(tmp_path, {"w": torch.ones(3)}, [checkpoint.rng_state()], meta, 3, [mine])
     assert path.name == "step-000007"
     written = json.loads((path / "meta.json").read_text())
-    assert written["format"] == ckpt.FORMAT == 2 and written["rank_state"] is True
+    assert written["format"] == ckpt.FORMAT == 3 and written["rank_state"] is True
     assert set(written["files"]) == {"state.pt", "rng.pt", "ranks.pt"}
     restored = checkpoint.load(path, 0, 1)
     assert restored is not None and restored.rank_state is not None
@@ -122,16 +122,19 @@ def test_every_ranks_own_state_is_written_verified_and_given_back(tmp_path: Path
     assert ckpt.damage(path) == f"ranks.pt has {size - 3} bytes, {size} were written"
 
 
-def test_a_format_1_checkpoint_still_loads_without_rank_state(tmp_path: Path) -> None:
+@pytest.mark.parametrize("old", [1, 2])
+def test_a_checkpoint_of_an_older_format_is_refused_in_one_line_before_it_is_read(tmp_path: Path, old: int) -> None:
+    """Formats 1 and 2 pickled numpy's RNG state (an ndarray), which the safe unpickler refuses."""
     path = write(tmp_path, 10)
-    (path / "ranks.pt").unlink()
     meta = json.loads((path / "meta.json").read_text())
-    del meta["files"]["ranks.pt"], meta["rank_state"]
-    (path / "meta.json").write_text(json.dumps({**meta, "format": 1}))
-    assert ckpt.damage(path) is None
-    restored = checkpoint.load(path, 0, 1)
-    assert restored is not None and restored.rank_state is None
-    assert restored.meta.format == 1 and not restored.meta.rank_state and restored.meta.step == 10
+    (path / "meta.json").write_text(json.dumps({**meta, "format": old}))
+    (path / "rng.pt").write_bytes(b"not read")  # the format is refused first: no file of it is unpickled
+    with pytest.raises(BadInput, match=rf"checkpoint {path} has format {old}, older than this cpudist reads \(3") as e:
+        checkpoint.load(path, 0, 1)
+    assert "\n" not in str(e.value) and str(e.value).endswith("start over without --resume")
+    cfg = TrainConfig(task="mrpc", output_dir=str(tmp_path), resume=str(path))
+    with pytest.raises(BadInput, match=f"has format {old}, older"):  # refused before any rank starts too
+        resume.preflight(cfg, 1)
 
 
 def sgd_meta(**over: Any) -> CheckpointMeta:
@@ -154,11 +157,11 @@ def test_per_rank_state_is_refused_on_other_ranks_or_another_sync() -> None:
 def test_a_checkpoint_of_a_newer_format_is_refused_in_one_line(tmp_path: Path) -> None:
     path = write(tmp_path, 10)
     meta = json.loads((path / "meta.json").read_text())
-    (path / "meta.json").write_text(json.dumps({**meta, "format": 3}))
-    with pytest.raises(BadInput, match=rf"checkpoint {path} has format 3, newer than this cpudist's \(2\)"):
+    (path / "meta.json").write_text(json.dumps({**meta, "format": 4}))
+    with pytest.raises(BadInput, match=rf"checkpoint {path} has format 4, newer than this cpudist's \(3\)"):
         checkpoint.load(path, 0, 1)
     cfg = TrainConfig(task="mrpc", output_dir=str(tmp_path), resume=str(path))
-    with pytest.raises(BadInput, match="has format 3, newer"):  # refused before any rank starts too
+    with pytest.raises(BadInput, match="has format 4, newer"):  # refused before any rank starts too
         resume.preflight(cfg, 1)
 
 
@@ -166,8 +169,8 @@ def test_a_checkpoint_of_a_newer_format_is_refused_in_one_line(tmp_path: Path) -
     ({"weights": "model.safetensors"}, "meta.json that cpudist did not write"),
     ([1, 2], "meta.json that cpudist did not write"),
     ({"format": "2", "config": {}}, "meta.json that cpudist did not write"),
-    ({"format": 2, "config": {}, "total": 16}, "meta.json of format 2 without 'position'"),
-    ({"format": 1, "config": {}, "total": 16, "position": [0, 0]}, "meta.json of format 1 that cannot be read"),
+    ({"format": 3, "config": {}, "total": 16}, "meta.json of format 3 without 'position'"),
+    ({"format": 3, "config": {}, "total": 16, "position": [0, 0]}, "meta.json of format 3 that cannot be read"),
 ])
 def test_a_foreign_or_garbled_meta_is_one_line_not_a_key_error(tmp_path: Path, meta: Any, why: str) -> None:
     path = write(tmp_path, 10)
