@@ -20,6 +20,7 @@ from cpudist.cli.slurm_options import to_slurm_options
 from cpudist.config import TrainConfig, check_save
 from cpudist.cpu import read_cpu
 from cpudist.interrupts import signals_interrupt
+from cpudist.launch.env import redact_env_args
 from cpudist.results.schema import RunResult
 from cpudist.run.request import (
     Callbacks,
@@ -110,7 +111,7 @@ def run(ctx: click.Context, **opts: Any) -> None:
     if where.head is not None and opts["fetch_model"] == "no":
         where = dataclasses.replace(where, head=dataclasses.replace(where.head, fetch_model=False))
     request = RunRequest(cfg, launch, str(where.hostfile) if where.hostfile and where.head is None else None,
-                         shlex.join(["cpudist", *sys.argv[1:]]))
+                         shlex.join(["cpudist", *redact_env_args(sys.argv[1:])]))  # run.json, the card
     with signals_interrupt():
         if opts["dry_run"]:
             click.echo(describe(request, where), nl=False)

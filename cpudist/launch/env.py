@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+# The thread counts cpudist reads (node_env, train/threads.py): checked before any rank starts, and not secret, so
+# command.txt and --dry-run show them; every other --env value is shown as HIDDEN.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "CPUDIST_THREADS")
+HIDDEN = "***"
 
 
 @dataclass(frozen=True)
@@ -94,3 +100,22 @@ def parse_env_pairs(pairs: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
             raise ValueError(pair)
         out.append((key, value))
     return tuple(out)
+
+
+def redact_pairs(pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """--env pairs as they may be shown: values of all but the thread counts hidden (tokens, passwords)."""
+    return tuple((k, v if k in THREAD_VARIABLES else HIDDEN) for k, v in pairs)
+
+
+def redact_env_args(words: Sequence[str]) -> list[str]:
+    """A `cpudist run` command line with its --env values hidden as in redact_pairs (for run.json, the card)."""
+    out, after_env = [], False
+    for word in words:
+        prefix = "--env=" if word.startswith("--env=") else ""
+        if after_env or prefix:
+            key, sep, _ = word[len(prefix):].partition("=")
+            if sep and key not in THREAD_VARIABLES:
+                word = f"{prefix}{key}={HIDDEN}"
+        after_env = word == "--env"
+        out.append(word)
+    return out

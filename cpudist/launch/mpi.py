@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cpudist.launch.spec import Launch, RunSpec, trainer_argv
+from cpudist.launch.spec import Launch, RunSpec, inherited, trainer_argv
 
 
 def hydra_argv(spec: RunSpec, env: dict[str, str]) -> list[str]:
@@ -17,8 +17,10 @@ def hydra_argv(spec: RunSpec, env: dict[str, str]) -> list[str]:
         flag = "-bootstrap" if spec.launcher == "impi" else "-launcher"
         argv += [flag, "ssh", f"{flag}-exec", spec.ssh, "-f", spec.hostfile]
     argv += ["-np", str(spec.np), "-ppn", str(spec.ppn), "-prepend-pattern", "[%h:%r] "]
+    hidden = inherited(spec)  # Hydra passes its own environment to every rank, also across hosts
     for key, value in env.items():
-        argv += ["-genv", key, value]
+        if key not in hidden:
+            argv += ["-genv", key, value]
     return argv + trainer_argv(spec)
 
 
@@ -32,8 +34,9 @@ def openmpi_argv(spec: RunSpec, env: dict[str, str]) -> list[str]:
         argv += ["--oversubscribe"]
     if spec.hostfile:
         argv += ["--hostfile", spec.hostfile, "--prtemca", "plm_ssh_agent", spec.ssh]
+    hidden = inherited(spec)
     for key, value in env.items():
-        argv += ["-x", f"{key}={value}"]
+        argv += ["-x", key if key in hidden else f"{key}={value}"]  # -x NAME: the value of mpirun's environment
     return argv + trainer_argv(spec)
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cpudist import events
+from cpudist import events, state
 from cpudist.errors import BadInput, Interrupted, JobFailed
 from cpudist.hostfile import Host
 from cpudist.interrupts import shielded
@@ -145,7 +145,7 @@ def submit_and_follow(launch: Launch, out: Path, on_event: Callable[[dict[str, A
     """Write the batch script into the run folder, submit it, follow it to its end; Ctrl-C cancels it."""
     assert launch.script is not None
     script = out / SBATCH_FILE
-    script.write_text(launch.script)
+    state.write_private(script, launch.script)  # it exports the --env values (tokens): the user's eyes only
     job_id = _run(list(launch.argv)).strip().split(";")[0]  # --parsable: "id" or "id;cluster"
     say(f"[cpudist] submitted Slurm job {job_id} ({script}); output: {out / f'slurm-{job_id}.out'}")
     try:

@@ -3,13 +3,14 @@ launcher kind shares (the rank program, the rank environment, the layout check).
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from dataclasses import dataclass
 
 from cpudist.config import TrainConfig, to_argv
 from cpudist.errors import BadInput
 from cpudist.hostfile import Host
-from cpudist.launch.env import EnvSpec, node_env
+from cpudist.launch.env import EnvSpec, node_env, redact_pairs
 from cpudist.launch.slurm import Allocation, SlurmOptions
 
 LAUNCHERS = ("auto", "mpich", "impi", "openmpi", "slurm", "torchrun")
@@ -91,8 +92,22 @@ def trainer_argv(spec: RunSpec) -> list[str]:
 
 
 def rank_env(spec: RunSpec) -> dict[str, str]:
-    return node_env(EnvSpec(spec.physical_cores, spec.ppn, spec.train.backend, spec.master_addr,
-                            spec.master_port, spec.hub_offline, spec.env_overrides, spec.launcher,
-                            spec.iface, spec.allocator, spec.iomp))
+    return node_env(_env_spec(spec, spec.env_overrides))
 
 
+def _env_spec(spec: RunSpec, overrides: tuple[tuple[str, str], ...]) -> EnvSpec:
+    return EnvSpec(spec.physical_cores, spec.ppn, spec.train.backend, spec.master_addr, spec.master_port,
+                   spec.hub_offline, overrides, spec.launcher, spec.iface, spec.allocator, spec.iomp)
+
+
+def inherited(spec: RunSpec) -> frozenset[str]:
+    """--env variables that reach the ranks off every command line (not in `ps`): from the launcher's own
+    environment (runner.execute sets it), as Hydra passes its whole environment and Open MPI's `-x NAME` the named
+    ones. Variables cpudist sets itself stay on the command line, where the user's value must win over theirs."""
+    own = node_env(_env_spec(spec, ()))
+    return frozenset(k for k, _ in spec.env_overrides if k not in own)
+
+
+def redacted(spec: RunSpec) -> RunSpec:
+    """The spec as it may be shown (command.txt, --dry-run): --env values hidden but for the thread counts."""
+    return dataclasses.replace(spec, env_overrides=redact_pairs(spec.env_overrides))

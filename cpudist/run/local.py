@@ -9,8 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from cpudist import state
 from cpudist.launch import kinds
-from cpudist.launch.spec import Launch, RunSpec
+from cpudist.launch.spec import Launch, RunSpec, redacted
 from cpudist.launch.watch import lost_error, node_watch
 from cpudist.run.outcome import check, fetch_from_rank0, read_stop
 from cpudist.run.request import Callbacks
@@ -24,7 +25,8 @@ def execute(spec: RunSpec, launch: Launch, cb: Callbacks, timeout_s: float | Non
     """
     out = Path(spec.train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "command.txt").write_text(launch.shell() + "\n")
+    # the launch as it may be shown (--env values hidden), 0600 all the same: it comes home to a laptop
+    state.write_private(out / "command.txt", kinds.plan(redacted(spec)).shell() + "\n")
     (out / MARKER).unlink(missing_ok=True)  # a stop of an earlier part, already resumed
     known: dict[str, Any] = {"launcher": spec.launcher}
     if spec.allocation is not None:

@@ -14,6 +14,7 @@ from cpudist.cpu import read_cpu
 from cpudist.errors import BadInput
 from cpudist.hostfile import local_hosts
 from cpudist.launch import slurm_job
+from cpudist.launch.env import THREAD_VARIABLES
 from cpudist.launch.nodes import cluster_hosts, rendezvous_address
 from cpudist.launch.spec import RunSpec
 from cpudist.launch.tools import free_port, pick_allocator, pick_openmp, resolve_launcher
@@ -22,7 +23,6 @@ from cpudist.train import report_to, resume
 from cpudist.train.models import is_local_model, resolve_model, tokenizer_source
 
 HUB_PROBE_TIMEOUT_S = 5.0
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "CPUDIST_THREADS")  # what launch/env.py and train/threads.py read
 
 
 def _nearest_existing(path: Path) -> Path:

@@ -16,7 +16,7 @@ from cpudist import state
 from cpudist.errors import Interrupted, Preempted
 from cpudist.hostfile import render_hostfile
 from cpudist.launch.kinds import plan
-from cpudist.launch.spec import SBATCH_FILE, check_layout
+from cpudist.launch.spec import SBATCH_FILE, check_layout, redacted
 from cpudist.results.schema import RunResult
 from cpudist.run import identity, local, recovery, runlog
 from cpudist.run.outcome import read_stop, record
@@ -91,7 +91,7 @@ def describe(request: RunRequest, where: Where) -> str:
     if where.head is not None:
         check_layout(request.launch.np, request.launch.ppn, where.head.inside, request.launch.oversubscribe)
         return _describe_remote(request, where.head)
-    spec = prepare(request, dry_run=True)
+    spec = redacted(prepare(request, dry_run=True))  # --env values shown as ***
     launch = plan(spec)
     if launch.script is not None:
         return (f"# {Path(request.train.output_dir) / SBATCH_FILE} (written and submitted with `{launch.shell()}`)\n"
