@@ -58,7 +58,7 @@ class Restored:
     meta: CheckpointMeta
     state: dict[str, Any]  # model, optimizer, scheduler
     rng: dict[str, Any] | None  # this rank's RNG state; None when the world size changed
-    rank_state: dict[str, Any] | None = None  # this rank's own sync state; None: format 1 or another world size
+    rank_state: dict[str, Any] | None = None  # this rank's own sync state; None: another world size
 
 
 def rng_state() -> dict[str, Any]:
