@@ -152,19 +152,22 @@ def test_a_checkpoint_of_another_run_or_none_is_refused(shared_data: Path, tmp_p
     assert "--resume auto: no checkpoint in" in fresh.stderr and "starting from step 0" in fresh.stderr
 
 
+@pytest.mark.parametrize("name", ["state.pt", "ranks.pt"])
 def test_a_checkpoint_with_a_planted_pickle_is_refused_in_one_line_and_never_run(shared_data: Path, tmp_path: Path,
-                                                                                  straight: Path) -> None:
-    """--resume PATH reads files that anyone may have made: state.pt is unpickled safely, refused before any code
-    in it runs (its sums in meta.json made to match, as whoever made it can)."""
+                                                                                  straight: Path, name: str) -> None:
+    """--resume PATH reads files that anyone may have made: they are unpickled safely, refused before any code in
+    them runs (their sums in meta.json made to match, as whoever made them can). ranks.pt is read by rank 0 alone:
+    its refusal reaches rank 1 too, which would otherwise wait for its part until --dist-timeout."""
     from tests.unit.test_checkpoint_untrusted import Planted, plant
 
     given = tmp_path / "given" / "step-000020"
     shutil.copytree(straight / "checkpoints" / "step-000020", given)
     marker = tmp_path / "ran"
-    plant(given, "state.pt", {"model": Planted(marker)})
+    plant(given, name, {"model": Planted(marker)} if name == "state.pt" else [{}, {"x": Planted(marker)}])
     r = cpudist("run", *common(shared_data), "--np", "2", "--output-dir", tmp_path / "run", "--resume", given)
     # Found inside the ranks (the CLI's preflight imports no torch), so the job fails: exit 1, not bad input's 2.
     assert r.returncode == 1, r.stderr
     last = r.stderr.strip().splitlines()[-1]
-    assert f"checkpoint {given}: state.pt holds more than tensors and plain data, refused unread" in last
+    assert f"checkpoint {given}: {name} holds more than tensors and plain data, refused unread" in last
     assert "Traceback" not in r.stderr and not marker.exists()
+    assert r.stderr.count(f"{name} holds more") == 3  # each rank's line, then cpudist's own
