@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import sys
+from collections import deque
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+HELD_LINES = 20  # --quiet: the rank lines shown when the job fails (all are in ranks.log)
+
 
 class JobView:
-    """Renders events and rank lines on stderr: a live bar on a terminal, plain lines elsewhere."""
+    """Renders events and rank lines on stderr: a live bar on a terminal, plain lines elsewhere; `quiet`: nothing,
+    unless the job fails (then its last rank lines, before the error)."""
 
     def __init__(self, quiet: bool = False) -> None:
         self.console = Console(stderr=True)
@@ -18,9 +22,18 @@ class JobView:
         self.live = self.console.is_terminal
         self.progress: Progress | None = None
         self.task_id: Any = None
+        self.held: deque[str] = deque(maxlen=HELD_LINES)
+
+    def show_held(self) -> None:
+        """--quiet and the job failed: the last rank lines, which its error points at."""
+        for line in self.held:
+            print(line, file=sys.stderr, flush=True)
+        self.held.clear()
 
     def on_line(self, line: str) -> None:
-        if self.progress is not None:
+        if self.quiet:  # rank output (weight loading, ready lines, warnings): kept for a failure
+            self.held.append(line)
+        elif self.progress is not None:
             self.progress.console.print(line, markup=False, highlight=False)
         else:
             print(line, file=sys.stderr, flush=True)

@@ -19,6 +19,7 @@ from cpudist.cli.run_options import SECTIONS, run_options
 from cpudist.cli.slurm_options import to_slurm_options
 from cpudist.config import TrainConfig, check_save
 from cpudist.cpu import read_cpu
+from cpudist.errors import Interrupted, JobFailed, Preempted
 from cpudist.interrupts import signals_interrupt
 from cpudist.launch.env import redact_env_args
 from cpudist.results.schema import RunResult
@@ -120,6 +121,11 @@ def run(ctx: click.Context, **opts: Any) -> None:
         cb = Callbacks(view.on_event, view.on_line, (lambda line: None) if opts["quiet"] else say)
         try:
             result = start(request, where, opts["ledger"] or state.ledger_path(), cb)
+        except (Interrupted, Preempted):
+            raise
+        except JobFailed:
+            view.show_held()  # --quiet: the rank lines the error points at
+            raise
         finally:
             view.close()
     click.echo(json.dumps(result.to_dict(), indent=2) if opts["fmt"] == "json" else summary(result))

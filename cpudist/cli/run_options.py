@@ -235,7 +235,7 @@ OPTIONS: list[Callable[[Any], Any]] = [
     click.option("--timeout", type=click.FloatRange(min=1), help="Stop the job after this many seconds."),
     click.option("--dry-run", is_flag=True, help="Print the command and environment; run nothing."),
     output_options(),
-    click.option("--quiet", is_flag=True, help="No progress output."),
+    click.option("--quiet", is_flag=True, help="Only errors and the final line (rank output: ranks.log)."),
     config_option,
 ]
 

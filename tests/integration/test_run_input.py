@@ -34,9 +34,12 @@ def test_env_values_reach_the_ranks_off_every_command_line(shared_data: Path, tm
     (spy / "sitecustomize.py").write_text(SPY)
     run = tmp_path / "RUN"
     r = cpudist("run", "mrpc", "--data-dir", shared_data / "glue" / "MRPC", "--model", "tiny", "--max-steps", "1",
-                "--save-model", "none", "--output-dir", run, "--env", f"PYTHONPATH={spy}",
+                "--max-train-samples", "32", "--max-eval-samples", "16", "--save-model", "none", "--quiet",
+                "--output-dir", run, "--env", f"PYTHONPATH={spy}",
                 "--env", f"CPUDIST_T_SPY_DIR={spy}", "--env", f"CPUDIST_T_SECRET={SECRET}", timeout=120)
     assert r.returncode == 0, r.stderr
+    assert r.stderr == "" and r.stdout.startswith("done: mrpc tiny")  # --quiet: no ready line, no bar, no notes
+    assert "ready:" in (run / "ranks.log").read_text()  # (the rank output is kept)
     seen = [json.loads(p.read_text()) for p in spy.glob("seen-*.json")]
     assert seen and all(s["secret"] == SECRET for s in seen)  # the rank got the value...
     ranks = [s for s in seen if any("cpudist.rank" in c for c in s["cmdlines"])]
@@ -74,3 +77,19 @@ def test_bad_input_is_one_line_before_any_rank(shared_data: Path, tmp_path: Path
         assert r.returncode == 2 and said in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
         assert not list(tmp_path.glob("R*/ranks.log"))  # no rank started
+
+
+def test_quiet_shows_the_failing_ranks_lines(shared_data: Path, tmp_path: Path) -> None:
+    """--quiet (its success: above) and a failed job: the rank lines its error points at, then the error."""
+    spy = tmp_path / "spy"
+    spy.mkdir()
+    (spy / "sitecustomize.py").write_text("import os, sys\nif os.environ.get('CPUDIST_T_FAIL'):\n"
+                                          "    print('rank says: boom', file=sys.stderr, flush=True)\n"
+                                          "    os._exit(3)\n")
+    bad = cpudist("run", "mrpc", "--data-dir", shared_data / "glue" / "MRPC", "--model", "tiny", "--max-steps", "1",
+                  "--quiet", "--output-dir", tmp_path / "BAD", "--env", f"PYTHONPATH={spy}",
+                  "--env", "CPUDIST_T_FAIL=1",
+                  timeout=120)
+    assert bad.returncode == 1
+    lines = bad.stderr.strip().splitlines()
+    assert "rank says: boom" in bad.stderr and lines[-1].startswith("Error: the job failed"), bad.stderr
