@@ -15,6 +15,7 @@ from pathlib import Path
 from cpudist import state
 from cpudist.errors import Interrupted, Preempted
 from cpudist.hostfile import render_hostfile
+from cpudist.launch.env import redact_pairs
 from cpudist.launch.kinds import plan
 from cpudist.launch.spec import SBATCH_FILE, check_layout, redacted
 from cpudist.results.schema import RunResult
@@ -106,6 +107,8 @@ def describe(request: RunRequest, where: Where) -> str:
 
 def _describe_remote(request: RunRequest, head: Head) -> str:
     nodes = head.inside[: request.launch.nodes]
+    hidden = dataclasses.replace(request.launch, env=redact_pairs(request.launch.env))
+    shown = dataclasses.replace(request, launch=hidden)
     user = f"{head.target.user}@" if head.target.user else ""
     lines = [f"# from this machine: ssh {user}{head.target.host} (port {head.target.port}, host keys pinned in "
              f"{head.known_hosts})"]
@@ -113,5 +116,6 @@ def _describe_remote(request: RunRequest, head: Head) -> str:
     lines += [f"# stage {what} ({name}) {path} -> ~/{state.STAGE_DIR}/<sha256>/ on the head, then on {others}"
               for name, what, path in local_inputs(request.train)]
     lines += [f"# nodes (as they reach each other): {' '.join(h.name for h in nodes)}",
-              "# on the head: python -m cpudist.run.agent, with this request on stdin", request.to_json()]
+              "# on the head: python -m cpudist.run.agent, with this request on stdin (--env values shown as ***)",
+              shown.to_json()]
     return "\n".join(lines) + "\n"

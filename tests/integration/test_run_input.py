@@ -61,6 +61,12 @@ def test_dry_run_shows_env_names_not_values(shared_data: Path, tmp_path: Path) -
     assert r.returncode == 0, r.stderr
     assert "export HF_TOKEN=***" in r.stdout and "export OMP_NUM_THREADS=1" in r.stdout
     assert SECRET not in r.stdout + r.stderr
+    (tmp_path / "hosts").write_text("10.1.0.1\n10.1.0.2\n")  # through a head: the request it would send (no ssh)
+    remote = cpudist("run", "mrpc", "--data-dir", shared_data / "glue" / "MRPC", "--model", "tiny", "--dry-run",
+                     "--head", "10.9.9.9", "--hostfile", tmp_path / "hosts", "--np", "2", "--ppn", "1",
+                     "--env", f"HF_TOKEN={SECRET}", timeout=60)
+    assert remote.returncode == 0, remote.stderr
+    assert '["HF_TOKEN", "***"]' in remote.stdout and SECRET not in remote.stdout + remote.stderr
 
 
 def test_bad_input_is_one_line_before_any_rank(shared_data: Path, tmp_path: Path) -> None:
