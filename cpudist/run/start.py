@@ -74,7 +74,7 @@ def _tracked(request: RunRequest, where: str, run: Callable[[], RunResult]) -> R
         identity.mark(out, "interrupted", message=e.what)
         stop = read_stop(out)  # the ranks stopped after a checkpoint: say how to go on from it
         if stop is not None:
-            raise Interrupted(f"interrupted: {stop.said()}",
+            raise Interrupted(f"{e.what}; {stop.said()}",
                               f"Resume: the same command with --resume auto --output-dir {out}") from None
         raise
     except KeyboardInterrupt:

@@ -145,8 +145,9 @@ def test_stopping_the_laptop_stops_every_rank_with_each_mpi(site: World, launche
     assert proc.returncode == (-signal.SIGKILL if how == signal.SIGKILL else 130), out[-4000:]  # 130: stopped
     if how != signal.SIGKILL:
         # every rank stopped; after a checkpoint, the line says where to go on from (the run checkpoints on a stop)
-        assert ("Error: interrupted: all ranks were stopped on every node" in out
-                or ("Error: interrupted: the ranks stopped at step " in out and "--resume auto" in out)), out[-4000:]
+        stopped = "Error: interrupted: all ranks were stopped on every node"
+        assert (f"{stopped}. Re-run the command" in out
+                or (f"{stopped}; the ranks stopped at step " in out and "--resume auto" in out)), out[-4000:]
     assert wait_no_leftovers(site) == []
 
 

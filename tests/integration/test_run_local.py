@@ -251,7 +251,7 @@ def test_ctrl_c_after_a_checkpoint_says_how_to_resume_and_exits_130(shared_data:
             proc.wait()
     assert proc.returncode == 130, err[-3000:]
     last = err.strip().splitlines()[-1]
-    assert last.startswith("Error: interrupted: the ranks stopped at step "), err[-3000:]
+    assert last.startswith("Error: interrupted: all ranks were stopped; the ranks stopped at step "), err[-3000:]
     assert f"--resume auto --output-dir {out}" in last and "Traceback" not in err
     assert json.loads((out / "run.json").read_text())["state"] == "interrupted"
     stopped_at = int(last.split("at step ")[1].split()[0])
