@@ -8,6 +8,9 @@ from dataclasses import dataclass
 # The thread counts cpudist reads (node_env, train/threads.py): checked before any rank starts, and not secret, so
 # command.txt and --dry-run show them; every other --env value is shown as HIDDEN.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "CPUDIST_THREADS")
+# Shown in full and kept on the launcher's command line: the thread counts, and PYTHONPATH (a path, not a secret:
+# where the nodes import this machine's cpudist from when its wheel is staged, which command.txt must show).
+SHOWN = (*THREAD_VARIABLES, "PYTHONPATH")
 HIDDEN = "***"
 
 
@@ -104,7 +107,7 @@ def parse_env_pairs(pairs: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 
 def redact_pairs(pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
     """--env pairs as they may be shown: values of all but the thread counts hidden (tokens, passwords)."""
-    return tuple((k, v if k in THREAD_VARIABLES else HIDDEN) for k, v in pairs)
+    return tuple((k, v if k in SHOWN else HIDDEN) for k, v in pairs)
 
 
 def redact_env_args(words: Sequence[str]) -> list[str]:
@@ -114,7 +117,7 @@ def redact_env_args(words: Sequence[str]) -> list[str]:
         prefix = "--env=" if word.startswith("--env=") else ""
         if after_env or prefix:
             key, sep, _ = word[len(prefix):].partition("=")
-            if sep and key not in THREAD_VARIABLES:
+            if sep and key not in SHOWN:
                 word = f"{prefix}{key}={HIDDEN}"
         after_env = word == "--env"
         out.append(word)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from cpudist.config import TrainConfig, to_argv
 from cpudist.errors import BadInput
 from cpudist.hostfile import Host
-from cpudist.launch.env import EnvSpec, node_env, redact_pairs
+from cpudist.launch.env import SHOWN, EnvSpec, node_env, redact_pairs
 from cpudist.launch.slurm import Allocation, SlurmOptions
 
 LAUNCHERS = ("auto", "mpich", "impi", "openmpi", "slurm", "torchrun")
@@ -105,7 +105,7 @@ def inherited(spec: RunSpec) -> frozenset[str]:
     environment (runner.execute sets it), as Hydra passes its whole environment and Open MPI's `-x NAME` the named
     ones. Variables cpudist sets itself stay on the command line, where the user's value must win over theirs."""
     own = node_env(_env_spec(spec, ()))
-    return frozenset(k for k, _ in spec.env_overrides if k not in own)
+    return frozenset(k for k, _ in spec.env_overrides if k not in own and k not in SHOWN)
 
 
 def redacted(spec: RunSpec) -> RunSpec:
