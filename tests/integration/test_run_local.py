@@ -144,7 +144,9 @@ def test_dry_run_runs_nothing(shared_data: Path, tmp_path: Path) -> None:
     r = cpudist("run", *mrpc(shared_data), "--np", "2", "--output-dir", tmp_path / "dry", "--dry-run",
                 "--env", "FOO=bar")
     assert r.returncode == 0, r.stderr
-    assert "export OMP_NUM_THREADS=" in r.stdout and "export FOO=bar" in r.stdout
+    # --env values are treated as secrets: named where shown, never their value
+    assert "export OMP_NUM_THREADS=" in r.stdout and "export FOO=***" in r.stdout
+    assert "FOO=bar" not in r.stdout and " FOO bar" not in r.stdout
     assert "-m cpudist.rank --task=mrpc" in r.stdout
     assert not (tmp_path / "dry").exists()
 
