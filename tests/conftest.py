@@ -32,6 +32,14 @@ if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto` (README's test command): one worker more than the cores, at most 4. Most of the suite's time is
+    waiting (sshd, Slurm's scheduler, link-loss and node-watch bounds, moto), so on 2 cores 3 workers keep the CPU
+    busy; more would stack multi-rank trainings on each core and stretch the bounds the tests check. Each worker
+    takes whole files (`--dist loadfile`), so a module's namespace cluster is built once."""
+    return max(2, min(4, (os.cpu_count() or 1) + 1))
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():

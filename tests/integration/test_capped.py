@@ -21,7 +21,9 @@ from tests.harness.machine import cpus_on_distinct_cores
 from tests.harness.steal import CpuWindow
 from tests.integration.helpers import read_until, wait_for
 
-pytestmark = pytest.mark.skipif(capped_requirements() is not None, reason=str(capped_requirements()))
+# alone: it measures CPU shares, so nothing else may run beside it (README's test command runs it after the rest).
+pytestmark = [pytest.mark.alone,
+              pytest.mark.skipif(capped_requirements() is not None, reason=str(capped_requirements()))]
 
 CORES = cpus_on_distinct_cores()[:2]  # two CPUs of different physical cores: hyperthreads of one core share it
 LINK_GBPS = 1.0
