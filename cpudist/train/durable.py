@@ -136,6 +136,21 @@ class Mirror:
             raise MirrorError(f"cannot {doing}: {e.what}", e.hint, e.code) from e
 
 
+def copy_or_warn(mirror: Mirror, ckpt: Path, keep: int) -> str | None:
+    """Upload a written checkpoint and prune the older copies; None, or the warning when the store failed (after
+    its own retries): the local checkpoint is whole and the run goes on, the next checkpoint tries again. Failing
+    the run instead would lose more: the other ranks would wait out --dist-timeout, and a spot stop would not
+    end as a stop (exit 75) that --on-preemption resume acts on."""
+    try:
+        mirror.upload(ckpt)
+        mirror.prune(keep, ckpt.name)
+    except MirrorError as e:
+        return (f"warning: {ckpt.name} is not copied to {mirror.url} ({e.message}); it is kept at {ckpt} and "
+                "the next checkpoint tries the copy again. If the head's disk is lost before a copy succeeds, "
+                "a resume starts from the newest copy in S3")
+    return None
+
+
 def _inside(folder: Path, rel: str, key: str, url: str) -> Path:
     """Where the file of `key` (`rel` inside its checkpoint) goes: a path strictly inside `folder`, else MirrorError
     (an empty or '..' segment in a key would write to an absolute path or outside the checkpoint)."""

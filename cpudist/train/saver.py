@@ -7,6 +7,7 @@ sync state, then copies it to the durable mirror) and `restore` once, before the
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ from cpudist.config import TrainConfig
 from cpudist.train import checkpoint
 from cpudist.train.checkpoint import Restored, gather_rngs, seed_all, set_rng_state
 from cpudist.train.checkpoint_meta import CheckpointMeta, Done, Position
-from cpudist.train.durable import Mirror
+from cpudist.train.durable import Mirror, copy_or_warn
 
 if TYPE_CHECKING:
     from cpudist.train.loop import TrainStats
@@ -80,9 +81,9 @@ def save(saver: Saver, t: Training, stats: TrainStats, pos: Position, total: int
                               Done(stats.steps, stats.samples, stats.tokens, stats.flops, stats.train_time_s),
                               stats.steps, run_id=cfg.run_id)
         path = checkpoint.write(saver.folder, state, rngs, meta, saver.keep, ranks)
-        if saver.mirror is not None:
-            saver.mirror.upload(path)
-            saver.mirror.prune(saver.keep, path.name)
+        if saver.mirror is not None and (warning := copy_or_warn(saver.mirror, path, saver.keep)):
+            sys.stderr.write(f"[cpudist] {warning}\n")  # one write: launchers interleave partial writes
+            sys.stderr.flush()
         stats.checkpoints.append(str(path))
         events.emit("checkpoint", step=stats.steps, path=str(path))
     if world > 1:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from cpudist.cloud.aws.objects import S3Objects, parse_s3_url
 from cpudist.errors import BadInput, CpudistError
 from cpudist.train.checkpoint_meta import COMPLETE
-from cpudist.train.durable import Mirror, MirrorError, runs_in
+from cpudist.train.durable import Mirror, MirrorError, copy_or_warn, runs_in
 from tests.harness.s3 import FAKE_CREDENTIALS, S3Server
 
 
@@ -264,3 +264,19 @@ def test_a_key_that_leaves_the_checkpoint_folder_fails_the_download_and_writes_n
                                    "outside its checkpoint folder") and "\n" not in str(e.value)
     assert e.value.code == "UnsafeKey"
     assert not outside.exists() and not dest.exists()  # nothing written, not even the .part folder
+
+
+def test_a_copy_that_fails_is_a_warning_and_the_local_checkpoint_stays(tmp_path: Path, s3: Any) -> None:
+    """copy_or_warn, the checkpoint-time copy: the store stopped after one good upload (a server of its own)."""
+    with S3Server() as server:
+        client = boto3.client("s3", endpoint_url=server.url, config=Config(retries={"total_max_attempts": 1}))
+        client.create_bucket(Bucket="ckpt")
+        mirror = Mirror(S3Objects("s3://ckpt/run", client=client), "r1")
+        assert copy_or_warn(mirror, checkpoint(tmp_path, 5), keep=2) is None
+        assert mirror.complete() == ["step-000005"]
+    second = checkpoint(tmp_path, 10)
+    before = {p.name: p.read_bytes() for p in second.rglob("*") if p.is_file()}
+    warning = copy_or_warn(mirror, second, keep=2)
+    assert warning is not None and warning.startswith("warning: step-000010 is not copied to s3://ckpt/run/r1")
+    assert "S3 is unreachable" in warning and f"kept at {second}" in warning and "next checkpoint" in warning
+    assert {p.name: p.read_bytes() for p in second.rglob("*") if p.is_file()} == before  # nothing lost locally

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -84,3 +85,39 @@ def test_the_s3_copy_survives_losing_the_head_disk(shared_data: Path, tmp_path: 
     run_id = result["run_id"]  # each run keeps its copy under <prefix>/<run id>/
     names = {o["Key"].split("/")[3] for o in listed.get("Contents", []) if o["Key"].split("/")[2] == run_id}
     assert names == {"step-000030", "step-000040"}, names  # --keep-checkpoints 2 holds in S3 too
+
+
+def test_a_stop_with_s3_down_keeps_the_local_checkpoint_and_exits_75(shared_data: Path, tmp_path: Path) -> None:
+    """S3 goes away mid-run (the server stopped after the first copy): the stop's checkpoint is written on the
+    head, its copy fails with one warning line, and the run still ends as a stop (75), not a failure (1)."""
+    run_dir = tmp_path / "run"
+    args = [*common(shared_data), "--max-steps", "100000", "--np", "2", "--no-eval", "--checkpoint-every", "5",
+            "--checkpoint-s3", "s3://ckpt/runs/a", "--output-dir", str(run_dir)]
+    server = S3Server().start()
+    check = boto3.client("s3", endpoint_url=server.url, region_name="us-east-1", aws_access_key_id="testing",
+                         aws_secret_access_key="testing")
+    check.create_bucket(Bucket="ckpt")
+    env = {**os.environ, **FAKE_CREDENTIALS, "AWS_ENDPOINT_URL_S3": server.url, "AWS_MAX_ATTEMPTS": "2",
+           "AWS_CONFIG_FILE": str(tmp_path / "no-config"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
+    proc = subprocess.Popen([*CPUDIST, "run", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(o["Key"].endswith("step-000005/COMPLETE")
+                      for o in check.list_objects_v2(Bucket="ckpt").get("Contents", [])):
+            assert proc.poll() is None and time.monotonic() < deadline, output_of(proc)
+            time.sleep(0.02)
+    finally:
+        server.stop()
+    while logged(run_dir) < 12:
+        assert proc.poll() is None and time.monotonic() < deadline, output_of(proc)
+        time.sleep(0.02)
+    for pid in [p for p in descendants(proc.pid) if "cpudist.rank" in cmdline(p) and "mpiexec" not in cmdline(p)]:
+        os.kill(pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, err
+    step = json.loads((run_dir / "preempted.json").read_text())["step"]
+    name = f"step-{step:06d}"
+    assert (run_dir / "checkpoints" / name / "COMPLETE").is_file()
+    assert f"warning: {name} is not copied to s3://ckpt/runs/a/" in err and "S3 is unreachable" in err, err
+    assert "Resume: the same command with --resume auto" in err

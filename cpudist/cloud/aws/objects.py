@@ -9,6 +9,7 @@ what it was doing ("cannot upload step-000040 to s3://...: NoSuchBucket: ...").
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -39,8 +40,11 @@ def s3_client(endpoint_url: str | None = None) -> Any:
     # boto3 >= 1.28 reads AWS_ENDPOINT_URL_S3, then AWS_ENDPOINT_URL (checked with boto3 1.43 against
     # moto's server in tests/integration/test_durable.py): the emulator needs no code path of its own.
     # Standard mode retries throttling, 5xx and dropped connections with backoff; a checkpoint upload
-    # that still fails is reported, and the next checkpoint tries again.
-    config = Config(retries={"mode": "standard", "total_max_attempts": 6}, connect_timeout=10, read_timeout=120)
+    # that still fails is a warning (train/durable.py: copy_or_warn), and the next checkpoint tries again.
+    # AWS_MAX_ATTEMPTS, boto3's own setting, is honoured: an explicit Config would otherwise override it.
+    attempts = os.environ.get("AWS_MAX_ATTEMPTS", "")
+    total = int(attempts) if attempts.isdigit() and int(attempts) > 0 else 6
+    config = Config(retries={"mode": "standard", "total_max_attempts": total}, connect_timeout=10, read_timeout=120)
     # A session of its own: boto3's default one is shared, not thread-safe, and caches the credentials it
     # found first (a mirror built in an upload thread, or after the environment changed, must not use them).
     return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
