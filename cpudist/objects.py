@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from cpudist.errors import CpudistError
+from cpudist.errors import BadInput, CpudistError
 
 
 class StoreError(CpudistError):
@@ -19,6 +19,10 @@ class StoreError(CpudistError):
     def __init__(self, message: str, hint: str | None = None, code: str = "") -> None:
         super().__init__(message, hint)
         self.hint, self.code = hint, code
+
+
+class StoreBadSetup(StoreError, BadInput):
+    """The store refused the credentials (missing, unknown, wrong secret): the user's setup, exit code 2."""
 
 
 class ObjectStore(Protocol):

@@ -32,6 +32,10 @@ class MirrorError(CpudistError):
         self.code = code
 
 
+class MirrorBadSetup(MirrorError, BadInput):
+    """The store refused the credentials: the user's setup, exit code 2."""
+
+
 class Mirror:
     """Checkpoint folders under the store's location as <run id>/<name>/<path> (<name>/<path> for a run without an
     id), each with its COMPLETE marker put last: runs sharing a location never see each other's checkpoints."""
@@ -133,7 +137,8 @@ class Mirror:
         try:
             yield
         except StoreError as e:
-            raise MirrorError(f"cannot {doing}: {e.what}", e.hint, e.code) from e
+            cls = MirrorBadSetup if isinstance(e, BadInput) else MirrorError  # bad credentials stay bad setup (2)
+            raise cls(f"cannot {doing}: {e.what}", e.hint, e.code) from e
 
 
 def copy_or_warn(mirror: Mirror, ckpt: Path, keep: int) -> str | None:

@@ -332,7 +332,7 @@ def test_no_credentials_and_unknown_region(emu: Emulator, tmp_path: Path) -> Non
     bare.update(HOME=str(tmp_path), AWS_CONFIG_FILE="/nonexistent", AWS_SHARED_CREDENTIALS_FILE="/nonexistent",
                 AWS_ENDPOINT_URL=emu.url, AWS_EC2_METADATA_DISABLED="true")
     r = cpudist(emu, tmp_path, "cluster", "status", "--name", "c1", env=bare)
-    assert r.returncode == 1 and "no AWS credentials found" in r.stderr
+    assert r.returncode == 2 and "no AWS credentials found" in r.stderr  # bad setup, as bad input
     del bare["AWS_ENDPOINT_URL"]
     r = cpudist(emu, tmp_path, "cluster", "status", "--region", "mars-north-1", env={**bare, **FAKE_CREDENTIALS})
     assert r.returncode == 2 and "unknown AWS region 'mars-north-1'" in r.stderr

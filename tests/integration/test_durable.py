@@ -165,8 +165,9 @@ def test_no_credentials_says_how_to_configure(s3: Any, monkeypatch: pytest.Monke
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance profile to find off EC2
-    with pytest.raises(MirrorError, match=r"no AWS credentials.*aws configure"):
+    with pytest.raises(MirrorError, match=r"no AWS credentials.*aws configure") as e:
         Mirror(S3Objects("s3://some-bucket/run")).complete()
+    assert e.value.exit_code == 2  # the user's setup, as bad input
 
 
 def test_unreachable_endpoint_is_reported(s3: Any) -> None:

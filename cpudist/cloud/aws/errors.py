@@ -22,7 +22,10 @@ HINTS = {
     "InvalidClientTokenId": "Check the AWS credentials (aws configure)",
     "VcpuLimitExceeded": "Ask AWS for a higher vCPU quota, or use fewer/smaller instances",
 }
-BAD_INPUT_PREFIXES = ("InvalidAMIID", "InvalidInstanceType", "InvalidKeyPair", "InvalidParameter", "InvalidSubnet")
+# Bad input or bad setup (exit 2, as the CLI's own checks): what the user must change, not a job that failed.
+# Credentials AWS does not know or cannot verify are setup, as missing ones are.
+BAD_INPUT_PREFIXES = ("InvalidAMIID", "InvalidInstanceType", "InvalidKeyPair", "InvalidParameter", "InvalidSubnet",
+                      "AuthFailure", "InvalidClientTokenId", "SignatureDoesNotMatch")
 
 
 class AwsError(CpudistError):
@@ -40,7 +43,7 @@ class AwsBadInput(AwsError, BadInput):
 def translate(e: Exception) -> CpudistError:
     """The CpudistError for a botocore exception."""
     if isinstance(e, botocore.exceptions.NoCredentialsError | botocore.exceptions.PartialCredentialsError):
-        return AwsError("no AWS credentials found",
+        return AwsBadInput("no AWS credentials found",
                         "Run `aws configure`, or set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE",
                         "NoCredentials")
     if isinstance(e, ResponseParserError):  # an HTML page, or another API, where EC2 should be

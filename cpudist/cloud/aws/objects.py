@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cpudist.errors import BadInput, CpudistError
-from cpudist.objects import StoreError
+from cpudist.objects import StoreBadSetup, StoreError
 
 BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")  # S3's naming rules, less the rarer exceptions
 URL_HINT = "Give an S3 location as s3://bucket or s3://bucket/prefix, e.g. s3://my-bucket/runs/sst2"
@@ -130,7 +130,7 @@ def translate(e: BaseException, bucket: str) -> StoreError:
     import botocore.exceptions
 
     if isinstance(e, botocore.exceptions.NoCredentialsError | botocore.exceptions.PartialCredentialsError):
-        return StoreError("no AWS credentials found",
+        return StoreBadSetup("no AWS credentials found",
                           "Run `aws configure`, set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE, "
                           "or attach an instance profile that may use the bucket", "NoCredentials")
     if isinstance(e, botocore.exceptions.EndpointConnectionError | botocore.exceptions.ConnectionError):
@@ -141,5 +141,6 @@ def translate(e: BaseException, bucket: str) -> StoreError:
         code = str(err.get("Code", "Unknown"))
         code = {"404": "NoSuchKey", "403": "AccessDenied"}.get(code, code)  # HEAD answers carry no body
         hint = HINTS.get(code, "See the AWS S3 documentation for this error code").format(bucket=bucket)
-        return StoreError(f"{code}: {err.get('Message', e)}", hint, code)
+        cls = StoreBadSetup if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch") else StoreError
+        return cls(f"{code}: {err.get('Message', e)}", hint, code)
     return StoreError(str(e), "Re-run with --debug for details", type(e).__name__)
