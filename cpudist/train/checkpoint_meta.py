@@ -33,6 +33,9 @@ OLDEST = 3  # formats 1 and 2 pickled numpy's RNG state (an ndarray): the safe u
 # What must match for a checkpoint to continue a run: another model or data order is another run.
 SAME_RUN = ("task", "model", "seed", "sampler", "max_seq_len", "max_train_samples")
 FIX = "Resume with the cpudist version that wrote it, or start over without --resume"
+# What a resume takes from the checkpoint, whatever the options say: the optimizer (its learning rate and weight
+# decay), the schedule over the run's total steps, and the data position in micro-batches of --grad-accum.
+SCHEDULE = ("lr", "lr_scaling", "optimizer", "weight_decay", "warmup_ratio", "epochs", "max_steps", "grad_accum")
 
 
 def folder_name(step: int) -> str:
@@ -235,3 +238,18 @@ def check_same_run(meta: CheckpointMeta, cfg: dict[str, Any], path: Path) -> Non
     if differ:
         raise BadInput(f"checkpoint {path} belongs to another run ({'; '.join(differ)})",
                        "Resume with the options of the run that wrote it, or start over without --resume")
+
+
+def check_same_schedule(meta: CheckpointMeta, cfg: dict[str, Any], world: int, path: Path) -> None:
+    """Refuse a resume whose options would change what the checkpoint fixes (SCHEDULE), naming each change: the
+    run would go on with the checkpoint's values and record these (a longer --max-steps trained nothing more)."""
+    differ = [f"--{k.replace('_', '-')}: {meta.config[k]!r} there, {cfg.get(k)!r} here" for k in SCHEDULE
+              if k in meta.config and meta.config[k] != cfg.get(k)]  # a key older checkpoints lack: no say
+    if not differ and cfg.get("lr_scaling", "none") != "none" and meta.world_size != world:
+        differ = [f"--lr-scaling {cfg['lr_scaling']} scales --lr by the rank count: {meta.world_size} rank(s) "
+                  f"there, {world} here"]
+    if differ:
+        raise BadInput(f"checkpoint {path} was written with other training options ({'; '.join(differ)})",
+                       "A resume goes on with the checkpoint's optimizer, learning-rate schedule and data position: "
+                       "resume with the options of the run that wrote it (its run folder's command.txt), or start "
+                       "a new run without --resume")

@@ -1,0 +1,63 @@
+"""A resume whose options change what its checkpoint fixes (optimizer, learning-rate schedule, data position in
+micro-batches of --grad-accum) is refused in one line naming each change (train/resume.py, checkpoint_meta.py):
+it used to go on with the checkpoint's values and record the new ones (--max-steps 10, then --resume auto
+--max-steps 20: 10 steps trained, 20 reported)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from cpudist.config import TrainConfig
+from cpudist.errors import BadInput
+from cpudist.train import resume
+from tests.unit.test_checkpoint import meta_of, write
+
+BASE = TrainConfig(task="mrpc", output_dir="o", batch_size=16, max_steps=10, lr=1e-3)
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    ({"max_steps": 20}, "--max-steps: 10 there, 20 here"),
+    ({"epochs": 5.0, "max_steps": None}, "--epochs: 3.0 there, 5.0 here; --max-steps: 10 there, None here"),
+    ({"lr": 2e-3}, "--lr: 0.001 there, 0.002 here"),
+    ({"grad_accum": 2, "batch_size": 8}, "--grad-accum: 1 there, 2 here"),
+    ({"warmup_ratio": 0.0, "weight_decay": 0.1}, "--weight-decay: 0.01 there, 0.1 here; --warmup-ratio: 0.1 there"),
+    ({"optimizer": "sgd"}, "--optimizer: 'adamw' there, 'sgd' here"),
+])
+def test_a_changed_schedule_is_refused_naming_each_change(change: dict[str, object], named: str) -> None:
+    meta = meta_of(BASE)
+    with pytest.raises(BadInput) as e:
+        resume.adapt(dataclasses.replace(BASE, **change), meta, 2, "ck")  # type: ignore[arg-type]
+    text = str(e.value)
+    assert text.startswith("checkpoint ck was written with other training options (") and named in text, text
+    assert "resume with the options of the run that wrote it" in text and "\n" not in text
+
+
+def test_the_same_options_go_on_and_what_the_checkpoint_adapts_is_not_a_change() -> None:
+    meta = meta_of(BASE)
+    assert resume.adapt(BASE, meta, 2, "ck").batch_size == 16
+    assert resume.adapt(BASE, meta, 1, "ck").batch_size == 32  # another world: the global batch is kept
+    assert resume.adapt(dataclasses.replace(BASE, batch_size=4, max_grad_norm=0.5, log_every=1), meta, 2,
+                        "ck").batch_size == 16  # the per-rank batch follows the global batch; clipping applies live
+    older = dataclasses.replace(meta, config={k: v for k, v in meta.config.items() if k != "optimizer"})
+    assert resume.adapt(dataclasses.replace(BASE, optimizer="sgd"), older, 2, "ck")  # a key it lacks: no say
+
+
+def test_lr_scaling_on_another_rank_count_is_refused() -> None:
+    scaled = dataclasses.replace(BASE, lr_scaling="linear")
+    meta = meta_of(scaled)
+    assert resume.adapt(scaled, meta, 2, "ck").batch_size == 16
+    with pytest.raises(BadInput, match=r"--lr-scaling linear scales --lr by the rank count: 2 rank\(s\) there, 4 "):
+        resume.adapt(scaled, meta, 4, "ck")
+
+
+def test_refused_before_any_rank_starts(tmp_path: Path) -> None:
+    """`cpudist run` calls preflight: a real checkpoint of the run folder, --resume auto with --max-steps raised."""
+    run = tmp_path / "run"
+    write(run / "checkpoints", 5)  # written by mrpc's defaults: max_steps None, epochs 3.0
+    cfg = TrainConfig(task="mrpc", output_dir=str(run), resume="auto", max_steps=20)
+    with pytest.raises(BadInput, match=r"other training options \(--max-steps: None there, 20 here\)"):
+        resume.preflight(cfg, 2)
+    resume.preflight(dataclasses.replace(cfg, max_steps=None), 2)
