@@ -130,7 +130,9 @@ CPU_NOTE = ("note: without measured multi-node runs in the sources the model lea
               help="Share of DDP's communication hidden under backward [default: measured, else 0].")
 @click.option("--sync-cpu-s-per-gb", "sync_cpu", type=click.FloatRange(min=0),
               help="Node CPU seconds the sync costs per GB on the busiest link [default: measured, else 0].")
-@click.option("--run-id", help="Plan from this 1-node run [default: the newest 1-node run in the sources].")
+@click.option("--baseline", "--run-id", "run_id",
+              help="Plan from this 1-node run: an id or a unique prefix [default: of the newest 1-node run's job, "
+              "the 1-node run with the fewest ranks, plain DDP first, the newest; the plan says which and why].")
 @click.option("--validate", "only_validate", is_flag=True,
               help="Only compare predicted with measured speedup of the multi-node runs in the sources.")
 @output_options()
@@ -195,7 +197,8 @@ def _header(r: RunResult, why: str, base: Baseline, link: Link, link_from: str, 
               else "--overlap" if f_given else "default, conservative: no measured multi-node DDP run in the sources")
     price_from = ("--price" if price is not None else "the run's nodes" if base.usd_per_node_hour is not None
                   else None)
-    lines = [f"base: {r.run_id} ({why}): {r.task} {r.model} {r.precision}, {r.world_size} rank(s) on 1 node, "
+    sync = f" (sync={r.sync}: its exchange on the node counts as compute)" if r.world_size > 1 else ""
+    lines = [f"base: {r.run_id} ({why}): {r.task} {r.model} {r.precision}, {r.world_size} rank(s) on 1 node{sync}, "
              f"{base.samples_per_step} samples/step, t_c = {base.compute_s:.3f} s/step over {base.steps} steps",
              f"link: {link.gbps:.3f} Gbit/s per node ({link_from}); {link.latency_s * 1000:g} ms per collective",
              f"overlap: DDP hides f = {f:.2f} of its communication ({f_from}); explicit strategies hide none",

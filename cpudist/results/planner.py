@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 from cpudist.errors import BadInput
 from cpudist.results.schema import RunResult
+from cpudist.results.select import by_start, find_run
 from cpudist.strategies import GATHER_SCATTER, SyncSpec, from_record
 from cpudist.traffic import buckets, expected_traffic, ring_factor
 
@@ -101,20 +102,36 @@ def baseline_of(r: RunResult) -> Baseline:
                     r.train_samples / epochs if epochs else None)
 
 
+def same_job(a: RunResult, b: RunResult) -> bool:
+    """Runs of one job: the same task, model, precision and work per rank (the ranks and the sync may differ)."""
+    def key(r: RunResult) -> tuple[object, ...]:
+        return r.task, r.model, r.precision, r.per_rank_batch_size, r.grad_accum, r.max_seq_len, r.freeze_embeddings
+    return key(a) == key(b)
+
+
 def pick_baseline(runs: Sequence[RunResult], run_id: str | None = None) -> tuple[RunResult, str]:
-    """(the 1-node run to plan from, why that one): the one named, else the newest 1-node run."""
+    """(the 1-node run to plan from, why that one): the one named, else, of the 1-node runs of the newest one's
+    job, those with the fewest ranks (no exchange at all with one), plain DDP first (an explicit sync on one node
+    would count as compute), the newest of them."""
     if run_id is not None:
-        named = [r for r in runs if r.run_id == run_id]
-        if not named:
-            raise BadInput(f"no run {run_id} in the sources", "Give its run folder, or a ledger that holds it")
-        return named[-1], "the run named"
+        return find_run(runs, run_id), "named by --baseline"
     ones = [r for r in runs if len(r.nodes) == 1 and r.steps > 0]
     if not ones:
         raise BadInput("the sources hold no 1-node run to plan from",
                        "Run one first (cpudist run TASK --np P on one node), then pass its run folder or the ledger")
-    newest = max(enumerate(ones), key=lambda ir: (ir[1].started_at, ir[0]))[1]
-    return newest, (f"the newest of {len(ones)} 1-node runs in the sources" if len(ones) > 1
-                    else "the only 1-node run in the sources")
+    if len(ones) == 1:
+        return ones[0], "the only 1-node run in the sources"
+    newest = by_start(ones)[-1]
+    job = [r for r in ones if same_job(r, newest)]
+    fewest = min(r.world_size for r in job)
+    least = [r for r in job if r.world_size == fewest]
+    plain = [r for r in least if sync_of(r).label == SyncSpec().label]
+    chosen = by_start(plain or least)[-1]
+    what = f"{newest.task} {newest.model} {newest.precision}"
+    ranks = f"{fewest} rank{'s' if fewest > 1 else ''}" + (f", sync={chosen.sync}" if fewest > 1 else "")
+    of = "the one" if len(plain or least) == 1 else f"the newest of {len(plain or least)}"
+    first = ", plain DDP first" if plain and len(plain) < len(least) else ""
+    return chosen, f"of {len(job)} 1-node runs of {what} in the sources, {of} with the fewest ranks ({ranks}){first}"
 
 
 def sync_of(r: RunResult) -> SyncSpec:

@@ -1,21 +1,26 @@
-"""Speedup and efficiency against the smallest run of each group of comparable runs, and what each
-run's gradient sync put on the wire."""
+"""Speedup and efficiency of each configuration against its group's baseline, and what each configuration's
+gradient sync put on the wire.
+
+A group is every run that differs only in where and how many ranks ran (`group_parts`); a configuration is
+one (nodes, ranks, ranks per node) of a group, its repeats aggregated into one row (medians, their number,
+the range of their speedups). The baseline is the run named by --baseline, else the configuration with the
+fewest nodes, then the fewest ranks (the median of its repeats); every row says which and why.
+"""
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from rich.filesize import decimal
 
+from cpudist.results.checks import CHECK, likely_cause
 from cpudist.results.schema import RunResult
+from cpudist.results.select import by_start, run_name
 
-COLUMNS = ("nodes", "ranks", "ppn", "batch/rank", "global batch", "metric", "train time (s)",
-           "samples/s", "samples/s/rank", "speedup", "efficiency", "$/run")
+COLUMNS = ("nodes", "ranks", "ppn", "batch/rank", "global batch", "metric", "train time (s)", "samples/s",
+           "samples/s/rank", "speedup", "efficiency", "$/run", "n", "speedup range", "run", "started (UTC)")
 TRAFFIC_COLUMNS = ("nodes", "ranks", "sync", "expected between nodes/step", "measured", "comm share",
                    "bus Gbit/s")
 TRAFFIC_TOLERANCE = 0.10  # measured/expected beyond this is flagged: the model of the wire missed something
@@ -28,7 +33,7 @@ FLAG_NOTE = (f"{FLAG} measured bytes between nodes differ from the expected by o
 
 @dataclass(frozen=True)
 class ScalingRow:
-    """One run, placed against the baseline of its group."""
+    """One configuration (its repeats aggregated: medians, how many, their range), against its group's baseline."""
 
     group: str
     nodes: int
@@ -36,22 +41,33 @@ class ScalingRow:
     ppn: int
     per_rank_batch: int
     global_batch: int
-    metrics: dict[str, float]
-    train_time_s: float
-    samples_per_s: float
+    metrics: dict[str, float]  # medians over the repeats
+    train_time_s: float  # median
+    samples_per_s: float  # median
     samples_per_s_per_rank: float
-    speedup: float
-    efficiency: float
-    run_id: str
-    cost_usd: float | None = None
+    speedup: float  # median samples/s over the baseline's
+    efficiency: float  # speedup / (ranks / the baseline's ranks)
+    run_id: str  # the newest run of the configuration
+    cost_usd: float | None = None  # median
     group_parts: tuple[str, ...] = ()  # what the group key is made of, for legends and titles
-    base_nodes: int = 1  # nodes of the group's baseline run
+    base_nodes: int = 1  # nodes of the group's baseline
     sync: str = "ddp"
     expected_tx_bytes_per_step: float = 0.0  # all nodes' interfaces together; 0 on one node
-    measured_tx_bytes_per_step: float | None = None
+    measured_tx_bytes_per_step: float | None = None  # median
     traffic_error: float | None = None  # measured / expected - 1
-    comm_share: float | None = None  # None: the run did not time its communication
+    comm_share: float | None = None  # None: the runs did not time their communication
     bus_bandwidth_gbps: float | None = None
+    n: int = 1  # runs of this configuration
+    samples_per_s_min: float = 0.0
+    samples_per_s_max: float = 0.0
+    speedup_min: float = 0.0  # the slowest repeat over the baseline
+    speedup_max: float = 0.0
+    run_ids: tuple[str, ...] = ()  # every run of the configuration, oldest first
+    started_at: tuple[str, ...] = ()  # their start times (UTC, ISO), in the same order
+    base_ranks: int = 1
+    baseline: tuple[str, ...] = ()  # the run(s) the speedup is against
+    baseline_why: str = ""
+    check: str = ""  # why this speedup cannot be what it says, and the likely cause ('' when nothing is off)
 
     @property
     def traffic_flagged(self) -> bool:
@@ -60,16 +76,35 @@ class ScalingRow:
 
     @property
     def has_traffic(self) -> bool:
-        """The run recorded anything about its sync's traffic or time (runs before that did not)."""
+        """The runs recorded anything about their sync's traffic or time (runs before that did not)."""
         return bool(self.expected_tx_bytes_per_step or self.measured_tx_bytes_per_step is not None
                     or self.comm_share is not None or self.bus_bandwidth_gbps is not None)
 
+    @property
+    def flagged(self) -> bool:
+        """A speedup beyond what the added ranks allow."""
+        return bool(self.check)
+
+    @property
+    def is_baseline(self) -> bool:
+        return bool(self.baseline) and set(self.baseline) <= set(self.run_ids)
+
+    @property
+    def date(self) -> str:
+        """The newest run's start, to the minute ('' when not recorded)."""
+        return self.started_at[-1][:16].replace("T", " ") if self.started_at else ""
+
     def cells(self) -> list[str]:
+        """The speedup table's cells (medians; the range of the repeats' speedups when there are several)."""
         metric = " ".join(f"{k}={v:.4f}" for k, v in self.metrics.items()) or "-"
+        spread = f"{self.speedup_min:.2f}-{self.speedup_max:.2f}x" if self.n > 1 else "-"
+        run = self.run_id + (f" +{self.n - 1}" if self.n > 1 else "")
         return [str(self.nodes), str(self.ranks), str(self.ppn), str(self.per_rank_batch),
                 str(self.global_batch), metric, f"{self.train_time_s:.1f}", f"{self.samples_per_s:.1f}",
-                f"{self.samples_per_s_per_rank:.1f}", f"{self.speedup:.2f}x", f"{self.efficiency:.0%}",
-                "-" if self.cost_usd is None else f"{self.cost_usd:.4f}"]
+                f"{self.samples_per_s_per_rank:.1f}", f"{self.speedup:.2f}x",
+                f"{self.efficiency:.0%}" + (f" {CHECK}" if self.flagged else ""),
+                "-" if self.cost_usd is None else f"{self.cost_usd:.4f}", str(self.n), spread, run or "-",
+                self.date or "-"]
 
     def traffic_cells(self) -> list[str]:
         measured = "-"
@@ -102,27 +137,82 @@ def group_key(r: RunResult) -> str:
     return " ".join(group_parts(r))
 
 
-def _row(r: RunResult, speedup: float, base: RunResult) -> ScalingRow:
-    timed = r.comm_time_s > 0 or r.exposed_comm_s > 0
-    return ScalingRow(group_key(r), len(r.nodes), r.world_size, r.ppn, r.per_rank_batch_size, r.global_batch_size,
-                      r.metrics, r.train_time_s, r.train_samples_per_s, r.train_samples_per_s / r.world_size,
-                      speedup, speedup / (r.world_size / base.world_size), r.run_id, r.cost_usd,
-                      group_parts(r), len(base.nodes), r.sync, r.expected_tx_bytes_per_step,
-                      r.measured_tx_bytes_per_step, r.traffic_error, r.comm_share if timed else None,
-                      r.bus_bandwidth_gbps)
+def placement(nodes: int, ranks: int) -> str:
+    """'1 node, 2 ranks'."""
+    return f"{nodes} node{'s' if nodes > 1 else ''}, {ranks} rank{'s' if ranks > 1 else ''}"
 
 
-def scaling_rows(results: Sequence[RunResult]) -> list[ScalingRow]:
-    """Rows grouped by comparability, ordered by ranks; speedup is the training-throughput ratio
-    to the group's smallest run (the median when it ran more than once)."""
-    groups: dict[str, list[RunResult]] = {}
-    for r in results:
-        groups.setdefault(group_key(r), []).append(r)
+Config = tuple[int, int, int]  # nodes, ranks, ranks per node
+
+
+def config_of(r: RunResult) -> Config:
+    return len(r.nodes), r.world_size, r.ppn
+
+
+@dataclass(frozen=True)
+class Base:
+    """What a group's speedups are against."""
+
+    runs: tuple[RunResult, ...]
+    why: str
+
+    @property
+    def samples_per_s(self) -> float:
+        return statistics.median(r.train_samples_per_s for r in self.runs)
+
+
+def choose_base(configs: dict[Config, list[RunResult]], named: RunResult | None = None) -> Base:
+    """The run named (when it is in this group), else the fewest nodes, then ranks: all of its repeats."""
+    if named is not None and any(named == r for runs in configs.values() for r in runs):
+        return Base((named,), f"{run_name(named)}, named by --baseline")
+    (nodes, ranks, _), runs = min(configs.items(), key=lambda kv: kv[0][:2])
+    where = placement(nodes, ranks)
+    ids = ", ".join(run_name(r) for r in runs)
+    what = f"{ids}" if len(runs) == 1 else f"the median of {len(runs)} runs {ids}"
+    return Base(tuple(runs), f"{what} ({where}): the fewest nodes, then ranks, of the group")
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def _metrics(runs: Sequence[RunResult]) -> dict[str, float]:
+    keys = dict.fromkeys(k for r in runs for k in r.metrics)
+    return {k: statistics.median(r.metrics[k] for r in runs if k in r.metrics) for k in keys}
+
+
+def _row(runs: list[RunResult], base: Base) -> ScalingRow:
+    r, b = runs[-1], base.runs[0]
+    rates = [x.train_samples_per_s for x in runs]
+    sps, to = statistics.median(rates), base.samples_per_s
+    speedup = sps / to if to else 0.0
+    ratio = r.world_size / b.world_size
+    timed = [x.comm_share for x in runs if x.comm_time_s > 0 or x.exposed_comm_s > 0]
+    expected = statistics.median(x.expected_tx_bytes_per_step for x in runs)
+    measured = _median([x.measured_tx_bytes_per_step for x in runs])
+    error = measured / expected - 1 if measured is not None and expected else None
+    return ScalingRow(
+        group_key(r), len(r.nodes), r.world_size, r.ppn, r.per_rank_batch_size, r.global_batch_size, _metrics(runs),
+        statistics.median(x.train_time_s for x in runs), sps, sps / r.world_size, speedup, speedup / ratio,
+        run_name(r), _median([x.cost_usd for x in runs]), group_parts(r), len(b.nodes), r.sync, expected, measured,
+        error, _median(timed), _median([x.bus_bandwidth_gbps for x in runs]), len(runs), min(rates), max(rates),
+        min(rates) / to if to else 0.0, max(rates) / to if to else 0.0, tuple(run_name(x) for x in runs),
+        tuple(x.started_at for x in runs), b.world_size, tuple(run_name(x) for x in base.runs), base.why,
+        likely_cause(runs, base.runs, speedup / ratio, ratio) if ratio > 1 else "")  # fewer ranks: faster per rank
+
+
+def scaling_rows(results: Sequence[RunResult], baseline: RunResult | None = None) -> list[ScalingRow]:
+    """One row per configuration of each group, ordered by ranks then nodes; speedup is the ratio of median
+    training throughput to the group's baseline (`baseline` where it is in the group)."""
+    groups: dict[str, dict[Config, list[RunResult]]] = {}
+    for r in by_start(results):  # oldest first: a configuration's last run is its newest
+        groups.setdefault(group_key(r), {}).setdefault(config_of(r), []).append(r)
     rows = []
-    for runs in groups.values():
-        runs.sort(key=lambda r: (r.world_size, r.started_at))
-        base = statistics.median(r.train_samples_per_s for r in runs if r.world_size == runs[0].world_size)
-        rows += [_row(r, r.train_samples_per_s / base if base else 0.0, runs[0]) for r in runs]
+    for configs in groups.values():
+        base = choose_base(configs, baseline)
+        for config in sorted(configs, key=lambda c: (c[1], c[0], c[2])):
+            rows.append(_row(configs[config], base))
     return rows
 
 
@@ -130,34 +220,3 @@ def groups_of(rows: Sequence[ScalingRow]) -> list[str]:
     """The groups in the order their first row appears."""
     return list(dict.fromkeys(r.group for r in rows))
 
-
-def render_markdown(rows: Sequence[ScalingRow]) -> str:
-    out = []
-    for group in groups_of(rows):
-        mine = [r for r in rows if r.group == group]
-        out += [f"### {group}", "", *_md_table(COLUMNS, [r.cells() for r in mine]), ""]
-        if any(r.has_traffic for r in mine):
-            out += ["Gradient sync and traffic:", "", *_md_table(TRAFFIC_COLUMNS, [r.traffic_cells() for r in mine]),
-                    ""]
-            if any(r.traffic_flagged for r in mine):
-                out += [FLAG_NOTE, ""]
-    return "\n".join(out)
-
-
-def _md_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *("| " + " | ".join(cells) + " |" for cells in body)]
-
-
-def render_csv(rows: Sequence[ScalingRow]) -> str:
-    """One line per run: the speedup table's cells, then the traffic table's (nodes and ranks once)."""
-    buf = io.StringIO()
-    writer = csv.writer(buf)
-    writer.writerow(["group", *COLUMNS, *TRAFFIC_COLUMNS[2:], "traffic flag", "run_id"])
-    for r in rows:
-        writer.writerow([r.group, *r.cells(), *r.traffic_cells()[2:], FLAG if r.traffic_flagged else "", r.run_id])
-    return buf.getvalue()
-
-
-def render_json(rows: Sequence[ScalingRow]) -> str:
-    return json.dumps([{**asdict(r), "traffic_flagged": r.traffic_flagged} for r in rows], indent=2)

@@ -13,6 +13,7 @@ from cpudist.cli.main import cli
 from cpudist.errors import BadInput
 from cpudist.hosts.bench import BenchResult, human, parse_sizes, points, read_bench, save
 from cpudist.launch.kinds import plan as plan_launch
+from cpudist.results.ledger import append
 from tests.unit.test_launch_plan import spec
 from tests.unit.test_planner import run
 
@@ -132,3 +133,24 @@ def test_validate_only(runs: Path) -> None:
     assert [r["run_id"] for r in rows] == ["r2x1"] and not rows[0]["flagged"]
     none = cpudist("plan", "--validate", runs / "one", "--link-gbps", "1")
     assert none.exit_code == 2 and "no multi-node run" in none.output
+
+
+def test_plan_names_its_baseline_and_takes_baseline_run(tmp_path: Path) -> None:
+    """The issue's case: a newer 2-rank gather-scatter run on 1 node was taken silently as the base."""
+    ledger = tmp_path / "ledger.jsonl"
+    for r in (run(1, run_id="20261126-090000-aaaaaa", started_at="2026-11-26T09:00:00"),
+              run(1, ppn=2, sync="gather-scatter", step_s=3.0, run_id="20261126-100000-bbbbbb",
+                  started_at="2026-11-26T10:00:00")):
+        append(ledger, r)
+    default = cpudist("plan", ledger, "--nodes", "2", "--link-gbps", "1")
+    assert default.exit_code == 0, default.output
+    assert ("base: 20261126-090000-aaaaaa (of 2 1-node runs of mrpc minilm-l6 bf16 in the sources, the one with "
+            "the fewest ranks (1 rank)): mrpc minilm-l6 bf16, 1 rank(s) on 1 node, ") in default.output
+    for option in ("--baseline", "--run-id"):
+        named = cpudist("plan", ledger, "--nodes", "2", "--link-gbps", "1", option, "20261126-10", "--json")
+        assert named.exit_code == 0, named.output
+        assert json.loads(named.output)["baseline"]["why"] == "named by --baseline"
+    text = cpudist("plan", ledger, "--nodes", "2", "--link-gbps", "1", "--baseline", "20261126-10")
+    assert ("base: 20261126-100000-bbbbbb (named by --baseline): mrpc minilm-l6 bf16, 2 rank(s) on 1 node "
+            "(sync=gather-scatter: its exchange on the node counts as compute), ") in text.output
+    assert "t_c = 3.000 s/step" in text.output

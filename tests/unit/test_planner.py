@@ -168,8 +168,10 @@ def test_sync_cpu_cost_per_byte_from_the_other_runs() -> None:
 def test_baseline_choice_and_errors() -> None:
     old, new = run(1, run_id="old", started_at="2026-01-01"), run(1, run_id="new", started_at="2026-03-01")
     chosen, why = pick_baseline([new, run(2), old])
-    assert chosen.run_id == "new" and "newest of 2 1-node runs" in why
-    assert pick_baseline([new, old], "old")[0].run_id == "old"
+    assert chosen.run_id == "new" and why == ("of 2 1-node runs of mrpc minilm-l6 bf16 in the sources, the newest of 2 "
+                                              "with the fewest ranks (1 rank)")
+    assert pick_baseline([new, old], "old") == (old, "named by --baseline")
+    assert pick_baseline([new, old], "ol")[0].run_id == "old"  # a unique prefix
     with pytest.raises(BadInput, match="no 1-node run"):
         pick_baseline([run(2)])
     with pytest.raises(BadInput, match="ran on 2 nodes"):
@@ -181,6 +183,18 @@ def test_baseline_choice_and_errors() -> None:
     assert older.shapes == ((1000,),) and not older.shapes_known
     b = baseline_of(run(1, usd_per_hour=3.0, epochs=2.0, max_steps=None))
     assert b.compute_s == 2.0 and b.usd_per_node_hour == 3.0 and b.dataset_samples == 1600
+
+
+def test_default_baseline_is_the_fewest_ranks_of_the_newest_job_not_the_newest_run() -> None:
+    """plan took the newest 1-node run, a 2-rank gather-scatter one, as its base: the 1-rank run is the compute."""
+    one = run(1, run_id="one", started_at="2026-01-01")
+    gather = run(1, ppn=2, sync="gather-scatter", run_id="gs", started_at="2026-01-05")
+    assert pick_baseline([one, gather])[0] is one
+    ddp2 = run(1, ppn=2, run_id="ddp2", started_at="2026-01-02")
+    chosen, why = pick_baseline([ddp2, gather])  # both 2 ranks: plain DDP over the newer gather-scatter
+    assert chosen is ddp2 and why.endswith("the one with the fewest ranks (2 ranks, sync=ddp), plain DDP first")
+    other_job = run(1, model="bert-base", ppn=2, run_id="bert", started_at="2026-02-01")
+    assert pick_baseline([one, gather, other_job])[0] is other_job  # the newest run's job, then its fewest ranks
 
 
 def test_sync_from_options_or_label() -> None:

@@ -11,7 +11,8 @@ import pytest
 
 from cpudist.errors import BadInput
 from cpudist.results.plot import IDEAL, write_plot
-from cpudist.results.report import FLAG_NOTE, human_bytes, render_csv, render_json, render_markdown, scaling_rows
+from cpudist.results.render import render_csv, render_json, render_markdown
+from cpudist.results.report import FLAG_NOTE, human_bytes, scaling_rows
 from cpudist.results.schema import RunResult
 from tests.unit.test_results import result
 
@@ -83,9 +84,10 @@ def test_frozen_embeddings_are_their_own_group() -> None:
 def test_csv_and_json_carry_the_traffic_columns() -> None:
     rows = scaling_rows([synced(1, 31.0), synced(4, 88.0, measured_off=0.17)])
     table = list(csv.DictReader(io.StringIO(render_csv(rows))))
-    assert table[1]["sync"] == "ddp" and table[1]["expected between nodes/step"] == "544.8 MB"
-    assert table[1]["traffic flag"] == "!" and table[0]["traffic flag"] == ""
-    assert table[1]["comm share"].endswith("%") and table[1]["bus Gbit/s"] == "0.91"
+    assert table[1]["sync"] == "ddp" and float(table[1]["expected_tx_bytes_per_step"]) == 544_800_000
+    assert table[1]["traffic_flagged"] == "True" and table[0]["traffic_flagged"] == "False"
+    assert float(table[1]["comm_share"]) == pytest.approx(rows[1].comm_share or 0)
+    assert table[1]["bus_bandwidth_gbps"] == "0.91"
     data = json.loads(render_json(rows))
     assert data[1]["traffic_error"] == pytest.approx(0.17) and data[1]["traffic_flagged"] is True
     assert data[1]["expected_tx_bytes_per_step"] == pytest.approx(544_800_000)

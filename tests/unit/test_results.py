@@ -8,7 +8,8 @@ import pytest
 
 from cpudist.errors import BadInput
 from cpudist.results.ledger import append, load_sources, read_ledger
-from cpudist.results.report import render_csv, render_json, render_markdown, scaling_rows
+from cpudist.results.render import render_csv, render_json, render_markdown
+from cpudist.results.report import COLUMNS, scaling_rows
 from cpudist.results.schema import RunResult
 
 
@@ -46,7 +47,8 @@ def test_groups_do_not_mix_and_baseline_is_a_median() -> None:
 def test_cost_per_run() -> None:
     rows = scaling_rows([result(1, 100.0, usd_per_hour=3.6, wall_time_s=100.0), result(2, 190.0)])
     assert rows[0].cost_usd == pytest.approx(0.1) and rows[1].cost_usd is None
-    assert rows[0].cells()[-1] == "0.1000" and rows[1].cells()[-1] == "-"
+    cost = COLUMNS.index("$/run")
+    assert rows[0].cells()[cost] == "0.1000" and rows[1].cells()[cost] == "-"
 
 
 def test_renderers() -> None:
@@ -54,7 +56,7 @@ def test_renderers() -> None:
     md = render_markdown(rows)
     assert "| speedup | efficiency |" in md.splitlines()[2]
     assert "1.90x" in md and "95%" in md
-    assert render_csv(rows).splitlines()[0].startswith("group,nodes,ranks")
+    assert render_csv(rows).splitlines()[0].startswith("group,task,model,sync,nodes,ranks")
     assert json.loads(render_json(rows))[1]["speedup"] == pytest.approx(1.9)
 
 
