@@ -1,0 +1,136 @@
+"""`cpudist launch [options] -- COMMAND ARGS...`: a user's own training script on --np ranks, as a cpudist run.
+
+    cpudist launch --np 2 train.py --epochs 1                         # this machine, like torchrun's form
+    cpudist launch --np 4 --ppn 1 --hostfile hosts -- python train.py   # a hostfile's nodes, from the head
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from click.core import ParameterSource
+
+from cpudist import state
+from cpudist.cli.options import SectionedCommand, output_options
+from cpudist.cli.run_options import PPN
+from cpudist.errors import BadInput, JobFailed
+from cpudist.interrupts import signals_interrupt
+from cpudist.launch.env import AUTO_PPN_WHY, parse_env_pairs, redact_env_args
+from cpudist.launch.spec import LAUNCHERS
+from cpudist.results.schema import RunResult
+
+
+def _env(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    try:
+        return parse_env_pairs(value)
+    except ValueError as e:
+        raise BadInput(f"--env {e} is not of the form KEY=VALUE", "Write it as --env NAME=value") from None
+
+
+def summary(r: RunResult) -> str:
+    """The final line: ranks, nodes, time, what the script handed back."""
+    metrics = " ".join(f"{k}={v:.4f}" for k, v in r.metrics.items()) or "no metrics"
+    speed = f", {r.train_samples_per_s:.1f} samples/s" if r.train_samples_per_s else ""
+    return (f"done: {r.model} on {r.world_size} rank(s), {len(r.nodes)} node(s), "
+            f"{r.threads_per_rank} thread(s) each: wall {r.wall_time_s:.1f}s{speed}, {metrics}  "
+            f"-> {r.run_dir}/result.json")
+
+
+SECTIONS = {
+    "Where and how many ranks": ("np_", "ppn", "nodes", "hostfile", "launcher", "oversubscribe"),
+    "The script": ("workdir", "metric_file", "collect"),
+    "Launch": ("mpirun", "ssh", "iface", "allocator", "openmp", "env_pairs", "timeout"),
+    "Output": ("output_dir", "ledger", "fmt", "quiet", "dry_run"),
+}
+
+
+@click.command(cls=SectionedCommand, sections=SECTIONS,
+               context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option("--np", "np_", type=click.IntRange(min=1), default=1, show_default=True, help="Ranks in all.")
+@click.option("--ppn", type=PPN, help="Ranks per node [default: --np, on this machine]; auto: from this node's "
+              "cores (" + AUTO_PPN_WHY + ").")
+@click.option("--nodes", type=click.IntRange(min=1), help="Nodes to use: --np becomes nodes x --ppn.")
+@click.option("--hostfile", type=click.Path(path_type=Path),
+              help="Nodes to run on, head first (run from the head) [default: this machine].")
+@click.option("--launcher", "--mpi", "launcher", type=click.Choice(LAUNCHERS), default="auto", show_default=True,
+              help="As `cpudist run`'s: auto (MPICH's Hydra when installed, else torchrun), mpich, impi, openmpi, "
+              "torchrun, slurm.")
+@click.option("--oversubscribe", is_flag=True, help="Allow more ranks per node than its cores.")
+@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
+              help="Folder every rank runs the command in [default: the current one].")
+@click.option("--metric-file", help="JSON object the script writes (rank 0; relative to --workdir; the run folder "
+              "is $CPUDIST_RUN_DIR): numbers merged into result.json and the ledger (train_samples, or HF "
+              "Trainer's all_results.json, give `report` its samples/s).")
+@click.option("--collect", multiple=True, help="Output (relative to --workdir) copied into <run folder>/collected/ "
+              "after the run (repeatable).")
+@click.option("--mpirun", type=click.Path(dir_okay=False), help="The launcher program (mpiexec.hydra or mpirun).")
+@click.option("--ssh", help="ssh program for the launcher [default: ~/.cpudist/cluster/ssh from ssh-setup].")
+@click.option("--iface", help="Network interface between nodes (sets GLOO_SOCKET_IFNAME).")
+@click.option("--allocator", type=click.Choice(["auto", "tcmalloc", "jemalloc", "none"]), default="auto",
+              show_default=True, help="Preloaded memory allocator (auto: tcmalloc when installed).")
+@click.option("--openmp", type=click.Choice(["auto", "intel", "gnu"]), default="auto", show_default=True,
+              help="OpenMP runtime of the ranks (intel: libiomp5 preloaded).")
+@click.option("--env", "env_pairs", multiple=True, callback=_env, help="Extra rank variable KEY=VALUE (repeatable).")
+@click.option("--timeout", type=click.FloatRange(min=1), help="Stop the job after this many seconds.")
+@click.option("--output-dir", type=click.Path(path_type=Path), help="Run folder [default: runs/script-<name>-...].")
+@click.option("--ledger", type=click.Path(path_type=Path), help="Results ledger [default: ~/.cpudist/results.jsonl].")
+@click.option("--dry-run", is_flag=True, help="Print the command and every rank variable; run nothing.")
+@output_options()
+@click.option("--quiet", is_flag=True, help="Only errors and the final line (rank output: ranks.log).")
+@click.pass_context
+def launch(ctx: click.Context, command: tuple[str, ...], **opts: Any) -> None:
+    """Run COMMAND (your torch.distributed, HF Trainer or Accelerate script) on --np ranks, as torchrun would.
+
+    Every rank gets torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
+    MASTER_ADDR, MASTER_PORT: what Accelerate and HF Trainer read too) and its share of the node's cores as
+    OMP_NUM_THREADS; the run gets an id, a run folder, `cpudist logs`/`stop`, and a ledger entry for `report`.
+
+    Example: cpudist launch --np 2 train.py --epochs 1
+    """
+    from cpudist.cli.progress import JobView
+    from cpudist.cpu import read_cpu
+    from cpudist.run.request import Callbacks, LaunchOptions, Layout, RunRequest, resolve_layout
+    from cpudist.run.script import Script, describe_script, launch_script, script_config
+    from cpudist.run.where import Where
+
+    command = command[1:] if command[:1] == ("--",) else command
+    if not command:
+        raise BadInput("no command to launch", "Give it after --: cpudist launch --np 2 -- python train.py")
+    given = Layout(opts["np_"], opts["ppn"], opts["nodes"],
+                   ctx.get_parameter_source("np_") is not ParameterSource.DEFAULT)
+    np_, ppn = resolve_layout(given, False, lambda: read_cpu().physical_cores, _say)
+    if opts["hostfile"] is not None and ppn is None:
+        raise BadInput("--hostfile needs --ppn (ranks per node)", "e.g. --np 4 --ppn 1 for one rank on 4 nodes")
+    script = Script(command, str(opts["workdir"]) if opts["workdir"] else None, opts["metric_file"],
+                    tuple(opts["collect"]))
+    launch_opts = LaunchOptions(np_, ppn or np_, opts["launcher"], opts["mpirun"], opts["ssh"], opts["iface"],
+                                opts["allocator"], opts["openmp"], opts["env_pairs"], opts["oversubscribe"],
+                                opts["timeout"])
+    cfg = script_config(script, str(opts["output_dir"]) if opts["output_dir"] else None, np_)
+    hostfile = str(opts["hostfile"]) if opts["hostfile"] else None
+    request = RunRequest(cfg, launch_opts, hostfile, shlex.join(["cpudist", *redact_env_args(sys.argv[1:])]))
+    where = Where(hostfile=opts["hostfile"])
+    with signals_interrupt():
+        if opts["dry_run"]:
+            click.echo(describe_script(request, script), nl=False)
+            return
+        view = JobView(quiet=opts["quiet"])
+        cb = Callbacks(view.on_event, view.on_line, (lambda line: None) if opts["quiet"] else _say)
+        try:
+            result = launch_script(request, script, where, opts["ledger"] or state.ledger_path(), cb)
+        except JobFailed:
+            view.show_held()  # --quiet: the rank lines the error points at
+            raise
+        finally:
+            view.close()
+    click.echo(json.dumps(result.to_dict(), indent=2) if opts["fmt"] == "json" else summary(result))
+
+
+def _say(line: str) -> None:
+    click.echo(f"[cpudist] {line}", err=True)

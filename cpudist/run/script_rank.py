@@ -1,0 +1,135 @@
+"""One rank of a user's script: torchrun's variables from whichever launcher started us, then the script itself.
+
+    mpiexec.hydra -np 2 ... python -m cpudist.run.script_rank --run-dir runs/x -- python train.py --lr 1e-4
+
+`cpudist launch` (cli/launch.py, run/script.py) starts this module on every rank through the same launchers as
+the trainer. MPI launchers number their ranks in PMI_*/OMPI_COMM_WORLD_* variables; a script written for
+torchrun or `accelerate launch` reads RANK, WORLD_SIZE, LOCAL_RANK, ... and MASTER_ADDR/MASTER_PORT (init_method
+env://). This wrapper sets those from the launcher's (train/dist.py's table), sizes the rank's OpenMP threads
+where it runs (train/threads.py), says so in one event line (the launching side records each rank's host and
+threads), and runs the script, relaying its output by whole lines and its signals, ending with its exit code.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping
+
+from cpudist import events
+from cpudist.errors import CpudistError
+from cpudist.train.dist import RankInfo, discover_rank
+from cpudist.train.threads import my_share, pinned_threads, threads_for
+
+PR_SET_PDEATHSIG = 1  # prctl(2)
+EVENT = "script_rank"  # the event line every rank prints before the script starts
+
+
+def torchrun_env(info: RankInfo) -> dict[str, str]:
+    """The variables torchrun gives every worker (those scripts and Accelerate read), from the rank's place."""
+    nodes = max(1, info.world_size // info.local_world_size)
+    return {
+        # torch.distributed's env:// init and every DDP/Trainer/Accelerate script read these four.
+        "RANK": str(info.rank),
+        "WORLD_SIZE": str(info.world_size),
+        "LOCAL_RANK": str(info.local_rank),
+        "LOCAL_WORLD_SIZE": str(info.local_world_size),
+        # torchrun's node index and count: cpudist puts the same number of ranks on every node, in rank order.
+        "GROUP_RANK": str(info.rank // info.local_world_size),
+        "GROUP_WORLD_SIZE": str(nodes),
+        # torchrun's single role: some scripts log them.
+        "ROLE_RANK": str(info.rank),
+        "ROLE_WORLD_SIZE": str(info.world_size),
+        "ROLE_NAME": "default",
+    }
+
+
+def rank_threads(env: Mapping[str, str], info: RankInfo) -> int:
+    """This rank's compute threads: a pinned count (--env OMP_NUM_THREADS), else its node's usable cores shared
+    among the node's ranks within this rank's own affinity mask and cgroup quota (no collective: the script
+    has not joined a process group yet), at most Slurm's CPUs per task."""
+    pinned = pinned_threads(env)
+    if pinned is not None:
+        return pinned
+    mine = my_share()
+    allotted = env.get("SLURM_CPUS_PER_TASK", "")
+    return threads_for(mine, [mine] * info.local_world_size, int(allotted) if allotted.isdigit() else None)
+
+
+def script_env(env: Mapping[str, str], info: RankInfo, threads: int, run_dir: str) -> dict[str, str]:
+    """The script's environment: the launcher's, torchrun's variables (a torchrun launch's own stay), threads."""
+    out = {**env, **{k: v for k, v in torchrun_env(info).items() if k not in env or info.source != "RANK"}}
+    out["OMP_NUM_THREADS"] = str(threads)  # torch sizes its intra-op pool from it when imported
+    out["CPUDIST_RUN_DIR"] = run_dir  # where a script may write its metric file and outputs
+    return out
+
+
+def script_argv(command: list[str], python: str) -> list[str]:
+    """The command to exec: a bare `train.py` runs under this rank's Python, as torchrun does."""
+    return [python, *command] if command[0].endswith(".py") else command
+
+
+def main(argv: list[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    options: dict[str, str] = {}
+    while words[:1] in (["--run-dir"], ["--workdir"]) and len(words) >= 2:
+        options[words[0]], words = os.path.abspath(words[1]), words[2:]
+    command = words[1:] if words[:1] == ["--"] else words
+    if not command:
+        sys.stderr.write("usage: python -m cpudist.run.script_rank [--run-dir DIR] [--workdir DIR] -- COMMAND ...\n")
+        return 2
+    run_dir = options.get("--run-dir", "")
+    try:
+        info = discover_rank(os.environ)
+        threads = rank_threads(os.environ, info)
+    except CpudistError as e:
+        sys.stderr.write(f"[{socket.gethostname()}] error: {e.message}\n")
+        return e.exit_code
+    events.emit(EVENT, rank=info.rank, host=socket.gethostname(), threads=threads, source=info.source)
+    argv_ = script_argv(command, sys.executable)
+    try:
+        code = relay(argv_, script_env(os.environ, info, threads, run_dir), options.get("--workdir"))
+    except OSError as e:
+        sys.stderr.write(f"[{socket.gethostname()}:{info.rank}] error: cannot start {argv_[0]}"
+                         f"{' in ' + options['--workdir'] if '--workdir' in options else ''}: {e.strerror}\n")
+        code = 127
+    if code != 0:
+        sys.stderr.write(f"[{socket.gethostname()}:{info.rank}] error: `{' '.join(command)}` exited with code {code} "
+                         f"on rank {info.rank}\n")
+        sys.stderr.flush()
+        if info.source == "PMI_RANK":
+            # Hydra (MPICH, Intel MPI) waits for the other ranks after one exits with an error code, but cleans
+            # them all up at once when one dies of a signal: fail fast, as torchrun, Open MPI and srun do.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+    return code
+
+
+def _die_with_parent() -> None:
+    """In the script's process: SIGKILL when this wrapper dies, so a killed rank never leaves its script behind."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def relay(argv: list[str], env: dict[str, str], cwd: str | None) -> int:
+    """Run the script, passing on the signals this rank gets, and its output a whole line at a time (Hydra
+    prefixes every write it reads: a script's unbuffered `print(a, b)` would come out in pieces otherwise).
+    Returns its exit code (128 + N when signal N ended it)."""
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda number, frame: proc.send_signal(number))
+    assert proc.stdout is not None
+    out = sys.stdout.buffer
+    for line in iter(proc.stdout.readline, b""):
+        out.write(line)
+        out.flush()
+    code = proc.wait()
+    return 128 - code if code < 0 else code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
