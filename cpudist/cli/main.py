@@ -21,6 +21,7 @@ from cpudist.errors import BadInput, CpudistError
 # name -> (module, attribute, one-line help shown by `cpudist --help` without importing the module)
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "run": ("cpudist.cli.run", "run", "Fine-tune on TASK with --np ranks, here or on a cluster."),
+    "launch": ("cpudist.cli.launch", "launch", "Your own training script on --np ranks, as a cpudist run."),
     "sweep": ("cpudist.cli.sweep", "sweep", "The same run at each node count, then its speedup report."),
     "predict": ("cpudist.cli.predict", "predict", "Predictions of a trained model on a file or a GLUE split."),
     "runs": ("cpudist.cli.runs", "runs", "Every run with its id, state, start, duration and metric."),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -115,6 +116,12 @@ def prepare(request: RunRequest, dry_run: bool = False) -> RunSpec:
     check_env(opts.env)
     hub_offline = preflight(cfg)
     resume.preflight(cfg, opts.np)
+    return resolve(request, hub_offline, dry_run)
+
+
+def resolve(request: RunRequest, hub_offline: bool = False, dry_run: bool = False) -> RunSpec:
+    """The launcher, nodes and rendezvous of a request, whatever its ranks run (the trainer, a user's script)."""
+    cfg, opts = request.train, request.launch
     cpu = read_cpu()
     hostfile = Path(request.hostfile) if request.hostfile else None
     in_allocation = bool(os.environ.get("SLURM_JOB_ID")) and hostfile is None
@@ -135,4 +142,4 @@ def prepare(request: RunRequest, dry_run: bool = False) -> RunSpec:
                    oversubscribe=opts.oversubscribe, hostfile=rendered, ssh=ssh, as_root=os.geteuid() == 0,
                    iface=opts.iface, allocator=pick_allocator(opts.allocator),
                    iomp=pick_openmp(opts.openmp), cwd=os.getcwd(), slurm=opts.slurm if name == "slurm" else None,
-                   allocation=allocation)
+                   allocation=allocation, started_at=None if dry_run else time.time())
