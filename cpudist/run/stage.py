@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import shlex
 import tarfile
 from collections.abc import Iterable
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import cpudist
 from cpudist import state
+from cpudist.errors import BadInput
 
 COMPLETE = ".complete"
 CHUNK = 1 << 20
@@ -48,11 +50,28 @@ class StageItem:
 
 
 def _files(root: Path, only: tuple[str, ...] = ()) -> list[Path]:
+    """The files to stage; a link to a file counts as that file (nodes get its bytes, never a link)."""
     if root.is_file():
         return [root]
     if only:
-        return [root / name for name in only if (root / name).is_file()]
-    return sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+        found = [root / name for name in only if (root / name).is_file() or (root / name).is_symlink()]
+    else:
+        found = sorted(p for p in root.rglob("*") if "__pycache__" not in p.parts and (p.is_file() or p.is_symlink()))
+    for f in found:
+        if f.is_symlink():
+            _check_link(f)
+    return found
+
+
+def _check_link(f: Path) -> None:
+    """A link staging can send as the bytes it points to, else BadInput: a link that points nowhere would arrive
+    dangling (and be reused as staged), and one to a folder would be left out."""
+    copy = "Copy the folder with its links followed (`cp -rL SRC DEST`) and give the copy"
+    if not f.exists():
+        raise BadInput(f"{f} links to {os.readlink(f)}, which does not exist: it cannot be staged",
+                       f"Fix or remove the link, or {copy[0].lower()}{copy[1:]}")
+    if not f.is_file():
+        raise BadInput(f"{f} links to the folder {f.resolve()}: staging does not follow links to folders", copy)
 
 
 def digest_of(path: Path, only: tuple[str, ...] = ()) -> str:
@@ -61,6 +80,8 @@ def digest_of(path: Path, only: tuple[str, ...] = ()) -> str:
     base = path if path.is_dir() else path.parent
     for f in _files(path, only):
         h.update(str(f.relative_to(base)).encode() + b"\0")
+        if f.is_symlink():  # an item with links gets a folder of its own: older stagings kept links (dangling)
+            h.update(b"followed link\0")
         h.update(str(f.stat().st_size).encode() + b"\0")
         with f.open("rb") as fh:
             while chunk := fh.read(CHUNK):
@@ -75,7 +96,7 @@ def item(what: str, path: Path, only: tuple[str, ...] = ()) -> StageItem:
 def tar_bytes(it: StageItem) -> bytes:
     """The item as a gzipped tar whose members are relative to the item's remote folder."""
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1, dereference=True) as tar:  # links as their bytes
         base = it.local if it.is_dir else it.local.parent
         for f in _files(it.local, it.only):
             tar.add(str(f), arcname=str(f.relative_to(base)), recursive=False)
@@ -88,11 +109,17 @@ def code_fingerprint(root: Path | None = None) -> str:
 
 
 def receive_script(remote_dir: str, gzip: bool = True) -> str:
-    """Shell that unpacks a tar from stdin into `remote_dir` atomically (a `.part` folder, then a rename)."""
+    """Shell that unpacks a tar from stdin into `remote_dir` atomically: a temporary folder of its own, then one
+    rename(2). Runs staging the same item at once each unpack their own copy; the first rename wins, the others
+    find the folder complete (same digest, same bytes) and drop theirs; a complete folder is never removed."""
     d = shlex.quote(remote_dir)
-    part = shlex.quote(remote_dir + ".part")
-    return (f"set -e; rm -rf {part}; mkdir -p {part}; tar -x{'z' if gzip else ''}f - -C {part}; "
-            f"touch {part}/{COMPLETE}; rm -rf {d}; mv {part} {d}")
+    parent = shlex.quote(remote_dir.rsplit("/", 1)[0] or "/")
+    template = shlex.quote(remote_dir + ".part.XXXXXX")
+    return (f"set -e; mkdir -p {parent}; part=$(mktemp -d {template}); trap 'rm -rf \"$part\"' EXIT; "
+            f"chmod 755 \"$part\"; tar -x{'z' if gzip else ''}f - -C \"$part\"; touch \"$part\"/{COMPLETE}; "
+            f"mv -T \"$part\" {d} 2>/dev/null || [ -e {d}/{COMPLETE} ] || "
+            # A folder without its marker is what an older cpudist left: renamed aside, then replaced.
+            f"{{ mv -T {d} \"$part.old\"; rm -rf \"$part.old\"; mv -T \"$part\" {d}; }}")
 
 
 def fan_out_script(remote_dirs: Iterable[str], hosts: Iterable[str], ssh: str) -> str:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from cpudist.config import TrainConfig
+from cpudist.errors import BadInput
 from cpudist.launch.slurm import SlurmOptions
 from cpudist.run import stage
 from cpudist.run.agent import parse_status, status_line
 from cpudist.run.request import LaunchOptions, RunRequest
+from cpudist.waits import wait_until
 
 
 def _tree(root: Path, files: dict[str, str]) -> Path:
@@ -72,3 +77,71 @@ def test_job_request_round_trip_and_status_lines() -> None:
     assert RunRequest.from_json(req.to_json()) == req
     assert parse_status(status_line(status="ok", output_dir="/r")) == {"status": "ok", "output_dir": "/r"}
     assert parse_status("[host:0] ordinary rank output") is None
+
+
+def _receive(script: str, data: bytes) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(["sh", "-c", script], input=data, capture_output=True)
+
+
+def test_links_arrive_as_the_bytes_they_point_to(tmp_path: Path) -> None:
+    """A Hugging Face cache snapshot (files linking to ../../blobs/...), a link inside the folder and an absolute
+    one: every node gets regular files with the linked bytes, never a link (dangling there, or reading the node's
+    own file at that path)."""
+    _tree(tmp_path / "cache" / "blobs", {"b1": "weights", "b2": "{\"vocab\": 1}"})
+    outside = _tree(tmp_path / "elsewhere", {"notes.txt": "laptop's own notes"}) / "notes.txt"
+    snap = tmp_path / "cache" / "snapshots" / "abc"
+    (snap / "sub").mkdir(parents=True)
+    (snap / "model.safetensors").symlink_to("../../blobs/b1")
+    (snap / "sub" / "tokenizer.json").symlink_to("../../../blobs/b2")
+    (snap / "same.json").symlink_to("sub/tokenizer.json")
+    (snap / "notes.txt").symlink_to(outside)
+    (snap / "config.json").write_text("{}")
+    it = stage.item("model", snap)
+    unpacked = tmp_path / "home" / "x"
+    r = _receive(stage.receive_script(str(unpacked)), stage.tar_bytes(it))
+    assert r.returncode == 0, r.stderr
+    got = {p.relative_to(unpacked).as_posix(): p for p in unpacked.rglob("*") if p.name != stage.COMPLETE}
+    assert sorted(got) == ["config.json", "model.safetensors", "notes.txt", "same.json", "sub", "sub/tokenizer.json"]
+    assert not [p for p in got.values() if p.is_symlink()]
+    assert got["model.safetensors"].read_text() == "weights" and got["same.json"].read_text() == '{"vocab": 1}'
+    assert got["notes.txt"].read_text() == "laptop's own notes"
+    # A staging of the same names that kept links (older cpudist: dangling on the nodes) is not reused.
+    copy = _tree(tmp_path / "copy", {n: p.read_text() for n, p in got.items() if p.is_file()})
+    assert stage.digest_of(copy) != it.digest
+    tok = stage.item("tokenizer", snap, stage.TOKENIZER_FILES)  # a tokenizer's named files: links too
+    assert b"weights" not in stage.tar_bytes(tok)
+
+
+def test_a_link_that_cannot_be_staged_is_one_line_naming_it(tmp_path: Path) -> None:
+    folder = _tree(tmp_path / "d", {"train.tsv": "x\t1\n"})
+    (folder / "dev.tsv").symlink_to(tmp_path / "gone.tsv")
+    with pytest.raises(BadInput, match=r"dev.tsv links to .*gone.tsv, which does not exist.*cp -rL"):
+        stage.item("data", folder)
+    (folder / "dev.tsv").unlink()
+    (folder / "more").symlink_to(_tree(tmp_path / "other", {"a.tsv": "y\t0\n"}))
+    with pytest.raises(BadInput, match=r"more links to the folder .*other: staging does not follow.*cp -rL"):
+        stage.item("data", folder)
+
+
+def test_two_runs_staging_one_item_at_once_both_succeed(tmp_path: Path) -> None:
+    """The second run's stager starts while the first is halfway through its stream: each unpacks its own copy,
+    both end 0, and the folder is complete with the item's bytes (one shared .part folder failed one of them)."""
+    src = tmp_path / "d"
+    src.mkdir()
+    (src / "big.bin").write_bytes(os.urandom(3 << 20))
+    (src / "small.txt").write_text("x")
+    data = stage.tar_bytes(stage.item("data", src))
+    target = tmp_path / "home" / "stage" / "abc"
+    script = stage.receive_script(str(target))
+    first = subprocess.Popen(["sh", "-c", script], stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert first.stdin is not None
+    first.stdin.write(data[:len(data) // 2])
+    first.stdin.flush()
+    wait_until(lambda: True if any(p.is_file() for p in target.parent.glob("abc.part*/*")) else None,
+               "the first unpack to begin", 30, 0.02)
+    second = _receive(script, data)
+    first.stdin.write(data[len(data) // 2:])
+    first.stdin.close()
+    assert first.wait(60) == 0 and second.returncode == 0, (first.stderr.read() if first.stderr else b"", second)
+    assert (target / stage.COMPLETE).is_file() and (target / "big.bin").read_bytes() == (src / "big.bin").read_bytes()
+    assert sorted(p.name for p in target.parent.iterdir()) == ["abc"]  # no copy left behind
