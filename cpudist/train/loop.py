@@ -68,7 +68,7 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
     rank, world, iface = job.info.rank, job.info.world_size, job.iface  # iface: where this rank counts bytes sent
     shape = shape_of(getattr(model, "module", model))
     start = restored.meta.position if restored else START
-    per_epoch, batches = batch_plan(cfg, data, rank, world, start)
+    per_epoch, batches = batch_plan(cfg, data, rank, world, start, restored.meta.world_size if restored else None)
     total = restored.meta.total if restored else plan_steps(cfg, per_epoch)
     opt = _optimizer(cfg, model, effective_lr(cfg, world))
     if cfg.ipex:

@@ -72,20 +72,37 @@ def plan_steps(cfg: TrainConfig, batches_per_epoch: int) -> int:
 Batch = tuple[Position, list[int], int]  # (where it sits, this rank's rows, rows of the global batch)
 
 
+def position_on(start: Position, batches: list[list[int]], was: int, now: int, accum: int) -> Position:
+    """`start`, a micro-batch index into an epoch's global `batches` as fed to `was` ranks, as the index of the same
+    place fed to `now` ranks: a step batch too small for one world but not the other (fed_batches drops it) would
+    otherwise shift every later index by a step, and a resume on another world size would skip or repeat one."""
+    fed = kept = 0
+    for b in batches:
+        if fed >= start.index:
+            break
+        fed += accum if len(b) >= was * accum else 0
+        kept += accum if len(b) >= now * accum else 0
+    return Position(start.epoch, kept)
+
+
 def batch_plan(cfg: TrainConfig, data: Encoded, rank: int, world: int,
-               start: Position = START) -> tuple[int, Iterator[Batch]]:
-    """(micro-batches per epoch, endless iterator of this rank's micro-batches from `start` on)."""
+               start: Position = START, was: int | None = None) -> tuple[int, Iterator[Batch]]:
+    """(micro-batches per epoch, endless iterator of this rank's micro-batches from `start` on); `was`: the world
+    size that `start` was counted on (a checkpoint's), when it differs from `world`."""
     if cfg.sampler == "grouped":
         lengths = [len(ids) for ids in data.input_ids]
+        step_rows = cfg.batch_size * world * cfg.grad_accum  # grouped per step: --grad-accum changes no step
 
         def epoch_batches(epoch: int) -> list[list[int]]:
-            step_rows = cfg.batch_size * world * cfg.grad_accum  # grouped per step: --grad-accum changes no step
             return fed_batches(global_batches(lengths, step_rows, cfg.seed, epoch), world, cfg.grad_accum)
 
         per_epoch = len(epoch_batches(0))
         if per_epoch == 0:
             raise BadInput(f"{len(lengths)} training row(s) cannot feed {world} ranks",
                            "Use more data (--max-train-samples), or fewer ranks")
+        if was is not None and was != world:
+            start = position_on(start, global_batches(lengths, step_rows, cfg.seed, start.epoch), was, world,
+                                cfg.grad_accum)
 
         def grouped() -> Iterator[Batch]:
             epoch, skip = start.epoch, start.index
