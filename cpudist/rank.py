@@ -27,6 +27,7 @@ from cpudist.errors import CpudistError
 from cpudist.train.dist import discover_rank, shutdown_distributed
 from cpudist.train.main import Provider, run
 from cpudist.train.preempt import NoticePoller
+from cpudist.train.startup import Startup
 
 
 def spot_notices(setting: str) -> NoticePoller | None:
@@ -40,12 +41,13 @@ AWS = Provider(store=S3Objects, notices=spot_notices)
 
 def main(argv: list[str] | None = None) -> int:
     """Run one rank; errors print one line prefixed with host:rank and set the exit code."""
+    startup = Startup.at_entry(os.environ)  # first: the time to get here is one of its phases
     cfg = from_argv(sys.argv[1:] if argv is None else argv)
     rank = "?"
     try:
         info = discover_rank(os.environ)
         rank = str(info.rank)
-        return run(cfg, info, AWS)
+        return run(cfg, info, AWS, startup)
     except CpudistError as e:
         sys.stderr.write(f"[{socket.gethostname()}:{rank}] error: {e.message}\n")
         sys.stderr.flush()

@@ -58,6 +58,15 @@ def inductor_dir() -> Path:
     return home() / "inductor"
 
 
+# Every rank's environment: the Unix time the `cpudist` command started its run (cpudist/train/startup.py).
+STARTED_AT_ENV = "CPUDIST_COMMAND_STARTED_AT"
+
+
+def token_cache_dir() -> Path:
+    """Tokenized splits a rank keeps for the next run with the same rows and tokenizer (train/token_cache.py)."""
+    return home() / "cache" / "tokens"
+
+
 def clusters_dir() -> Path:
     """One folder per cluster from `cpudist cluster up`."""
     return home() / "clusters"

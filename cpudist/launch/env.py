@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cpudist.state import STARTED_AT_ENV
+
 # The thread counts cpudist reads (node_env, train/threads.py): checked before any rank starts, and not secret, so
 # command.txt and --dry-run show them; every other --env value is shown as HIDDEN.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "CPUDIST_THREADS")
@@ -29,6 +31,7 @@ class EnvSpec:
     iface: str | None = None  # network interface between nodes, when known
     allocator: str | None = None  # path of libtcmalloc/libjemalloc to preload
     iomp: str | None = None  # path of Intel's libiomp5, when installed
+    started_at: float | None = None  # Unix time the command started this run: ranks time their start-up from it
 
 
 def threads_per_rank(physical_cores: int, ppn: int) -> int:
@@ -67,6 +70,9 @@ def node_env(spec: EnvSpec) -> dict[str, str]:
         # Tokenizers' own thread pool would fight the OpenMP threads (and warns after fork).
         "TOKENIZERS_PARALLELISM": "false",
     }
+    if spec.started_at is not None:
+        # The rank's result.json splits the time before its first step into phases (cpudist/train/startup.py).
+        env[STARTED_AT_ENV] = f"{spec.started_at:.3f}"
     if spec.hub_offline:
         # Every source is local: fail at once instead of ~46 s of Hub retries per rank.
         env["HF_HUB_OFFLINE"] = "1"

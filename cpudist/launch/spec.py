@@ -44,6 +44,7 @@ class RunSpec:
     cwd: str = "."  # where the ranks run (and relative paths resolve) on every node
     slurm: SlurmOptions | None = None  # --launcher slurm: what to ask Slurm for
     allocation: Allocation | None = None  # --launcher slurm inside an allocation: srun there, not sbatch
+    started_at: float | None = None  # Unix time the command started this run (None: a dry run shows no clock)
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,8 @@ def rank_env(spec: RunSpec) -> dict[str, str]:
 
 def _env_spec(spec: RunSpec, overrides: tuple[tuple[str, str], ...]) -> EnvSpec:
     return EnvSpec(spec.physical_cores, spec.ppn, spec.train.backend, spec.master_addr, spec.master_port,
-                   spec.hub_offline, overrides, spec.launcher, spec.iface, spec.allocator, spec.iomp)
+                   spec.hub_offline, overrides, spec.launcher, spec.iface, spec.allocator, spec.iomp,
+                   spec.started_at)
 
 
 def inherited(spec: RunSpec) -> frozenset[str]:

@@ -50,6 +50,8 @@ class RunResult:
     final_loss: float | None = None
     peak_rss_mb: float = 0.0  # the largest over all ranks
     eval_phases: dict[str, float] = field(default_factory=dict)
+    # Seconds per phase before the first step, in order, and their total (cpudist/train/startup.py names them)
+    startup: dict[str, Any] = field(default_factory=dict)
     launcher: str = ""
     slurm_job_id: str | None = None  # the Slurm job that ran the ranks (--launcher slurm)
     train_flops_per_s: float = 0.0  # model FLOPs (padding excluded) per second of training

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -141,4 +142,4 @@ def resolve(request: RunRequest, hub_offline: bool = False, dry_run: bool = Fals
                    oversubscribe=opts.oversubscribe, hostfile=rendered, ssh=ssh, as_root=os.geteuid() == 0,
                    iface=opts.iface, allocator=pick_allocator(opts.allocator),
                    iomp=pick_openmp(opts.openmp), cwd=os.getcwd(), slurm=opts.slurm if name == "slurm" else None,
-                   allocation=allocation)
+                   allocation=allocation, started_at=None if dry_run else time.time())

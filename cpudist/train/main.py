@@ -36,6 +36,7 @@ from cpudist.train.preempt import NoticePoller
 from cpudist.train.result import build_result, peak_rss_mb
 from cpudist.train.saver import Saver
 from cpudist.train.setup import Job, setup
+from cpudist.train.startup import Startup
 
 
 @dataclass(frozen=True)
@@ -65,13 +66,15 @@ def _say_rank0(rank: int) -> Callable[[str], None]:
     return say
 
 
-def run(cfg: TrainConfig, info: RankInfo, provider: Provider) -> int:
-    """Set up, train, evaluate and (on rank 0) write result.json; the exit code."""
+def run(cfg: TrainConfig, info: RankInfo, provider: Provider, startup: Startup | None = None) -> int:
+    """Set up, train, evaluate and (on rank 0) write result.json; the exit code. `startup` holds the phases timed
+    before this call (Startup.at_entry)."""
     started, started_at = time.perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
     report_to.check_installed(cfg.report_to)  # on every rank, before any collective: all stop alike
-    job = setup(cfg, info)
+    job = setup(cfg, info, startup)
     mirror = _mirror(cfg, provider)
-    cfg, restored = _restore(cfg, job.run_dir, info, _say_rank0(info.rank), mirror)
+    with job.startup.phase("checkpoint_lookup"):
+        cfg, restored = _restore(cfg, job.run_dir, info, _say_rank0(info.rank), mirror)
     job = dataclasses.replace(job, cfg=cfg)
     saver = _saver(cfg, job.run_dir, restored, started, mirror)
     if info.rank == 0:

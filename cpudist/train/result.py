@@ -70,6 +70,7 @@ def build_result(job: Job, stats: TrainStats, metrics: dict[str, float], phases:
         resumed_from=restored.path if restored else None, parts=saver.parts,
         checkpoints={"folder": str(saver.folder), "written": stats.checkpoints, "s3": cfg.checkpoint_s3,
                      "keep": saver.keep} if stats.checkpoints or restored else {},
+        startup=job.startup.as_dict(stats.step_times[0] if stats.step_times else None),
         optimizer=cfg.optimizer, fast_dropout=cfg.fast_dropout,
         freeze_embeddings=cfg.freeze_embeddings, data=job.data, **_sync_fields(job, stats, rank_info, hosts),
     )

@@ -9,16 +9,19 @@ from typing import Any
 
 import torch
 
+from cpudist import state
 from cpudist.config import TrainConfig
 from cpudist.cpu import read_cpu
 from cpudist.train import dropout, netcount, speed
 from cpudist.train.checkpoint import seed_all
 from cpudist.train.data import load_task
 from cpudist.train.dist import RankInfo, init_distributed
-from cpudist.train.features import Encoded, encode, synthetic
+from cpudist.train.features import Encoded, synthetic
 from cpudist.train.models import build_model, load_tokenizer
+from cpudist.train.startup import Startup
 from cpudist.train.tasks import display_labels
 from cpudist.train.threads import rank_threads
+from cpudist.train.token_cache import cached_encode
 
 CPU = read_cpu()  # read once per rank
 
@@ -39,6 +42,7 @@ class Job:
     iface: str | None = None  # the network interface whose sent bytes this rank counts (one rank per node)
     labels: tuple[str, ...] = ()  # class names in id order (empty: regression), for the saved model's id2label
     data: dict[str, Any] = field(default_factory=dict)  # where the rows came from, for result.json and the model card
+    startup: Startup = field(default_factory=Startup)  # where the time before the first step went
 
 
 def resolve_precision(requested: str, has_bf16: bool) -> str:
@@ -48,9 +52,11 @@ def resolve_precision(requested: str, has_bf16: bool) -> str:
     return requested
 
 
-def setup(cfg: TrainConfig, info: RankInfo) -> Job:
-    """Process group, threads, seeds, data, model: the work before training."""
-    init_distributed(info, cfg.backend, os.environ, cfg.dist_timeout_s)
+def setup(cfg: TrainConfig, info: RankInfo, startup: Startup | None = None) -> Job:
+    """Process group, threads, seeds, data, model: the work before training, each phase timed in `startup`."""
+    startup = startup or Startup()
+    with startup.phase("process_group"):
+        init_distributed(info, cfg.backend, os.environ, cfg.dist_timeout_s)
     torch.set_num_threads(rank_threads(os.environ, info.world_size))  # from this node's usable CPUs
     seed_all(cfg.seed)  # the same model initialization on every rank
     if info.rank != 0:
@@ -59,7 +65,8 @@ def setup(cfg: TrainConfig, info: RankInfo) -> Job:
         transformers.logging.set_verbosity_error()
     model: torch.nn.Module
     if cfg.task == "synthetic":
-        model = build_model(cfg.model, 2, False, cfg.dropout)
+        with startup.phase("model"):
+            model = build_model(cfg.model, 2, False, cfg.dropout)
         vocab = int(getattr(model.config, "vocab_size", 30522))
         train_data = synthetic(cfg.synthetic_samples, cfg.max_seq_len, vocab, 2, cfg.seed)
         eval_data = synthetic(max(64, cfg.synthetic_samples // 8), cfg.max_seq_len, vocab, 2, cfg.seed + 1)
@@ -68,15 +75,22 @@ def setup(cfg: TrainConfig, info: RankInfo) -> Job:
         labels: tuple[str, ...] = ("0", "1")
         data = {"source": "synthetic", "train_rows": len(train_data), "eval_rows": len(eval_data)}
     else:
-        task = load_task(cfg)
-        tokenizer = load_tokenizer(cfg.model, cfg.tokenizer)
-        train_data = encode(task.train.head(cfg.max_train_samples), tokenizer, cfg.max_seq_len)
-        eval_data = encode(task.validation.head(cfg.max_eval_samples), tokenizer, cfg.max_seq_len)
+        with startup.phase("data"):
+            task = load_task(cfg)
+        with startup.phase("tokenizer"):
+            tokenizer = load_tokenizer(cfg.model, cfg.tokenizer)
+        with startup.phase("tokenize"):
+            cache = state.token_cache_dir()
+            train_data, hit = cached_encode(task.train.head(cfg.max_train_samples), tokenizer, cfg.max_seq_len, cache)
+            eval_data, hit_eval = cached_encode(task.validation.head(cfg.max_eval_samples), tokenizer,
+                                                cfg.max_seq_len, cache)
+            startup.tokens_cached = hit and hit_eval
         metrics, regression = task.metrics, task.is_regression
         labels = display_labels(task.name, task.label_names)
         data = {**data_source(cfg), "train_rows": len(train_data), "eval_rows": len(eval_data), "labels": list(labels)}
         torch.manual_seed(cfg.seed)  # same classifier init whatever the tokenizer consumed
-        model = build_model(cfg.model, task.num_labels, regression, cfg.dropout)
+        with startup.phase("model"):
+            model = build_model(cfg.model, task.num_labels, regression, cfg.dropout)
     if cfg.freeze_embeddings:
         speed.freeze_embeddings(model)
     if cfg.fast_dropout:
@@ -87,7 +101,8 @@ def setup(cfg: TrainConfig, info: RankInfo) -> Job:
     run_dir.mkdir(parents=True, exist_ok=True)
     counted = info.local_rank == 0 and info.world_size > 1
     iface = netcount.iface_toward(os.environ) if counted else None
-    return Job(cfg, info, model, train_data, eval_data, metrics, regression, bf16, run_dir, iface, labels, data)
+    return Job(cfg, info, model, train_data, eval_data, metrics, regression, bf16, run_dir, iface, labels, data,
+               startup)
 
 
 def data_source(cfg: TrainConfig) -> dict[str, Any]:

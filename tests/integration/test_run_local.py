@@ -34,10 +34,17 @@ def test_two_ranks_then_one_then_report(shared_data: Path, tmp_path: Path) -> No
     assert [s["step"] for s in steps] == [1, 2, 3, 4, 5]
     assert "[" in r2.stderr and ":0]" in r2.stderr  # rank output comes with host:rank prefixes
     assert "2 ranks x batch 16 = global batch 32" in r2.stderr and "--lr-scaling" in r2.stderr
+    # Where the time before the first step went (issue 24): every phase, from the command's start
+    startup = result["startup"]
+    assert list(startup)[:2] == ["before_rank", "python_and_imports"] and startup["tokens_cached"] is False
+    assert {"process_group", "data", "tokenizer", "tokenize", "model", "first_step"} <= set(startup)
+    assert 0 < startup["total_to_first_step"] < result["wall_time_s"] + startup["before_rank"] + 60
 
     r1 = cpudist("run", *mrpc(shared_data), "--np", "1", "--max-steps", "5", "--output-dir", tmp_path / "RUN1")
     assert r1.returncode == 0, r1.stderr
     assert "global batch" not in r1.stderr  # one rank: nothing grew
+    # the same rows and tokenizer: this machine's token cache answered
+    assert json.loads((tmp_path / "RUN1" / "result.json").read_text())["startup"]["tokens_cached"] is True
     rep = cpudist("report", "--format", "md")
     assert rep.returncode == 0, rep.stderr
     speed = rep.stdout.split("Gradient sync and traffic")[0]  # the second table has a row per run too
