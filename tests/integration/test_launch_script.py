@@ -59,7 +59,7 @@ dist.destroy_process_group()
 '''
 
 
-def losses(text: str) -> list[str]:
+def losses(text: str) -> list[tuple[str, str]]:
     return re.findall(r"step (\d+) loss ([0-9.]+)", text)
 
 

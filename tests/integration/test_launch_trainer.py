@@ -1,0 +1,78 @@
+"""`cpudist launch` with an HF Trainer fine-tuning script on 2 ranks of this machine: the Trainer (through
+Accelerate's multi-CPU state) sees a world of 2 from the variables cpudist sets under MPICH's Hydra, logs the
+same losses as the script started by hand with torchrun, and its all_results.json (--metric-file) fills the
+run's train time, samples/s and loss in the ledger."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cpudist.launch.tools import free_port
+from tests.integration.helpers import cpudist
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("accelerate")  # the test extra installs it (HF Trainer needs it)
+
+TRAINER_SCRIPT = '''"""An HF Trainer fine-tuning script as users write it: nothing in it knows cpudist or torchrun."""
+import torch
+from torch.utils.data import Dataset
+from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+
+
+class Rows(Dataset):
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(5, 100, (32, 16), generator=g)
+        self.labels = (self.ids[:, 0] > 50).long()
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "attention_mask": torch.ones(16, dtype=torch.long), "labels": self.labels[i]}
+
+
+config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                    max_position_embeddings=32, num_labels=2)
+torch.manual_seed(0)
+model = BertForSequenceClassification(config)
+args = TrainingArguments(output_dir="hf-out", per_device_train_batch_size=4, max_steps=4, logging_steps=1,
+                         learning_rate=1e-3, report_to=[], use_cpu=True, seed=0, save_strategy="no",
+                         disable_tqdm=True, ddp_backend="gloo")
+trainer = Trainer(model=model, args=args, train_dataset=Rows())
+result = trainer.train()
+trainer.save_metrics("all", result.metrics)
+print("world", args.world_size, "process", args.process_index, flush=True)
+'''
+LOGGED = re.compile(r"\{'loss': '([0-9.]+)', 'grad_norm': '([0-9.]+)'")
+
+
+def test_a_trainer_script_on_two_ranks_logs_torchruns_losses_and_hands_back_its_metrics(tmp_path: Path) -> None:
+    ours, hand = tmp_path / "ours", tmp_path / "by-hand"
+    for folder in (ours, hand):
+        folder.mkdir()
+        (folder / "train.py").write_text(TRAINER_SCRIPT)
+    by_hand = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                                "--master-port", str(free_port()), "train.py"], cwd=hand, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    r = cpudist("launch", "--np", "2", "--output-dir", ours / "run", "--ledger", tmp_path / "ledger.jsonl",
+                "--workdir", ours, "--metric-file", "hf-out/all_results.json", "train.py", timeout=300)
+    hand_out, _ = by_hand.communicate(timeout=300)
+    assert by_hand.returncode == 0, hand_out
+    assert r.returncode == 0, r.stderr
+    assert "world 2 process 0" in r.stderr and "world 2 process 1" in r.stderr
+    logged = LOGGED.findall(r.stderr)
+    assert len(logged) == 4 and logged == LOGGED.findall(hand_out), (r.stderr, hand_out)
+    theirs = json.loads((hand / "hf-out" / "all_results.json").read_text())
+    mine = json.loads((ours / "hf-out" / "all_results.json").read_text())
+    assert mine["train_loss"] == theirs["train_loss"]
+    entry = json.loads((tmp_path / "ledger.jsonl").read_text())
+    assert (entry["world_size"], entry["final_loss"], entry["train_time_s"], entry["train_samples_per_s"]) == (
+        2, mine["train_loss"], mine["train_runtime"], mine["train_samples_per_second"])
+    assert entry["metrics"]["train_steps_per_second"] == mine["train_steps_per_second"]
