@@ -165,6 +165,7 @@ def run(request: RunRequest, head_spec: Head, ledger_path: Path, cb: Callbacks, 
     local_dir = Path(cfg.output_dir)
     with Remote(head_spec.target, KnownHosts(head_spec.known_hosts)) as head:
         home = head.check('printf %s "$HOME"').strip()
+        connect_s = round(time.monotonic() - started, 2)  # result.json's startup: the laptop's phases (issue 24)
         python = _find_python(head, head_spec.python)
         nodes = head_spec.inside[: request.launch.nodes]
         stager = Stager(head, home, nodes[1:], say)
@@ -210,6 +211,7 @@ def run(request: RunRequest, head_spec: Head, ledger_path: Path, cb: Callbacks, 
         raise cls(f"on the head node: {status.get('message', 'the job failed')}")
     staging = {"sent_to_head_bytes": stager.sent_bytes, "copies_to_nodes": stager.copies, "remote_run_dir": run_dir,
                "head": head_spec.target.host, "code": "wheel" if pythonpath else "node's own", "seconds": staging_s,
+               "connect_s": connect_s, "stage_s": round(staging_s - connect_s, 2),
                **({"model": fetched} if fetched else {})}
     home_model = {"model_dir": str((local_dir / MODEL_DIR).resolve())} if fetched else {}
     return record(local_dir, ledger_path, {**status.get("known", {}), "run_dir": str(local_dir), "staging": staging,

@@ -95,6 +95,9 @@ def test_run_from_the_laptop_with_each_mpi(site: World, launcher: str) -> None:
     result = json.loads(site.operator_path(f"runs/{launcher}/result.json").read_text())
     assert sorted(result["nodes"]) == [site.hosts.name(0), site.hosts.name(1)]
     assert result["launcher"] == launcher
+    # where the time before the first step went: the laptop's connect and staging, then the head's phases
+    assert result["staging"]["connect_s"] > 0 and result["staging"]["stage_s"] >= 0
+    assert result["startup"]["before_rank"] >= 0 and result["startup"]["first_step"] > 0
     ledger = [json.loads(line) for line in site.operator_path(".cpudist/results.jsonl").read_text().splitlines()]
     assert ledger[-1]["run_dir"] == f"/srv/cpd-operator/runs/{launcher}"
     assert wait_no_leftovers(site) == []
