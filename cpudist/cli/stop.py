@@ -27,6 +27,8 @@ def stop(run: str, wait_s: float) -> None:
     click.echo(f"run {info.id} stopped, run.json says {info.state}" + (f": {said}" if said else ""))
     if checkpoint is not None:
         click.echo(f"resume: {stopped.resume_command()}")
+    elif info.task == "script":  # `cpudist launch`: the script's own checkpoints, if any, are its business
+        click.echo("[cpudist] run the command again to start over", err=True)
     else:
         click.echo("[cpudist] it left no checkpoint: run it again to start over (--checkpoint-every N saves one)",
                    err=True)

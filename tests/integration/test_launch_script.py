@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cpudist.launch.tools import free_port
-from tests.integration.helpers import cpudist
+from tests.integration.helpers import CPUDIST, cmdline, cpudist, descendants, kill_tree, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -142,3 +142,40 @@ def test_one_failing_rank_stops_the_others_and_the_run_fails(tmp_path: Path) -> 
     assert "rank 1 gives up" in r.stderr and "the job failed" in r.stderr.splitlines()[-1], r.stderr
     assert json.loads((tmp_path / "run" / "run.json").read_text())["state"] == "failed"
     assert not (tmp_path / "ledger.jsonl").exists()
+
+
+WAITING = '''
+import os, time
+print(f"rank {os.environ['RANK']} waiting", flush=True)
+time.sleep(300)
+'''
+
+
+def test_stop_ends_every_rank_and_the_run_says_interrupted(tmp_path: Path) -> None:
+    """`cpudist runs` lists the running launch; `cpudist stop <id>` from another shell (as the issue's Ctrl-C) ends
+    both ranks' scripts and every process of the run; run.json says interrupted."""
+    (tmp_path / "wait.py").write_text(WAITING)
+    out = tmp_path / "runs" / "waiting"  # under runs/: `runs` and `stop` find it by id from tmp_path
+    launched = subprocess.Popen([*CPUDIST, "launch", "--np", "2", "--output-dir", str(out), "--ledger",
+                                 str(tmp_path / "ledger.jsonl"), "--workdir", str(tmp_path), "wait.py"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+    log = out / "cpudist.log"
+    try:
+        wait_for(lambda: (log.is_file() and log.read_text().count(" waiting") == 2) or launched.poll() is not None,
+                 120, "both ranks' waiting lines")
+        assert launched.poll() is None, log.read_text()
+        below = descendants(launched.pid)
+        assert len([pid for pid in below if "wait.py" in cmdline(pid)]) >= 2  # each rank's script and wrapper
+        run_id = json.loads((out / "run.json").read_text())["id"]
+        listed = subprocess.run([*CPUDIST, "runs", "--json"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert [(r["id"], r["state"]) for r in json.loads(listed.stdout)] == [(run_id, "running")], listed.stderr
+        stop = subprocess.run([*CPUDIST, "stop", run_id[:17]], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=150)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert stop.stdout.startswith(f"run {run_id} stopped, run.json says interrupted"), stop.stdout
+        assert "--checkpoint-every" not in stop.stderr  # a script's checkpoints are its own
+        assert launched.wait(timeout=60) == 130
+        assert [cmdline(pid) for pid in below if cmdline(pid)] == []  # every launcher, wrapper and script is gone
+        assert json.loads((out / "run.json").read_text())["state"] == "interrupted"
+    finally:
+        kill_tree(launched)
