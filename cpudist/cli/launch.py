@@ -18,6 +18,7 @@ from click.core import ParameterSource
 from cpudist import state
 from cpudist.cli.options import SectionedCommand, output_options
 from cpudist.cli.run_options import PPN
+from cpudist.cli.slurm_options import slurm_options, to_slurm_options
 from cpudist.errors import BadInput, JobFailed
 from cpudist.interrupts import signals_interrupt
 from cpudist.launch.env import AUTO_PPN_WHY, parse_env_pairs, redact_env_args
@@ -45,6 +46,7 @@ SECTIONS = {
     "Where and how many ranks": ("np_", "ppn", "nodes", "hostfile", "launcher", "oversubscribe"),
     "The script": ("workdir", "metric_file", "collect"),
     "Launch": ("mpirun", "ssh", "iface", "allocator", "openmp", "env_pairs", "timeout"),
+    "Slurm (--launcher slurm)": ("partition", "time_limit", "account", "exclusive", "sbatch_args"),
     "Output": ("output_dir", "ledger", "fmt", "quiet", "dry_run"),
 }
 
@@ -62,6 +64,7 @@ SECTIONS = {
               help="As `cpudist run`'s: auto (MPICH's Hydra when installed, else torchrun), mpich, impi, openmpi, "
               "torchrun, slurm.")
 @click.option("--oversubscribe", is_flag=True, help="Allow more ranks per node than its cores.")
+@slurm_options
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
               help="Folder every rank runs the command in [default: the current one].")
 @click.option("--metric-file", help="JSON object the script writes (rank 0; relative to --workdir; the run folder "
@@ -111,7 +114,9 @@ def launch(ctx: click.Context, command: tuple[str, ...], **opts: Any) -> None:
                     tuple(opts["collect"]))
     launch_opts = LaunchOptions(np_, ppn or np_, opts["launcher"], opts["mpirun"], opts["ssh"], opts["iface"],
                                 opts["allocator"], opts["openmp"], opts["env_pairs"], opts["oversubscribe"],
-                                opts["timeout"])
+                                opts["timeout"], to_slurm_options(opts["partition"], opts["time_limit"],
+                                                                  opts["account"], opts["exclusive"],
+                                                                  opts["sbatch_args"]))
     cfg = script_config(script, str(opts["output_dir"]) if opts["output_dir"] else None, np_)
     hostfile = str(opts["hostfile"]) if opts["hostfile"] else None
     request = RunRequest(cfg, launch_opts, hostfile, shlex.join(["cpudist", *redact_env_args(sys.argv[1:])]))

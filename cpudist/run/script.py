@@ -27,7 +27,7 @@ from cpudist.cpu import read_cpu
 from cpudist.errors import BadInput, CpudistError
 from cpudist.hostfile import render_hostfile
 from cpudist.launch.kinds import plan
-from cpudist.launch.spec import Launch, RunSpec, redacted
+from cpudist.launch.spec import SBATCH_FILE, Launch, RunSpec, redacted
 from cpudist.results.schema import RunResult
 from cpudist.run import identity, local, runlog
 from cpudist.run.outcome import record
@@ -92,6 +92,9 @@ def describe_script(request: RunRequest, script: Script) -> str:
     """What `launch_script` would do, as text (`--dry-run`): nothing is written or started."""
     spec = redacted(script_spec(request, script, dry_run=True))
     launch = plan(spec)
+    if launch.script is not None:  # Slurm outside an allocation: the batch script, which srun's ranks run
+        return (f"# {Path(request.train.output_dir) / SBATCH_FILE} (written and submitted with `{launch.shell()}`)\n"
+                f"{launch.script}")
     lines = [f"# run folder {request.train.output_dir} (run.json, cpudist.log, ranks.log, result.json)",
              f"# every rank: torchrun's variables, then `{' '.join(script.command)}` in {script.folder}",
              "# environment of every rank", *(f"export {k}={v}" for k, v in launch.rank_env.items())]

@@ -124,6 +124,13 @@ def test_dry_run_shows_the_wrapper_under_each_launcher_and_starts_nothing(tmp_pa
                                  "--workdir", str(tmp_path), "--", "python", "train.py"])
     assert across.exit_code == 0, across.output
     assert "localhost:1\n127.0.0.2:1" in across.output and f"--workdir {tmp_path} --" in across.output
+    slurm = runner.invoke(cli, ["launch", "--launcher", "slurm", "--nodes", "2", "--ppn", "1", "--partition", "cpu",
+                                "--dry-run", "--", "python", "train.py"])
+    assert slurm.exit_code == 0, slurm.output
+    assert "#SBATCH --partition=cpu" in slurm.output and "#SBATCH --nodes=2" in slurm.output
+    assert "srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1" in slurm.output
+    run_dir = (tmp_path / slurm.output.split("# ", 1)[1].split("/job.sbatch")[0]).resolve()
+    assert slurm.output.rstrip().endswith(f"-m cpudist.run.script_rank --run-dir {run_dir} -- python train.py")
     assert not Path("runs").exists()
 
 
