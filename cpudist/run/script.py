@@ -141,7 +141,7 @@ def _execute(request: RunRequest, script: Script, job: tuple[RunSpec, Launch], c
     known = local.execute(spec, launch, dataclasses.replace(cb, on_event=on_event), request.launch.timeout_s)
     wall = time.monotonic() - began
     collect(script, out, cb.note)
-    given = _metrics(script, cb.note)
+    given = given_metrics(script, cb.note)
     ranks = Ranks(script.command, spec.np, spec.ppn, tuple(str(seen[r]["host"]) for r in sorted(seen)),
                   tuple(int(seen[r]["threads"]) for r in sorted(seen)), wall, started_at, request.train.run_id,
                   str(out.resolve()))
@@ -150,7 +150,7 @@ def _execute(request: RunRequest, script: Script, job: tuple[RunSpec, Launch], c
     return finish(known)
 
 
-def _metrics(script: Script, note: Callable[[str], None]) -> dict[str, Any]:
+def given_metrics(script: Script, note: Callable[[str], None]) -> dict[str, Any]:
     """The metric file's contents; a missing or unreadable one is a note (the run itself went well)."""
     if script.metric_file is None:
         return {}

@@ -145,3 +145,24 @@ def test_bad_input_is_one_line_before_anything_starts(tmp_path: Path, monkeypatc
     Path("t.py").write_text("")
     r = CliRunner().invoke(cli, ["launch", *args, "--dry-run"])
     assert r.exit_code == 2 and says in r.output, r.output
+
+
+def test_collect_copies_outputs_and_a_missing_output_or_metric_file_is_a_note(tmp_path: Path) -> None:
+    from cpudist.run.script import Script, collect, given_metrics
+
+    work, out = tmp_path / "work", tmp_path / "run"
+    (work / "outputs" / "deep").mkdir(parents=True)
+    (work / "outputs" / "deep" / "w.bin").write_bytes(b"\0\1")
+    (work / "log.txt").write_text("log")
+    (work / "bad.json").write_text("[1, 2]")
+    notes: list[str] = []
+    script = Script(("python", "t.py"), str(work), "bad.json", ("outputs", "log.txt", "gone"))
+    collect(script, out, notes.append)
+    assert (out / "collected" / "outputs" / "deep" / "w.bin").read_bytes() == b"\0\1"
+    assert (out / "collected" / "log.txt").read_text() == "log"
+    assert [n for n in notes if "gone" in n] == [f"--collect gone: {work / 'gone'} does not exist after the run; "
+                                                 "nothing copied"]
+    assert given_metrics(script, notes.append) == {}
+    assert notes[-1].startswith(f"--metric-file {work / 'bad.json'} holds a list, not an object")
+    (work / "bad.json").write_text('{"train_samples": 8}')
+    assert given_metrics(script, notes.append) == {"train_samples": 8}
