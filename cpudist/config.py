@@ -82,6 +82,7 @@ class TrainConfig:
     checkpoint_dir: str | None = None  # default: <output_dir>/checkpoints
     keep_checkpoints: int = 2
     checkpoint_s3: str | None = None  # s3://bucket/prefix: a durable copy of every checkpoint
+    model_s3: str | None = None  # s3://bucket/prefix: rank 0 copies the saved model there (train/model_upload.py)
     resume: str | None = None  # auto: the newest usable checkpoint, if any | a checkpoint or its folder
     run_id: str = ""  # the run's id (cpudist/run/identity.py), given by `cpudist run`; a resume keeps the run's
     imds: str = "auto"  # spot notices: auto (AWS's metadata service on EC2) | off | URL
@@ -165,6 +166,9 @@ def check_save(cfg: TrainConfig) -> None:
     """--save-model best and --eval-every: refused where they cannot mean what they say."""
     if cfg.save_model not in SAVE_MODELS:
         raise BadInput(f"--save-model {cfg.save_model}: unknown", f"Use one of: {', '.join(SAVE_MODELS)}")
+    if cfg.model_s3 and cfg.save_model == "none":
+        raise BadInput("--model-s3 copies the saved model, and --save-model none saves none",
+                       "Drop --model-s3, or pick --save-model last or best")
     if not cfg.do_eval and (cfg.save_model == "best" or cfg.eval_every):
         what = "--save-model best" if cfg.save_model == "best" else "--eval-every"
         raise BadInput(f"{what} needs evaluations, and --no-eval turns them off", f"Drop --no-eval or {what}")

@@ -70,6 +70,13 @@ class JobView:
         elif kind == "model":
             self._plain(f"model saved: {event['path']} (step {event['step']}, {event['bytes'] / 1e6:.1f} MB, "
                         f"{event['seconds']:.1f}s)")
+        elif kind == "model_s3":
+            if "error" in event:  # shown even with --quiet: the copy the user asked for is missing
+                print(f"[cpudist] WARNING: the model was not copied to {event['url']}: {event['error']} (it is in the "
+                      "run folder)", file=sys.stderr, flush=True)
+            else:
+                self._plain(f"model copied to {event['url']} ({event['files']} files, {event['bytes'] / 1e6:.1f} MB, "
+                            f"{event['seconds']:.1f}s)")
         elif kind == "eval":
             self.close()
             self._plain(f"evaluating on {event['rows']} rows")

@@ -51,7 +51,8 @@ def summary(r: RunResult) -> str:
     return (f"done: {r.task} {r.model} on {r.world_size} rank(s), {len(r.nodes)} node(s): "
             f"train {r.train_time_s:.1f}s, {r.train_samples_per_s:.1f} samples/s, "
             f"wall {r.wall_time_s:.1f}s, {metrics}  -> {r.run_dir}/result.json"
-            + (f", model {r.model_dir}" if r.model_dir else ""))
+            + (f", model {r.model_dir}" if r.model_dir else "")
+            + (f" and {r.model_s3['url']}" if r.model_s3.get("url") and "error" not in r.model_s3 else ""))
 
 
 def _train_config(opts: dict[str, Any]) -> TrainConfig:

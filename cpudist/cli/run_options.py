@@ -156,6 +156,10 @@ OPTIONS: list[Callable[[Any], Any]] = [
                  "average, as evaluated); best: the best evaluation's by the task's first metric (with --eval-every; "
                  "HF's load_best_model_at_end); none. From a laptop it comes home too (--fetch-model); Slurm: in the "
                  "run folder on the shared filesystem. Task synthetic saves none."),
+    click.option("--model-s3", callback=_s3,
+                 help="s3://bucket/prefix: rank 0 also copies the saved model to <prefix>/<run id>/model/, "
+                 "SHA256SUMS last (result.json's model_s3 says where; a failed copy is a warning, the model stays "
+                 "in the run folder). Credentials and endpoint as boto3 finds them on the node."),
     click.option("--log-every", type=click.IntRange(min=1), default=10, show_default=True,
                  help="Optimizer steps between lines of steps.jsonl and progress."),
     click.option("--report-to", default="none", show_default=True, callback=_report_to,
@@ -254,7 +258,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
                        "label_column", "max_seq_len", "max_train_samples", "max_eval_samples", "synthetic_samples"),
     "Training": ("epochs", "max_steps", "batch_size", "grad_accum", "lr", "lr_scaling", "optimizer", "weight_decay",
                  "warmup_ratio", "max_grad_norm", "seed", "precision", "dropout", "sampler", "freeze_embeddings",
-                 "do_eval", "eval_every", "eval_batch_size", "save_model", "log_every",
+                 "do_eval", "eval_every", "eval_batch_size", "save_model", "model_s3", "log_every",
                  "report_to"),
     "Gradient sync": ("sync", "grad_compression", "bucket_cap_mb", "sync_every", "local_sgd_warmup", "average_moments",
                       "second_moment_every", "outer_optimizer", "outer_lr", "outer_momentum", "backend",

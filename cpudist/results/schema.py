@@ -90,6 +90,8 @@ class RunResult:
     model_step: int | None = None  # the optimizer step whose weights it holds
     model_bytes: int | None = None  # every file of the folder together
     model_save_s: float | None = None  # weights, tokenizer and card
+    # --model-s3: url, files, bytes, seconds of the copy (cpudist/train/model_upload.py), or url and error
+    model_s3: dict[str, Any] = field(default_factory=dict)
     evaluations: tuple[dict[str, Any], ...] = ()  # {"step", "metrics", "seconds"}, in order; the last is the final one
     data: dict[str, Any] = field(default_factory=dict)  # where the rows came from, how many, the class names
     command: str = ""  # the `cpudist run` command line, as typed (the launching side's)

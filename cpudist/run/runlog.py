@@ -42,6 +42,9 @@ def event_text(event: dict[str, Any]) -> str | None:
         return f"evaluation at step {event['step']}: " + " ".join(f"{k}={v:.4f}" for k, v in event["metrics"].items())
     if kind == "model":
         return f"model saved: {event['path']} (step {event['step']})"
+    if kind == "model_s3":
+        return (f"WARNING: the model was not copied to {event['url']}: {event['error']}" if "error" in event
+                else f"model copied to {event['url']}")
     if kind == "eval":
         return f"evaluating on {event['rows']} rows"
     return None

@@ -25,7 +25,7 @@ from cpudist import events
 from cpudist.config import TrainConfig
 from cpudist.errors import BadInput
 from cpudist.objects import ObjectStore
-from cpudist.train import checkpoint, preempt, report_to, resume
+from cpudist.train import checkpoint, model_upload, preempt, report_to, resume
 from cpudist.train.checkpoint import Restored
 from cpudist.train.dist import RankInfo
 from cpudist.train.durable import Mirror
@@ -100,7 +100,8 @@ def run(cfg: TrainConfig, info: RankInfo, provider: Provider, startup: Startup |
         if cfg.do_eval:  # the model as trained; local SGD and DiLoCo: the ranks' average (the loop's final sync)
             metrics, phases = evals.run(job, stats.steps)
             report.log_eval(stats.steps, metrics)
-        _finish(job, stats, metrics, phases, saver, started_at, restored, evals)
+        model_store = provider.store(cfg.model_s3) if cfg.model_s3 and provider.store and info.rank == 0 else None
+        _finish(job, stats, metrics, phases, saver, started_at, restored, evals, model_store)
     finally:
         report.close()  # the event files are whole on every way out
     return 0
@@ -133,8 +134,9 @@ def _saver(cfg: TrainConfig, run_dir: Path, restored: Restored | None, started: 
 
 
 def _finish(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict[str, float], saver: Saver,
-            started_at: str, restored: Restored | None, evals: Evaluations) -> None:
-    """Gather every rank's host and memory; on rank 0 save the model and write result.json; leave together."""
+            started_at: str, restored: Restored | None, evals: Evaluations, model_store: ObjectStore | None) -> None:
+    """Gather every rank's host and memory; on rank 0 save the model (and copy it to --model-s3's store) and
+    write result.json; leave together."""
     info = job.info
     clock = stats.strategy.clock if stats.strategy else None
     mine = {"host": socket.gethostname(), "peak_rss_mb": peak_rss_mb(), "tx_bytes": stats.tx_bytes,
@@ -150,6 +152,10 @@ def _finish(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict
         if result.model_dir:
             events.emit("model", path=result.model_dir, step=result.model_step, bytes=result.model_bytes,
                         seconds=round(result.model_save_s or 0.0, 2))
+            if model_store is not None:
+                copied = model_upload.upload(model_store, Path(result.model_dir), result.run_id)
+                result = dataclasses.replace(result, model_s3=copied)
+                events.emit("model_s3", **copied)
         tmp = job.run_dir / "result.json.tmp"
         tmp.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
         tmp.replace(job.run_dir / "result.json")
