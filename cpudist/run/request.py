@@ -60,8 +60,9 @@ class RunRequest:
     def from_json(cls, text: str) -> RunRequest:
         data = json.loads(text)
         train = data.pop("train")
-        train["text_columns"] = tuple(train.get("text_columns", ()))
-        train["report_to"] = tuple(train.get("report_to", ()))
+        for f in dataclasses.fields(TrainConfig):  # JSON has lists only: every tuple field (--text-columns,
+            if isinstance(f.default, tuple) and f.name in train:  # --report-to, --lora-targets ...) back to a tuple
+                train[f.name] = tuple(train[f.name])
         launch = data.pop("launch")
         launch["env"] = tuple(tuple(p) for p in launch.get("env", ()))
         if launch.get("slurm") is not None:
