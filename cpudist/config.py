@@ -90,6 +90,13 @@ class TrainConfig:
     compile: bool = False  # torch.compile, batches padded to a few static lengths
     ipex: bool = False  # Intel Extension for PyTorch's optimize(), when installed
     fast_dropout: bool = True  # dropout masks from 16-bit lanes of 64-bit draws (cpudist/train/dropout.py)
+    # --peft lora: adapters on the attention, the head in full, all else frozen (cpudist/train/lora.py)
+    peft: str = "none"  # none | lora
+    lora_r: int = 8
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.1
+    lora_targets: tuple[str, ...] = ()  # empty: the family's query and value projections
+    merge_lora: bool = False  # save the adapters merged into a plain model instead of the adapter alone
     lr_scaling: str = "none"  # none | linear | sqrt: --lr times world size (or its root), every sync
     optimizer: str = "adamw"  # sgd: plain SGD (no momentum), linear in the gradient: for teaching and checks
     # Gradient sync: SyncSpec's knobs, under the same names (cpudist/strategies.py, cpudist/train/sync.py)

@@ -21,6 +21,7 @@ from cpudist.results.ledger import load_sources
 from cpudist.results.planner import Baseline, Link, Prediction
 from cpudist.results.schema import RunResult
 from cpudist.results.validation import Row
+from cpudist.traffic import payload_bytes
 
 
 def _counts(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
@@ -203,6 +204,10 @@ def _header(r: RunResult, why: str, base: Baseline, link: Link, link_from: str, 
              f"link: {link.gbps:.3f} Gbit/s per node ({link_from}); {link.latency_s * 1000:g} ms per collective",
              f"overlap: DDP hides f = {f:.2f} of its communication ({f_from}); explicit strategies hide none",
              f"work: {what}"]
+    if r.peft:  # the wire carries the adapters' gradients only
+        lines.append(f"trained: LoRA r {r.peft.get('r')} on {', '.join(r.peft.get('targets', ()))} and the head: "
+                     f"{r.trainable_params:,} of {r.peft.get('total_params', 0):,} parameters, "
+                     f"{payload_bytes(base.shapes) / 1e3:,.0f} kB per exchange (the frozen base is never sent)")
     if not base.shapes_known:
         lines.append("note: the run recorded no parameter shapes, only its gradient size: PowerSGD is left out")
     if price_from:
@@ -212,7 +217,8 @@ def _header(r: RunResult, why: str, base: Baseline, link: Link, link_from: str, 
 
 def _as_json(r: RunResult, why: str, base: Baseline, link: Link, link_from: str, f: float, f_runs: tuple[str, ...],
              rows: list[Prediction], rec: catalogue.Recommendation, checked: list[Row]) -> dict[str, Any]:
-    return {"baseline": {"run_id": r.run_id, "why": why, **asdict(base)},
+    return {"baseline": {"run_id": r.run_id, "why": why, **asdict(base), "peft": r.peft,
+                         "trainable_params": r.trainable_params},
             "link": {"gbps": link.gbps, "latency_s": link.latency_s, "from": link_from},
             "overlap": {"f": f, "runs": list(f_runs)},
             "predictions": [asdict(p) for p in rows],

@@ -33,6 +33,7 @@ from cpudist.run.request import (
     unfinished_run,
 )
 from cpudist.strategies import check_sync
+from cpudist.train import lora
 
 if TYPE_CHECKING:
     from cpudist.run.where import Route
@@ -97,6 +98,7 @@ def run(ctx: click.Context, **opts: Any) -> None:
     cfg = _train_config(opts)
     check_sync(cfg)
     check_save(cfg)
+    lora.check(cfg)
     route = _route(opts)
     output_dir = opts["output_dir"]
     if output_dir is None and cfg.resume == "auto":

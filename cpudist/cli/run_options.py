@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from cpudist.cli.defaults import config_option
+from cpudist.cli.lora_options import lora_options
 from cpudist.cli.options import output_options
 from cpudist.cli.slurm_options import slurm_options
 from cpudist.cloud.aws.objects import parse_s3_url
@@ -190,6 +191,7 @@ OPTIONS: list[Callable[[Any], Any]] = [
                  "`cluster up` and resume from the checkpoint."),
     click.option("--freeze-embeddings", is_flag=True,
                  help="Do not train the word-embedding table (half of MiniLM's gradient bytes and AdamW work)."),
+    lora_options,
     click.option("--compile", is_flag=True, help="torch.compile the model (batches padded to multiples of 32 "
                  "tokens; kernels cached in ~/.cpudist/inductor across runs)."),
     click.option("--fast-dropout/--torch-dropout", default=True, show_default=True,
@@ -263,6 +265,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "Gradient sync": ("sync", "grad_compression", "bucket_cap_mb", "sync_every", "local_sgd_warmup", "average_moments",
                       "second_moment_every", "outer_optimizer", "outer_lr", "outer_momentum", "backend",
                       "dist_timeout"),
+    "LoRA (--peft lora)": ("peft", "lora_r", "lora_alpha", "lora_dropout", "lora_targets", "merge_lora"),
     "Speed levers": ("fast_dropout", "allocator", "openmp", "compile", "ipex"),
     "Launch": ("mpirun", "ssh", "iface", "env_pairs", "timeout"),
     "Checkpoints and spot instances": ("checkpoint_every", "checkpoint_every_min", "checkpoint_dir",

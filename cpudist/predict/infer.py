@@ -10,6 +10,7 @@ import torch
 
 from cpudist.errors import BadInput
 from cpudist.predict.source import Settings
+from cpudist.train import lora
 from cpudist.train.data import Split
 from cpudist.train.features import Encoded, collate, encode
 
@@ -23,7 +24,10 @@ def load(model_dir: str) -> tuple[Any, Any]:
     transformers.utils.logging.disable_progress_bar()
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir, use_fast=True, local_files_only=True)
-        model = AutoModelForSequenceClassification.from_pretrained(model_dir, local_files_only=True)
+        if lora.is_adapter(Path(model_dir)):  # --peft lora's adapter: on its base model, with the run's labels
+            model = lora.load_adapter(Path(model_dir), local_files_only=True)
+        else:
+            model = AutoModelForSequenceClassification.from_pretrained(model_dir, local_files_only=True)
     except Exception as e:  # transformers and safetensors raise many kinds; each means the folder is unusable
         said = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise BadInput(f"cannot load the model in {model_dir}: {said}",

@@ -59,6 +59,11 @@ Every evaluation of the run:
 - {{ length }}: {{ r.steps }} optimizer steps
 - batch: {{ r.per_rank_batch_size }} per rank x {{ r.grad_accum }} accumulation x {{ r.world_size }} ranks = \
 {{ r.global_batch_size }} rows per step; at most {{ r.max_seq_len }} tokens per row
+{% if r.peft %}- LoRA (peft): r {{ r.peft.r }}, alpha {{ r.peft.alpha }}, dropout {{ r.peft.dropout }} on \
+{{ r.peft.targets | join(", ") }}; trained in full: {{ r.peft.modules_to_save | join(", ") }}; \
+{{ r.peft.trainable_params }} of {{ r.peft.total_params }} parameters trained; saved \
+{{ "merged into the base model" if r.peft.merged else "as the adapter" }}
+{% endif %}\
 - seed {{ r.seed }}, precision {{ r.precision }}, sync {{ r.sync }}{% if r.freeze_embeddings %}, word embeddings \
 frozen{% endif %}
 

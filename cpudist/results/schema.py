@@ -74,6 +74,10 @@ class RunResult:
     optimizer: str = "adamw"
     fast_dropout: bool = False  # dropout masks from cpudist/train/dropout.py (False: torch's, or an older run)
     freeze_embeddings: bool = False  # --freeze-embeddings: the word-embedding table was not trained nor sent
+    # --peft lora (cpudist/train/lora.py): r, alpha, dropout, targets, modules_to_save, trainable_params,
+    # total_params, merged ({}: every parameter trained)
+    peft: dict[str, Any] = field(default_factory=dict)
+    trainable_params: int = 0  # parameters that required a gradient (0: a run from before this was recorded)
     grad_bytes: int = 0  # one fp32 gradient of the trained parameters
     param_shapes: tuple[tuple[int, ...], ...] = ()  # of the trained parameters: what traffic.py needs to plan
     expected_tx_bytes_per_step: float = 0.0  # every node's interface together, per optimizer step (0: one node)

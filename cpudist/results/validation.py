@@ -28,8 +28,9 @@ def measured_overlap(runs: Sequence[RunResult]) -> tuple[float, tuple[str, ...]]
 def comparable(a: RunResult, b: RunResult) -> bool:
     """Two runs whose step times compare: same work per rank and node, on the same CPU."""
     def key(r: RunResult) -> tuple[object, ...]:
+        lora = (r.peft.get("r"), tuple(r.peft.get("targets", ()))) if r.peft else None  # other steps, other bytes
         return (r.task, r.model, r.precision, r.backend, r.per_rank_batch_size, r.grad_accum, r.max_seq_len, r.ppn,
-                r.cpu.get("model"))
+                r.cpu.get("model"), lora)
     return key(a) == key(b)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from cpudist.results.card import MODEL_DIR, folder_bytes, write_card
 from cpudist.results.schema import RunResult
+from cpudist.train import lora
 from cpudist.train.keep import Evaluations
 from cpudist.train.models import PRESETS, load_tokenizer
 from cpudist.train.setup import Job
@@ -59,7 +60,10 @@ def save_model(job: Job, evals: Evaluations, result: RunResult) -> RunResult:
     from transformers.utils import logging
 
     logging.disable_progress_bar()  # a shard bar in the ranks' output helps nobody
-    model.save_pretrained(tmp, state_dict=state)
+    if cfg.peft == "lora":
+        lora.save(model, tmp, state, cfg)
+    else:
+        model.save_pretrained(tmp, state_dict=state)
     load_tokenizer(cfg.model, cfg.tokenizer).save_pretrained(tmp)
     step = chosen["step"] if chosen is not None else result.steps
     result = result.with_updates(model_dir=str(final.resolve()), model_step=step)

@@ -20,6 +20,7 @@ from pathlib import Path
 from cpudist.config import TrainConfig, spec_of
 from cpudist.errors import BadInput
 from cpudist.train import checkpoint_meta as ckpt
+from cpudist.train import lora
 from cpudist.train.checkpoint_meta import CheckpointMeta
 from cpudist.train.durable import Mirror
 
@@ -86,6 +87,7 @@ def adapt(cfg: TrainConfig, meta: CheckpointMeta, world: int, path: str) -> Trai
     """The config that continues the checkpointed run on `world` ranks (the global batch is kept)."""
     ckpt.check_same_run(meta, dataclasses.asdict(cfg), Path(path))
     ckpt.check_same_schedule(meta, dataclasses.asdict(cfg), world, Path(path))
+    lora.check_resume(meta.config, cfg, Path(path))
     _check_rank_state(cfg, meta, world, path)
     if meta.world_size == world:
         return dataclasses.replace(cfg, batch_size=meta.global_batch // (world * cfg.grad_accum))

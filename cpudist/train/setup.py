@@ -12,7 +12,7 @@ import torch
 from cpudist import state
 from cpudist.config import TrainConfig
 from cpudist.cpu import read_cpu
-from cpudist.train import dropout, netcount, speed
+from cpudist.train import dropout, lora, netcount, speed
 from cpudist.train.checkpoint import seed_all
 from cpudist.train.data import load_task
 from cpudist.train.dist import RankInfo, init_distributed
@@ -91,6 +91,8 @@ def setup(cfg: TrainConfig, info: RankInfo, startup: Startup | None = None) -> J
         torch.manual_seed(cfg.seed)  # same classifier init whatever the tokenizer consumed
         with startup.phase("model"):
             model = build_model(cfg.model, task.num_labels, regression, cfg.dropout)
+    if cfg.peft == "lora":  # after the model's seeded init, so every rank draws the same adapters
+        model = lora.apply(model, cfg)
     if cfg.freeze_embeddings:
         speed.freeze_embeddings(model)
     if cfg.fast_dropout:

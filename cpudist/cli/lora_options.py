@@ -1,0 +1,40 @@
+"""The options of `--peft lora` (cpudist/train/lora.py), for `cpudist run` and each run of `cpudist sweep`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from cpudist.train.lora import METHODS
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _targets(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...]:
+    return tuple(t.strip() for t in (value or "").split(",") if t.strip())
+
+
+def lora_options(command: F) -> F:
+    """Add --peft --lora-r --lora-alpha --lora-dropout --lora-targets --merge-lora to a command."""
+    options = [
+        click.option("--peft", type=click.Choice(METHODS), default="none", show_default=True,
+                     help="lora: train low-rank adapters on the attention and the classifier head in full (peft; "
+                     "pip install 'cpudist[lora]'); every other weight is frozen and never crosses the wire."),
+        click.option("--lora-r", type=click.IntRange(min=1), default=8, show_default=True,
+                     help="--peft lora: the adapters' rank."),
+        click.option("--lora-alpha", type=click.FloatRange(min=0, min_open=True), default=16.0, show_default=True,
+                     help="--peft lora: the adapters' scale is alpha / r."),
+        click.option("--lora-dropout", type=click.FloatRange(0, 1, max_open=True), default=0.1, show_default=True,
+                     help="--peft lora: dropout on the adapters' input."),
+        click.option("--lora-targets", callback=_targets,
+                     help="--peft lora: module names to adapt, comma-separated [default: the family's query and "
+                     "value projections: query,value for BERT, RoBERTa, ELECTRA; q_lin,v_lin for DistilBERT; ...]."),
+        click.option("--merge-lora", is_flag=True,
+                     help="--peft lora: save the adapters merged into a plain model (pipeline() loads it) instead "
+                     "of the adapter alone (loaded with peft on its base model)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command

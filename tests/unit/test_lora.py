@@ -1,0 +1,154 @@
+"""--peft lora at the front door, on the model (what trains) and in the traffic model (what crosses the wire)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cpudist.cli.main import cli
+from cpudist.config import TrainConfig, from_argv, to_argv
+from cpudist.errors import BadInput
+from cpudist.strategies import SyncSpec
+from cpudist.traffic import expected_traffic, payload_bytes
+from cpudist.train import lora, sync
+from cpudist.train.models import build_model
+from tests.conftest import SHARED_DATA
+
+BASE = ["run", "mrpc", "--model", "tiny", "--dry-run", "--data-dir", str(SHARED_DATA / "glue" / "MRPC")]
+LORA = TrainConfig(task="mrpc", output_dir="o", model="tiny", peft="lora")
+
+
+def test_options_reach_the_ranks_and_round_trip() -> None:
+    out = CliRunner().invoke(cli, [*BASE, "--peft", "lora", "--lora-r", "4", "--lora-alpha", "8",
+                                   "--lora-dropout", "0", "--lora-targets", "query, key,value", "--merge-lora"])
+    assert out.exit_code == 0, out.output
+    words = " ".join(out.output.split())
+    for flag in ("--peft=lora", "--lora-r=4", "--lora-alpha=8.0", "--lora-dropout=0.0",
+                 "--lora-targets=query,key,value", "--merge-lora=1"):
+        assert flag in words, flag
+    cfg = dataclasses.replace(LORA, lora_r=4, lora_alpha=8.0, lora_dropout=0.0, lora_targets=("query", "key"),
+                              merge_lora=True)
+    assert from_argv(to_argv(cfg)) == cfg
+    assert not any("lora" in w or "peft" in w for w in to_argv(dataclasses.replace(LORA, peft="none")))
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--lora-r", "4"], "--lora-r applies to --peft lora only"),
+    (["--merge-lora"], "--merge-lora applies to --peft lora only"),
+    (["--lora-targets", "query"], "--lora-targets applies to --peft lora only"),
+    (["--peft", "lora", "--freeze-embeddings"], "LoRA trains no embedding anyway"),
+    (["--peft", "lora", "--merge-lora", "--save-model", "none"], "no model is saved to merge"),
+    (["--peft", "lora", "--lora-r", "0"], "--lora-r"),
+    (["--peft", "qlora"], "--peft"),
+])
+def test_refusals_name_the_fix(args: list[str], said: str) -> None:
+    out = CliRunner().invoke(cli, [*BASE, *args])
+    assert out.exit_code == 2 and said in out.output, out.output
+
+
+def test_default_targets_per_family() -> None:
+    assert lora.targets_for("bert", ()) == ("query", "value")
+    assert lora.targets_for("distilbert", ()) == ("q_lin", "v_lin")
+    assert lora.targets_for("modernbert", ()) == ("Wqkv",)
+    assert lora.targets_for("qwen2", ()) == ("q_proj", "v_proj")  # from peft's own table
+    assert lora.targets_for("bert", ("dense",)) == ("dense",)  # --lora-targets wins
+    with pytest.raises(BadInput, match="--lora-targets"):
+        lora.targets_for("no-such-family", ())
+
+
+def _trained(model: object) -> dict[str, int]:
+    return {n: p.numel() for n, p in model.named_parameters() if p.requires_grad}  # type: ignore[attr-defined]
+
+
+def test_only_adapters_and_head_train_and_traffic_counts_only_them() -> None:
+    full = build_model("tiny", 2, False, None)  # hidden 32, 2 layers
+    full_bytes = payload_bytes(list(sync.named_shapes(full)))
+    model = lora.apply(full, LORA)
+    trained = _trained(model)
+    assert trained and all(".lora_A." in n or ".lora_B." in n or ".modules_to_save." in n for n in trained), trained
+    # r 8 on query and value (32 -> 32) of 2 layers: A is 8 x 32, B 32 x 8; the head: 2 x 32 + 2
+    assert sum(trained.values()) == 2 * 2 * (8 * 32 + 32 * 8) + 2 * 32 + 2
+    assert sum("classifier.modules_to_save" in n for n in trained) == 2
+    shapes = list(sync.named_shapes(model))
+    grads = payload_bytes(shapes)
+    assert grads == 4 * sum(trained.values()) and full_bytes > 400 * grads
+    ring = expected_traffic(SyncSpec(), shapes, world=4, ppn=1, steps=10)
+    assert ring.node_tx == (2 * 3 / 4 * grads,) * 4  # what DDP's ring sends per node and step: only the adapters
+    info = lora.settings(model, LORA)
+    assert info["trainable_params"] == sum(trained.values()) and info["targets"] == ["query", "value"]
+    assert info["merged"] is True  # a preset's random base is saved nowhere else
+
+
+def test_distilbert_head_trains_in_full() -> None:
+    model = lora.apply(build_model("distilbert-base", 3, False, None), LORA)
+    heads = {n.split(".modules_to_save")[0].rsplit(".", 1)[-1] for n in _trained(model) if "modules_to_save" in n}
+    assert heads == {"pre_classifier", "classifier"}
+    assert any("q_lin.lora_A" in n for n in _trained(model))
+
+
+def test_bad_targets_are_one_line() -> None:
+    with pytest.raises(BadInput, match="--lora-targets"):
+        lora.apply(build_model("tiny", 2, False, None), dataclasses.replace(LORA, lora_targets=("nothing_here",)))
+
+
+def test_resume_needs_the_same_adapters() -> None:
+    plain = dataclasses.replace(LORA, peft="none")
+    lora.check_resume({}, plain, Path("old"))  # a checkpoint from before LoRA: no keys, full fine-tuning
+    lora.check_resume({"peft": "lora", "lora_r": 8, "lora_alpha": 16.0, "lora_targets": []}, LORA, Path("c"))
+    with pytest.raises(BadInput, match="peft: 'lora' there, 'none' here"):
+        lora.check_resume(dataclasses.asdict(LORA), plain, Path("c"))
+    with pytest.raises(BadInput, match="peft: 'none' there, 'lora' here"):
+        lora.check_resume({}, LORA, Path("c"))
+    with pytest.raises(BadInput, match="lora_r: 8 there, 16 here"):
+        lora.check_resume(dataclasses.asdict(LORA), dataclasses.replace(LORA, lora_r=16), Path("c"))
+
+
+def test_card_and_old_results() -> None:
+    from cpudist.results.card import render_card
+    from cpudist.results.schema import RunResult
+    from tests.unit.test_results import result
+
+    settings = {"method": "lora", "r": 8, "alpha": 16.0, "dropout": 0.1, "targets": ["query", "value"],
+                "modules_to_save": ["classifier"], "trainable_params": 2114, "total_params": 1013540, "merged": False}
+    r = result(1, 10.0).with_updates(peft=settings, trainable_params=2114)
+    assert "- LoRA (peft): r 8, alpha 16.0, dropout 0.1 on query, value; trained in full: classifier; 2114 of " \
+           "1013540 parameters trained; saved as the adapter\n- seed" in render_card(r)
+    assert "LoRA" not in render_card(result(1, 10.0))
+    old = result(1, 10.0).to_dict()
+    del old["peft"], old["trainable_params"]
+    assert RunResult.from_dict(old).peft == {} and RunResult.from_dict(r.to_dict()) == r
+
+
+def test_plan_prices_a_lora_run_by_its_adapters_and_keeps_full_runs_apart(tmp_path: Path) -> None:
+    import json
+
+    from cpudist.results.validation import comparable
+    from tests.unit.test_planner import run
+
+    settings = {"method": "lora", "r": 8, "targets": ["query", "value"], "total_params": 22_788_484}
+    adapters = ((8, 384),) * 12 + ((384, 8),) * 12 + ((2, 384), (2,))  # MiniLM's: 74,498 parameters
+    lora_one = run(1, run_id="lora1", peft=settings, trainable_params=74_498, param_shapes=adapters,
+                   grad_bytes=297_992, started_at="2026-01-05T00:00:00")
+    full_two = run(2, step_s=2.9, comm_time_s=80.0, exposed_comm_s=60.0)  # 100 MB of gradients
+    assert not comparable(lora_one, full_two) and comparable(lora_one, lora_one)
+    folder = tmp_path / "runs"
+    for r in (lora_one, full_two, run(1)):
+        (folder / r.run_id).mkdir(parents=True)
+        (folder / r.run_id / "result.json").write_text(json.dumps(r.to_dict()))
+    out = CliRunner().invoke(cli, ["plan", str(folder), "--baseline", "lora1", "--nodes", "4", "--link-gbps", "1"])
+    assert out.exit_code == 0, out.output
+    text = " ".join(out.output.split())
+    assert "trained: LoRA r 8 on query, value and the head: 74,498 of 22,788,484 parameters, 298 kB per exchange" \
+           in text, text
+    data = json.loads(CliRunner().invoke(cli, ["plan", str(folder), "--baseline", "lora1", "--nodes", "4",
+                                               "--link-gbps", "1", "--latency-ms", "0", "--overlap", "0",
+                                               "--sync-cpu-s-per-gb", "0", "--json"]).output)
+    ddp4 = next(p for p in data["predictions"] if p["nodes"] == 4 and p["sync"] == "ddp")
+    # ring over 4 nodes: 1.5 x 298 kB at 1 Gbit/s = 3.6 ms on top of t_c = 2 s; the full model's 100 MB: 1.2 s
+    assert ddp4["step_s"] == pytest.approx(2.0 + 1.5 * 297_992 * 8 / 1e9, rel=1e-6)
+    assert data["baseline"]["trainable_params"] == 74_498
+    assert [v["run_id"] for v in data["validation"]] == ["r2x1"]  # checked against its own (full) 1-node run
+    assert [v["baseline_id"] for v in data["validation"]] == ["r1x1"]
