@@ -7,8 +7,10 @@ uniforms: an element is kept when its uniform falls under round(65536 (1 - p)), 
 scaled by 65536 / that threshold, so the expectation is exact. Same p, same seeding and checkpointed
 RNG state; a different (equally random) mask than torch's.
 
-`install(model)` swaps every nn.Dropout for FastDropout and routes the attention of training steps
-through `attention` (softmax, this dropout, matmul); evaluation keeps PyTorch's fused SDPA kernel.
+`install(model)` swaps every nn.Dropout for FastDropout and, for the families in FAST_ATTENTION, routes the
+attention of training steps through `attention` (softmax, this dropout, matmul); evaluation keeps PyTorch's fused
+SDPA kernel. Another family keeps its own attention (DeBERTa's disentangled one never calls transformers'
+attention interface); `attention_used(model)` says which ran, for result.json.
 """
 
 from __future__ import annotations
@@ -18,6 +20,11 @@ from typing import Any
 import torch
 
 ATTENTION = "cpudist_fast_dropout"
+# model_type of the families whose attention `attention` computes as SDPA does: plain or grouped-query heads,
+# masks from transformers' mask interface (padding, causal, sliding windows), no bias added to the scores.
+# Each is proven against SDPA in tests/unit/test_architectures.py; a family joins only with its test.
+FAST_ATTENTION = frozenset({"bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert", "modernbert",
+                            "qwen2", "llama"})
 LANES = 4  # 16-bit uniforms per 64-bit draw
 
 
@@ -67,12 +74,19 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
               attention_mask: torch.Tensor | None, scaling: float | None = None, dropout_p: float = 0.0,
               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """transformers' attention interface: SDPA without dropout; with it, the eager path and this dropout."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
     p = float(kwargs.pop("dropout", dropout_p))
     if p == 0.0 or not module.training:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=0.0,
                                       **kwargs)
+    groups = int(getattr(module, "num_key_value_groups", 1))
+    if groups > 1:  # grouped-query attention (Llama, Qwen2): each key/value head serves `groups` query heads
+        key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    causal = kwargs.get("is_causal")
+    causal = getattr(module, "is_causal", True) if causal is None else causal  # SDPA's default
+    if attention_mask is None and causal and query.size(2) > 1:  # an all-causal mask left to SDPA's is_causal
+        attention_mask = torch.ones(query.size(2), key.size(2), dtype=torch.bool).tril()
     scores = torch.matmul(query, key.transpose(2, 3)) * (query.size(-1) ** -0.5 if scaling is None else scaling)
     if attention_mask is not None:
         if attention_mask.dtype == torch.bool:  # SDPA's mask form: True where a query may attend
@@ -95,8 +109,15 @@ def install(model: torch.nn.Module) -> int:
                 setattr(parent, name, FastDropout(child.p, child.inplace))
                 swapped += 1
     config = getattr(model, "config", None)
-    if config is not None and getattr(config, "_attn_implementation", None) in ("sdpa", "eager"):
+    if (getattr(config, "model_type", None) in FAST_ATTENTION
+            and getattr(config, "_attn_implementation", None) in ("sdpa", "eager")):
         AttentionInterface.register(ATTENTION, attention)
         AttentionMaskInterface.register(ATTENTION, sdpa_mask)
-        config._attn_implementation = ATTENTION
+        config._attn_implementation = ATTENTION  # type: ignore[union-attr]
     return swapped
+
+
+def attention_used(model: torch.nn.Module) -> str:
+    """The attention of training steps: 'cpudist-fast-dropout', or the model's own ('sdpa', 'eager', ...)."""
+    used = str(getattr(getattr(model, "config", None), "_attn_implementation", None) or "")
+    return "cpudist-fast-dropout" if used == ATTENTION else used

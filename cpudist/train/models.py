@@ -4,24 +4,13 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cpudist.errors import BadInput
+from cpudist.train.presets import PRESETS
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-# Presets: architectures of well-known checkpoints with random weights, for speed runs and tests.
-PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 2,
-             "num_attention_heads": 2, "intermediate_size": 64},
-    "minilm-l6": {"model_type": "bert", "hidden_size": 384, "num_hidden_layers": 6,
-                  "num_attention_heads": 12, "intermediate_size": 1536},
-    "bert-base": {"model_type": "bert"},
-    "bert-large": {"model_type": "bert", "hidden_size": 1024, "num_hidden_layers": 24,
-                   "num_attention_heads": 16, "intermediate_size": 4096},
-    "distilbert-base": {"model_type": "distilbert"},
-}
 
 # Hub ids that a pip package ships for offline use; used instead of the Hub when installed.
 OFFLINE_ALIASES = ("sentence-transformers/all-minilm-l6-v2", "all-minilm-l6-v2")
@@ -34,7 +23,9 @@ LEGACY_HUB_IDS = frozenset({
 })  # presets use BERT's uncased vocabulary
 
 _DROPOUT_KEYS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout",
-                 "dropout", "attention_dropout", "seq_classif_dropout")
+                 "dropout", "attention_dropout", "seq_classif_dropout",
+                 "classifier_dropout_prob", "pooler_dropout",  # ALBERT, DeBERTa
+                 "embedding_dropout", "mlp_dropout")  # ModernBERT
 
 
 def offline_minilm_dir() -> Path | None:
@@ -89,11 +80,15 @@ def load_tokenizer(model: str, tokenizer: str | None) -> PreTrainedTokenizerBase
     """A fast tokenizer for the model."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(tokenizer_source(model, tokenizer), use_fast=True)
+    tok = AutoTokenizer.from_pretrained(tokenizer_source(model, tokenizer), use_fast=True)
+    if tok.pad_token is None and tok.eos_token is not None:  # decoders (Llama) ship none: EOS, the usual stand-in
+        tok.pad_token = tok.eos_token
+    return tok
 
 
-def build_model(model: str, num_labels: int, regression: bool, dropout: float | None) -> PreTrainedModel:
-    """A sequence classifier: a preset with random weights, or pretrained weights."""
+def build_model(model: str, num_labels: int, regression: bool, dropout: float | None,
+                pad_token_id: int | None = None) -> PreTrainedModel:
+    """A sequence classifier: a preset with random weights, or pretrained weights (`pad_token_id`: the tokenizer's)."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     source = resolve_model(model)
@@ -102,6 +97,9 @@ def build_model(model: str, num_labels: int, regression: bool, dropout: float | 
         config = AutoConfig.for_model(preset.pop("model_type"), **preset)
     else:
         config = AutoConfig.from_pretrained(source)
+        if getattr(config, "pad_token_id", None) is None:
+            # A decoder classifier pools its last token that is not padding: it must know the batches' pad id.
+            config.pad_token_id = pad_token_id
     config.num_labels = num_labels
     # Setting problem_type up front keeps the model from switching code paths on step 2.
     config.problem_type = "regression" if regression else "single_label_classification"

@@ -66,7 +66,7 @@ def setup(cfg: TrainConfig, info: RankInfo, startup: Startup | None = None) -> J
     model: torch.nn.Module
     if cfg.task == "synthetic":
         with startup.phase("model"):
-            model = build_model(cfg.model, 2, False, cfg.dropout)
+            model = build_model(cfg.model, 2, False, cfg.dropout, pad_token_id=0)  # synthetic rows pad with 0
         vocab = int(getattr(model.config, "vocab_size", 30522))
         train_data = synthetic(cfg.synthetic_samples, cfg.max_seq_len, vocab, 2, cfg.seed)
         eval_data = synthetic(max(64, cfg.synthetic_samples // 8), cfg.max_seq_len, vocab, 2, cfg.seed + 1)
@@ -90,7 +90,7 @@ def setup(cfg: TrainConfig, info: RankInfo, startup: Startup | None = None) -> J
         data = {**data_source(cfg), "train_rows": len(train_data), "eval_rows": len(eval_data), "labels": list(labels)}
         torch.manual_seed(cfg.seed)  # same classifier init whatever the tokenizer consumed
         with startup.phase("model"):
-            model = build_model(cfg.model, task.num_labels, regression, cfg.dropout)
+            model = build_model(cfg.model, task.num_labels, regression, cfg.dropout, tokenizer.pad_token_id)
     if cfg.peft == "lora":  # after the model's seeded init, so every rank draws the same adapters
         model = lora.apply(model, cfg)
     if cfg.freeze_embeddings:
