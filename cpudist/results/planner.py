@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 from cpudist.errors import BadInput
 from cpudist.results.schema import RunResult
-from cpudist.results.select import by_start, find_run
+from cpudist.results.select import by_start, find_run, peft_label
 from cpudist.strategies import GATHER_SCATTER, SyncSpec, from_record
 from cpudist.traffic import buckets, expected_traffic, ring_factor
 
@@ -105,7 +105,8 @@ def baseline_of(r: RunResult) -> Baseline:
 def same_job(a: RunResult, b: RunResult) -> bool:
     """Runs of one job: the same task, model, precision and work per rank (the ranks and the sync may differ)."""
     def key(r: RunResult) -> tuple[object, ...]:
-        return r.task, r.model, r.precision, r.per_rank_batch_size, r.grad_accum, r.max_seq_len, r.freeze_embeddings
+        return (r.task, r.model, r.precision, r.per_rank_batch_size, r.grad_accum, r.max_seq_len, r.freeze_embeddings,
+                peft_label(r))
     return key(a) == key(b)
 
 

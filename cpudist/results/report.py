@@ -17,7 +17,7 @@ from rich.filesize import decimal
 
 from cpudist.results.checks import CHECK, likely_cause
 from cpudist.results.schema import RunResult
-from cpudist.results.select import by_start, run_name
+from cpudist.results.select import by_start, peft_label, run_name
 
 COLUMNS = ("nodes", "ranks", "ppn", "batch/rank", "global batch", "metric", "train time (s)", "samples/s",
            "samples/s/rank", "speedup", "efficiency", "$/run", "n", "speedup range", "run", "started (UTC)")
@@ -128,7 +128,8 @@ def group_parts(r: RunResult) -> tuple[str, ...]:
     length = f"{r.max_steps} steps" if r.max_steps is not None else f"{r.epochs:g} epochs"
     scaled = (f"lr-scaling={r.lr_scaling}",) if r.lr_scaling != "none" else ()
     frozen = ("frozen-embeddings",) if r.freeze_embeddings else ()  # another model's bytes and steps
-    return (r.task, r.model, r.precision, r.backend, f"sync={r.sync}", *frozen, *scaled,
+    adapters = (peft_label(r),) if r.peft else ()  # LoRA trains and sends other bytes than a full fine-tune
+    return (r.task, r.model, r.precision, r.backend, f"sync={r.sync}", *frozen, *adapters, *scaled,
             f"batch/rank={r.per_rank_batch_size}x{r.grad_accum}", f"seq={r.max_seq_len}", length)
 
 

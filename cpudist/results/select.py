@@ -16,6 +16,14 @@ AGO = re.compile(r"^(\d+)([dhm])$")  # --since 7d, 12h, 30m
 UNITS = {"d": "days", "h": "hours", "m": "minutes"}
 
 
+def peft_label(r: RunResult) -> str:
+    """'lora r=8 q,v' for a LoRA run ('' for a full fine-tune): its adapters decide its work and its bytes."""
+    if not r.peft:
+        return ""
+    targets = ",".join(str(t) for t in r.peft.get("targets", ()))
+    return f"lora r={r.peft.get('r')}" + (f" {targets}" if targets else "")
+
+
 def run_name(r: RunResult) -> str:
     """The run's id; results written before runs had ids go by their folder's name."""
     return r.run_id or (Path(r.run_dir).name if r.run_dir else "")

@@ -179,3 +179,20 @@ def test_report_cli_filters_and_names_its_baseline(tmp_path: Path) -> None:
                           (["--last", "0"], "Invalid value for '--last'")):
         bad = CliRunner().invoke(cli, ["report", str(ledger), *args])
         assert bad.exit_code == 2 and message in bad.output, bad.output
+
+
+def test_lora_runs_are_their_own_group_and_plan_never_bases_a_full_fine_tune_on_one() -> None:
+    from cpudist.results.planner import pick_baseline, same_job
+
+    lora = {"method": "lora", "r": 8, "targets": ["query", "value"]}
+    full, adapters = at(0, sps=10.0), at(1, sps=40.0, peft=lora)
+    full4, adapters4 = at(2, nodes=4, sps=30.0), at(3, nodes=4, sps=150.0, peft=lora)
+    rows = scaling_rows([full, adapters, full4, adapters4])
+    groups = {r.group for r in rows}
+    assert len(groups) == 2 and any("lora r=8 query,value" in g for g in groups)
+    speedups = {(("lora" in r.group), r.nodes): r.speedup for r in rows}
+    assert speedups[(False, 4)] == pytest.approx(3.0) and speedups[(True, 4)] == pytest.approx(150 / 40)
+    assert not same_job(full, adapters) and same_job(adapters, adapters4)
+    assert not same_job(adapters, at(4, peft={**lora, "r": 16}))
+    base, _ = pick_baseline([full, adapters])  # the newest 1-node run's job: LoRA's
+    assert base.run_id == adapters.run_id
