@@ -7,6 +7,7 @@ import json
 import shlex
 import sys
 from dataclasses import fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -19,7 +20,7 @@ from cpudist.cli.run_options import SECTIONS, run_options
 from cpudist.cli.slurm_options import to_slurm_options
 from cpudist.config import TrainConfig, check_save
 from cpudist.cpu import read_cpu
-from cpudist.errors import Interrupted, JobFailed, Preempted
+from cpudist.errors import BadInput, Interrupted, JobFailed, Preempted
 from cpudist.interrupts import signals_interrupt
 from cpudist.launch.env import redact_env_args
 from cpudist.results.schema import RunResult
@@ -36,13 +37,13 @@ from cpudist.strategies import check_sync
 from cpudist.train import lora
 
 if TYPE_CHECKING:
-    from cpudist.run.where import Route
+    from cpudist.run.where import Route, Where
 
 # run's options that are not TrainConfig fields, by what they feed
 LAUNCH = {"np_", "ppn", "nodes", "launcher", "mpirun", "ssh", "iface", "allocator", "openmp", "env_pairs",
           "oversubscribe", "timeout", "partition", "time_limit", "account", "exclusive", "sbatch_args"}
 ROUTE = {"hostfile", "cluster_name", "head_addr", "user", "identity", "remote_python", "stage_code", "on_preemption",
-         "fetch_model"}
+         "fetch_model", "detach"}
 OUTPUT = {"output_dir", "ledger", "fmt", "quiet", "dry_run"}
 
 
@@ -80,6 +81,16 @@ def _route(opts: dict[str, Any]) -> Route:
                  opts["remote_python"], opts["stage_code"], opts["on_preemption"])
 
 
+def _check_detach(where: Where) -> None:
+    """--detach's rules: a run from outside the cluster, without --on-preemption resume."""
+    if where.head is None:
+        raise BadInput("--detach is for runs on a cluster from outside it (--cluster or --head): a run here or from "
+                       "a hostfile is this process", "Start it under nohup, tmux or screen instead")
+    if where.recover:
+        raise BadInput("--detach and --on-preemption resume do not go together (the laptop replaces lost nodes)",
+                       "Drop one of them")
+
+
 def say(line: str) -> None:
     click.echo(f"[cpudist] {line}", err=True)
 
@@ -114,6 +125,9 @@ def run(ctx: click.Context, **opts: Any) -> None:
     where = where_for(route, launch.nodes, ppn is not None, launch.launcher)
     if where.head is not None and opts["fetch_model"] == "no":
         where = dataclasses.replace(where, head=dataclasses.replace(where.head, fetch_model=False))
+    if opts["detach"]:
+        _check_detach(where)
+        where = dataclasses.replace(where, detach=True)
     request = RunRequest(cfg, launch, str(where.hostfile) if where.hostfile and where.head is None else None,
                          shlex.join(["cpudist", *redact_env_args(sys.argv[1:])]))  # run.json, the card
     with signals_interrupt():
@@ -131,4 +145,12 @@ def run(ctx: click.Context, **opts: Any) -> None:
             raise
         finally:
             view.close()
+    if result is None:  # --detach
+        from cpudist.run.identity import read_run
+
+        info = read_run(Path(request.train.output_dir))
+        run_id = info.id if info is not None else request.train.output_dir
+        click.echo(f"detached: run {run_id} goes on on its head; follow it (and bring its result home): "
+                   f"cpudist logs -f {run_id}; stop it: cpudist stop {run_id}")
+        return
     click.echo(json.dumps(result.to_dict(), indent=2) if opts["fmt"] == "json" else summary(result))

@@ -96,6 +96,9 @@ OPTIONS: list[Callable[[Any], Any]] = [
     click.option("--fetch-model", type=click.Choice(["yes", "no"]), default="yes", show_default=True,
                  help="With --cluster or --head: bring the run's model/ home into the local run folder "
                  "(sha256-checked), or leave it in the run folder on the head."),
+    click.option("--detach", is_flag=True,
+                 help="With --cluster or --head: return once the ranks are up; the run goes on under the head's "
+                 "agent. `cpudist logs -f RUN` follows it and brings its result home, `cpudist stop RUN` stops it."),
     click.option("--launcher", "--mpi", "launcher", type=click.Choice(LAUNCHERS), default="auto", show_default=True,
                  help="auto: srun inside a Slurm allocation, else the MPI of --mpirun, else MPICH's Hydra when "
                  "installed, else torchrun. slurm: sbatch from a login node (srun inside an allocation); torchrun "
@@ -271,7 +274,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "Checkpoints and spot instances": ("checkpoint_every", "checkpoint_every_min", "checkpoint_dir",
                                        "keep_checkpoints", "checkpoint_s3", "resume", "imds", "on_preemption"),
     "From outside the cluster (AWS cluster or on-prem head)": ("cluster_name", "head_addr", "user", "identity",
-                                                               "remote_python", "stage_code", "fetch_model"),
+                                                               "remote_python", "stage_code", "fetch_model",
+                                                               "detach"),
     "Slurm (--launcher slurm)": ("partition", "time_limit", "account", "exclusive", "sbatch_args"),
     "Output": ("output_dir", "ledger", "fmt", "quiet", "dry_run", "config"),
 }

@@ -5,6 +5,11 @@ output and progress events from stdout. End of stdin (Ctrl-C on the laptop, or a
 stops every rank, as Ctrl-C does for a local run; so do SIGTERM and SIGHUP. A laptop that sends
 `alive` lines is watched: SILENCE_S without one means its link dropped without a word (sshd would
 notice only when TCP gives up, some 15 minutes later), and the ranks are stopped too.
+
+`python -m cpudist.run.agent --detached RUN_DIR` (`cpudist run --detach`): no laptop to watch. The request is
+RUN_DIR/agent.request.json, the output goes (by the shell that starts it) to RUN_DIR/agent.log, the agent's PID and
+start time to RUN_DIR/agent.pid (`cpudist stop` checks both before it signals), its final status line to
+RUN_DIR/agent.status. SIGINT and SIGTERM stop every rank; a hang-up stays ignored (nohup).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ STATUS = "@@cpudist-agent "
 ALIVE = "alive"  # the laptop's heartbeat line, sent every HEARTBEAT_S
 HEARTBEAT_S = 5.0
 SILENCE_S = 30.0  # no line from a laptop that sends heartbeats for this long: it is gone
+REQUEST_FILE, LOG_FILE, PID_FILE, STATUS_FILE = "agent.request.json", "agent.log", "agent.pid", "agent.status"
 
 
 def status_line(**fields: Any) -> str:
@@ -75,10 +81,17 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def execute(req: RunRequest) -> int:
-    """Run the request like `cpudist run --hostfile` on this node; the exit code to leave with.
+    """Run the request like `cpudist run --hostfile` on this node, say its status line; the exit code to leave with.
 
     The result is recorded by the laptop (run/outcome.record), with what only this side knows from the status.
     """
+    status = outcome_of(req)
+    _say(status_line(**status))
+    return int(status["exit_code"])
+
+
+def outcome_of(req: RunRequest) -> dict[str, Any]:
+    """The run's status (the fields of the agent's status line)."""
     from cpudist.launch.kinds import plan
     from cpudist.run.local import execute as execute_here
     from cpudist.run.prepare import prepare
@@ -88,16 +101,35 @@ def execute(req: RunRequest) -> int:
         known = execute_here(spec, plan(spec), Callbacks(lambda e: _say(events.MARKER + json.dumps(e)), _say),
                              req.launch.timeout_s)
     except CpudistError as e:
-        _say(status_line(status="error", exit_code=e.exit_code, message=e.message))
-        return e.exit_code
+        return {"status": "error", "exit_code": e.exit_code, "message": e.message}
     except KeyboardInterrupt:
-        _say(status_line(status="error", exit_code=1, message="interrupted before the ranks started"))
-        return 1
-    _say(status_line(status="ok", output_dir=req.train.output_dir, known=known))
-    return 0
+        return {"status": "error", "exit_code": 1, "message": "interrupted before the ranks started"}
+    return {"status": "ok", "exit_code": 0, "output_dir": req.train.output_dir, "known": known}
+
+
+def detached(run_dir: str) -> int:
+    """The agent of a detached run: request from, pid and status to files in `run_dir` (see the module's doc)."""
+    from pathlib import Path
+
+    from cpudist.run.process import this_process
+    from cpudist.state import write_atomic
+
+    folder = Path(run_dir)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job of sh starts with SIGINT ignored
+    signal.signal(signal.SIGTERM, _interrupt)
+    me = this_process()
+    write_atomic(folder / PID_FILE, json.dumps({"pid": me.pid, "start": me.start, "host": me.host}) + "\n")
+    status: dict[str, Any] = {"status": "error", "exit_code": 1, "message": "the agent ended without a status"}
+    try:
+        status = outcome_of(RunRequest.from_json((folder / REQUEST_FILE).read_text()))
+    finally:
+        write_atomic(folder / STATUS_FILE, status_line(**status) + "\n")
+    return int(status["exit_code"])
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--detached"]:
+        sys.exit(detached(sys.argv[2]))
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
     req = RunRequest.from_json(sys.stdin.readline())

@@ -59,6 +59,7 @@ class RunInfo:
     pid: int = 0  # the launching `cpudist run` process (`cpudist stop` signals it), on host, started at pid_start
     host: str = ""
     pid_start: int = 0  # its start in clock ticks after boot (run/process.py): a reused PID never matches
+    detached: dict[str, Any] = field(default_factory=dict)  # `run --detach`: its head and agent (run/detach.py)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

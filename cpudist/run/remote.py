@@ -14,13 +14,14 @@ import shlex
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import cpudist
 from cpudist import state
 from cpudist.config import TrainConfig
-from cpudist.errors import BadInput, CpudistError, JobFailed, Preempted
+from cpudist.errors import BadInput, CpudistError, Interrupted, JobFailed, Preempted
 from cpudist.hostfile import Host, render_hostfile
 from cpudist.results.card import MODEL_DIR
 from cpudist.results.schema import RunResult
@@ -158,61 +159,117 @@ def _stage_code(head: Remote, python: str, stager: Stager, mode: str, wheels: Pa
     return site
 
 
-def run(request: RunRequest, head_spec: Head, ledger_path: Path, cb: Callbacks, extra: dict[str, Any]) -> RunResult:
-    """The whole remote run; the result as appended to this machine's ledger."""
-    started = time.monotonic()
-    cfg, say = request.train, cb.on_line
+@dataclass(frozen=True)
+class Staged:
+    """A run made ready on the head: its inputs there, its request for the agent, the command that starts it."""
+
+    run_dir: str  # the run's folder on the head
+    job: RunRequest  # the request as the head runs it (head paths)
+    python: str
+    pythonpath: str | None  # the staged wheel's, when the nodes run this machine's cpudist
+    staging: dict[str, Any]  # result.json's staging, but for the model fetched home
+
+
+def stage_run(head: Remote, request: RunRequest, head_spec: Head, say: Any, started: float) -> Staged:
+    """Connect-side preparation of a remote run: find the head's Python, stage code and inputs, write the hostfile."""
+    cfg = request.train
     local_dir = Path(cfg.output_dir)
-    with Remote(head_spec.target, KnownHosts(head_spec.known_hosts)) as head:
-        home = head.check('printf %s "$HOME"').strip()
-        connect_s = round(time.monotonic() - started, 2)  # result.json's startup: the laptop's phases (issue 24)
-        python = _find_python(head, head_spec.python)
-        nodes = head_spec.inside[: request.launch.nodes]
-        stager = Stager(head, home, nodes[1:], say)
-        pythonpath = _stage_code(head, python, stager, head_spec.stage_code, state.wheels_dir())
-        inputs = [(name, stage.item(what, path, stage.TOKENIZER_FILES if name == "tokenizer" else ()))
-                  for name, what, path in local_inputs(cfg)]
-        stager.put([it for _, it in inputs])
-        stager.fan_out([it for _, it in inputs])
-        # One folder per run (its id): runs from folders of the same name (a sweep's nodesN) never share one.
-        run_dir = f"{home}/{state.RUNS_DIR}/{local_dir.name}-{cfg.run_id}" if cfg.run_id else \
-            f"{home}/{state.RUNS_DIR}/{local_dir.name}"
-        head.check(f"mkdir -p {shlex.quote(run_dir)} && cat > {shlex.quote(run_dir)}/hostfile.in",
-                   stdin=render_hostfile(nodes).encode())
-        moved: dict[str, Any] = {name: it.remote_path(home) for name, it in inputs}
-        env = request.launch.env + ((("PYTHONPATH", pythonpath),) if pythonpath else ())
-        job = dataclasses.replace(request.with_train(output_dir=run_dir, **moved), hostfile=f"{run_dir}/hostfile.in",
-                                  launch=dataclasses.replace(request.launch, env=env))
-        prefix = f"env PYTHONPATH={shlex.quote(pythonpath)} " if pythonpath else ""
-        # From the home folder: Hydra starts every rank in the launcher's folder, which must exist on all nodes.
-        command = f"cd && exec {prefix}{shlex.quote(python)} -m cpudist.run.agent"
-        staging_s = round(time.monotonic() - started, 1)
-        say(f"launching on {head_spec.target.host} ({len(nodes)} node(s)); staging took {staging_s}s, "
-            f"sent {stager.sent_bytes / 1e6:.1f} MB")
-        try:
-            status = follow(head, command, job, cb)
-        finally:
-            local_dir.mkdir(parents=True, exist_ok=True)
-            (local_dir / MARKER).unlink(missing_ok=True)  # an earlier part's stop
-            for name in FETCHED if not head.lost else ():  # a lost head's error is the one to show
-                if not head.fetch(f"{run_dir}/{name}", local_dir / name) and name == "result.json":
-                    (local_dir / name).unlink(missing_ok=True)  # an earlier run's, in a reused folder: not this one's
-            if cfg.report_to and not head.lost:
-                fetch_tree(head, f"{run_dir}/{TENSORBOARD_DIR}", local_dir / TENSORBOARD_DIR)
-        fetched = (fetch_model(head, f"{run_dir}/{MODEL_DIR}", local_dir / MODEL_DIR, say)
-                   if head_spec.fetch_model and status.get("status") == "ok" else {})
+    home = head.check('printf %s "$HOME"').strip()
+    connect_s = round(time.monotonic() - started, 2)  # result.json's startup: the laptop's phases (issue 24)
+    python = _find_python(head, head_spec.python)
+    nodes = head_spec.inside[: request.launch.nodes]
+    stager = Stager(head, home, nodes[1:], say)
+    pythonpath = _stage_code(head, python, stager, head_spec.stage_code, state.wheels_dir())
+    inputs = [(name, stage.item(what, path, stage.TOKENIZER_FILES if name == "tokenizer" else ()))
+              for name, what, path in local_inputs(cfg)]
+    stager.put([it for _, it in inputs])
+    stager.fan_out([it for _, it in inputs])
+    # One folder per run (its id): runs from folders of the same name (a sweep's nodesN) never share one.
+    run_dir = f"{home}/{state.RUNS_DIR}/{local_dir.name}-{cfg.run_id}" if cfg.run_id else \
+        f"{home}/{state.RUNS_DIR}/{local_dir.name}"
+    head.check(f"mkdir -p {shlex.quote(run_dir)} && cat > {shlex.quote(run_dir)}/hostfile.in",
+               stdin=render_hostfile(nodes).encode())
+    moved: dict[str, Any] = {name: it.remote_path(home) for name, it in inputs}
+    env = request.launch.env + ((("PYTHONPATH", pythonpath),) if pythonpath else ())
+    job = dataclasses.replace(request.with_train(output_dir=run_dir, **moved), hostfile=f"{run_dir}/hostfile.in",
+                              launch=dataclasses.replace(request.launch, env=env))
+    staging_s = round(time.monotonic() - started, 1)
+    say(f"launching on {head_spec.target.host} ({len(nodes)} node(s)); staging took {staging_s}s, "
+        f"sent {stager.sent_bytes / 1e6:.1f} MB")
+    staging = {"sent_to_head_bytes": stager.sent_bytes, "copies_to_nodes": stager.copies, "remote_run_dir": run_dir,
+               "head": head_spec.target.host, "code": "wheel" if pythonpath else "node's own", "seconds": staging_s,
+               "connect_s": connect_s, "stage_s": round(staging_s - connect_s, 2)}
+    return Staged(run_dir, job, python, pythonpath, staging)
+
+
+def python_words(python: str, pythonpath: str | None) -> str:
+    """The shell words that run the head's Python with the staged wheel's PYTHONPATH, if any."""
+    prefix = f"env PYTHONPATH={shlex.quote(pythonpath)} " if pythonpath else ""
+    return f"{prefix}{shlex.quote(python)}"
+
+
+def agent_command(python: str, pythonpath: str | None, args: str = "") -> str:
+    """The shell words that run the agent on the head."""
+    return f"{python_words(python, pythonpath)} -m cpudist.run.agent{args}"
+
+
+def fetch_files(head: Remote, run_dir: str, local_dir: Path, report_to: bool) -> None:
+    """Bring the run's files (result, steps, rank log, stop marker, --report-to's events) from the head."""
+    local_dir.mkdir(parents=True, exist_ok=True)
+    (local_dir / MARKER).unlink(missing_ok=True)  # an earlier part's stop
+    for name in FETCHED if not head.lost else ():  # a lost head's error is the one to show
+        if not head.fetch(f"{run_dir}/{name}", local_dir / name) and name == "result.json":
+            (local_dir / name).unlink(missing_ok=True)  # an earlier run's, in a reused folder: not this one's
+    if report_to and not head.lost:
+        fetch_tree(head, f"{run_dir}/{TENSORBOARD_DIR}", local_dir / TENSORBOARD_DIR)
+
+
+@dataclass(frozen=True)
+class Landing:
+    """What the end of a remote run needs to bring it home and record it (a detached run keeps it in run.json)."""
+
+    run_dir: str  # on the head
+    local_dir: Path
+    fetch_model: bool
+    staging: dict[str, Any]
+    ledger: Path
+    extra: dict[str, Any]
+
+
+def conclude(head: Remote, landing: Landing, status: dict[str, Any], say: Any) -> RunResult:
+    """After fetch_files: the model home (when asked and the run went well), the agent's error as ours, or the run
+    recorded in the run folder and the ledger."""
+    local_dir = landing.local_dir
+    fetched = (fetch_model(head, f"{landing.run_dir}/{MODEL_DIR}", local_dir / MODEL_DIR, say)
+               if landing.fetch_model and status.get("status") == "ok" else {})
     stop = read_stop(local_dir)
     if status.get("exit_code") == Preempted.exit_code and stop is not None:
         raise Preempted(stop.said(" on the head"),
                         f"Resume: the same command with --resume auto --output-dir {local_dir}, or add "
                         "--on-preemption resume to replace lost nodes and go on by itself")
+    if status.get("exit_code") == Interrupted.exit_code:
+        raise Interrupted(f"on the head node: {status.get('message', 'interrupted')}",
+                          "Re-run the command to start over")
     if status.get("status") != "ok":
         cls = BadInput if status.get("exit_code") == 2 else JobFailed
         raise cls(f"on the head node: {status.get('message', 'the job failed')}")
-    staging = {"sent_to_head_bytes": stager.sent_bytes, "copies_to_nodes": stager.copies, "remote_run_dir": run_dir,
-               "head": head_spec.target.host, "code": "wheel" if pythonpath else "node's own", "seconds": staging_s,
-               "connect_s": connect_s, "stage_s": round(staging_s - connect_s, 2),
-               **({"model": fetched} if fetched else {})}
+    staging = {**landing.staging, **({"model": fetched} if fetched else {})}
     home_model = {"model_dir": str((local_dir / MODEL_DIR).resolve())} if fetched else {}
-    return record(local_dir, ledger_path, {**status.get("known", {}), "run_dir": str(local_dir), "staging": staging,
-                                           **home_model, **extra})
+    return record(local_dir, landing.ledger, {**status.get("known", {}), "run_dir": str(local_dir),
+                                              "staging": staging, **home_model, **landing.extra})
+
+
+def run(request: RunRequest, head_spec: Head, ledger_path: Path, cb: Callbacks, extra: dict[str, Any]) -> RunResult:
+    """The whole remote run; the result as appended to this machine's ledger."""
+    started = time.monotonic()
+    local_dir = Path(request.train.output_dir)
+    with Remote(head_spec.target, KnownHosts(head_spec.known_hosts)) as head:
+        staged = stage_run(head, request, head_spec, cb.on_line, started)
+        # From the home folder: Hydra starts every rank in the launcher's folder, which must exist on all nodes.
+        command = f"cd && exec {agent_command(staged.python, staged.pythonpath)}"
+        try:
+            status = follow(head, command, staged.job, cb)
+        finally:
+            fetch_files(head, staged.run_dir, local_dir, bool(request.train.report_to))
+        landing = Landing(staged.run_dir, local_dir, head_spec.fetch_model, staged.staging, ledger_path, extra)
+        return conclude(head, landing, status, cb.on_line)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from cpudist import state
 from cpudist.errors import Interrupted, Preempted
@@ -27,9 +28,9 @@ from cpudist.run.request import Callbacks, RunRequest, batch_note
 from cpudist.run.where import Head, Where
 
 
-def start(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> RunResult:
+def start(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> RunResult | None:
     """Run it wherever it goes (with its id, run/identity.py), and record the result in its run folder and the
-    ledger; run.json follows its state."""
+    ledger; run.json follows its state. None: detached (--detach), the run goes on on its head."""
     check_ledger(ledger)  # before training: a result that cannot reach the ledger would be lost
     make_output_dir(Path(request.train.output_dir))
     request = dataclasses.replace(request, train=identity.assign(request.train))
@@ -40,6 +41,9 @@ def start(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> Run
         check_layout(request.launch.np, request.launch.ppn, where.head.inside, request.launch.oversubscribe)
         if note:
             cb.note(note)
+        if where.detach:
+            _detached(request, where, ledger, cb, extra)
+            return None
         return _tracked(request, _where_name(request, where),
                         lambda: recovery.run_remote(request, where, ledger, cb, extra))
     spec = prepare(request)  # refuses a fresh run into another run's checkpoints before run.json is touched
@@ -49,6 +53,22 @@ def start(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> Run
     out = Path(request.train.output_dir)
     return _tracked(request, _where_name(request, where), lambda: record(
         out, ledger, {**local.execute(spec, launch, cb, request.launch.timeout_s), **extra}))
+
+
+def _detached(request: RunRequest, where: Where, ledger: Path, cb: Callbacks, extra: dict[str, Any]) -> None:
+    """--detach: run.json says running (with the head's agent in it) once the ranks are up; failed if they do not
+    start."""
+    from cpudist.run import detach
+
+    assert where.head is not None
+    out = Path(request.train.output_dir)
+    identity.begin(request.train, _where_name(request, where), request.command)
+    try:
+        detach.start(request, where.head, ledger, cb, extra)
+    except BaseException as e:
+        identity.mark(out, "interrupted" if isinstance(e, KeyboardInterrupt | Interrupted) else "failed",
+                      message=getattr(e, "message", None) or str(e) or type(e).__name__)
+        raise
 
 
 def _where_name(request: RunRequest, where: Where) -> str:
@@ -63,8 +83,12 @@ def _where_name(request: RunRequest, where: Where) -> str:
 
 def _tracked(request: RunRequest, where: str, run: Callable[[], RunResult]) -> RunResult:
     """Run `run` with run.json saying running, then finished, preempted, interrupted or failed."""
-    out = Path(request.train.output_dir)
     identity.begin(request.train, where, request.command)
+    return settle(Path(request.train.output_dir), run)
+
+
+def settle(out: Path, run: Callable[[], RunResult]) -> RunResult:
+    """Run `run` (a run's end: all of it, or a detached run's landing), then record in run.json how it ended."""
     try:
         result = run()
     except Preempted as e:
@@ -91,7 +115,7 @@ def describe(request: RunRequest, where: Where) -> str:
     """What `start` would do, as text to print (`--dry-run`): nothing is written, started or connected to."""
     if where.head is not None:
         check_layout(request.launch.np, request.launch.ppn, where.head.inside, request.launch.oversubscribe)
-        return _describe_remote(request, where.head)
+        return _describe_remote(request, where.head, where.detach)
     spec = redacted(prepare(request, dry_run=True))  # --env values shown as ***
     launch = plan(spec)
     if launch.script is not None:
@@ -105,7 +129,7 @@ def describe(request: RunRequest, where: Where) -> str:
     return "\n".join([*lines, "# command", launch.shell()]) + "\n"
 
 
-def _describe_remote(request: RunRequest, head: Head) -> str:
+def _describe_remote(request: RunRequest, head: Head, detach: bool = False) -> str:
     nodes = head.inside[: request.launch.nodes]
     hidden = dataclasses.replace(request.launch, env=redact_pairs(request.launch.env))
     shown = dataclasses.replace(request, launch=hidden)
@@ -116,6 +140,8 @@ def _describe_remote(request: RunRequest, head: Head) -> str:
     lines += [f"# stage {what} ({name}) {path} -> ~/{state.STAGE_DIR}/<sha256>/ on the head, then on {others}"
               for name, what, path in local_inputs(request.train)]
     lines += [f"# nodes (as they reach each other): {' '.join(h.name for h in nodes)}",
-              "# on the head: python -m cpudist.run.agent, with this request on stdin (--env values shown as ***)",
-              shown.to_json()]
+              "# on the head: python -m cpudist.run.agent, with this request on stdin (--env values shown as ***)"
+              if not detach else "# --detach: on the head, setsid nohup python -m cpudist.run.agent --detached "
+              "<run dir>, this request in <run dir>/agent.request.json (--env values shown as ***); this command "
+              "returns once the ranks are up", shown.to_json()]
     return "\n".join(lines) + "\n"

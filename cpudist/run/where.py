@@ -53,6 +53,7 @@ class Where:
     cluster: str | None = None
     usd_per_hour: float | None = None
     recover: bool = False  # --on-preemption resume: replace reclaimed nodes with `cluster up` and go on
+    detach: bool = False  # --detach: return once the ranks are up, the agent on the head goes on (run/detach.py)
 
     @property
     def kind(self) -> str:
