@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -13,6 +13,7 @@ from cpudist.errors import BadInput
 from cpudist.results.ledger import read_ledger
 
 if TYPE_CHECKING:
+    from cpudist.run.identity import RunInfo
     from cpudist.run.listing import RunRow
 
 
@@ -27,6 +28,32 @@ def run_arg(text: str) -> RunRow:
 def _emit(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
+
+
+def _attach(ctx: click.Context, info: RunInfo) -> None:
+    """`logs -f` of a detached run: its head's log until it ends, then its files home and the run recorded."""
+    from cpudist.errors import CpudistError
+    from cpudist.run.attach import attach
+    from cpudist.run.identity import read_run
+    from cpudist.run.request import Callbacks
+    from cpudist.run.runlog import event_text
+
+    def on_event(event: dict[str, Any]) -> None:
+        text = event_text(event)
+        if text is not None:
+            _emit(f"[cpudist] {text}\n")
+
+    try:
+        attach(info, Callbacks(on_event, lambda line: _emit(line + "\n"), lambda line: _emit(f"[cpudist] {line}\n")))
+    except KeyboardInterrupt:
+        ctx.exit(130)  # following stopped, the run goes on
+    except CpudistError as e:
+        now = read_run(Path(info.run_dir))
+        if now is None or now.state == "running":
+            raise  # not the run's end: following it failed
+        click.echo(f"[cpudist] run {info.id} is {now.state}: {e.what}", err=True)
+        return
+    click.echo(f"[cpudist] run {info.id} is finished: {Path(info.run_dir) / 'result.json'}", err=True)
 
 
 @click.command()
@@ -54,6 +81,10 @@ def logs(ctx: click.Context, run: str, follow: bool, from_head: bool, user: str 
     if not row.run_dir or not run_dir.is_dir():
         raise BadInput(f"run {row.id}'s folder {row.run_dir or '(none recorded)'} is not on this machine",
                        "Give the run's folder where it is")
+    attached = read_run(run_dir) if follow and not from_head else None
+    if attached is not None and attached.detached and attached.state == "running":
+        _attach(ctx, attached)
+        return
     info = read_run(run_dir) if from_head else None
     if from_head and info is None:
         raise BadInput(f"run {row.id} has no run.json in {run_dir}", "`cpudist logs` without --head shows its log")

@@ -1,0 +1,51 @@
+"""Coming back to a detached run (run/detach.py) from any shell on the machine that started it.
+
+    attach(info, cb)   `cpudist logs -f RUN`: the head's agent log from its start until the agent's status file
+                       appears, then the run's files and model home and the run recorded, as a remote run's end
+    stop(info)         `cpudist stop RUN`: the agent on the head interrupted (its PID and start time checked there),
+                       which stops every rank (after a checkpoint when the run checkpoints); then attach, quietly
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from cpudist.errors import BadInput
+from cpudist.results.schema import RunResult
+from cpudist.run import runlog
+from cpudist.run.detach import Detached, HeadLog, interrupt_agent
+from cpudist.run.identity import RunInfo
+from cpudist.run.remote import conclude, fetch_files
+from cpudist.run.request import Callbacks
+from cpudist.run.start import settle
+from cpudist.waits import wait_until
+
+
+def _detached(info: RunInfo) -> Detached:
+    if not info.detached:
+        raise BadInput(f"run {info.id} was not started with --detach", "`cpudist logs` shows its log")
+    return Detached.from_dict(info.detached)
+
+
+def attach(info: RunInfo, cb: Callbacks, interval_s: float = 1.0, stop_first: bool = False,
+           timeout_s: float = math.inf) -> RunResult:
+    """Follow the detached run to its end (the agent's status file), bring it home and record it: run.json says
+    finished, failed, interrupted or preempted, the ledger has it when it finished. With `stop_first`, interrupt
+    the agent before following."""
+    d = _detached(info)
+    out = Path(info.run_dir)
+    cb = runlog.tee(cb, out, info.id)
+
+    with d.connect() as head:
+        if stop_first and not interrupt_agent(head, d):
+            cb.note(f"the agent (PID {d.agent_pid}) on {d.host} is gone already: bringing home what it left")
+        log = HeadLog(head, d.run_dir, cb)
+        # Ctrl-C while following ends the following only: run.json still says running
+        status = wait_until(log.poll, f"the end of run {info.id} on {d.host}", timeout_s, interval_s)
+
+        def land() -> RunResult:
+            fetch_files(head, d.run_dir, out, d.report_to)
+            return conclude(head, d.landing(out), status, cb.on_line)
+
+        return settle(out, land)
