@@ -84,6 +84,9 @@ def stoppable(row: RunRow) -> RunInfo:
 
 def stop(row: RunRow, wait_s: float = STOP_WAIT_S, interval_s: float = 1.0) -> Stopped:
     """Interrupt the run's launching process and wait (at most `wait_s`) for run.json to leave running."""
+    detached = read_run(Path(row.run_dir)) if row.run_dir else None
+    if detached is not None and detached.detached and detached.state == "running":
+        return _stop_detached(detached, wait_s)
     info = stoppable(row)
     out = Path(info.run_dir)
     proc = Proc(info.pid, info.host, info.pid_start)
@@ -109,3 +112,19 @@ def stop(row: RunRow, wait_s: float = STOP_WAIT_S, interval_s: float = 1.0) -> S
         raise JobFailed(f"run {row.id}'s process {info.pid} ended without recording how (run.json says running)",
                         f"`cpudist logs {row.id}` shows its last lines; its checkpoints are in {out}")
     return Stopped(final, read_stop(out))
+
+
+def _stop_detached(info: RunInfo, wait_s: float) -> Stopped:
+    """A `run --detach`'s agent interrupted on its head; its end brought home and recorded as `logs -f` does."""
+    from cpudist.errors import CpudistError
+    from cpudist.run.attach import attach
+    from cpudist.run.request import Callbacks
+
+    out = Path(info.run_dir)
+    try:
+        attach(info, Callbacks(lambda event: None, lambda line: None), stop_first=True, timeout_s=wait_s)
+    except CpudistError:
+        now = read_run(out)
+        if now is None or now.state == "running":
+            raise
+    return Stopped(read_run(out) or info, read_stop(out))

@@ -249,3 +249,50 @@ def test_tensorboard_event_files_come_home(site: World) -> None:
     assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3]
     assert [e.step for e in events.Scalars("eval/accuracy")] == [3]
     assert wait_no_leftovers(site) == []
+
+
+def _runs(w: World) -> dict[str, str]:
+    """`cpudist runs --json` on the laptop, from another process: id -> state."""
+    r = w.operator_run([*CPUDIST, "runs", "--json"], timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return {row["id"]: row["state"] for row in json.loads(r.stdout)}
+
+
+def test_a_detached_run_is_followed_home_from_another_process_or_stopped(site: World) -> None:
+    """#22 item 5: `run --detach` returns once the ranks are up (run.json running, with the head's agent in it);
+    `logs -f` from a new process follows the head's log to the end and brings result.json and the model home (the
+    ledger has it); a second detached run, its ranks running after `run` returned, is stopped by `cpudist stop`:
+    no rank, launcher or agent is left on any host and it is listed as interrupted."""
+    r = site.operator_run(laptop_argv(site, "detached", "--max-steps", "3", "--log-every", "1",
+                                      "--max-eval-samples", "32", "--detach"), timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    info = json.loads(site.operator_path("runs/detached/run.json").read_text())
+    run_id, agent = info["id"], info["detached"]
+    assert f"cpudist logs -f {run_id}" in r.stdout and f"cpudist stop {run_id}" in r.stdout, r.stdout
+    assert agent["agent_pid"] > 0 and agent["host"] == site.hosts.public_addr(0) and agent["user"] == "root"
+    assert _runs(site)[run_id] == "running"  # until something brings it home
+    assert not site.operator_path("runs/detached/result.json").exists()
+
+    follow = site.operator_run([*CPUDIST, "logs", "-f", run_id], timeout=300)
+    assert follow.returncode == 0, follow.stdout + follow.stderr[-4000:]
+    assert "[cpudist] step 3/3" in follow.stdout and "training: 3 steps" in follow.stdout, follow.stdout[-3000:]
+    result = json.loads(site.operator_path("runs/detached/result.json").read_text())
+    assert result["run_id"] == run_id and sorted(result["nodes"]) == [site.hosts.name(0), site.hosts.name(1)]
+    assert result["model_dir"] == "/srv/cpd-operator/runs/detached/model"
+    assert site.operator_path("runs/detached/model/model.safetensors").is_file()
+    ledger = [json.loads(line) for line in site.operator_path(".cpudist/results.jsonl").read_text().splitlines()]
+    assert [e["run_id"] for e in ledger].count(run_id) == 1
+    assert _runs(site)[run_id] == "finished"
+
+    r = site.operator_run(laptop_argv(site, "detached-stop", "--max-steps", "5000", "--log-every", "1", "--no-eval",
+                                      "--detach"), timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    run_id = json.loads(site.operator_path("runs/detached-stop/run.json").read_text())["id"]
+    ranks = [pid for i in range(site.hosts.n) for pid in site.hosts.pids(i)
+             if cmdline(pid).split()[1:3] == ["-m", "cpudist.rank"]]
+    assert len(ranks) == 2, leftovers(site)  # `run` has returned; the ranks go on
+    stop = site.operator_run([*CPUDIST, "stop", run_id], timeout=300)
+    assert stop.returncode == 0, stop.stdout + stop.stderr[-4000:]
+    assert f"run {run_id} stopped, run.json says interrupted" in stop.stdout, stop.stdout
+    assert wait_no_leftovers(site) == []
+    assert _runs(site)[run_id] == "interrupted"
