@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cpudist import events
-from cpudist.errors import JobFailed
+from cpudist.errors import Interrupted, JobFailed
 from cpudist.run.agent import LOG_FILE, PID_FILE, REQUEST_FILE, STATUS_FILE, parse_status
 from cpudist.run.identity import read_run, write_run
 from cpudist.run.remote import Landing, agent_command, python_words, stage_run
@@ -140,6 +140,10 @@ def start(request: RunRequest, head_spec: Head, ledger: Path, cb: Callbacks, ext
         try:
             status = wait_until(lambda: log.poll() or (True if log.events else None),
                                 "the ranks to start on the head", ready_wait_s, 1.0)
+        except KeyboardInterrupt:
+            interrupt_agent(head, d)
+            raise Interrupted("interrupted before the ranks were up: the agent on the head was stopped",
+                              "Re-run the command") from None
         except TimedOut:
             interrupt_agent(head, d)
             raise JobFailed(f"the ranks did not start on {target.host} within {ready_wait_s:g}s; the agent there "
