@@ -30,8 +30,10 @@ OWN_TARGETS: dict[str, tuple[str, ...]] = {
     "modernbert": ("Wqkv",), "electra": ("query", "value"), "roberta": ("query", "value"),
     "xlm-roberta": ("query", "value"), "deberta-v2": ("query_proj", "value_proj"),
 }
-# The head beyond peft's SEQ_CLS defaults (`classifier`, `score`): DistilBERT's head has two layers.
-HEADS: dict[str, tuple[str, ...]] = {"distilbert": ("pre_classifier",)}
+# The head beyond peft's SEQ_CLS defaults (`classifier`, `score`), as full fine-tuning trains it: DistilBERT's
+# pre_classifier, DeBERTa's pooler (not in its checkpoints: new weights), ModernBERT's prediction head.
+HEADS: dict[str, tuple[str, ...]] = {"distilbert": ("pre_classifier",), "deberta-v2": ("pooler",),
+                                     "modernbert": ("head",)}
 DEFAULTS = {"lora_r": 8, "lora_alpha": 16.0, "lora_dropout": 0.1, "lora_targets": (), "merge_lora": False}
 SAME_RUN = ("peft", "lora_r", "lora_alpha", "lora_targets")  # a checkpoint's model holds these adapters
 

@@ -152,3 +152,40 @@ def test_plan_prices_a_lora_run_by_its_adapters_and_keeps_full_runs_apart(tmp_pa
     assert data["baseline"]["trainable_params"] == 74_498
     assert [v["run_id"] for v in data["validation"]] == ["r2x1"]  # checked against its own (full) 1-node run
     assert [v["baseline_id"] for v in data["validation"]] == ["r1x1"]
+
+
+# Each family's tiny preset: its default targets exist, and what trains is the adapters and the whole head.
+FAMILIES = {"tiny-roberta": ({"query", "value"}, {"classifier"}),
+            "tiny-xlm-roberta": ({"query", "value"}, {"classifier"}),
+            "tiny-electra": ({"query", "value"}, {"classifier"}),
+            "tiny-albert": ({"query", "value"}, {"classifier"}),
+            "tiny-distilbert": ({"q_lin", "v_lin"}, {"pre_classifier", "classifier"}),
+            "tiny-deberta-v3": ({"query_proj", "value_proj"}, {"pooler", "classifier"}),
+            "tiny-modernbert": ({"Wqkv"}, {"head", "classifier"}),
+            "tiny-llama": ({"q_proj", "v_proj"}, {"score"})}
+
+
+@pytest.mark.parametrize("preset", list(FAMILIES))
+def test_every_family_trains_its_adapters_and_head_and_merges_alike(preset: str) -> None:
+    import torch
+
+    targets, heads = FAMILIES[preset]
+    torch.manual_seed(0)
+    model = lora.apply(build_model(preset, 3, False, None, pad_token_id=0), LORA)
+    trained = _trained(model)
+    adapted = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in trained if ".lora_" in n}
+    saved = {n.split(".modules_to_save")[0].rsplit(".", 1)[-1] for n in trained if ".modules_to_save." in n}
+    assert (adapted, saved) == (targets, heads)
+    assert all(".lora_" in n or ".modules_to_save." in n for n in trained)
+    batch = {"input_ids": torch.randint(1, 100, (2, 12)), "attention_mask": torch.ones(2, 12, dtype=torch.long)}
+    model.train()
+    model(**batch, labels=torch.tensor([0, 2])).loss.backward()
+    grads = {n for n, p in model.named_parameters() if p.grad is not None}
+    assert grads == set(trained)  # nothing frozen gets a gradient, so nothing frozen is exchanged
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if ".lora_B." in n:
+                p.normal_()  # B starts at zero: make the adapters matter before merging
+        before = model.eval()(**batch).logits
+        after = model.merge_and_unload()(**batch).logits
+    torch.testing.assert_close(after, before, atol=1e-4, rtol=1e-4)
