@@ -236,3 +236,22 @@ def test_hub_decoder_without_pad_gets_the_tokenizers(tmp_path: Path) -> None:
     tok.save_pretrained(tmp_path)
     assert load_tokenizer(str(tmp_path), None).pad_token == "[SEP]"
     assert build_model(str(tmp_path), 2, False, None, pad_token_id=102).config.pad_token_id == 102
+
+
+# Parameters of the encoder (no head), in millions, as the checkpoints' model cards give them.
+REAL_SIZES = {"minilm-l6": 22.7, "bert-base": 110, "bert-large": 335, "distilbert-base": 66, "modernbert-base": 149,
+              "modernbert-large": 395, "deberta-v3-base": 184}
+
+
+@pytest.mark.parametrize(("name", "millions"), REAL_SIZES.items())
+def test_real_size_presets_have_their_checkpoints_shape(name: str, millions: float) -> None:
+    """Built on the meta device (no memory, no init): a wrong width, depth or vocabulary changes the count."""
+    from transformers import AutoConfig, AutoModel
+
+    from cpudist.train.presets import PRETRAINED
+
+    assert name in PRETRAINED  # the Hub id whose pretrained weights this shape is
+    preset = dict(PRESETS[name])
+    with torch.device("meta"):
+        model = AutoModel.from_config(AutoConfig.for_model(preset.pop("model_type"), **preset))
+    assert sum(p.numel() for p in model.parameters()) / 1e6 == pytest.approx(millions, rel=0.01)
