@@ -12,6 +12,7 @@ A preset's base weights are random and saved nowhere else, so its model is alway
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -99,7 +100,9 @@ def apply(model: torch.nn.Module, cfg: Any) -> torch.nn.Module:
                         lora_dropout=cfg.lora_dropout, target_modules=list(targets),
                         modules_to_save=list(HEADS.get(model_type, ())) or None)
     try:
-        peft_model = get_peft_model(model, config)
+        with warnings.catch_warnings():  # peft 0.21 asks transformers 5 the deprecated name on every rank
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+            peft_model = get_peft_model(model, config)
     except ValueError as e:  # peft: "Target modules {...} not found in the base model"
         raise BadInput(f"--peft lora: {e}", "Give --lora-targets names of Linear modules of this model") from e
     return peft_model
