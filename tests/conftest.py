@@ -40,6 +40,23 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(2, min(4, (os.cpu_count() or 1) + 1))
 
 
+# The longest files first (their tests' summed durations in a full run, longest first; a file not listed keeps its
+# place after them), so that with several workers no long file starts last and runs on alone. Each worker takes
+# whole files in this order.
+LONGEST_FIRST = (
+    "test_run_local.py", "test_sync.py", "test_remote_onprem.py", "test_aws_e2e.py", "test_cluster.py",
+    "test_resume_exact.py", "test_resume.py", "test_run_identity.py", "test_learning.py", "test_architectures_run.py",
+    "test_lora.py", "test_predict.py", "test_sync_traffic.py", "test_predict_run.py", "test_torchrun_hosts.py",
+    "test_aws.py", "test_slurm.py", "test_model_save.py", "test_local_sgd_moments.py", "test_spot.py",
+    "test_launch_script_hosts.py", "test_launch_trainer.py", "test_sweep.py", "test_launch_script.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    place = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: place.get(item.path.name, len(LONGEST_FIRST)))  # stable: a file's order is kept
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():

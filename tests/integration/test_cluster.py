@@ -146,7 +146,7 @@ def test_killed_rank_on_a_remote_host_ends_the_job(ready: NetnsCluster, shared_d
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         steps = out / "steps.jsonl"
-        wait_for(lambda: (steps.exists() and steps.stat().st_size) or proc.poll() is not None, 120,
+        wait_for(lambda: (steps.exists() and steps.stat().st_size) or proc.poll() is not None, 300,
                  "training to start")
         assert proc.poll() is None, output_of(proc)
         victims = [p for p in ready.pids(2) if "cpudist.rank" in cmdline(p) and "hydra" not in cmdline(p)]

@@ -25,7 +25,7 @@ def test_logs_follows_a_run_that_stop_ends_with_its_checkpoint(shared_data: Path
     run = subprocess.Popen([*CPUDIST, *args], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=run_err, text=True)
     follow: subprocess.Popen[str] | None = None
     try:
-        wait_for(lambda: (out / "run.json").is_file() or run.poll() is not None, 120, "the run's run.json")
+        wait_for(lambda: (out / "run.json").is_file() or run.poll() is not None, 300, "the run's run.json")
         assert run.poll() is None, (tmp_path / "run.err").read_text()[-3000:]
         run_id = json.loads((out / "run.json").read_text())["id"]
         follow = subprocess.Popen([*CPUDIST, "logs", "-f", run_id[:17]], cwd=tmp_path, stdout=subprocess.PIPE,

@@ -222,7 +222,7 @@ def test_killed_rank_ends_the_job(shared_data: Path, tmp_path: Path) -> None:
                              "--output-dir", str(tmp_path / "kill")], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=os.environ.copy())
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300
         steps = tmp_path / "kill" / "steps.jsonl"
         while not steps.exists() or not steps.stat().st_size:
             assert time.monotonic() < deadline and proc.poll() is None, "training never started"
