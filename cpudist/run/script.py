@@ -35,7 +35,7 @@ from cpudist.run.prepare import check_env, check_ledger, make_output_dir, resolv
 from cpudist.run.request import Callbacks, RunRequest, default_output_dir
 from cpudist.run.script_rank import EVENT
 from cpudist.run.script_result import TASK, Ranks, build, read_metrics, script_label
-from cpudist.run.start import _tracked, _where_name
+from cpudist.run.start import tracked, where_name
 from cpudist.run.where import Where
 
 RANK_MODULE = "cpudist.run.script_rank"
@@ -121,7 +121,7 @@ def launch_script(request: RunRequest, script: Script, where: Where, ledger: Pat
     def finish(known: dict[str, Any]) -> RunResult:
         return record(out, ledger, {**known, **extra})
 
-    return _tracked(request, _where_name(request, where), lambda: _execute(request, script, (spec, launch), cb, finish))
+    return tracked(request, where_name(request, where), lambda: _execute(request, script, (spec, launch), cb, finish))
 
 
 def _execute(request: RunRequest, script: Script, job: tuple[RunSpec, Launch], cb: Callbacks,

@@ -44,14 +44,14 @@ def start(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> Run
         if where.detach:
             _detached(request, where, ledger, cb, extra)
             return None
-        return _tracked(request, _where_name(request, where),
+        return tracked(request, where_name(request, where),
                         lambda: recovery.run_remote(request, where, ledger, cb, extra))
     spec = prepare(request)  # refuses a fresh run into another run's checkpoints before run.json is touched
     launch = plan(spec)
     if note:
         cb.note(note)
     out = Path(request.train.output_dir)
-    return _tracked(request, _where_name(request, where), lambda: record(
+    return tracked(request, where_name(request, where), lambda: record(
         out, ledger, {**local.execute(spec, launch, cb, request.launch.timeout_s), **extra}))
 
 
@@ -62,7 +62,7 @@ def _detached(request: RunRequest, where: Where, ledger: Path, cb: Callbacks, ex
 
     assert where.head is not None
     out = Path(request.train.output_dir)
-    identity.begin(request.train, _where_name(request, where), request.command)
+    identity.begin(request.train, where_name(request, where), request.command)
     try:
         detach.start(request, where.head, ledger, cb, extra)
     except BaseException as e:
@@ -71,7 +71,8 @@ def _detached(request: RunRequest, where: Where, ledger: Path, cb: Callbacks, ex
         raise
 
 
-def _where_name(request: RunRequest, where: Where) -> str:
+def where_name(request: RunRequest, where: Where) -> str:
+    """run.json's `where`: cluster:NAME, head:HOST, hostfile:PATH, slurm or here."""
     if where.cluster:
         return f"cluster:{where.cluster}"
     if where.head is not None:
@@ -81,7 +82,7 @@ def _where_name(request: RunRequest, where: Where) -> str:
     return "slurm" if request.launch.launcher == "slurm" else "here"
 
 
-def _tracked(request: RunRequest, where: str, run: Callable[[], RunResult]) -> RunResult:
+def tracked(request: RunRequest, where: str, run: Callable[[], RunResult]) -> RunResult:
     """Run `run` with run.json saying running, then finished, preempted, interrupted or failed."""
     identity.begin(request.train, where, request.command)
     return settle(Path(request.train.output_dir), run)
