@@ -7,7 +7,6 @@ checked against the sha256 the head computes of its own copy, into model.tmp/ re
 
 from __future__ import annotations
 
-import hashlib
 import shlex
 import shutil
 import time
@@ -17,14 +16,7 @@ from typing import Any
 
 from cpudist.errors import JobFailed
 from cpudist.ssh.client import Remote
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+from cpudist.train.checkpoint_meta import file_sum
 
 
 def head_sums(head: Remote, remote_dir: str) -> dict[str, str]:
@@ -53,7 +45,7 @@ def fetch_model(head: Remote, remote_dir: str, local_dir: Path, say: Callable[[s
     total = 0
     for name, digest in sums.items():
         head.fetch(f"{remote_dir}/{name}", tmp / name)
-        got = sha256_of(tmp / name)
+        got = file_sum(tmp / name).sha256
         if got != digest:
             raise JobFailed(f"model/{name} arrived from the head damaged (sha256 {got[:12]}, the head's {digest[:12]})",
                             f"The model is whole on the head in {remote_dir}; copy it again (scp -r), or re-run")

@@ -162,11 +162,9 @@ def write_meta(path: Path, meta: CheckpointMeta) -> None:
 
 def file_sum(path: Path) -> FileSum:
     """The size and sha256 of a file."""
-    h = hashlib.sha256()
     with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return FileSum(path.stat().st_size, h.hexdigest())
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    return FileSum(path.stat().st_size, digest)
 
 
 def damage(path: Path) -> str | None:

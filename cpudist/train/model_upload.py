@@ -10,23 +10,15 @@ after training.
 
 from __future__ import annotations
 
-import hashlib
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from cpudist.objects import ObjectStore, StoreError
+from cpudist.train.checkpoint_meta import file_sum
 
 SUMS = "SHA256SUMS"
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def model_prefix(run_id: str) -> str:
@@ -44,7 +36,7 @@ def upload(store: ObjectStore, model_dir: Path, run_id: str) -> dict[str, Any]:
     try:
         for path in files:
             rel = path.relative_to(model_dir).as_posix()
-            sums.append(f"{sha256_of(path)}  {rel}")
+            sums.append(f"{file_sum(path).sha256}  {rel}")
             store.put(path, f"{where}/{rel}")
         with tempfile.TemporaryDirectory() as tmp:
             listing = Path(tmp) / SUMS
