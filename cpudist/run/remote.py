@@ -109,17 +109,15 @@ class Stager:
         self.copies = 0
 
     def _missing_on_head(self, items: list[stage.StageItem]) -> list[stage.StageItem]:
-        dirs = " ".join(shlex.quote(f"{i.remote_dir(self.home)}/{stage.COMPLETE}") for i in items)
-        out = self.head.check(f"for f in {dirs}; do [ -e \"$f\" ] || echo \"$f\"; done")
-        absent = set(out.split())
-        return [i for i in items if f"{i.remote_dir(self.home)}/{stage.COMPLETE}" in absent]
+        absent = set(self.head.check(stage.missing_script(i.remote_dir(self.home) for i in items)).splitlines())
+        return [i for i in items if i.remote_dir(self.home) in absent]
 
     def put(self, items: list[stage.StageItem]) -> None:
         for it in self._missing_on_head(items):
-            data = stage.tar_bytes(it)
-            self.say(f"staging {it.what} {it.local} ({len(data) / 1e6:.1f} MB) on the head")
-            self.head.check(stage.receive_script(it.remote_dir(self.home)), stdin=data, timeout=3600)
-            self.sent_bytes += len(data)
+            self.say(f"staging {it.what} {it.local} ({it.size / 1e6:.1f} MB) on the head")
+            sent = stage.Counted(stage.tar_chunks(it))  # streamed: never the whole archive in memory
+            self.head.check(stage.receive_script(it.remote_dir(self.home)), stdin=sent, timeout=3600)
+            self.sent_bytes += sent.bytes
 
     def fan_out(self, items: list[stage.StageItem]) -> None:
         if not self.others or not items:

@@ -1,18 +1,26 @@
 """Content-addressed staging: what the ranks need, sent once to the head and fanned out from it.
 
 Every item (a data folder, a data file, a local model folder, a wheel of cpudist) lands in
-`~/.cpudist/stage/<sha256>/` on every node. The digest covers names and bytes, so a second run with
-the same inputs finds `.complete` markers everywhere and sends nothing.
+`~/.cpudist/stage/<digest>/` on every node. Its `.manifest` lists each file's sha256 (sha256sum's format) and the
+digest is the manifest's own sha256, so the folder's name vouches for every byte in it:
+
+- on arrival (the head from the laptop, each node from the head) the receiving shell checks the manifest against
+  the folder's name and every file against the manifest (`sha256sum -c`) before it marks the folder `.complete`;
+- on reuse a `.complete` marker is trusted only when the files still have the sizes, modification and change times
+  it recorded (one `find`, no reading), and items up to REHASH_MAX bytes are re-hashed as well. A truncated or
+  edited staged file fails the check (its ctime moves, whatever is done to its mtime), and the item is sent again.
+
+The laptop streams each item as a gzipped tar built file by file (tar_chunks): never the whole archive in memory.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import shlex
 import tarfile
-from collections.abc import Iterable
+import zlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +29,9 @@ from cpudist import state
 from cpudist.errors import BadInput
 
 COMPLETE = ".complete"
+MANIFEST = ".manifest"
 CHUNK = 1 << 20
+REHASH_MAX = 64 << 20  # bytes: an item this small is re-hashed on every reuse (a GLUE task: well under a second)
 # What AutoTokenizer reads from a model folder: a tokenizer alone need not drag the weights along.
 TOKENIZER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
                    "vocab.json", "merges.txt", "added_tokens.json", "spiece.model", "sentencepiece.bpe.model")
@@ -35,6 +45,8 @@ class StageItem:
     local: Path
     digest: str
     only: tuple[str, ...] = ()  # a folder's top-level files to take; empty: everything
+    manifest: str = ""  # sha256sum lines of its files, relative to the item's remote folder
+    size: int = 0  # bytes of its files
 
     @property
     def is_dir(self) -> bool:
@@ -74,33 +86,75 @@ def _check_link(f: Path) -> None:
         raise BadInput(f"{f} links to the folder {f.resolve()}: staging does not follow links to folders", copy)
 
 
-def digest_of(path: Path, only: tuple[str, ...] = ()) -> str:
-    """sha256 over relative names and contents (a folder) or name and content (a file)."""
-    h = hashlib.sha256()
+def _name(f: Path, base: Path) -> str:
+    name = f.relative_to(base).as_posix()
+    if "\n" in name or "\\" in name:  # sha256sum would escape it; no data or model folder needs such a name
+        raise BadInput(f"{f}: a file name with a newline or backslash cannot be staged", "Rename the file")
+    return name
+
+
+def manifest_of(path: Path, only: tuple[str, ...] = ()) -> tuple[str, int]:
+    """(sha256sum lines of the item's files, relative to its folder; their total size)."""
     base = path if path.is_dir() else path.parent
+    lines, total = [], 0
     for f in _files(path, only):
-        h.update(str(f.relative_to(base)).encode() + b"\0")
-        if f.is_symlink():  # an item with links gets a folder of its own: older stagings kept links (dangling)
-            h.update(b"followed link\0")
-        h.update(str(f.stat().st_size).encode() + b"\0")
+        h = hashlib.sha256()
         with f.open("rb") as fh:
             while chunk := fh.read(CHUNK):
                 h.update(chunk)
-    return h.hexdigest()
+                total += len(chunk)
+        lines.append(f"{h.hexdigest()}  {_name(f, base)}\n")
+    return "".join(lines), total
+
+
+def digest_of(path: Path, only: tuple[str, ...] = ()) -> str:
+    """sha256 of the item's manifest: it changes exactly with the relative names and contents of its files."""
+    return hashlib.sha256(manifest_of(path, only)[0].encode()).hexdigest()
 
 
 def item(what: str, path: Path, only: tuple[str, ...] = ()) -> StageItem:
-    return StageItem(what, path.resolve(), digest_of(path.resolve(), only), only)
+    text, size = manifest_of(path.resolve(), only)
+    return StageItem(what, path.resolve(), hashlib.sha256(text.encode()).hexdigest(), only, text, size)
+
+
+def _member(name: str, size: int, mtime: float) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = size, int(mtime), 0o644
+    return info.tobuf(tarfile.PAX_FORMAT)
+
+
+def _tar_blocks(it: StageItem) -> Iterator[bytes]:
+    """The item as tar blocks, one file at a time, read in CHUNKs; a file that changed since its digest was taken
+    is refused here (the head would refuse it anyway, by its digest)."""
+    manifest = (it.manifest or manifest_of(it.local, it.only)[0]).encode()
+    yield _member(MANIFEST, len(manifest), 0) + manifest + tarfile.NUL * (-len(manifest) % tarfile.BLOCKSIZE)
+    base = it.local if it.is_dir else it.local.parent
+    for f in _files(it.local, it.only):
+        st = f.stat()  # a link's target: its bytes go, never the link
+        yield _member(_name(f, base), st.st_size, st.st_mtime)
+        sent = 0
+        with f.open("rb") as fh:
+            while sent < st.st_size and (chunk := fh.read(min(CHUNK, st.st_size - sent))):
+                sent += len(chunk)
+                yield chunk
+        if sent != st.st_size or f.stat().st_size != st.st_size:
+            raise BadInput(f"{f} changed while it was being staged", "Re-run once nothing writes to it")
+        yield tarfile.NUL * (-sent % tarfile.BLOCKSIZE)
+    yield tarfile.NUL * (2 * tarfile.BLOCKSIZE)
+
+
+def tar_chunks(it: StageItem) -> Iterator[bytes]:
+    """The item as a gzipped tar, streamed: at most about a CHUNK of it in memory at a time."""
+    z = zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # 16+: a gzip stream (`tar -xz`)
+    for block in _tar_blocks(it):
+        if out := z.compress(block):
+            yield out
+    yield z.flush()
 
 
 def tar_bytes(it: StageItem) -> bytes:
-    """The item as a gzipped tar whose members are relative to the item's remote folder."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1, dereference=True) as tar:  # links as their bytes
-        base = it.local if it.is_dir else it.local.parent
-        for f in _files(it.local, it.only):
-            tar.add(str(f), arcname=str(f.relative_to(base)), recursive=False)
-    return buf.getvalue()
+    """The item as a gzipped tar in memory (small items and tests; staging streams tar_chunks)."""
+    return b"".join(tar_chunks(it))
 
 
 def code_fingerprint(root: Path | None = None) -> str:
@@ -108,22 +162,52 @@ def code_fingerprint(root: Path | None = None) -> str:
     return digest_of(root or Path(cpudist.__file__).resolve().parent)
 
 
+# Shell functions of every staging script. `listing`: size, mtime, ctime and type of each file the manifest names
+# (in the current folder), as `.complete` records them. `staged DIR`: DIR holds a complete, unaltered staging.
+CHECKS = (
+    f"listing() {{ cut -c67- {MANIFEST} | sed 's|^|./|' | xargs -r -d '\\n' "
+    f"sh -c 'find \"$@\" -maxdepth 0 -printf \"%s %T@ %C@ %y %p\\n\"' find 2>/dev/null; }}; "
+    f"verify() {{ [ \"$(sha256sum < {MANIFEST} | cut -c1-32)\" = \"$1\" ] && "
+    f"sha256sum -c --quiet --strict {MANIFEST} >/dev/null 2>&1; }}; "
+    f"staged() {{ [ -f \"$1/{COMPLETE}\" ] && [ -f \"$1/{MANIFEST}\" ] && ( cd \"$1\" && "
+    f"[ \"$(sha256sum < {MANIFEST} | cut -c1-32)\" = \"${{1##*/}}\" ] && listing | cmp -s - {COMPLETE} && "
+    f"{{ [ \"$(awk '{{s+=$1}} END {{print s+0}}' {COMPLETE})\" -gt {REHASH_MAX} ] || verify \"${{1##*/}}\"; }} ); }}")
+
+
+def check_script(remote_dir: str) -> str:
+    """Shell whose exit status is 0 when `remote_dir` holds its item, complete and unaltered (see the module doc)."""
+    return f"{CHECKS}; staged {shlex.quote(remote_dir)}"
+
+
+def missing_script(remote_dirs: Iterable[str]) -> str:
+    """Shell that prints each of `remote_dirs` that does not hold its item complete and unaltered."""
+    dirs = " ".join(shlex.quote(d) for d in remote_dirs)
+    return f"{CHECKS}; for d in {dirs}; do staged \"$d\" || echo \"$d\"; done"
+
+
 def receive_script(remote_dir: str, gzip: bool = True) -> str:
-    """Shell that unpacks a tar from stdin into `remote_dir` atomically: a temporary folder of its own, then one
-    rename(2). Runs staging the same item at once each unpack their own copy; the first rename wins, the others
-    find the folder complete (same digest, same bytes) and drop theirs; a complete folder is never removed."""
+    """Shell that unpacks a tar from stdin into `remote_dir` atomically: a temporary folder of its own, checked
+    against the folder's name (its digest, see the module doc), then one rename(2). Runs staging the same item at
+    once each unpack their own copy; the first rename wins, the others find the folder staged and drop theirs. A
+    folder that fails the check (an older cpudist's, a truncated or edited file) is replaced."""
     d = shlex.quote(remote_dir)
+    name = shlex.quote(remote_dir.rsplit("/", 1)[-1])
     parent = shlex.quote(remote_dir.rsplit("/", 1)[0] or "/")
     template = shlex.quote(remote_dir + ".part.XXXXXX")
-    return (f"set -e; mkdir -p {parent}; part=$(mktemp -d {template}); trap 'rm -rf \"$part\"' EXIT; "
-            f"chmod 755 \"$part\"; tar -x{'z' if gzip else ''}f - -C \"$part\"; touch \"$part\"/{COMPLETE}; "
-            f"mv -T \"$part\" {d} 2>/dev/null || [ -e {d}/{COMPLETE} ] || "
-            # A folder without its marker is what an older cpudist left: renamed aside, then replaced.
-            f"{{ mv -T {d} \"$part.old\"; rm -rf \"$part.old\"; mv -T \"$part\" {d}; }}")
+    bad = shlex.quote(f"cpudist: what arrived for {remote_dir} does not match its digest (damaged on the way, "
+                      "or changed while it was sent)")
+    return (f"set -e; {CHECKS}; mkdir -p {parent}; part=$(mktemp -d {template}); trap 'rm -rf \"$part\"' EXIT; "
+            f"chmod 755 \"$part\"; tar -x{'z' if gzip else ''}f - -C \"$part\"; "
+            f"( cd \"$part\" && verify {name} ) || {{ echo {bad} >&2; exit 3; }}; "
+            f"( cd \"$part\" && listing > {COMPLETE} ); "
+            f"mv -T \"$part\" {d} 2>/dev/null || staged {d} || "
+            f"{{ mv -T {d} \"$part.old\" 2>/dev/null || true; rm -rf \"$part.old\"; mv -T \"$part\" {d} 2>/dev/null "
+            f"|| staged {d}; }}")
 
 
 def fan_out_script(remote_dirs: Iterable[str], hosts: Iterable[str], ssh: str) -> str:
-    """Shell, run on the head, that copies each folder to every host lacking it, hosts in parallel.
+    """Shell, run on the head, that copies each folder to every host lacking it (or holding it altered), hosts in
+    parallel.
 
     Prints `sent HOST DIR` or `have HOST DIR` per pair, and `fail HOST DIR` when a copy failed.
     """
@@ -133,11 +217,23 @@ def fan_out_script(remote_dirs: Iterable[str], hosts: Iterable[str], ssh: str) -
         steps = []
         for remote_dir in remote_dirs:
             d = shlex.quote(remote_dir)
-            marker = shlex.quote(f"{remote_dir}/{COMPLETE}")
+            check = shlex.quote(check_script(remote_dir))
             receive = shlex.quote(receive_script(remote_dir, gzip=False))
             copy = f"tar -C {d} -cf - --exclude={COMPLETE} . | {ssh} {h} {receive}"
-            steps.append(f"if {ssh} {h} test -e {marker} </dev/null; then echo have {h} {d}; "
+            steps.append(f"if {ssh} {h} {check} </dev/null; then echo have {h} {d}; "
                          f"elif {copy}; then echo sent {h} {d}; else echo fail {h} {d}; fi")
         lines.append("( " + "; ".join(steps) + " ) &")
     lines.append("wait")
     return "\n".join(lines)
+
+
+class Counted:
+    """Chunks passed through, their bytes counted (what staging sent)."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self.chunks, self.bytes = chunks, 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self.chunks:
+            self.bytes += len(chunk)
+            yield chunk

@@ -9,7 +9,7 @@ import contextlib
 import shlex
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,8 +143,9 @@ class Remote:
         except LINK_ERRORS as e:
             raise self.lost_error(e) from None
 
-    def run(self, command: str, stdin: bytes | None = None, timeout: float = 120) -> tuple[int, str, str]:
-        """Run a shell command; returns (exit code, stdout, stderr)."""
+    def run(self, command: str, stdin: bytes | Iterable[bytes] | None = None,
+            timeout: float = 120) -> tuple[int, str, str]:
+        """Run a shell command; returns (exit code, stdout, stderr). `stdin` may be chunks, sent as they come."""
         with self._link(command.split(" &&")[0][:60], timeout):
             chan_in, out, err = self.client.exec_command(command, timeout=timeout)
             self._feed(chan_in, stdin)
@@ -154,20 +155,20 @@ class Remote:
             raise self.lost_error()
         return code, stdout, stderr
 
-    def _feed(self, chan_in: paramiko.ChannelStdinFile, data: bytes | None) -> None:
+    def _feed(self, chan_in: paramiko.ChannelStdinFile, data: bytes | Iterable[bytes] | None) -> None:
         """Write a command's stdin and close it; a command that exits before reading it all (its disk is full)
         closes the channel, and then its exit code and stderr say why, not the write."""
         channel = chan_in.channel
         try:
-            if data is not None:
-                chan_in.write(data)
+            for chunk in () if data is None else (data,) if isinstance(data, bytes) else data:
+                chan_in.write(chunk)
             if not channel.closed:
                 channel.shutdown_write()
         except OSError:
             if self.lost or not channel.closed:
                 raise
 
-    def check(self, command: str, stdin: bytes | None = None, timeout: float = 120) -> str:
+    def check(self, command: str, stdin: bytes | Iterable[bytes] | None = None, timeout: float = 120) -> str:
         """Run a command that must succeed; its stdout."""
         code, stdout, stderr = self.run(command, stdin, timeout)
         if code != 0:

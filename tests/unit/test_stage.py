@@ -38,9 +38,10 @@ def test_digest_follows_names_and_bytes(tmp_path: Path) -> None:
 def test_only_takes_the_named_files(tmp_path: Path) -> None:
     model = _tree(tmp_path / "m", {"vocab.txt": "a\n", "tokenizer.json": "{}", "model.safetensors": "W" * 1000})
     tok = stage.item("tokenizer", model, stage.TOKENIZER_FILES)
-    unpacked = tmp_path / "out"
+    unpacked = Path(tok.remote_dir(str(tmp_path)))
     subprocess.run(["sh", "-c", stage.receive_script(str(unpacked))], input=stage.tar_bytes(tok), check=True)
-    assert sorted(p.name for p in unpacked.iterdir()) == [stage.COMPLETE, "tokenizer.json", "vocab.txt"]
+    assert sorted(p.name for p in unpacked.iterdir()) == [stage.COMPLETE, stage.MANIFEST, "tokenizer.json",
+                                                           "vocab.txt"]
     (model / "model.safetensors").write_text("other weights")
     assert stage.item("tokenizer", model, stage.TOKENIZER_FILES).digest == tok.digest
 
@@ -57,14 +58,14 @@ def test_receive_unpacks_a_file_item_beside_its_marker(tmp_path: Path) -> None:
 
 def test_a_broken_stream_leaves_no_complete_folder(tmp_path: Path) -> None:
     it = stage.item("data", _tree(tmp_path / "d", {"a.txt": "a" * 10000}))
-    target = tmp_path / "home" / "x"
+    target = Path(it.remote_dir(str(tmp_path / "home")))
     p = subprocess.run(["sh", "-c", stage.receive_script(str(target))], input=stage.tar_bytes(it)[:200])
     assert p.returncode != 0 and not (target / stage.COMPLETE).exists()
 
 
 def test_fan_out_script_names_every_host_and_folder() -> None:
     script = stage.fan_out_script(["/h/.cpudist/stage/abc"], ["10.0.0.2", "10.0.0.3"], "/h/.cpudist/cluster/ssh")
-    assert script.count("/h/.cpudist/cluster/ssh 10.0.0.2 test -e") == 1
+    assert script.count("/h/.cpudist/cluster/ssh 10.0.0.2 ") == 2  # the check, then the copy
     assert script.count(") &") == 2 and script.rstrip().endswith("wait")
     assert "sent 10.0.0.3" in script and "fail 10.0.0.3" in script
 
@@ -97,17 +98,18 @@ def test_links_arrive_as_the_bytes_they_point_to(tmp_path: Path) -> None:
     (snap / "notes.txt").symlink_to(outside)
     (snap / "config.json").write_text("{}")
     it = stage.item("model", snap)
-    unpacked = tmp_path / "home" / "x"
+    unpacked = Path(it.remote_dir(str(tmp_path / "home")))
     r = _receive(stage.receive_script(str(unpacked)), stage.tar_bytes(it))
     assert r.returncode == 0, r.stderr
-    got = {p.relative_to(unpacked).as_posix(): p for p in unpacked.rglob("*") if p.name != stage.COMPLETE}
+    got = {p.relative_to(unpacked).as_posix(): p for p in unpacked.rglob("*")
+           if p.name not in (stage.COMPLETE, stage.MANIFEST)}
     assert sorted(got) == ["config.json", "model.safetensors", "notes.txt", "same.json", "sub", "sub/tokenizer.json"]
     assert not [p for p in got.values() if p.is_symlink()]
     assert got["model.safetensors"].read_text() == "weights" and got["same.json"].read_text() == '{"vocab": 1}'
     assert got["notes.txt"].read_text() == "laptop's own notes"
-    # A staging of the same names that kept links (older cpudist: dangling on the nodes) is not reused.
+    # What arrived is the snapshot's content: a copy of it with its links followed has the same digest.
     copy = _tree(tmp_path / "copy", {n: p.read_text() for n, p in got.items() if p.is_file()})
-    assert stage.digest_of(copy) != it.digest
+    assert stage.digest_of(copy) == it.digest
     tok = stage.item("tokenizer", snap, stage.TOKENIZER_FILES)  # a tokenizer's named files: links too
     assert b"weights" not in stage.tar_bytes(tok)
 
@@ -130,18 +132,78 @@ def test_two_runs_staging_one_item_at_once_both_succeed(tmp_path: Path) -> None:
     src.mkdir()
     (src / "big.bin").write_bytes(os.urandom(3 << 20))
     (src / "small.txt").write_text("x")
-    data = stage.tar_bytes(stage.item("data", src))
-    target = tmp_path / "home" / "stage" / "abc"
+    it = stage.item("data", src)
+    data = stage.tar_bytes(it)
+    target = Path(it.remote_dir(str(tmp_path / "home")))
     script = stage.receive_script(str(target))
     first = subprocess.Popen(["sh", "-c", script], stdin=subprocess.PIPE, stderr=subprocess.PIPE)
     assert first.stdin is not None
     first.stdin.write(data[:len(data) // 2])
     first.stdin.flush()
-    wait_until(lambda: True if any(p.is_file() for p in target.parent.glob("abc.part*/*")) else None,
+    wait_until(lambda: True if any(p.is_file() for p in target.parent.glob(target.name + ".part*/*")) else None,
                "the first unpack to begin", 30, 0.02)
     second = _receive(script, data)
     first.stdin.write(data[len(data) // 2:])
     first.stdin.close()
     assert first.wait(60) == 0 and second.returncode == 0, (first.stderr.read() if first.stderr else b"", second)
     assert (target / stage.COMPLETE).is_file() and (target / "big.bin").read_bytes() == (src / "big.bin").read_bytes()
-    assert sorted(p.name for p in target.parent.iterdir()) == ["abc"]  # no copy left behind
+    assert sorted(p.name for p in target.parent.iterdir()) == [target.name]  # no copy left behind
+
+
+def _staged(d: str) -> bool:
+    return subprocess.run(["sh", "-c", stage.check_script(d)]).returncode == 0
+
+
+def test_arrival_is_checked_against_the_digest(tmp_path: Path) -> None:
+    """The receiving side refuses bytes that do not match the folder's digest (damaged on the way, or a laptop file
+    changed between its digest and its sending): nothing is marked complete, the error names the folder."""
+    src = _tree(tmp_path / "d", {"train.tsv": "x\t1\n" * 1000, "dev.tsv": "y\t0\n"})
+    it = stage.item("data", src)
+    home = str(tmp_path / "home")
+    (src / "train.tsv").write_text("z\t0\n" * 1000)  # same size, other bytes, after the digest was taken
+    r = _receive(stage.receive_script(it.remote_dir(home)), stage.tar_bytes(it))
+    assert r.returncode == 3 and b"does not match its digest" in r.stderr, r
+    assert not Path(it.remote_dir(home)).exists() and not list(Path(home, ".cpudist", "stage").iterdir())
+    good = stage.item("data", src)
+    assert _receive(stage.receive_script(good.remote_dir(home)), stage.tar_bytes(good)).returncode == 0
+    assert _staged(good.remote_dir(home))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "edit-keeping-size-and-mtime", "remove", "remove-manifest"])
+def test_reuse_detects_an_altered_staging_and_staging_again_repairs_it(tmp_path: Path, damage: str) -> None:
+    """A `.complete` marker alone is not trusted: a staged file truncated, edited in place (its size and mtime put
+    back) or removed makes the folder missing (missing_script), and a new receive replaces it with the item."""
+    src = _tree(tmp_path / "d", {"train.tsv": "x\t1\n" * 1000, "sub/dev.tsv": "y\t0\n"})
+    it = stage.item("data", src)
+    d = it.remote_dir(str(tmp_path / "home"))
+    assert _receive(stage.receive_script(d), stage.tar_bytes(it)).returncode == 0
+    assert subprocess.run(["sh", "-c", stage.missing_script([d])], capture_output=True, text=True).stdout == ""
+    f = Path(d) / "train.tsv"
+    st = f.stat()
+    if damage == "truncate":
+        os.truncate(f, 10)
+    elif damage == "remove":
+        f.unlink()
+    elif damage == "remove-manifest":
+        (Path(d) / stage.MANIFEST).unlink()
+    else:
+        f.write_text("X" + f.read_text()[1:])
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert not _staged(d)
+    assert subprocess.run(["sh", "-c", stage.missing_script([d])], capture_output=True, text=True).stdout == d + "\n"
+    r = _receive(stage.receive_script(d), stage.tar_bytes(it))
+    assert r.returncode == 0, r.stderr
+    assert _staged(d) and f.read_text() == (src / "train.tsv").read_text()
+    assert sorted(p.name for p in Path(d).parent.iterdir()) == [Path(d).name]
+
+
+def test_the_archive_streams_in_chunks(tmp_path: Path) -> None:
+    """tar_chunks never holds a file whole: a 6 MiB file comes in pieces of about a CHUNK, and they unpack."""
+    src = tmp_path / "d"
+    src.mkdir()
+    (src / "big.bin").write_bytes(os.urandom(6 << 20))
+    it = stage.item("data", src)
+    chunks = list(stage.tar_chunks(it))
+    assert len(chunks) >= 6 and max(len(c) for c in chunks) <= 2 * stage.CHUNK
+    assert _receive(stage.receive_script(it.remote_dir(str(tmp_path))), b"".join(chunks)).returncode == 0
+    assert Path(it.remote_dir(str(tmp_path)), "big.bin").read_bytes() == (src / "big.bin").read_bytes()
