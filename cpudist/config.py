@@ -73,7 +73,8 @@ class TrainConfig:
     do_eval: bool = True
     eval_every: int | None = None  # optimizer steps between evaluations during training (HF's eval_steps)
     save_model: str = "last"  # last | best | none: the weights rank 0 writes to <output_dir>/model (train/export.py)
-    report_to: tuple[str, ...] = ()  # tensorboard: rank 0 writes step metrics and evaluations (train/report_to.py)
+    report_to: tuple[str, ...] = ()  # tensorboard, mlflow: rank 0 writes step metrics, evaluations (train/report_to.py)
+    mlflow_uri: str | None = None  # --report-to mlflow's tracking URI (default: <output_dir>/mlruns, a file store)
     log_every: int = 10
     dist_timeout_s: int = 300
     max_grad_norm: float = 1.0  # like HF Trainer; 0 turns clipping off

@@ -167,11 +167,14 @@ OPTIONS: list[Callable[[Any], Any]] = [
     click.option("--log-every", type=click.IntRange(min=1), default=10, show_default=True,
                  help="Optimizer steps between lines of steps.jsonl and progress."),
     click.option("--report-to", default="none", show_default=True, callback=_report_to,
-                 help="tensorboard: rank 0 also writes every step's loss, learning rate, grad norm, samples/s and "
-                 "comm share and every evaluation as TensorBoard event files in <run folder>/tensorboard/ "
-                 "(pip install 'cpudist[tensorboard]'; `tensorboard --logdir runs/`), as HF Trainer's report_to; "
-                 "from a laptop they come home with the run. MLflow is not supported (its client alone pulls a "
-                 "web server and some thirty packages)."),
+                 help="tensorboard, mlflow (or both, comma-separated): rank 0 also writes every step's loss, "
+                 "learning rate, grad norm, samples/s and comm share and every evaluation as TensorBoard event files "
+                 "in <run folder>/tensorboard/ (pip install 'cpudist[tensorboard]'; `tensorboard --logdir runs/`) or "
+                 "an MLflow run (pip install 'cpudist[mlflow]'; to --mlflow-uri, or a file store in <run "
+                 "folder>/mlruns/), as HF Trainer's report_to; from a laptop they come home with the run."),
+    click.option("--mlflow-uri",
+                 help="--report-to mlflow's tracking URI (a server, or a store rank 0 can reach); default: the file "
+                 "store <run folder>/mlruns/ (`MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri ...`)."),
     click.option("--dist-timeout", type=click.IntRange(min=1), default=300, show_default=True,
                  help="Seconds before a missing peer fails the job."),
     click.option("--max-grad-norm", type=click.FloatRange(min=0), default=1.0, show_default=True,
@@ -264,7 +267,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "Training": ("epochs", "max_steps", "batch_size", "grad_accum", "lr", "lr_scaling", "optimizer", "weight_decay",
                  "warmup_ratio", "max_grad_norm", "seed", "precision", "dropout", "sampler", "freeze_embeddings",
                  "do_eval", "eval_every", "eval_batch_size", "save_model", "model_s3", "log_every",
-                 "report_to"),
+                 "report_to", "mlflow_uri"),
     "Gradient sync": ("sync", "grad_compression", "bucket_cap_mb", "sync_every", "local_sgd_warmup", "average_moments",
                       "second_moment_every", "outer_optimizer", "outer_lr", "outer_momentum", "backend",
                       "dist_timeout"),

@@ -96,7 +96,7 @@ def preflight(cfg: TrainConfig) -> bool:
     if cfg.ipex and importlib.util.find_spec("intel_extension_for_pytorch") is None:
         raise BadInput("--ipex needs intel_extension_for_pytorch, which is not installed",
                        "Install the IPEX matching your torch (its last release, 2.8, needs torch 2.8), or drop --ipex")
-    report_to.check_installed(cfg.report_to)
+    report_to.check_installed(cfg.report_to, cfg.mlflow_uri)
     data_local = cfg.task == "synthetic" or bool(cfg.data_dir or cfg.train_file or cfg.task == "custom")
     if data_local and cfg.task != "synthetic":
         load_task(cfg)

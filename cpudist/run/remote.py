@@ -35,7 +35,7 @@ from cpudist.ssh.client import Remote
 from cpudist.ssh.known_hosts import KnownHosts
 from cpudist.train.models import PRESETS, resolve_model, tokenizer_source
 from cpudist.train.preempt import MARKER
-from cpudist.train.report_to import TENSORBOARD_DIR
+from cpudist.train.report_to import RUN_FOLDERS
 
 FETCHED = ("result.json", "steps.jsonl", "command.txt", "ranks.log", "hostfile", MARKER)
 PYTHONS = ("/opt/cpudist/bin/python", "python3.11", "python3")
@@ -218,8 +218,8 @@ def fetch_files(head: Remote, run_dir: str, local_dir: Path, report_to: bool) ->
     for name in FETCHED if not head.lost else ():  # a lost head's error is the one to show
         if not head.fetch(f"{run_dir}/{name}", local_dir / name) and name == "result.json":
             (local_dir / name).unlink(missing_ok=True)  # an earlier run's, in a reused folder: not this one's
-    if report_to and not head.lost:
-        fetch_tree(head, f"{run_dir}/{TENSORBOARD_DIR}", local_dir / TENSORBOARD_DIR)
+    for folder in RUN_FOLDERS if report_to and not head.lost else ():
+        fetch_tree(head, f"{run_dir}/{folder}", local_dir / folder)
 
 
 @dataclass(frozen=True)

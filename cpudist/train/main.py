@@ -70,7 +70,7 @@ def run(cfg: TrainConfig, info: RankInfo, provider: Provider, startup: Startup |
     """Set up, train, evaluate and (on rank 0) write result.json; the exit code. `startup` holds the phases timed
     before this call (Startup.at_entry)."""
     started, started_at = time.perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
-    report_to.check_installed(cfg.report_to)  # on every rank, before any collective: all stop alike
+    report_to.check_installed(cfg.report_to, cfg.mlflow_uri)  # on every rank, before any collective: all stop alike
     job = setup(cfg, info, startup)
     mirror = _mirror(cfg, provider)
     with job.startup.phase("checkpoint_lookup"):

@@ -1,12 +1,13 @@
 """--report-to: rank 0 writes step metrics and evaluations through an experiment tracker's own writer.
 
-    cpudist run mrpc --np 2 --data-dir glue/MRPC --model tiny --eval-every 50 --report-to tensorboard
+    cpudist run mrpc --np 2 --data-dir glue/MRPC --model tiny --eval-every 50 --report-to tensorboard,mlflow
     tensorboard --logdir runs/
+    MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri runs/<run>/mlruns
 
 As HF Trainer's `report_to`: `train/loss`, `train/learning_rate`, `train/grad_norm`, `train/samples_per_s` and
 `train/comm_share` (the share of rank 0's step spent waiting for the gradient exchange) at every optimizer step,
-`eval/<metric>` at every evaluation; event files in `<run folder>/tensorboard/`. MLflow is not offered:
-`mlflow-skinny` alone pulls some thirty packages (a web server, Databricks' SDK, OpenTelemetry) into every node.
+`eval/<metric>` at every evaluation; event files in `<run folder>/tensorboard/`, MLflow runs in `--mlflow-uri` or
+a file store in `<run folder>/mlruns/` (train/mlflow_report.py).
 No torch here at import: the CLI checks the option with this module.
 """
 
@@ -19,9 +20,12 @@ from typing import Any, Protocol
 
 from cpudist.errors import BadInput
 
-REPORTERS = ("tensorboard",)
+REPORTERS = ("tensorboard", "mlflow")
 TENSORBOARD_DIR = "tensorboard"  # in the run folder
-_INSTALL = "pip install 'cpudist[tensorboard]'"
+MLFLOW_DIR = "mlruns"  # in the run folder: --report-to mlflow's store without --mlflow-uri
+RUN_FOLDERS = (TENSORBOARD_DIR, MLFLOW_DIR)  # what a remote run brings home with it
+_INSTALL = {"tensorboard": "pip install 'cpudist[tensorboard]'", "mlflow": "pip install 'cpudist[mlflow]'"}
+_PACKAGE = {"tensorboard": "tensorboard", "mlflow": "mlflow-skinny"}
 
 
 def parse_report_to(value: str | tuple[str, ...] | None) -> tuple[str, ...]:
@@ -29,20 +33,20 @@ def parse_report_to(value: str | tuple[str, ...] | None) -> tuple[str, ...]:
     words = value if isinstance(value, tuple) else tuple((value or "none").split(","))
     names = tuple(dict.fromkeys(w.strip().lower() for w in words if w.strip() and w.strip().lower() != "none"))
     for name in names:
-        if name == "mlflow":
-            raise BadInput("--report-to mlflow: this cpudist does not write to MLflow (mlflow-skinny alone pulls some "
-                           "thirty packages, a web server among them, into every node)",
-                           f"Use --report-to tensorboard ({_INSTALL}), or read steps.jsonl and result.json")
         if name not in REPORTERS:
             raise BadInput(f"--report-to {name}: unknown", f"Use one of: {', '.join(REPORTERS)}, or none")
     return names
 
 
-def check_installed(names: tuple[str, ...]) -> None:
-    """Fail before training, in one line, when a reporter's library is missing here."""
-    if "tensorboard" in names and importlib.util.find_spec("tensorboard") is None:
-        raise BadInput("--report-to tensorboard needs the tensorboard package, which is not installed",
-                       f"Install it ({_INSTALL}, on every node that runs rank 0), or drop --report-to")
+def check_installed(names: tuple[str, ...], mlflow_uri: str | None = None) -> None:
+    """Fail before training, in one line, when a reporter's library is missing here (or --mlflow-uri goes nowhere)."""
+    if mlflow_uri and "mlflow" not in names:
+        raise BadInput("--mlflow-uri is where --report-to mlflow writes, and --report-to does not name mlflow",
+                       "Add --report-to mlflow, or drop --mlflow-uri")
+    for name in names:
+        if importlib.util.find_spec(name) is None:
+            raise BadInput(f"--report-to {name} needs the {_PACKAGE[name]} package, which is not installed",
+                           f"Install it ({_INSTALL[name]}, on every node that runs rank 0), or drop --report-to")
 
 
 class Reporter(Protocol):
@@ -92,7 +96,16 @@ class Reporters:
         if rank != 0:
             return cls([])
         check_installed(names)
-        return cls([TensorBoard(run_dir, config, resumed_at) for name in names if name == "tensorboard"])
+        reporters: list[Reporter] = []
+        for name in names:
+            if name == "tensorboard":
+                reporters.append(TensorBoard(run_dir, config, resumed_at))
+            elif name == "mlflow":
+                from cpudist.train.mlflow_report import MLflow
+
+                reporters.append(MLflow(config.get("mlflow_uri") or (run_dir / MLFLOW_DIR).resolve().as_uri(),
+                                        config, resumed_at))
+        return cls(reporters)
 
     def log_step(self, step: int, values: dict[str, float]) -> None:
         for r in self.reporters:

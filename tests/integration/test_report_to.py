@@ -1,5 +1,5 @@
-"""--report-to tensorboard on 2 real ranks: the event files hold what steps.jsonl and result.json say, read back
-with tensorboard's own reader."""
+"""--report-to tensorboard,mlflow on 2 real ranks: the event files and the MLflow store hold what steps.jsonl and
+result.json say, read back with tensorboard's own reader and MLflow's own client."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from tests.integration.helpers import cpudist
 pytestmark = pytest.mark.slow
 
 
-def test_tensorboard_holds_every_step_and_evaluation(tmp_path: Path, shared_data: Path) -> None:
+def test_tensorboard_and_mlflow_hold_every_step_and_evaluation(tmp_path: Path, shared_data: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Rank 0 alone writes one event file: train/* at steps 1..6 (--log-every 4 flushes twice: steps 1-4 and 5-6),
     eval/* at the evaluations of --eval-every 2 and the final one, equal to steps.jsonl and result.json."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -22,7 +23,7 @@ def test_tensorboard_holds_every_step_and_evaluation(tmp_path: Path, shared_data
     r = cpudist("run", "mrpc", "--data-dir", shared_data / "glue" / "MRPC", "--model", "tiny", "--np", "2",
                 "--ppn", "2", "--max-steps", "6", "--eval-every", "2", "--log-every", "4", "--lr", "1e-3",
                 "--max-train-samples", "256", "--max-eval-samples", "64", "--save-model", "none",
-                "--report-to", "tensorboard", "--output-dir", run, "--ledger", tmp_path / "ledger.jsonl")
+                "--report-to", "tensorboard,mlflow", "--output-dir", run, "--ledger", tmp_path / "ledger.jsonl")
     assert r.returncode == 0, r.stderr
     files = sorted((run / "tensorboard").iterdir())
     assert len(files) == 1 and files[0].name.startswith("events.out.tfevents."), files  # one writer: rank 0
@@ -49,3 +50,26 @@ def test_tensorboard_holds_every_step_and_evaluation(tmp_path: Path, shared_data
         assert scalars(f"eval/{name}") == [(e["step"], pytest.approx(e["metrics"][name], rel=1e-6))
                                            for e in evaluations], name
     assert "config" in " ".join(events.Tags()["tensors"])  # the run's settings, as HF's callback writes its args
+
+    # One MLflow run in <run>/mlruns, tagged and named with the run's id, its hyperparameters as params, the same
+    # values at the same steps (MLflow keeps float64: exact), read with MLflow's own client
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 reads its file store only when told to
+    client = MlflowClient(tracking_uri=(run / "mlruns").as_uri())
+    experiment = client.get_experiment_by_name("cpudist")
+    assert experiment is not None
+    [found] = client.search_runs([experiment.experiment_id])
+    run_id = json.loads((run / "result.json").read_text())["run_id"]
+    assert found.data.tags["cpudist.run_id"] == run_id and found.info.run_name == run_id
+    assert found.info.status == "FINISHED"
+    params = found.data.params
+    assert (params["task"], params["model"], params["lr"], params["max_steps"]) == ("mrpc", "tiny", "0.001", "6")
+
+    def history(name: str) -> list[tuple[int, float]]:
+        return sorted((m.step, m.value) for m in client.get_metric_history(found.info.run_id, name))
+
+    assert history("train/loss") == [(s["step"], pytest.approx(s["loss"])) for s in steps]
+    assert [step for step, _ in history("train/comm_share")] == [1, 2, 3, 4, 5, 6]
+    for name in ("accuracy", "f1"):
+        assert history(f"eval/{name}") == [(e["step"], pytest.approx(e["metrics"][name])) for e in evaluations]
