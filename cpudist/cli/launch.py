@@ -2,6 +2,7 @@
 
     cpudist launch --np 2 train.py --epochs 1                         # this machine, like torchrun's form
     cpudist launch --np 4 --ppn 1 --hostfile hosts -- python train.py   # a hostfile's nodes, from the head
+    cpudist launch --np 4 --ppn 1 --cluster c --collect out -- python train.py   # from a laptop: staged, brought home
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def summary(r: RunResult) -> str:
 
 SECTIONS = {
     "Where and how many ranks": ("np_", "ppn", "nodes", "hostfile", "launcher", "oversubscribe"),
+    "From outside the cluster (AWS cluster or on-prem head)": ("cluster_name", "head_addr", "user", "identity",
+                                                               "remote_python", "stage_code", "stage"),
     "The script": ("workdir", "metric_file", "collect"),
     "Launch": ("mpirun", "ssh", "iface", "allocator", "openmp", "env_pairs", "timeout"),
     "Slurm (--launcher slurm)": ("partition", "time_limit", "account", "exclusive", "sbatch_args"),
@@ -64,6 +67,19 @@ SECTIONS = {
               help="As `cpudist run`'s: auto (MPICH's Hydra when installed, else torchrun), mpich, impi, openmpi, "
               "torchrun, slurm.")
 @click.option("--oversubscribe", is_flag=True, help="Allow more ranks per node than its cores.")
+@click.option("--cluster", "cluster_name", help="A cluster from `cpudist cluster up`, from anywhere: the script's "
+              "folder (--workdir) and --stage paths are staged on the nodes, --collect outputs come back here.")
+@click.option("--head", "head_addr", help="With --hostfile, from outside the cluster: the address this machine "
+              "reaches the head (first host) by.")
+@click.option("--user", help="With --head: login name on the head [default: yours].")
+@click.option("--identity", type=click.Path(exists=True, dir_okay=False),
+              help="With --head: private key that logs in to the head [default: the ssh-setup cluster key].")
+@click.option("--remote-python", help="Python with cpudist on the nodes [default: /opt/cpudist/bin/python, "
+              "python3.11, python3].")
+@click.option("--stage-code", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True,
+              help="Send a wheel of this cpudist to the nodes: when theirs differs (auto), always, or never.")
+@click.option("--stage", multiple=True, help="With --cluster/--head: a file or folder (relative to --workdir) put "
+              "on every node too; the command's words naming it become its path there (repeatable).")
 @slurm_options
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
               help="Folder every rank runs the command in [default: the current one].")
@@ -100,30 +116,38 @@ def launch(ctx: click.Context, command: tuple[str, ...], **opts: Any) -> None:
     from cpudist.cpu import read_cpu
     from cpudist.run.request import Callbacks, LaunchOptions, Layout, RunRequest, resolve_layout
     from cpudist.run.script import Script, describe_script, launch_script, script_config
-    from cpudist.run.where import Where
+    from cpudist.run.script_remote import describe_remote
+    from cpudist.run.where import Route, where_for
 
     command = command[1:] if command[:1] == ("--",) else command
     if not command:
         raise BadInput("no command to launch", "Give it after --: cpudist launch --np 2 -- python train.py")
     given = Layout(opts["np_"], opts["ppn"], opts["nodes"],
                    ctx.get_parameter_source("np_") is not ParameterSource.DEFAULT)
-    np_, ppn = resolve_layout(given, False, lambda: read_cpu().physical_cores, _say)
+    route = Route(opts["hostfile"], opts["cluster_name"], opts["head_addr"], opts["user"], opts["identity"],
+                  opts["remote_python"], opts["stage_code"])
+    remote = route.cluster is not None or route.head_addr is not None
+    np_, ppn = resolve_layout(given, remote, lambda: read_cpu().physical_cores, _say)
     if opts["hostfile"] is not None and ppn is None:
         raise BadInput("--hostfile needs --ppn (ranks per node)", "e.g. --np 4 --ppn 1 for one rank on 4 nodes")
+    if opts["stage"] and not remote:
+        raise BadInput("--stage puts files on the nodes from outside the cluster (--cluster or --head)",
+                       "Here or from the head, give the path itself (the nodes must see it: NFS, or a copy)")
     script = Script(command, str(opts["workdir"]) if opts["workdir"] else None, opts["metric_file"],
-                    tuple(opts["collect"]))
+                    tuple(opts["collect"]), tuple(opts["stage"]))
     launch_opts = LaunchOptions(np_, ppn or np_, opts["launcher"], opts["mpirun"], opts["ssh"], opts["iface"],
                                 opts["allocator"], opts["openmp"], opts["env_pairs"], opts["oversubscribe"],
                                 opts["timeout"], to_slurm_options(opts["partition"], opts["time_limit"],
                                                                   opts["account"], opts["exclusive"],
                                                                   opts["sbatch_args"]))
     cfg = script_config(script, str(opts["output_dir"]) if opts["output_dir"] else None, np_)
-    hostfile = str(opts["hostfile"]) if opts["hostfile"] else None
+    where = where_for(route, launch_opts.nodes, ppn is not None, launch_opts.launcher)
+    hostfile = str(where.hostfile) if where.hostfile and where.head is None else None
     request = RunRequest(cfg, launch_opts, hostfile, shlex.join(["cpudist", *redact_env_args(sys.argv[1:])]))
-    where = Where(hostfile=opts["hostfile"])
     with signals_interrupt():
         if opts["dry_run"]:
-            click.echo(describe_script(request, script), nl=False)
+            click.echo(describe_remote(request, script, where.head) if where.head is not None
+                       else describe_script(request, script), nl=False)
             return
         view = JobView(quiet=opts["quiet"])
         cb = Callbacks(view.on_event, view.on_line, (lambda line: None) if opts["quiet"] else _say)

@@ -50,6 +50,8 @@ class Script:
     workdir: str | None = None  # where every rank runs it [default: the current folder]
     metric_file: str | None = None  # JSON rank 0 writes: merged into the run's record (run/script_result.py)
     collect: tuple[str, ...] = ()  # outputs (under workdir) copied into the run folder afterwards
+    stage: tuple[str, ...] = ()  # more files/folders put on every node (from a laptop: run/script_remote.py)
+    copy_of: str | None = None  # on a node: the staged folder every node copies into workdir before its ranks start
 
     @property
     def folder(self) -> Path:
@@ -65,18 +67,20 @@ def script_config(script: Script, output_dir: str | None, np_: int) -> TrainConf
 
 def check_script(script: Script) -> None:
     """Refuse, before anything starts, a working folder or a script file that is not there."""
-    if script.workdir is not None and not script.folder.is_dir():
+    base = Path(script.copy_of) if script.copy_of else script.folder
+    if (script.workdir is not None or script.copy_of) and not base.is_dir():
         raise BadInput(f"--workdir {script.workdir} is not a folder", "Pass the folder the script runs in")
     first = next((w for w in script.command if w.endswith(".py")), None)
-    if first is not None and not (script.folder / first).is_file():
-        raise BadInput(f"{first}: no such file in {script.folder}",
+    if first is not None and not (base / first).is_file():
+        raise BadInput(f"{first}: no such file in {base}",
                        "Give the script's path from the working folder (--workdir, default the current one)")
 
 
 def rank_program(script: Script, run_dir: Path) -> tuple[str, ...]:
     """What every rank runs after `python -m`: the wrapper, then the user's command."""
+    copy = ("--copy-of", script.copy_of) if script.copy_of else ()
     where = ("--workdir", str(script.folder)) if script.workdir is not None else ()
-    return (RANK_MODULE, "--run-dir", str(run_dir.resolve()), *where, "--", *script.command)
+    return (RANK_MODULE, "--run-dir", str(run_dir.resolve()), *copy, *where, "--", *script.command)
 
 
 def script_spec(request: RunRequest, script: Script, dry_run: bool = False) -> RunSpec:
@@ -84,8 +88,9 @@ def script_spec(request: RunRequest, script: Script, dry_run: bool = False) -> R
     check_env(request.launch.env)
     check_script(script)
     spec = resolve(request, dry_run=dry_run)
+    # the launcher's folder (Hydra starts the ranks in it on every node): a staged copy's source exists on all
     return dataclasses.replace(spec, program=rank_program(script, Path(request.train.output_dir)),
-                               cwd=str(script.folder))
+                               cwd=script.copy_of or str(script.folder))
 
 
 def describe_script(request: RunRequest, script: Script) -> str:
@@ -115,17 +120,21 @@ def launch_script(request: RunRequest, script: Script, where: Where, ledger: Pat
     make_output_dir(out)
     request = dataclasses.replace(request, train=identity.assign(request.train))
     cb = runlog.tee(cb, out, request.train.run_id)
+    extra = {"cluster": where.cluster, "usd_per_hour": where.usd_per_hour, "command": request.command}
+    if where.head is not None:
+        from cpudist.run.script_remote import run_remote
+
+        head = where.head
+        return tracked(request, where_name(request, where), lambda: run_remote(request, script, head, ledger, cb,
+                                                                               extra))
     spec = script_spec(request, script)
     launch = plan(spec)
-    extra = {"cluster": where.cluster, "usd_per_hour": where.usd_per_hour, "command": request.command}
-    def finish(known: dict[str, Any]) -> RunResult:
-        return record(out, ledger, {**known, **extra})
-
-    return tracked(request, where_name(request, where), lambda: _execute(request, script, (spec, launch), cb, finish))
+    return tracked(request, where_name(request, where),
+                   lambda: record(out, ledger, {**run_ranks(request, script, (spec, launch), cb), **extra}))
 
 
-def _execute(request: RunRequest, script: Script, job: tuple[RunSpec, Launch], cb: Callbacks,
-             finish: Callable[[dict[str, Any]], RunResult]) -> RunResult:
+def run_ranks(request: RunRequest, script: Script, job: tuple[RunSpec, Launch], cb: Callbacks) -> dict[str, Any]:
+    """Launch the ranks here (or from this head), collect, write result.json; what only the launching side knows."""
     spec, launch = job
     out = Path(request.train.output_dir)
     seen: dict[int, dict[str, Any]] = {}
@@ -147,7 +156,7 @@ def _execute(request: RunRequest, script: Script, job: tuple[RunSpec, Launch], c
                   str(out.resolve()))
     result = build(ranks, given, read_cpu().summary(), {"launcher": spec.launcher})
     state.write_atomic(out / "result.json", json.dumps(result.to_dict(), indent=2) + "\n")
-    return finish(known)
+    return known
 
 
 def given_metrics(script: Script, note: Callable[[str], None]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,6 +28,7 @@ from cpudist.train.threads import my_share, pinned_threads, threads_for
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
 EVENT = "script_rank"  # the event line every rank prints before the script starts
+STAGE_MARKS = (".complete", ".manifest")  # run/stage.py's files in a staged folder: not the script's
 
 
 def torchrun_env(info: RankInfo) -> dict[str, str]:
@@ -76,16 +78,19 @@ def script_argv(command: list[str], python: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     options: dict[str, str] = {}
-    while words[:1] in (["--run-dir"], ["--workdir"]) and len(words) >= 2:
+    while words[:1] in (["--run-dir"], ["--workdir"], ["--copy-of"]) and len(words) >= 2:
         options[words[0]], words = os.path.abspath(words[1]), words[2:]
     command = words[1:] if words[:1] == ["--"] else words
     if not command:
-        sys.stderr.write("usage: python -m cpudist.run.script_rank [--run-dir DIR] [--workdir DIR] -- COMMAND ...\n")
+        sys.stderr.write("usage: python -m cpudist.run.script_rank [--run-dir DIR] [--copy-of SRC] [--workdir DIR] "
+                         "-- COMMAND ...\n")
         return 2
     run_dir = options.get("--run-dir", "")
     try:
         info = discover_rank(os.environ)
         threads = rank_threads(os.environ, info)
+        if "--copy-of" in options:
+            copy_folder(options["--copy-of"], options.get("--workdir") or os.getcwd(), run_dir)
     except CpudistError as e:
         sys.stderr.write(f"[{socket.gethostname()}] error: {e.message}\n")
         return e.exit_code
@@ -107,6 +112,24 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
     return code
+
+
+def copy_folder(source: str, workdir: str, run_dir: str) -> None:
+    """A run's own working folder on this node: a copy of the staged script folder (whose content-addressed copy
+    the script must not write into), made once per node by whichever rank comes first (a temporary copy, then one
+    rename: the others drop theirs)."""
+    if os.path.isdir(workdir):
+        return
+    os.makedirs(run_dir or os.path.dirname(workdir), exist_ok=True)
+    part = f"{workdir}.part.{socket.gethostname()}.{os.getpid()}"
+    try:
+        shutil.copytree(source, part, symlinks=True, ignore=shutil.ignore_patterns(*STAGE_MARKS))
+        os.rename(part, workdir)
+    except OSError as e:
+        shutil.rmtree(part, ignore_errors=True)
+        if not os.path.isdir(workdir):
+            raise CpudistError(f"cannot copy the staged folder {source} to {workdir}: {e}",
+                               "Check the node's free disk space") from None
 
 
 def _die_with_parent() -> None:

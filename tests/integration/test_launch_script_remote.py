@@ -1,0 +1,110 @@
+"""`cpudist launch --hostfile H --head ADDR` from the laptop namespace (tests/harness/world.py's on-prem site of
+test_remote_onprem.py: the laptop's files are hidden from the hosts, so everything the ranks read was staged):
+one run of a plain DDP script on one rank per host checks the losses (those of the same 2-rank DDP worked out in
+one process; test_launch_script.py checks them against torchrun by hand on one machine), torchrun's variables,
+a --stage file outside the script's folder named in the command, --metric-file, --collect coming home, the
+snapshot of the folder, the ledger on the laptop and nothing left on the hosts; a second, sleeping script checks
+that Ctrl-C on the laptop stops every rank on every host."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.harness.netns import missing_requirements
+from tests.harness.world import OPERATOR_HOME, World
+from tests.integration.helpers import cmdline, read_until
+from tests.integration.test_launch_script import DDP_SCRIPT, losses
+from tests.integration.test_launch_script_hosts import one_process_losses
+from tests.integration.test_remote_onprem import site, wait_no_leftovers
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))]
+__all__ = ["site"]  # the module's fixture: two on-prem hosts and the laptop (its own World here)
+CPUDIST = [sys.executable, "-m", "cpudist.cli"]
+# The DDP script, and a line that reads the file named on its command line (staged with --stage).
+SCRIPT = DDP_SCRIPT + '''
+if rank == 0 and len(sys.argv) > 1:
+    print("staged " + open(sys.argv[1]).read().strip(), flush=True)
+'''
+SLEEPER = '''
+import os, time
+print("up " + os.environ["RANK"], flush=True)
+time.sleep(600)
+'''
+
+
+def laptop_argv(w: World, folder: str, *args: str) -> list[str]:
+    """`cpudist launch` on the laptop in its folder `folder` (the script's: no --workdir), one rank per host."""
+    return ["env", "-C", f"{OPERATOR_HOME}/{folder}", *CPUDIST, "launch", "--np", "2", "--ppn", "1",
+            "--hostfile", f"{OPERATOR_HOME}/hosts", "--head", w.hosts.public_addr(0), "--user", "root",
+            "--identity", f"{OPERATOR_HOME}/.ssh/id_ed25519", "--remote-python", sys.executable, *args]
+
+
+def left_on_hosts(w: World, script: str) -> list[str]:
+    return [f"{w.hosts.name(i)}: {cmdline(pid)[:80]}" for i in range(w.hosts.n) for pid in w.hosts.pids(i)
+            if script in cmdline(pid)]
+
+
+def test_a_script_from_the_laptop_staged_run_on_every_host_and_brought_home(site: World) -> None:
+    job = site.operator_path("job")
+    job.mkdir()
+    (job / "ddp.py").write_text(SCRIPT)
+    site.operator_path("label.txt").write_text("from-the-laptop\n")  # outside the script's folder
+    label = f"{OPERATOR_HOME}/label.txt"
+    r = site.operator_run(laptop_argv(site, "job", "--output-dir", "runs/remote", "--stage", label,
+                                      "--metric-file", "metrics.json", "--collect", "outputs", "--", "ddp.py", label),
+                          timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    assert [float(loss) for _, loss in losses(r.stderr)] == pytest.approx(one_process_losses(), abs=1e-6), r.stderr
+    seen = {v["RANK"]: v for v in (json.loads(line.split("vars ", 1)[1]) for line in r.stderr.splitlines()
+                                   if "vars {" in line)}
+    assert {k: (v["GROUP_RANK"], v["WORLD_SIZE"], v["LOCAL_WORLD_SIZE"], v["sum"]) for k, v in seen.items()} \
+        == {"0": ("0", "2", "1", 3.0), "1": ("1", "2", "1", 3.0)}, r.stderr
+    assert "staged from-the-laptop" in r.stderr  # the --stage file, at the path the command now names
+    out = job / "runs" / "remote"
+    assert (out / "collected" / "outputs" / "model.txt").read_text() == "weights"
+    # the folder as staged: the script, not the runs folder the run folder is in
+    assert sorted(p.name for p in (out / "script").iterdir()) == ["ddp.py"]
+    result = json.loads((out / "result.json").read_text())
+    assert sorted(result["nodes"]) == sorted([site.hosts.name(0), site.hosts.name(1)])
+    assert result["staging"]["script_sent_bytes"] > 0 and result["staging"]["script_copies"] == 2
+    staged = result["staging"]["script_folder"]
+    # outputs went to the run's own working folder on the head, never into the content-addressed staged copy
+    listed = site.hosts.run(0, ["ls", "-A", staged]).stdout.split()
+    assert "ddp.py" in listed and not {"outputs", "metrics.json"} & set(listed), listed
+    ledger = [json.loads(line) for line in site.operator_path(".cpudist/results.jsonl").read_text().splitlines()]
+    assert (ledger[-1]["task"], ledger[-1]["world_size"], ledger[-1]["train_samples"], ledger[-1]["metrics"]) \
+        == ("script", 2, 64, {"sum": 3.0})
+    assert ledger[-1]["run_dir"] == str(OPERATOR_HOME / "job/runs/remote") and ledger[-1]["run_id"]
+    run = json.loads((out / "run.json").read_text())
+    assert run["state"] == "finished" and run["where"] == f"head:{site.hosts.public_addr(0)}"
+    assert losses((out / "ranks.log").read_text()) == losses(r.stderr)
+    assert wait_no_leftovers(site) == []
+
+
+def test_ctrl_c_on_the_laptop_stops_every_rank_on_every_host(site: World) -> None:
+    folder = site.operator_path("sleeper")
+    folder.mkdir()
+    (folder / "sleeper.py").write_text(SLEEPER)
+    proc = site.operator_popen(laptop_argv(site, "sleeper", "--output-dir", "runs/stopped", "--", "sleeper.py"),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        seen = read_until(proc, "up 1", timeout=240)
+        assert len(left_on_hosts(site, "sleeper.py")) >= 2, "".join(seen)[-3000:]  # a wrapper and a script each
+        assert {h for i in range(2) for h in [site.hosts.name(i)] if any(
+            "sleeper.py" in cmdline(p) for p in site.hosts.pids(i))} == {site.hosts.name(0), site.hosts.name(1)}
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, rest[-3000:]
+    assert "interrupted: all ranks were stopped on every node" in rest, rest[-3000:]
+    assert wait_no_leftovers(site) == [] and left_on_hosts(site, "sleeper.py") == []
+    assert json.loads((folder / "runs" / "stopped" / "run.json").read_text())["state"] == "interrupted"
