@@ -15,7 +15,7 @@ import os
 import socket
 import sys
 
-from cpudist import state
+from cpudist import secrets, state
 
 # Inductor (--compile) fixes its cache folder when torch is imported: the user's, kept across runs and reboots.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(state.inductor_dir()))
@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = from_argv(sys.argv[1:] if argv is None else argv)
     rank = "?"
     try:
+        secrets.load_into(os.environ)  # --secret/--env-file: from the node's 0600 file, never from argv
         info = discover_rank(os.environ)
         rank = str(info.rank)
         return run(cfg, info, AWS, startup)

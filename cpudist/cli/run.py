@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shlex
 import sys
 from dataclasses import fields
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 
 # run's options that are not TrainConfig fields, by what they feed
 LAUNCH = {"np_", "ppn", "nodes", "launcher", "mpirun", "ssh", "iface", "allocator", "openmp", "env_pairs",
+          "secret_names", "env_files",
           "oversubscribe", "timeout", "partition", "time_limit", "account", "exclusive", "sbatch_args"}
 ROUTE = {"hostfile", "cluster_name", "head_addr", "user", "identity", "remote_python", "stage_code", "on_preemption",
          "fetch_model", "detach"}
@@ -71,7 +73,16 @@ def _launch(opts: dict[str, Any], np_: int, ppn: int) -> LaunchOptions:
     slurm = to_slurm_options(opts["partition"], opts["time_limit"], opts["account"], opts["exclusive"],
                              opts["sbatch_args"])
     return LaunchOptions(np_, ppn, opts["launcher"], opts["mpirun"], opts["ssh"], opts["iface"], opts["allocator"],
-                         opts["openmp"], opts["env_pairs"], opts["oversubscribe"], opts["timeout"], slurm)
+                         opts["openmp"], opts["env_pairs"], opts["oversubscribe"], opts["timeout"], slurm,
+                         _secrets(opts))
+
+
+def _secrets(opts: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """--env-file's pairs, then --secret's (the later wins), as data: never on a command line."""
+    from cpudist import secrets
+
+    from_files = tuple(p for f in opts["env_files"] for p in secrets.parse_env_file(f))
+    return from_files + secrets.from_environment(opts["secret_names"], os.environ)
 
 
 def _route(opts: dict[str, Any]) -> Route:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cpudist.secrets import SECRETS_ENV
 from cpudist.state import STARTED_AT_ENV
 
 # The thread counts cpudist reads (node_env, train/threads.py): checked before any rank starts, and not secret, so
@@ -32,6 +33,7 @@ class EnvSpec:
     allocator: str | None = None  # path of libtcmalloc/libjemalloc to preload
     iomp: str | None = None  # path of Intel's libiomp5, when installed
     started_at: float | None = None  # Unix time the command started this run: ranks time their start-up from it
+    secrets_file: str | None = None  # the node's file of --secret/--env-file values (cpudist/secrets.py)
 
 
 def threads_per_rank(physical_cores: int, ppn: int) -> int:
@@ -73,6 +75,9 @@ def node_env(spec: EnvSpec) -> dict[str, str]:
     if spec.started_at is not None:
         # The rank's result.json splits the time before its first step into phases (cpudist/train/startup.py).
         env[STARTED_AT_ENV] = f"{spec.started_at:.3f}"
+    if spec.secrets_file:
+        # Where the rank reads its secrets from (a path: the values never go on a command line).
+        env[SECRETS_ENV] = spec.secrets_file
     if spec.hub_offline:
         # Every source is local: fail at once instead of ~46 s of Hub retries per rank.
         env["HF_HUB_OFFLINE"] = "1"

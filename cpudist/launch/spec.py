@@ -6,12 +6,14 @@ from __future__ import annotations
 import dataclasses
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 
 from cpudist.config import TrainConfig, to_argv
 from cpudist.errors import BadInput
 from cpudist.hostfile import Host
-from cpudist.launch.env import SHOWN, EnvSpec, node_env, redact_pairs
+from cpudist.launch.env import HIDDEN, SHOWN, EnvSpec, node_env, redact_pairs
 from cpudist.launch.slurm import Allocation, SlurmOptions
+from cpudist.secrets import file_for
 
 LAUNCHERS = ("auto", "mpich", "impi", "openmpi", "slurm", "torchrun")
 SBATCH_FILE = "job.sbatch"  # the batch script's name in the run folder
@@ -45,6 +47,12 @@ class RunSpec:
     slurm: SlurmOptions | None = None  # --launcher slurm: what to ask Slurm for
     allocation: Allocation | None = None  # --launcher slurm inside an allocation: srun there, not sbatch
     started_at: float | None = None  # Unix time the command started this run (None: a dry run shows no clock)
+    secrets: tuple[tuple[str, str], ...] = ()  # --secret/--env-file: to the ranks by a 0600 file, never argv
+
+    @property
+    def secrets_name(self) -> str:
+        """The run's name for its secrets file on every node."""
+        return self.train.run_id or Path(self.train.output_dir).name
 
 
 @dataclass(frozen=True)
@@ -99,7 +107,7 @@ def rank_env(spec: RunSpec) -> dict[str, str]:
 def _env_spec(spec: RunSpec, overrides: tuple[tuple[str, str], ...]) -> EnvSpec:
     return EnvSpec(spec.physical_cores, spec.ppn, spec.train.backend, spec.master_addr, spec.master_port,
                    spec.hub_offline, overrides, spec.launcher, spec.iface, spec.allocator, spec.iomp,
-                   spec.started_at)
+                   spec.started_at, file_for(spec.secrets_name) if spec.secrets else None)
 
 
 def inherited(spec: RunSpec) -> frozenset[str]:
@@ -112,4 +120,5 @@ def inherited(spec: RunSpec) -> frozenset[str]:
 
 def redacted(spec: RunSpec) -> RunSpec:
     """The spec as it may be shown (command.txt, --dry-run): --env values hidden but for the thread counts."""
-    return dataclasses.replace(spec, env_overrides=redact_pairs(spec.env_overrides))
+    return dataclasses.replace(spec, env_overrides=redact_pairs(spec.env_overrides),
+                               secrets=tuple((k, HIDDEN) for k, _ in spec.secrets))

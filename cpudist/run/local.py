@@ -11,6 +11,7 @@ from typing import Any
 
 from cpudist import state
 from cpudist.launch import kinds
+from cpudist.launch.secret_files import placed
 from cpudist.launch.spec import Launch, RunSpec, redacted
 from cpudist.launch.watch import lost_error, node_watch
 from cpudist.run.outcome import check, fetch_from_rank0, read_stop
@@ -42,8 +43,9 @@ def execute(spec: RunSpec, launch: Launch, cb: Callbacks, timeout_s: float | Non
             cb.on_line(line)
 
         watch = None if launch.script is not None else node_watch(spec)
-        ended = kinds.execute(launch, out, kinds.Streams(cb.on_event, on_line, to_log, cb.on_line), timeout_s,
-                              watch)
+        with placed(spec):  # --secret/--env-file: the 0600 file on every node while the ranks run
+            ended = kinds.execute(launch, out, kinds.Streams(cb.on_event, on_line, to_log, cb.on_line), timeout_s,
+                                  watch)
     if watch is not None and ended.outcome.returncode != 0 and read_stop(out) is None:
         # A lost node is the cause whatever the launcher said (it may have seen its ssh end first); a stop after a
         # checkpoint stays a stop (resumable, --on-preemption resume), whatever happened to a node since.

@@ -142,4 +142,5 @@ def resolve(request: RunRequest, hub_offline: bool = False, dry_run: bool = Fals
                    oversubscribe=opts.oversubscribe, hostfile=rendered, ssh=ssh, as_root=os.geteuid() == 0,
                    iface=opts.iface, allocator=pick_allocator(opts.allocator),
                    iomp=pick_openmp(opts.openmp), cwd=os.getcwd(), slurm=opts.slurm if name == "slurm" else None,
-                   allocation=allocation, started_at=None if dry_run else time.time())
+                   allocation=allocation, started_at=None if dry_run else time.time(),
+                   secrets=opts.secrets)

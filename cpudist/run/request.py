@@ -35,6 +35,7 @@ class LaunchOptions:
     oversubscribe: bool = False
     timeout_s: float | None = None
     slurm: SlurmOptions | None = None
+    secrets: tuple[tuple[str, str], ...] = ()  # --secret/--env-file values: data only (cpudist/secrets.py)
 
     @property
     def nodes(self) -> int:
@@ -65,6 +66,7 @@ class RunRequest:
                 train[f.name] = tuple(train[f.name])
         launch = data.pop("launch")
         launch["env"] = tuple(tuple(p) for p in launch.get("env", ()))
+        launch["secrets"] = tuple(tuple(p) for p in launch.get("secrets", ()))
         if launch.get("slurm") is not None:
             launch["slurm"] = SlurmOptions(**{**launch["slurm"],
                                               "sbatch_args": tuple(launch["slurm"].get("sbatch_args", ()))})

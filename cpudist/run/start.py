@@ -132,7 +132,8 @@ def describe(request: RunRequest, where: Where) -> str:
 
 def _describe_remote(request: RunRequest, head: Head, detach: bool = False) -> str:
     nodes = head.inside[: request.launch.nodes]
-    hidden = dataclasses.replace(request.launch, env=redact_pairs(request.launch.env))
+    hidden = dataclasses.replace(request.launch, env=redact_pairs(request.launch.env),
+                                 secrets=tuple((k, "***") for k, _ in request.launch.secrets))
     shown = dataclasses.replace(request, launch=hidden)
     user = f"{head.target.user}@" if head.target.user else ""
     lines = [f"# from this machine: ssh {user}{head.target.host} (port {head.target.port}, host keys pinned in "

@@ -1,0 +1,128 @@
+"""--secret / --env-file (issue 23 item 3): values reach the ranks by a 0600 file, never a command line or a shown
+file, whatever the launcher; the rank entry reads them into its environment."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cpudist import secrets
+from cpudist.cli.main import cli
+from cpudist.config import TrainConfig
+from cpudist.errors import BadInput
+from cpudist.hostfile import Host
+from cpudist.launch import secret_files
+from cpudist.launch.kinds import plan
+from cpudist.launch.slurm import SlurmOptions
+from cpudist.launch.spec import RunSpec, redacted
+from cpudist.run.request import LaunchOptions, RunRequest
+
+SECRET = "tok-6f1c2e9a"
+HOSTS = (Host("10.0.0.1", 2), Host("10.0.0.2", 2))
+
+
+def spec(launcher: str, **kw: object) -> RunSpec:
+    base = dict(train=TrainConfig(task="synthetic", output_dir="/r/out", run_id="r1"), np=4, ppn=2, hosts=HOSTS,
+                launcher=launcher, launcher_path=f"/bin/{launcher}", python="/usr/bin/python3", master_addr="10.0.0.1",
+                master_port=29500, physical_cores=4, hostfile="/r/hostfile", ssh="/h/.cpudist/cluster/ssh",
+                secrets=(("HF_TOKEN", SECRET),))
+    return RunSpec(**{**base, **kw})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("launcher", ["mpich", "impi", "openmpi", "torchrun", "slurm"])
+def test_no_launcher_puts_a_secret_on_a_line_or_in_its_script(launcher: str) -> None:
+    """Hydra's -genv, Open MPI's -x, torchrun's per-host ssh lines and job.sbatch carry the file's path only."""
+    extra = {"slurm": SlurmOptions("cpu", "10", None, True, ()), "hostfile": None} if launcher == "slurm" else {}
+    launch = plan(spec(launcher, **extra))
+    shown = " ".join([*launch.argv, launch.shell(), launch.script or "", json.dumps(launch.rank_env)])
+    assert SECRET not in shown and "HF_TOKEN" not in shown
+    assert launch.rank_env[secrets.SECRETS_ENV] == "~/.cpudist/secrets/r1.json"
+    assert "~/.cpudist/secrets/r1.json" in shown  # every rank is told where its node's file is
+    assert SECRET not in json.dumps(redacted(spec(launcher)).secrets)
+
+
+def test_without_secrets_no_file_is_named() -> None:
+    assert secrets.SECRETS_ENV not in plan(spec("mpich", secrets=())).rank_env
+
+
+def test_env_file_and_secret_names(tmp_path: Path) -> None:
+    f = tmp_path / "wandb.env"
+    f.write_text("# keys\nexport WANDB_API_KEY='k=1 2'\n\nHF_TOKEN=\"abc\"\nPLAIN = x \n")
+    assert secrets.parse_env_file(f) == (("WANDB_API_KEY", "k=1 2"), ("HF_TOKEN", "abc"), ("PLAIN", "x"))
+    f.write_text("OK=1\nnot a pair\n")
+    with pytest.raises(BadInput, match="line 2: not of the form NAME=value"):
+        secrets.parse_env_file(f)
+    with pytest.raises(BadInput, match=r"cannot|No such file"):
+        secrets.parse_env_file(tmp_path / "none.env")
+    assert secrets.from_environment(("A",), {"A": "1"}) == (("A", "1"),)
+    with pytest.raises(BadInput, match="--secret B: B is not set"):
+        secrets.from_environment(("B",), {"A": "1"})
+
+
+def test_rank_entry_reads_the_file_into_its_environment(tmp_path: Path) -> None:
+    where = str(tmp_path / "s.json")
+    path = secrets.write_here(where, (("HF_TOKEN", SECRET),))
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    env: dict[str, str] = {secrets.SECRETS_ENV: where, "HF_TOKEN": "old"}
+    secrets.load_into(env)
+    assert env["HF_TOKEN"] == SECRET
+    with pytest.raises(BadInput, match=r"secrets file .* cannot be read on this node"):
+        secrets.load_into({secrets.SECRETS_ENV: str(tmp_path / "gone.json")})
+
+
+def test_placed_writes_0600_here_for_the_run_and_removes_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On one machine (no other node): the file is there, 0600, while the block runs, and gone after, also when
+    the launch fails."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    s = spec("mpich", hostfile=None)
+    path = tmp_path / ".cpudist" / "secrets" / "r1.json"
+    with pytest.raises(RuntimeError), secret_files.placed(s):
+        assert json.loads(path.read_text()) == {"HF_TOKEN": SECRET}
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        raise RuntimeError("the launch failed")
+    assert not path.exists()
+
+
+def test_the_remote_agents_request_carries_secrets_and_dry_run_hides_them(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The request crosses to the head as data (stdin), secrets included; `--dry-run` from outside shows ***."""
+    req = RunRequest(TrainConfig(task="synthetic", output_dir="/r"), LaunchOptions(2, 1, secrets=(("K", SECRET),)))
+    assert RunRequest.from_json(req.to_json()) == req
+    monkeypatch.setenv("CPD_TEST_TOKEN", SECRET)
+    (tmp_path / "h").write_text("10.9.0.1\n10.9.0.2\n")
+    env_file = tmp_path / "e.env"
+    env_file.write_text(f"OTHER={SECRET}x\n")
+    r = CliRunner().invoke(cli, ["run", "synthetic", "--np", "2", "--ppn", "1", "--hostfile", str(tmp_path / "h"),
+                                  "--head", "10.9.0.1", "--secret", "CPD_TEST_TOKEN", "--env-file", str(env_file),
+                                  "--output-dir", str(tmp_path / "out"), "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert SECRET not in r.output and '"secrets": [["OTHER", "***"], ["CPD_TEST_TOKEN", "***"]]' in r.output
+    r = CliRunner().invoke(cli, ["run", "synthetic", "--secret", "CPD_NOT_SET_ANYWHERE", "--dry-run"])
+    assert r.exit_code == 2 and "CPD_NOT_SET_ANYWHERE is not set" in r.output
+
+
+def test_a_local_dry_run_names_the_file_not_the_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CPD_TEST_TOKEN", SECRET)
+    r = CliRunner().invoke(cli, ["run", "synthetic", "--np", "2", "--model", "tiny", "--secret", "CPD_TEST_TOKEN",
+                                 "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert SECRET not in r.output and "CPUDIST_SECRETS=~/.cpudist/secrets/" in r.output
+
+
+def test_write_command_takes_the_values_on_stdin(tmp_path: Path) -> None:
+    """What a node runs over ssh: the path in its words, the values only on stdin; the file 0600."""
+    where = secrets.file_for("r/1")
+    command = secrets.write_command(where)
+    assert SECRET not in command and where.removeprefix("~/") in command
+    env = {**os.environ, "HOME": str(tmp_path)}
+    subprocess.run(["sh", "-c", command], input=secrets.render((("K", SECRET),)), text=True, env=env, check=True)
+    path = tmp_path / where.removeprefix("~/")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and json.loads(path.read_text()) == {"K": SECRET}
+    subprocess.run(["sh", "-c", secrets.remove_command(where)], env=env, check=True)
+    assert not path.exists()
