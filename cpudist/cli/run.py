@@ -15,10 +15,10 @@ import click
 from click.core import ParameterSource
 
 from cpudist import state
+from cpudist.cli import slurm_options
 from cpudist.cli.options import SectionedCommand
 from cpudist.cli.progress import JobView
 from cpudist.cli.run_options import SECTIONS, run_options
-from cpudist.cli.slurm_options import to_slurm_options
 from cpudist.config import TrainConfig, check_save
 from cpudist.cpu import read_cpu
 from cpudist.errors import BadInput, Interrupted, JobFailed, Preempted
@@ -43,7 +43,8 @@ if TYPE_CHECKING:
 # run's options that are not TrainConfig fields, by what they feed
 LAUNCH = {"np_", "ppn", "nodes", "launcher", "mpirun", "ssh", "iface", "allocator", "openmp", "env_pairs",
           "secret_names", "env_files",
-          "oversubscribe", "timeout", "partition", "time_limit", "account", "exclusive", "sbatch_args"}
+          "oversubscribe", "timeout", "partition", "time_limit", "account", "exclusive", "sbatch_args",
+          "requeue", "requeue_signal_s"}
 ROUTE = {"hostfile", "cluster_name", "head_addr", "user", "identity", "remote_python", "stage_code", "on_preemption",
          "fetch_model", "detach"}
 OUTPUT = {"output_dir", "ledger", "fmt", "quiet", "dry_run"}
@@ -70,8 +71,7 @@ def _train_config(opts: dict[str, Any]) -> TrainConfig:
 
 
 def _launch(opts: dict[str, Any], np_: int, ppn: int) -> LaunchOptions:
-    slurm = to_slurm_options(opts["partition"], opts["time_limit"], opts["account"], opts["exclusive"],
-                             opts["sbatch_args"])
+    slurm = slurm_options.from_opts(opts)
     return LaunchOptions(np_, ppn, opts["launcher"], opts["mpirun"], opts["ssh"], opts["iface"], opts["allocator"],
                          opts["openmp"], opts["env_pairs"], opts["oversubscribe"], opts["timeout"], slurm,
                          _secrets(opts))
@@ -92,8 +92,10 @@ def _route(opts: dict[str, Any]) -> Route:
                  opts["remote_python"], opts["stage_code"], opts["on_preemption"])
 
 
-def _check_detach(where: Where) -> None:
-    """--detach's rules: a run from outside the cluster, without --on-preemption resume."""
+def _check_detach(where: Where, launcher: str) -> None:
+    """--detach's rules: a run from outside the cluster or a Slurm batch job, without --on-preemption resume."""
+    if where.head is None and launcher == "slurm" and not os.environ.get("SLURM_JOB_ID"):
+        return  # a batch job runs on by itself (run/slurm_detach.py); srun inside an allocation is this process
     if where.head is None:
         raise BadInput("--detach is for runs on a cluster from outside it (--cluster or --head): a run here or from "
                        "a hostfile is this process", "Start it under nohup, tmux or screen instead")
@@ -137,7 +139,7 @@ def run(ctx: click.Context, **opts: Any) -> None:
     if where.head is not None and opts["fetch_model"] == "no":
         where = dataclasses.replace(where, head=dataclasses.replace(where.head, fetch_model=False))
     if opts["detach"]:
-        _check_detach(where)
+        _check_detach(where, launch.launcher)
         where = dataclasses.replace(where, detach=True)
     request = RunRequest(cfg, launch, str(where.hostfile) if where.hostfile and where.head is None else None,
                          shlex.join(["cpudist", *redact_env_args(sys.argv[1:])]))  # run.json, the card
@@ -161,7 +163,8 @@ def run(ctx: click.Context, **opts: Any) -> None:
 
         info = read_run(Path(request.train.output_dir))
         run_id = info.id if info is not None else request.train.output_dir
-        click.echo(f"detached: run {run_id} goes on on its head; follow it (and bring its result home): "
+        goes_on = "as a Slurm batch job" if info is not None and info.where == "slurm" else "on its head"
+        click.echo(f"detached: run {run_id} goes on {goes_on}; follow it (and bring its result home): "
                    f"cpudist logs -f {run_id}; stop it: cpudist stop {run_id}")
         return
     click.echo(json.dumps(result.to_dict(), indent=2) if opts["fmt"] == "json" else summary(result))

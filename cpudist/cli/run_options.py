@@ -11,7 +11,7 @@ import click
 from cpudist.cli.defaults import config_option
 from cpudist.cli.lora_options import lora_options
 from cpudist.cli.options import output_options
-from cpudist.cli.slurm_options import slurm_options
+from cpudist.cli.slurm_options import requeue_options, slurm_options
 from cpudist.cloud.aws.objects import parse_s3_url
 from cpudist.config import BACKENDS, LR_SCALINGS, MOMENTS, OPTIMIZERS, PRECISIONS, SAMPLERS, SAVE_MODELS
 from cpudist.errors import BadInput
@@ -104,6 +104,7 @@ OPTIONS: list[Callable[[Any], Any]] = [
                  "installed, else torchrun. slurm: sbatch from a login node (srun inside an allocation); torchrun "
                  "with --hostfile: one torchrun per host over SSH."),
     slurm_options,
+    requeue_options,
     click.option("--mpirun", type=click.Path(dir_okay=False), help="The launcher program (mpiexec.hydra or mpirun)."),
     click.option("--ssh", help="ssh program for the launcher [default: ~/.cpudist/cluster/ssh from ssh-setup]."),
     click.option("--iface", help="Network interface between nodes (sets GLOO_SOCKET_IFNAME)."),
@@ -284,6 +285,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "From outside the cluster (AWS cluster or on-prem head)": ("cluster_name", "head_addr", "user", "identity",
                                                                "remote_python", "stage_code", "fetch_model",
                                                                "detach"),
-    "Slurm (--launcher slurm)": ("partition", "time_limit", "account", "exclusive", "sbatch_args"),
+    "Slurm (--launcher slurm)": ("partition", "time_limit", "account", "exclusive", "sbatch_args", "requeue",
+                                 "requeue_signal_s"),
     "Output": ("output_dir", "ledger", "fmt", "quiet", "dry_run", "config"),
 }

@@ -12,6 +12,10 @@ from cpudist.launch.slurm import SlurmOptions
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+NAMES = ("partition", "time_limit", "account", "exclusive", "sbatch_args")
+REQUEUE_NAMES = ("requeue", "requeue_signal_s")
+
+
 def slurm_options(command: F) -> F:
     """Add --partition --time --account --exclusive --sbatch-arg to a command (see `to_slurm_options`)."""
     options = [
@@ -29,7 +33,27 @@ def slurm_options(command: F) -> F:
     return command
 
 
+def requeue_options(command: F) -> F:
+    """Add --requeue --requeue-signal (`cpudist run`: its ranks checkpoint and resume; a script's would not)."""
+    options = [
+        click.option("--requeue", is_flag=True, help="--launcher slurm: shortly before the time limit the ranks "
+                     "checkpoint, the job is requeued, and its next start resumes from that checkpoint."),
+        click.option("--requeue-signal", "requeue_signal_s", type=click.IntRange(min=60), default=120,
+                     show_default=True, help="--launcher slurm --requeue: seconds before the time limit that Slurm "
+                     "signals the job (--signal=B:USR1@SECONDS; Slurm sends it within a minute of that)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
 def to_slurm_options(partition: str | None, time_limit: str | None, account: str | None, exclusive: bool,
-                     sbatch_args: tuple[str, ...]) -> SlurmOptions:
+                     sbatch_args: tuple[str, ...], requeue: bool = False, signal_s: int = 120) -> SlurmOptions:
     """The SlurmOptions of the values `slurm_options` added to a command."""
-    return SlurmOptions(partition, time_limit, account, exclusive, sbatch_args)
+    return SlurmOptions(partition, time_limit, account, exclusive, sbatch_args, requeue, signal_s)
+
+
+def from_opts(opts: dict[str, object]) -> SlurmOptions:
+    """The SlurmOptions in a command's options (what `slurm_options` and, if given, `requeue_options` added)."""
+    return to_slurm_options(*(opts[name] for name in NAMES),  # type: ignore[arg-type]
+                            *(opts[name] for name in REQUEUE_NAMES if name in opts))

@@ -13,9 +13,11 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 
 from cpudist.slurm_counts import expand_counts as expand_counts  # parsed where the ranks read it
 
+STOP_MARKER = "preempted.json"  # train/preempt.py's MARKER (launch/ imports nothing of train/; a test checks it)
 # States after which a job runs no more (man squeue, JOB STATE CODES).
 TERMINAL = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
                       "OUT_OF_MEMORY", "PREEMPTED", "REVOKED", "SPECIAL_EXIT", "TIMEOUT"})
@@ -38,6 +40,8 @@ class SlurmOptions:
     account: str | None = None
     exclusive: bool = False
     sbatch_args: tuple[str, ...] = ()  # passed as they are, one `#SBATCH` line each
+    requeue: bool = False  # USR1 `signal_s` before the time limit: the ranks checkpoint, the job is requeued
+    signal_s: int = 120  # Slurm sends it within about a minute of this (its timer's resolution)
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,8 @@ def _directives(job: BatchJob) -> list[str]:
     lines += [f"--{k}={v}" for k, v in (("partition", opts.partition), ("time", opts.time),
                                         ("account", opts.account)) if v]
     lines += ["--exclusive"] if opts.exclusive else []
+    # --requeue: the next start appends to the same output file, which `cpudist logs -f` follows across restarts
+    lines += ["--requeue", f"--signal=B:USR1@{opts.signal_s}", "--open-mode=append"] if opts.requeue else []
     return [f"#SBATCH {shlex.quote(d)}" for d in (*lines, *opts.sbatch_args)]
 
 
@@ -140,6 +146,32 @@ def sbatch_script(job: BatchJob) -> str:
         "# --exclusive Slurm grants one CPU per rank, and each rank then runs one thread.",
         "cpus=${SLURM_JOB_CPUS_PER_NODE%%[(,]*}  # this node's CPUs in the job: the first of e.g. 2(x3),1",
         f"export SRUN_CPUS_PER_TASK=$(( cpus / {job.ppn} ))",
-        "exec " + shlex.join(srun_argv(job.np, job.ppn, list(job.command), None)),
+        *(_requeue_lines(job) if job.options.requeue else
+          ["exec " + shlex.join(srun_argv(job.np, job.ppn, list(job.command), None))]),
         "",
     ])
+
+
+def _requeue_lines(job: BatchJob) -> list[str]:
+    """srun in the background; Slurm's USR1 ahead of the time limit is passed on as the SIGTERM that makes the ranks
+    checkpoint and stop (train/preempt.py), and a stop after a checkpoint requeues the job, whose ranks resume."""
+    marker = shlex.quote(f"{Path(job.output).parent}/{STOP_MARKER}")
+    return [
+        "# --requeue: Slurm sends this script USR1 before the time limit (--signal=B:...); the ranks get SIGTERM",
+        "# (scancel without --full signals the job's steps, not this script), checkpoint and stop; then the job",
+        "# is requeued, and its next start resumes from that checkpoint (the ranks run with --resume auto).",
+        f"rm -f {marker}",
+        "stop=0",
+        "trap 'stop=1; scancel --signal=TERM \"$SLURM_JOB_ID\"' USR1",
+        "set +e",
+        shlex.join(srun_argv(job.np, job.ppn, list(job.command), None)) + " &",
+        "ranks=$!",
+        'wait "$ranks"; code=$?',
+        '# wait returns early (128+10) when the trap runs: wait again for the ranks\' own end',
+        'while [ "$stop" = 1 ] && [ "$code" -gt 128 ]; do stop=2; wait "$ranks"; code=$?; done',
+        f'if [ "$stop" != 0 ] && [ -e {marker} ]; then',
+        '  echo "[cpudist] requeueing Slurm job $SLURM_JOB_ID: the ranks saved a checkpoint before its time limit"',
+        '  scontrol requeue "$SLURM_JOB_ID"',
+        "fi",
+        'exit "$code"',
+    ]

@@ -1,13 +1,15 @@
 """Slurm's side of a run: the allocation we are in, submitting the batch script, following the job.
 
 The commands (`sbatch`, `scontrol`, `scancel`) run where cpudist runs: a login node, or inside an
-allocation. The job's state comes from `scontrol show job -o` (no accounting database needed), its
-output from the file the script names (`slurm-<job>.out` in the run folder), read as it grows.
+allocation. The job's state comes from `scontrol show job -o` while it runs and from `sacct` once it ended where
+the site has accounting (launch/slurm_query.py: both retried through a busy slurmctld), its output from the file
+the script names (`slurm-<job>.out` in the run folder), read as it grows.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -20,7 +22,8 @@ from cpudist.errors import BadInput, Interrupted, JobFailed
 from cpudist.hostfile import Host
 from cpudist.interrupts import shielded
 from cpudist.launch import slurm
-from cpudist.launch.slurm import Allocation, JobInfo, SlurmOptions, expand_counts, parse_job
+from cpudist.launch.slurm import Allocation, JobInfo, SlurmOptions, expand_counts
+from cpudist.launch.slurm_query import final_info, job_info
 from cpudist.launch.spec import SBATCH_FILE, Launch, RunSpec, trainer_argv
 from cpudist.waits import TimedOut, wait_until
 
@@ -71,13 +74,6 @@ def check_options(hostfile: Path | None) -> None:
                        "Drop --hostfile (ask for --nodes N --ppn P), or use another --launcher")
 
 
-def job_info(job_id: str) -> JobInfo | None:
-    """The job as slurmctld knows it now; None once it forgot the job (MinJobAge after its end)."""
-    p = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=60,
-                       stdin=subprocess.DEVNULL)
-    return parse_job(p.stdout) if p.returncode == 0 else None
-
-
 class _Tail:
     """The lines appended to a file since the last read (the job's output, as slurmstepd writes it)."""
 
@@ -107,57 +103,94 @@ class SlurmOutcome:
     last_lines: tuple[str, ...]
 
 
+class Follower:
+    """A job's output and state changes passed on, one poll at a time, until it ends. Its output file is read from
+    the start (`cpudist logs -f` after a detached start shows it all); a requeued job appends to it
+    (--open-mode=append), so the follow goes on across restarts until the job's last end."""
+
+    def __init__(self, job_id: str, output: Path, on_event: Callable[[dict[str, Any]], None],
+                 on_line: Callable[[str], None], say: Callable[[str], None]) -> None:
+        self.job_id, self.on_event, self.on_line, self.say = job_id, on_event, on_line, say
+        self.tail, self.seen, self.last = _Tail(output), ("", ""), list[str]()
+        self.next_poll, self.events = 0.0, 0
+        self.info: JobInfo | None = None
+
+    def _state(self) -> JobInfo | None:
+        """slurmctld's word every POLL_S (None in between); how the job ended once it ended (slurm_query)."""
+        if time.monotonic() < self.next_poll:
+            return None
+        self.next_poll = time.monotonic() + POLL_S
+        live = job_info(self.job_id)
+        info = live if live is not None and not live.ended else final_info(self.job_id, live)
+        if (info.state, info.reason) != self.seen:
+            self.seen = (info.state, info.reason)
+            where = f" on {info.nodes}" if info.state == "RUNNING" else ""
+            why = f" ({info.reason})" if info.reason not in ("", "None") else ""
+            self.say(f"[cpudist] Slurm job {self.job_id}: {info.state}{where}{why}")
+        return info
+
+    def poll(self) -> JobInfo | None:
+        """Pass on the new output; the job's final record once it ended, else None."""
+        info = self._state()
+        done = info is not None and (info.ended or info.state == "UNKNOWN")
+        for line in self.tail.lines(final=done):
+            event = events.parse(line)
+            if event is not None:
+                self.events += 1
+                self.on_event(event)
+            else:
+                self.last = [*self.last, line][-20:]
+                self.on_line(line)
+        self.info = info or self.info
+        return info if done else None
+
+
 def follow(job_id: str, output: Path, on_event: Callable[[dict[str, Any]], None], on_line: Callable[[str], None],
            say: Callable[[str], None], timeout_s: float | None = None) -> SlurmOutcome:
     """Stream the job's output and state changes until it ends; past `timeout_s`, cancel it."""
-    tail, seen, last = _Tail(output), ("", ""), list[str]()
+    follower = Follower(job_id, output, on_event, on_line, say)
     deadline = time.monotonic() + timeout_s if timeout_s else None
-    timed_out, next_poll = False, 0.0
+    timed_out = False
     while True:
-        info = None
-        if time.monotonic() >= next_poll:
-            next_poll = time.monotonic() + POLL_S
-            info = job_info(job_id) or JobInfo(job_id, "UNKNOWN", "no longer known to slurmctld")
-            if (info.state, info.reason) != seen:
-                seen = (info.state, info.reason)
-                where = f" on {info.nodes}" if info.state == "RUNNING" else ""
-                why = f" ({info.reason})" if info.reason not in ("", "None") else ""
-                say(f"[cpudist] Slurm job {job_id}: {info.state}{where}{why}")
-        done = info is not None and (info.ended or info.state == "UNKNOWN")
-        for line in tail.lines(final=done):
-            event = events.parse(line)
-            if event is not None:
-                on_event(event)
-            else:
-                last = [*last, line][-20:]
-                on_line(line)
-        if done and info is not None:
-            return SlurmOutcome(info, timed_out, tuple(last))
+        info = follower.poll()
+        if info is not None:
+            return SlurmOutcome(info, timed_out, tuple(follower.last))
         if deadline is not None and time.monotonic() > deadline and not timed_out:
             timed_out = True
             _run(["scancel", job_id])
         time.sleep(OUTPUT_POLL_S)
 
 
-def submit_and_follow(launch: Launch, out: Path, on_event: Callable[[dict[str, Any]], None],
-                      on_line: Callable[[str], None], say: Callable[[str], None],
-                      timeout_s: float | None = None) -> SlurmOutcome:
-    """Write the batch script into the run folder, submit it, follow it to its end; Ctrl-C cancels it."""
+def submit(launch: Launch, out: Path, say: Callable[[str], None]) -> str:
+    """Write the batch script into the run folder and submit it; the job's id."""
     assert launch.script is not None
     script = out / SBATCH_FILE
     state.write_private(script, launch.script)  # it exports the --env values (tokens): the user's eyes only
     job_id = _run(list(launch.argv)).strip().split(";")[0]  # --parsable: "id" or "id;cluster"
     say(f"[cpudist] submitted Slurm job {job_id} ({script}); output: {out / f'slurm-{job_id}.out'}")
+    return job_id
+
+
+def cancel(job_id: str) -> None:
+    """scancel the job and wait (at most CANCEL_WAIT_S) for its end; a second Ctrl-C meanwhile is held back."""
+    with shielded(lambda: None):  # a second Ctrl-C must not leave the job running
+        subprocess.run(["scancel", job_id], capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+        with contextlib.suppress(TimedOut, JobFailed):  # the caller's error says it was cancelled either way
+            wait_until(lambda: (job_info(job_id) or JobInfo(job_id, "COMPLETED")).ended or None,
+                       f"Slurm job {job_id} to end", CANCEL_WAIT_S, OUTPUT_POLL_S)
+
+
+def submit_and_follow(launch: Launch, out: Path, on_event: Callable[[dict[str, Any]], None],
+                      on_line: Callable[[str], None], say: Callable[[str], None],
+                      timeout_s: float | None = None) -> SlurmOutcome:
+    """Write the batch script into the run folder, submit it, follow it to its end; Ctrl-C cancels it."""
+    job_id = submit(launch, out, say)
     try:
         return follow(job_id, out / f"slurm-{job_id}.out", on_event, on_line, say, timeout_s)
     except KeyboardInterrupt:
-        with shielded(lambda: None):  # a second Ctrl-C must not leave the job running
-            subprocess.run(["scancel", job_id], capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
-            with contextlib.suppress(TimedOut):  # the error below says it was cancelled either way
-                wait_until(lambda: (job_info(job_id) or JobInfo(job_id, "COMPLETED")).ended or None,
-                           f"Slurm job {job_id} to end", CANCEL_WAIT_S, OUTPUT_POLL_S)
+        cancel(job_id)
         raise Interrupted(f"interrupted: Slurm job {job_id} was cancelled (scancel)",
-                        "Re-run the command to start over") from None
+                          "Re-run the command to start over") from None
 
 
 def batch_or_step(spec: RunSpec, env: dict[str, str]) -> Launch:
@@ -171,8 +204,13 @@ def batch_or_step(spec: RunSpec, env: dict[str, str]) -> Launch:
         cpus = max(1, alloc.cpus_per_node // spec.ppn)
         return Launch(tuple(slurm.srun_argv(spec.np, spec.ppn, trainer_argv(spec), cpus)), env)
     out = Path(spec.cwd, spec.train.output_dir)  # absolute: the script may be submitted from elsewhere
+    options = spec.slurm or SlurmOptions()
+    if options.requeue and spec.train.resume is None and not spec.program:
+        # a requeued job runs this script again: its ranks go on from the run's newest checkpoint (of this run id
+        # only, run/identity.py), and the first start, finding none, starts from step 0
+        spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, resume="auto"))
     job = slurm.BatchJob(f"cpudist-{spec.train.task}", spec.np, spec.ppn, spec.cwd, str(out / "slurm-%j.out"),
-                         tuple(trainer_argv(spec)), tuple(env.items()), spec.slurm or SlurmOptions())
+                         tuple(trainer_argv(spec)), tuple(env.items()), options)
     return Launch(("sbatch", "--parsable", str(out / SBATCH_FILE)), env, script=slurm.sbatch_script(job))
 
 

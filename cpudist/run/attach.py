@@ -33,6 +33,10 @@ def attach(info: RunInfo, cb: Callbacks, interval_s: float = 1.0, stop_first: bo
     """Follow the detached run to its end (the agent's status file), bring it home and record it: run.json says
     finished, failed, interrupted or preempted, the ledger has it when it finished. With `stop_first`, interrupt
     the agent before following."""
+    if "slurm_job_id" in info.detached:  # a Slurm batch job (run/slurm_detach.py), not an agent on a head
+        from cpudist.run import slurm_detach
+
+        return slurm_detach.attach(info, cb, stop_first, min(timeout_s, slurm_detach.STOP_GRACE_S))
     d = _detached(info)
     out = Path(info.run_dir)
     cb = runlog.tee(cb, out, info.id)

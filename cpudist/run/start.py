@@ -46,6 +46,11 @@ def start(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> Run
             return None
         return tracked(request, where_name(request, where),
                         lambda: recovery.run_remote(request, where, ledger, cb, extra))
+    if where.detach:  # a Slurm batch job (the only detached run from here: cli/run.py)
+        from cpudist.run import slurm_detach
+
+        slurm_detach.start(request, ledger, cb, extra)
+        return None
     spec = prepare(request)  # refuses a fresh run into another run's checkpoints before run.json is touched
     launch = plan(spec)
     if note:

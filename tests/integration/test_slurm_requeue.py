@@ -1,0 +1,136 @@
+"""--launcher slurm --detach, --requeue, `logs -f` and `stop` against a real Slurm (tests/harness/slurm.py).
+
+One job per test, a tiny model and a few steps. What is modelled, and how:
+- Slurm's USR1 ahead of the time limit (`--signal=B:USR1@120`): sent at once with `scancel --signal=USR1 --batch`,
+  as Slurm sends it (to the batch script only); a real time limit is minutes.
+- Slurm holds a requeued job for 121 s (its credential lifetime) before it may start again: the test sets its
+  StartTime to now once it is pending again, as the scheduler would later.
+- A busy slurmctld: `scontrol show job` fails (its own "Socket timed out" words, exit 1) a given number of times, from
+  a wrapper `scontrol` first on the PATH that then runs the real one; every other scontrol call goes through.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness import netns
+from tests.harness import slurm as slurm_harness
+from tests.harness.slurm import SlurmCluster
+from tests.integration.helpers import cmdline, wait_for
+
+MISSING = netns.missing_requirements() or slurm_harness.missing_requirements()
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(MISSING is not None, reason=str(MISSING))]
+CPUDIST = [sys.executable, "-m", "cpudist.cli"]
+FLAKY = """#!/bin/bash
+# `scontrol show job` fails while the count in $FLAKY_FILE is above 0 (each failure takes one off)
+if [ "$1 $2" = "show job" ] && [ -s "$FLAKY_FILE" ] && [ "$(cat "$FLAKY_FILE")" -gt 0 ]; then
+  echo $(( $(cat "$FLAKY_FILE") - 1 )) > "$FLAKY_FILE"
+  echo "failed" >> "$FLAKY_FILE.log"
+  echo "slurm_load_jobs error: Socket timed out on send/recv operation" >&2
+  exit 1
+fi
+exec /usr/bin/scontrol "$@"
+"""
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    hosts = netns.NetnsCluster(2, tmp_path_factory.mktemp("slurm-hosts"), prefix=f"slq{os.getpid() % 10000}")
+    hosts.up()
+    try:
+        cluster = SlurmCluster(hosts).up()
+        try:
+            yield cluster
+        finally:
+            cluster.down()
+    finally:
+        hosts.down()
+
+
+@pytest.fixture
+def flaky(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """(environment with the wrapper scontrol first on the PATH, the file holding how many calls fail)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(FLAKY)
+    (bin_dir / "scontrol").chmod(0o755)
+    count = tmp_path / "flaky"
+    count.write_text("0\n")
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "FLAKY_FILE": str(count)}, count
+
+
+def detached_run(slurm: SlurmCluster, data: Path, out: Path, env: dict[str, str], *extra: str) -> tuple[str, str]:
+    """`cpudist run --launcher slurm --detach` on the login node: (run id, job id) once it returned."""
+    r = slurm.run(0, [*CPUDIST, "run", "mrpc", "--data-dir", str(data / "glue" / "MRPC"), "--model", "tiny",
+                      "--output-dir", str(out), "--launcher", "slurm", "--nodes", "1", "--ppn", "1", "--no-eval",
+                      "--log-every", "1", "--save-model", "none", "--detach", *extra],
+                  cwd=str(out.parent), timeout=400, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    info = json.loads((out / "run.json").read_text())
+    assert info["state"] == "running" and info["where"] == "slurm", info
+    assert f"detached: run {info['id']} goes on as a Slurm batch job" in r.stdout, r.stdout
+    return info["id"], info["detached"]["slurm_job_id"]
+
+
+def job_field(slurm: SlurmCluster, job_id: str, name: str) -> str:
+    found = re.search(rf"\b{name}=(\S+)", slurm.run(0, ["/usr/bin/scontrol", "show", "job", "-o", job_id]).stdout)
+    return found.group(1) if found else ""
+
+
+def ranks_left(slurm: SlurmCluster) -> list[str]:
+    return [cmdline(pid)[:100] for i in range(slurm.hosts.n) for pid in slurm.hosts.pids(i)
+            if "cpudist.rank" in cmdline(pid) or "slurmstepd" in cmdline(pid)]
+
+
+def test_requeued_job_resumes_and_logs_follows_it_through_a_busy_slurmctld(
+        slurm: SlurmCluster, shared_data: Path, tmp_path: Path, flaky: tuple[dict[str, str], Path]) -> None:
+    env, count = flaky
+    out = tmp_path / "run"
+    run_id, job_id = detached_run(slurm, shared_data, out, env, "--requeue", "--max-steps", "6")
+    script = (out / "job.sbatch").read_text()
+    assert "#SBATCH --requeue" in script and "#SBATCH --signal=B:USR1@120" in script, script
+    # Slurm's notice ahead of the time limit, sent now: the ranks checkpoint, the script requeues the job
+    slurm.run(0, ["scancel", "--signal=USR1", "--batch", job_id])
+    wait_for(lambda: job_field(slurm, job_id, "Restarts") == "1" and job_field(slurm, job_id, "JobState") == "PENDING",
+             120, f"job {job_id} requeued", lambda: (out / f"slurm-{job_id}.out").read_text()[-3000:], 0.5)
+    slurm.run(0, ["/usr/bin/scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+    count.write_text("4\n")  # the next 4 `scontrol show job` fail: 8 s of a busy slurmctld at the follower's pace
+    r = slurm.run(0, [*CPUDIST, "logs", "-f", str(out)], cwd=str(tmp_path), timeout=400, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    both = r.stdout + r.stderr
+    assert "Traceback" not in both and "UNKNOWN" not in both, both[-4000:]
+    assert (tmp_path / "flaky.log").read_text().count("failed") == 4 and count.read_text().strip() == "0"
+    assert f"requeueing Slurm job {job_id}" in r.stdout, r.stdout[-4000:]
+    assert f"run {run_id} is finished" in r.stderr, r.stderr[-3000:]
+    result = json.loads((out / "result.json").read_text())
+    assert result["run_id"] == run_id and result["slurm_job_id"] == job_id and result["steps"] == 6, result
+    assert result["resumed_from_step"] and 0 < result["resumed_from_step"] < 6, result  # the checkpoint at the stop
+    info = json.loads((out / "run.json").read_text())
+    assert info["state"] == "finished", info
+    ledger = Path(os.environ["CPUDIST_HOME"]) / "results.jsonl"
+    assert json.loads(ledger.read_text().splitlines()[-1])["run_id"] == run_id
+    assert slurm.jobs() == [] and ranks_left(slurm) == []
+
+
+def test_stop_checkpoints_then_cancels(slurm: SlurmCluster, shared_data: Path, tmp_path: Path,
+                                       flaky: tuple[dict[str, str], Path]) -> None:
+    env, _ = flaky
+    out = tmp_path / "run"
+    run_id, job_id = detached_run(slurm, shared_data, out, env, "--epochs", "50")
+    r = slurm.run(0, [*CPUDIST, "stop", str(out)], cwd=str(tmp_path), timeout=300, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    assert f"run {run_id} stopped, run.json says interrupted: the ranks stopped at step " in r.stdout, r.stdout
+    assert f"--resume auto --output-dir {out}" in r.stdout, r.stdout
+    info = json.loads((out / "run.json").read_text())
+    assert info["state"] == "interrupted", info
+    assert list((out / "checkpoints").glob("step-*")), list(out.iterdir())
+    assert job_field(slurm, job_id, "JobState") in ("FAILED", "CANCELLED", "COMPLETED")
+    assert slurm.jobs() == []
+    wait_for(lambda: ranks_left(slurm) == [], 30, "the job's slurmstepd to exit", lambda: ranks_left(slurm), 0.5)
