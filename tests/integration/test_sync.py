@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,15 +58,41 @@ def same(a: list[dict[str, float]], b: list[dict[str, float]], tol: float) -> bo
     return all(d <= tol for key in ("loss", "grad_norm") for d in departures(a, b, key))
 
 
+class Runs:
+    """`run` once per set of options in this module: tests that need the same run share it."""
+
+    def __init__(self, shared_data: Path, folders: pytest.TempPathFactory) -> None:
+        self.shared_data, self.folders = shared_data, folders
+        self.done: dict[tuple[object, ...], Path] = {}
+
+    def folder(self, np_: int, *extra: str) -> Path:
+        if (np_, *extra) not in self.done:
+            out = self.folders.mktemp("run")
+            run(self.shared_data, out, np_, *extra)
+            self.done[(np_, *extra)] = out
+        return self.done[(np_, *extra)]
+
+    def steps(self, np_: int, *extra: str) -> list[dict[str, float]]:
+        return [json.loads(line) for line in (self.folder(np_, *extra) / "steps.jsonl").read_text().splitlines()]
+
+    def result(self, np_: int, *extra: str) -> dict[str, Any]:
+        return dict(json.loads((self.folder(np_, *extra) / "result.json").read_text()))
+
+
+@pytest.fixture(scope="module")
+def memo(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    return Runs(shared_data, tmp_path_factory)
+
+
 @pytest.fixture(scope="module")
 def one_rank(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, float]]:
     return run(shared_data, tmp_path_factory.mktemp("np1"), 1, "--batch-size", "16")
 
 
 @pytest.fixture(scope="module")
-def ddp_two(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, float]]:
+def ddp_two(memo: Runs) -> list[dict[str, float]]:
     """Plain fp32 DDP on 2 ranks: the reference of the compressed exchanges."""
-    return run(shared_data, tmp_path_factory.mktemp("ddp2"), 2, "--batch-size", "8")
+    return memo.steps(2, "--batch-size", "8", "--sync", "ddp")
 
 
 @pytest.fixture(scope="module")
@@ -78,15 +105,12 @@ def no_exchange(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 @pytest.mark.parametrize("np_", [2, 4])
 @pytest.mark.parametrize("strategy", ["ddp", "allreduce", "gather-scatter"])
-def test_synchronous_strategies_equal_one_rank(shared_data: Path, tmp_path: Path, one_rank: list[dict[str, float]],
-                                               ddp_two: list[dict[str, float]], np_: int, strategy: str) -> None:
-    if strategy == "ddp" and np_ == 2:
-        steps = ddp_two
-    else:
-        steps = run(shared_data, tmp_path, np_, "--batch-size", str(16 // np_), "--sync", strategy)
-        result = json.loads((tmp_path / "result.json").read_text())
-        assert result["sync"] == strategy and result["world_size"] == np_
-        assert result["comm_time_s"] > 0 and result["bus_bandwidth_gbps"] > 0
+def test_synchronous_strategies_equal_one_rank(memo: Runs, one_rank: list[dict[str, float]], np_: int,
+                                               strategy: str) -> None:
+    steps = memo.steps(np_, "--batch-size", str(16 // np_), "--sync", strategy)
+    result = memo.result(np_, "--batch-size", str(16 // np_), "--sync", strategy)
+    assert result["sync"] == strategy and result["world_size"] == np_
+    assert result["comm_time_s"] > 0 and result["bus_bandwidth_gbps"] > 0
     assert same(one_rank, steps, FP32), {k: departures(one_rank, steps, k) for k in ("loss", "grad_norm")}
 
 
@@ -160,9 +184,11 @@ def test_diloco_with_outer_lr_one_and_no_momentum_is_local_sgd(shared_data: Path
 
 @pytest.mark.parametrize("strategy", ["ddp", "gather-scatter", "local-sgd"])
 def test_accumulating_two_micro_batches_equals_one_batch_twice_as_big(shared_data: Path, tmp_path: Path,
+                                                                      memo: Runs,
                                                                       strategy: str) -> None:
-    """--grad-accum 2 x batch 4 trains the steps of batch 8."""
+    """--grad-accum 2 x batch 4 trains the steps of batch 8 (ddp's and gather-scatter's batch-8 runs are those
+    of test_synchronous_strategies_equal_one_rank on 2 ranks)."""
     sync = ["--sync", strategy, *(["--local-sgd-warmup", "2", "--sync-every", "2"] if strategy == "local-sgd" else [])]
-    big = run(shared_data, tmp_path / "big", 2, "--batch-size", "8", *sync)
+    big = memo.steps(2, "--batch-size", "8", *sync)
     accum = run(shared_data, tmp_path / "accum", 2, "--batch-size", "4", "--grad-accum", "2", *sync)
     assert same(big, accum, FP32), (big, accum)  # its bytes, once per step, are counted in test_sync_traffic.py
