@@ -61,9 +61,14 @@ def local_inputs(cfg: TrainConfig) -> list[tuple[str, str, Path]]:
 
 
 def fetch_tree(head: Remote, remote_dir: str, local_dir: Path) -> int:
-    """Copy every file under the head's remote_dir (small ones: --report-to's event files) into local_dir."""
-    code, out, _ = head.run(f"cd {shlex.quote(remote_dir)} && find . -type f -printf '%P\\n'", timeout=120)
-    names = [n for n in out.splitlines() if n] if code == 0 else []
+    """Copy every file under the head's remote_dir (small ones: --report-to's event files and MLflow store) into
+    local_dir, empty folders too (MLflow's file store finds a run only with its empty artifacts/)."""
+    code, out, _ = head.run(f"cd {shlex.quote(remote_dir)} && find . -mindepth 1 \\( -type d -printf '%P/\\n' \\) -o "
+                            "-type f -printf '%P\\n'", timeout=120)
+    lines = [n for n in out.splitlines() if n] if code == 0 else []
+    for folder in (n for n in lines if n.endswith("/")):
+        (local_dir / folder).mkdir(parents=True, exist_ok=True)
+    names = [n for n in lines if not n.endswith("/")]
     for name in names:
         (local_dir / name).parent.mkdir(parents=True, exist_ok=True)
         head.fetch(f"{remote_dir}/{name}", local_dir / name)
