@@ -11,7 +11,7 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
@@ -20,11 +20,17 @@ from cpudist import state
 from cpudist.cli.options import SectionedCommand, output_options
 from cpudist.cli.run_options import PPN
 from cpudist.cli.slurm_options import slurm_options, to_slurm_options
-from cpudist.errors import BadInput, JobFailed
+from cpudist.errors import BadInput, CpudistError, JobFailed
 from cpudist.interrupts import signals_interrupt
 from cpudist.launch.env import AUTO_PPN_WHY, parse_env_pairs, redact_env_args
 from cpudist.launch.spec import LAUNCHERS
 from cpudist.results.schema import RunResult
+
+if TYPE_CHECKING:
+    from cpudist.run.request import RunRequest
+    from cpudist.run.script import Script
+    from cpudist.run.sweep import SeriesHosts
+    from cpudist.run.where import Route, Where
 
 
 def _env(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
@@ -32,6 +38,17 @@ def _env(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> 
         return parse_env_pairs(value)
     except ValueError as e:
         raise BadInput(f"--env {e} is not of the form KEY=VALUE", "Write it as --env NAME=value") from None
+
+
+class _Counts(click.ParamType):
+    """Node counts: 1,2,4."""
+
+    name = "N,N,..."
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, ...]:
+        from cpudist.run.sweep import parse_counts
+
+        return value if isinstance(value, tuple) else parse_counts(str(value))
 
 
 def summary(r: RunResult) -> str:
@@ -50,7 +67,7 @@ SECTIONS = {
     "The script": ("workdir", "metric_file", "collect"),
     "Launch": ("mpirun", "ssh", "iface", "allocator", "openmp", "env_pairs", "timeout"),
     "Slurm (--launcher slurm)": ("partition", "time_limit", "account", "exclusive", "sbatch_args"),
-    "Output": ("output_dir", "ledger", "fmt", "quiet", "dry_run"),
+    "Output": ("output_dir", "sweep", "ledger", "fmt", "quiet", "dry_run"),
 }
 
 
@@ -100,6 +117,8 @@ SECTIONS = {
 @click.option("--output-dir", type=click.Path(path_type=Path), help="Run folder [default: runs/script-<name>-...].")
 @click.option("--ledger", type=click.Path(path_type=Path), help="Results ledger [default: ~/.cpudist/results.jsonl].")
 @click.option("--dry-run", is_flag=True, help="Print the command and every rank variable; run nothing.")
+@click.option("--sweep", type=_Counts(), help="Node counts to run in turn (1,2,4; --ppn per node), then the speedup "
+              "report of these runs, as `cpudist sweep` for the trainer [folders: <--output-dir>/nodesN].")
 @output_options()
 @click.option("--quiet", is_flag=True, help="Only errors and the final line (rank output: ranks.log).")
 @click.pass_context
@@ -112,21 +131,33 @@ def launch(ctx: click.Context, command: tuple[str, ...], **opts: Any) -> None:
 
     Example: cpudist launch --np 2 train.py --epochs 1
     """
-    from cpudist.cli.progress import JobView
-    from cpudist.cpu import read_cpu
-    from cpudist.run.request import Callbacks, LaunchOptions, Layout, RunRequest, resolve_layout
-    from cpudist.run.script import Script, describe_script, launch_script, script_config
-    from cpudist.run.script_remote import describe_remote
-    from cpudist.run.where import Route, where_for
-
     command = command[1:] if command[:1] == ("--",) else command
     if not command:
         raise BadInput("no command to launch", "Give it after --: cpudist launch --np 2 -- python train.py")
-    given = Layout(opts["np_"], opts["ppn"], opts["nodes"],
-                   ctx.get_parameter_source("np_") is not ParameterSource.DEFAULT)
-    route = Route(opts["hostfile"], opts["cluster_name"], opts["head_addr"], opts["user"], opts["identity"],
-                  opts["remote_python"], opts["stage_code"])
+    np_given = ctx.get_parameter_source("np_") is not ParameterSource.DEFAULT
+    with signals_interrupt():
+        if opts["sweep"]:
+            _sweep(command, opts, np_given)
+            return
+        request, script, where = _request(command, opts, np_given, opts["nodes"], opts["output_dir"])
+        if opts["dry_run"]:
+            click.echo(_describe(request, script, where), nl=False)
+            return
+        result = _launch_one(request, script, where, opts)
+    click.echo(json.dumps(result.to_dict(), indent=2) if opts["fmt"] == "json" else summary(result))
+
+
+def _request(command: tuple[str, ...], opts: dict[str, Any], np_given: bool, nodes: int | None,
+             output_dir: Path | None) -> tuple[RunRequest, Script, Where]:
+    """The options as one run's request, script and route (a sweep's run: its node count and folder)."""
+    from cpudist.cpu import read_cpu
+    from cpudist.run.request import LaunchOptions, Layout, RunRequest, resolve_layout
+    from cpudist.run.script import Script, script_config
+    from cpudist.run.where import where_for
+
+    route = _route(opts)
     remote = route.cluster is not None or route.head_addr is not None
+    given = Layout(opts["np_"], opts["ppn"], nodes, np_given)
     np_, ppn = resolve_layout(given, remote, lambda: read_cpu().physical_cores, _say)
     if opts["hostfile"] is not None and ppn is None:
         raise BadInput("--hostfile needs --ppn (ranks per node)", "e.g. --np 4 --ppn 1 for one rank on 4 nodes")
@@ -140,25 +171,92 @@ def launch(ctx: click.Context, command: tuple[str, ...], **opts: Any) -> None:
                                 opts["timeout"], to_slurm_options(opts["partition"], opts["time_limit"],
                                                                   opts["account"], opts["exclusive"],
                                                                   opts["sbatch_args"]))
-    cfg = script_config(script, str(opts["output_dir"]) if opts["output_dir"] else None, np_)
+    cfg = script_config(script, str(output_dir) if output_dir else None, np_)
     where = where_for(route, launch_opts.nodes, ppn is not None, launch_opts.launcher)
     hostfile = str(where.hostfile) if where.hostfile and where.head is None else None
-    request = RunRequest(cfg, launch_opts, hostfile, shlex.join(["cpudist", *redact_env_args(sys.argv[1:])]))
-    with signals_interrupt():
+    return (RunRequest(cfg, launch_opts, hostfile, shlex.join(["cpudist", *redact_env_args(sys.argv[1:])])),
+            script, where)
+
+
+def _route(opts: dict[str, Any]) -> Route:
+    from cpudist.run.where import Route
+
+    return Route(opts["hostfile"], opts["cluster_name"], opts["head_addr"], opts["user"], opts["identity"],
+                 opts["remote_python"], opts["stage_code"])
+
+
+def _describe(request: RunRequest, script: Script, where: Where) -> str:
+    from cpudist.run.script import describe_script
+    from cpudist.run.script_remote import describe_remote
+
+    return describe_remote(request, script, where.head) if where.head is not None else describe_script(request,
+                                                                                                        script)
+
+
+def _launch_one(request: RunRequest, script: Script, where: Where, opts: dict[str, Any]) -> RunResult:
+    from cpudist.cli.progress import JobView
+    from cpudist.run.request import Callbacks
+    from cpudist.run.script import launch_script
+
+    view = JobView(quiet=opts["quiet"])
+    cb = Callbacks(view.on_event, view.on_line, (lambda line: None) if opts["quiet"] else _say)
+    try:
+        return launch_script(request, script, where, opts["ledger"] or state.ledger_path(), cb)
+    except JobFailed:
+        view.show_held()  # --quiet: the rank lines the error points at
+        raise
+    finally:
+        view.close()
+
+
+def _sweep(command: tuple[str, ...], opts: dict[str, Any], np_given: bool) -> None:
+    """--sweep 1,2,4: the launch on each node count in turn (run folders nodes1, nodes2, ... of one sweep folder),
+    then the speedup report of exactly these runs, as `cpudist sweep` does for the trainer."""
+    from cpudist.cli.report import show_report
+    from cpudist.run.script_result import TASK, script_label
+    from cpudist.run.sweep import check_series, default_sweep_dir, run_dirs
+
+    counts = opts["sweep"]
+    if np_given or opts["nodes"] is not None:
+        raise BadInput("--sweep sets the node count of each run: --np and --nodes do not go with it",
+                       "Give --ppn (ranks per node) and --sweep 1,2,4")
+    check_series(counts, opts["ppn"], _series_hosts(opts))
+    dirs = run_dirs(opts["output_dir"] or default_sweep_dir(TASK, script_label(command)), counts)
+    done: list[RunResult] = []
+    for i, n in enumerate(counts, 1):
+        request, script, where = _request(command, opts, False, n, dirs[n])
+        say = f"sweep {i}/{len(counts)}: {n} node(s), --ppn {request.launch.ppn} -> {dirs[n]}"
         if opts["dry_run"]:
-            click.echo(describe_remote(request, script, where.head) if where.head is not None
-                       else describe_script(request, script), nl=False)
-            return
-        view = JobView(quiet=opts["quiet"])
-        cb = Callbacks(view.on_event, view.on_line, (lambda line: None) if opts["quiet"] else _say)
+            click.echo(f"# {say}\n{_describe(request, script, where)}", nl=False)
+            continue
+        _say(say)
         try:
-            result = launch_script(request, script, where, opts["ledger"] or state.ledger_path(), cb)
-        except JobFailed:
-            view.show_held()  # --quiet: the rank lines the error points at
-            raise
-        finally:
-            view.close()
-    click.echo(json.dumps(result.to_dict(), indent=2) if opts["fmt"] == "json" else summary(result))
+            done.append(_launch_one(request, script, where, opts))
+        except CpudistError as e:
+            if done:
+                show_report(done, "json" if opts["fmt"] == "json" else "table", None)
+            raise type(e)(f"sweep stopped: the run on {n} node(s) failed: {e.message}") from e
+        _say(summary(done[-1]))
+    if done:
+        show_report(done, "json" if opts["fmt"] == "json" else "table", None)
+
+
+def _series_hosts(opts: dict[str, Any]) -> SeriesHosts:
+    """What the options offer to run on, and how many hosts that is (None: this machine, or Slurm's)."""
+    from cpudist.hostfile import read_hostfile
+    from cpudist.run.sweep import SeriesHosts
+
+    hosts = None
+    if opts["cluster_name"] is not None:
+        from cpudist.cloud.record import load_record
+
+        record = load_record(opts["cluster_name"])
+        if record is None:
+            raise BadInput(f"no local record of cluster {opts['cluster_name']}", "Run `cpudist cluster up` first")
+        hosts = len(record.nodes)
+    elif opts["hostfile"] is not None:
+        hosts = len(read_hostfile(opts["hostfile"]))
+    return SeriesHosts(opts["hostfile"], opts["cluster_name"], opts["launcher"], hosts)
 
 
 def _say(line: str) -> None:

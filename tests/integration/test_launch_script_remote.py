@@ -108,3 +108,36 @@ def test_ctrl_c_on_the_laptop_stops_every_rank_on_every_host(site: World) -> Non
     assert "interrupted: all ranks were stopped on every node" in rest, rest[-3000:]
     assert wait_no_leftovers(site) == [] and left_on_hosts(site, "sleeper.py") == []
     assert json.loads((folder / "runs" / "stopped" / "run.json").read_text())["state"] == "interrupted"
+
+
+COUNTER = '''
+import json, os
+world = int(os.environ["WORLD_SIZE"])
+if os.environ["RANK"] == "0":
+    json.dump({"train_samples": 1000 * world}, open("metrics.json", "w"))
+    open("out.txt", "w").write(f"world {world}")
+'''
+
+
+def test_a_sweep_over_1_and_2_hosts_gives_the_speedup_table_and_each_runs_outputs(site: World) -> None:
+    """--sweep from the laptop (1 and 2 hosts here to keep it short; 4 works the same way): one run folder per
+    count with its outputs home, the report of exactly these runs on stdout (JSON: parsed), two ledger lines."""
+    folder = site.operator_path("counter")
+    folder.mkdir()
+    (folder / "count.py").write_text(COUNTER)
+    ledger = site.operator_path(".cpudist/results.jsonl")
+    before = len(ledger.read_text().splitlines()) if ledger.exists() else 0
+    argv = laptop_argv(site, "counter", "--output-dir", "runs/sweep", "--metric-file", "metrics.json",
+                       "--collect", "out.txt", "--json", "--", "count.py")
+    argv[argv.index("--np"):argv.index("--np") + 2] = ["--sweep", "1,2"]
+    r = site.operator_run(argv, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    rows = json.loads(r.stdout)
+    assert [(row["nodes"], row["ranks"], row["group"]) for row in rows] == \
+        [(1, 1, "script count.py"), (2, 2, "script count.py")], r.stdout
+    assert rows[0]["speedup"] == 1.0 and rows[1]["speedup"] > 0
+    for n in (1, 2):
+        assert (folder / f"runs/sweep/nodes{n}/collected/out.txt").read_text() == f"world {n}"
+    entries = [json.loads(line) for line in ledger.read_text().splitlines()][before:]
+    assert [(e["world_size"], len(e["nodes"]), e["train_samples"]) for e in entries] == [(1, 1, 1000), (2, 2, 2000)]
+    assert wait_no_leftovers(site) == []

@@ -77,3 +77,21 @@ def test_dry_run_from_outside_says_what_is_staged_and_where_it_runs(tmp_path: Pa
     missing = CliRunner().invoke(cli, ["launch", "--np", "2", "--ppn", "1", "--hostfile", "hosts", "--head", "h",
                                        "--stage", "nope", "--dry-run", "--", "train.py"])
     assert missing.exit_code == 2 and "--stage nope" in missing.output, missing.output
+
+
+def test_sweep_runs_each_count_in_its_folder_and_refuses_what_cannot_finish(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("raise SystemExit('must not run')\n")
+    (tmp_path / "hosts").write_text("n0\nn1\n")
+    head = ["--hostfile", "hosts", "--head", "10.0.0.9", "--dry-run", "--output-dir", "sw"]
+    r = CliRunner().invoke(cli, ["launch", "--sweep", "2,1", "--ppn", "1", *head, "--", "train.py"])
+    assert r.exit_code == 0, r.output
+    assert "# sweep 1/2: 1 node(s), --ppn 1 -> sw/nodes1" in r.output and "-> sw/nodes2" in r.output
+    assert "(as sw/nodes1/script:" in r.output and "(as sw/nodes2/script:" in r.output  # each run in its folder
+    assert "1 rank(s) run `train.py`" in r.output and "2 rank(s) run `train.py`" in r.output
+    for args, says in ((["--sweep", "1,4", "--ppn", "1", *head], "--nodes 4 is more than the 2 host(s)"),
+                       (["--sweep", "1,2", "--np", "2", "--ppn", "1", *head], "--sweep sets the node count"),
+                       (["--sweep", "1,2", "--ppn", "1", "--dry-run"], "needs more than this machine")):
+        bad = CliRunner().invoke(cli, ["launch", *args, "--", "train.py"])
+        assert bad.exit_code == 2 and says in bad.output, bad.output
