@@ -105,6 +105,7 @@ class CheckpointMeta:
     files: dict[str, FileSum] = field(default_factory=dict)
     format: int = FORMAT
     run_id: str = ""  # the run that wrote it ("" before runs had ids: any run may continue it)
+    best: dict[str, Any] | None = None  # the best evaluation so far ({"step", "metrics", "seconds"}): --save-model best
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object, keys in the order cpudist always wrote them."""
@@ -112,7 +113,8 @@ class CheckpointMeta:
                 "world_size": self.world_size, "global_batch": self.global_batch, "sync": self.sync,
                 "parts": self.parts, "wall_s": self.wall_s, "stats": asdict(self.stats), "format": self.format,
                 "step": self.step, "rank_state": self.rank_state,
-                "files": {name: asdict(f) for name, f in self.files.items()}, "run_id": self.run_id}
+                "files": {name: asdict(f) for name, f in self.files.items()}, "run_id": self.run_id,
+                "best": self.best}
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> CheckpointMeta:
@@ -132,7 +134,7 @@ class CheckpointMeta:
                        int(data.get("parts", 1)), float(data.get("wall_s", 0.0)), Done(**data["stats"]),
                        int(data["step"]), bool(data.get("rank_state", False)),
                        {name: FileSum(**f) for name, f in data.get("files", {}).items()}, version,
-                       str(data.get("run_id", "")))
+                       str(data.get("run_id", "")), _best(data.get("best")))
         except KeyError as e:
             raise BadInput(f"checkpoint {where} has a {META} of format {version} without {e.args[0]!r}", FIX) from None
         except (TypeError, ValueError, AttributeError) as e:
@@ -191,6 +193,16 @@ def owner(path: Path) -> str | None:
     except (OSError, ValueError):
         return None
     return str(data.get("run_id", "")) if isinstance(data, dict) else None
+
+
+def _best(data: Any) -> dict[str, Any] | None:
+    """The meta's best evaluation; None when absent (older checkpoints) and TypeError when malformed."""
+    if data is None:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
+        raise TypeError(f"best is {data!r}, not an evaluation")
+    return {"step": int(data["step"]), "metrics": {str(k): float(v) for k, v in data["metrics"].items()},
+            "seconds": float(data.get("seconds", 0.0))}
 
 
 def same_run(found: str | None, run_id: str) -> bool:

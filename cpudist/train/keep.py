@@ -3,8 +3,9 @@
 As HF Trainer's load_best_model_at_end with metric_for_best_model set to the task's first metric (accuracy for
 MRPC, Matthews' correlation for CoLA, Pearson's r for STS-B; greater is better): a later evaluation replaces the
 best only when it scores strictly higher, so a tie keeps the earlier model. Rank 0 keeps the best weights in memory
-(one more copy of the model); the other ranks keep nothing. A resumed run chooses among the evaluations of its
-own part: checkpoints hold neither the earlier parts' evaluations nor their best weights.
+(one more copy of the model); the other ranks keep nothing. Each checkpoint holds the best evaluation so far and,
+for --save-model best, its weights (train/saver.py), so a resumed run's best is the best of all its parts; its
+`history` (result.json's evaluations) is its own part's.
 """
 
 from __future__ import annotations

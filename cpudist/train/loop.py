@@ -83,7 +83,7 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
     sched = get_linear_schedule_with_warmup(opt, int(cfg.warmup_ratio * total), total)
     stats = TrainStats()
     stats.strategy = strategy
-    live = Training(cfg, model, opt, sched, rank, world)
+    live = Training(cfg, model, opt, sched, rank, world, evals)
     if restored:
         restore(restored, live, stats)
         strategy.load(restored.state.get("sync", {}), restored.rank_state)
@@ -136,6 +136,11 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
                 _flush(pending, stats, log, world, total, report)
                 pending = []
             stop_now, save_now = _agree(stop, saver, stats.steps, time.monotonic() - last_save, world)
+            # Before the checkpoint, as HF's Trainer: it then holds this evaluation (a stop skips it: time counts)
+            if evals is not None and evals.due(stats.steps, total) and not stop_now:
+                metrics, _ = evals.run(job, stats.steps, during=True)
+                if report is not None:
+                    report.log_eval(stats.steps, metrics)
             if save_now or stop_now:
                 _flush(pending, stats, log, world, total, report)
                 pending = []
@@ -144,10 +149,6 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
             if stop_now:
                 stats.stopped = stop.pending() or preempt.PEER
                 break
-            if evals is not None and evals.due(stats.steps, total):
-                metrics, _ = evals.run(job, stats.steps, during=True)
-                if report is not None:
-                    report.log_eval(stats.steps, metrics)
         strategy.parameters(stats.steps, final=True)  # local SGD: evaluate (and keep) the ranks' mean
         tx_end = _counted(iface, world)
         if tx_start is not None and tx_end is not None:

@@ -2,6 +2,8 @@
 
 The loop calls `save` at the steps every rank agreed on (rank 0 writes, with every rank's RNG and own
 sync state, then copies it to the durable mirror) and `restore` once, before the first step of a resumed part.
+The best evaluation so far goes with each checkpoint (its step and metrics in the meta; for --save-model best, its
+weights in state.pt when they are not the model's own), so a resumed run keeps the best over all its parts.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ from cpudist.train.checkpoint_meta import CheckpointMeta, Done, Position
 from cpudist.train.durable import Mirror, copy_or_warn
 
 if TYPE_CHECKING:
+    from cpudist.train.keep import Evaluations
     from cpudist.train.loop import TrainStats
+
+BEST = "best_model"  # state.pt's key for the best evaluation's weights (--save-model best, when not the model's)
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,7 @@ class Training:
     sched: Any
     rank: int
     world: int
+    evals: Evaluations | None = None  # the run's evaluations: the best one goes with each checkpoint
 
 
 def restore(restored: Restored, t: Training, stats: TrainStats) -> None:
@@ -65,6 +71,24 @@ def restore(restored: Restored, t: Training, stats: TrainStats) -> None:
     done = restored.meta.stats
     stats.steps, stats.samples, stats.tokens = done.steps, done.samples, done.tokens
     stats.flops, stats.train_time_s = done.flops, done.train_time_s
+    if t.evals is not None:
+        restore_best(restored, t.evals)
+
+
+def restore_best(restored: Restored, evals: Evaluations) -> None:
+    """The earlier parts' best evaluation (and, for --save-model best, its weights) as this part's best so far;
+    nothing when the checkpoint has no best, or lacks the weights this part would need (written with another
+    --save-model): the best is then this part's own."""
+    best = restored.meta.best
+    if best is None:
+        return
+    state = restored.state.get(BEST)
+    if state is None and best["step"] == restored.meta.step:
+        state = restored.state["model"]  # evaluated at the checkpoint's step: the model is the best
+    if evals.keep_best and state is None:
+        return
+    evals.best = best
+    evals.best_state = {k: v.clone() for k, v in state.items()} if evals.keep_best and state is not None else None
 
 
 def save(saver: Saver, t: Training, stats: TrainStats, pos: Position, total: int) -> None:
@@ -75,11 +99,14 @@ def save(saver: Saver, t: Training, stats: TrainStats, pos: Position, total: int
     if rank == 0:
         state = {"model": getattr(t.model, "module", t.model).state_dict(), "optimizer": t.opt.state_dict(),
                  "scheduler": t.sched.state_dict(), "sync": stats.strategy.state() if stats.strategy else {}}
+        best = t.evals.best if t.evals is not None else None
+        if t.evals is not None and t.evals.best_state is not None and best is not None and best["step"] != stats.steps:
+            state[BEST] = t.evals.best_state
         meta = CheckpointMeta(dataclasses.asdict(cfg), total, pos, world, cfg.batch_size * cfg.grad_accum * world,
                               stats.strategy.spec.label if stats.strategy else "ddp", saver.parts,
                               saver.wall_before_s + time.perf_counter() - saver.started,
                               Done(stats.steps, stats.samples, stats.tokens, stats.flops, stats.train_time_s),
-                              stats.steps, run_id=cfg.run_id)
+                              stats.steps, run_id=cfg.run_id, best=best)
         path = checkpoint.write(saver.folder, state, rngs, meta, saver.keep, ranks)
         if saver.mirror is not None and (warning := copy_or_warn(saver.mirror, path, saver.keep)):
             sys.stderr.write(f"[cpudist] {warning}\n")  # one write: launchers interleave partial writes

@@ -186,7 +186,7 @@ def test_meta_json_round_trips_in_the_order_it_was_always_written(tmp_path: Path
     path = write(tmp_path, 10)
     text = (path / "meta.json").read_text()
     assert list(json.loads(text)) == ["config", "total", "position", "world_size", "global_batch", "sync", "parts",
-                                      "wall_s", "stats", "format", "step", "rank_state", "files", "run_id"]
+                                      "wall_s", "stats", "format", "step", "rank_state", "files", "run_id", "best"]
     meta = ckpt.read_meta(path)
     assert json.dumps(meta.to_dict(), indent=1) == text
     assert meta.position == Position(0, 10) and meta.stats.samples == 320 and set(meta.files) == set(checkpoint.FILES)
