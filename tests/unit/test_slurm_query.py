@@ -112,7 +112,8 @@ def test_requeue_script() -> None:
     lines = script.splitlines()
     for line in ("#SBATCH --requeue", "#SBATCH --signal=B:USR1@180", "#SBATCH --open-mode=append",
                  "trap 'stop=1; scancel --signal=TERM \"$SLURM_JOB_ID\"' USR1",
-                 f"if [ \"$stop\" != 0 ] && [ -e /home/u/runs/r1/{MARKER} ]; then", '  scontrol requeue "$SLURM_JOB_ID"'):
+                 f"if [ \"$stop\" != 0 ] && [ -e /home/u/runs/r1/{MARKER} ]; then",
+                 '  scontrol requeue "$SLURM_JOB_ID"'):
         assert line in lines, line
     srun = next(line for line in lines if line.startswith("srun "))
     assert srun.endswith(" &")
