@@ -1,7 +1,8 @@
 """Coming back to a detached run (run/detach.py) from any shell on the machine that started it.
 
-    attach(info, cb)   `cpudist logs -f RUN`: the head's agent log from its start until the agent's status file
-                       appears, then the run's files and model home and the run recorded, as a remote run's end
+    attach(info, cb)   `cpudist logs -f RUN`: the run's cpudist.log so far, then the head's agent log from where
+                       that ends (run/headlog's mark) until the agent's status file appears, then the run's files
+                       and model home and the run recorded, as a remote run's end
     stop(info)         `cpudist stop RUN`: the agent on the head interrupted (its PID and start time checked there),
                        which stops every rank (after a checkpoint when the run checkpoints); then attach, quietly
 """
@@ -15,6 +16,7 @@ from cpudist.errors import BadInput
 from cpudist.results.schema import RunResult
 from cpudist.run import runlog
 from cpudist.run.detach import Detached, HeadLog, interrupt_agent
+from cpudist.run.headlog import HEAD_LOG_MARK
 from cpudist.run.identity import RunInfo
 from cpudist.run.remote import conclude, fetch_files
 from cpudist.run.request import Callbacks
@@ -28,6 +30,14 @@ def _detached(info: RunInfo) -> Detached:
     return Detached.from_dict(info.detached)
 
 
+def _held(out: Path) -> list[str]:
+    """The lines of the run's cpudist.log as they are now."""
+    try:
+        return (out / runlog.LOG_FILE).read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+
+
 def attach(info: RunInfo, cb: Callbacks, interval_s: float = 1.0, stop_first: bool = False,
            timeout_s: float = math.inf) -> RunResult:
     """Follow the detached run to its end (the agent's status file), bring it home and record it: run.json says
@@ -39,12 +49,16 @@ def attach(info: RunInfo, cb: Callbacks, interval_s: float = 1.0, stop_first: bo
         return slurm_detach.attach(info, cb, stop_first, min(timeout_s, slurm_detach.STOP_GRACE_S))
     d = _detached(info)
     out = Path(info.run_dir)
+    shown = cb
     cb = runlog.tee(cb, out, info.id)
 
     with d.connect() as head:
+        log = HeadLog(head, d.run_dir, cb, out / HEAD_LOG_MARK)
+        if log.offset:  # cpudist.log holds the head's log up to there: show it, then read on (nothing written twice)
+            for line in _held(out):
+                shown.on_line(line)
         if stop_first and not interrupt_agent(head, d):
             cb.note(f"the agent (PID {d.agent_pid}) on {d.host} is gone already: bringing home what it left")
-        log = HeadLog(head, d.run_dir, cb)
         # Ctrl-C while following ends the following only: run.json still says running
         status = wait_until(log.poll, f"the end of run {info.id} on {d.host}", timeout_s, interval_s)
 

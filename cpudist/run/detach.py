@@ -21,6 +21,7 @@ from typing import Any
 from cpudist import events
 from cpudist.errors import Interrupted, JobFailed
 from cpudist.run.agent import LOG_FILE, PID_FILE, REQUEST_FILE, STATUS_FILE, parse_status
+from cpudist.run.headlog import HEAD_LOG_MARK, read_mark, write_mark
 from cpudist.run.identity import read_run, write_run
 from cpudist.run.remote import Landing, agent_command, python_words, stage_run
 from cpudist.run.request import Callbacks, RunRequest
@@ -70,10 +71,10 @@ class Detached:
 class HeadLog:
     """The agent's log on the head, read on from where the last read ended, passed to callbacks line by line."""
 
-    def __init__(self, head: Remote, run_dir: str, cb: Callbacks) -> None:
-        self.head, self.cb = head, cb
-        self.log, self.status = shlex.quote(f"{run_dir}/{LOG_FILE}"), shlex.quote(f"{run_dir}/{STATUS_FILE}")
-        self.offset = 0
+    def __init__(self, head: Remote, run_dir: str, cb: Callbacks, mark: Path | None = None) -> None:
+        self.head, self.cb, self.mark, self.path = head, cb, mark, f"{run_dir}/{LOG_FILE}"
+        self.log, self.status = shlex.quote(self.path), shlex.quote(f"{run_dir}/{STATUS_FILE}")
+        self.offset = read_mark(mark, self.path) if mark is not None else 0  # what cpudist.log holds already
         self.events = 0
 
     def poll(self) -> dict[str, Any] | None:
@@ -91,6 +92,8 @@ class HeadLog:
             elif parse_status(line) is None:
                 self.cb.on_line(line)
         self.offset += end
+        if end and self.mark is not None:
+            write_mark(self.mark, self.path, self.offset)
         return status
 
 
@@ -136,7 +139,8 @@ def start(request: RunRequest, head_spec: Head, ledger: Path, cb: Callbacks, ext
         info = read_run(local_dir)
         if info is not None:
             write_run(local_dir, dataclasses.replace(info, detached=dataclasses.asdict(d)))
-        log = HeadLog(head, staged.run_dir, cb)
+        (local_dir / HEAD_LOG_MARK).unlink(missing_ok=True)  # a new agent.log (a resumed part's too): from its start
+        log = HeadLog(head, staged.run_dir, cb, local_dir / HEAD_LOG_MARK)
         try:
             status = wait_until(lambda: log.poll() or (True if log.events else None),
                                 "the ranks to start on the head", ready_wait_s, 1.0)

@@ -4,6 +4,10 @@ the head's own run folder, for when the laptop's cpudist.log is not enough (its 
     cluster:NAME   the head, user, key and pinned host keys from the cluster's record (run/where.cluster_target)
     head:HOST      HOST, with --user/--identity as `cpudist run` took them (run.json does not keep them)
     here, hostfile:..., slurm: the ranks' output is in the run folder already; there is no head to ask
+
+A detached run's local cpudist.log is written from the head's agent log by each follower in turn (`run --detach`
+until the ranks are up, then each `logs -f`): the mark (`read_mark`/`write_mark`) says how many bytes of that log
+are in it already, so the next follower reads on from there instead of writing the first lines again.
 """
 
 from __future__ import annotations
@@ -20,6 +24,24 @@ from cpudist.run.identity import RunInfo, read_run
 from cpudist.ssh.client import Remote, Target
 from cpudist.ssh.known_hosts import KnownHosts
 from cpudist.waits import wait_until
+
+HEAD_LOG_MARK = "agent-log.offset"  # in the local run folder: {"log": the head's agent log, "offset": bytes read}
+
+
+def read_mark(path: Path, log: str) -> int:
+    """Bytes of the head's `log` already written here (0: none, or a mark of another log: another run's)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return 0
+    if not isinstance(data, dict) or data.get("log") != log or not isinstance(data.get("offset"), int):
+        return 0
+    return max(0, data["offset"])
+
+
+def write_mark(path: Path, log: str, offset: int) -> None:
+    """Record that the first `offset` bytes of the head's `log` are written here."""
+    state.write_atomic(path, json.dumps({"log": log, "offset": offset}) + "\n")
 
 
 def head_target(info: RunInfo, user: str | None, identity: str | None) -> tuple[Target, Path]:

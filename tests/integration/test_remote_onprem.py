@@ -275,9 +275,16 @@ def test_a_detached_run_is_followed_home_from_another_process_or_stopped(site: W
     assert _runs(site)[run_id] == "running"  # until something brings it home
     assert not site.operator_path("runs/detached/result.json").exists()
 
+    held = site.operator_path("runs/detached/cpudist.log").read_text()
+    assert held.count("training: 3 steps") == 1 and held.count("rank 0/2 ready") == 1, held  # what `run` saw
     follow = site.operator_run([*CPUDIST, "logs", "-f", run_id], timeout=300)
     assert follow.returncode == 0, follow.stdout + follow.stderr[-4000:]
     assert "[cpudist] step 3/3" in follow.stdout and "training: 3 steps" in follow.stdout, follow.stdout[-3000:]
+    # logs -f read the head's log on from where `run` had stopped: every line once, in the file and on the screen
+    log = site.operator_path("runs/detached/cpudist.log").read_text()
+    for line in ("training: 3 steps", "rank 0/2 ready", "rank 1/2 ready", "step 3/3"):
+        assert log.count(line) == 1 and follow.stdout.count(line) == 1, (line, log, follow.stdout)
+    assert log.startswith(held) and follow.stdout.startswith(held), (held, follow.stdout)
     result = json.loads(site.operator_path("runs/detached/result.json").read_text())
     assert result["run_id"] == run_id and sorted(result["nodes"]) == [site.hosts.name(0), site.hosts.name(1)]
     assert result["model_dir"] == "/srv/cpd-operator/runs/detached/model"
