@@ -104,7 +104,10 @@ def record(out: Path, ledger_path: Path | None, updates: dict[str, Any]) -> RunR
 
 def fetch_from_rank0(out: Path, hosts: tuple[Host, ...], ssh: str) -> None:
     """torchrun's rendezvous may put rank 0 on another host than the head: when the run folder is not shared,
-    bring rank 0's result.json and steps.jsonl from the host that has them."""
+    bring rank 0's result.json and steps.jsonl from the host that has them, and its model and --report-to folders
+    (run/fetch_model.from_host)."""
+    from cpudist.run.fetch_model import from_host
+
     if (out / "result.json").is_file():
         return
     for host in hosts[1:]:
@@ -117,4 +120,5 @@ def fetch_from_rank0(out: Path, hosts: tuple[Host, ...], ssh: str) -> None:
         if "result.json" in files:
             for name, data in files.items():
                 (out / name).write_bytes(data)
+            from_host(ssh, host.name, out)
             return
