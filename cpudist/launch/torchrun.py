@@ -7,7 +7,8 @@ The zero-MPI path: every host of the hostfile runs `torchrun --nnodes N --nproc-
 runs under `python -m cpudist.launch.tether`, which takes the agent and its ranks down when its SSH session
 ends, so stopping the local ssh (a failed host, Ctrl-C) leaves nothing behind (launch/runner.py).
 c10d numbers the hosts in the order of their --local-addr names, so rank 0 (and result.json) may be on
-another host than the head: cpudist fetches the result from there when the run folder is not shared.
+another host than the head: cpudist fetches the result, the model and --report-to's folders from there when the run
+folder is not shared (run/outcome.fetch_from_rank0).
 """
 
 from __future__ import annotations
