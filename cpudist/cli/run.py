@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 # run's options that are not TrainConfig fields, by what they feed
 LAUNCH = {"np_", "ppn", "nodes", "launcher", "mpirun", "ssh", "iface", "allocator", "openmp", "env_pairs",
-          "secret_names", "env_files",
+          "secret_names", "env_files", "shared_fs",
           "oversubscribe", "timeout", "partition", "time_limit", "account", "exclusive", "sbatch_args",
           "requeue", "requeue_signal_s"}
 ROUTE = {"hostfile", "cluster_name", "head_addr", "user", "identity", "remote_python", "stage_code", "on_preemption",
@@ -74,7 +74,7 @@ def _launch(opts: dict[str, Any], np_: int, ppn: int) -> LaunchOptions:
     slurm = slurm_options.from_opts(opts)
     return LaunchOptions(np_, ppn, opts["launcher"], opts["mpirun"], opts["ssh"], opts["iface"], opts["allocator"],
                          opts["openmp"], opts["env_pairs"], opts["oversubscribe"], opts["timeout"], slurm,
-                         _secrets(opts))
+                         _secrets(opts), opts["shared_fs"])
 
 
 def _secrets(opts: dict[str, Any]) -> tuple[tuple[str, str], ...]:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from cpudist import secrets
 from cpudist.errors import JobFailed
+from cpudist.launch.env import HIDDEN
 from cpudist.launch.spec import RunSpec
 from cpudist.launch.tools import is_this_machine
 
@@ -56,3 +57,19 @@ def placed(spec: RunSpec) -> Iterator[None]:
         for host in done:
             with contextlib.suppress(OSError, subprocess.TimeoutExpired):
                 _ssh(spec, host, secrets.remove_command(where))
+
+
+MIN_HIDDEN = 6  # shorter values (a thread count, a flag) would hide every such digit or word of the output
+
+
+def hider(spec: RunSpec) -> Callable[[str], str]:
+    """What rank output goes through before a log or a screen: each secret value of MIN_HIDDEN characters or more
+    replaced by ***."""
+    values = sorted({v for _, v in spec.secrets if len(v) >= MIN_HIDDEN}, key=len, reverse=True)
+
+    def hide(line: str) -> str:
+        for value in values:
+            line = line.replace(value, HIDDEN)
+        return line
+
+    return hide

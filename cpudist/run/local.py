@@ -11,7 +11,7 @@ from typing import Any
 
 from cpudist import state
 from cpudist.launch import kinds
-from cpudist.launch.secret_files import placed
+from cpudist.launch.secret_files import hider, placed
 from cpudist.launch.spec import Launch, RunSpec, redacted
 from cpudist.launch.watch import lost_error, node_watch
 from cpudist.run.outcome import check, fetch_from_rank0, read_stop
@@ -34,18 +34,20 @@ def execute(spec: RunSpec, launch: Launch, cb: Callbacks, timeout_s: float | Non
         known["slurm_job_id"] = spec.allocation.job_id
     with (out / "ranks.log").open("w") as log:  # every rank line, also when a run elsewhere fetches it
 
+        hide = hider(spec)  # a --secret value a rank prints shows as *** in ranks.log and here
+
         def to_log(line: str) -> None:
-            log.write(line + "\n")
+            log.write(hide(line) + "\n")
             log.flush()
 
         def on_line(line: str) -> None:
             to_log(line)
-            cb.on_line(line)
+            cb.on_line(hide(line))
 
         watch = None if launch.script is not None else node_watch(spec)
         with placed(spec):  # --secret/--env-file: the 0600 file on every node while the ranks run
-            ended = kinds.execute(launch, out, kinds.Streams(cb.on_event, on_line, to_log, cb.on_line), timeout_s,
-                                  watch)
+            streams = kinds.Streams(cb.on_event, on_line, to_log, lambda line: cb.on_line(hide(line)))
+            ended = kinds.execute(launch, out, streams, timeout_s, watch)
     if watch is not None and ended.outcome.returncode != 0 and read_stop(out) is None:
         # A lost node is the cause whatever the launcher said (it may have seen its ssh end first); a stop after a
         # checkpoint stays a stop (resumable, --on-preemption resume), whatever happened to a node since.

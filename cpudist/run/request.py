@@ -36,6 +36,7 @@ class LaunchOptions:
     timeout_s: float | None = None
     slurm: SlurmOptions | None = None
     secrets: tuple[tuple[str, str], ...] = ()  # --secret/--env-file values: data only (cpudist/secrets.py)
+    shared_fs: bool = False  # --shared-fs: every node sees the launching node's paths; nothing is staged
 
     @property
     def nodes(self) -> int:

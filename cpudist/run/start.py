@@ -25,6 +25,7 @@ from cpudist.run.outcome import read_stop, record
 from cpudist.run.prepare import check_ledger, make_output_dir, prepare
 from cpudist.run.remote import local_inputs
 from cpudist.run.request import Callbacks, RunRequest, batch_note
+from cpudist.run.stage_here import stage_here
 from cpudist.run.where import Head, Where
 
 
@@ -35,7 +36,7 @@ def start(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> Run
     make_output_dir(Path(request.train.output_dir))
     request = dataclasses.replace(request, train=identity.assign(request.train))
     cb = runlog.tee(cb, Path(request.train.output_dir), request.train.run_id)  # for `cpudist logs` elsewhere
-    extra = {"cluster": where.cluster, "usd_per_hour": where.usd_per_hour, "command": request.command}
+    extra: dict[str, Any] = {"cluster": where.cluster, "usd_per_hour": where.usd_per_hour, "command": request.command}
     note = batch_note(request.train, request.launch.np)
     if where.head is not None:
         check_layout(request.launch.np, request.launch.ppn, where.head.inside, request.launch.oversubscribe)
@@ -51,6 +52,9 @@ def start(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> Run
 
         slurm_detach.start(request, ledger, cb, extra)
         return None
+    if where.hostfile is not None:  # on the head itself: its inputs to the other nodes (run/stage_here.py)
+        request, staging = stage_here(request, cb.on_line)
+        extra = {**extra, **({"staging": staging} if staging else {})}
     spec = prepare(request)  # refuses a fresh run into another run's checkpoints before run.json is touched
     launch = plan(spec)
     if note:

@@ -126,3 +126,10 @@ def test_write_command_takes_the_values_on_stdin(tmp_path: Path) -> None:
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and json.loads(path.read_text()) == {"K": SECRET}
     subprocess.run(["sh", "-c", secrets.remove_command(where)], env=env, check=True)
     assert not path.exists()
+
+
+def test_rank_output_hides_secret_values() -> None:
+    """A rank that prints its token shows *** in ranks.log and on screen; a short value (a thread count) is left."""
+    hide = secret_files.hider(spec("mpich", secrets=(("HF_TOKEN", SECRET), ("CPUDIST_THREADS", "3"))))
+    assert hide(f"[h:0] token={SECRET} threads=3") == "[h:0] token=*** threads=3"
+    assert secret_files.hider(spec("mpich", secrets=()))("a b") == "a b"
