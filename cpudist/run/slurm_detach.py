@@ -24,6 +24,7 @@ from cpudist.launch import kinds
 from cpudist.launch.runner import Outcome
 from cpudist.launch.slurm import JobInfo
 from cpudist.launch.slurm_job import OUTPUT_POLL_S, Follower, SlurmOutcome, cancel, follow, submit
+from cpudist.launch.slurm_query import job_info
 from cpudist.launch.spec import redacted
 from cpudist.results.schema import RunResult
 from cpudist.run import identity, runlog
@@ -88,9 +89,12 @@ def _land(out: Path, ledger: Path, extra: dict[str, Any], followed: SlurmOutcome
 
 
 def signal_ranks(job_id: str) -> None:
-    """SIGTERM to the job's steps (its ranks), not to the batch script: they checkpoint and stop."""
-    # A pending job has no steps to signal: the scancel that follows the grace ends it.
-    subprocess.run(["scancel", "--signal=TERM", job_id], capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    """SIGTERM to the job's steps (its ranks), not to the batch script: they checkpoint and stop. A pending job
+    (queued, or requeued and held) has no ranks to save anything: it is cancelled at once."""
+    info = job_info(job_id)
+    pending = info is not None and info.state == "PENDING"
+    argv = ["scancel", job_id] if pending else ["scancel", "--signal=TERM", job_id]
+    subprocess.run(argv, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
 
 
 def attach(info: RunInfo, cb: Callbacks, stop_first: bool = False, timeout_s: float = STOP_GRACE_S) -> RunResult:
