@@ -61,7 +61,7 @@ def summary(r: RunResult) -> str:
 
 
 SECTIONS = {
-    "Where and how many ranks": ("np_", "ppn", "nodes", "hostfile", "launcher", "oversubscribe"),
+    "Where and how many ranks": ("np_", "ppn", "nodes", "hostfile", "launcher", "oversubscribe", "per_node"),
     "From outside the cluster (AWS cluster or on-prem head)": ("cluster_name", "head_addr", "user", "identity",
                                                                "remote_python", "stage_code", "stage"),
     "The script": ("workdir", "metric_file", "collect"),
@@ -84,6 +84,8 @@ SECTIONS = {
               help="As `cpudist run`'s: auto (MPICH's Hydra when installed, else torchrun), mpich, impi, openmpi, "
               "torchrun, slurm.")
 @click.option("--oversubscribe", is_flag=True, help="Allow more ranks per node than its cores.")
+@click.option("--per-node", is_flag=True, help="One process per node, `python -m torch.distributed.run` (torchrun) "
+              "with --ppn workers of the script, for scripts that expect to be started that way.")
 @click.option("--cluster", "cluster_name", help="A cluster from `cpudist cluster up`, from anywhere: the script's "
               "folder (--workdir) and --stage paths are staged on the nodes, --collect outputs come back here.")
 @click.option("--head", "head_addr", help="With --hostfile, from outside the cluster: the address this machine "
@@ -164,9 +166,11 @@ def _request(command: tuple[str, ...], opts: dict[str, Any], np_given: bool, nod
     if opts["stage"] and not remote:
         raise BadInput("--stage puts files on the nodes from outside the cluster (--cluster or --head)",
                        "Here or from the head, give the path itself (the nodes must see it: NFS, or a copy)")
+    per_node = (ppn or np_) if opts["per_node"] else 0  # the launcher starts one torchrun per node instead
     script = Script(command, str(opts["workdir"]) if opts["workdir"] else None, opts["metric_file"],
-                    tuple(opts["collect"]), tuple(opts["stage"]))
-    launch_opts = LaunchOptions(np_, ppn or np_, opts["launcher"], opts["mpirun"], opts["ssh"], opts["iface"],
+                    tuple(opts["collect"]), tuple(opts["stage"]), per_node=per_node)
+    launched, each = (np_ // per_node, 1) if per_node else (np_, ppn or np_)  # processes the launcher starts
+    launch_opts = LaunchOptions(launched, each, opts["launcher"], opts["mpirun"], opts["ssh"], opts["iface"],
                                 opts["allocator"], opts["openmp"], opts["env_pairs"], opts["oversubscribe"],
                                 opts["timeout"], to_slurm_options(opts["partition"], opts["time_limit"],
                                                                   opts["account"], opts["exclusive"],

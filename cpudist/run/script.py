@@ -52,6 +52,7 @@ class Script:
     collect: tuple[str, ...] = ()  # outputs (under workdir) copied into the run folder afterwards
     stage: tuple[str, ...] = ()  # more files/folders put on every node (from a laptop: run/script_remote.py)
     copy_of: str | None = None  # on a node: the staged folder every node copies into workdir before its ranks start
+    per_node: int = 0  # --per-node: one torchrun per node with this many workers (0: the launcher starts every rank)
 
     @property
     def folder(self) -> Path:
@@ -78,7 +79,8 @@ def check_script(script: Script) -> None:
 
 def rank_program(script: Script, run_dir: Path) -> tuple[str, ...]:
     """What every rank runs after `python -m`: the wrapper, then the user's command."""
-    copy = ("--copy-of", script.copy_of) if script.copy_of else ()
+    copy: tuple[str, ...] = ("--copy-of", script.copy_of) if script.copy_of else ()
+    copy += ("--per-node", str(script.per_node)) if script.per_node else ()
     where = ("--workdir", str(script.folder)) if script.workdir is not None else ()
     return (RANK_MODULE, "--run-dir", str(run_dir.resolve()), *copy, *where, "--", *script.command)
 
@@ -151,9 +153,11 @@ def run_ranks(request: RunRequest, script: Script, job: tuple[RunSpec, Launch], 
     wall = time.monotonic() - began
     collect(script, out, cb.note)
     given = given_metrics(script, cb.note)
-    ranks = Ranks(script.command, spec.np, spec.ppn, tuple(str(seen[r]["host"]) for r in sorted(seen)),
-                  tuple(int(seen[r]["threads"]) for r in sorted(seen)), wall, started_at, request.train.run_id,
-                  str(out.resolve()))
+    each = script.per_node or 1  # --per-node: every event is a node's torchrun, for `each` ranks
+    ranks = Ranks(script.command, spec.np * each, spec.ppn * each,
+                  tuple(str(seen[r]["host"]) for r in sorted(seen) for _ in range(each)),
+                  tuple(int(seen[r]["threads"]) for r in sorted(seen) for _ in range(each)), wall, started_at,
+                  request.train.run_id, str(out.resolve()))
     result = build(ranks, given, read_cpu().summary(), {"launcher": spec.launcher})
     state.write_atomic(out / "result.json", json.dumps(result.to_dict(), indent=2) + "\n")
     return known

@@ -75,11 +75,24 @@ def script_argv(command: list[str], python: str) -> list[str]:
     return [python, *command] if command[0].endswith(".py") else command
 
 
+def per_node_argv(command: list[str], python: str, info: RankInfo, per_node: int, env: Mapping[str, str]) -> list[str]:
+    """--per-node: this node's torchrun, its place from the launcher's numbering (one process per node), its
+    rendezvous at cpudist's MASTER_ADDR/MASTER_PORT; torchrun starts `per_node` workers of the script."""
+    missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not env.get(v)]
+    if missing:
+        raise CpudistError(f"{' and '.join(missing)} not set for node {info.rank}", "Start it with `cpudist launch`")
+    script = command[1:] if os.path.basename(command[0]).startswith("python") and len(command) > 1 else command
+    return [python, "-m", "torch.distributed.run", "--nnodes", str(info.world_size), "--node-rank", str(info.rank),
+            "--nproc-per-node", str(per_node), "--master-addr", env["MASTER_ADDR"], "--master-port",
+            env["MASTER_PORT"], *script]
+
+
 def main(argv: list[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     options: dict[str, str] = {}
-    while words[:1] in (["--run-dir"], ["--workdir"], ["--copy-of"]) and len(words) >= 2:
-        options[words[0]], words = os.path.abspath(words[1]), words[2:]
+    while words[:1] in (["--run-dir"], ["--workdir"], ["--copy-of"], ["--per-node"]) and len(words) >= 2:
+        options[words[0]] = words[1] if words[0] == "--per-node" else os.path.abspath(words[1])
+        words = words[2:]
     command = words[1:] if words[:1] == ["--"] else words
     if not command:
         sys.stderr.write("usage: python -m cpudist.run.script_rank [--run-dir DIR] [--copy-of SRC] [--workdir DIR] "
@@ -88,16 +101,21 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = options.get("--run-dir", "")
     try:
         info = discover_rank(os.environ)
+        per_node = int(options.get("--per-node", "0"))
         threads = rank_threads(os.environ, info)
+        if per_node > 1 and pinned_threads(os.environ) is None:
+            threads = max(1, threads // per_node)  # the node's cores among torchrun's workers
+        argv_, env = ((per_node_argv(command, sys.executable, info, per_node, os.environ),
+                       {**os.environ, "OMP_NUM_THREADS": str(threads), "CPUDIST_RUN_DIR": run_dir}) if per_node
+                      else (script_argv(command, sys.executable), script_env(os.environ, info, threads, run_dir)))
         if "--copy-of" in options:
             copy_folder(options["--copy-of"], options.get("--workdir") or os.getcwd(), run_dir)
     except CpudistError as e:
         sys.stderr.write(f"[{socket.gethostname()}] error: {e.message}\n")
         return e.exit_code
     events.emit(EVENT, rank=info.rank, host=socket.gethostname(), threads=threads, source=info.source)
-    argv_ = script_argv(command, sys.executable)
     try:
-        code = relay(argv_, script_env(os.environ, info, threads, run_dir), options.get("--workdir"))
+        code = relay(argv_, env, options.get("--workdir"))
     except OSError as e:
         sys.stderr.write(f"[{socket.gethostname()}:{info.rank}] error: cannot start {argv_[0]}"
                          f"{' in ' + options['--workdir'] if '--workdir' in options else ''}: {e.strerror}\n")
