@@ -15,6 +15,7 @@ The client is mlflow-skinny's (no server, no UI); without --mlflow-uri it writes
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
@@ -76,4 +77,7 @@ class MLflow:
         self._log("eval", step, metrics)
 
     def close(self) -> None:
-        self.client.set_terminated(self.run_id, "FINISHED")
+        # Called from the rank's `finally` (train/main.py): an exception on its way out is how the run ended
+        failed = sys.exc_info()[0]
+        status = "FINISHED" if failed is None else "KILLED" if issubclass(failed, KeyboardInterrupt) else "FAILED"
+        self.client.set_terminated(self.run_id, status)

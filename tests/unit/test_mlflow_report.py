@@ -77,6 +77,22 @@ def test_another_run_in_the_store_is_another_mlflow_run(tmp_path: Path) -> None:
     assert ids == sorted([str(CONFIG["run_id"])] * 2 + ["20261126-171600-cd34"])
 
 
+def test_a_run_that_raised_is_failed_one_interrupted_killed(tmp_path: Path) -> None:
+    """The rank closes its reporters in a `finally`: the exception on its way out says how the MLflow run ended."""
+    for run_id, error in (("failed", RuntimeError("boom")), ("killed", KeyboardInterrupt())):
+        r = Reporters.open(("mlflow",), 0, tmp_path, {**CONFIG, "run_id": run_id})
+        with pytest.raises(type(error)):
+            try:
+                raise error
+            finally:
+                r.close()
+    client = _client(tmp_path)
+    experiment = client.get_experiment_by_name("cpudist")
+    assert experiment is not None
+    ended = {r.data.tags["cpudist.run_id"]: r.info.status for r in client.search_runs([experiment.experiment_id])}
+    assert ended == {"failed": "FAILED", "killed": "KILLED"}
+
+
 def test_missing_mlflow_and_a_uri_without_it_are_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "mlflow", None)  # Python's own "not importable": find_spec says None
     with pytest.raises(BadInput, match=r"needs the mlflow-skinny package.*pip install 'cpudist\[mlflow\]'"):
