@@ -89,6 +89,8 @@ def sweep(ctx: click.Context, counts: tuple[int, ...], output_dir: Path | None, 
     still shows the runs that finished.
 
     Example: cpudist sweep mrpc --nodes 1,2,4 --ppn 1 --hostfile hosts --data-dir glue/MRPC --model tiny
+
+    Your own training script instead of TASK: cpudist launch --sweep 1,2,4 --ppn 1 --cluster c -- train.py
     """
     check_series(counts, opts["ppn"], _where(opts))
     if counts[0] != 1:
