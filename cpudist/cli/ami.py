@@ -8,9 +8,9 @@ import click
 
 from cpudist import state
 from cpudist.cli.cluster import _caller_cidr, _name, region_option, say
-from cpudist.cloud.aws.client import ec2_client, ssm_client
-from cpudist.cloud.aws.pricing import hourly_price
-from cpudist.cloud.images import BAKE_MINUTES, BakeSpec, bake, ubuntu_image
+from cpudist.cloud.connect import connect as _connect
+from cpudist.cloud.images import BAKE_MINUTES, BakeSpec, bake
+from cpudist.cloud.provider import Place
 from cpudist.errors import BadInput, CpudistError
 from cpudist.run.remote import build_wheel
 from cpudist.ssh.access import SshAccess
@@ -37,16 +37,16 @@ def ami() -> None:
 @click.option("--yes", is_flag=True, help="Do not ask before spending money.")
 @click.option("--dry-run", is_flag=True, help="Show the base image, the builder, its price and the steps; make "
               "nothing.")
-def build(name: str, base_image: str | None, region: str, endpoint_url: str | None, instance_type: str,
-          subnet: str | None, ssh_cidr: str | None, user: str, connect: str, timeout: float, yes: bool,
-          dry_run: bool) -> None:
+def build(name: str, base_image: str | None, region: str | None, endpoint_url: str | None, profile: str | None,
+          instance_type: str, subnet: str | None, ssh_cidr: str | None, user: str, connect: str, timeout: float,
+          yes: bool, dry_run: bool) -> None:
     """Bake an AMI: a builder runs ami/bootstrap.sh with this cpudist's wheel, powers off, is imaged."""
     cidr = check_ssh_cidr(ssh_cidr) if ssh_cidr else _caller_cidr()
-    ec2 = ec2_client(region, endpoint_url)
-    base = base_image or ubuntu_image(ssm_client(region, endpoint_url))
+    cloud = _connect(Place(region, endpoint_url, profile))
+    base = base_image or cloud.base_image()
     say(f"building {name} from {base} on a {instance_type} (about {BAKE_MINUTES} min); it powers off when done")
     if dry_run:
-        price = hourly_price(ec2, instance_type, region, False, None).usd_per_hour
+        price = cloud.on_demand(instance_type).usd_per_hour
         cost = "unknown" if price is None else f"about ${price * BAKE_MINUTES / 60:.2f}"
         say(f"would make a key pair and a security group (SSH from {cidr}) for the builder, launch one on-demand "
             f"{instance_type} ({cost}) that runs ami/bootstrap.sh with a wheel of this cpudist, image it as {name}, "
@@ -57,7 +57,7 @@ def build(name: str, base_image: str | None, region: str, endpoint_url: str | No
             raise BadInput("not asking for confirmation without a terminal", "Pass --yes to go ahead")
         click.confirm("Build the image?", abort=True, err=True)
     try:
-        image = bake(ec2, BakeSpec(name, base, instance_type, subnet, cidr, user, connect, timeout),
+        image = bake(cloud, BakeSpec(name, base, instance_type, subnet, cidr, user, connect, timeout),
                      build_wheel(state.wheels_dir()), SshAccess(), say)
     except KeyboardInterrupt:
         raise CpudistError("interrupted: the builder and everything it used were removed") from None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sys
 import urllib.request
 from collections import Counter
@@ -19,16 +18,12 @@ from rich.table import Table
 from cpudist import __version__, state
 from cpudist.cli.defaults import config_option
 from cpudist.cli.options import output_options
-from cpudist.cloud.aws import instances
-from cpudist.cloud.aws.client import ec2_client, ssm_client
-from cpudist.cloud.aws.images import newest_base_image
-from cpudist.cloud.aws.pricing import hourly_price
-from cpudist.cloud.aws.tags import CLUSTER_TAG
 from cpudist.cloud.cluster import ClusterSpec, cost_so_far, price_of
+from cpudist.cloud.connect import connect
 from cpudist.cloud.down import down as remove_cluster
-from cpudist.cloud.down import inventory
-from cpudist.cloud.images import BAKE_MINUTES, BakeSpec, bake, ubuntu_image
-from cpudist.cloud.record import load_record
+from cpudist.cloud.images import BAKE_MINUTES, BakeSpec, bake
+from cpudist.cloud.provider import Place, Provider
+from cpudist.cloud.record import ClusterRecord, load_record
 from cpudist.cloud.up import up as bring_up
 from cpudist.errors import BadInput, CpudistError
 from cpudist.interrupts import signals_interrupt
@@ -65,10 +60,28 @@ name_option = click.option("--name", default="cpudist", show_default=True, callb
 
 
 def region_option(f: Any) -> Any:
+    f = click.option("--profile", help="AWS profile [default: AWS_PROFILE, else boto3's default chain]; a "
+                                       "cluster's record keeps it.")(f)
     f = click.option("--endpoint-url", callback=_endpoint, help="EC2-compatible endpoint [default: boto3's "
                                                                 "settings, AWS_ENDPOINT_URL(_EC2)].")(f)
-    return click.option("--region", default=lambda: os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
-                        show_default="AWS_DEFAULT_REGION or us-east-1", help="AWS region.")(f)
+    return click.option("--region", help="AWS region [default: the profile's, AWS_DEFAULT_REGION, else "
+                                          "us-east-1]; a cluster's record keeps it.")(f)
+
+
+def cluster_place(name: str, region: str | None, endpoint_url: str | None, profile: str | None) -> Place:
+    """Where cluster `name` lives: its record's region, endpoint and profile (whatever the environment says
+    now), else the options'. An option that contradicts the record is refused."""
+    record: ClusterRecord | None = load_record(name)
+    if record is None:
+        return Place(region, endpoint_url, profile)
+    asked = {"--region": (region, record.region), "--endpoint-url": (endpoint_url, record.endpoint_url),
+             "--profile": (profile, record.profile)}
+    clash = [f"{opt} {given} (recorded: {kept or 'none'})" for opt, (given, kept) in asked.items()
+             if given is not None and given != kept]
+    if clash:
+        raise BadInput(f"cluster {name} was made elsewhere: {', '.join(clash)}",
+                       "Leave these options out (the record's are used), or pick another --name")
+    return record.place
 
 
 @click.group()
@@ -110,14 +123,16 @@ def cluster() -> None:
               help="Seconds to wait for the nodes to run and answer SSH.")
 @click.option("--yes", is_flag=True, help="Do not ask before spending money.")
 @click.option("--dry-run", is_flag=True, help="Show the price and what would be made; make nothing.")
-def up(name: str, nodes: int, region: str, endpoint_url: str | None, ssh_cidr: str | None, yes: bool,
-       dry_run: bool, boot_timeout: float, ssh: bool, allow_ssh_from_anywhere: bool, **opts: Any) -> None:
+def up(name: str, nodes: int, region: str | None, endpoint_url: str | None, profile: str | None,
+       ssh_cidr: str | None, yes: bool, dry_run: bool, boot_timeout: float, ssh: bool, allow_ssh_from_anywhere: bool,
+       **opts: Any) -> None:
     """Provision NODES identical instances, tagged cpudist:cluster=NAME, and print the hostfile."""
     cidr = check_ssh_cidr(ssh_cidr, allow_ssh_from_anywhere) if ssh_cidr else _caller_cidr()
-    ec2 = ec2_client(region, endpoint_url)
-    spec = ClusterSpec(name=name, nodes=nodes, region=region, ssh_cidr=cidr,
-                           endpoint_url=endpoint_url, boot_timeout_s=boot_timeout, ssh=ssh, **opts)
-    price = price_of(ec2, spec)
+    cloud = connect(cluster_place(name, region, endpoint_url, profile))
+    region = cloud.place.region
+    spec = ClusterSpec(name=name, nodes=nodes, region=region, ssh_cidr=cidr, endpoint_url=cloud.place.endpoint_url,
+                       profile=cloud.place.profile, boot_timeout_s=boot_timeout, ssh=ssh, **opts)
+    price = price_of(cloud, spec)
     per_node = "unknown" if price.usd_per_hour is None else f"${price.usd_per_hour:.4g}/h"
     total = price.total(nodes)
     say(f"{nodes} x {spec.instance_type} {'spot' if spec.spot else 'on-demand'} in {region}: {per_node} per node"
@@ -131,9 +146,9 @@ def up(name: str, nodes: int, region: str, endpoint_url: str | None, ssh_cidr: s
             raise BadInput("not asking for confirmation without a terminal", "Pass --yes to go ahead")
         click.confirm("Launch these instances?", abort=True, err=True)
     if spec.image is None:
-        spec = dataclasses.replace(spec, image=default_image(ec2, region, endpoint_url, spec, yes))
+        spec = dataclasses.replace(spec, image=default_image(cloud, spec, yes))
     try:
-        record = bring_up(ec2, spec, price, SshAccess(), say)
+        record = bring_up(cloud, spec, price, SshAccess(), say)
     except KeyboardInterrupt:
         raise CpudistError("interrupted: what this run created was removed",
                            "Re-run `cpudist cluster up` to start again") from None
@@ -145,13 +160,13 @@ def up(name: str, nodes: int, region: str, endpoint_url: str | None, ssh_cidr: s
     click.echo(Path(record.hostfile).read_text(), nl=False)
 
 
-def default_image(ec2: Any, region: str, endpoint_url: str | None, spec: ClusterSpec, yes: bool) -> str:
+def default_image(cloud: Provider, spec: ClusterSpec, yes: bool) -> str:
     """The newest image `ami build` made for this cpudist; without one, build it (after asking)."""
-    found = newest_base_image(ec2, __version__)
+    found = cloud.newest_image(__version__)
     if found:
         say(f"image: {found}, the newest built for cpudist {__version__}")
         return found
-    bake_price = hourly_price(ec2, "c6i.large", region, False, None).usd_per_hour
+    bake_price = cloud.on_demand("c6i.large").usd_per_hour
     cost = "unknown" if bake_price is None else f"about ${bake_price * BAKE_MINUTES / 60:.2f}"
     say(f"no image for cpudist {__version__} yet: building one first (about {BAKE_MINUTES} min, {cost}; "
         "see ami/README.md), then launching the cluster")
@@ -159,9 +174,9 @@ def default_image(ec2: Any, region: str, endpoint_url: str | None, spec: Cluster
         if not sys.stdin.isatty():
             raise BadInput("not asking for confirmation without a terminal", "Pass --yes, or --image AMI")
         click.confirm("Build the image?", abort=True, err=True)
-    base = ubuntu_image(ssm_client(region, endpoint_url))
-    return bake(ec2, BakeSpec(f"cpudist-{__version__.replace('.', '-')}", base, ssh_cidr=spec.ssh_cidr,
-                              user=spec.user, connect=spec.connect, subnet=spec.subnet),
+    base = cloud.base_image()
+    return bake(cloud, BakeSpec(f"cpudist-{__version__.replace('.', '-')}", base, ssh_cidr=spec.ssh_cidr,
+                                user=spec.user, connect=spec.connect, subnet=spec.subnet),
                 build_wheel(state.wheels_dir()), SshAccess(), say)
 
 
@@ -171,13 +186,14 @@ def default_image(ec2: Any, region: str, endpoint_url: str | None, spec: Cluster
 @click.option("--keep-image", is_flag=True, help="Keep the AMIs cpudist made for this cluster.")
 @click.option("--yes", is_flag=True, help="Do not ask before removing.")
 @click.option("--dry-run", is_flag=True, help="List what would be removed; remove nothing.")
-def down(name: str, region: str, endpoint_url: str | None, keep_image: bool, yes: bool, dry_run: bool) -> None:
+def down(name: str, region: str | None, endpoint_url: str | None, profile: str | None, keep_image: bool, yes: bool,
+         dry_run: bool) -> None:
     """Remove every resource tagged with the cluster, and its local record and keys."""
-    ec2 = ec2_client(region, endpoint_url)
-    found = inventory(ec2, name)
+    cloud = connect(cluster_place(name, region, endpoint_url, profile))
+    inv = cloud.inventory(name)
+    found = dataclasses.asdict(inv)
     images = [] if keep_image else found["images"]
-    listed = [*found["instances"], *found["security_groups"], *filter(None, (found["placement_group"],)),
-              *filter(None, (found["key_pair"],)), *images]
+    listed = [*inv.instances, *inv.security_groups, *filter(None, (inv.placement_group, inv.key_pair)), *images]
     local = state.cluster_dir(name)
     say(f"cluster {name}: " + (", ".join(listed) if listed else "nothing in AWS")
         + (f"; local record {local}" if local.exists() else ""))
@@ -185,15 +201,15 @@ def down(name: str, region: str, endpoint_url: str | None, keep_image: bool, yes
         click.echo(json.dumps({**found, "images": images, "local": str(local) if local.exists() else None}))
         return
     if not listed and not local.exists():
-        raise BadInput(f"there is no cluster {name} in {region} nor a local record of it",
+        raise BadInput(f"there is no cluster {name} in {cloud.place.region} nor a local record of it",
                        "Check --name and --region (`cpudist cluster list`)")
     if not yes:
         if not sys.stdin.isatty():
             raise BadInput("not asking for confirmation without a terminal", "Pass --yes to go ahead")
         click.confirm("Remove all of this?", abort=True, err=True)
     with signals_interrupt():
-        removed = remove_cluster(ec2, name, keep_image, say)
-    click.echo(json.dumps(removed))
+        removed = remove_cluster(cloud, name, keep_image, say)
+    click.echo(json.dumps(dataclasses.asdict(removed)))
 
 
 def _uptime(launch_time: str) -> str:
@@ -207,9 +223,9 @@ def _uptime(launch_time: str) -> str:
 @name_option
 @region_option
 @output_options()
-def status(name: str, region: str, endpoint_url: str | None, fmt: str) -> None:
+def status(name: str, region: str | None, endpoint_url: str | None, profile: str | None, fmt: str) -> None:
     """Nodes, states, private and public addresses, spot or on-demand, price, uptime and cost so far."""
-    nodes = instances.find_nodes(ec2_client(region, endpoint_url), name, role=None)
+    nodes = connect(cluster_place(name, region, endpoint_url, profile)).nodes(name, role=None)
     record = load_record(name)
     prices = {n.instance_id: n.usd_per_hour for n in record.nodes} if record else {}
     cost = cost_so_far(nodes, record)
@@ -228,13 +244,13 @@ def status(name: str, region: str, endpoint_url: str | None, fmt: str) -> None:
 
 @cluster.command("list")
 @region_option
-def list_clusters(region: str, endpoint_url: str | None) -> None:
-    """Clusters with live instances in the region, and local records."""
-    ec2 = ec2_client(region, endpoint_url)
-    live = instances.describe(ec2, [{"Name": "tag-key", "Values": [CLUSTER_TAG]},
-                                    {"Name": "instance-state-name", "Values": instances.LIVE_STATES}])
-    names = Counter(n.cluster for n in live if n.cluster)
+def list_clusters(region: str | None, endpoint_url: str | None, profile: str | None) -> None:
+    """Clusters with live instances in the region, and local records (counted where each was made)."""
     local = {p.name for p in state.clusters_dir().glob("*") if (p / "record.json").exists()}
+    places = {connect(Place(region, endpoint_url, profile)).place}
+    places |= {r.place for r in map(load_record, sorted(local)) if r is not None}
+    live = [n for place in places for n in connect(place).tagged()]
+    names = Counter(n.cluster for n in live if n.cluster)
     for cluster_name in sorted(set(names) | local):
         note = "" if cluster_name in local else "  (no local record)"
         click.echo(f"{cluster_name}\t{names.get(cluster_name, 0)} live instance(s){note}")

@@ -12,7 +12,7 @@ from cpudist.cli.defaults import config_option
 from cpudist.cli.lora_options import lora_options
 from cpudist.cli.options import output_options
 from cpudist.cli.slurm_options import requeue_options, slurm_options
-from cpudist.cloud.aws.objects import parse_s3_url
+from cpudist.cloud.connect import check_store_url
 from cpudist.config import BACKENDS, LR_SCALINGS, MOMENTS, OPTIMIZERS, PRECISIONS, SAMPLERS, SAVE_MODELS
 from cpudist.errors import BadInput
 from cpudist.launch.env import AUTO_PPN_WHY, parse_env_pairs
@@ -57,7 +57,7 @@ def _env(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> 
 
 def _s3(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is not None:
-        parse_s3_url(value)
+        check_store_url(value)
     return value
 
 

@@ -12,11 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
-from cpudist.cloud.aws import network
-from cpudist.cloud.aws.pricing import Price, hourly_price
-from cpudist.cloud.provider import Node
+from cpudist.cloud.provider import Node, Place, Price, Provider
 from cpudist.cloud.record import ClusterRecord
 from cpudist.errors import CpudistError
 
@@ -29,7 +26,7 @@ class ClusterSpec:
 
     name: str
     nodes: int
-    region: str
+    region: str | None
     image: str | None
     ssh_cidr: str
     instance_type: str = "c6i.16xlarge"
@@ -49,6 +46,11 @@ class ClusterSpec:
     endpoint_url: str | None = None
     ssh_port: int = 22
     boot_timeout_s: float = 900
+    profile: str | None = None
+
+    @property
+    def place(self) -> Place:
+        return Place(self.region, self.endpoint_url, self.profile)
 
 
 def cost_so_far(nodes: list[Node], record: ClusterRecord | None, now: datetime | None = None) -> float | None:
@@ -66,9 +68,9 @@ def cost_so_far(nodes: list[Node], record: ClusterRecord | None, now: datetime |
     return round(total, 4)
 
 
-def price_of(ec2: Any, spec: ClusterSpec) -> Price:
-    zone = network.resolve_subnet(ec2, spec.subnet).zone
-    return hourly_price(ec2, spec.instance_type, spec.region, spec.spot, zone)
+def price_of(cloud: Provider, spec: ClusterSpec) -> Price:
+    """The hourly price of one node, in the zone the nodes would launch in."""
+    return cloud.price(spec.instance_type, spec.spot, cloud.subnet(spec.subnet).zone)
 
 
 def spec_of(record: ClusterRecord) -> ClusterSpec:

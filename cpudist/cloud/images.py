@@ -14,19 +14,15 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import cpudist
 from cpudist import state
 from cpudist.cloud.access import NodeAccess, address
-from cpudist.cloud.aws import images, instances, network
-from cpudist.cloud.aws.client import call
-from cpudist.cloud.aws.provider import Ec2
+from cpudist.cloud.provider import KeyRequest, Provider
 from cpudist.errors import CpudistError
 from cpudist.interrupts import shielded, signals_interrupt
 
 Say = Callable[[str], None]
-UBUNTU_PARAMETER = "/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/hvm/ebs-gp3/ami-id"
 RESULT = re.compile(r"cpudist-bootstrap: (OK|FAILED at step (\S+).*)")
 BAKE_MINUTES = 15  # measured on nothing yet: the bootstrap's downloads dominate (torch CPU is ~200 MB)
 
@@ -55,11 +51,6 @@ def recipe_dir() -> Path:
                        "Reinstall cpudist from its wheel or source tree")
 
 
-def ubuntu_image(ssm: Any) -> str:
-    """The current Ubuntu 24.04 LTS AMI of the region, from Canonical's public SSM parameter."""
-    return str(call(ssm.get_parameter, Name=UBUNTU_PARAMETER)["Parameter"]["Value"])
-
-
 def bootstrap_result(console: str) -> tuple[bool, str | None]:
     """(succeeded, failing step) from the builder's console; (False, None) when it said nothing."""
     for line in reversed(console.splitlines()):
@@ -77,30 +68,24 @@ def _upload(node: str, spec: BakeSpec, key: Path, wheel: Path, known: Path, ssh:
         builder.check(f"touch ~/{state.UPLOAD_DIR}/ready")
 
 
-def _cleanup(ec2: Any, owner: str, run_id: str, name: str, keep_image: bool) -> None:
-    made = instances.of_run(ec2, run_id)
-    Ec2(ec2).terminate([n.instance_id for n in made])
-    if not keep_image:
-        images.delete_images(ec2, owner, run_id)
-    network.delete_security_group(ec2, owner, run_id)
-    network.delete_key_pair(ec2, network.resource_name(owner), run_id)
+def _cleanup(cloud: Provider, owner: str, run_id: str, name: str, keep_image: bool) -> None:
+    cloud.remove(owner, run_id, images=not keep_image)
     state.remove_dir(state.image_dir(name))
 
 
-def bake(ec2: Any, spec: BakeSpec, wheel: Path, ssh: NodeAccess, say: Say) -> str:
+def bake(cloud: Provider, spec: BakeSpec, wheel: Path, ssh: NodeAccess, say: Say) -> str:
     """Build the image with `wheel` (this cpudist) inside; its id. Nothing but the image is left, and
     nothing at all on failure. SSH to the builder goes through `ssh`, from the caller."""
     run_id, owner, folder = uuid.uuid4().hex[:12], f"image-{spec.name}", state.image_dir(spec.name)
     script = (recipe_dir() / "bootstrap.sh").read_text()
     image: str | None = None
-    cloud = Ec2(ec2)
     try:
         with signals_interrupt() as signals:
-            subnet = network.resolve_subnet(ec2, spec.subnet)
-            key, _ = network.ensure_key_pair(ec2, owner, folder, None, None, run_id, ssh.new_key)
-            group, _ = network.ensure_security_group(ec2, owner, subnet.vpc_id, spec.ssh_cidr, run_id)
-            builder = instances.launch_builder(ec2, owner, spec.base_image, spec.instance_type, subnet.subnet_id,
-                                               script, key.name, group, run_id)
+            subnet = cloud.subnet(spec.subnet)
+            key = cloud.key_pair(KeyRequest(owner, folder, run_id, ssh.new_key))
+            group = cloud.security_group(owner, subnet.vpc_id, spec.ssh_cidr, run_id)
+            builder = cloud.builder(owner, spec.base_image, spec.instance_type, subnet, script, key.name, group,
+                                    run_id)
             say(f"builder {builder.instance_id} is booting from {spec.base_image}; uploading {wheel.name} when it "
                 "answers SSH")
             builder = cloud.wait([builder.instance_id], "running", spec.timeout_s)[0]
@@ -110,7 +95,7 @@ def bake(ec2: Any, spec: BakeSpec, wheel: Path, ssh: NodeAccess, say: Say) -> st
             _upload(reach, spec, key.private_key, wheel, folder / "known_hosts", ssh)
             say("wheel uploaded; the builder powers off when its bootstrap ends")
             cloud.wait([builder.instance_id], "stopped", spec.timeout_s)
-            ok, step = bootstrap_result(instances.console_output(ec2, builder.instance_id))
+            ok, step = bootstrap_result(cloud.console(builder.instance_id))
             if not ok:
                 raise CpudistError(f"the image bootstrap failed at step {step or 'unknown (no result on the console)'}",
                                    f"See ami/README.md for what step {step} does; fix it and re-run "
@@ -120,5 +105,5 @@ def bake(ec2: Any, spec: BakeSpec, wheel: Path, ssh: NodeAccess, say: Say) -> st
             image = made
     finally:
         with shielded(lambda: say("finishing the cleanup first; it stops by itself")):
-            _cleanup(ec2, owner, run_id, spec.name, keep_image=image is not None)
+            _cleanup(cloud, owner, run_id, spec.name, keep_image=image is not None)
     return image

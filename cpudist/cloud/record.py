@@ -14,6 +14,7 @@ from typing import Any
 
 from cpudist import state
 from cpudist.cloud.access import address
+from cpudist.cloud.provider import Place
 from cpudist.errors import CpudistError
 
 
@@ -47,6 +48,12 @@ class ClusterRecord:
     price_source: str
     created_at: str
     spec: dict[str, Any] = field(default_factory=dict)  # what `up` was asked for: a recovery converges to it
+    profile: str | None = None  # the AWS profile it was made with (None: the default chain)
+
+    @property
+    def place(self) -> Place:
+        """Where the cluster lives, as `up` resolved it: later commands use it whatever the environment says."""
+        return Place(self.region, self.endpoint_url, self.profile, pinned=True)
 
     def address(self, i: int) -> str:
         """How this machine reaches node i."""

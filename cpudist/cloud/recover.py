@@ -2,24 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from cpudist.cloud.access import NodeAccess
-from cpudist.cloud.aws.provider import Ec2
 from cpudist.cloud.cluster import Say, price_of, spec_of
+from cpudist.cloud.provider import Provider
 from cpudist.cloud.record import ClusterRecord
 from cpudist.cloud.up import up
 from cpudist.errors import CpudistError
 from cpudist.waits import wait_until
 
 
-def recover(ec2: Any, record: ClusterRecord, wait_gone_s: float, ssh: NodeAccess, say: Say) -> ClusterRecord:
-    """Wait (up to `wait_gone_s`) for a node to go, then converge like `up` (replace it) over `ssh`."""
+def recover(cloud: Provider, record: ClusterRecord, wait_gone_s: float, ssh: NodeAccess, say: Say) -> ClusterRecord:
+    """Wait (up to `wait_gone_s`) for a node to go, then converge like `up` (replace it) over `ssh`.
+    `cloud` is the record's place (`connect(record.place)`): where the cluster was made."""
     spec = spec_of(record)
     ids = [n.instance_id for n in record.nodes]
 
     def gone() -> list[str] | None:
-        left = {n.instance_id for n in Ec2(ec2).describe(ids) if n.state == "running"}
+        left = {n.instance_id for n in cloud.describe(ids) if n.state == "running"}
         lost = [i for i in ids if i not in left]
         return lost or None
 
@@ -28,4 +27,4 @@ def recover(ec2: Any, record: ClusterRecord, wait_gone_s: float, ssh: NodeAccess
         say(f"node(s) {', '.join(lost)} of cluster {record.name} are gone: replacing them")
     except CpudistError:
         say(f"every node of cluster {record.name} is still running after {wait_gone_s:g}s: resuming on them")
-    return up(ec2, spec, price_of(ec2, spec), ssh, say)
+    return up(cloud, spec, price_of(cloud, spec), ssh, say)

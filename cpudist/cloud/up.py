@@ -11,16 +11,12 @@ import dataclasses
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from cpudist import state
 from cpudist.cloud.access import NodeAccess, address
-from cpudist.cloud.aws import images, instances, network
-from cpudist.cloud.aws.errors import AwsError
-from cpudist.cloud.aws.pricing import Price, on_demand_price
-from cpudist.cloud.aws.provider import Ec2
 from cpudist.cloud.cluster import ClusterSpec, Say
-from cpudist.cloud.provider import LaunchSpec, Node, Provider
+from cpudist.cloud.lock import cluster_lock
+from cpudist.cloud.provider import KeyRequest, LaunchSpec, Node, Price, Provider
 from cpudist.cloud.record import ClusterRecord, NodeRecord, load_record, save_record
 from cpudist.errors import BadInput, CpudistError
 from cpudist.hostfile import Host, render_hostfile
@@ -46,8 +42,8 @@ class _Run:
         self.launching = True
         try:
             nodes = self.cloud.launch(spec, indices)
-        except AwsError as e:
-            if e.code not in UNCERTAIN:
+        except CpudistError as e:
+            if getattr(e, "code", "") not in UNCERTAIN:
                 self.launching = False  # a refusal: AWS made nothing, so there is nothing to wait for
             raise
         self.launching = False
@@ -62,23 +58,19 @@ def _reach(node: Node, spec: ClusterSpec) -> str:
     return address(node.private_ip, node.public_ip, spec.connect, f"instance {node.instance_id}")
 
 
-def _rollback(ec2: Any, spec: ClusterSpec, run: _Run, say: Say) -> None:
+def _rollback(spec: ClusterSpec, run: _Run, say: Say) -> None:
     """Remove what the run made, found by its tag (also what a lost or unfinished call hid from us)."""
     say(f"removing what this run created for cluster {spec.name}")
-    run_id = run.id
-    made = instances.of_run(ec2, run_id)
+    run_id, cloud = run.id, run.cloud
+    made = cloud.of_run(run_id)
     if run.launching and not made:
         say("waiting for the launch that was in flight to show up, to remove it too")
         try:
-            made = wait_until(lambda: instances.of_run(ec2, run_id) or None, "the interrupted launch",
-                              LAUNCH_IN_FLIGHT_S, 1.0)
+            made = wait_until(lambda: cloud.of_run(run_id) or None, "the interrupted launch", LAUNCH_IN_FLIGHT_S, 1.0)
         except CpudistError:
             made = []  # the call never reached AWS
-    run.cloud.terminate([n.instance_id for n in made])
-    images.delete_images(ec2, spec.name, run_id)
-    network.delete_placement_group(ec2, spec.name, run_id)
-    network.delete_security_group(ec2, spec.name, run_id)
-    network.delete_key_pair(ec2, network.resource_name(spec.name), run_id)
+    cloud.terminate([n.instance_id for n in made])
+    cloud.remove(spec.name, run_id)
     if load_record(spec.name) is None:
         state.remove_cluster_dir(spec.name)  # no earlier `up` made it: the key this run wrote, its pins
     else:
@@ -113,13 +105,13 @@ def _launch(spec: ClusterSpec, run: _Run, launch: LaunchSpec, missing: list[int]
     return [first, *rest]
 
 
-def _existing(ec2: Any, spec: ClusterSpec, run: _Run, group_id: str, say: Say) -> list[Node]:
+def _existing(spec: ClusterSpec, run: _Run, group_id: str, say: Say) -> list[Node]:
     """The cluster's live nodes, stopped ones started again; more than asked for is an error."""
-    foreign = instances.foreign_in_group(ec2, spec.name, group_id)
+    foreign = run.cloud.foreign(spec.name, group_id)
     if foreign:
         raise CpudistError(f"security group of cluster {spec.name} holds instances of no cpudist cluster: "
                            f"{', '.join(foreign)}", "Move or terminate them, or pick another --name")
-    nodes = instances.find_nodes(ec2, spec.name)
+    nodes = run.cloud.nodes(spec.name)
     if len(nodes) > spec.nodes:
         raise CpudistError(f"cluster {spec.name} has {len(nodes)} nodes, not {spec.nodes}",
                            f"Pass --nodes {len(nodes)}, or `cpudist cluster down --name {spec.name}` first")
@@ -128,7 +120,7 @@ def _existing(ec2: Any, spec: ClusterSpec, run: _Run, group_id: str, say: Say) -
     stopped = [n.instance_id for n in nodes if n.state in ("stopped", "stopping")]
     if stopped:
         say(f"starting stopped node(s): {', '.join(stopped)}")
-        instances.start(ec2, stopped)
+        run.cloud.start(stopped)
     return nodes
 
 
@@ -148,27 +140,31 @@ def _connect_nodes(spec: ClusterSpec, nodes: list[Node], key: Path, run: _Run, s
                            "subnet's network ACL allows it, then re-run `cpudist cluster up`")
 
 
-def _record(spec: ClusterSpec, nodes: list[Node], key: Path, price: Price) -> ClusterRecord:
-    on_demand = on_demand_price(spec.instance_type, spec.region).usd_per_hour
+def _record(spec: ClusterSpec, cloud: Provider, nodes: list[Node], key: Path, price: Price) -> ClusterRecord:
+    on_demand = cloud.on_demand(spec.instance_type).usd_per_hour
     folder = state.cluster_dir(spec.name)
     hostfile = folder / "hostfile"
     state.write_atomic(hostfile, render_hostfile([Host(n.private_ip or "") for n in nodes]))
     rows = tuple(NodeRecord(n.index, n.instance_id, n.private_ip or "", n.public_ip, n.lifecycle,
                             price.usd_per_hour if n.lifecycle == "spot" else on_demand) for n in nodes)
-    return ClusterRecord(spec.name, spec.region, spec.endpoint_url, spec.instance_type, rows, spec.connect,
+    place = cloud.place  # resolved: every later command talks to this region, endpoint and profile
+    spec = dataclasses.replace(spec, region=place.region or spec.region, endpoint_url=place.endpoint_url,
+                               profile=place.profile)
+    return ClusterRecord(spec.name, spec.region or "", spec.endpoint_url, spec.instance_type, rows, spec.connect,
                          spec.user, spec.ssh_port, str(key), str(folder / "known_hosts"), str(hostfile),
                          price.source, datetime.now(UTC).isoformat(timespec="seconds"),
-                         {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(spec).items()})
+                         {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(spec).items()},
+                         profile=place.profile)
 
 
-def _converge(ec2: Any, spec: ClusterSpec, price: Price, run: _Run, say: Say) -> ClusterRecord:
-    run_id = run.id
+def _converge(spec: ClusterSpec, price: Price, run: _Run, say: Say) -> ClusterRecord:
+    run_id, cloud = run.id, run.cloud
     folder = state.cluster_dir(spec.name)
-    subnet = network.resolve_subnet(ec2, spec.subnet)
-    key, _ = network.ensure_key_pair(ec2, spec.name, folder, spec.key_name, spec.identity, run_id, run.ssh.new_key)
-    group_id, _ = network.ensure_security_group(ec2, spec.name, subnet.vpc_id, spec.ssh_cidr, run_id)
-    placement = network.ensure_placement_group(ec2, spec.name, run_id)[0] if spec.placement_group else None
-    nodes = _existing(ec2, spec, run, group_id, say)
+    subnet = cloud.subnet(spec.subnet)
+    key = cloud.key_pair(KeyRequest(spec.name, folder, run_id, run.ssh.new_key, spec.key_name, spec.identity))
+    group_id = cloud.security_group(spec.name, subnet.vpc_id, spec.ssh_cidr, run_id)
+    placement = cloud.placement_group(spec.name, run_id) if spec.placement_group else None
+    nodes = _existing(spec, run, group_id, say)
     fresh: set[str] = set()
     missing = sorted(set(range(spec.nodes)) - {n.index for n in nodes})
     if missing:
@@ -192,26 +188,50 @@ def _converge(ec2: Any, spec: ClusterSpec, price: Price, run: _Run, say: Say) ->
                    [a for n in nodes if n.instance_id in fresh for a in (n.public_ip, n.private_ip) if a])
     if spec.ssh:
         _connect_nodes(spec, nodes, key.private_key, run, say)
-    return _record(spec, nodes, key.private_key, price)
+    return _record(spec, cloud, nodes, key.private_key, price)
 
 
-def up(ec2: Any, spec: ClusterSpec, price: Price, ssh: NodeAccess, say: Say) -> ClusterRecord:
+class RollbackIncomplete(CpudistError):
+    """`up` failed and removing what it made failed too: something of this run is still live (and billed)."""
+
+
+def _still_live(spec: ClusterSpec, run: _Run) -> str:
+    """What of this run is still there after a failed rollback, in one phrase."""
+    try:
+        left = run.cloud.inventory(spec.name, run.id).listed()
+    except Exception as e:  # the cloud is out of reach: say so, not nothing
+        return f"unknown (listing failed: {e})"
+    return ", ".join(left) if left else "nothing"
+
+
+def _roll_back_or_say(spec: ClusterSpec, run: _Run, why: BaseException, say: Say) -> None:
+    with shielded(lambda: say("finishing the cleanup first; it stops by itself")):
+        try:
+            _rollback(spec, run, say)
+            return
+        except Exception as e:  # the first failure is the one to report, with what is left
+            failed = e
+        live = _still_live(spec, run)
+    cause = "interrupted" if isinstance(why, KeyboardInterrupt) else str(why)
+    raise RollbackIncomplete(f"cluster {spec.name}: {cause}; rollback incomplete ({failed}): still live: {live}",
+                             f"Run `cpudist cluster down --name {spec.name}` to remove it") from why
+
+
+def up(cloud: Provider, spec: ClusterSpec, price: Price, ssh: NodeAccess, say: Say) -> ClusterRecord:
     """Bring the cluster to `spec`: every step get-or-create; a failure removes what this run made.
 
-    SIGTERM and SIGHUP count as Ctrl-C; a second Ctrl-C while the rollback runs does not stop it.
+    One `up`, `down` or recovery of a name at a time (cloud/lock.py). SIGTERM and SIGHUP count as Ctrl-C; a
+    second Ctrl-C while the rollback runs does not stop it; a rollback that fails says what is still live.
     """
-    run = _Run(uuid.uuid4().hex[:12], Ec2(ec2), ssh)
-    try:
-        with signals_interrupt() as signals:
-            record = _converge(ec2, spec, price, run, say)
-            signals.check()  # a Ctrl-C swallowed on the way must not end in "cluster is up"
-            save_record(record)
-    except BaseException:
-        if not spec.keep_on_failure:
-            with shielded(lambda: say("finishing the cleanup first; it stops by itself")):
-                try:
-                    _rollback(ec2, spec, run, say)
-                except Exception as e:  # the first failure is the one to report
-                    say(f"rollback incomplete ({e}): run `cpudist cluster down --name {spec.name}`")
-        raise
+    run = _Run(uuid.uuid4().hex[:12], cloud, ssh)
+    with cluster_lock(spec.name):
+        try:
+            with signals_interrupt() as signals:
+                record = _converge(spec, price, run, say)
+                signals.check()  # a Ctrl-C swallowed on the way must not end in "cluster is up"
+                save_record(record)
+        except BaseException as e:
+            if not spec.keep_on_failure:
+                _roll_back_or_say(spec, run, e, say)
+            raise
     return record

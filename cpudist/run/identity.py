@@ -144,9 +144,9 @@ def _continued(cfg: TrainConfig) -> str | None:
 def _from_copy(cfg: TrainConfig) -> str | None:
     """The run folder is gone (the head's disk with it): the newest run in the --checkpoint-s3 location whose
     checkpoints this config can continue (same task, model, data and seed)."""
-    from cpudist.cloud.aws.objects import S3Objects  # boto3: only on this path
+    from cpudist.cloud.connect import open_store  # boto3: only on this path
 
-    store = S3Objects(cfg.checkpoint_s3 or "")
+    store = open_store(cfg.checkpoint_s3 or "")
     mine = dataclasses.asdict(cfg)
     for run_id, names in sorted(runs_in(store).items(), reverse=True):  # ids sort by start time
         with tempfile.TemporaryDirectory() as tmp:

@@ -112,7 +112,7 @@ def onprem_head(hostfile: Path, address: str, user: str | None, identity: str | 
 
 def recover_cluster(name: str, nodes: int, head: Head, wait_gone_s: float, say: Callable[[str], None]) -> Head:
     """Replace the cluster's reclaimed nodes (as `cluster up` would) and return how to reach its head now."""
-    from cpudist.cloud.aws.client import ec2_client
+    from cpudist.cloud.connect import connect
     from cpudist.cloud.record import load_record
     from cpudist.cloud.recover import recover
     from cpudist.ssh.access import SshAccess
@@ -120,7 +120,7 @@ def recover_cluster(name: str, nodes: int, head: Head, wait_gone_s: float, say: 
     record = load_record(name)
     if record is None:
         raise BadInput(f"no local record of cluster {name}", "Run `cpudist cluster up` first")
-    recover(ec2_client(record.region, record.endpoint_url), record, wait_gone_s, SshAccess(), say)
+    recover(connect(record.place), record, wait_gone_s, SshAccess(), say)
     new_head, _, _ = cluster_target(name, nodes, head.python, head.stage_code)
     if new_head is None:
         raise BadInput("--on-preemption resume runs from outside the cluster", "Start it from your own machine")

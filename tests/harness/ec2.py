@@ -8,6 +8,8 @@ calls of an action fail with a given AWS error code), and, optionally, what clou
 on a real instance: install the key pair's public key on the host that owns the instance's
 private address, and stop instances whose user data ends by shutting down (a finished AMI bake).
 
+What real EC2 does and moto does not, always: RunInstances with a ClientToken it has seen answers with the
+instances that token launched (idempotency: a retry after a lost answer launches nothing more).
 What real EC2 does and moto does not, on request: instances stay `pending` for `pending_s` after
 RunInstances and StartInstances (moto makes them `running` at once), and new instances are
 unknown to calls naming them by id for `unseen_s` (EC2's eventual consistency:
@@ -145,6 +147,7 @@ class Emulator:
         self.pending_s = 0.0
         self.unseen_s = 0.0
         self._unseen: dict[str, float] = {}  # instance id -> monotonic time it becomes visible
+        self.launched: dict[str, bytes] = {}  # RunInstances' ClientToken -> its answer (EC2's idempotency)
         self.lock = threading.Lock()
         self.server = make_server(host, port, self, threaded=True, request_handler=_Quiet)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -181,6 +184,7 @@ class Emulator:
             self.delays.clear()
             self.calls.clear()
             self._unseen.clear()
+            self.launched.clear()
 
     def backend(self, region: str = "us-east-1") -> Any:
         return ec2_backends[DEFAULT_ACCOUNT_ID][region]
@@ -224,6 +228,8 @@ class Emulator:
         if action in MUTATING and self.on_change:
             self.on_change(region)  # before cloud-init below: a new machine boots, then gets its key
         if action == "RunInstances":
+            if params.get("ClientToken") and b"<instancesSet>" in b"".join(result):
+                self.launched[params["ClientToken"]] = b"".join(result)
             self._after_run(params, b"".join(result), region)
         m = re.search(rb"<imageId>(ami-[0-9a-f]+)</imageId>", b"".join(result))
         if snapshot_tags and m:
@@ -304,6 +310,8 @@ class Emulator:
             text = base64.b64encode(self.console[p["InstanceId"]].encode()).decode()
             return ok, _xml(action, f"<instanceId>{p['InstanceId']}</instanceId><timestamp>2026-01-01T00:00:00Z"
                                     f"</timestamp><output>{text}</output>")
+        if action == "RunInstances" and p.get("ClientToken") in self.launched:
+            return ok, self.launched[p["ClientToken"]]
         if action == "CreatePlacementGroup":
             name = p["GroupName"]
             if name in self.groups:

@@ -17,7 +17,7 @@ import boto3
 import pytest
 
 from cpudist import __version__
-from cpudist.cloud.images import UBUNTU_PARAMETER
+from cpudist.cloud.aws.provider import UBUNTU_PARAMETER
 from tests.harness.ec2 import FAKE_CREDENTIALS, Emulator
 from tests.harness.netns import missing_requirements
 from tests.harness.world import World

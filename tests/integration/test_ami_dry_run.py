@@ -14,7 +14,7 @@ from typing import Any
 import boto3
 import pytest
 
-from cpudist.cloud.images import UBUNTU_PARAMETER
+from cpudist.cloud.aws.provider import UBUNTU_PARAMETER
 from tests.harness.ec2 import FAKE_CREDENTIALS, Emulator
 
 CPUDIST = [sys.executable, "-m", "cpudist.cli"]

@@ -192,16 +192,36 @@ def test_every_call_of_up_is_covered(emu: Emulator, ec2: Any, ami: str, tmp_path
     assert set(emu.calls) == set(UP_CALLS)
 
 
-@pytest.mark.parametrize("lost", [False, True], ids=["refused", "answer-lost"])
-@pytest.mark.parametrize("action", UP_CALLS)
+CREATES = ["ImportKeyPair", "CreateSecurityGroup", "CreatePlacementGroup", "RunInstances"]
+TRIES = 3  # botocore's standard retry mode: a 5xx answer is tried this many times in all
+
+
+@pytest.mark.parametrize(("action", "lost", "count"),
+                         [*((a, False, 1) for a in UP_CALLS), *((a, True, TRIES) for a in CREATES)],
+                         ids=[*(f"{a}-refused" for a in UP_CALLS), *(f"{a}-answer-lost-every-try" for a in CREATES)])
 def test_a_fault_at_any_call_leaks_nothing(emu: Emulator, ec2: Any, ami: str, tmp_path: Path, action: str,
-                                           lost: bool) -> None:
-    """Refused, or carried out with its answer lost on the way: the run's tag still finds what it made."""
-    emu.inject(action, "InternalError", lost=lost)
+                                           lost: bool, count: int) -> None:
+    """Refused, or carried out with every answer lost on the way: the run's tag still finds what it made."""
+    emu.inject(action, "InternalError", count=count, lost=lost)
     r = up(emu, tmp_path, ami)
     assert r.returncode == 1 and "InternalError" in r.stderr and "Traceback" not in r.stderr
     assert inventory(ec2) == EMPTY
     assert not (tmp_path / "cpudist-home" / "clusters" / "c1").exists()
+
+
+@pytest.mark.parametrize("action", [*CREATES, "AuthorizeSecurityGroupIngress", "CreateTags"])
+def test_a_lost_answer_is_retried_without_making_two(emu: Emulator, ec2: Any, ami: str, tmp_path: Path,
+                                                     action: str) -> None:
+    """One answer lost (a 5xx after the call was carried out): botocore's retry repeats it, and a create's
+    retry finds what the first try made (RunInstances by its ClientToken, the rest by name and this run's
+    tag) instead of making a second or failing on the duplicate."""
+    emu.inject(action, "InternalError", lost=True)
+    r = up(emu, tmp_path, ami)
+    assert r.returncode == 0, r.stderr
+    inv = inventory(ec2)
+    assert (inv["keys"], len(inv["groups"]), inv["placement"]) == (["cpudist-c1"], 1, ["cpudist-c1"])
+    assert len(inv["instances"]) == 4 and len(r.stdout.splitlines()) == 4
+    assert emu.calls.count(action) >= 2  # the fault was hit, and retried
 
 
 def test_up_converges_a_stopped_and_a_reclaimed_node(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
@@ -247,8 +267,9 @@ def test_throttling_is_retried(emu: Emulator, ec2: Any, ami: str, tmp_path: Path
 
 
 def _interrupt_up(emu: Emulator, tmp_path: Path, ami: str, signals: list[signal.Signals],
-                  when: str = "RunInstances") -> subprocess.CompletedProcess[str]:
-    """Start `up`, send `signals` once `when` is in flight (a slowed call), return how it ended."""
+                  when: str = "RunInstances", then: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Start `up`, send `signals` once `when` is in flight (a slowed call), return how it ended. With `then`,
+    the signals after the first wait until that call is in flight (the rollback's, say)."""
     emu.slow_down(when, 2.0)
     proc = subprocess.Popen([*CPUDIST, "cluster", "up", "--name", "c1", "--nodes", "4", "--image", ami, "--yes",
                              "--no-ssh", "--ssh-cidr", "203.0.113.7/32", "--clone-from-first"],
@@ -258,7 +279,10 @@ def _interrupt_up(emu: Emulator, tmp_path: Path, ami: str, signals: list[signal.
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.05)
     time.sleep(0.3)  # the call is in flight on the server
-    for sig in signals:
+    for i, sig in enumerate(signals):
+        while i and then and emu.calls.count(then) < 1:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
         proc.send_signal(sig)
         time.sleep(0.5)
     out, err = proc.communicate(timeout=180)
@@ -267,7 +291,10 @@ def _interrupt_up(emu: Emulator, tmp_path: Path, ami: str, signals: list[signal.
 
 
 @pytest.mark.parametrize(("sig", "when"), [(signal.SIGINT, "RunInstances"), (signal.SIGTERM, "RunInstances"),
-                                           (signal.SIGHUP, "RunInstances"), (signal.SIGTERM, "CreateTags")])
+                                           (signal.SIGHUP, "RunInstances"), (signal.SIGTERM, "CreateTags"),
+                                           # each create's answer is awaited: what it made is found and removed
+                                           (signal.SIGINT, "ImportKeyPair"), (signal.SIGTERM, "CreateSecurityGroup"),
+                                           (signal.SIGHUP, "CreatePlacementGroup")])
 def test_a_signal_while_launching_cleans_up(emu: Emulator, ec2: Any, ami: str, tmp_path: Path,
                                             sig: signal.Signals, when: str) -> None:
     """In flight (the instance appears after the client gave up on the call), or pending (just launched)."""
@@ -279,7 +306,8 @@ def test_a_signal_while_launching_cleans_up(emu: Emulator, ec2: Any, ami: str, t
 def test_a_second_ctrl_c_during_the_cleanup_does_not_abandon_it(emu: Emulator, ec2: Any, ami: str,
                                                                 tmp_path: Path) -> None:
     emu.slow_down("TerminateInstances", 2.0)
-    r = _interrupt_up(emu, tmp_path, ami, [signal.SIGINT, signal.SIGINT, signal.SIGINT])
+    # A signal while RunInstances is in flight waits for its answer; the next two come during the rollback.
+    r = _interrupt_up(emu, tmp_path, ami, [signal.SIGINT, signal.SIGINT, signal.SIGINT], then="TerminateInstances")
     assert r.returncode == 1 and "finishing the cleanup first" in r.stderr
     assert inventory(ec2) == EMPTY
 
@@ -310,7 +338,7 @@ def test_user_ssh_files_are_never_touched(emu: Emulator, ec2: Any, ami: str, tmp
 @pytest.mark.parametrize(("code", "needle"), [
     ("SpotMaxPriceTooLow", "Raise --max-price"),
     ("MaxSpotInstanceCountExceeded", "spot quota"),
-    ("UnauthorizedOperation", "Grant the EC2 permissions"),
+    ("UnauthorizedOperation", "cpudist/cloud/aws/iam-policy.json"),
 ])
 def test_aws_errors_are_one_line_with_the_code(emu: Emulator, ec2: Any, ami: str, tmp_path: Path, code: str,
                                                needle: str) -> None:

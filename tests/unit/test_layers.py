@@ -29,6 +29,10 @@ FORBIDDEN = {("cloud", "ssh"), ("cloud", "hosts")}  # below cloud/ in the list, 
 # Issue #21: nothing from train/ into launch/ or cloud/. What both sides read (the ranks' config and command line,
 # the event lines, Slurm's count lists, the object store interface) are leaves.
 NOT_FROM_TRAIN = ("launch", "cloud")
+# Issue #21: cli/ and run/ reach a cloud through its verbs (cloud/provider.py, cloud/connect.py), never a provider's
+# own folder: a second cloud is then one folder beside cloud/aws.
+PROVIDER_FOLDERS = ("cloud.aws",)
+NOT_INTO_PROVIDERS = ("cli", "run")
 MAX_LINES = 300
 # Imports known to break the layers, each with why it is not fixed yet; a fixed one must leave this list.
 KNOWN: set[str] = set()
@@ -95,6 +99,8 @@ def violations(root: Path = PACKAGE, known: set[str] | None = None,
                 found.append(f"{where} (points up or sideways)")
             elif dst == "train" and src in NOT_FROM_TRAIN:
                 found.append(f"{where} ({src}/ takes nothing from train/: a shared part is a leaf)")
+            elif src in NOT_INTO_PROVIDERS and any(target.startswith(f"{root.name}.{p}") for p in PROVIDER_FOLDERS):
+                found.append(f"{where} ({src}/ reaches a cloud through cloud/provider.py's verbs only)")
     return found
 
 
@@ -174,6 +180,12 @@ def _package(tmp_path: Path, files: dict[str, str]) -> Path:
     ({"launch/env.py": "from ..cloud.aws import client\n", "cloud/aws/client.py": ""},
      "cpudist/launch/env.py:1: launch -> cpudist.cloud.aws.client (points up or sideways)"),
     ({"gadgets/x.py": "", "gadgets/y.py": ""}, "cpudist/gadgets: no place in LAYER"),
+    ({"cli/cluster.py": "from cpudist.cloud.aws.client import ec2_client\n", "cloud/aws/client.py": ""},
+     "cpudist/cli/cluster.py:1: cli -> cpudist.cloud.aws.client (cli/ reaches a cloud through cloud/provider.py's "
+     "verbs only)"),
+    ({"run/where.py": "def f():\n    from cpudist.cloud.aws import client\n", "cloud/aws/client.py": ""},
+     "cpudist/run/where.py:2: run -> cpudist.cloud.aws.client (run/ reaches a cloud through cloud/provider.py's "
+     "verbs only)"),
 ])
 def test_a_scratch_violation_is_caught(tmp_path: Path, files: dict[str, str], expected: str) -> None:
     assert violations(_package(tmp_path, files)) == [expected]

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import random
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import boto3
@@ -14,40 +17,72 @@ from botocore.config import Config
 from botocore.parsers import ResponseParserError
 
 from cpudist.cloud.aws.errors import AwsBadInput, translate
+from cpudist.cloud.provider import Place
 from cpudist.errors import BadInput
+from cpudist.validate import check_endpoint_url
 
 T = TypeVar("T")
-RETRIED_CODES = frozenset({"RequestLimitExceeded", "Throttling", "ThrottlingException"})
+DEFAULT_REGION = "us-east-1"
 # EC2 is eventually consistent: an instance RunInstances just made can be unknown to the next call that
 # names it (CreateTags, TerminateInstances) for a few seconds. Retried only where the id came from AWS.
 NOT_YET_VISIBLE = frozenset({"InvalidInstanceID.NotFound"})
 CHECK_AWS = "Check the AWS console or `cpudist cluster status`, then retry"  # what to do when a wait times out
 
 
-def ec2_client(region: str, endpoint_url: str | None = None, profile: str | None = None) -> Any:
-    """An EC2 client. The endpoint comes from `endpoint_url`, else boto3's own settings
-    (AWS_ENDPOINT_URL_EC2, AWS_ENDPOINT_URL, profiles), else AWS."""
-    session = boto3.Session(profile_name=profile, region_name=region)
-    custom = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_EC2") or os.environ.get("AWS_ENDPOINT_URL")
-    if not custom and region not in session.get_available_regions("ec2"):
-        raise BadInput(f"unknown AWS region '{region}'", "Pick one from `aws ec2 describe-regions`, e.g. us-east-1")
-    # No botocore retries (total_max_attempts counts the first try; max_attempts=1 would still retry
-    # once): throttling is retried with backoff in `call`, everything else fails at once.
-    config = Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=10, read_timeout=60)
-    return session.client("ec2", endpoint_url=endpoint_url, config=config)
+def resolve(place: Place) -> Place:
+    """The place as this environment fills it in: the region (given, else the profile's or AWS_DEFAULT_REGION,
+    else us-east-1), a custom endpoint (given, else AWS_ENDPOINT_URL_EC2/AWS_ENDPOINT_URL; None is AWS itself)
+    and the profile (given, else AWS_PROFILE). A cluster's record keeps it; `pinned` makes later clients
+    ignore what the environment says by then."""
+    profile = place.profile or (None if place.pinned else os.environ.get("AWS_PROFILE")) or None
+    try:
+        session = boto3.Session(profile_name=profile)
+    except botocore.exceptions.ProfileNotFound:
+        raise AwsBadInput(f"AWS profile '{profile}' not found", "Check --profile (AWS_PROFILE) against `aws configure "
+                          "list-profiles`", "ProfileNotFound") from None
+    region = place.region or session.region_name or DEFAULT_REGION
+    endpoint = place.endpoint_url
+    if endpoint is None and not place.pinned:
+        for var in ("AWS_ENDPOINT_URL_EC2", "AWS_ENDPOINT_URL"):
+            if os.environ.get(var):
+                try:
+                    endpoint = check_endpoint_url(os.environ[var])
+                except BadInput as e:
+                    raise BadInput(f"{var}: {e.what}", "Set it to an http(s) URL, or unset it for AWS itself") from None
+                break
+    return Place(region, endpoint, profile, pinned=True)
 
 
-def ssm_client(region: str, endpoint_url: str | None = None, profile: str | None = None) -> Any:
+def _client(service: str, place: Place) -> Any:
+    place = resolve(place)
+    session = boto3.Session(profile_name=place.profile, region_name=place.region)
+    if not place.endpoint_url and place.region not in session.get_available_regions("ec2"):
+        raise BadInput(f"unknown AWS region '{place.region}'",
+                       "Pick one from `aws ec2 describe-regions`, e.g. us-east-1")
+    # Throttling and transient faults (5xx, lost connections) are retried by botocore's standard mode, with
+    # its backoff and retry quota; AWS_MAX_ATTEMPTS / the profile's max_attempts still apply. A resolved place
+    # names its endpoint itself: the environment's AWS_ENDPOINT_URL no longer counts (a recorded cluster
+    # stays where it was made).
+    config = Config(retries={"mode": "standard"}, connect_timeout=10, read_timeout=60,
+                    ignore_configured_endpoint_urls=True)
+    return session.client(service, endpoint_url=place.endpoint_url, config=config)
+
+
+def ec2_client(place: Place) -> Any:
+    """An EC2 client for `place` (see `resolve`)."""
+    return _client("ec2", place)
+
+
+def ssm_client(place: Place) -> Any:
     """An SSM client (public parameters: the current Ubuntu AMI), with the EC2 client's endpoint rules."""
-    session = boto3.Session(profile_name=profile, region_name=region)
-    config = Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=10, read_timeout=60)
-    return session.client("ssm", endpoint_url=endpoint_url, config=config)
+    return _client("ssm", place)
 
 
 def call(fn: Callable[..., T], attempts: int = 6, base_delay: float = 0.5, also_retry: frozenset[str] = frozenset(),
          **kwargs: Any) -> T:
-    """Call one EC2 API; throttling (and the `also_retry` codes) is retried with jittered exponential backoff,
-    errors translated."""
+    """Call one EC2 API, errors translated. Throttling and faults are botocore's to retry (the client's retry
+    mode); the `also_retry` codes (EC2's eventual consistency, which botocore does not know) are retried here
+    with jittered exponential backoff."""
     for attempt in range(attempts):
         try:
             reply = fn(**kwargs)
@@ -59,10 +94,35 @@ def call(fn: Callable[..., T], attempts: int = 6, base_delay: float = 0.5, also_
             return reply
         except botocore.exceptions.ClientError as e:
             code = e.response.get("Error", {}).get("Code", "")
-            if (code in RETRIED_CODES or code in also_retry) and attempt < attempts - 1:
+            if code in also_retry and attempt < attempts - 1:
                 time.sleep(base_delay * 2**attempt * (0.5 + random.random()))
                 continue
             raise translate(e) from None
         except (botocore.exceptions.BotoCoreError, ResponseParserError) as e:
             raise translate(e) from None
     raise AssertionError("unreachable")
+
+
+@contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Stop signals that arrive in the block are delivered when it ends (to the handlers in place before it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    heeded = [sig for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if signal.getsignal(sig) != signal.SIG_IGN]
+    previous = {sig: signal.signal(sig, lambda signum, frame: arrived.append(signum)) for sig in heeded}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for signum in dict.fromkeys(arrived):  # also when the call failed: the signal is not lost
+            signal.raise_signal(signum)
+
+
+def create(fn: Callable[..., T], **kwargs: Any) -> T:
+    """A call that makes something (`call` otherwise): its answer is awaited even when a signal arrives
+    meanwhile, so what it made is known (or findable by its tags) before the signal's rollback runs."""
+    with _signals_deferred():
+        return call(fn, **kwargs)

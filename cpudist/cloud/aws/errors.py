@@ -13,7 +13,7 @@ HINTS = {
     "SpotMaxPriceTooLow": "Raise --max-price, leave it out (pay up to on-demand), or use --on-demand",
     "MaxSpotInstanceCountExceeded": "Ask AWS for a higher spot quota, use fewer --nodes, or --on-demand",
     "RequestLimitExceeded": "AWS is throttling this account: wait a minute and re-run (it converges)",
-    "UnauthorizedOperation": "Grant the EC2 permissions cpudist uses (see README) to these credentials",
+    "UnauthorizedOperation": "Grant these credentials the permissions in cpudist/cloud/aws/iam-policy.json (README)",
     "InvalidAMIID.NotFound": "Check --image and --region: AMIs are regional",
     "InvalidAMIID.Malformed": "An AMI id looks like ami-0123456789abcdef0",
     "InvalidInstanceType": "Check --instance-type for this region",

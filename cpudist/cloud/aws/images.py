@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from cpudist.cloud.aws.client import CHECK_AWS, call
+from cpudist.cloud.aws.client import CHECK_AWS, call, create
+from cpudist.cloud.aws.errors import AwsError
 from cpudist.cloud.aws.tags import CLUSTER_TAG, run_filter, tag_spec
 from cpudist.errors import CpudistError
 from cpudist.waits import wait_until
@@ -15,8 +16,14 @@ def create_image(ec2: Any, instance_id: str, owner_tag: str, name: str, run_id: 
     """An AMI of `instance_id`, tagged (with its snapshots) `cpudist:cluster=owner_tag`; waits until available."""
     specs = [*tag_spec("image", owner_tag, name, run=run_id, **extra),
              *tag_spec("snapshot", owner_tag, name, run=run_id, **extra)]
-    image_id: str = call(ec2.create_image, InstanceId=instance_id, Name=name, NoReboot=True,
-                         Description=f"cpudist image for {owner_tag}", TagSpecifications=specs)["ImageId"]
+    try:
+        image_id: str = create(ec2.create_image, InstanceId=instance_id, Name=name, NoReboot=True,
+                               Description=f"cpudist image for {owner_tag}", TagSpecifications=specs)["ImageId"]
+    except AwsError as e:  # a retry after a lost answer: the first try made it, with this run's tag
+        again = [i for i in owned_images(ec2, owner_tag, run_id or None) if i.get("Name") == name]
+        if e.code != "InvalidAMIName.Duplicate" or not run_id or not again:
+            raise
+        image_id = again[0]["ImageId"]
 
     def available() -> bool | None:
         images = call(ec2.describe_images, ImageIds=[image_id])["Images"]

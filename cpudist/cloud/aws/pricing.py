@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 
 from cpudist.cloud.aws.client import call
-
-
-@dataclass(frozen=True)
-class Price:
-    """Per instance and hour, in USD, with where the number came from."""
-
-    usd_per_hour: float | None
-    source: str
-
-    def total(self, nodes: int) -> float | None:
-        return None if self.usd_per_hour is None else self.usd_per_hour * nodes
+from cpudist.cloud.provider import Price
 
 
 def price_table() -> dict[str, Any]:
