@@ -267,10 +267,11 @@ def test_throttling_is_retried(emu: Emulator, ec2: Any, ami: str, tmp_path: Path
 
 
 def _interrupt_up(emu: Emulator, tmp_path: Path, ami: str, signals: list[signal.Signals],
-                  when: str = "RunInstances", then: str | None = None) -> subprocess.CompletedProcess[str]:
+                  when: str = "RunInstances", then: str | None = None,
+                  delay: float = 2.0) -> subprocess.CompletedProcess[str]:
     """Start `up`, send `signals` once `when` is in flight (a slowed call), return how it ended. With `then`,
     the signals after the first wait until that call is in flight (the rollback's, say)."""
-    emu.slow_down(when, 2.0)
+    emu.slow_down(when, delay)
     proc = subprocess.Popen([*CPUDIST, "cluster", "up", "--name", "c1", "--nodes", "4", "--image", ami, "--yes",
                              "--no-ssh", "--ssh-cidr", "203.0.113.7/32", "--clone-from-first"],
                             env=env_for(emu, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -278,6 +279,7 @@ def _interrupt_up(emu: Emulator, tmp_path: Path, ami: str, signals: list[signal.
     while emu.calls.count(when) < 1:
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.05)
+    lands = time.monotonic() + delay  # when the slowed call is carried out, whatever became of its client
     time.sleep(0.3)  # the call is in flight on the server
     for i, sig in enumerate(signals):
         while i and then and emu.calls.count(then) < 1:
@@ -287,6 +289,7 @@ def _interrupt_up(emu: Emulator, tmp_path: Path, ami: str, signals: list[signal.
         time.sleep(0.5)
     out, err = proc.communicate(timeout=180)
     emu.delays.clear()
+    time.sleep(max(0.0, lands + 0.5 - time.monotonic()))  # judge what is left only once the call has landed
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
@@ -298,7 +301,8 @@ def _interrupt_up(emu: Emulator, tmp_path: Path, ami: str, signals: list[signal.
 def test_a_signal_while_launching_cleans_up(emu: Emulator, ec2: Any, ami: str, tmp_path: Path,
                                             sig: signal.Signals, when: str) -> None:
     """In flight (the instance appears after the client gave up on the call), or pending (just launched)."""
-    r = _interrupt_up(emu, tmp_path, ami, [sig], when)
+    # A create held long enough that a rollback which did not wait for its answer would be over before it lands.
+    r = _interrupt_up(emu, tmp_path, ami, [sig], when, delay=2.0 if when in ("RunInstances", "CreateTags") else 6.0)
     assert r.returncode == 1 and "removing what this run created" in r.stderr and "interrupted" in r.stderr
     assert inventory(ec2) == EMPTY  # also the instance whose RunInstances was in flight
 
