@@ -126,10 +126,10 @@ def human_bytes(n: float) -> str:
 def group_parts(r: RunResult) -> tuple[str, ...]:
     """What must match for runs to compare: everything but the number of ranks."""
     length = f"{r.max_steps} steps" if r.max_steps is not None else f"{r.epochs:g} epochs"
-    if r.task == "script":  # cpudist launch: the command, and only what the script's metric file handed back
+    if r.task == "script":  # cpudist launch: the command, and what the script's metric file handed back, but its
+        # length: HF Trainer's epoch of a fixed --max_steps grows with the ranks (the global batch does)
         told = (r.precision, r.backend, f"batch/rank={r.per_rank_batch_size}x{r.grad_accum}" * bool(
-            r.per_rank_batch_size), f"seq={r.max_seq_len}" * bool(r.max_seq_len),
-                length * bool(r.max_steps or r.epochs))
+            r.per_rank_batch_size), f"seq={r.max_seq_len}" * bool(r.max_seq_len))
         return (r.task, r.model, *(part for part in told if part))
     scaled = (f"lr-scaling={r.lr_scaling}",) if r.lr_scaling != "none" else ()
     frozen = ("frozen-embeddings",) if r.freeze_embeddings else ()  # another model's bytes and steps
