@@ -139,6 +139,8 @@ def test_a_sweep_over_1_and_2_hosts_gives_the_speedup_table_and_each_runs_output
     assert rows[0]["speedup"] == 1.0 and rows[1]["speedup"] > 0
     for n in (1, 2):
         assert (folder / f"runs/sweep/nodes{n}/collected/out.txt").read_text() == f"world {n}"
+    staging = json.loads((folder / "runs/sweep/nodes2/result.json").read_text())["staging"]
+    assert staging["script_sent_bytes"] == 0 and staging["script_copies"] == 1  # on the head already: to n1 only
     entries = [json.loads(line) for line in ledger.read_text().splitlines()][before:]
     assert [(e["world_size"], len(e["nodes"]), e["train_samples"]) for e in entries] == [(1, 1, 1000), (2, 2, 2000)]
     assert wait_no_leftovers(site) == []
