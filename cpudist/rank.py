@@ -37,6 +37,14 @@ def spot_notices(setting: str) -> NoticePoller | None:
 
 
 AWS = Provider(store=S3Objects, notices=spot_notices)
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Socket Timeout")
+
+
+def lost_peer(error: RuntimeError) -> bool:
+    """Whether a collective failed because a peer rank is gone (torch's DistError, or gloo's transport error)."""
+    import torch.distributed as dist
+
+    return isinstance(error, dist.DistError) or any(words in str(error) for words in PEER_GONE)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +63,13 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except OSError as e:  # e.g. a model or tokenizer that cannot be loaded
         sys.stderr.write(f"[{socket.gethostname()}:{rank}] error: {e}\n")
+        sys.stderr.flush()
+        return 1
+    except RuntimeError as e:
+        if not lost_peer(e):
+            raise  # a bug: its traceback is what a report needs
+        # A peer that failed (its own error line says why) or died breaks this rank's next collective.
+        sys.stderr.write(f"[{socket.gethostname()}:{rank}] error: lost a peer rank: {str(e).splitlines()[0]}\n")
         sys.stderr.flush()
         return 1
     finally:

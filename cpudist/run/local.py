@@ -6,6 +6,7 @@ laptop's agent (run/agent.py) runs on. Recording the result is the caller's (run
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +33,20 @@ def execute(spec: RunSpec, launch: Launch, cb: Callbacks, timeout_s: float | Non
     known: dict[str, Any] = {"launcher": spec.launcher}
     if spec.allocation is not None:
         known["slurm_job_id"] = spec.allocation.job_id
-    with (out / "ranks.log").open("w") as log:  # every rank line, also when a run elsewhere fetches it
-
+    log = (out / "ranks.log").open("w")  # every rank line, also when a run elsewhere fetches it
+    try:
         hide = hider(spec)  # a --secret value a rank prints shows as *** in ranks.log and here
+        unwritten: list[OSError] = []
 
         def to_log(line: str) -> None:
-            log.write(hide(line) + "\n")
-            log.flush()
+            if unwritten:
+                return
+            try:
+                log.write(hide(line) + "\n")
+                log.flush()
+            except OSError as e:  # a full disk: the ranks' lines still reach the screen, and the run its end
+                unwritten.append(e)
+                cb.on_line(f"[cpudist] warning: {out / 'ranks.log'} is no longer written: {e.strerror or e}")
 
         def on_line(line: str) -> None:
             to_log(line)
@@ -48,6 +56,9 @@ def execute(spec: RunSpec, launch: Launch, cb: Callbacks, timeout_s: float | Non
         with placed(spec):  # --secret/--env-file: the 0600 file on every node while the ranks run
             streams = kinds.Streams(cb.on_event, on_line, to_log, lambda line: cb.on_line(hide(line)))
             ended = kinds.execute(launch, out, streams, timeout_s, watch)
+    finally:
+        with contextlib.suppress(OSError):  # what a full disk kept in the buffer is lost, not the run's end
+            log.close()
     if watch is not None and ended.outcome.returncode != 0 and read_stop(out) is None:
         # A lost node is the cause whatever the launcher said (it may have seen its ssh end first); a stop after a
         # checkpoint stays a stop (resumable, --on-preemption resume), whatever happened to a node since.

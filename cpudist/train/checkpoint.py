@@ -20,6 +20,7 @@ rank only its own part of ranks.pt).
 
 from __future__ import annotations
 
+import errno
 import io
 import pickle
 import random
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from cpudist.errors import BadInput
+from cpudist.errors import BadInput, JobFailed
 from cpudist.train.checkpoint_meta import (
     COMPLETE,
     TMP,
@@ -93,17 +94,35 @@ def write(folder: Path, state: dict[str, Any], rngs: list[dict[str, Any]], meta:
     final = folder / folder_name(meta.step)
     tmp = folder / f"{final.name}{TMP}"
     shutil.rmtree(tmp, ignore_errors=True)  # a leftover of a write that crashed
-    tmp.mkdir(parents=True)
     ranks = ranks if ranks is not None else [{} for _ in rngs]
-    torch.save(state, tmp / "state.pt")
-    torch.save(rngs, tmp / "rng.pt")
-    torch.save(ranks, tmp / "ranks.pt")
-    write_meta(tmp, meta.written({n: file_sum(tmp / n) for n in FILES}, any(ranks)))
-    (tmp / COMPLETE).write_text("")
+    try:
+        tmp.mkdir(parents=True)
+        torch.save(state, tmp / "state.pt")
+        torch.save(rngs, tmp / "rng.pt")
+        torch.save(ranks, tmp / "ranks.pt")
+        write_meta(tmp, meta.written({n: file_sum(tmp / n) for n in FILES}, any(ranks)))
+        (tmp / COMPLETE).write_text("")
+    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as "basic_ios::clear: iostream error"
+        why = _write_failure(e, folder)
+        shutil.rmtree(tmp, ignore_errors=True)  # half a checkpoint is none; the complete older ones stay
+        raise JobFailed(f"could not write checkpoint {final.name} in {folder}: {why}",
+                        "Free space there (or give --checkpoint-dir elsewhere), then go on from the last complete "
+                        "checkpoint with --resume auto") from None
     shutil.rmtree(final, ignore_errors=True)  # the same step written again after a resume
     tmp.rename(final)
     rotate(folder, meta, keep)
     return final
+
+
+def _write_failure(error: OSError | RuntimeError, folder: Path) -> str:
+    """Why a checkpoint could not be written, in words: a full disk named as such whatever layer reported it."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        free = None
+    if getattr(error, "errno", None) == errno.ENOSPC or (free is not None and free < 1 << 20):
+        return f"no space left on the device ({free // (1 << 20) if free is not None else '?'} MiB free)"
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
 def rotate(folder: Path, meta: CheckpointMeta, keep: int) -> None:
