@@ -33,6 +33,7 @@ def server() -> Iterator[Emulator]:
 @pytest.fixture
 def emu(server: Emulator) -> Emulator:
     server.reset()
+    server.pending_s = server.unseen_s = 0.0
     return server
 
 
@@ -141,4 +142,23 @@ def test_a_failed_rollback_says_what_is_still_live(emu: Emulator, ec2: Any, ami:
     assert "was removed" not in r.stderr and not live(ec2)
     emu.faults.clear()
     assert cpudist(emu, tmp_path, "cluster", "down", "--name", "c1", "--yes").returncode == 0
+    assert inventory(ec2) == EMPTY
+
+
+def test_a_node_that_dies_while_booting_is_named_and_rolled_back(emu: Emulator, ec2: Any, ami: str,
+                                                                 tmp_path: Path) -> None:
+    """The wait for `running` (boto3's instance_running waiter) stops at a failure state, and the one line
+    names the instance that ended."""
+    emu.pending_s = 6.0
+    proc = subprocess.Popen([*CPUDIST, "cluster", "up", "--name", "c1", "--nodes", "2", "--image", ami, "--yes",
+                             "--no-ssh", "--ssh-cidr", "203.0.113.7/32", "--boot-timeout", "60"],
+                            env=env_for(emu, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(live(ec2)) < 2 or emu.calls.count("CreateTags") < 2:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    victim = live(ec2)[0]["InstanceId"]
+    ec2.terminate_instances(InstanceIds=[victim])  # a spot reclaim while it boots
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and f"instance {victim} ended while starting (terminated)" in err, err
     assert inventory(ec2) == EMPTY

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import signal
@@ -20,6 +21,7 @@ from cpudist.cloud.aws.errors import AwsBadInput, translate
 from cpudist.cloud.provider import Place
 from cpudist.errors import BadInput
 from cpudist.validate import check_endpoint_url
+from cpudist.waits import TimedOut
 
 T = TypeVar("T")
 DEFAULT_REGION = "us-east-1"
@@ -27,6 +29,7 @@ DEFAULT_REGION = "us-east-1"
 # names it (CreateTags, TerminateInstances) for a few seconds. Retried only where the id came from AWS.
 NOT_YET_VISIBLE = frozenset({"InvalidInstanceID.NotFound"})
 CHECK_AWS = "Check the AWS console or `cpudist cluster status`, then retry"  # what to do when a wait times out
+WAITER_DELAY_S = 2.0  # boto3's waiters poll every 15 s by default: a cluster's boot would wait up to 15 s too long
 
 
 def resolve(place: Place) -> Place:
@@ -126,3 +129,20 @@ def create(fn: Callable[..., T], **kwargs: Any) -> T:
     meanwhile, so what it made is known (or findable by its tags) before the signal's rollback runs."""
     with _signals_deferred():
         return call(fn, **kwargs)
+
+
+def wait_for(client: Any, waiter: str, what: str, timeout_s: float, **kwargs: Any) -> bool:
+    """Run boto3's waiter `waiter` (EC2's own success and failure states) for up to `timeout_s`: True when it
+    succeeded, False when it reached a failure state; TimedOut naming `what` when time ran out."""
+    attempts = max(1, math.ceil(timeout_s / WAITER_DELAY_S))
+    try:
+        client.get_waiter(waiter).wait(WaiterConfig={"Delay": WAITER_DELAY_S, "MaxAttempts": attempts}, **kwargs)
+    except botocore.exceptions.WaiterError as e:
+        if "Max attempts exceeded" in str(e):
+            raise TimedOut(f"timed out after {timeout_s:g}s waiting for {what}", CHECK_AWS) from None
+        if e.last_response and "Error" in e.last_response:  # an AWS error, not a failure state
+            raise translate(botocore.exceptions.ClientError(e.last_response, waiter)) from None
+        return False
+    except (botocore.exceptions.BotoCoreError, ResponseParserError) as e:
+        raise translate(e) from None
+    return True

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from cpudist.cloud.aws.client import CHECK_AWS, call, create
+from cpudist.cloud.aws.client import call, create, wait_for
 from cpudist.cloud.aws.errors import AwsError
 from cpudist.cloud.aws.tags import CLUSTER_TAG, run_filter, tag_spec
 from cpudist.errors import CpudistError
-from cpudist.waits import wait_until
 
 
 def create_image(ec2: Any, instance_id: str, owner_tag: str, name: str, run_id: str = "",
@@ -24,15 +23,10 @@ def create_image(ec2: Any, instance_id: str, owner_tag: str, name: str, run_id: 
         if e.code != "InvalidAMIName.Duplicate" or not run_id or not again:
             raise
         image_id = again[0]["ImageId"]
-
-    def available() -> bool | None:
+    if not wait_for(ec2, "image_available", f"image {image_id} to be available", timeout_s, ImageIds=[image_id]):
         images = call(ec2.describe_images, ImageIds=[image_id])["Images"]
         state = images[0]["State"] if images else "missing"
-        if state in ("failed", "invalid", "deregistered", "missing"):
-            raise CpudistError(f"image {image_id} ended up {state}", "Check the instance, then re-run")
-        return True if state == "available" else None
-
-    wait_until(available, f"image {image_id} to be available", timeout_s, 5.0, hint=CHECK_AWS)
+        raise CpudistError(f"image {image_id} ended up {state}", "Check the instance, then re-run")
     return image_id
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from cpudist.cloud.aws.client import CHECK_AWS, NOT_YET_VISIBLE, call, create
+from cpudist.cloud.aws.client import CHECK_AWS, NOT_YET_VISIBLE, call, create, wait_for
 from cpudist.cloud.aws.errors import AwsError
 from cpudist.cloud.aws.tags import CLUSTER_TAG, NODE_TAG, ROLE_TAG, cluster_filter, run_filter, tag_spec, tag_value
 from cpudist.cloud.provider import LaunchSpec, Node
@@ -97,10 +97,18 @@ def of_run(ec2: Any, run_id: str) -> list[Node]:
     return describe(ec2, [*run_filter(run_id), {"Name": "instance-state-name", "Values": LIVE_STATES}])
 
 
+WAITERS = {"running": "instance_running", "stopped": "instance_stopped"}  # boto3's, where they fit
+
+
 def wait_state(ec2: Any, ids: list[str], state: str, timeout_s: float) -> list[Node]:
     """Wait until every instance is in `state`; an instance that dies on the way is an error."""
     if not ids:
         return []
+    if state in WAITERS:
+        what = f"{len(ids)} instance(s) to be {state}"
+        if wait_for(ec2, WAITERS[state], what, timeout_s, InstanceIds=ids):
+            return describe(ec2, [{"Name": "instance-id", "Values": ids}])
+        # A failure state (terminated, shutting-down, ...): the check below names the instance.
 
     def check() -> list[Node] | None:
         nodes = describe(ec2, [{"Name": "instance-id", "Values": ids}])
