@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from cpudist import state
-from cpudist.errors import CpudistError, JobFailed
-from cpudist.hostfile import read_hostfile
+from cpudist.errors import BadInput, CpudistError, JobFailed
+from cpudist.hostfile import check_resolvable, read_hostfile
+from cpudist.launch.spec import check_layout
 from cpudist.launch.tools import is_this_machine
 from cpudist.run import stage
 from cpudist.run.remote import local_inputs
 from cpudist.run.request import RunRequest
+from cpudist.ssh.reach import check_reachable
 
 
 def _sh(script: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
@@ -49,13 +51,20 @@ def stage_here(request: RunRequest, say: Callable[[str], None]) -> tuple[RunRequ
     request unchanged on one machine, under Slurm, with --shared-fs, or without local inputs."""
     if request.hostfile is None or request.launch.launcher == "slurm" or request.launch.shared_fs:
         return request, {}
-    hosts = read_hostfile(Path(request.hostfile))[: request.launch.nodes]
+    every = read_hostfile(Path(request.hostfile))
+    check_layout(request.launch.np, request.launch.ppn, every, request.launch.oversubscribe)  # its error first
+    hosts = every[: request.launch.nodes]
     others = [h.name for h in hosts[1:] if not is_this_machine(h.name)]
-    inputs = local_inputs(request.train)
+    try:
+        inputs = local_inputs(request.train)
+    except BadInput:  # a path that does not exist: prepare's check says so, as for any run
+        return request, {}
     if not others or not inputs or not is_this_machine(hosts[0].name):  # not the head: prepare says so
         return request, {}
     cluster_ssh = state.local_cluster_dir() / "ssh"
     ssh = request.launch.ssh or (str(cluster_ssh) if cluster_ssh.is_file() else "ssh")
+    check_resolvable(hosts)
+    check_reachable(hosts, ssh)  # a node that cannot be reached: the launch's own one line, before any copy
     home = str(Path.home())
     items = [(name, stage.item(what, path, stage.TOKENIZER_FILES if name == "tokenizer" else ()))
              for name, what, path in inputs]
