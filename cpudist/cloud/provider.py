@@ -144,6 +144,10 @@ class Provider(Protocol):
     def terminate(self, ids: list[str]) -> None:
         """Terminate the instances and wait until they are."""
 
+    def number(self, cluster: str, instance_id: str, index: int) -> None:
+        """Give a cluster's instance its node index (one launched without it: a kill or a failure right after
+        the launch)."""
+
     def start(self, ids: list[str]) -> None:
         """Start stopped instances."""
 

@@ -105,6 +105,21 @@ def _launch(spec: ClusterSpec, run: _Run, launch: LaunchSpec, missing: list[int]
     return [first, *rest]
 
 
+def _numbered(spec: ClusterSpec, run: _Run, nodes: list[Node], say: Say) -> list[Node]:
+    """The nodes, each with an index: one launched without it (killed or failed between the launch and its
+    numbering, or kept by --keep-on-failure) takes a free index instead of being launched again."""
+    unnumbered = [n for n in nodes if n.index < 0]
+    if not unnumbered:
+        return nodes
+    free = sorted(set(range(spec.nodes)) - {n.index for n in nodes})
+    for node, index in zip(unnumbered, free, strict=False):
+        run.cloud.number(spec.name, node.instance_id, index)
+    say(f"numbered instance(s) launched without a node index: {', '.join(n.instance_id for n in unnumbered)}")
+    given = dict(zip((n.instance_id for n in unnumbered), free, strict=False))
+    return sorted((dataclasses.replace(n, index=given.get(n.instance_id, n.index)) for n in nodes),
+                  key=lambda n: n.index)
+
+
 def _existing(spec: ClusterSpec, run: _Run, group_id: str, say: Say) -> list[Node]:
     """The cluster's live nodes, stopped ones started again; more than asked for is an error."""
     foreign = run.cloud.foreign(spec.name, group_id)
@@ -115,6 +130,7 @@ def _existing(spec: ClusterSpec, run: _Run, group_id: str, say: Say) -> list[Nod
     if len(nodes) > spec.nodes:
         raise CpudistError(f"cluster {spec.name} has {len(nodes)} nodes, not {spec.nodes}",
                            f"Pass --nodes {len(nodes)}, or `cpudist cluster down --name {spec.name}` first")
+    nodes = _numbered(spec, run, nodes, say)
     stopping = [n.instance_id for n in nodes if n.state == "stopping"]
     run.cloud.wait(stopping, "stopped", spec.boot_timeout_s)
     stopped = [n.instance_id for n in nodes if n.state in ("stopped", "stopping")]

@@ -162,3 +162,17 @@ def test_a_node_that_dies_while_booting_is_named_and_rolled_back(emu: Emulator, 
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1 and f"instance {victim} ended while starting (terminated)" in err, err
     assert inventory(ec2) == EMPTY
+
+
+def test_instances_left_without_a_node_index_are_adopted(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
+    """A failure between the launch and the numbering, kept by --keep-on-failure: the next `up` numbers those
+    instances instead of launching a second set."""
+    emu.inject("CreateTags", "InternalError")
+    kept = up(emu, tmp_path, ami, "--keep-on-failure", nodes=3)
+    assert kept.returncode == 1 and len(live(ec2)) == 3, kept.stderr
+    again = up(emu, tmp_path, ami, nodes=3)
+    assert again.returncode == 0, again.stderr
+    nodes = live(ec2)
+    assert len(nodes) == 3, "a second set was launched"
+    indices = sorted(int(next(t["Value"] for t in i["Tags"] if t["Key"] == "cpudist:node")) for i in nodes)
+    assert indices == [0, 1, 2] and emu.calls.count("RunInstances") == 1 and len(again.stdout.splitlines()) == 3

@@ -81,9 +81,14 @@ def launch_nodes(ec2: Any, spec: LaunchSpec, indices: list[int], role: str = "no
             raise
         nodes = _run(ec2, spec, len(indices), role, False, token)
     for node, index in zip(nodes, indices, strict=True):
-        call(ec2.create_tags, also_retry=NOT_YET_VISIBLE, Resources=[node.instance_id],
-             Tags=[{"Key": NODE_TAG, "Value": str(index)}, {"Key": "Name", "Value": f"{spec.cluster}-{role}{index}"}])
+        number(ec2, spec.cluster, node.instance_id, index, role)
     return [dataclasses.replace(n, index=i) for n, i in zip(nodes, indices, strict=True)]
+
+
+def number(ec2: Any, cluster: str, instance_id: str, index: int, role: str = "node") -> None:
+    """Tag an instance with its node index (and name): after the launch, since one call launches them all."""
+    call(ec2.create_tags, also_retry=NOT_YET_VISIBLE, Resources=[instance_id],
+         Tags=[{"Key": NODE_TAG, "Value": str(index)}, {"Key": "Name", "Value": f"{cluster}-{role}{index}"}])
 
 
 def start(ec2: Any, ids: list[str]) -> None:

@@ -40,6 +40,9 @@ class Ec2:
     def terminate(self, ids: list[str]) -> None:
         instances.terminate(self.ec2, ids)
 
+    def number(self, cluster: str, instance_id: str, index: int) -> None:
+        instances.number(self.ec2, cluster, instance_id, index)
+
     def start(self, ids: list[str]) -> None:
         instances.start(self.ec2, ids)
 
