@@ -1,6 +1,6 @@
 """The provider verbs: everything cloud/ (cluster up, down, recover; image bakes) asks of a cloud.
 
-    instances  launch (spot, with on-demand fallback when allowed), wait, describe, terminate, start,
+    instances  launch (spot, with on-demand fallback when allowed), number, wait, describe, terminate, start,
                nodes (a cluster's, by tag), of_run (a run's, by tag), tagged (every cluster's), foreign
                (in a group, not the cluster's), builder and console (an image bake), image
     network    subnet, key_pair, security_group, placement_group: each get-or-create, each refusing a
