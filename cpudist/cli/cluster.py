@@ -150,6 +150,10 @@ def up(name: str, nodes: int, region: str | None, endpoint_url: str | None, prof
     try:
         record = bring_up(cloud, spec, price, SshAccess(), say)
     except KeyboardInterrupt:
+        if spec.keep_on_failure:
+            raise CpudistError("interrupted: what this run created was kept (--keep-on-failure)",
+                               f"Re-run `cpudist cluster up` to go on, or `cpudist cluster down --name {name}`"
+                               ) from None
         raise CpudistError("interrupted: what this run created was removed",
                            "Re-run `cpudist cluster up` to start again") from None
     if ssh:
