@@ -176,3 +176,12 @@ def test_instances_left_without_a_node_index_are_adopted(emu: Emulator, ec2: Any
     assert len(nodes) == 3, "a second set was launched"
     indices = sorted(int(next(t["Value"] for t in i["Tags"] if t["Key"] == "cpudist:node")) for i in nodes)
     assert indices == [0, 1, 2] and emu.calls.count("RunInstances") == 1 and len(again.stdout.splitlines()) == 3
+
+
+def test_nodes_require_imdsv2_and_their_volumes_carry_the_tags(emu: Emulator, ec2: Any, ami: str,
+                                                               tmp_path: Path) -> None:
+    assert up(emu, tmp_path, ami, nodes=2).returncode == 0
+    nodes = live(ec2)
+    assert [i["MetadataOptions"]["HttpTokens"] for i in nodes] == ["required", "required"]
+    volumes = ec2.describe_volumes(Filters=[{"Name": "tag:cpudist:cluster", "Values": ["c1"]}])["Volumes"]
+    assert sorted(v["Attachments"][0]["InstanceId"] for v in volumes) == sorted(i["InstanceId"] for i in nodes)

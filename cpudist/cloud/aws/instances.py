@@ -13,6 +13,8 @@ from cpudist.errors import CpudistError
 from cpudist.waits import wait_until
 
 LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
+# Instance metadata only with a session token (IMDSv2): the spot notice poller (notice.py) asks for one.
+IMDS_V2 = {"HttpTokens": "required", "HttpEndpoint": "enabled"}
 # Spot capacity or price refusals, where an on-demand instance may still be had.
 SPOT_REFUSALS = frozenset({"InsufficientInstanceCapacity", "SpotMaxPriceTooLow", "MaxSpotInstanceCountExceeded",
                            "InsufficientCapacity"})
@@ -54,8 +56,9 @@ def _run(ec2: Any, spec: LaunchSpec, count: int, role: str, spot: bool, token: s
         ImageId=spec.image_id, InstanceType=spec.instance_type, MinCount=count, MaxCount=count,
         KeyName=spec.key_name, SecurityGroupIds=[spec.security_group], SubnetId=spec.subnet_id,
         # The same token on a retry after a lost answer makes AWS return the instances it already made.
-        ClientToken=token,
-        TagSpecifications=tag_spec("instance", spec.cluster, f"{spec.cluster}-{role}", role=role, run=spec.run_id))
+        ClientToken=token, MetadataOptions=IMDS_V2,
+        TagSpecifications=[*tag_spec("instance", spec.cluster, f"{spec.cluster}-{role}", role=role, run=spec.run_id),
+                           *tag_spec("volume", spec.cluster, f"{spec.cluster}-{role}", role=role, run=spec.run_id)])
     if spec.placement_group:
         kwargs["Placement"] = {"GroupName": spec.placement_group}
     if spot:
@@ -137,9 +140,10 @@ def launch_builder(ec2: Any, owner: str, image_id: str, instance_type: str, subn
                    key_name: str, group_id: str, run_id: str) -> Node:
     """A throw-away instance that runs `user_data` (an image bake), tagged with `owner` and the run."""
     reply = create(ec2.run_instances, ImageId=image_id, InstanceType=instance_type, MinCount=1, MaxCount=1,
-                 SubnetId=subnet_id, UserData=user_data,  # boto3 base64-encodes it
+                 SubnetId=subnet_id, UserData=user_data, MetadataOptions=IMDS_V2,  # boto3 base64-encodes UserData
                  KeyName=key_name, SecurityGroupIds=[group_id], ClientToken=f"{run_id}-builder",
-                 TagSpecifications=tag_spec("instance", owner, f"{owner}-builder", role="builder", run=run_id))
+                 TagSpecifications=[*tag_spec("instance", owner, f"{owner}-builder", role="builder", run=run_id),
+                                    *tag_spec("volume", owner, f"{owner}-builder", role="builder", run=run_id)])
     return to_node(reply["Instances"][0])
 
 
