@@ -84,3 +84,17 @@ def stage_here(request: RunRequest, say: Callable[[str], None]) -> tuple[RunRequ
     say(f"staged {len(items)} input(s) on {len(others)} other node(s) ({copies} copied; --shared-fs skips this)")
     moved: dict[str, Any] = {name: it.remote_path(home) for name, it in items}
     return request.with_train(**moved), {"copies_to_nodes": copies, "from": "head"}
+
+
+def staging_plan(request: RunRequest) -> list[str]:
+    """--dry-run's lines for what stage_here would stage (nothing is hashed, copied or probed)."""
+    if request.hostfile is None or request.launch.launcher == "slurm" or request.launch.shared_fs:
+        return []
+    hosts = read_hostfile(Path(request.hostfile))[: request.launch.nodes]
+    others = [h.name for h in hosts[1:] if not is_this_machine(h.name)]
+    try:
+        inputs = local_inputs(request.train) if others else []
+    except BadInput:
+        return []
+    return [f"# stage {what} ({name}) {path} -> ~/{state.STAGE_DIR}/<sha256>/ here, then on {', '.join(others)} "
+            "(the ranks read it there; --shared-fs: not staged)" for name, what, path in inputs]

@@ -25,7 +25,7 @@ from cpudist.run.outcome import read_stop, record
 from cpudist.run.prepare import check_ledger, make_output_dir, prepare
 from cpudist.run.remote import local_inputs
 from cpudist.run.request import Callbacks, RunRequest, batch_note
-from cpudist.run.stage_here import stage_here
+from cpudist.run.stage_here import stage_here, staging_plan
 from cpudist.run.where import Head, Where
 
 
@@ -136,6 +136,7 @@ def describe(request: RunRequest, where: Where) -> str:
         used = spec.hosts[: request.launch.nodes]
         lines += [f"# hostfile {spec.hostfile} (written when the run starts)",
                   render_hostfile(used, "openmpi" if spec.launcher == "openmpi" else "hydra", spec.ppn).rstrip("\n")]
+    lines += staging_plan(request)  # a run from the head: its inputs to the other nodes first
     return "\n".join([*lines, "# command", launch.shell()]) + "\n"
 
 
