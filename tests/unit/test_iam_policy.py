@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import functools
 import json
 from pathlib import Path
 
@@ -31,7 +32,8 @@ def _api_names(service: str) -> dict[str, str]:
     return {botocore.xform_name(op): op for op in model.operation_names}
 
 
-def calls_in(root: Path = PACKAGE) -> set[str]:
+@functools.cache  # one scan of the package serves every test here
+def calls_in(root: Path = PACKAGE) -> frozenset[str]:
     """Every AWS action the package's source calls, as `service:Action`."""
     names = {service: _api_names(service) for service in set(CLIENTS.values())}
     found: set[str] = set()
@@ -50,7 +52,7 @@ def calls_in(root: Path = PACKAGE) -> set[str]:
                 found.add(f"s3:{S3_ACTIONS[node.attr]}")
             elif node.attr in names[service]:
                 found.add(f"{service}:{names[service][node.attr]}")
-    return found
+    return frozenset(found)
 
 
 def _statements() -> list[dict[str, object]]:
