@@ -55,6 +55,19 @@ def _endpoint(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     return None if value is None else check_endpoint_url(value)
 
 
+def _max_price(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A positive number of dollars (EC2 takes it as a string; 'abc' or -5 would fail only at launch)."""
+    if value is None:
+        return None
+    try:
+        ok = float(value) > 0
+    except ValueError:
+        ok = False
+    if not ok:
+        raise BadInput(f"--max-price {value!r} is not a positive price", "Pass dollars per hour, e.g. --max-price 0.85")
+    return value
+
+
 name_option = click.option("--name", default="cpudist", show_default=True, callback=_name,
                            help="Cluster name: 1-40 of a-z, 0-9 and '-'.")
 
@@ -100,7 +113,8 @@ def cluster() -> None:
                                "built first when there is none].")
 @click.option("--spot/--on-demand", default=True, show_default=True, help="Spot instances (cheaper, reclaimable "
               "with two minutes' notice) or on-demand.")
-@click.option("--max-price", help="Highest spot price per hour [default: the on-demand price].")
+@click.option("--max-price", callback=_max_price, help="Highest spot price per hour in USD, e.g. 0.85 [default: "
+                                                        "the on-demand price].")
 @click.option("--on-demand-fallback", is_flag=True, help="Launch on-demand when spot capacity is refused.")
 @click.option("--ssh-cidr", help="Who may SSH in [default: your public address/32].")
 @click.option("--allow-ssh-from-anywhere", is_flag=True, help="Accept an --ssh-cidr wider than /16 (or 0.0.0.0/0).")
@@ -229,8 +243,12 @@ def _uptime(launch_time: str) -> str:
 @output_options()
 def status(name: str, region: str | None, endpoint_url: str | None, profile: str | None, fmt: str) -> None:
     """Nodes, states, private and public addresses, spot or on-demand, price, uptime and cost so far."""
-    nodes = connect(cluster_place(name, region, endpoint_url, profile)).nodes(name, role=None)
+    cloud = connect(cluster_place(name, region, endpoint_url, profile))
+    nodes = cloud.nodes(name, role=None)
     record = load_record(name)
+    if not nodes and record is None:
+        raise BadInput(f"there is no cluster {name} in {cloud.place.region} nor a local record of it",
+                       "Check --name and --region (`cpudist cluster list`)")
     prices = {n.instance_id: n.usd_per_hour for n in record.nodes} if record else {}
     cost = cost_so_far(nodes, record)
     if fmt == "json":
@@ -242,7 +260,8 @@ def status(name: str, region: str | None, endpoint_url: str | None, profile: str
         price = prices.get(n.instance_id)
         table.add_row(str(n.index), n.instance_id, n.state, n.private_ip or "-", n.public_ip or "-", n.lifecycle,
                       "-" if price is None else f"{price:.4g}", _uptime(n.launch_time))
-    Console().print(table)
+    # Piped, rich would fit the table to 80 columns and cut instance ids and addresses: give it room instead.
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
     click.echo(f"cost so far: {'unknown' if cost is None else f'${cost:.2f}'}")
 
 

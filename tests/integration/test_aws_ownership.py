@@ -185,3 +185,16 @@ def test_nodes_require_imdsv2_and_their_volumes_carry_the_tags(emu: Emulator, ec
     assert [i["MetadataOptions"]["HttpTokens"] for i in nodes] == ["required", "required"]
     volumes = ec2.describe_volumes(Filters=[{"Name": "tag:cpudist:cluster", "Values": ["c1"]}])["Volumes"]
     assert sorted(v["Attachments"][0]["InstanceId"] for v in volumes) == sorted(i["InstanceId"] for i in nodes)
+
+
+def test_bad_prices_unknown_names_and_piped_tables(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
+    for price in ("abc", "-5"):
+        r = up(emu, tmp_path, ami, "--max-price", price)
+        assert r.returncode == 2 and "is not a positive price" in r.stderr, r.stderr
+    assert "RunInstances" not in emu.calls
+    nosuch = cpudist(emu, tmp_path, "cluster", "status", "--name", "nosuch")
+    assert nosuch.returncode == 2 and "there is no cluster nosuch in us-east-1" in nosuch.stderr, nosuch.stderr
+    assert up(emu, tmp_path, ami, nodes=1).returncode == 0
+    table = cpudist(emu, tmp_path, "cluster", "status", "--name", "c1")  # piped: stdout is not a terminal
+    node = live(ec2)[0]
+    assert node["InstanceId"] in table.stdout and node["PublicIpAddress"] in table.stdout, table.stdout
