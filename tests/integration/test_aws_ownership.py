@@ -198,3 +198,18 @@ def test_bad_prices_unknown_names_and_piped_tables(emu: Emulator, ec2: Any, ami:
     table = cpudist(emu, tmp_path, "cluster", "status", "--name", "c1")  # piped: stdout is not a terminal
     node = live(ec2)[0]
     assert node["InstanceId"] in table.stdout and node["PublicIpAddress"] in table.stdout, table.stdout
+
+
+def test_the_ssh_rule_converges_over_ipv6_too(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
+    """An IPv6 --ssh-cidr is an IPv6 rule, and a rule someone added (IPv6 anywhere) is revoked by the next up."""
+    assert up(emu, tmp_path, ami, nodes=1).returncode == 0
+    group = inventory(ec2)["groups"][0]
+    anywhere6 = {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "Ipv6Ranges": [{"CidrIpv6": "::/0"}]}
+    ec2.authorize_security_group_ingress(GroupId=group, IpPermissions=[anywhere6])
+    r = cpudist(emu, tmp_path, "cluster", "up", "--name", "c1", "--nodes", "1", "--image", ami, "--yes", "--no-ssh",
+                "--ssh-cidr", "2001:db8::7/128")
+    assert r.returncode == 0, r.stderr
+    rules = ec2.describe_security_groups(GroupIds=[group])["SecurityGroups"][0]["IpPermissions"]
+    ssh = [p for p in rules if p["IpProtocol"] == "tcp"]
+    assert [(r.get("IpRanges"), [x["CidrIpv6"] for x in r.get("Ipv6Ranges", [])]) for r in ssh] == \
+        [([], ["2001:db8::7/128"])], rules

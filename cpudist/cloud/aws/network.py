@@ -93,14 +93,19 @@ def ensure_key_pair(ec2: Any, request: KeyRequest) -> tuple[KeyInfo, bool]:
 
 
 def _desired_rules(group_id: str, ssh_cidr: str) -> list[dict[str, Any]]:
-    return [{"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": ssh_cidr}]},
+    ssh = {"Ipv6Ranges": [{"CidrIpv6": ssh_cidr}]} if ":" in ssh_cidr else {"IpRanges": [{"CidrIp": ssh_cidr}]}
+    return [{"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, **ssh},
             {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id}]}]
 
 
 def _rule_key(rule: dict[str, Any]) -> tuple[Any, ...]:
+    """What a rule admits: IPv4 and IPv6 ranges, prefix lists and groups all count (a rule that differs in any
+    of them is not ours and is revoked)."""
     cidrs = tuple(sorted(r["CidrIp"] for r in rule.get("IpRanges", [])))
+    cidrs6 = tuple(sorted(r["CidrIpv6"] for r in rule.get("Ipv6Ranges", [])))
+    lists = tuple(sorted(p["PrefixListId"] for p in rule.get("PrefixListIds", [])))
     groups = tuple(sorted(p["GroupId"] for p in rule.get("UserIdGroupPairs", [])))
-    return (rule["IpProtocol"], rule.get("FromPort"), rule.get("ToPort"), cidrs, groups)
+    return (rule["IpProtocol"], rule.get("FromPort"), rule.get("ToPort"), cidrs, cidrs6, lists, groups)
 
 
 def _idempotent(fn: Any, done_code: str, **kwargs: Any) -> None:
