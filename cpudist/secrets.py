@@ -18,10 +18,11 @@ import re
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
+from cpudist import state
 from cpudist.errors import BadInput
 
 SECRETS_ENV = "CPUDIST_SECRETS"  # the ranks' variable: where their node's secrets file is ("~/..." as written)
-FOLDER = ".cpudist/secrets"
+FOLDER = str(state.SECRETS_DIR)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 Pairs = tuple[tuple[str, str], ...]

@@ -31,6 +31,13 @@ CLUSTER_DIR = NODE_DIR / "cluster"  # the cluster key, known_hosts, ssh_config a
 STAGE_DIR = NODE_DIR / "stage"  # data, model and code staged for a run, one folder per content digest
 RUNS_DIR = NODE_DIR / "runs"  # on the head: the folder of a run started from another machine
 UPLOAD_DIR = NODE_DIR / "upload"  # on an image builder: this cpudist's wheel (ami/bootstrap.sh waits for it)
+SECRETS_DIR = NODE_DIR / "secrets"  # on each node of a run: its --secret/--env-file values, 0600, while it runs
+
+
+def node_home() -> str:
+    """This machine's login home as a node ("~" there, not CPUDIST_HOME): where the node-side folders above live
+    (a run started on the head stages into it)."""
+    return str(Path.home())
 
 
 def home() -> Path:

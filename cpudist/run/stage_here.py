@@ -65,7 +65,7 @@ def stage_here(request: RunRequest, say: Callable[[str], None]) -> tuple[RunRequ
     ssh = request.launch.ssh or (str(cluster_ssh) if cluster_ssh.is_file() else "ssh")
     check_resolvable(hosts)
     check_reachable(hosts, ssh)  # a node that cannot be reached: the launch's own one line, before any copy
-    home = str(Path.home())
+    home = state.node_home()
     items = [(name, stage.item(what, path, stage.TOKENIZER_FILES if name == "tokenizer" else ()))
              for name, what, path in inputs]
     dirs = [it.remote_dir(home) for _, it in items]
@@ -82,7 +82,7 @@ def stage_here(request: RunRequest, say: Callable[[str], None]) -> tuple[RunRequ
                         "or pass --shared-fs when they all see this node's paths")
     copies = sum(kind == "sent" for kind, _, _ in results)
     say(f"staged {len(items)} input(s) on {len(others)} other node(s) ({copies} copied; --shared-fs skips this)")
-    moved: dict[str, Any] = {name: it.remote_path(home) for name, it in items}
+    moved = stage.moved_fields(request.train.model, request.train.model_given, items, home)
     return request.with_train(**moved), {"copies_to_nodes": copies, "from": "head"}
 
 
