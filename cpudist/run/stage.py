@@ -237,3 +237,12 @@ class Counted:
         for chunk in self.chunks:
             self.bytes += len(chunk)
             yield chunk
+
+
+def moved_fields(model: str, model_given: str, staged: Iterable[tuple[str, StageItem]], home: str) -> dict[str, str]:
+    """The config fields staging points at the nodes' copies (data_dir, model, ...); a moved model keeps the name the
+    user gave it in model_given."""
+    out = {name: it.remote_path(home) for name, it in staged}
+    if "model" in out and not model_given:
+        out["model_given"] = model
+    return out

@@ -134,7 +134,9 @@ def save(model: torch.nn.Module, folder: Path, state: dict[str, Any] | None, cfg
     if not merged(cfg):
         from cpudist.train.models import OFFLINE_ALIASES
 
-        if cfg.model.lower() in OFFLINE_ALIASES or not Path(cfg.model).expanduser().exists():
+        if cfg.model_given:  # staged to the nodes: the base as the user named it, not this node's stage folder
+            model.peft_config["default"].base_model_name_or_path = cfg.model_given  # type: ignore[index, union-attr]
+        elif cfg.model.lower() in OFFLINE_ALIASES or not Path(cfg.model).expanduser().exists():
             # The Hub id as given, not the folder it resolved to here (an installed offline copy): portable
             model.peft_config["default"].base_model_name_or_path = cfg.model  # type: ignore[index, union-attr]
         model.save_pretrained(folder)  # type: ignore[operator]
