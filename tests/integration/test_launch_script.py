@@ -55,6 +55,7 @@ if rank == 0 and "CPUDIST_RUN_DIR" in os.environ:
     os.makedirs("outputs", exist_ok=True)
     with open("outputs/model.txt", "w") as f:
         f.write("weights")
+dist.barrier()  # leave together: a rank tearing gloo down while its peer still writes can abort the peer
 dist.destroy_process_group()
 '''
 

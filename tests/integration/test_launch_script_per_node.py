@@ -17,7 +17,7 @@ from tests.integration.test_launch_script_hosts import one_process_losses
 pytestmark = pytest.mark.slow
 # DDP_SCRIPT, and whether torchrun started it: torchrun (its elastic agent) names its run in every worker
 SCRIPT = DDP_SCRIPT + '''
-print("under torchrun", "TORCHELASTIC_RUN_ID" in os.environ, flush=True)
+print(f"under torchrun {'TORCHELASTIC_RUN_ID' in os.environ}", flush=True)  # one write: both workers share stdout
 '''
 
 

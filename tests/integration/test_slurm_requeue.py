@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,6 +67,9 @@ def flaky(tmp_path: Path) -> tuple[dict[str, str], Path]:
     return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "FLAKY_FILE": str(count)}, count
 
 
+STEPS = 30  # the requeued run's length: its first part stops at the notice, its second goes on to the end
+
+
 def detached_run(slurm: SlurmCluster, data: Path, out: Path, env: dict[str, str], *extra: str) -> tuple[str, str]:
     """`cpudist run --launcher slurm --detach` on the login node: (run id, job id) once it returned."""
     r = slurm.run(0, [*CPUDIST, "run", "mrpc", "--data-dir", str(data / "glue" / "MRPC"), "--model", "tiny",
@@ -77,6 +81,20 @@ def detached_run(slurm: SlurmCluster, data: Path, out: Path, env: dict[str, str]
     assert info["state"] == "running" and info["where"] == "slurm", info
     assert f"detached: run {info['id']} goes on as a Slurm batch job" in r.stdout, r.stdout
     return info["id"], info["detached"]["slurm_job_id"]
+
+
+def term_pending(pid: int) -> bool:
+    """SIGTERM is pending for the stopped process; or it runs again (a SIGCONT came with the signal) or it left:
+    nothing to wait for."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    if not fields.get("State", "").strip().startswith("T"):
+        return True
+    pending = [int(fields[k].strip(), 16) for k in ("SigPnd", "ShdPnd") if k in fields]
+    return any(mask & (1 << (signal.SIGTERM - 1)) for mask in pending)
 
 
 def job_field(slurm: SlurmCluster, job_id: str, name: str) -> str:
@@ -93,11 +111,21 @@ def test_requeued_job_resumes_and_logs_follows_it_through_a_busy_slurmctld(
         slurm: SlurmCluster, shared_data: Path, tmp_path: Path, flaky: tuple[dict[str, str], Path]) -> None:
     env, count = flaky
     out = tmp_path / "run"
-    run_id, job_id = detached_run(slurm, shared_data, out, env, "--requeue", "--max-steps", "6")
+    run_id, job_id = detached_run(slurm, shared_data, out, env, "--requeue", "--max-steps", str(STEPS))
     script = (out / "job.sbatch").read_text()
     assert "#SBATCH --requeue" in script and "#SBATCH --signal=B:USR1@120" in script, script
-    # Slurm's notice ahead of the time limit, sent now: the ranks checkpoint, the script requeues the job
-    slurm.run(0, ["scancel", "--signal=USR1", "--batch", job_id])
+    # The notice must find the ranks training, as a time limit does: tiny's steps take a fraction of a second on a
+    # quiet machine (a run of 6 ended before the notice arrived), so the rank is held (SIGSTOP) from right after
+    # `run --detach` returned until the ranks' SIGTERM is pending, and goes on (SIGCONT) with it.
+    [rank] = [pid for i in range(slurm.hosts.n) for pid in slurm.hosts.pids(i)
+              if cmdline(pid).split()[1:3] == ["-m", "cpudist.rank"]]
+    os.kill(rank, signal.SIGSTOP)
+    try:
+        # Slurm's notice ahead of the time limit, sent now: the ranks checkpoint, the script requeues the job
+        slurm.run(0, ["scancel", "--signal=USR1", "--batch", job_id])
+        wait_for(lambda: term_pending(rank), 60, "the batch script's SIGTERM to reach the rank")
+    finally:
+        os.kill(rank, signal.SIGCONT)
     wait_for(lambda: job_field(slurm, job_id, "Restarts") == "1" and job_field(slurm, job_id, "JobState") == "PENDING",
              120, f"job {job_id} requeued", lambda: (out / f"slurm-{job_id}.out").read_text()[-3000:], 0.5)
     slurm.run(0, ["/usr/bin/scontrol", "update", f"JobId={job_id}", "StartTime=now"])
@@ -110,8 +138,8 @@ def test_requeued_job_resumes_and_logs_follows_it_through_a_busy_slurmctld(
     assert f"requeueing Slurm job {job_id}" in r.stdout, r.stdout[-4000:]
     assert f"run {run_id} is finished" in r.stderr, r.stderr[-3000:]
     result = json.loads((out / "result.json").read_text())
-    assert result["run_id"] == run_id and result["slurm_job_id"] == job_id and result["steps"] == 6, result
-    assert result["resumed_from_step"] and 0 < result["resumed_from_step"] < 6, result  # the checkpoint at the stop
+    assert result["run_id"] == run_id and result["slurm_job_id"] == job_id and result["steps"] == STEPS, result
+    assert result["resumed_from_step"] and 0 < result["resumed_from_step"] < STEPS, result  # the checkpoint at the stop
     info = json.loads((out / "run.json").read_text())
     assert info["state"] == "finished", info
     ledger = Path(os.environ["CPUDIST_HOME"]) / "results.jsonl"
