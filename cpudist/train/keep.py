@@ -10,6 +10,7 @@ for --save-model best, its weights (train/saver.py), so a resumed run's best is 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +28,9 @@ class Evaluations:
     every: int | None  # optimizer steps between evaluations during training (None: at the end only)
     metric: str  # what "best" compares
     keep_best: bool  # --save-model best: copy the weights of each new best (rank 0)
-    history: list[dict[str, Any]] = field(default_factory=list)  # {"step", "metrics", "seconds"}
+    # {"step", "metrics", "seconds", "at"}: "at" is the wall clock (Unix seconds) when it ended, so a benchmark reads
+    # the time from its launch to an accuracy (benchmarks/time_to_accuracy.py)
+    history: list[dict[str, Any]] = field(default_factory=list)
     best: dict[str, Any] | None = None
     best_state: dict[str, torch.Tensor] | None = None
 
@@ -48,7 +51,7 @@ class Evaluations:
                                    job.bf16, job.info.rank, job.info.world_size)
         if job.info.rank == 0 and during:
             events.emit("evaluated", step=step, metrics=metrics)
-        entry = {"step": step, "metrics": metrics, "seconds": sum(phases.values())}
+        entry = {"step": step, "metrics": metrics, "seconds": sum(phases.values()), "at": round(time.time(), 3)}
         self.history.append(entry)
         if self.best is None or _score(metrics[self.metric]) > _score(self.best["metrics"][self.metric]):
             self.best = entry

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +34,12 @@ def test_a_resumed_run_saves_the_best_of_all_its_parts(tmp_path: Path, shared_da
             "--max-steps", "6", "--eval-every", "2", "--checkpoint-every", "2", "--keep-checkpoints", "3",
             "--lr", "1e-6", "--save-model", "best", "--max-train-samples", "64", "--max-eval-samples", "32",
             "--output-dir", run, "--ledger", tmp_path / "ledger.jsonl")
+    launched = time.time()
     r = cpudist(*args)
     assert r.returncode == 0, r.stderr
     first = _result(run)
+    ended = [e["at"] for e in first["evaluations"]]  # wall clock at each evaluation's end (time to accuracy)
+    assert launched < ended[0] < ended[1] < ended[2] < time.time(), (launched, ended)
     scored = [(e["step"], e["metrics"]["accuracy"]) for e in first["evaluations"]]
     assert [s for s, _ in scored] == [2, 4, 6]
     meta = json.loads((run / "checkpoints" / "step-000002" / "meta.json").read_text())
