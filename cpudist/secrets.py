@@ -64,6 +64,11 @@ def parse_env_file(path: Path) -> Pairs:
     return tuple(out)
 
 
+def gather(env_files: tuple[Path, ...], names: tuple[str, ...], environ: Mapping[str, str]) -> Pairs:
+    """--env-file's pairs, then --secret's (the later wins), as data: never on a command line."""
+    return tuple(p for f in env_files for p in parse_env_file(f)) + from_environment(names, environ)
+
+
 def file_for(run: str) -> str:
     """The secrets file of a run on every node, as the ranks' CPUDIST_SECRETS says it (under each node's home)."""
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", run) or "run"

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from click.core import ParameterSource
 
-from cpudist import state
+from cpudist import secrets, state
 from cpudist.cli.options import SectionedCommand, output_options
 from cpudist.cli.run_options import PPN
 from cpudist.cli.slurm_options import slurm_options, to_slurm_options
@@ -65,7 +66,7 @@ SECTIONS = {
     "From outside the cluster (AWS cluster or on-prem head)": ("cluster_name", "head_addr", "user", "identity",
                                                                "remote_python", "stage_code", "stage"),
     "The script": ("workdir", "metric_file", "collect"),
-    "Launch": ("mpirun", "ssh", "iface", "allocator", "openmp", "env_pairs", "timeout"),
+    "Launch": ("mpirun", "ssh", "iface", "allocator", "openmp", "env_pairs", "secret_names", "env_files", "timeout"),
     "Slurm (--launcher slurm)": ("partition", "time_limit", "account", "exclusive", "sbatch_args"),
     "Output": ("output_dir", "sweep", "ledger", "fmt", "quiet", "dry_run"),
 }
@@ -85,7 +86,9 @@ SECTIONS = {
               "torchrun, slurm.")
 @click.option("--oversubscribe", is_flag=True, help="Allow more ranks per node than its cores.")
 @click.option("--per-node", is_flag=True, help="One process per node, `python -m torch.distributed.run` (torchrun) "
-              "with --ppn workers of the script, for scripts that expect to be started that way.")
+              "with --ppn workers of the script, for scripts that expect to be started that way; with a command "
+              "`accelerate launch [its options] train.py`, accelerate launch per node, its --num_machines, "
+              "--machine_rank, --main_process_ip/port and --num_processes set by cpudist.")
 @click.option("--cluster", "cluster_name", help="A cluster from `cpudist cluster up`, from anywhere: the script's "
               "folder (--workdir) and --stage paths are staged on the nodes, --collect outputs come back here.")
 @click.option("--head", "head_addr", help="With --hostfile, from outside the cluster: the address this machine "
@@ -115,6 +118,11 @@ SECTIONS = {
 @click.option("--openmp", type=click.Choice(["auto", "intel", "gnu"]), default="auto", show_default=True,
               help="OpenMP runtime of the ranks (intel: libiomp5 preloaded).")
 @click.option("--env", "env_pairs", multiple=True, callback=_env, help="Extra rank variable KEY=VALUE (repeatable).")
+@click.option("--secret", "secret_names", multiple=True, metavar="NAME",
+              help="Pass this shell's variable NAME to every rank off every command line (a 0600 file on each node, "
+              "read by the rank before the script starts); repeatable.")
+@click.option("--env-file", "env_files", multiple=True, type=click.Path(path_type=Path, dir_okay=False),
+              help="NAME=value lines passed to every rank as --secret does; repeatable.")
 @click.option("--timeout", type=click.FloatRange(min=1), help="Stop the job after this many seconds.")
 @click.option("--output-dir", type=click.Path(path_type=Path), help="Run folder [default: runs/script-<name>-...].")
 @click.option("--ledger", type=click.Path(path_type=Path), help="Results ledger [default: ~/.cpudist/results.jsonl].")
@@ -166,6 +174,7 @@ def _request(command: tuple[str, ...], opts: dict[str, Any], np_given: bool, nod
     if opts["stage"] and not remote:
         raise BadInput("--stage puts files on the nodes from outside the cluster (--cluster or --head)",
                        "Here or from the head, give the path itself (the nodes must see it: NFS, or a copy)")
+    _check_accelerate(command, opts["per_node"])
     per_node = (ppn or np_) if opts["per_node"] else 0  # the launcher starts one torchrun per node instead
     script = Script(command, str(opts["workdir"]) if opts["workdir"] else None, opts["metric_file"],
                     tuple(opts["collect"]), tuple(opts["stage"]), per_node=per_node)
@@ -174,12 +183,25 @@ def _request(command: tuple[str, ...], opts: dict[str, Any], np_given: bool, nod
                                 opts["allocator"], opts["openmp"], opts["env_pairs"], opts["oversubscribe"],
                                 opts["timeout"], to_slurm_options(opts["partition"], opts["time_limit"],
                                                                   opts["account"], opts["exclusive"],
-                                                                  opts["sbatch_args"]))
+                                                                  opts["sbatch_args"]),
+                                secrets.gather(opts["env_files"], opts["secret_names"], os.environ))
     cfg = script_config(script, str(output_dir) if output_dir else None, np_)
     where = where_for(route, launch_opts.nodes, ppn is not None, launch_opts.launcher)
     hostfile = str(where.hostfile) if where.hostfile and where.head is None else None
     return (RunRequest(cfg, launch_opts, hostfile, shlex.join(["cpudist", *redact_env_args(sys.argv[1:])])),
             script, where)
+
+
+def _check_accelerate(command: tuple[str, ...], per_node: bool) -> None:
+    """`accelerate launch` starts a node's processes itself: once per node (--per-node), with cpudist's layout."""
+    from cpudist.run.script_rank import accelerate_words, check_accelerate
+
+    if accelerate_words(command) is None:
+        return
+    if not per_node:
+        raise BadInput("`accelerate launch` starts a node's processes itself: it runs once per node",
+                       "Add --per-node: cpudist launch --np 4 --ppn 2 --per-node -- accelerate launch train.py")
+    check_accelerate(command)
 
 
 def _route(opts: dict[str, Any]) -> Route:

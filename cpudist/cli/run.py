@@ -81,8 +81,7 @@ def _secrets(opts: dict[str, Any]) -> tuple[tuple[str, str], ...]:
     """--env-file's pairs, then --secret's (the later wins), as data: never on a command line."""
     from cpudist import secrets
 
-    from_files = tuple(p for f in opts["env_files"] for p in secrets.parse_env_file(f))
-    return from_files + secrets.from_environment(opts["secret_names"], os.environ)
+    return secrets.gather(opts["env_files"], opts["secret_names"], os.environ)
 
 
 def _route(opts: dict[str, Any]) -> Route:

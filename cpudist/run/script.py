@@ -33,10 +33,11 @@ from cpudist.run import identity, local, runlog
 from cpudist.run.outcome import record
 from cpudist.run.prepare import check_env, check_ledger, make_output_dir, resolve
 from cpudist.run.request import Callbacks, RunRequest, default_output_dir
-from cpudist.run.script_rank import EVENT
+from cpudist.run.script_rank import EVENT, per_node_argv
 from cpudist.run.script_result import TASK, Ranks, build, read_metrics, script_label
 from cpudist.run.start import tracked, where_name
 from cpudist.run.where import Where
+from cpudist.train.dist import RankInfo
 
 RANK_MODULE = "cpudist.run.script_rank"
 COLLECTED = "collected"  # the run folder's sub-folder that --collect copies outputs into
@@ -103,12 +104,18 @@ def describe_script(request: RunRequest, script: Script) -> str:
         return (f"# {Path(request.train.output_dir) / SBATCH_FILE} (written and submitted with `{launch.shell()}`)\n"
                 f"{launch.script}")
     lines = [f"# run folder {request.train.output_dir} (run.json, cpudist.log, ranks.log, result.json)",
+             f"# every node: one process, starting {script.per_node} worker(s) of `{' '.join(script.command)}` in "
+             f"{script.folder} (below)" if script.per_node else
              f"# every rank: torchrun's variables, then `{' '.join(script.command)}` in {script.folder}",
              "# environment of every rank", *(f"export {k}={v}" for k, v in launch.rank_env.items())]
     if spec.hostfile and not launch.per_host:
         lines += [f"# hostfile {spec.hostfile} (written when the run starts)",
                   render_hostfile(spec.hosts[: request.launch.nodes],
                                   "openmpi" if spec.launcher == "openmpi" else "hydra", spec.ppn).rstrip("\n")]
+    for i in range(spec.np if script.per_node else 0):  # what the launcher's one process per node starts there
+        node = per_node_argv(list(script.command), spec.python, RankInfo(i, spec.np, 0, 1, "node"), script.per_node,
+                             launch.rank_env)
+        lines.append(f"# node {i} ({spec.hosts[i].name}) runs {shlex.join(node)}")
     if script.metric_file:
         lines.append(f"# then: metrics from {script.folder / script.metric_file}")
     lines += [f"# then: {script.folder / p} -> {Path(request.train.output_dir) / COLLECTED}/" for p in script.collect]

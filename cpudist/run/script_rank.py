@@ -19,16 +19,19 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from cpudist import events
-from cpudist.errors import CpudistError
+from cpudist import events, secrets
+from cpudist.errors import BadInput, CpudistError
 from cpudist.train.dist import RankInfo, discover_rank
 from cpudist.train.threads import my_share, pinned_threads, threads_for
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
 EVENT = "script_rank"  # the event line every rank prints before the script starts
 STAGE_MARKS = (".complete", ".manifest")  # run/stage.py's files in a staged folder: not the script's
+ACCELERATE_MODULE = "accelerate.commands.launch"  # `accelerate launch`, under the rank's own Python
+# accelerate launch's options that --per-node sets from cpudist's layout
+ACCELERATE_SET = ("--num_machines", "--machine_rank", "--main_process_ip", "--main_process_port", "--num_processes")
 
 
 def torchrun_env(info: RankInfo) -> dict[str, str]:
@@ -75,12 +78,46 @@ def script_argv(command: list[str], python: str) -> list[str]:
     return [python, *command] if command[0].endswith(".py") else command
 
 
+def accelerate_words(command: Sequence[str]) -> list[str] | None:
+    """What follows `accelerate launch` (or `python -m accelerate.commands.launch`) in the command; None when the
+    command is not Accelerate's launcher."""
+    if len(command) >= 2 and os.path.basename(command[0]) == "accelerate" and command[1] == "launch":
+        return list(command[2:])
+    if len(command) >= 3 and os.path.basename(command[0]).startswith("python") \
+            and list(command[1:3]) == ["-m", ACCELERATE_MODULE]:
+        return list(command[3:])
+    return None
+
+
+def check_accelerate(command: Sequence[str]) -> None:
+    """Refuse, before anything starts, an `accelerate launch` option that cpudist sets from its own layout."""
+    words = accelerate_words(command) or []
+    script = next((i for i, w in enumerate(words) if not w.startswith("-") and w.endswith(".py")), len(words))
+    given = sorted({w.partition("=")[0] for w in words[:script]} & {*ACCELERATE_SET, "--cpu"})
+    if given:
+        raise BadInput(f"`accelerate launch {' '.join(given)}`: with --per-node cpudist sets "
+                       f"{', '.join(ACCELERATE_SET)} from --np, --ppn and its nodes, and starts Accelerate's "
+                       "multi-process launcher (--cpu would start one process)",
+                       "Leave them out of the accelerate command (--ppn: processes per machine; the workers run on "
+                       "the CPU where there is no GPU, or with Accelerator(cpu=True))")
+
+
 def per_node_argv(command: list[str], python: str, info: RankInfo, per_node: int, env: Mapping[str, str]) -> list[str]:
-    """--per-node: this node's torchrun, its place from the launcher's numbering (one process per node), its
-    rendezvous at cpudist's MASTER_ADDR/MASTER_PORT; torchrun starts `per_node` workers of the script."""
+    """--per-node: this node's torchrun (or `accelerate launch`, when the command is), its place from the
+    launcher's numbering (one process per node), its rendezvous at cpudist's MASTER_ADDR/MASTER_PORT; it starts
+    `per_node` workers of the script."""
     missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not env.get(v)]
     if missing:
         raise CpudistError(f"{' and '.join(missing)} not set for node {info.rank}", "Start it with `cpudist launch`")
+    accelerate = accelerate_words(command)
+    if accelerate is not None:
+        # Accelerate's multi-process launcher is torchrun's (`--multi_gpu`; on CPUs its workers are MULTI_CPU);
+        # with one process in all it refuses that flag and runs the script itself.
+        total = info.world_size * per_node
+        return [python, "-m", ACCELERATE_MODULE, *(["--multi_gpu"] if total > 1 else []),
+                "--num_machines", str(info.world_size), "--machine_rank", str(info.rank), "--main_process_ip",
+                env["MASTER_ADDR"], "--main_process_port", env["MASTER_PORT"], "--num_processes", str(total),
+                *accelerate]
     script = command[1:] if os.path.basename(command[0]).startswith("python") and len(command) > 1 else command
     return [python, "-m", "torch.distributed.run", "--nnodes", str(info.world_size), "--node-rank", str(info.rank),
             "--nproc-per-node", str(per_node), "--master-addr", env["MASTER_ADDR"], "--master-port",
@@ -100,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     run_dir = options.get("--run-dir", "")
     try:
+        secrets.load_into(os.environ)  # --secret/--env-file: from the node's 0600 file, never from argv
         info = discover_rank(os.environ)
         per_node = int(options.get("--per-node", "0"))
         threads = rank_threads(os.environ, info)
