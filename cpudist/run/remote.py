@@ -14,6 +14,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -173,6 +174,12 @@ class Staged:
     staging: dict[str, Any]  # result.json's staging, but for the model fetched home
 
 
+def copied_to(request: RunRequest, nodes: Sequence[Host]) -> tuple[Host, ...]:
+    """The nodes the head copies its staged items to: every other node of the run; none with --shared-fs (the
+    nodes see the head's staging folder: it is the only copy)."""
+    return () if request.launch.shared_fs else tuple(nodes[1:])
+
+
 def stage_run(head: Remote, request: RunRequest, head_spec: Head, say: Any, started: float) -> Staged:
     """Connect-side preparation of a remote run: find the head's Python, stage code and inputs, write the hostfile."""
     cfg = request.train
@@ -181,7 +188,7 @@ def stage_run(head: Remote, request: RunRequest, head_spec: Head, say: Any, star
     connect_s = round(time.monotonic() - started, 2)  # result.json's startup: the laptop's phases (issue 24)
     python = _find_python(head, head_spec.python)
     nodes = head_spec.inside[: request.launch.nodes]
-    stager = Stager(head, home, nodes[1:], say)
+    stager = Stager(head, home, copied_to(request, nodes), say)
     pythonpath = _stage_code(head, python, stager, head_spec.stage_code, state.wheels_dir())
     inputs = [(name, stage.item(what, path, stage.TOKENIZER_FILES if name == "tokenizer" else ()))
               for name, what, path in local_inputs(cfg)]

@@ -23,7 +23,7 @@ from cpudist.results.schema import RunResult
 from cpudist.run import identity, local, recovery, runlog
 from cpudist.run.outcome import read_stop, record
 from cpudist.run.prepare import check_ledger, make_output_dir, prepare
-from cpudist.run.remote import local_inputs
+from cpudist.run.remote import copied_to, local_inputs
 from cpudist.run.request import Callbacks, RunRequest, batch_note
 from cpudist.run.stage_here import stage_here, staging_plan
 from cpudist.run.where import Head, Where
@@ -148,8 +148,11 @@ def _describe_remote(request: RunRequest, head: Head, detach: bool = False) -> s
     user = f"{head.target.user}@" if head.target.user else ""
     lines = [f"# from this machine: ssh {user}{head.target.host} (port {head.target.port}, host keys pinned in "
              f"{head.known_hosts})"]
-    others = ", ".join(h.name for h in nodes[1:]) or "no other node"
-    lines += [f"# stage {what} ({name}) {path} -> ~/{state.STAGE_DIR}/<sha256>/ on the head, then on {others}"
+    targets = copied_to(request, nodes)
+    then = (f"then on {', '.join(h.name for h in targets)}" if targets
+            else "the only copy (--shared-fs: the nodes read it there)" if request.launch.shared_fs
+            else "then on no other node")
+    lines += [f"# stage {what} ({name}) {path} -> ~/{state.STAGE_DIR}/<sha256>/ on the head, {then}"
               for name, what, path in local_inputs(request.train)]
     lines += [f"# nodes (as they reach each other): {' '.join(h.name for h in nodes)}",
               "# on the head: python -m cpudist.run.agent, with this request on stdin (--env values shown as ***)"
