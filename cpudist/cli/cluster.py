@@ -74,7 +74,8 @@ name_option = click.option("--name", default="cpudist", show_default=True, callb
 
 def region_option(f: Any) -> Any:
     f = click.option("--profile", help="AWS profile [default: AWS_PROFILE, else boto3's default chain]; a "
-                                       "cluster's record keeps it.")(f)
+                                       "cluster's record keeps it (made with none: the default chain, whatever "
+                                       "AWS_PROFILE says later).")(f)
     f = click.option("--endpoint-url", callback=_endpoint, help="EC2-compatible endpoint [default: boto3's "
                                                                 "settings, AWS_ENDPOINT_URL(_EC2)].")(f)
     return click.option("--region", help="AWS region [default: the profile's, AWS_DEFAULT_REGION, else "

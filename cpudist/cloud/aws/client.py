@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import boto3
 import botocore.exceptions
+import botocore.session
 from botocore.config import Config
 from botocore.parsers import ResponseParserError
 
@@ -39,7 +40,7 @@ def resolve(place: Place) -> Place:
     ignore what the environment says by then."""
     profile = place.profile or (None if place.pinned else os.environ.get("AWS_PROFILE")) or None
     try:
-        session = boto3.Session(profile_name=profile)
+        session = _session(Place(place.region, None, profile, place.pinned))
     except botocore.exceptions.ProfileNotFound:
         raise AwsBadInput(f"AWS profile '{profile}' not found", "Check --profile (AWS_PROFILE) against `aws configure "
                           "list-profiles`", "ProfileNotFound") from None
@@ -56,9 +57,20 @@ def resolve(place: Place) -> Place:
     return Place(region, endpoint, profile, pinned=True)
 
 
+def _session(place: Place) -> boto3.Session:
+    """boto3's session for `place`: its profile; with none, a pinned place (a cluster's record) keeps to the default
+    chain as it was when the record was made, whatever AWS_PROFILE (or AWS_DEFAULT_PROFILE) says by now. A later
+    AWS_PROFILE is for other work (another account, often): followed, `cluster down` would look for the nodes there,
+    find none and forget a cluster that still runs (as the recorded region and endpoint outweigh the environment's)."""
+    if place.profile is None and place.pinned:
+        core = botocore.session.Session(session_vars={"profile": (None, None, None, None)})  # no env var names it
+        return boto3.Session(botocore_session=core, region_name=place.region)
+    return boto3.Session(profile_name=place.profile, region_name=place.region)
+
+
 def _client(service: str, place: Place) -> Any:
     place = resolve(place)
-    session = boto3.Session(profile_name=place.profile, region_name=place.region)
+    session = _session(place)
     if not place.endpoint_url and place.region not in session.get_available_regions("ec2"):
         raise BadInput(f"unknown AWS region '{place.region}'",
                        "Pick one from `aws ec2 describe-regions`, e.g. us-east-1")
