@@ -15,7 +15,7 @@ from cpudist.launch import kinds
 from cpudist.launch.secret_files import hider, placed
 from cpudist.launch.spec import Launch, RunSpec, redacted
 from cpudist.launch.watch import lost_error, node_watch
-from cpudist.run.outcome import check, fetch_from_rank0, read_stop
+from cpudist.run.outcome import check, fetch_from_rank0, keep_stop, read_stop
 from cpudist.run.request import Callbacks
 from cpudist.train.preempt import MARKER
 
@@ -53,12 +53,21 @@ def execute(spec: RunSpec, launch: Launch, cb: Callbacks, timeout_s: float | Non
             cb.on_line(hide(line))
 
         watch = None if launch.script is not None else node_watch(spec)
+        stops: list[dict[str, Any]] = []
+
+        def on_event(event: dict[str, Any]) -> None:
+            if event.get("event") == "preempted":
+                stops.append(event)
+            cb.on_event(event)
+
         with placed(spec):  # --secret/--env-file: the 0600 file on every node while the ranks run
-            streams = kinds.Streams(cb.on_event, on_line, to_log, lambda line: cb.on_line(hide(line)))
+            streams = kinds.Streams(on_event, on_line, to_log, lambda line: cb.on_line(hide(line)))
             ended = kinds.execute(launch, out, streams, timeout_s, watch)
     finally:
         with contextlib.suppress(OSError):  # what a full disk kept in the buffer is lost, not the run's end
             log.close()
+    if stops:  # rank 0 off this host (torchrun across hosts): its stop marker is there, the outcome decided here
+        keep_stop(out, stops[-1])
     if watch is not None and ended.outcome.returncode != 0 and read_stop(out) is None:
         # A lost node is the cause whatever the launcher said (it may have seen its ssh end first); a stop after a
         # checkpoint stays a stop (resumable, --on-preemption resume), whatever happened to a node since.

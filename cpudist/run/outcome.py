@@ -45,6 +45,15 @@ def read_stop(out: Path) -> Stop | None:
     return Stop(int(data["step"]), str(data["checkpoint"]), str(data["reason"]), str(data["host"]))
 
 
+def keep_stop(out: Path, event: dict[str, Any]) -> None:
+    """The stop marker from rank 0's `preempted` event, where rank 0 wrote none (it ran on another host, as torchrun's
+    rendezvous may place it): the stop is read where the outcome is decided, not taken for a failure."""
+    path = out / MARKER
+    if not path.is_file():
+        fields = {k: event.get(k) for k in ("step", "checkpoint", "reason", "host")}
+        state.write_atomic(path, json.dumps(fields) + "\n")
+
+
 def check(outcome: Outcome, out: Path, timeout_s: float | None, what: str, slurm_info: JobInfo | None = None) -> None:
     """Raise the one-line error of a job that did not end well: --timeout, Slurm's state, a stop, a failure."""
     if outcome.timed_out:
