@@ -45,3 +45,8 @@ class ObjectStore(Protocol):
     def delete(self, keys: Sequence[str]) -> None:
         """Delete keys; a missing one is no error."""
         ...
+
+    def probe(self, timeout_s: float) -> None:
+        """One cheap call that the store answers now (no retries, given up after about `timeout_s`); StoreError
+        naming the endpoint when it does not. The run's watch of the store calls it (train/store_watch.py)."""
+        ...

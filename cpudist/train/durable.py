@@ -196,6 +196,9 @@ class _Under:
     def delete(self, keys: Sequence[str]) -> None:
         self.inner.delete([self.base + k for k in keys])
 
+    def probe(self, timeout_s: float) -> None:
+        self.inner.probe(timeout_s)
+
 
 def _complete(listing: dict[str, dict[str, str]]) -> list[str]:
     """The names in a listing whose marker is there, oldest step first."""

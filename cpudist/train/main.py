@@ -13,6 +13,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,6 +38,7 @@ from cpudist.train.result import build_result, peak_rss_mb
 from cpudist.train.saver import Saver
 from cpudist.train.setup import Job, setup
 from cpudist.train.startup import Startup
+from cpudist.train.store_watch import StoreWatch
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,11 @@ def _say_rank0(rank: int) -> Callable[[str], None]:
     return say
 
 
+def _warn(line: str) -> None:
+    sys.stderr.write(f"[cpudist] {line}\n")  # one write: launchers interleave partial writes
+    sys.stderr.flush()
+
+
 def run(cfg: TrainConfig, info: RankInfo, provider: Provider, startup: Startup | None = None) -> int:
     """Set up, train, evaluate and (on rank 0) write result.json; the exit code. `startup` holds the phases timed
     before this call (Startup.at_entry)."""
@@ -91,7 +98,8 @@ def run(cfg: TrainConfig, info: RankInfo, provider: Provider, startup: Startup |
     report = report_to.Reporters.open(cfg.report_to, info.rank, job.run_dir, dataclasses.asdict(cfg),
                                       restored.meta.step if restored else 0)
     try:
-        with preempt.StopRequests(poller) as stop:
+        watch = StoreWatch(mirror.store, _warn) if mirror is not None and info.rank == 0 else nullcontext()
+        with preempt.StopRequests(poller) as stop, watch:  # the copies' store, watched by the rank that copies
             stats = train(job, saver, stop, restored, evals, report)
         if stats.stopped is not None:
             return _stopped(job, stats, info)

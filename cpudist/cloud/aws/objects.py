@@ -32,8 +32,9 @@ HINTS = {
 DELETE_BATCH = 1000  # S3's limit of keys per DeleteObjects call
 
 
-def s3_client(endpoint_url: str | None = None) -> Any:
-    """An S3 client with explicit retries; the endpoint is `endpoint_url`, else boto3's own settings."""
+def s3_client(endpoint_url: str | None = None, attempts: int | None = None, timeout_s: float | None = None) -> Any:
+    """An S3 client with explicit retries; the endpoint is `endpoint_url`, else boto3's own settings. `attempts` and
+    `timeout_s` (connect and read) replace the copies' own for a quick probe."""
     import boto3  # here, not at import: the CLI validates --checkpoint-s3 without loading boto3
     from botocore.config import Config
 
@@ -42,9 +43,10 @@ def s3_client(endpoint_url: str | None = None) -> Any:
     # Standard mode retries throttling, 5xx and dropped connections with backoff; a checkpoint upload
     # that still fails is a warning (train/durable.py: copy_or_warn), and the next checkpoint tries again.
     # AWS_MAX_ATTEMPTS, boto3's own setting, is honoured: an explicit Config would otherwise override it.
-    attempts = os.environ.get("AWS_MAX_ATTEMPTS", "")
-    total = int(attempts) if attempts.isdigit() and int(attempts) > 0 else 6
-    config = Config(retries={"mode": "standard", "total_max_attempts": total}, connect_timeout=10, read_timeout=120)
+    given = os.environ.get("AWS_MAX_ATTEMPTS", "")
+    total = attempts or (int(given) if given.isdigit() and int(given) > 0 else 6)
+    config = Config(retries={"mode": "standard", "total_max_attempts": total}, connect_timeout=timeout_s or 10,
+                    read_timeout=timeout_s or 120)
     # A session of its own: boto3's default one is shared, not thread-safe, and caches the credentials it
     # found first (a mirror built in an upload thread, or after the environment changed, must not use them).
     return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
@@ -73,6 +75,7 @@ class S3Objects:
         self.url = url.rstrip("/")
         self.bucket, self.prefix = parse_s3_url(url)
         self.client = client if client is not None else s3_client()
+        self._quick: Any = client  # the probe's client: one attempt, short timeouts (made at the first probe)
 
     def _key(self, rel: str) -> str:
         return f"{self.prefix}/{rel}" if self.prefix else rel
@@ -108,6 +111,18 @@ class S3Objects:
                     raise StoreError(f"S3 did not delete {len(reply['Errors'])} keys, e.g. {first.get('Key')}: "
                                      f"{first.get('Message')}", "Check s3:DeleteObject on the bucket, then re-run",
                                      first.get("Code", ""))
+
+    def probe(self, timeout_s: float) -> None:
+        """One listing of at most one key under the prefix, in one attempt of at most `timeout_s` per connect and
+        read (the copies' client retries for a minute); StoreError naming the endpoint when it does not answer."""
+        if self._quick is None:
+            self._quick = s3_client(attempts=1, timeout_s=timeout_s)
+        try:
+            with self._errors():
+                self._quick.list_objects_v2(Bucket=self.bucket, Prefix=f"{self.prefix}/" if self.prefix else "",
+                                            MaxKeys=1)
+        except StoreError as e:
+            raise StoreError(f"S3 endpoint {self._quick.meta.endpoint_url}: {e.what}", e.hint, e.code) from e
 
     @contextmanager
     def _errors(self) -> Iterator[None]:
