@@ -18,8 +18,20 @@ from pathlib import Path
 import pytest
 
 from tests.integration.helpers import CPUDIST, cmdline, cpudist, descendants, output_of
+from tests.integration.token_cache import share_token_cache
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tokens")
+
+
+@pytest.fixture(autouse=True)
+def _one_token_cache(_isolated_home: None, tokens: Path) -> None:
+    """MRPC tokenized once for the module's runs (tests/integration/token_cache.py)."""
+    share_token_cache(tokens)
 
 STEPS = 40
 
@@ -63,6 +75,27 @@ def straight(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     return run_dir
 
 
+@pytest.fixture(scope="module")
+def stopped(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    """A run on 2 ranks, every rank SIGTERMed at step 20 or later: its folder and the step it stopped at. The
+    tests resume copies of it (so the stop's own assertions are made once, here)."""
+    cwd = tmp_path_factory.mktemp("stopped")
+    run_dir = cwd / "run"
+    r = sigterm_ranks_at([*common(shared_data), "--np", "2", "--output-dir", str(run_dir)], run_dir, 20, cwd)
+    assert r.returncode == 75, r.stderr
+    marker = json.loads((run_dir / "preempted.json").read_text())
+    assert marker["reason"] == "SIGTERM" and marker["step"] >= 20
+    assert f"--resume auto --output-dir {run_dir}" in r.stderr.splitlines()[-1]
+    assert not (run_dir / "result.json").exists()
+    assert not [p for p in descendants(os.getpid()) if "cpudist.rank" in cmdline(p)]
+    return run_dir, marker["step"]
+
+
+def copy_of(stopped: tuple[Path, int], to: Path) -> Path:
+    shutil.copytree(stopped[0], to, symlinks=True)
+    return to
+
+
 def assert_same_losses(a: Path, b: Path, rel: float) -> None:
     one, two = steps(a), steps(b)
     assert [s["step"] for s in two] == list(range(1, STEPS + 1))
@@ -72,16 +105,9 @@ def assert_same_losses(a: Path, b: Path, rel: float) -> None:
 
 
 def test_sigterm_every_rank_then_resume_matches_the_straight_run(shared_data: Path, tmp_path: Path,
-                                                                  straight: Path) -> None:
-    run_dir = tmp_path / "run"
-    stopped = sigterm_ranks_at([*common(shared_data), "--np", "2", "--output-dir", str(run_dir)], run_dir, 20, tmp_path)
-    assert stopped.returncode == 75, stopped.stderr
-    marker = json.loads((run_dir / "preempted.json").read_text())
-    assert marker["reason"] == "SIGTERM" and marker["step"] >= 20
-    assert f"--resume auto --output-dir {run_dir}" in stopped.stderr.splitlines()[-1]
-    assert not (run_dir / "result.json").exists()
-    assert not [p for p in descendants(os.getpid()) if "cpudist.rank" in cmdline(p)]
-
+                                                                  straight: Path, stopped: tuple[Path, int]) -> None:
+    run_dir = copy_of(stopped, tmp_path / "run")
+    marker = {"step": stopped[1]}
     resumed = cpudist("run", *common(shared_data), "--np", "2", "--output-dir", run_dir, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming from {run_dir}/checkpoints/step-{marker['step']:06d}" in resumed.stderr
@@ -121,10 +147,9 @@ def test_a_truncated_newest_checkpoint_is_skipped_and_named(shared_data: Path, t
 
 
 def test_resume_on_another_world_size_keeps_the_global_batch_or_refuses(shared_data: Path, tmp_path: Path,
-                                                                        straight: Path) -> None:
-    run_dir = tmp_path / "run"
-    stopped = sigterm_ranks_at([*common(shared_data), "--np", "2", "--output-dir", str(run_dir)], run_dir, 20, tmp_path)
-    assert stopped.returncode == 75, stopped.stderr
+                                                                        straight: Path,
+                                                                        stopped: tuple[Path, int]) -> None:
+    run_dir = copy_of(stopped, tmp_path / "run")
     refused = cpudist("run", *common(shared_data), "--np", "3", "--oversubscribe", "--output-dir", run_dir,
                       "--resume", "auto")
     assert refused.returncode == 2
