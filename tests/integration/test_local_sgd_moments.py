@@ -29,37 +29,41 @@ from cpudist.train import sync
 from cpudist.strategies import SyncSpec
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Linear(4, 2))  # the same start on every rank
-opt = torch.optim.AdamW(model.parameters(), lr=0.01, fused=True)
-k = int(sys.argv[2])
-j = int(sys.argv[4])
-spec = SyncSpec("local-sgd", sync_every=k, average_moments=sys.argv[1], grad_compression=sys.argv[3],
-                bucket_cap_mb=1e-4, second_moment_every=j)
-strategy = sync.make(model, spec, world)
-strategy.use(opt)
-torch.manual_seed(100 + rank)  # each rank its own data
-def held():
-    st = opt.state
-    return {"p": [p.detach().flatten().tolist() for p in model.parameters()],
-            "m": [st[p]["exp_avg"].flatten().tolist() for p in model.parameters()],
-            "v": [st[p]["exp_avg_sq"].flatten().tolist() for p in model.parameters()]}
-averages = []
-anchor = [p.detach().flatten().tolist() for p in model.parameters()]  # the model at the last average
-for step in range(1, k * j + 1):  # J averages: the last one takes the second moment
-    model(torch.randn(8, 5)).pow(2).mean().backward()
-    strategy.gradients(step)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    before = held()
-    strategy.parameters(step)
-    if step % k == 0:
-        averages.append({"before": before, "after": held(), "anchor": anchor})
-        anchor = averages[-1]["after"]["p"]
-out = [None] * world
-dist.all_gather_object(out, averages)
+k = int(sys.argv[1])
+def train(moments, wire, j):  # a fresh model, optimizer and strategy: what it held around each of J averages
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Linear(4, 2))  # the same start on every rank
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, fused=True)
+    spec = SyncSpec("local-sgd", sync_every=k, average_moments=moments, grad_compression=wire,
+                    bucket_cap_mb=1e-4, second_moment_every=j)
+    strategy = sync.make(model, spec, world)
+    strategy.use(opt)
+    torch.manual_seed(100 + rank)  # each rank its own data
+    def held():
+        st = opt.state
+        return {"p": [p.detach().flatten().tolist() for p in model.parameters()],
+                "m": [st[p]["exp_avg"].flatten().tolist() for p in model.parameters()],
+                "v": [st[p]["exp_avg_sq"].flatten().tolist() for p in model.parameters()]}
+    averages = []
+    anchor = [p.detach().flatten().tolist() for p in model.parameters()]  # the model at the last average
+    for step in range(1, k * j + 1):  # J averages: the last one takes the second moment
+        model(torch.randn(8, 5)).pow(2).mean().backward()
+        strategy.gradients(step)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        before = held()
+        strategy.parameters(step)
+        if step % k == 0:
+            averages.append({"before": before, "after": held(), "anchor": anchor})
+            anchor = averages[-1]["after"]["p"]
+    return averages
+results = []
+for moments, wire, j in json.loads(sys.argv[2]):  # each case trains from scratch: none sees another's state
+    out = [None] * world
+    dist.all_gather_object(out, train(moments, wire, j))
+    results.append(out)
 if rank == 0:
-    print(json.dumps(out), flush=True)
+    print(json.dumps(results), flush=True)
 # Leave without tearing gloo down: a rank destroying its group while a peer still closes its own aborted
 # now and then ("terminate called without an active exception", 2 of some 40 runs here; the trainer's own
 # way out is cpudist.train.dist.shutdown_distributed). What this test checks was gathered above.
@@ -68,30 +72,49 @@ os._exit(0)
 """
 
 
-def ranks(moments: str, wire: str, world: int, j: int = 1) -> list[list[dict[str, Any]]]:
-    """Per rank, per average: what it held just before and just after."""
+# (--average-moments, wire, J): every case the tests below check, trained one after another by the same 3 ranks
+# (one process each imports torch once for all of them)
+Case = tuple[str, str, int]
+AVERAGES: list[tuple[Case, str]] = [(("none", "none", 1), "p"), (("first", "none", 1), "pm"),
+                                    (("both", "none", 1), "pmv"), (("both", "bf16", 1), "pmv")]
+SECOND_MOMENT_EVERY_2: Case = ("both", "bf16", 2)
+
+
+def ranks(cases: list[Case], world: int) -> dict[Case, list[list[dict[str, Any]]]]:
+    """Per case, per rank, per average: what it held just before and just after."""
     env = {**os.environ, "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
            "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", RANK, moments, str(K), wire, str(j)], stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(K), json.dumps(cases)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env={**env, "RANK": str(r)}) for r in range(world)]
-    outs = [p.communicate(timeout=120) for p in procs]
+    try:  # 3 processes on a busy 2-core machine: importing torch alone takes each ~4 CPU-s
+        outs = [p.communicate(timeout=400) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
     assert [p.returncode for p in procs] == [0] * world, [err[-2000:] for _, err in outs]
-    return json.loads(outs[0][0].strip().splitlines()[-1])  # type: ignore[no-any-return]
+    results = json.loads(outs[0][0].strip().splitlines()[-1])
+    assert len(results) == len(cases), results
+    return dict(zip(cases, results, strict=True))
+
+
+@pytest.fixture(scope="module")
+def held() -> dict[Case, list[list[dict[str, Any]]]]:
+    return ranks([case for case, _ in AVERAGES] + [SECOND_MOMENT_EVERY_2], world=3)
 
 
 def flat(tensors: list[list[float]]) -> list[float]:
     return [x for t in tensors for x in t]
 
 
-@pytest.mark.parametrize(("moments", "averaged", "wire"),
-                         [("none", "p", "none"), ("first", "pm", "none"), ("both", "pmv", "none"),
-                          ("both", "pmv", "bf16")])
-def test_the_average_leaves_every_rank_the_mean_of_what_it_asks_for(moments: str, averaged: str, wire: str) -> None:
-    check_average([r[-1] for r in ranks(moments, wire, world=3)], moments, averaged, wire)
+@pytest.mark.parametrize(("case", "averaged"), AVERAGES, ids=["-".join(map(str, c)) for c, _ in AVERAGES])
+def test_the_average_leaves_every_rank_the_mean_of_what_it_asks_for(held: dict[Case, list[list[dict[str, Any]]]],
+                                                                    case: Case, averaged: str) -> None:
+    moments, wire, _ = case
+    check_average([r[-1] for r in held[case]], moments, averaged, wire)
 
 
-def test_the_second_moment_joins_every_jth_average_only() -> None:
-    got = ranks("both", "bf16", world=3, j=2)
+def test_the_second_moment_joins_every_jth_average_only(held: dict[Case, list[list[dict[str, Any]]]]) -> None:
+    got = held[SECOND_MOMENT_EVERY_2]
     assert [len(r) for r in got] == [2, 2, 2]
     check_average([r[0] for r in got], "both", "pm", "bf16")  # the first average leaves v to each rank
     check_average([r[1] for r in got], "both", "pmv", "bf16")  # the second takes it
