@@ -6,7 +6,6 @@ CPUs: torchrun's variables); rank 0's metric file reaches the ledger."""
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,36 +14,10 @@ import pytest
 
 from cpudist.launch.tools import free_port
 from tests.integration.helpers import cpudist
+from tests.integration.user_scripts import ACCELERATE_SCRIPT, STEP
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("accelerate")  # the test extra installs it
-
-ACCELERATE_SCRIPT = '''"""An Accelerate loop as its docs write it: nothing in it knows cpudist or torchrun."""
-import json
-import torch
-from accelerate import Accelerator
-from torch.utils.data import DataLoader, TensorDataset
-
-accelerator = Accelerator(cpu=True)
-torch.manual_seed(0)
-g = torch.Generator().manual_seed(1)
-x, y = torch.randn(64, 8, generator=g), torch.randn(64, 1, generator=g)
-loader = DataLoader(TensorDataset(x, y), batch_size=8, shuffle=False)
-model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-model, opt, loader = accelerator.prepare(model, opt, loader)
-for step, (xb, yb) in enumerate(loader):
-    loss = torch.nn.functional.mse_loss(model(xb), yb)
-    accelerator.backward(loss)
-    opt.step()
-    opt.zero_grad()
-    mean = accelerator.gather(loss.detach()[None]).mean().item()
-    accelerator.print(f"step {step} loss {mean:.8f}")
-print("state", accelerator.distributed_type, accelerator.num_processes, accelerator.process_index, flush=True)
-if accelerator.is_main_process:
-    json.dump({"train_samples": 64, "final_loss": mean}, open("metrics.json", "w"))
-'''
-STEP = re.compile(r"step (\d+) loss ([0-9.]+)")
 
 
 def test_an_accelerate_loop_on_two_ranks_logs_torchruns_losses(tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ run's train time, samples/s and loss in the ledger."""
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,42 +14,10 @@ import pytest
 
 from cpudist.launch.tools import free_port
 from tests.integration.helpers import cpudist
+from tests.integration.user_scripts import LOGGED, TRAINER_SCRIPT
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("accelerate")  # the test extra installs it (HF Trainer needs it)
-
-TRAINER_SCRIPT = '''"""An HF Trainer fine-tuning script as users write it: nothing in it knows cpudist or torchrun."""
-import torch
-from torch.utils.data import Dataset
-from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
-
-
-class Rows(Dataset):
-    def __init__(self) -> None:
-        g = torch.Generator().manual_seed(0)
-        self.ids = torch.randint(5, 100, (32, 16), generator=g)
-        self.labels = (self.ids[:, 0] > 50).long()
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, i):
-        return {"input_ids": self.ids[i], "attention_mask": torch.ones(16, dtype=torch.long), "labels": self.labels[i]}
-
-
-config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                    max_position_embeddings=32, num_labels=2)
-torch.manual_seed(0)
-model = BertForSequenceClassification(config)
-args = TrainingArguments(output_dir="hf-out", per_device_train_batch_size=4, max_steps=4, logging_steps=1,
-                         learning_rate=1e-3, report_to=[], use_cpu=True, seed=0, save_strategy="no",
-                         disable_tqdm=True, ddp_backend="gloo")
-trainer = Trainer(model=model, args=args, train_dataset=Rows())
-result = trainer.train()
-trainer.save_metrics("all", result.metrics)
-print("world", args.world_size, "process", args.process_index, flush=True)
-'''
-LOGGED = re.compile(r"\{'loss': '([0-9.]+)', 'grad_norm': '([0-9.]+)'")
 
 
 def test_a_trainer_script_on_two_ranks_logs_torchruns_losses_and_hands_back_its_metrics(tmp_path: Path) -> None:
