@@ -7,6 +7,7 @@ and Debian's slurm-wlm and munge (tests/harness/setup.sh installs them; CI runs 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -17,12 +18,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from cpudist.cli.main import cli
 from cpudist.train.preempt import MARKER
 from tests.harness import netns
 from tests.harness import slurm as slurm_harness
 from tests.harness.slurm import SlurmCluster
-from tests.integration.helpers import cmdline, cpudist, read_until
+from tests.integration.helpers import cmdline, read_until
 
 MISSING = netns.missing_requirements() or slurm_harness.missing_requirements()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(MISSING is not None, reason=str(MISSING))]
@@ -44,8 +47,13 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
 
 
 def mrpc(data: Path, out: Path, *extra: str) -> list[str]:
+    """`cpudist run mrpc` on 64 rows (what is checked here is Slurm's side, not the data's)."""
     return [*CPUDIST, "run", "mrpc", "--data-dir", str(data / "glue" / "MRPC"), "--model", "tiny",
-            "--output-dir", str(out), *extra]
+            "--max-train-samples", "64", "--output-dir", str(out), *extra]
+
+
+# --max-steps, not --epochs, for a run that must go on until stopped: 64 rows make short epochs.
+GO_ON = ("--max-steps", "100000", "--no-eval")
 
 
 def job_state(slurm: SlurmCluster, job_id: str) -> str:
@@ -67,7 +75,7 @@ def one_error(stderr: str) -> str:
 def test_sbatch_on_two_nodes(slurm: SlurmCluster, shared_data: Path, tmp_path: Path) -> None:
     """From the login node: the script is written, submitted and followed; result.json names both nodes."""
     r = slurm.run(0, mrpc(shared_data, tmp_path / "run", "--launcher", "slurm", "--nodes", "2", "--ppn", "1",
-                          "--max-steps", "5"), cwd=str(tmp_path), timeout=300)
+                          "--max-steps", "5", "--max-eval-samples", "32"), cwd=str(tmp_path), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert sorted(result["nodes"]) == [slurm.hosts.name(0), slurm.hosts.name(1)]
@@ -112,7 +120,7 @@ def test_a_failing_rank_is_reported_with_the_job_state(slurm: SlurmCluster, shar
 
 def test_ctrl_c_cancels_the_job(slurm: SlurmCluster, shared_data: Path, tmp_path: Path) -> None:
     proc = slurm.popen(0, mrpc(shared_data, tmp_path / "run", "--launcher", "slurm", "--nodes", "2", "--ppn", "1",
-                               "--epochs", "50", "--no-eval", "--log-every", "1"),
+                               *GO_ON, "--log-every", "1"),
                        cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         seen = read_until(proc, "step 2/")
@@ -131,9 +139,28 @@ def test_ctrl_c_cancels_the_job(slurm: SlurmCluster, shared_data: Path, tmp_path
 
 
 def test_time_limit_is_reported_as_timeout(slurm: SlurmCluster, shared_data: Path, tmp_path: Path) -> None:
-    """--time 00:00:30 (Slurm rounds it up to a minute): the job ends TIMEOUT, said in one line, exit 1."""
-    r = slurm.run(0, mrpc(shared_data, tmp_path / "run", "--launcher", "slurm", "--time", "00:00:30",
-                          "--epochs", "50", "--no-eval", "--log-every", "50"), cwd=str(tmp_path), timeout=300)
+    """--time 00:00:30 (Slurm rounds it up to a minute): the job ends TIMEOUT, said in one line, exit 1.
+
+    The rank is held (SIGSTOP) from its first step on: a minute of training cost a minute of CPU on each core, for
+    nothing this checks. At the time limit Slurm's signals end it all the same (SIGTERM, and SIGKILL KillWait later)."""
+    proc = slurm.popen(0, mrpc(shared_data, tmp_path / "run", "--launcher", "slurm", "--time", "00:00:30", *GO_ON,
+                               "--log-every", "1"), cwd=str(tmp_path), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT)
+    rank = None
+    try:
+        read_until(proc, "step 1/")
+        [rank] = [pid for i in range(slurm.hosts.n) for pid in slurm.hosts.pids(i)
+                  if cmdline(pid).split()[1:3] == ["-m", "cpudist.rank"]]
+        os.kill(rank, signal.SIGSTOP)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if rank is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rank, signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    r = subprocess.CompletedProcess(proc.args, proc.returncode, out, out)  # one stream: stdout and stderr
     assert r.returncode == 1, r.stdout + r.stderr[-4000:]
     error = one_error(r.stderr)
     assert re.match(r"Error: Slurm job \d+ ended TIMEOUT on \S+ after 00:01:\d\d, time limit 00:01:00", error), error
@@ -144,10 +171,12 @@ def test_time_limit_is_reported_as_timeout(slurm: SlurmCluster, shared_data: Pat
 
 
 def test_dry_run_prints_the_script(shared_data: Path, tmp_path: Path) -> None:
-    r = cpudist("run", "mrpc", "--data-dir", shared_data / "glue" / "MRPC", "--model", "tiny", "--launcher", "slurm",
-                "--nodes", "2", "--ppn", "2", "--partition", "batch", "--time", "10", "--exclusive",
-                "--sbatch-arg=--mem=0", "--output-dir", tmp_path / "dry", "--dry-run")
-    assert r.returncode == 0, r.stderr
+    # in this process (Click's runner): a dry run starts nothing, and a `cpudist` process costs ~3 CPU-s to import
+    r = CliRunner().invoke(cli, ["run", "mrpc", "--data-dir", str(shared_data / "glue" / "MRPC"), "--model", "tiny",
+                                 "--launcher", "slurm", "--nodes", "2", "--ppn", "2", "--partition", "batch",
+                                 "--time", "10", "--exclusive", "--sbatch-arg=--mem=0", "--output-dir",
+                                 str(tmp_path / "dry"), "--dry-run"])
+    assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
     assert lines[0] == f"# {tmp_path / 'dry' / 'job.sbatch'} (written and submitted with `sbatch --parsable " \
                        f"{tmp_path / 'dry' / 'job.sbatch'}`)"
