@@ -78,12 +78,22 @@ def node_hardware(slurmd_c: str) -> str:
     return " ".join(f"{k}={found[k]}" for k in keys if k in found)
 
 
+GRACE_S = 30  # PreemptMode=CANCEL's GraceTime: from the steps' SIGTERM to the job's end
+PREEMPTION = f""" PriorityTier=1 PreemptMode=CANCEL GraceTime={GRACE_S}
+PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
+PreemptType=preempt/partition_prio
+PreemptMode=CANCEL"""
+
+
 @dataclass
 class SlurmCluster:
     """slurmctld on host 0 and a slurmd on every host of `hosts`; daemons are stopped by PID on down()."""
 
     hosts: NetnsCluster
     state: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="cpudist-slurm-", dir=state_root())))
+    # Preemption as sites set it up (preempt/partition_prio, PreemptMode=CANCEL): a job of the `urgent` partition
+    # takes the nodes of `batch` jobs, whose steps get SIGTERM at once and the whole job SIGKILL GRACE_S later.
+    preemption: bool = False
 
     @property
     def conf(self) -> Path:
@@ -135,7 +145,7 @@ SlurmctldTimeout=30
 SlurmdTimeout=30
 InactiveLimit=0
 {nodes}
-PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP{PREEMPTION if self.preemption else ""}
 """
 
     def up(self) -> SlurmCluster:
