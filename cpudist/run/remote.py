@@ -31,6 +31,7 @@ from cpudist.run.fetch_model import fetch_model
 from cpudist.run.follow import follow
 from cpudist.run.outcome import read_stop, record
 from cpudist.run.request import Callbacks, RunRequest
+from cpudist.run.script_result import TASK as SCRIPT_TASK
 from cpudist.run.where import Head
 from cpudist.ssh.client import Remote
 from cpudist.ssh.known_hosts import KnownHosts
@@ -44,6 +45,8 @@ PYTHONS = ("/opt/cpudist/bin/python", "python3.11", "python3")
 
 def local_inputs(cfg: TrainConfig) -> list[tuple[str, str, Path]]:
     """(field, what, local path) of every input the ranks read from this machine's disk."""
+    if cfg.task == SCRIPT_TASK:
+        return []  # a user's script: its folder and --stage paths are staged by run/script_remote.py
     found = []
     for name, what in (("data_dir", "data"), ("train_file", "data"), ("validation_file", "data")):
         value = getattr(cfg, name)

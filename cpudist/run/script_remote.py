@@ -36,7 +36,6 @@ SNAPSHOT = "script"  # the local run folder's copy of the script's folder, as st
 WORK = "work"  # the run's working folder on every node, under the head's run folder
 AGENT = "cpudist.run.script_agent"
 SKIPPED = (".git", "__pycache__", ".venv", "venv")
-PRESET = "tiny"  # a model remote.stage_run finds nothing to stage for
 
 
 @dataclass(frozen=True)
@@ -128,10 +127,9 @@ def run_remote(request: RunRequest, script: Script, head_spec: Head, ledger: Pat
     extras = staged_paths(script)
     folder = snapshot(script.folder, local_dir)
     with Remote(head_spec.target, KnownHosts(head_spec.known_hosts)) as head:
-        # run's staging of the code and hostfile; the trainer's inputs are none (a preset, no data): the script's
-        # folder and --stage paths are ours to stage
-        bare = request.with_train(task="synthetic", model=PRESET, tokenizer=None)
-        staged = remote.stage_run(head, bare, head_spec, cb.note, started)
+        # run's staging of the code and hostfile (a script run has no trainer inputs: remote.local_inputs); the
+        # script's folder and --stage paths are ours to stage
+        staged = remote.stage_run(head, request, head_spec, cb.note, started)
         home = head.check('printf %s "$HOME"').strip()
         stager = remote.Stager(head, home, head_spec.inside[: request.launch.nodes][1:], cb.note)
         items = [stage.item("script folder", folder), *(stage.item("staged", p) for _, p in extras)]
@@ -141,9 +139,7 @@ def run_remote(request: RunRequest, script: Script, head_spec: Head, ledger: Pat
         for (given, path), it in zip(extras, items[1:], strict=True):
             paths[given] = paths[str(path)] = it.remote_path(home)
         run_dir = staged.run_dir
-        back = staged.job.with_train(task=request.train.task, model=request.train.model,
-                                     tokenizer=request.train.tokenizer)
-        job = ScriptJob(**{f.name: getattr(back, f.name) for f in dataclasses.fields(RunRequest)},
+        job = ScriptJob(**{f.name: getattr(staged.job, f.name) for f in dataclasses.fields(RunRequest)},
                         script=head_script(script, items[0].remote_path(home), run_dir, paths))
         cb.note(f"running `{shlex.join(job.script.command)}` in {job.script.workdir} on every node")
         command = f"cd && exec {remote.python_words(staged.python, staged.pythonpath)} -m {AGENT}"

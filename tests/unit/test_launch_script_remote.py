@@ -95,3 +95,17 @@ def test_sweep_runs_each_count_in_its_folder_and_refuses_what_cannot_finish(tmp_
                        (["--sweep", "1,2", "--ppn", "1", "--dry-run"], "needs more than this machine")):
         bad = CliRunner().invoke(cli, ["launch", *args, "--", "train.py"])
         assert bad.exit_code == 2 and says in bad.output, bad.output
+
+
+def test_runs_staging_finds_no_trainer_inputs_in_a_script_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """remote.stage_run stages the trainer's inputs from the config; a script run's `model` is its command, which
+    names a file or folder here as often as not (`train.py`, `sentence-transformers/...`): not a model to stage
+    (the script's folder and --stage paths are run/script_remote.py's)."""
+    from cpudist.run.remote import local_inputs
+    from cpudist.run.script import script_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print(1)\n")
+    (tmp_path / "tool").mkdir()
+    for command in (("train.py",), ("tool",), ("sentence-transformers/all-MiniLM-L6-v2",)):
+        assert local_inputs(script_config(Script(command), str(tmp_path / "run"), 2)) == []
