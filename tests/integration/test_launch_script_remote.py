@@ -8,29 +8,40 @@ that Ctrl-C on the laptop stops every rank on every host."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from cpudist.launch.tools import free_port
 from tests.harness.netns import missing_requirements
 from tests.harness.world import OPERATOR_HOME, World
 from tests.integration.helpers import cmdline, read_until
 from tests.integration.test_launch_script import DDP_SCRIPT, losses
 from tests.integration.test_launch_script_hosts import one_process_losses
 from tests.integration.test_remote_onprem import site, wait_no_leftovers
+from tests.integration.user_scripts import ACCELERATE_SCRIPT, LOGGED, STEP, TRAINER_SCRIPT
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))]
 __all__ = ["site"]  # the module's fixture: two on-prem hosts and the laptop (its own World here)
 CPUDIST = [sys.executable, "-m", "cpudist.cli"]
-# The DDP script, and a line that reads the file named on its command line (staged with --stage).
+# The DDP script, a line that reads the file named on its command line (staged with --stage), and one that shows
+# the digest of a --secret (its value reaches the hosts' ranks by the secrets file only: ssh passes no environment).
 SCRIPT = DDP_SCRIPT + '''
 if rank == 0 and len(sys.argv) > 1:
     print("staged " + open(sys.argv[1]).read().strip(), flush=True)
+import hashlib
+print("secret " + hashlib.sha256(os.environ.get("CPD_TOKEN", "").encode()).hexdigest(), flush=True)
 '''
+TOKEN = "cpd-tok-7e3a11b5"
+# The HF Trainer and the Accelerate script of the local tests, and the metric file each hands back.
+USER_SCRIPTS = {"trainer": (TRAINER_SCRIPT, "hf-out/all_results.json"),
+                "accelerate": (ACCELERATE_SCRIPT, "metrics.json")}
 SLEEPER = '''
 import os, time
 print("up " + os.environ["RANK"], flush=True)
@@ -57,9 +68,10 @@ def test_a_script_from_the_laptop_staged_run_on_every_host_and_brought_home(site
     site.operator_path("label.txt").write_text("from-the-laptop\n")  # outside the script's folder
     label = f"{OPERATOR_HOME}/label.txt"
     r = site.operator_run(laptop_argv(site, "job", "--output-dir", "runs/remote", "--stage", label,
-                                      "--metric-file", "metrics.json", "--collect", "outputs", "--", "ddp.py", label),
-                          timeout=300)
+                                      "--metric-file", "metrics.json", "--collect", "outputs", "--secret", "CPD_TOKEN",
+                                      "--", "ddp.py", label), env={"CPD_TOKEN": TOKEN}, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    assert r.stderr.count(f"secret {hashlib.sha256(TOKEN.encode()).hexdigest()}") == 2, r.stderr[-4000:]
     assert [float(loss) for _, loss in losses(r.stderr)] == pytest.approx(one_process_losses(), abs=1e-6), r.stderr
     seen = {v["RANK"]: v for v in (json.loads(line.split("vars ", 1)[1]) for line in r.stderr.splitlines()
                                    if "vars {" in line)}
@@ -84,6 +96,52 @@ def test_a_script_from_the_laptop_staged_run_on_every_host_and_brought_home(site
     run = json.loads((out / "run.json").read_text())
     assert run["state"] == "finished" and run["where"] == f"head:{site.hosts.public_addr(0)}"
     assert losses((out / "ranks.log").read_text()) == losses(r.stderr)
+    shown = [r.stdout, r.stderr, *(p.read_text(errors="replace") for p in out.iterdir() if p.is_file())]
+    assert "CPUDIST_SECRETS" in (out / "command.txt").read_text() and not [s for s in shown if TOKEN in s]
+    assert wait_no_leftovers(site) == []
+
+
+def rank0(output: str) -> str:
+    """Rank 0's lines of a run's output (`[host:0] ...`)."""
+    return "\n".join(line for line in output.splitlines() if line.startswith("[") and
+                     line.split("] ", 1)[0].endswith(":0"))
+
+
+def test_a_trainer_and_an_accelerate_script_from_the_laptop_log_torchruns_losses(site: World, tmp_path: Path) -> None:
+    """The HF Trainer and the Accelerate script of the local tests, each from the laptop on one rank per host,
+    log the losses of the same script started by hand with torchrun on 2 processes of this machine (same world
+    size, same rows: the same losses wherever the ranks run); their metric files reach the run's record."""
+    pytest.importorskip("accelerate")  # the test extra installs it
+    by_hand = {}
+    for name, (text, _) in USER_SCRIPTS.items():  # the references run meanwhile
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "train.py").write_text(text)
+        by_hand[name] = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                                          "--master-port", str(free_port()), "train.py"], cwd=tmp_path / name,
+                                         text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    ours = {}
+    for name, (text, metric_file) in USER_SCRIPTS.items():
+        site.operator_path(name).mkdir()
+        site.operator_path(f"{name}/train.py").write_text(text)
+        ours[name] = site.operator_run(laptop_argv(site, name, "--output-dir", "runs/r", "--metric-file",
+                                                   metric_file, "--", "train.py"), timeout=300)
+    hand = {name: p.communicate(timeout=300)[0] for name, p in by_hand.items()}
+    assert [p.returncode for p in by_hand.values()] == [0, 0], hand
+    trainer, accelerate = ours["trainer"], ours["accelerate"]
+    assert trainer.returncode == 0, trainer.stderr[-4000:]
+    assert "world 2 process 0" in trainer.stderr and "world 2 process 1" in trainer.stderr, trainer.stderr[-4000:]
+    # both print on each node's first process: here on both ranks, by hand (one node) on rank 0 only
+    logged = LOGGED.findall(rank0(trainer.stderr))
+    assert len(logged) == 4 and logged == LOGGED.findall(hand["trainer"]), (trainer.stderr, hand["trainer"])
+    theirs = json.loads((tmp_path / "trainer" / "hf-out" / "all_results.json").read_text())
+    mine = json.loads(site.operator_path("trainer/runs/r/result.json").read_text())
+    assert (mine["world_size"], mine["final_loss"]) == (2, theirs["train_loss"])
+    assert accelerate.returncode == 0, accelerate.stderr[-4000:]
+    assert all(f"state DistributedType.MULTI_CPU 2 {i}" in accelerate.stderr for i in (0, 1)), accelerate.stderr
+    steps = STEP.findall(rank0(accelerate.stderr))
+    assert len(steps) == 4 and steps == STEP.findall(hand["accelerate"]), (accelerate.stderr, hand["accelerate"])
+    mine = json.loads(site.operator_path("accelerate/runs/r/result.json").read_text())
+    assert (mine["world_size"], mine["train_samples"]) == (2, 64)
     assert wait_no_leftovers(site) == []
 
 
