@@ -177,7 +177,8 @@ class Emulator:
 
     def reset(self) -> None:
         """Forget everything: moto's state, placement groups, faults, delays, recorded calls."""
-        urllib.request.urlopen(urllib.request.Request(f"{self.url}/moto-api/reset", method="POST"), timeout=10)
+        # moto rebuilds its backends (seconds of CPU): 10 s timed out on a 2-core machine at load 40.
+        urllib.request.urlopen(urllib.request.Request(f"{self.url}/moto-api/reset", method="POST"), timeout=120)
         with self.lock:
             self.faults.clear()
             self.groups.clear()

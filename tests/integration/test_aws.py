@@ -2,6 +2,11 @@
 
 No world here: instances' public addresses are the emulator's, in TEST-NET-2 (198.51.100.0/24), so
 the one test that connects to one (test_clone_needs_ssh_to_configure) sends nothing to anyone's host.
+
+The commands run in this process (`cli`: Click's CliRunner, each a fresh environment) but where a separate process
+is the point: the real entry point once, the signals, a concurrent `up` (test_aws_ownership.py). A subprocess per
+command spent most of this file's CPU time starting Python and importing boto3, rich and paramiko again.
+The emulator and its fixtures (emu, ec2, ami) are tests/integration/conftest.py's.
 """
 
 from __future__ import annotations
@@ -13,46 +18,21 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
+from click.testing import CliRunner
 
+from cpudist.cli.main import cli as main_cli
 from tests.harness.ec2 import FAKE_CREDENTIALS, TEST_NET_2, Emulator
 
 CPUDIST = [sys.executable, "-m", "cpudist.cli"]
 TAG = "cpudist:cluster"
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[Emulator]:
-    os.environ.update(FAKE_CREDENTIALS)
-    emu = Emulator().start()
-    yield emu
-    emu.stop()
-
-
-@pytest.fixture
-def emu(server: Emulator, tmp_path: Path) -> Emulator:
-    server.reset()
-    server.pending_s = server.unseen_s = 0.0  # what a test may have set: instant, consistent EC2
-    return server
-
-
 def in_test_net(address: str) -> bool:
     return ipaddress.ip_address(address) in ipaddress.ip_network(f"{TEST_NET_2}.0/24")
-
-
-@pytest.fixture
-def ec2(emu: Emulator) -> Any:
-    return boto3.client("ec2", endpoint_url=emu.url, region_name="us-east-1")
-
-
-@pytest.fixture
-def ami(ec2: Any) -> str:
-    return str(ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"])
 
 
 def env_for(emu: Emulator, tmp_path: Path) -> dict[str, str]:
@@ -62,13 +42,29 @@ def env_for(emu: Emulator, tmp_path: Path) -> dict[str, str]:
 
 def cpudist(emu: Emulator, tmp_path: Path, *args: str, env: dict[str, str] | None = None,
             timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`cpudist ARGS` as its own process: where signals, the real entry point or a second process are the point."""
     return subprocess.run([*CPUDIST, *args], capture_output=True, text=True, timeout=timeout,
                           env=env or env_for(emu, tmp_path), stdin=subprocess.DEVNULL)
 
 
+def cli(emu: Emulator, tmp_path: Path, *args: str,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`cpudist ARGS` in this process (Click's CliRunner), with the environment `env` (every other variable unset),
+    no terminal on stdin: its exit code, stdout and stderr, as `cpudist` would give them, without a Python start
+    and the imports of click, boto3, rich and paramiko per call (most of a cluster command's CPU time).
+
+    An exception that escaped the command (a subprocess would print a Traceback) fails the test here."""
+    env = env or env_for(emu, tmp_path)
+    overrides: dict[str, str | None] = {**dict.fromkeys(os.environ), **env}
+    r = CliRunner().invoke(main_cli, list(args), env=overrides, prog_name="cpudist")
+    if r.exception is not None and not isinstance(r.exception, SystemExit):
+        raise AssertionError(f"cpudist {' '.join(args)} raised {r.exception!r}\n{r.stderr}") from r.exception
+    return subprocess.CompletedProcess(["cpudist", *args], r.exit_code, r.stdout, r.stderr)
+
+
 def up(emu: Emulator, tmp_path: Path, ami: str, *extra: str, nodes: int = 4) -> subprocess.CompletedProcess[str]:
-    return cpudist(emu, tmp_path, "cluster", "up", "--name", "c1", "--nodes", str(nodes), "--image", ami, "--yes",
-                   "--no-ssh", "--ssh-cidr", "203.0.113.7/32", *extra)
+    return cli(emu, tmp_path, "cluster", "up", "--name", "c1", "--nodes", str(nodes), "--image", ami, "--yes",
+               "--no-ssh", "--ssh-cidr", "203.0.113.7/32", *extra)
 
 
 def tag(instance: dict[str, Any], key: str) -> str:
@@ -97,7 +93,10 @@ EMPTY = {"instances": [], "keys": [], "groups": [], "placement": [], "images": [
 
 
 def test_up_creates_exactly_the_cluster_and_converges(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
-    r = up(emu, tmp_path, ami, "--spot")
+    # The one `up` here run as its own process (`python -m cpudist.cli`, the real entry point); the file's other
+    # cluster commands run in this process (`cli`), but for the signals' and the concurrent `up`'s.
+    r = cpudist(emu, tmp_path, "cluster", "up", "--name", "c1", "--nodes", "4", "--image", ami, "--yes", "--no-ssh",
+                "--ssh-cidr", "203.0.113.7/32", "--spot")
     assert r.returncode == 0, r.stderr
     assert len(r.stdout.splitlines()) == 4  # the hostfile
     inv = inventory(ec2)
@@ -120,7 +119,7 @@ def test_up_creates_exactly_the_cluster_and_converges(emu: Emulator, ec2: Any, a
     again = up(emu, tmp_path, ami, "--spot")
     assert again.returncode == 0, again.stderr
     assert inventory(ec2) == inv and emu.calls.count("RunInstances") == launches
-    status = cpudist(emu, tmp_path, "cluster", "status", "--name", "c1", "--json")
+    status = cli(emu, tmp_path, "cluster", "status", "--name", "c1", "--json")
     assert status.returncode == 0 and len(json.loads(status.stdout)["nodes"]) == 4
 
 
@@ -133,7 +132,7 @@ def test_clone_from_first_then_down_leaves_nothing(emu: Emulator, ec2: Any, ami:
     assert nodes[0]["ImageId"] == ami and {i["ImageId"] for i in nodes[1:]} == {images[0]["ImageId"]}
     snapshot = images[0]["BlockDeviceMappings"][0]["Ebs"]["SnapshotId"]  # a snapshot to remove too
     assert inventory(ec2)["snapshots"] == [snapshot]
-    r = cpudist(emu, tmp_path, "cluster", "down", "--name", "c1", "--yes")
+    r = cli(emu, tmp_path, "cluster", "down", "--name", "c1", "--yes")
     assert r.returncode == 0, r.stderr
     assert inventory(ec2) == EMPTY
     assert snapshot not in [x["SnapshotId"] for x in ec2.describe_snapshots(OwnerIds=["self"])["Snapshots"]]
@@ -293,8 +292,10 @@ def _interrupt_up(emu: Emulator, tmp_path: Path, ami: str, signals: list[signal.
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-@pytest.mark.parametrize(("sig", "when"), [(signal.SIGINT, "RunInstances"), (signal.SIGTERM, "RunInstances"),
-                                           (signal.SIGHUP, "RunInstances"), (signal.SIGTERM, "CreateTags"),
+# One signal per call in flight, each of SIGINT, SIGTERM and SIGHUP at least once: the three reach the same
+# KeyboardInterrupt (cpudist/interrupts.py, each checked in tests/unit/test_interrupts.py), so what differs between
+# the cases is the call the interrupt lands in.
+@pytest.mark.parametrize(("sig", "when"), [(signal.SIGINT, "RunInstances"), (signal.SIGHUP, "CreateTags"),
                                            # each create's answer is awaited: what it made is found and removed
                                            (signal.SIGINT, "ImportKeyPair"), (signal.SIGTERM, "CreateSecurityGroup"),
                                            (signal.SIGHUP, "CreatePlacementGroup")])
@@ -319,13 +320,13 @@ def test_a_second_ctrl_c_during_the_cleanup_does_not_abandon_it(emu: Emulator, e
 def test_down_lists_asks_and_dry_runs(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
     assert up(emu, tmp_path, ami, nodes=2).returncode == 0
     before = inventory(ec2)
-    dry = cpudist(emu, tmp_path, "cluster", "down", "--name", "c1", "--dry-run")
+    dry = cli(emu, tmp_path, "cluster", "down", "--name", "c1", "--dry-run")
     assert dry.returncode == 0 and sorted(json.loads(dry.stdout)["instances"]) == before["instances"]
     assert all(i in dry.stderr for i in before["instances"])
-    asked = cpudist(emu, tmp_path, "cluster", "down", "--name", "c1")
+    asked = cli(emu, tmp_path, "cluster", "down", "--name", "c1")
     assert asked.returncode == 2 and "--yes" in asked.stderr
     assert inventory(ec2) == before
-    assert cpudist(emu, tmp_path, "cluster", "down", "--name", "c1", "--yes").returncode == 0
+    assert cli(emu, tmp_path, "cluster", "down", "--name", "c1", "--yes").returncode == 0
     assert inventory(ec2) == EMPTY
 
 
@@ -334,7 +335,7 @@ def test_user_ssh_files_are_never_touched(emu: Emulator, ec2: Any, ami: str, tmp
     ssh.mkdir(parents=True)
     (ssh / "known_hosts").write_text("example.org ssh-ed25519 AAAA\n")
     assert up(emu, tmp_path, ami, nodes=1).returncode == 0
-    assert cpudist(emu, tmp_path, "cluster", "down", "--name", "c1", "--yes").returncode == 0
+    assert cli(emu, tmp_path, "cluster", "down", "--name", "c1", "--yes").returncode == 0
     assert sorted(p.name for p in ssh.iterdir()) == ["known_hosts"]
     assert (ssh / "known_hosts").read_text() == "example.org ssh-ed25519 AAAA\n"
 
@@ -363,10 +364,10 @@ def test_no_credentials_and_unknown_region(emu: Emulator, tmp_path: Path) -> Non
     bare = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     bare.update(HOME=str(tmp_path), AWS_CONFIG_FILE="/nonexistent", AWS_SHARED_CREDENTIALS_FILE="/nonexistent",
                 AWS_ENDPOINT_URL=emu.url, AWS_EC2_METADATA_DISABLED="true")
-    r = cpudist(emu, tmp_path, "cluster", "status", "--name", "c1", env=bare)
+    r = cli(emu, tmp_path, "cluster", "status", "--name", "c1", env=bare)
     assert r.returncode == 2 and "no AWS credentials found" in r.stderr  # bad setup, as bad input
     del bare["AWS_ENDPOINT_URL"]
-    r = cpudist(emu, tmp_path, "cluster", "status", "--region", "mars-north-1", env={**bare, **FAKE_CREDENTIALS})
+    r = cli(emu, tmp_path, "cluster", "status", "--region", "mars-north-1", env={**bare, **FAKE_CREDENTIALS})
     assert r.returncode == 2 and "unknown AWS region 'mars-north-1'" in r.stderr
 
 
@@ -383,10 +384,10 @@ def test_count_mismatch_and_foreign_instances(emu: Emulator, ec2: Any, ami: str,
 
 
 def test_dry_run_and_confirmation(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
-    r = cpudist(emu, tmp_path, "cluster", "up", "--name", "c1", "--nodes", "4", "--image", ami, "--dry-run",
+    r = cli(emu, tmp_path, "cluster", "up", "--name", "c1", "--nodes", "4", "--image", ami, "--dry-run",
                 "--ssh-cidr", "203.0.113.7/32", "--on-demand")
     assert r.returncode == 0 and "$2.72/h per node" in r.stderr and "would ensure" in r.stderr
-    r = cpudist(emu, tmp_path, "cluster", "up", "--name", "c1", "--nodes", "1", "--image", ami,
+    r = cli(emu, tmp_path, "cluster", "up", "--name", "c1", "--nodes", "1", "--image", ami,
                 "--ssh-cidr", "203.0.113.7/32")
     assert r.returncode == 2 and "--yes" in r.stderr
     assert inventory(ec2) == EMPTY
@@ -396,7 +397,7 @@ def test_config_file_gives_defaults(emu: Emulator, ec2: Any, ami: str, tmp_path:
     config = tmp_path / "cluster.toml"
     config.write_text(f'[cluster]\nname = "fromtoml"\nnodes = 2\nimage = "{ami}"\nssh-cidr = "198.51.100.1/32"\n'
                       'instance-type = "c6i.large"\nspot = false\n')
-    r = cpudist(emu, tmp_path, "cluster", "up", "--config", str(config), "--yes", "--no-ssh", "--nodes", "1")
+    r = cli(emu, tmp_path, "cluster", "up", "--config", str(config), "--yes", "--no-ssh", "--nodes", "1")
     assert r.returncode == 0, r.stderr
     nodes = live(ec2, "fromtoml")
     assert len(nodes) == 1 and nodes[0]["InstanceType"] == "c6i.large" and "InstanceLifecycle" not in nodes[0]
@@ -405,6 +406,6 @@ def test_config_file_gives_defaults(emu: Emulator, ec2: Any, ami: str, tmp_path:
 def test_down_retries_while_the_group_is_still_in_use(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
     assert up(emu, tmp_path, ami, nodes=1).returncode == 0
     emu.inject("DeleteSecurityGroup", "DependencyViolation", count=2)  # AWS lags behind terminations
-    r = cpudist(emu, tmp_path, "cluster", "down", "--name", "c1", "--yes")
+    r = cli(emu, tmp_path, "cluster", "down", "--name", "c1", "--yes")
     assert r.returncode == 0, r.stderr
     assert emu.calls.count("DeleteSecurityGroup") == 3 and inventory(ec2) == EMPTY

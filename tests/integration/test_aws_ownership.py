@@ -8,43 +8,15 @@ environment says; one `up` of a name at a time; a rollback that fails says what 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import boto3
-import pytest
 
-from tests.harness.ec2 import FAKE_CREDENTIALS, Emulator
-from tests.integration.test_aws import CPUDIST, EMPTY, cpudist, env_for, inventory, live, up
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[Emulator]:
-    os.environ.update(FAKE_CREDENTIALS)
-    emu = Emulator().start()
-    yield emu
-    emu.stop()
-
-
-@pytest.fixture
-def emu(server: Emulator) -> Emulator:
-    server.reset()
-    server.pending_s = server.unseen_s = 0.0
-    return server
-
-
-@pytest.fixture
-def ec2(emu: Emulator) -> Any:
-    return boto3.client("ec2", endpoint_url=emu.url, region_name="us-east-1")
-
-
-@pytest.fixture
-def ami(ec2: Any) -> str:
-    return str(ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"])
+from tests.harness.ec2 import Emulator
+from tests.integration.test_aws import CPUDIST, EMPTY, cli, env_for, inventory, live, up
 
 
 def _user_tags(ec2: Any, resource: str) -> list[dict[str, Any]]:
@@ -56,7 +28,7 @@ def test_a_users_resources_named_like_the_cluster_are_refused_and_kept(emu: Emul
     key = ec2.create_key_pair(KeyName="cpudist-c1", TagSpecifications=_user_tags(ec2, "key-pair"))["KeyPairId"]
     r = up(emu, tmp_path, ami)
     assert r.returncode == 2 and "key pair cpudist-c1 exists but is not cpudist's" in r.stderr, r.stderr
-    down = cpudist(emu, tmp_path, "cluster", "down", "--name", "c1", "--yes")  # what the refusal's reader may try
+    down = cli(emu, tmp_path, "cluster", "down", "--name", "c1", "--yes")  # what the refusal's reader may try
     assert [k["KeyPairId"] for k in ec2.describe_key_pairs()["KeyPairs"]] == [key], down.stderr
     ec2.delete_key_pair(KeyName="cpudist-c1")
 
@@ -69,14 +41,14 @@ def test_a_users_resources_named_like_the_cluster_are_refused_and_kept(emu: Emul
     rules = ec2.describe_security_groups(GroupIds=[group])["SecurityGroups"][0]["IpPermissions"]
     assert [(p["FromPort"], p["IpRanges"][0]["CidrIp"]) for p in rules] == [(443, "0.0.0.0/0")]  # not revoked
     assert not live(ec2) and ec2.describe_key_pairs()["KeyPairs"] == []  # the run's own key pair rolled back
-    cpudist(emu, tmp_path, "cluster", "down", "--name", "c1", "--yes")
+    cli(emu, tmp_path, "cluster", "down", "--name", "c1", "--yes")
     assert ec2.describe_security_groups(GroupIds=[group])["SecurityGroups"]
     ec2.delete_security_group(GroupId=group)
 
     ec2.create_placement_group(GroupName="cpudist-c1", Strategy="spread")
     r = up(emu, tmp_path, ami)
     assert r.returncode == 2 and "placement group cpudist-c1 exists but is not cpudist's" in r.stderr
-    cpudist(emu, tmp_path, "cluster", "down", "--name", "c1", "--yes")
+    cli(emu, tmp_path, "cluster", "down", "--name", "c1", "--yes")
     assert [g["GroupName"] for g in ec2.describe_placement_groups()["PlacementGroups"]] == ["cpudist-c1"]
     ec2.delete_placement_group(GroupName="cpudist-c1")
     ec2.create_placement_group(GroupName="cpudist-c1", Strategy="spread", TagSpecifications=[
@@ -95,18 +67,18 @@ def test_the_record_keeps_the_region_and_endpoint(emu: Emulator, ami: str, tmp_p
     assert (record["region"], record["endpoint_url"]) == ("us-west-2", emu.url)
     # The environment moves on: another default region, an endpoint that answers nothing.
     moved = {**env_for(emu, tmp_path), "AWS_DEFAULT_REGION": "eu-west-1", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
-    status = cpudist(emu, tmp_path, "cluster", "status", "--name", "c1", "--json", env=moved)
+    status = cli(emu, tmp_path, "cluster", "status", "--name", "c1", "--json", env=moved)
     assert status.returncode == 0 and len(json.loads(status.stdout)["nodes"]) == 2, status.stderr
-    other = cpudist(emu, tmp_path, "cluster", "status", "--name", "c1", "--region", "eu-west-1", env=moved)
+    other = cli(emu, tmp_path, "cluster", "status", "--name", "c1", "--region", "eu-west-1", env=moved)
     assert other.returncode == 2 and "--region eu-west-1 (recorded: us-west-2)" in other.stderr
-    listed = cpudist(emu, tmp_path, "cluster", "list", env={**moved, "AWS_ENDPOINT_URL": emu.url})
+    listed = cli(emu, tmp_path, "cluster", "list", env={**moved, "AWS_ENDPOINT_URL": emu.url})
     assert "c1\t2 live instance(s)" in listed.stdout, listed.stderr
-    down = cpudist(emu, tmp_path, "cluster", "down", "--name", "c1", "--yes", env=moved)
+    down = cli(emu, tmp_path, "cluster", "down", "--name", "c1", "--yes", env=moved)
     assert down.returncode == 0, down.stderr
     left = [i for r in west.describe_instances()["Reservations"] for i in r["Instances"]
             if i["State"]["Name"] != "terminated"]
     assert left == [] and west.describe_key_pairs()["KeyPairs"] == []
-    bad = cpudist(emu, tmp_path, "cluster", "status", "--name", "c2",
+    bad = cli(emu, tmp_path, "cluster", "status", "--name", "c2",
                   env={**env_for(emu, tmp_path), "AWS_ENDPOINT_URL": "nowhere"})
     assert bad.returncode == 2 and "AWS_ENDPOINT_URL" in bad.stderr and "Traceback" not in bad.stderr
 
@@ -141,7 +113,7 @@ def test_a_failed_rollback_says_what_is_still_live(emu: Emulator, ec2: Any, ami:
     assert f"still live: {group}, cpudist-c1" in last and "cluster down --name c1" in last
     assert "was removed" not in r.stderr and not live(ec2)
     emu.faults.clear()
-    assert cpudist(emu, tmp_path, "cluster", "down", "--name", "c1", "--yes").returncode == 0
+    assert cli(emu, tmp_path, "cluster", "down", "--name", "c1", "--yes").returncode == 0
     assert inventory(ec2) == EMPTY
 
 
@@ -192,10 +164,10 @@ def test_bad_prices_unknown_names_and_piped_tables(emu: Emulator, ec2: Any, ami:
         r = up(emu, tmp_path, ami, "--max-price", price)
         assert r.returncode == 2 and "is not a positive price" in r.stderr, r.stderr
     assert "RunInstances" not in emu.calls
-    nosuch = cpudist(emu, tmp_path, "cluster", "status", "--name", "nosuch")
+    nosuch = cli(emu, tmp_path, "cluster", "status", "--name", "nosuch")
     assert nosuch.returncode == 2 and "there is no cluster nosuch in us-east-1" in nosuch.stderr, nosuch.stderr
     assert up(emu, tmp_path, ami, nodes=1).returncode == 0
-    table = cpudist(emu, tmp_path, "cluster", "status", "--name", "c1")  # piped: stdout is not a terminal
+    table = cli(emu, tmp_path, "cluster", "status", "--name", "c1")  # piped: stdout is not a terminal
     node = live(ec2)[0]
     assert node["InstanceId"] in table.stdout and node["PublicIpAddress"] in table.stdout, table.stdout
 
@@ -206,7 +178,7 @@ def test_the_ssh_rule_converges_over_ipv6_too(emu: Emulator, ec2: Any, ami: str,
     group = inventory(ec2)["groups"][0]
     anywhere6 = {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "Ipv6Ranges": [{"CidrIpv6": "::/0"}]}
     ec2.authorize_security_group_ingress(GroupId=group, IpPermissions=[anywhere6])
-    r = cpudist(emu, tmp_path, "cluster", "up", "--name", "c1", "--nodes", "1", "--image", ami, "--yes", "--no-ssh",
+    r = cli(emu, tmp_path, "cluster", "up", "--name", "c1", "--nodes", "1", "--image", ami, "--yes", "--no-ssh",
                 "--ssh-cidr", "2001:db8::7/128")
     assert r.returncode == 0, r.stderr
     rules = ec2.describe_security_groups(GroupIds=[group])["SecurityGroups"][0]["IpPermissions"]
