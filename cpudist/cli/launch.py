@@ -142,6 +142,10 @@ def launch(ctx: click.Context, command: tuple[str, ...], **opts: Any) -> None:
     Example: cpudist launch --np 2 train.py --epochs 1
     """
     command = command[1:] if command[:1] == ("--",) else command
+    if command[:1] and command[0].startswith("-"):  # an option cpudist lacks would start the command on every rank
+        raise BadInput(f"{command[0]}: not an option of cpudist launch" + (
+            " (not yet: keep the launching shell open, e.g. in tmux)" if command[0] == "--detach" else ""),
+            "`cpudist launch --help` lists them; the command comes after them, or after --")
     if not command:
         raise BadInput("no command to launch", "Give it after --: cpudist launch --np 2 -- python train.py")
     np_given = ctx.get_parameter_source("np_") is not ParameterSource.DEFAULT

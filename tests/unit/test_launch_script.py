@@ -138,6 +138,8 @@ def test_dry_run_shows_the_wrapper_under_each_launcher_and_starts_nothing(tmp_pa
     (["--np", "2", "--", "python", "missing.py"], "missing.py: no such file"),
     (["--np", "2", "--hostfile", "hosts", "--", "python", "t.py"], "--hostfile needs --ppn"),
     (["--np", "2", "--workdir", "nowhere", "--", "python", "t.py"], "nowhere"),
+    (["--np", "2", "--detach", "--", "python", "t.py"], "--detach: not an option of cpudist launch (not yet"),
+    (["--np", "2", "--nodez", "2", "python", "t.py"], "--nodez: not an option of cpudist launch"),
 ])
 def test_bad_input_is_one_line_before_anything_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                        args: list[str], says: str) -> None:
