@@ -6,9 +6,20 @@ import json
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner, Result
 
+from cpudist.cli.main import cli
 from tests.integration.helpers import cpudist
 from tests.unit.test_predict_batches import save_tiny
+
+
+def in_process(*args: str | Path) -> Result:
+    """`cpudist predict ...` in this process, for what is decided before any worker starts (a subprocess would
+    import the CLI once more for each; the workers' own bad input, and the exit codes of the real command, are
+    checked with subprocesses below)."""
+    r = CliRunner().invoke(cli, [str(a) for a in args], terminal_width=200)
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exc_info  # a Traceback otherwise
+    return r
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +54,8 @@ def test_np_2_gives_np_1s_predictions_and_a_submission_row_per_test_row(model: P
 def test_a_file_to_csv_or_stdout_and_a_dry_run_that_writes_nothing(model: Path, tmp_path: Path) -> None:
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"a": f"the cat sat {i}", "b": "on the mat"}) + "\n" for i in range(5)))
-    dry = cpudist("predict", model, "--file", rows, "--text-columns", "a,b", "-o", tmp_path / "p.csv", "--dry-run")
-    assert dry.returncode == 0 and "rows:      5 from" in dry.stdout and "(csv)" in dry.stdout, dry.stderr
+    dry = in_process("predict", model, "--file", rows, "--text-columns", "a,b", "-o", tmp_path / "p.csv", "--dry-run")
+    assert dry.exit_code == 0 and "rows:      5 from" in dry.stdout and "(csv)" in dry.stdout, dry.stderr
     assert not (tmp_path / "p.csv").exists()
     r = cpudist("predict", model, "--file", rows, "--text-columns", "a,b", "-o", tmp_path / "p.csv")
     assert r.returncode == 0, r.stderr
@@ -60,8 +71,8 @@ def test_bad_input_is_one_line_exit_2_also_from_a_worker(model: Path, shared_dat
     run = tmp_path / "run"
     run.mkdir()
     (run / "result.json").write_text("{}")
-    r = cpudist("predict", run, "--split", "test", "--task", "mrpc", "--data-dir", shared_data / "glue" / "MRPC")
-    assert r.returncode == 2 and "--save-model" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = in_process("predict", run, "--split", "test", "--task", "mrpc", "--data-dir", shared_data / "glue" / "MRPC")
+    assert r.exit_code == 2 and "--save-model" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1  # before any model loads: nothing else said
     rows = tmp_path / "rows.csv"
     rows.write_text("text\nhello\nworld\n")
@@ -71,7 +82,7 @@ def test_bad_input_is_one_line_exit_2_also_from_a_worker(model: Path, shared_dat
         (broken / f.name).write_bytes(f.read_bytes())
     weights = broken / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])  # a copy cut short
-    r = cpudist("predict", broken, "--file", rows, "--np", "2")  # the workers load it, and say why they cannot
-    assert r.returncode == 2 and "predict process 0 of 2 failed" in r.stderr, r.stderr
-    assert "cannot load the model" in r.stderr and "Traceback" not in r.stderr
-    assert len(r.stderr.strip().splitlines()) == 2  # the start line, then the error
+    w = cpudist("predict", broken, "--file", rows, "--np", "2")  # the workers load it, and say why they cannot
+    assert w.returncode == 2 and "predict process 0 of 2 failed" in w.stderr, w.stderr
+    assert "cannot load the model" in w.stderr and "Traceback" not in w.stderr
+    assert len(w.stderr.strip().splitlines()) == 2  # the start line, then the error
