@@ -141,25 +141,33 @@ def test_ctrl_c_cancels_the_job(slurm: SlurmCluster, shared_data: Path, tmp_path
 def test_time_limit_is_reported_as_timeout(slurm: SlurmCluster, shared_data: Path, tmp_path: Path) -> None:
     """--time 00:00:30 (Slurm rounds it up to a minute): the job ends TIMEOUT, said in one line, exit 1.
 
-    The rank is held (SIGSTOP) from its first step on: a minute of training cost a minute of CPU on each core, for
-    nothing this checks. At the time limit Slurm's signals end it all the same (SIGTERM, and SIGKILL KillWait later)."""
+    The rank is held (SIGSTOP) once its first step is logged: a minute of training cost a minute of CPU on each
+    core, for nothing this checks. At the time limit Slurm's signals end it all the same (SIGTERM, and SIGKILL
+    KillWait later)."""
     proc = slurm.popen(0, mrpc(shared_data, tmp_path / "run", "--launcher", "slurm", "--time", "00:00:30", *GO_ON,
                                "--log-every", "1"), cwd=str(tmp_path), stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT)
-    rank = None
+    held: list[int] = []
+    lines: list[str] = []
     try:
-        read_until(proc, "step 1/")
-        [rank] = [pid for i in range(slurm.hosts.n) for pid in slurm.hosts.pids(i)
-                  if cmdline(pid).split()[1:3] == ["-m", "cpudist.rank"]]
-        os.kill(rank, signal.SIGSTOP)
-        out, _ = proc.communicate(timeout=300)
+        assert proc.stdout is not None
+        for line in proc.stdout:  # to the end: the time limit ends the job (a slow start may not reach step 1)
+            lines.append(line)
+            if not held and "step 1/" in line:
+                held = [pid for i in range(slurm.hosts.n) for pid in slurm.hosts.pids(i)
+                        if cmdline(pid).split()[1:3] == ["-m", "cpudist.rank"]]
+                for pid in held:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGSTOP)
+        proc.wait(timeout=120)
     finally:
-        if rank is not None:
+        for pid in held:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(rank, signal.SIGCONT)
+                os.kill(pid, signal.SIGCONT)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    out = "".join(lines)
     r = subprocess.CompletedProcess(proc.args, proc.returncode, out, out)  # one stream: stdout and stderr
     assert r.returncode == 1, r.stdout + r.stderr[-4000:]
     error = one_error(r.stderr)
