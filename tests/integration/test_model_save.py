@@ -65,7 +65,7 @@ def test_two_rank_run_saves_a_model_pipeline_loads_with_its_card(shared_data: Pa
 
     run = tmp_path / "RUN"
     r = cpudist("run", *mrpc(shared_data), "--np", "2", "--ppn", "2", "--max-steps", "4", "--max-eval-samples", "64",
-                "--output-dir", run)
+                "--max-train-samples", "128", "--output-dir", run)  # 4 steps of 32 rows: tokenizing no more
     assert r.returncode == 0, r.stderr
     model, result = run / "model", _result(run)
     assert r.stdout.rstrip().endswith(f"model {model.resolve()}")  # the closing line says where it is
@@ -98,7 +98,7 @@ def test_two_rank_run_saves_a_model_pipeline_loads_with_its_card(shared_data: Pa
 def test_save_model_none_writes_nothing(shared_data: Path, tmp_path: Path) -> None:
     run = tmp_path / "RUN"
     r = cpudist("run", *mrpc(shared_data), "--max-steps", "2", "--max-eval-samples", "32", "--save-model", "none",
-                "--output-dir", run)
+                "--max-train-samples", "64", "--output-dir", run)
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in run.iterdir() if p.name.startswith("model")) == []
     result = _result(run)

@@ -58,7 +58,7 @@ def traffic(cluster: NetnsCluster, shared_data: Path, out: Path, steps: int, *sy
     r = cluster.run(0, [*CPUDIST, "run", "mrpc", "--np", "2", "--ppn", "1", "--hostfile", str(cluster.hostfile),
                         "--data-dir", str(shared_data / "glue" / "MRPC"), "--model", "tiny", "--no-eval",
                         "--precision", "fp32", "--max-steps", str(steps), "--batch-size", "8", "--output-dir",
-                        str(out), *sync], timeout=400)
+                        str(out), "--max-train-samples", "352", *sync], timeout=400)  # the most a case trains on
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     result: dict[str, Any] = json.loads((out / "result.json").read_text())
     assert len(result["tx_bytes_by_node"]) == 2, result  # both hosts counted
