@@ -35,14 +35,16 @@ FP32 = 2.0**-16
 # 0.5 u (fp16) on 3 seeds, and the losses far less (AdamW's first updates are the gradients' signs).
 # 8 u bounds R <= 7 and catches no exchange (20% and more off from the first step).
 WIRE = {"bf16": 8 * 2.0**-8, "fp16": 8 * 2.0**-11}
+# Local SGD on 2 ranks, batch 8: one synchronous warm-up step, then an average every 2nd step (at 3 and 5)
+LOCAL_SGD = ("--batch-size", "8", "--sync", "local-sgd", "--sync-every", "2", "--local-sgd-warmup", "1")
 
 
-def run(shared_data: Path, out: Path, np_: int, *extra: str) -> list[dict[str, float]]:
-    """Train tiny on MRPC and return its steps.jsonl rows."""
+def run(shared_data: Path, out: Path, np_: int, *extra: str, home: Path) -> list[dict[str, float]]:
+    """Train tiny on MRPC and return its steps.jsonl rows (`home`: the CPUDIST_HOME whose token cache it shares)."""
     args = ["run", "mrpc", "--data-dir", shared_data / "glue" / "MRPC", "--model", "tiny", "--max-steps", str(STEPS),
             "--dropout", "0", "--precision", "fp32", "--no-eval", "--lr", "1e-3", "--log-every", "1", "--seed", "5",
             "--np", str(np_), "--output-dir", out, *(["--oversubscribe"] if np_ > 2 else []), *extra]
-    r = cpudist(*args)
+    r = cpudist(*args, env={"CPUDIST_HOME": str(home)})
     assert r.returncode == 0, r.stderr[-3000:]
     return [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
 
@@ -59,16 +61,19 @@ def same(a: list[dict[str, float]], b: list[dict[str, float]], tol: float) -> bo
 
 
 class Runs:
-    """`run` once per set of options in this module: tests that need the same run share it."""
+    """`run` once per set of options in this module: tests that need the same run share it. Every run of the module
+    shares one CPUDIST_HOME: MRPC is tokenized once, then each rank reads the token cache (nothing here reads the
+    ledger; the cache's hits and misses are test_run_local.py's)."""
 
     def __init__(self, shared_data: Path, folders: pytest.TempPathFactory) -> None:
         self.shared_data, self.folders = shared_data, folders
+        self.home = folders.mktemp("cpudist-home")
         self.done: dict[tuple[object, ...], Path] = {}
 
     def folder(self, np_: int, *extra: str) -> Path:
         if (np_, *extra) not in self.done:
             out = self.folders.mktemp("run")
-            run(self.shared_data, out, np_, *extra)
+            run(self.shared_data, out, np_, *extra, home=self.home)
             self.done[(np_, *extra)] = out
         return self.done[(np_, *extra)]
 
@@ -85,8 +90,8 @@ def memo(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Runs:
 
 
 @pytest.fixture(scope="module")
-def one_rank(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, float]]:
-    return run(shared_data, tmp_path_factory.mktemp("np1"), 1, "--batch-size", "16")
+def one_rank(memo: Runs) -> list[dict[str, float]]:
+    return memo.steps(1, "--batch-size", "16")
 
 
 @pytest.fixture(scope="module")
@@ -96,15 +101,20 @@ def ddp_two(memo: Runs) -> list[dict[str, float]]:
 
 
 @pytest.fixture(scope="module")
-def no_exchange(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, float]]:
+def no_exchange(memo: Runs) -> list[dict[str, float]]:
     """2 ranks that never exchange: local SGD with no warm-up and an average due after the run (every rank
     steps on its own gradients, as DDP would with its all-reduce gone; the logged loss is still the mean)."""
-    return run(shared_data, tmp_path_factory.mktemp("alone"), 2, "--batch-size", "8", "--sync", "local-sgd",
-               "--sync-every", "1000", "--local-sgd-warmup", "0")
+    return memo.steps(2, "--batch-size", "8", "--sync", "local-sgd", "--sync-every", "1000", "--local-sgd-warmup", "0")
 
 
-@pytest.mark.parametrize("np_", [2, 4])
-@pytest.mark.parametrize("strategy", ["ddp", "allreduce", "gather-scatter"])
+# 2 ranks for ddp (the reference of the compressed wires) and gather-scatter (of accumulation, below); 4 ranks for
+# cpudist's own exchanges, allreduce and gather-scatter, where a mean that divides by 2 and not by the world size
+# shows. Not run: allreduce on 2 ranks (its exchange, element by element on 2 ranks: test_sync_exchange.py; the
+# loop around it is the same for every strategy, run here on 2 ranks by the other two) and ddp on 4 (torch's
+# DistributedDataParallel divides by its world size; cpudist's split of the batch over 4 ranks runs in both
+# 4-rank cases).
+@pytest.mark.parametrize(("np_", "strategy"), [(2, "ddp"), (2, "gather-scatter"), (4, "allreduce"),
+                                               (4, "gather-scatter")])
 def test_synchronous_strategies_equal_one_rank(memo: Runs, one_rank: list[dict[str, float]], np_: int,
                                                strategy: str) -> None:
     steps = memo.steps(np_, "--batch-size", str(16 // np_), "--sync", strategy)
@@ -124,71 +134,67 @@ def test_the_checks_reject_ranks_that_never_exchange(one_rank: list[dict[str, fl
 
 
 @pytest.mark.parametrize("wire", ["bf16", "fp16"])
-def test_compressed_ddp_follows_fp32_ddp_to_the_wire_precision(shared_data: Path, tmp_path: Path,
-                                                               ddp_two: list[dict[str, float]],
+def test_compressed_ddp_follows_fp32_ddp_to_the_wire_precision(memo: Runs, ddp_two: list[dict[str, float]],
                                                                no_exchange: list[dict[str, float]],
                                                                wire: str) -> None:
     """Many small buckets in flight at once, too: the ranks must issue their collectives in one order."""
-    steps = run(shared_data, tmp_path, 2, "--batch-size", "8", "--grad-compression", wire, "--bucket-cap-mb", "0.05")
+    options = ("--batch-size", "8", "--grad-compression", wire, "--bucket-cap-mb", "0.05")
+    steps = memo.steps(2, *options)
     assert same(ddp_two, steps, WIRE[wire]), {k: departures(ddp_two, steps, k) for k in ("loss", "grad_norm")}
     assert not same(ddp_two, steps, 2.0**-24)  # the wire rounded: not the fp32 exchange
     assert not same(ddp_two, no_exchange, WIRE[wire])  # the check can fail
-    assert json.loads((tmp_path / "result.json").read_text())["sync"] == f"ddp+{wire}"
+    assert memo.result(2, *options)["sync"] == f"ddp+{wire}"
 
 
 def test_powersgd_is_fp32_ddp_in_its_warm_up_then_departs_far_less_than_no_exchange(
-        shared_data: Path, tmp_path: Path, ddp_two: list[dict[str, float]],
-        no_exchange: list[dict[str, float]]) -> None:
+        memo: Runs, ddp_two: list[dict[str, float]], no_exchange: list[dict[str, float]]) -> None:
     """PowerSGD's first steps are plain fp32 all-reduces (its error feedback needs them): the same numbers as
     DDP's. Then it sends a rank-1 approximation, with the error fed back into the next steps: its numbers
     leave DDP's (a hook that silently all-reduces in fp32 would not) but stay far closer to them than ranks
     that never exchange (a hook that does nothing would not). Which tensors it reduces, and how, is checked
     tensor by tensor in test_sync_exchange.py: the gradient norm here is mostly the classifier's."""
-    steps = run(shared_data, tmp_path, 2, "--batch-size", "8", "--grad-compression", "powersgd:1",
-                "--bucket-cap-mb", "0.05")
+    options = ("--batch-size", "8", "--grad-compression", "powersgd:1", "--bucket-cap-mb", "0.05")
+    steps = memo.steps(2, *options)
     start = 2  # max(2, 10% of the 6 steps), as cpudist.train.sync.spec_of sets it
     norm, loss = departures(ddp_two, steps, "grad_norm"), departures(ddp_two, steps, "loss")
     alone = departures(ddp_two, no_exchange, "grad_norm")
     assert max(norm[:start] + loss[:start + 1]) <= FP32, (norm, loss)  # the loss of step 3 precedes its exchange
     assert max(norm[start:]) > FP32, norm
     assert all(d <= 0.1 * a for d, a in zip(norm[start:], alone[start:], strict=True)), (norm, alone)
-    assert json.loads((tmp_path / "result.json").read_text())["sync"] == "ddp+powersgd:1"
+    assert memo.result(2, *options)["sync"] == "ddp+powersgd:1"
 
 
-def test_local_sgd_averaging_every_step_equals_ddp_with_plain_sgd(shared_data: Path, tmp_path: Path) -> None:
+def test_local_sgd_averaging_every_step_equals_ddp_with_plain_sgd(memo: Runs) -> None:
     """K=1 with SGD: averaging the parameters after each step is averaging the gradients before it.
 
     Plain SGD and no clipping, because the equality needs an update linear in the gradient; AdamW
     normalizes each rank's step by its own moments, so no local SGD equals DDP under it.
     """
     common = ["--batch-size", "8", "--optimizer", "sgd", "--max-grad-norm", "0", "--lr", "0.5"]
-    ddp = run(shared_data, tmp_path / "ddp", 2, *common)
-    k1 = run(shared_data, tmp_path / "k1", 2, *common, "--sync", "local-sgd", "--sync-every", "1",
-             "--local-sgd-warmup", "0")
-    k2 = run(shared_data, tmp_path / "k2", 2, *common, "--sync", "local-sgd", "--sync-every", "2",
-             "--local-sgd-warmup", "0")
+    ddp = memo.steps(2, *common)
+    k1 = memo.steps(2, *common, "--sync", "local-sgd", "--sync-every", "1", "--local-sgd-warmup", "0")
+    k2 = memo.steps(2, *common, "--sync", "local-sgd", "--sync-every", "2", "--local-sgd-warmup", "0")
     assert [s["loss"] for s in ddp] == pytest.approx([s["loss"] for s in k1], rel=1e-5)
     assert [s["loss"] for s in ddp] != pytest.approx([s["loss"] for s in k2], rel=1e-5)  # the check can fail
 
 
-def test_diloco_with_outer_lr_one_and_no_momentum_is_local_sgd(shared_data: Path, tmp_path: Path) -> None:
-    """The outer step applies the averaged change: lr 1 without momentum lands on the plain average."""
-    common = ["--batch-size", "8", "--sync", "local-sgd", "--sync-every", "2", "--local-sgd-warmup", "1"]
-    plain = run(shared_data, tmp_path / "plain", 2, *common)
-    outer = run(shared_data, tmp_path / "outer", 2, *common, "--outer-optimizer", "nesterov", "--outer-lr", "1",
-                "--outer-momentum", "0")
+def test_diloco_with_outer_lr_one_and_no_momentum_is_local_sgd(memo: Runs) -> None:
+    """The outer step applies the averaged change: lr 1 without momentum lands on the plain average (averages at
+    steps 3 and 5, both before logged steps; the plain run is also accumulation's local-sgd reference below)."""
+    plain = memo.steps(2, *LOCAL_SGD)
+    outer_options = (*LOCAL_SGD, "--outer-optimizer", "nesterov", "--outer-lr", "1", "--outer-momentum", "0")
+    outer = memo.steps(2, *outer_options)
     assert same(plain, outer, FP32), (plain, outer)
-    result = json.loads((tmp_path / "outer" / "result.json").read_text())
+    result = memo.result(2, *outer_options)
     assert result["sync"] == "diloco:2" and result["sync_options"]["outer_lr"] == 1
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "gather-scatter", "local-sgd"])
-def test_accumulating_two_micro_batches_equals_one_batch_twice_as_big(shared_data: Path, tmp_path: Path,
-                                                                      memo: Runs,
-                                                                      strategy: str) -> None:
+def test_accumulating_two_micro_batches_equals_one_batch_twice_as_big(memo: Runs, strategy: str) -> None:
     """--grad-accum 2 x batch 4 trains the steps of batch 8 (ddp's and gather-scatter's batch-8 runs are those
-    of test_synchronous_strategies_equal_one_rank on 2 ranks)."""
-    sync = ["--sync", strategy, *(["--local-sgd-warmup", "2", "--sync-every", "2"] if strategy == "local-sgd" else [])]
+    of test_synchronous_strategies_equal_one_rank on 2 ranks, local SGD's the DiLoCo test's plain run: one
+    synchronous warm-up step, then local steps averaged every 2nd)."""
+    sync = ["--sync", strategy] if strategy != "local-sgd" else LOCAL_SGD[2:]
     big = memo.steps(2, "--batch-size", "8", *sync)
-    accum = run(shared_data, tmp_path / "accum", 2, "--batch-size", "4", "--grad-accum", "2", *sync)
+    accum = memo.steps(2, "--batch-size", "4", "--grad-accum", "2", *sync)
     assert same(big, accum, FP32), (big, accum)  # its bytes, once per step, are counted in test_sync_traffic.py
