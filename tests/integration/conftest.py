@@ -37,6 +37,15 @@ def ec2(emu: Emulator) -> Any:
     return boto3.client("ec2", endpoint_url=emu.url, region_name="us-east-1")
 
 
-@pytest.fixture
-def ami(ec2: Any) -> str:
+@pytest.fixture(scope="session")
+def stock_ami(ec2_server: Emulator) -> str:
+    """One of moto's stock Amazon images: their ids are fixed, a reset keeps them. Listed once: the listing of
+    every Amazon image costs the emulator 1.7 CPU-s, more than a whole `cluster up` in this process."""
+    ec2 = boto3.client("ec2", endpoint_url=ec2_server.url, region_name="us-east-1")
     return str(ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"])
+
+
+@pytest.fixture
+def ami(ec2: Any, stock_ami: str) -> str:
+    assert len(ec2.describe_images(ImageIds=[stock_ami])["Images"]) == 1  # still there after the reset
+    return stock_ami
