@@ -69,7 +69,7 @@ def test_a_glue_runs_dev_metric_and_its_test_split_as_glues_submission_file(shar
                                                                              tmp_path: Path) -> None:
     mrpc, run = shared_data / "glue" / "MRPC", tmp_path / "run"
     r = cpudist("run", "mrpc", "--np", "1", "--data-dir", mrpc, "--model", "tiny", "--max-steps", "3",
-                "--max-eval-samples", "64", "--output-dir", run, timeout=600)
+                "--max-train-samples", "48", "--max-eval-samples", "64", "--output-dir", run, timeout=600)
     assert r.returncode == 0, r.stderr
     result = json.loads((run / "result.json").read_text())
     p = cpudist("predict", run, "--split", "dev", "-o", tmp_path / "dev.csv")  # task and data folder: the run's
