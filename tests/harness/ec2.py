@@ -12,9 +12,9 @@ What real EC2 does and moto does not, always: RunInstances with a ClientToken it
 instances that token launched (idempotency: a retry after a lost answer launches nothing more).
 What real EC2 does and moto does not, on request: instances stay `pending` for `pending_s` after
 RunInstances and StartInstances (moto makes them `running` at once), and new instances are
-unknown to calls naming them by id for `unseen_s` (EC2's eventual consistency:
-InvalidInstanceID.NotFound on CreateTags right after RunInstances). Public addresses are handed
-out from TEST-NET-2 (198.51.100.0/24, RFC 5737), never from moto's 54.214.0.0/16, which is real
+unknown to calls naming them by id for `unseen_s`, and to the first such call however late (EC2's
+eventual consistency: InvalidInstanceID.NotFound on CreateTags right after RunInstances). Public
+addresses are handed out from TEST-NET-2 (198.51.100.0/24, RFC 5737), never from moto's 54.214.0.0/16, which is real
 internet space: a test that connects to an instance's public address sends nothing to anyone.
 """
 
@@ -147,6 +147,9 @@ class Emulator:
         self.pending_s = 0.0
         self.unseen_s = 0.0
         self._unseen: dict[str, float] = {}  # instance id -> monotonic time it becomes visible
+        # ids no call has named yet: the first call naming one is refused however late it comes (a test of the
+        # retry must not depend on the caller's speed; a loaded machine took over unseen_s to send CreateTags)
+        self._never_named: set[str] = set()
         self.launched: dict[str, bytes] = {}  # RunInstances' ClientToken -> its answer (EC2's idempotency)
         self.lock = threading.Lock()
         self.server = make_server(host, port, self, threaded=True, request_handler=_Quiet)
@@ -185,6 +188,7 @@ class Emulator:
             self.delays.clear()
             self.calls.clear()
             self._unseen.clear()
+            self._never_named.clear()
             self.launched.clear()
 
     def backend(self, region: str = "us-east-1") -> Any:
@@ -271,7 +275,8 @@ class Emulator:
         named = [v for k, v in params.items() if re.fullmatch(r"(InstanceId|ResourceId)(\.\d+)?", k)]
         now = time.monotonic()
         with self.lock:
-            unseen = [i for i in named if self._unseen.get(i, 0.0) > now]
+            unseen = [i for i in named if self._unseen.get(i, 0.0) > now or i in self._never_named]
+            self._never_named.difference_update(named)
         return Fault(action, "InvalidInstanceID.NotFound") if unseen else None
 
     def _pend(self, ids: list[bytes], region: str) -> None:
@@ -361,6 +366,7 @@ class Emulator:
         if self.unseen_s > 0:
             with self.lock:
                 self._unseen.update((raw.decode(), time.monotonic() + self.unseen_s) for raw in ids)
+                self._never_named.update(raw.decode() for raw in ids)
         for raw in ids:
             inst = self.backend(region).get_instance(raw.decode())
             if key and key in self.public_keys and self.on_key_installed:
