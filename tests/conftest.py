@@ -43,15 +43,15 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 # The longest files first (their tests' summed durations in a full run, longest first; a file not listed keeps its
 # place after them), so that with several workers no long file starts last and runs on alone. Each worker takes
 # whole files in this order.
-LONGEST_FIRST = (  # summed durations of a quiet parallel run (2856041, 3 workers on 2 cores): 680 s down to 35 s;
-    # the chaos, Slurm requeue and best-across-parts files (new since) placed by their durations under load
-    "test_remote_onprem.py", "test_aws_e2e.py", "test_sync.py", "test_cluster.py", "test_run_local.py",
-    "test_aws.py", "test_learning.py", "test_chaos.py", "test_slurm_requeue.py", "test_best_across_parts.py",
-    "test_resume_exact.py", "test_resume.py", "test_run_identity.py",
-    "test_torchrun_hosts.py", "test_predict_run.py", "test_slurm.py", "test_predict.py", "test_sync_traffic.py",
-    "test_spot.py", "test_model_save.py", "test_sweep.py", "test_architectures_run.py", "test_local_sgd_moments.py",
-    "test_ami.py", "test_model_s3.py", "test_logs_head.py", "test_remote_stock_nodes.py", "test_world.py",
-    "test_lora.py", "test_launch_trainer.py",
+LONGEST_FIRST = (  # summed durations of a parallel run (ba9a930, 3 workers on 2 cores): 735 s down to 60 s; the
+    # one-test test_learning first (xdist keeps this order with --no-loadscope-reorder, pyproject.toml)
+    "test_learning.py", "test_aws_e2e.py", "test_sync.py", "test_run_local.py", "test_cluster.py",
+    "test_resume_exact.py", "test_remote_onprem.py", "test_resume.py", "test_aws.py", "test_run_identity.py",
+    "test_slurm.py", "test_predict_run.py", "test_torchrun_hosts.py", "test_predict.py", "test_sync_traffic.py",
+    "test_launch_script_remote.py", "test_store_watch.py", "test_spot.py", "test_lora.py", "test_architectures_run.py",
+    "test_model_save.py", "test_sweep.py", "test_chaos.py", "test_slurm_requeue.py", "test_best_across_parts.py",
+    "test_logs_head.py", "test_model_s3.py", "test_local_sgd_moments.py", "test_launch_script_per_node.py",
+    "test_ami.py", "test_remote_stock_nodes.py", "test_world.py", "test_launch_trainer.py",
 )
 
 
