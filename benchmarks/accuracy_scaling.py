@@ -41,6 +41,7 @@ MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # resolved to the pip-packaged
 BASE = "1 rank"
 LOCAL = ("--sync", "local-sgd", "--sync-every", "8")
 X8 = ("--lr", "1e-4", "--lr-scaling", "linear")  # 2x one rank's lr, then x4 ranks
+LORA_R8 = ("--peft", "lora", "--lora-r", "8")
 MV_BF16 = ("--average-moments", "both", "--grad-compression", "bf16")
 # arm -> (ranks, flags beside the common ones)
 ARMS: dict[str, tuple[int, tuple[str, ...]]] = {
@@ -73,6 +74,13 @@ ARMS: dict[str, tuple[int, tuple[str, ...]]] = {
     "ddp+freeze-emb lr x8": (4, ("--freeze-embeddings", *X8)),
     "ddp batch 8": (4, ("--batch-size", "8")),  # the 1-rank run's global batch and steps
     "local-sgd:8 batch 8": (4, (*LOCAL, "--batch-size", "8")),
+    # LoRA (issue 25): adapters on the attention projections (the family default), the head in full; LoRA takes a
+    # larger lr than full fine-tuning (peft's GLUE examples use 5e-4 to 1e-3)
+    "1 rank lora r8 lr 5e-4": (1, (*LORA_R8, "--lr", "5e-4")),
+    "1 rank lora r8 lr 1e-3": (1, (*LORA_R8, "--lr", "1e-3")),
+    "1 rank lora r16 lr 5e-4": (1, ("--peft", "lora", "--lora-r", "16", "--lr", "5e-4")),
+    "lora r8 lr 5e-4 x sqrt4": (4, (*LORA_R8, "--lr", "5e-4", "--lr-scaling", "sqrt")),
+    "lora r8 lr 5e-4 x4": (4, (*LORA_R8, "--lr", "5e-4", "--lr-scaling", "linear")),
 }
 # flags every run takes unless its arm gives them
 COMMON = {"--precision": "fp32", "--batch-size": "32", "--max-seq-len": "128", "--epochs": "3", "--lr": "5e-5"}
