@@ -20,20 +20,10 @@ import pytest
 
 from tests.integration.helpers import cmdline, cpudist, descendants
 from tests.integration.test_resume import sigterm_ranks_at
-from tests.integration.token_cache import share_token_cache
+from tests.integration.token_cache import module_tokens, one_token_cache  # noqa: F401 (fixtures)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_token_cache")]
 
-
-@pytest.fixture(scope="module")
-def tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("tokens")
-
-
-@pytest.fixture(autouse=True)
-def _one_token_cache(_isolated_home: None, tokens: Path) -> None:
-    """MRPC tokenized once for the module's runs (tests/integration/token_cache.py)."""
-    share_token_cache(tokens)
 
 STEPS = 16
 REL = 1e-6

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from cpudist import state
 
 
@@ -20,3 +22,16 @@ def share_token_cache(shared: Path) -> None:
     assert Path(os.environ["CPUDIST_HOME"]) in here.parents, here
     here.parent.mkdir(parents=True, exist_ok=True)
     here.symlink_to(shared, target_is_directory=True)
+
+
+@pytest.fixture(scope="module")
+def module_tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The module's one token cache folder."""
+    return tmp_path_factory.mktemp("tokens")
+
+
+@pytest.fixture
+def one_token_cache(_isolated_home: None, module_tokens: Path) -> None:
+    """MRPC tokenized once for the module's runs: a module imports this fixture and `module_tokens`, then uses it
+    (`pytest.mark.usefixtures("one_token_cache")`)."""
+    share_token_cache(module_tokens)
