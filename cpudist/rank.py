@@ -24,6 +24,7 @@ from cpudist.cloud.aws.notice import NoticeWatcher, imds_endpoint
 from cpudist.cloud.aws.objects import S3Objects
 from cpudist.config import from_argv
 from cpudist.errors import CpudistError
+from cpudist.launch.runner import LOST_PEER
 from cpudist.train.dist import discover_rank, shutdown_distributed
 from cpudist.train.main import Provider, run
 from cpudist.train.preempt import NoticePoller
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         if not lost_peer(e):
             raise  # a bug: its traceback is what a report needs
         # A peer that failed (its own error line says why) or died breaks this rank's next collective.
-        sys.stderr.write(f"[{socket.gethostname()}:{rank}] error: lost a peer rank: {str(e).splitlines()[0]}\n")
+        sys.stderr.write(f"[{socket.gethostname()}:{rank}] {LOST_PEER}{str(e).splitlines()[0]}\n")
         sys.stderr.flush()
         return 1
     finally:

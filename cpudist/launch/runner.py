@@ -22,18 +22,30 @@ from cpudist.launch.watch import NodeWatch
 GRACE_S = 10.0  # between SIGTERM and SIGKILL of the launcher's process group
 
 
-_HOST_PATTERNS = (re.compile(r"RUNNING AT (\S+)"), re.compile(r"on node (\S+?)[ ,.]"),
-                  re.compile(r"\[([^\]:\s]+):\d+\] error: "))
+_LAUNCHER_BLAME = (re.compile(r"RUNNING AT (\S+)"), re.compile(r"on node (\S+?)[ ,.]"))
+_RANK_ERROR = re.compile(r"\[([^\]:\s]+)(?::\d+)?\] error: ")  # rank.py's, script_rank.py's
+LOST_PEER = "error: lost a peer rank: "  # rank.py's line for a collective broken by a peer: a consequence, not a cause
 
 
 def failed_host(lines: tuple[str, ...]) -> str | None:
-    """The host a launcher blamed for a failure (Hydra: RUNNING AT h; Open MPI: on node h)."""
-    for line in lines:
-        for pattern in _HOST_PATTERNS:
+    """The host where the failure began: the launcher's blame (Hydra: RUNNING AT h; Open MPI: on node h), else a
+    rank's own error line, else a rank that only lost a peer (its line comes first when the peer died silently,
+    killed or cut off, yet the peer is where it began)."""
+    for pattern in _LAUNCHER_BLAME:
+        for line in lines:
             m = pattern.search(line)
             if m:
                 return m.group(1)
-    return None
+    errors = sorted((LOST_PEER in line, m.group(1)) for line in lines if (m := _RANK_ERROR.search(line)))
+    return errors[0][1] if errors else None
+
+
+def rank_error(lines: tuple[str, ...], host: str | None) -> str | None:
+    """The rank error line that says most about a failure that began on `host`: that host's own, else the first
+    that is not a lost peer, else the first."""
+    errors = [(line.strip(), m.group(1)) for line in lines if (m := _RANK_ERROR.search(line))]
+    ranked = sorted(errors, key=lambda e: (e[1] != host, LOST_PEER in e[0]))
+    return ranked[0][0] if ranked else None
 
 
 @dataclass(frozen=True)

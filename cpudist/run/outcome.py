@@ -14,7 +14,7 @@ from cpudist import state
 from cpudist.errors import JobFailed, Preempted
 from cpudist.hostfile import Host
 from cpudist.launch import slurm
-from cpudist.launch.runner import Outcome, failed_host
+from cpudist.launch.runner import Outcome, failed_host, rank_error
 from cpudist.launch.slurm import JobInfo
 from cpudist.results import ledger
 from cpudist.results.card import CARD, MODEL_DIR, folder_bytes, write_card
@@ -62,7 +62,8 @@ def check(outcome: Outcome, out: Path, timeout_s: float | None, what: str, slurm
     stop = read_stop(out)
     saved = stop.said() if stop else ""
     resume = f"--resume auto --output-dir {out}"
-    last = next((line.strip() for line in outcome.last_lines if "] error: " in line), None)  # the trainer's own
+    host = outcome.failed_host or failed_host(outcome.last_lines)
+    last = rank_error(outcome.last_lines, host)  # the trainer's own line
     if slurm_info is not None and slurm_info.state not in ("COMPLETED", "UNKNOWN"):
         # Slurm's verdict first (TIMEOUT, NODE_FAIL, ...): the ranks' own stop is a consequence of it.
         message, hint = slurm.failure(slurm_info, str(out / f"slurm-{slurm_info.job_id}.out"), last)
@@ -72,7 +73,6 @@ def check(outcome: Outcome, out: Path, timeout_s: float | None, what: str, slurm
     if outcome.returncode != 0 and stop and not killed:
         raise Preempted(saved, f"Resume: the same command with {resume}")
     if outcome.returncode != 0:
-        host = outcome.failed_host or failed_host(outcome.last_lines)
         where = f" on {host}" if host else ""
         signal_name = (f", {_signal_name(outcome.returncode - 128)}" if killed
                        else ", ssh lost the host" if outcome.failed_host and outcome.returncode == SSH_FAILED else "")

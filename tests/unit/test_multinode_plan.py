@@ -9,7 +9,7 @@ from cpudist.hosts.doctor import compare
 from cpudist.hosts.probe import mem_available_gib
 from cpudist.launch.env import EnvSpec, node_env
 from cpudist.launch.kinds import plan
-from cpudist.launch.runner import failed_host
+from cpudist.launch.runner import failed_host, rank_error
 from cpudist.launch.spec import RunSpec
 from cpudist.ssh.keys import generate_key, ssh_config, ssh_wrapper
 
@@ -85,9 +85,24 @@ def test_env_for_cluster_features() -> None:
     (("prterun noticed that process rank 1 with PID 5 on node n1 exited on signal 9.",), "n1"),
     (("[n3:3] error: data file not found",), "n3"),
     (("nothing useful",), None),
+    # a rank killed silently: its peer's lost-peer line comes first, the launcher's blame names the host it began on
+    (("[n0:0] error: lost a peer rank: Connection closed by peer [198.18.0.11]:4711",
+      "=   PID 77 RUNNING AT n1", "=   KILLED BY SIGNAL: 9"), "n1"),
+    (("[n0:0] error: lost a peer rank: Connection closed by peer", "[n1:1] error: data file not found"), "n1"),
+    (("[n0:0] error: lost a peer rank: Connection closed by peer",), "n0"),
+    (("[n2] error: cannot start train.py",), "n2"),
 ])
 def test_failed_host(lines: tuple[str, ...], host: str | None) -> None:
     assert failed_host(lines) == host
+
+
+def test_the_error_line_quoted_is_the_failing_hosts_own_else_not_a_lost_peer() -> None:
+    lost = "[n0:0] error: lost a peer rank: Connection closed by peer"
+    own = "[n1:1] error: data file not found"
+    assert rank_error((lost, "  " + own + "  "), "n1") == own
+    assert rank_error((lost, own), None) == own
+    assert rank_error((lost, "=   RUNNING AT n1"), "n1") == lost  # the killed rank said nothing: its peer's line
+    assert rank_error(("no errors",), "n1") is None
 
 
 def test_generated_key_is_usable_by_openssh_and_paramiko(tmp_path: object) -> None:
