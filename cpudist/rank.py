@@ -25,7 +25,7 @@ from cpudist.cloud.aws.objects import S3Objects
 from cpudist.config import from_argv
 from cpudist.errors import CpudistError
 from cpudist.launch.runner import LOST_PEER
-from cpudist.train.dist import discover_rank, shutdown_distributed
+from cpudist.train.dist import discover_rank, exit_rank, shutdown_distributed
 from cpudist.train.main import Provider, run
 from cpudist.train.preempt import NoticePoller
 from cpudist.train.startup import Startup
@@ -78,4 +78,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_rank(main())

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from cpudist import events
 from cpudist.cpu import read_cpu
-from cpudist.train.dist import discover_rank, init_distributed, shutdown_distributed
+from cpudist.train.dist import discover_rank, exit_rank, init_distributed, shutdown_distributed
 
 
 def time_size(nbytes: int, iters: int, warmup: int) -> float:
@@ -60,3 +60,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    exit_rank(0)
