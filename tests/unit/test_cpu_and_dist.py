@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -65,3 +67,13 @@ def test_rank_discovery(env: dict[str, str], expected: tuple[int, int, int, int]
 def test_rank_outside_world() -> None:
     with pytest.raises(BadInput):
         discover_rank({"PMI_RANK": "4", "PMI_SIZE": "4"})
+
+
+def test_a_rank_ends_with_its_code_and_its_buffered_output_written(tmp_path: Path) -> None:
+    """exit_rank skips the interpreter's finalization (os._exit), which would also skip flushing: a rank's last
+    lines (its closing event, an error line) sit in Python's buffers when its output is a pipe."""
+    script = ("import sys\nfrom cpudist.train.dist import exit_rank\n"
+              "sys.stdout.write('last event\\n'); sys.stderr.write('last error\\n'); exit_rank(3)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    assert (r.returncode, r.stdout, r.stderr) == (3, "last event\n", "last error\n")
