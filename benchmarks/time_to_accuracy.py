@@ -167,7 +167,8 @@ def markdown(res: dict[str, Any]) -> str:
     for task, s in res["summary"].items():
         cal = res["calibrations"][task]
         lines += [f"## {task}", "",
-                  f"Link {cal['link_gbps']:.3f} Gbit/s: one host {cal['model_task_samples_per_s']:.2f} samples/s on "
+                  f"Link {cal['link_gbps']:.3f} Gbit/s (`{cal.get('tbf', '?')}`): one host "
+                  f"{cal['model_task_samples_per_s']:.2f} samples/s on "
                   f"{task} (bert-base: {cal['bert_base_task_samples_per_s']:.2f} on {task}, "
                   f"{cal['bert_base_blog_samples_per_s']:.3f} on the blog's rows [{cal['bert_base_blog_from']}]; "
                   f"{MODEL_PRESET} on the blog's rows {cal['model_blog_samples_per_s']:.2f}) -> a c6i.16xlarge "
@@ -231,13 +232,15 @@ def main() -> None:
     calibrations: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="tta-") as tmp, miniature(layout, Path(tmp) / "cluster", a.prefix) as c:
         work = Path(tmp)
-        cluster_text = json.dumps(c.describe())
+        # the links are shaped per task (its calibration's link and tbf), after this description
+        cluster_text = json.dumps({**c.describe(), "link_gbps": "per task", "tbf": "per task"})
         ssh_setup(c)
         for task in tasks:
             cluster = shaped(c, None)  # calibrated per task: one host, the link unused
             cal = calibrations[task] = calibration(cluster, work, a, task)
             print(f"# {task} calibration: {json.dumps(cal)}", file=sys.stderr, flush=True)
             cluster = shaped(cluster, cal["link_gbps"])
+            cal["tbf"] = cluster.describe()["tbf"]  # on both ends of every host's link
             cells = [(BASE, 1, (), s) for s in target_seeds]
             cells += [(arm, n, ARMS[arm], s) for s in seeds for n in host_counts for arm in arms]
             for arm, hosts, flags, seed in cells:  # seeds outside, arms alternating inside
