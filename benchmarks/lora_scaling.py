@@ -16,9 +16,11 @@ ratio, 25 Gbit/s x S(bert-base, blog) / 23.6.
 
 Arms: `full` (ddp, every parameter trained and all-reduced) and `lora` (`--peft lora`, rank 8 on the family's
 default targets, the classifier head in full: DDP all-reduces only what requires a gradient). Every host count
-and arm alternate inside each repeat. Speedup of an arm at N hosts: its median steady samples/s over the same
-arm's at 1 host. Bytes per step: what the hosts' interface counters saw (result.json
-measured_tx_bytes_per_step, every node together), beside cpudist's expectation (cpudist/traffic.py).
+and arm alternate inside each repeat. Speedup of an arm at N hosts: its median steady tokens/s over the same
+arm's at 1 host (tokens, not samples: length-grouped batches differ in length, and each host count trains other
+rows; samples/s over a few steps compared unequal work and read a superlinear 2.17x at 2 hosts on a first try).
+Bytes per step: what the hosts' interface counters saw (result.json measured_tx_bytes_per_step, every node
+together), beside cpudist's expectation (cpudist/traffic.py).
 
 `summary[model]`: `lora_speedup_4_hosts`, `full_speedup_4_hosts`, `bytes_ratio_full_over_lora` (measured, 4 hosts)
 and `accuracy_delta_points` (LoRA minus full fine-tuning, median over seeds, read from accuracy_scaling.py's
@@ -53,6 +55,7 @@ from miniature import (
 from scaling import code_version
 
 from cpudist.cpu import read_cpu
+from cpudist.train.loop import WARMUP_STEPS_EXCLUDED
 
 MRPC = ROOT.parent / "shared" / "data" / "glue" / "MRPC"
 BATCH = 32
@@ -77,8 +80,21 @@ def run(cluster: Any, work: Path, lock: Path | None, args: list[str], hosts: int
     except RuntimeError as e:
         print(f"# failed: {e}", file=sys.stderr, flush=True)
         return {"error": str(e)[-600:], "hosts": hosts}
-    return {**{k: r.get(k) for k in KEEP}, "hosts": hosts, "cpu": r["cpu"], "versions": r["versions"],
-            "command": "cpudist " + " ".join(full)}
+    return {**{k: r.get(k) for k in KEEP}, **steady_tokens(out / "run" / "steps.jsonl"), "hosts": hosts,
+            "cpu": r["cpu"], "versions": r["versions"], "command": "cpudist " + " ".join(full)}
+
+
+def steady_tokens(steps_jsonl: Path) -> dict[str, float]:
+    """Steady tokens/s (real tokens over the steps after the warm-up ones result.json also leaves out) and tokens
+    per sample. Length-grouped batches differ in length, and runs at different host counts train different rows:
+    samples/s over a few steps then compares unequal work (a first try read 2.17x at 2 hosts), tokens/s does not."""
+    steps = [json.loads(line) for line in steps_jsonl.read_text().splitlines() if line.strip()]
+    k = WARMUP_STEPS_EXCLUDED if len(steps) > 2 * WARMUP_STEPS_EXCLUDED else 0
+    steady = steps[k:]
+    seconds = sum(float(s["step_time_s"]) for s in steady)
+    tokens = sum(int(s["tokens"]) for s in steady)
+    return {"steady_tokens_per_s": tokens / seconds if seconds else 0.0,
+            "tokens_per_sample": tokens / max(1, sum(int(s["samples"]) for s in steady))}
 
 
 def calibration(cluster: Any, work: Path, a: argparse.Namespace, model: str) -> dict[str, Any]:
@@ -137,11 +153,13 @@ def summarize(cells: dict[str, list[dict[str, Any]]], accuracy: dict[str, Any]) 
     table: dict[str, dict[str, Any]] = {}
     for cell, runs in cells.items():
         arm, hosts = cell.rsplit("@", 1)
-        base = median(cells.get(f"{arm}@1", []), "steady_samples_per_s")
-        sps = median(runs, "steady_samples_per_s")
-        table[cell] = {"arm": arm, "hosts": int(hosts), "repeats": len(runs), "samples_per_s": sps,
-                       "samples_per_s_all": [r.get("steady_samples_per_s") for r in runs],
-                       "speedup": sps / base if sps and base else None,
+        base = median(cells.get(f"{arm}@1", []), "steady_tokens_per_s")
+        tps = median(runs, "steady_tokens_per_s")
+        table[cell] = {"arm": arm, "hosts": int(hosts), "repeats": len(runs), "tokens_per_s": tps,
+                       "tokens_per_s_all": [r.get("steady_tokens_per_s") for r in runs],
+                       "samples_per_s": median(runs, "steady_samples_per_s"),
+                       "tokens_per_sample": median(runs, "tokens_per_sample"),
+                       "speedup": tps / base if tps and base else None,
                        "measured_tx_bytes_per_step": median(runs, "measured_tx_bytes_per_step"),
                        "expected_tx_bytes_per_step": median(runs, "expected_tx_bytes_per_step"),
                        "exposed_comm_s": median(runs, "exposed_comm_s"), "peak_rss_mb": median(runs, "peak_rss_mb"),
@@ -155,9 +173,9 @@ def summarize(cells: dict[str, list[dict[str, Any]]], accuracy: dict[str, Any]) 
     full_bytes, lora_bytes = at4("full", "measured_tx_bytes_per_step"), at4("lora", "measured_tx_bytes_per_step")
     summary = {"lora_speedup_4_hosts": at4("lora", "speedup"), "full_speedup_4_hosts": at4("full", "speedup"),
                "bytes_ratio_full_over_lora": full_bytes / lora_bytes if full_bytes and lora_bytes else None,
-               "lora_over_full_1_host": (table["lora@1"]["samples_per_s"] / table["full@1"]["samples_per_s"]
-                                         if table.get("lora@1", {}).get("samples_per_s")
-                                         and table.get("full@1", {}).get("samples_per_s") else None),
+               "lora_over_full_1_host": (table["lora@1"]["tokens_per_s"] / table["full@1"]["tokens_per_s"]
+                                         if table.get("lora@1", {}).get("tokens_per_s")
+                                         and table.get("full@1", {}).get("tokens_per_s") else None),
                "accuracy_delta_points": accuracy["points"], "accuracy": accuracy, "goal": GOAL, "cells": table}
     checks = [summary[k] is not None and summary[k] >= v for k, v in GOAL.items()]
     summary["met"] = all(checks)
@@ -185,13 +203,15 @@ def markdown(res: dict[str, Any]) -> str:
                   f"{cal['bert_base_blog_samples_per_s']:.3f} on the blog's rows [{cal['bert_base_blog_from']}]; "
                   f"{model} on the blog's rows {cal['model_blog_samples_per_s']:.3f}) -> a c6i.16xlarge running "
                   f"cpudist: {cal['c6i_task_samples_per_s']:.1f} samples/s on 25 Gbit/s.", "",
-                  "| arm | hosts | repeats | samples/s (median; each) | speedup vs same arm at 1 host | "
-                  "bytes/step measured (expected) | exposed comm s | trainable params | peak RSS MB |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| arm | hosts | repeats | tokens/s (median; each) | samples/s | tokens/sample | speedup vs same arm "
+                  "at 1 host (tokens/s) | bytes/step measured (expected) | exposed comm s | trainable params | "
+                  "peak RSS MB |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for c in s["cells"].values():
-            each = " / ".join(num(v) for v in c["samples_per_s_all"])
+            each = " / ".join(num(v, ".0f") for v in c["tokens_per_s_all"])
             mb, ex, params = c["measured_tx_bytes_per_step"], c["expected_tx_bytes_per_step"], c["trainable_params"]
-            lines.append(f"| {c['arm']} | {c['hosts']} | {c['repeats']} | {num(c['samples_per_s'])} ({each}) | "
+            lines.append(f"| {c['arm']} | {c['hosts']} | {c['repeats']} | {num(c['tokens_per_s'], '.0f')} ({each}) | "
+                         f"{num(c['samples_per_s'])} | {num(c['tokens_per_sample'], '.1f')} | "
                          f"{num(c['speedup'], suffix='x')} | {num(mb and mb / 1e6, suffix=' MB')} "
                          f"({num(ex and ex / 1e6, suffix=' MB')}) | {num(c['exposed_comm_s'], '.1f')} | "
                          f"{num(params and params / 1e6, suffix='M')} | {num(c['peak_rss_mb'], '.0f')} |")
@@ -257,7 +277,8 @@ def main() -> None:
                         r = run(cluster, work, a.lock_each, ["mrpc", "--data-dir", str(MRPC), "--model", model,
                                                              *flags], hosts, steps)
                         cells[model].setdefault(f"{arm}@{hosts}", []).append({**r, "repeat": repeat})
-                        print(f"# {model} {arm} x{hosts} repeat {repeat}: {r.get('steady_samples_per_s')} samples/s, "
+                        print(f"# {model} {arm} x{hosts} repeat {repeat}: {r.get('steady_tokens_per_s')} tokens/s, "
+                              f"{r.get('steady_samples_per_s')} samples/s, "
                               f"{r.get('measured_tx_bytes_per_step')} B/step", file=sys.stderr, flush=True)
                         partial.write_text(json.dumps({"command": command, "calibrations": calibrations,
                                                        "cells": cells}) + "\n")

@@ -74,6 +74,9 @@ def miniature(layout: Layout, state: Path, prefix: str) -> Iterator[CappedCluste
     cluster.up()
     try:
         yield cluster
+    except BaseException:  # cut short (SIGTERM, Ctrl-C, an error): the run in flight left its ranks on the hosts
+        cluster.stop_processes()
+        raise
     finally:
         cluster.down()
 

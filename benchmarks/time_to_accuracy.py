@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 import sys
 import tempfile
@@ -230,6 +231,7 @@ def main() -> None:
     layout = LAYOUTS["halfcore"]
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {t: {} for t in tasks}
     calibrations: dict[str, dict[str, Any]] = {}
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped benchmark still takes its world down
     with tempfile.TemporaryDirectory(prefix="tta-") as tmp, miniature(layout, Path(tmp) / "cluster", a.prefix) as c:
         work = Path(tmp)
         # the links are shaped per task (its calibration's link and tbf), after this description

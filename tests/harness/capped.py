@@ -19,6 +19,7 @@ cluster's sshds and deletes only its own groups, once they are empty.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -192,6 +193,20 @@ class CappedCluster(NetnsCluster):
             if (folder / "cgroup.procs").exists():
                 pids |= {int(p) for p in (folder / "cgroup.procs").read_text().split()}
         return sorted(pids)
+
+    def stop_processes(self, grace_s: float = 10.0) -> None:
+        """Stop every process in this cluster's groups (SIGTERM, then SIGKILL after `grace_s`): all were started on
+        its hosts (by its sshds or its exec_argv). For a run cut short: killing a `cpudist run` leaves its launcher
+        and ranks behind, which down() would then refuse to tear down."""
+        import signal
+
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in {p for i in range(self.n) for p in self.group_pids(i)}:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + grace_s
+            while any(self.group_pids(i) for i in range(self.n)) and time.monotonic() < deadline:
+                time.sleep(0.1)
 
     def down(self) -> None:
         """Stop our sshds and namespaces (netns.py), then delete our groups once their processes are gone."""
