@@ -16,9 +16,15 @@ ratio, 25 Gbit/s x S(bert-base, blog) / 23.6.
 
 Arms: `full` (ddp, every parameter trained and all-reduced) and `lora` (`--peft lora`, rank 8 on the family's
 default targets, the classifier head in full: DDP all-reduces only what requires a gradient). Every host count
-and arm alternate inside each repeat. Speedup of an arm at N hosts: its median steady tokens/s over the same
-arm's at 1 host (tokens, not samples: length-grouped batches differ in length, and each host count trains other
-rows; samples/s over a few steps compared unequal work and read a superlinear 2.17x at 2 hosts on a first try).
+and arm alternate inside each repeat. Speedup of an arm at N hosts: its median steady samples/s over the same
+arm's at 1 host. The timed runs take `--sampler random` (DistributedSampler's order, each batch padded to its
+longest row), not the default length-grouped batches: grouped batches range from ~20 to ~100 tokens a row, and each
+host count trains other rows, so a 10-step window compared unequal work. A first try with grouped batches read
+2.49x at 2 hosts for LoRA (1.2x beyond linear) in tokens/s as well as in samples/s (a step's fixed costs weigh less
+in long batches); padded random batches cost about the same at every host count (the longest of 32 random rows).
+Each run's steps stay in the result (`step_log`: real tokens, samples, seconds). The hosts a run does not use spin
+in their own cgroups (miniature.ballast): on this VM a rank ran slower when its core's other half stood idle, which
+made 2-host runs read 2.2-2.3x one host. Each repeat also runs LoRA on 1 host with the others idle (the control row).
 Bytes per step: what the hosts' interface counters saw (result.json measured_tx_bytes_per_step, every node
 together), beside cpudist's expectation (cpudist/traffic.py).
 
@@ -60,6 +66,7 @@ from cpudist.train.loop import WARMUP_STEPS_EXCLUDED
 MRPC = ROOT.parent / "shared" / "data" / "glue" / "MRPC"
 BATCH = 32
 ARMS: dict[str, tuple[str, ...]] = {"full": (), "lora": ("--peft", "lora", "--lora-r", "8")}
+IDLE_CONTROL = "lora, other hosts idle"  # not in the summary: it shows what the ballast changes
 GOAL = {"lora_speedup_4_hosts": 3.8, "bytes_ratio_full_over_lora": 50.0, "accuracy_delta_points": -1.5}
 KEEP = ("run_id", "steady_samples_per_s", "train_samples_per_s", "steps", "wall_time_s", "world_size", "nodes",
         "precision", "threads_per_rank", "peak_rss_mb", "trainable_params", "grad_bytes", "comm_time_s",
@@ -69,32 +76,34 @@ ACCURACY_LEDGER = ROOT / "benchmarks" / "results" / "accuracy-scaling-{kind}.jso
 ACCURACY_ARMS = {"full": "1 rank", "lora": "1 rank lora r8 lr 1e-3"}
 
 
-def run(cluster: Any, work: Path, lock: Path | None, args: list[str], hosts: int, steps: int) -> dict[str, Any]:
+def run(cluster: Any, work: Path, lock: Path | None, args: list[str], hosts: int, steps: int,
+        sampler: str = "random", busy: bool = True) -> dict[str, Any]:
     """`cpudist run ARGS` on the first `hosts` hosts, 1 rank each, no evaluation; the fields kept (or the error)."""
     out = Path(tempfile.mkdtemp(dir=work, prefix="run-"))
     full = ["run", *args, "--hostfile", str(cluster.hostfile), "--nodes", str(hosts), "--ppn", "1", "--batch-size",
-            str(BATCH), "--max-steps", str(steps), "--no-eval", "--save-model", "none", "--output-dir",
-            str(out / "run"), "--json", "--quiet"]
+            str(BATCH), "--max-steps", str(steps), "--sampler", sampler, "--no-eval", "--save-model", "none",
+            "--output-dir", str(out / "run"), "--json", "--quiet"]
     try:
-        r = on_head(cluster, full, lock)
+        r = on_head(cluster, full, lock, used=hosts if busy else None)
     except RuntimeError as e:
         print(f"# failed: {e}", file=sys.stderr, flush=True)
         return {"error": str(e)[-600:], "hosts": hosts}
     return {**{k: r.get(k) for k in KEEP}, **steady_tokens(out / "run" / "steps.jsonl"), "hosts": hosts,
-            "cpu": r["cpu"], "versions": r["versions"], "command": "cpudist " + " ".join(full)}
+            "ballast": busy, "cpu": r["cpu"], "versions": r["versions"], "command": "cpudist " + " ".join(full)}
 
 
 def steady_tokens(steps_jsonl: Path) -> dict[str, float]:
-    """Steady tokens/s (real tokens over the steps after the warm-up ones result.json also leaves out) and tokens
-    per sample. Length-grouped batches differ in length, and runs at different host counts train different rows:
-    samples/s over a few steps then compares unequal work (a first try read 2.17x at 2 hosts), tokens/s does not."""
+    """Steady real tokens/s (over the steps after the warm-up ones result.json also leaves out), real tokens per
+    sample, and every step's log."""
     steps = [json.loads(line) for line in steps_jsonl.read_text().splitlines() if line.strip()]
+    log = [[int(s["tokens"]), int(s["samples"]), round(float(s["step_time_s"]), 3)] for s in steps]
     k = WARMUP_STEPS_EXCLUDED if len(steps) > 2 * WARMUP_STEPS_EXCLUDED else 0
     steady = steps[k:]
     seconds = sum(float(s["step_time_s"]) for s in steady)
     tokens = sum(int(s["tokens"]) for s in steady)
     return {"steady_tokens_per_s": tokens / seconds if seconds else 0.0,
-            "tokens_per_sample": tokens / max(1, sum(int(s["samples"]) for s in steady))}
+            "tokens_per_sample": tokens / max(1, sum(int(s["samples"]) for s in steady)),
+            "step_log": log}  # [real tokens, samples, seconds] per step, every rank together
 
 
 def calibration(cluster: Any, work: Path, a: argparse.Namespace, model: str) -> dict[str, Any]:
@@ -108,7 +117,7 @@ def calibration(cluster: Any, work: Path, a: argparse.Namespace, model: str) -> 
         bb_blog = float(calibrate(cluster, a.calibration_steps, work, a.lock_each)["samples_per_s"])
 
     def speed(args: list[str]) -> float:
-        r = run(cluster, work, a.lock_each, args, 1, a.calibration_steps)
+        r = run(cluster, work, a.lock_each, args, 1, a.calibration_steps, "grouped")  # as time_to_accuracy.py
         if "error" in r:
             raise SystemExit(f"calibration failed: {r['error']}")
         return float(r["steady_samples_per_s"])
@@ -153,13 +162,14 @@ def summarize(cells: dict[str, list[dict[str, Any]]], accuracy: dict[str, Any]) 
     table: dict[str, dict[str, Any]] = {}
     for cell, runs in cells.items():
         arm, hosts = cell.rsplit("@", 1)
-        base = median(cells.get(f"{arm}@1", []), "steady_tokens_per_s")
+        base = median(cells.get(f"{'lora' if arm == IDLE_CONTROL else arm}@1", []), "steady_samples_per_s")
+        sps = median(runs, "steady_samples_per_s")
         tps = median(runs, "steady_tokens_per_s")
         table[cell] = {"arm": arm, "hosts": int(hosts), "repeats": len(runs), "tokens_per_s": tps,
                        "tokens_per_s_all": [r.get("steady_tokens_per_s") for r in runs],
-                       "samples_per_s": median(runs, "steady_samples_per_s"),
+                       "samples_per_s": sps, "samples_per_s_all": [r.get("steady_samples_per_s") for r in runs],
                        "tokens_per_sample": median(runs, "tokens_per_sample"),
-                       "speedup": tps / base if tps and base else None,
+                       "speedup": sps / base if sps and base else None,
                        "measured_tx_bytes_per_step": median(runs, "measured_tx_bytes_per_step"),
                        "expected_tx_bytes_per_step": median(runs, "expected_tx_bytes_per_step"),
                        "exposed_comm_s": median(runs, "exposed_comm_s"), "peak_rss_mb": median(runs, "peak_rss_mb"),
@@ -173,9 +183,9 @@ def summarize(cells: dict[str, list[dict[str, Any]]], accuracy: dict[str, Any]) 
     full_bytes, lora_bytes = at4("full", "measured_tx_bytes_per_step"), at4("lora", "measured_tx_bytes_per_step")
     summary = {"lora_speedup_4_hosts": at4("lora", "speedup"), "full_speedup_4_hosts": at4("full", "speedup"),
                "bytes_ratio_full_over_lora": full_bytes / lora_bytes if full_bytes and lora_bytes else None,
-               "lora_over_full_1_host": (table["lora@1"]["tokens_per_s"] / table["full@1"]["tokens_per_s"]
-                                         if table.get("lora@1", {}).get("tokens_per_s")
-                                         and table.get("full@1", {}).get("tokens_per_s") else None),
+               "lora_over_full_1_host": (table["lora@1"]["samples_per_s"] / table["full@1"]["samples_per_s"]
+                                         if table.get("lora@1", {}).get("samples_per_s")
+                                         and table.get("full@1", {}).get("samples_per_s") else None),
                "accuracy_delta_points": accuracy["points"], "accuracy": accuracy, "goal": GOAL, "cells": table}
     checks = [summary[k] is not None and summary[k] >= v for k, v in GOAL.items()]
     summary["met"] = all(checks)
@@ -203,15 +213,15 @@ def markdown(res: dict[str, Any]) -> str:
                   f"{cal['bert_base_blog_samples_per_s']:.3f} on the blog's rows [{cal['bert_base_blog_from']}]; "
                   f"{model} on the blog's rows {cal['model_blog_samples_per_s']:.3f}) -> a c6i.16xlarge running "
                   f"cpudist: {cal['c6i_task_samples_per_s']:.1f} samples/s on 25 Gbit/s.", "",
-                  "| arm | hosts | repeats | tokens/s (median; each) | samples/s | tokens/sample | speedup vs same arm "
-                  "at 1 host (tokens/s) | bytes/step measured (expected) | exposed comm s | trainable params | "
-                  "peak RSS MB |",
+                  "| arm | hosts | repeats | samples/s (median; each) | real tokens/s | real tokens/sample | "
+                  "speedup vs same arm at 1 host (samples/s) | bytes/step measured (expected) | exposed comm s | "
+                  "trainable params | peak RSS MB |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for c in s["cells"].values():
-            each = " / ".join(num(v, ".0f") for v in c["tokens_per_s_all"])
+            each = " / ".join(num(v) for v in c["samples_per_s_all"])
             mb, ex, params = c["measured_tx_bytes_per_step"], c["expected_tx_bytes_per_step"], c["trainable_params"]
-            lines.append(f"| {c['arm']} | {c['hosts']} | {c['repeats']} | {num(c['tokens_per_s'], '.0f')} ({each}) | "
-                         f"{num(c['samples_per_s'])} | {num(c['tokens_per_sample'], '.1f')} | "
+            lines.append(f"| {c['arm']} | {c['hosts']} | {c['repeats']} | {num(c['samples_per_s'])} ({each}) | "
+                         f"{num(c['tokens_per_s'], '.0f')} | {num(c['tokens_per_sample'], '.1f')} | "
                          f"{num(c['speedup'], suffix='x')} | {num(mb and mb / 1e6, suffix=' MB')} "
                          f"({num(ex and ex / 1e6, suffix=' MB')}) | {num(c['exposed_comm_s'], '.1f')} | "
                          f"{num(params and params / 1e6, suffix='M')} | {num(c['peak_rss_mb'], '.0f')} |")
@@ -235,16 +245,27 @@ def main() -> None:
     ap.add_argument("--steps", type=int, help="steps per run, the first 3 left out of the steady rate "
                     "[default: 12; --quick: 8]")
     ap.add_argument("--host-counts", default="1,2,4")
+    ap.add_argument("--sampler", default="random", choices=["random", "grouped"],
+                    help="of the timed runs (module docstring) [default: random]")
     ap.add_argument("--calibration-steps", type=int, default=8)
     ap.add_argument("--blog-calibration", type=Path, help="reuse S(bert-base, blog) from a scaling.py result JSON "
                     "of the halfcore layout on this CPU kind (its bert-base fp32 run takes ~26 s a step)")
     ap.add_argument("--lock-each", type=Path, help="hold this flock file around each run")
     ap.add_argument("--prefix", default="lora")
     ap.add_argument("--render", type=Path, help="print the markdown of a result JSON again, run nothing")
+    ap.add_argument("--resummarize", type=Path, help="recompute a result JSON's summary (its cells, the accuracy "
+                    "ledger as it is now) and rewrite its JSON and markdown, run nothing")
     ap.add_argument("--results-dir", type=Path, default=Path(__file__).resolve().parent / "results")
     a = ap.parse_args()
     if a.render:
         print(markdown(json.loads(a.render.read_text())), flush=True)
+        return
+    if a.resummarize:
+        res = json.loads(a.resummarize.read_text())
+        res["summary"] = {m: summarize(res["cells"][m], accuracy_delta(res["cpu_kind"])) for m in res["cells"]}
+        a.resummarize.write_text(json.dumps(res, indent=2) + "\n")
+        a.resummarize.with_suffix(".md").write_text(markdown(res) + "\n")
+        print(markdown(res), flush=True)
         return
     models = (a.models or ("bert-base" if a.quick else "bert-base,bert-large")).split(",")
     repeats = a.repeats or (1 if a.quick else 3)
@@ -275,13 +296,19 @@ def main() -> None:
                 for hosts in host_counts:
                     for arm, flags in ARMS.items():
                         r = run(cluster, work, a.lock_each, ["mrpc", "--data-dir", str(MRPC), "--model", model,
-                                                             *flags], hosts, steps)
+                                                             *flags], hosts, steps, a.sampler)
                         cells[model].setdefault(f"{arm}@{hosts}", []).append({**r, "repeat": repeat})
                         print(f"# {model} {arm} x{hosts} repeat {repeat}: {r.get('steady_tokens_per_s')} tokens/s, "
                               f"{r.get('steady_samples_per_s')} samples/s, "
                               f"{r.get('measured_tx_bytes_per_step')} B/step", file=sys.stderr, flush=True)
                         partial.write_text(json.dumps({"command": command, "calibrations": calibrations,
                                                        "cells": cells}) + "\n")
+                # the control: LoRA on 1 host with the other hosts idle, as before the ballast
+                r = run(cluster, work, a.lock_each, ["mrpc", "--data-dir", str(MRPC), "--model", model,
+                                                     *ARMS["lora"]], 1, steps, a.sampler, busy=False)
+                cells[model].setdefault(f"{IDLE_CONTROL}@1", []).append({**r, "repeat": repeat})
+                print(f"# {model} {IDLE_CONTROL} repeat {repeat}: {r.get('steady_samples_per_s')} samples/s",
+                      file=sys.stderr, flush=True)
     first = next((r for m in cells.values() for rs in m.values() for r in rs if "cpu" in r), None)
     if first is None:
         raise SystemExit("every run failed: see the errors above")
@@ -290,7 +317,8 @@ def main() -> None:
            "precision": first.get("precision"), "code": code_version(), "cluster_text": cluster_text,
            "layout": layout.name, "wall_s": round(time.time() - started),
            "settings": {"quick": a.quick, "models": models, "repeats": repeats, "steps": steps, "batch": BATCH,
-                        "host_counts": host_counts, "arms": {k: list(v) for k, v in ARMS.items()}},
+                        "host_counts": host_counts, "sampler": a.sampler,
+                        "arms": {k: list(v) for k, v in ARMS.items()}},
            "calibrations": calibrations, "summary": {m: summarize(cells[m], accuracy) for m in models},
            "cells": cells}
     out = a.results_dir / name

@@ -88,11 +88,32 @@ def shaped(cluster: CappedCluster, gbps: float | None) -> CappedCluster:
     return cluster
 
 
-def on_head(cluster: CappedCluster, args: list[str], lock: Path | None, timeout: float = 3600) -> dict[str, Any]:
-    """`cpudist ARGS --json` run on host 0 (inside its cgroup); the parsed result."""
+@contextlib.contextmanager
+def ballast(cluster: CappedCluster, used: int | None) -> Iterator[None]:
+    """Keep the hosts from `used` on busy while a run uses the first `used` (a spin loop in each one's own cgroup,
+    held to its share like any of its processes; None: nothing). This VM's vCPUs ran a rank measurably slower
+    when their other half stood idle: with hosts 0-1 on core 0 and 2-3 on core 1, a 1-host run left core 0 half
+    idle and core 1 idle, and 2-host runs read 2.2-2.3x one host (lora_scaling.py, bert-base, full and LoRA, two
+    repeats); one host's bert-base on MRPC ran 4.98 samples/s with the others spinning, 4.2-4.3 without. On a
+    real cluster each node is its own machine: every host's core is kept as busy as in the 4-host runs."""
+    spinners = [subprocess.Popen(cluster.exec_argv(i, ["sh", "-c", "while :; do :; done"]),
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                for i in range(used, cluster.n)] if used is not None else []
+    try:
+        yield
+    finally:
+        for proc in spinners:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def on_head(cluster: CappedCluster, args: list[str], lock: Path | None, timeout: float = 3600,
+            used: int | None = None) -> dict[str, Any]:
+    """`cpudist ARGS --json` run on host 0 (inside its cgroup); the parsed result. `used`: the hosts the run uses,
+    the others kept busy meanwhile (ballast)."""
     cmd = [*CPUDIST, *args]
     print(f"$ [{cluster.name(0)}] {shlex.join(cmd)}", file=sys.stderr, flush=True)
-    with cpu_lock(lock):
+    with cpu_lock(lock), ballast(cluster, used):
         r = cluster.run(0, cmd, timeout=timeout, stdin=subprocess.DEVNULL)
     if r.returncode != 0:
         raise RuntimeError(f"cpudist {' '.join(args[:2])} failed on {cluster.name(0)} (exit {r.returncode}): "
@@ -112,7 +133,7 @@ def calibrate(cluster: CappedCluster, steps: int, work: Path, lock: Path | None)
     r = on_head(cluster, ["run", "synthetic", "--model", "bert-base", "--precision", "fp32", "--max-seq-len", "128",
                           "--batch-size", "32", "--max-steps", str(steps), "--synthetic-samples", str(32 * steps),
                           "--no-eval", "--np", "1", "--output-dir", str(out), "--ledger", str(work / "ledger.jsonl"),
-                          "--json", "--quiet"], lock)
+                          "--json", "--quiet"], lock, used=1)
     steps_log = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines() if line.strip()]
     sps = r["steady_samples_per_s"]
     link = BLOG_LINK_GBPS * sps / BLOG_SAMPLES_PER_S

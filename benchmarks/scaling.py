@@ -134,7 +134,7 @@ def train(cluster: Any, work: Path, lock: Path | None, model: str, nodes: int, f
             "--model", model, "--seed", str(seed), *length, *([] if evaluate else ["--no-eval"]),
             "--output-dir", str(out / out.name), "--ledger", str(work / "ledger.jsonl"), "--json", "--quiet", *flags]
     try:
-        r = on_head(cluster, args, lock)
+        r = on_head(cluster, args, lock, used=nodes)
     except RuntimeError as e:
         print(f"# failed: {e}", file=sys.stderr, flush=True)
         return {"error": str(e)[-600:], "flags": flags}

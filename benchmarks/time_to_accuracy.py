@@ -79,7 +79,7 @@ def speed(cluster: Any, work: Path, lock: Path | None, args: list[str], steps: i
     out = Path(tempfile.mkdtemp(dir=work, prefix="speed-"))
     r = on_head(cluster, ["run", *args, "--hostfile", str(cluster.hostfile), "--nodes", "1", "--ppn", "1",
                           "--batch-size", str(BATCH), "--max-steps", str(steps), "--no-eval", "--save-model", "none",
-                          "--output-dir", str(out / "run"), "--json", "--quiet"], lock)
+                          "--output-dir", str(out / "run"), "--json", "--quiet"], lock, used=1)
     return float(r["steady_samples_per_s"])
 
 
@@ -116,7 +116,7 @@ def train(cluster: Any, work: Path, lock: Path | None, task: str, hosts: int, fl
             "--output-dir", str(out / "run"), "--json", "--quiet", *rows, *flags]
     launched = time.time()
     try:
-        r = on_head(cluster, args, lock, timeout=4 * 3600)
+        r = on_head(cluster, args, lock, timeout=4 * 3600, used=hosts)
     except RuntimeError as e:
         print(f"# failed: {e}", file=sys.stderr, flush=True)
         return {"error": str(e)[-600:], "flags": list(flags), "seed": seed, "hosts": hosts}
