@@ -23,8 +23,8 @@ host count trains other rows, so a 10-step window compared unequal work. A first
 2.49x at 2 hosts for LoRA (1.2x beyond linear) in tokens/s as well as in samples/s (a step's fixed costs weigh less
 in long batches); padded random batches cost about the same at every host count (the longest of 32 random rows).
 Each run's steps stay in the result (`step_log`: real tokens, samples, seconds). The hosts a run does not use spin
-in their own cgroups (miniature.ballast): on this VM a rank ran slower when its core's other half stood idle, which
-made 2-host runs read 2.2-2.3x one host. Each repeat also runs LoRA on 1 host with the others idle (the control row).
+in their own cgroups (miniature.ballast: every host count on an equally busy machine); each repeat also runs LoRA
+on 1 host with the others idle (the control row), which showed no difference beyond the runs' spread.
 Bytes per step: what the hosts' interface counters saw (result.json measured_tx_bytes_per_step, every node
 together), beside cpudist's expectation (cpudist/traffic.py).
 

@@ -91,11 +91,13 @@ def shaped(cluster: CappedCluster, gbps: float | None) -> CappedCluster:
 @contextlib.contextmanager
 def ballast(cluster: CappedCluster, used: int | None) -> Iterator[None]:
     """Keep the hosts from `used` on busy while a run uses the first `used` (a spin loop in each one's own cgroup,
-    held to its share like any of its processes; None: nothing). This VM's vCPUs ran a rank measurably slower
-    when their other half stood idle: with hosts 0-1 on core 0 and 2-3 on core 1, a 1-host run left core 0 half
-    idle and core 1 idle, and 2-host runs read 2.2-2.3x one host (lora_scaling.py, bert-base, full and LoRA, two
-    repeats); one host's bert-base on MRPC ran 4.98 samples/s with the others spinning, 4.2-4.3 without. On a
-    real cluster each node is its own machine: every host's core is kept as busy as in the 4-host runs."""
+    held to its share like any of its processes; None: nothing), so that every host count runs on a machine as busy
+    as the 4-host runs: on a real cluster each node is its own machine, whatever the others do.
+
+    Why it was tried: with the other hosts idle, 2-host runs read 2.2-2.3x one host (lora_scaling.py, bert-base,
+    full and LoRA, two repeats), as if a rank ran slower when its core's other half stood idle. Not confirmed: the
+    control rows of lora_scaling-amx-bf16 (1 host, the others idle) fall inside the ballasted runs' spread; single
+    runs on this VM differ by about 15% at the same settings. Kept as the fairer condition, not as a correction."""
     spinners = [subprocess.Popen(cluster.exec_argv(i, ["sh", "-c", "while :; do :; done"]),
                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 for i in range(used, cluster.n)] if used is not None else []
