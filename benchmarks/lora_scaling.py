@@ -202,7 +202,8 @@ def x(v: float | None) -> str:
 
 def markdown(res: dict[str, Any]) -> str:
     lines = [f"# LoRA against full fine-tuning on the miniature cluster ({res['cpu_kind']})", "",
-             f"`{res['command']}`", "", f"CPU: {res['cpu'].get('model', res['cpu'])}; code {res['code']}. "
+             f"`{res['command']}`", "", *([f"Note: {res['note']}", ""] if res.get("note") else []),
+             f"CPU: {res['cpu'].get('model', res['cpu'])}; code {res['code']}. "
              f"Hosts: {res['cluster_text']}", ""]
     for model, s in res["summary"].items():
         cal = res["calibrations"][model]
