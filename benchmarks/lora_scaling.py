@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import statistics
 import sys
 import tempfile
@@ -56,6 +55,7 @@ from miniature import (
     miniature,
     on_head,
     shaped,
+    shaped_to,
     ssh_setup,
 )
 from scaling import code_version
@@ -279,8 +279,6 @@ def main() -> None:
     layout = LAYOUTS["halfcore"]
     cells: dict[str, dict[str, list[dict[str, Any]]]] = {m: {} for m in models}
     calibrations: dict[str, dict[str, Any]] = {}
-    # A SIGTERM (a user's kill, a timeout) unwinds through miniature(): the hosts and links are torn down.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="lora-") as tmp, miniature(layout, Path(tmp) / "cluster", a.prefix) as c:
         work = Path(tmp)
@@ -290,9 +288,7 @@ def main() -> None:
         for model in models:
             cluster = shaped(c, None)  # calibrated per model: one host, the link unused
             cal = calibrations[model] = calibration(cluster, work, a, model)
-            print(f"# {model} calibration: {json.dumps(cal)}", file=sys.stderr, flush=True)
-            cluster = shaped(cluster, cal["link_gbps"])
-            cal["tbf"] = cluster.describe()["tbf"]  # on both ends of every host's link
+            cluster = shaped_to(cluster, cal, model)
             for repeat in range(repeats):  # repeats outside, host counts and arms alternating inside
                 for hosts in host_counts:
                     for arm, flags in ARMS.items():

@@ -20,6 +20,7 @@ import dataclasses
 import fcntl
 import json
 import shlex
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -70,6 +71,8 @@ def cpu_lock(path: Path | None) -> Iterator[None]:
 @contextlib.contextmanager
 def miniature(layout: Layout, state: Path, prefix: str) -> Iterator[CappedCluster]:
     """The layout's capped hosts (links unshaped until calibrated), torn down whatever happens."""
+    # A SIGTERM (a user's kill, a timeout) unwinds through here like Ctrl-C: the hosts and links are torn down.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     cluster = CappedCluster(layout.hosts, state, prefix=prefix, cores_per_host=layout.cores_per_host)
     cluster.up()
     try:
@@ -107,6 +110,14 @@ def ballast(cluster: CappedCluster, used: int | None) -> Iterator[None]:
         for proc in spinners:
             proc.kill()
             proc.wait(timeout=30)
+
+
+def shaped_to(cluster: CappedCluster, cal: dict[str, Any], what: str) -> CappedCluster:
+    """The hosts with every link shaped to a calibration's `link_gbps`; the calibration, printed, gains the tbf."""
+    print(f"# {what} calibration: {json.dumps(cal)}", file=sys.stderr, flush=True)
+    cluster = shaped(cluster, cal["link_gbps"])
+    cal["tbf"] = cluster.describe()["tbf"]  # on both ends of every host's link
+    return cluster
 
 
 def on_head(cluster: CappedCluster, args: list[str], lock: Path | None, timeout: float = 3600,

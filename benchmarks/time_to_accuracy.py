@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import statistics
 import sys
 import tempfile
@@ -49,6 +48,7 @@ from miniature import (
     miniature,
     on_head,
     shaped,
+    shaped_to,
     ssh_setup,
 )
 from scaling import code_version
@@ -231,7 +231,6 @@ def main() -> None:
     layout = LAYOUTS["halfcore"]
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {t: {} for t in tasks}
     calibrations: dict[str, dict[str, Any]] = {}
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped benchmark still takes its world down
     with tempfile.TemporaryDirectory(prefix="tta-") as tmp, miniature(layout, Path(tmp) / "cluster", a.prefix) as c:
         work = Path(tmp)
         # the links are shaped per task (its calibration's link and tbf), after this description
@@ -240,9 +239,7 @@ def main() -> None:
         for task in tasks:
             cluster = shaped(c, None)  # calibrated per task: one host, the link unused
             cal = calibrations[task] = calibration(cluster, work, a, task)
-            print(f"# {task} calibration: {json.dumps(cal)}", file=sys.stderr, flush=True)
-            cluster = shaped(cluster, cal["link_gbps"])
-            cal["tbf"] = cluster.describe()["tbf"]  # on both ends of every host's link
+            cluster = shaped_to(cluster, cal, task)
             cells = [(BASE, 1, (), s) for s in target_seeds]
             cells += [(arm, n, ARMS[arm], s) for s in seeds for n in host_counts for arm in arms]
             for arm, hosts, flags, seed in cells:  # seeds outside, arms alternating inside
