@@ -9,7 +9,7 @@ Suites (each writes results/throughput-<suite>[-quick]-<cpu kind>.json and .md, 
   levers-minilm, levers-bert-base
                            each lever as its own arm on top of `bare` (every lever off), beside hf_best
                            and ours: ranks x threads, tcmalloc, jemalloc, Intel OpenMP, torch.compile,
-                           frozen embeddings, cheaper dropout masks
+                           frozen embeddings, cheaper dropout masks, the first-token last layer
   eval                     evaluation alone: grad mode, eval batch, precision, row order
   mfu                      bert-base on full 128-token rows vs a measured GEMM ceiling in its precision
   parity-minilm            dev accuracy of ours vs hf_best, MRPC 3 epochs (also with --quick), a seed per repeat
@@ -38,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 MRPC = HERE.parent.parent / "shared" / "data" / "glue" / "MRPC"
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 # Every lever off: what each lever is measured against.
-BARE: dict[str, str | None] = {"allocator": "none", "openmp": "gnu", "torch-dropout": None}
+BARE: dict[str, str | None] = {"allocator": "none", "openmp": "gnu", "torch-dropout": None, "full-last-layer": None}
 LEVERS: dict[str, dict[str, str | None]] = {
     "ranks-2x1": {"np": "2", "half-batch": None},  # 2 ranks x 1 thread, same global batch
     "tcmalloc": {"allocator": "tcmalloc"},
@@ -47,7 +47,11 @@ LEVERS: dict[str, dict[str, str | None]] = {
     "compile": {"compile": None},
     "freeze-embeddings": {"freeze-embeddings": None},
     "fast-dropout": {"fast-dropout": None},  # Click takes the last of --torch-dropout/--fast-dropout
+    "first-token-last-layer": {"first-token-last-layer": None},
 }
+# --without LEVER: an arm of `ours` with that default lever turned off, beside `ours` (what the lever adds to it).
+OFF: dict[str, dict[str, str | None]] = {"first-token-last-layer": {"full-last-layer": None},
+                                         "fast-dropout": {"torch-dropout": None}, "allocator": {"allocator": "none"}}
 
 
 def cpu() -> Any:
@@ -293,6 +297,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--suites", default="mrpc-minilm,bert-base,mfu")
     ap.add_argument("--levers", default=",".join(LEVERS), help="Levers of the levers-* suites.")
+    ap.add_argument("--without", default="", help="Comma-separated default levers (" + ", ".join(OFF) + "): "
+                    "the mrpc-minilm and bert-base suites add an arm of ours with each turned off.")
     ap.add_argument("--precision", choices=["auto", "fp32"], default="auto",
                     help="fp32: every arm in fp32, the path of CPUs without bf16 (Ice Lake), on this CPU")
     a = ap.parse_args()
@@ -326,6 +332,8 @@ def main() -> None:
                     arms[lever] = lambda m=model, c=common, e=eval_, x=LEVERS[lever]: ours(m, c, e, {**BARE, **x})
             else:
                 arms["blog"] = lambda m=model, c=common, e=eval_: hf("blog", m, c, e)
+            for lever in filter(None, a.without.split(",")):
+                arms[f"ours-without-{lever}"] = lambda m=model, c=common, e=eval_, x=OFF[lever]: ours(m, c, e, x)
             arms["ours"] = lambda m=model, c=common, e=eval_: ours(m, c, e, {})
             res = {"command": command, **suite(name, model, common, eval_, a.repeats, arms)}
             md = markdown(res, command)

@@ -93,6 +93,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile, batches padded to a few static lengths
     ipex: bool = False  # Intel Extension for PyTorch's optimize(), when installed
     fast_dropout: bool = True  # dropout masks from 16-bit lanes of 64-bit draws (cpudist/train/dropout.py)
+    first_token_last_layer: bool = True  # the last layer computes [CLS] only (cpudist/train/last_layer.py)
     # --peft lora: adapters on the attention, the head in full, all else frozen (cpudist/train/lora.py)
     peft: str = "none"  # none | lora
     lora_r: int = 8

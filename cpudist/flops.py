@@ -2,7 +2,9 @@
 
 Training FLOPs of one sequence of l real tokens (padding excluded), after Kaplan et al. and the
 PaLM MFU definition: 3 x forward, forward = 2 x N x l for the weight matmuls (N: parameters
-outside the embeddings) + 4 x L x h x l^2 for attention scores and their weighted sum.
+outside the embeddings) + 4 x L x h x l^2 for attention scores and their weighted sum. When the last layer
+computes the first token only (cpudist/train/last_layer.py), the work it skips is not counted: its weights other
+than keys and values meet 1 token instead of l, and its attention has 1 query instead of l.
 Peak FLOP/s = cores x clock x FLOP per cycle of the vector units: 2 FMA pipes x lanes x 2.
 """
 
@@ -24,11 +26,14 @@ class ModelShape:
     non_embedding_params: int
     layers: int
     hidden: int
+    first_token_only_params: int = 0  # the last layer's weights that meet only the first token (0: every token)
 
 
 def training_flops(shape: ModelShape, lengths: Iterable[int]) -> float:
     """FLOPs of one forward+backward pass over sequences of these real lengths."""
-    return float(sum(3 * (2 * shape.non_embedding_params * n + 4 * shape.layers * shape.hidden * n * n)
+    skipped = shape.first_token_only_params
+    return float(sum(3 * (2 * shape.non_embedding_params * n + 4 * shape.layers * shape.hidden * n * n
+                          - (2 * skipped * (n - 1) + 4 * shape.hidden * (n * n - n) if skipped else 0))
                      for n in lengths))
 
 

@@ -204,6 +204,10 @@ OPTIONS: list[Callable[[Any], Any]] = [
     click.option("--fast-dropout/--torch-dropout", default=True, show_default=True,
                  help="Dropout masks at a quarter of torch's RNG cost (same p and seeding; 1.2x a MiniLM step on "
                  "AMX), or torch's own."),
+    click.option("--first-token-last-layer/--full-last-layer", default=True, show_default=True,
+                 help="The last encoder layer computes only the first token, the one the classifier reads (BERT, "
+                 "RoBERTa, XLM-R, ELECTRA: the same logits and gradients, ~7% fewer FLOPs for bert-base, 14% for "
+                 "MiniLM), or every token as transformers does."),
     click.option("--ipex", is_flag=True, help="Apply Intel Extension for PyTorch's optimize() (needs its matching "
                  "torch; archived upstream in 2026)."),
     click.option("--openmp", type=click.Choice(["auto", "intel", "gnu"]), default="auto", show_default=True,
@@ -280,7 +284,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
                       "second_moment_every", "outer_optimizer", "outer_lr", "outer_momentum", "backend",
                       "dist_timeout"),
     "LoRA (--peft lora)": ("peft", "lora_r", "lora_alpha", "lora_dropout", "lora_targets", "merge_lora"),
-    "Speed levers": ("fast_dropout", "allocator", "openmp", "compile", "ipex"),
+    "Speed levers": ("fast_dropout", "first_token_last_layer", "allocator", "openmp", "compile", "ipex"),
     "Launch": ("mpirun", "ssh", "iface", "env_pairs", "secret_names", "env_files", "shared_fs", "timeout"),
     "Checkpoints and spot instances": ("checkpoint_every", "checkpoint_every_min", "checkpoint_dir",
                                        "keep_checkpoints", "checkpoint_s3", "resume", "imds", "on_preemption"),

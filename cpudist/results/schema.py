@@ -74,6 +74,7 @@ class RunResult:
     optimizer: str = "adamw"
     fast_dropout: bool = False  # dropout masks from cpudist/train/dropout.py (False: torch's, or an older run)
     attention: str = ""  # of training steps: cpudist-fast-dropout (dropout.py's), sdpa, eager, ... ("": older run)
+    last_layer: str = ""  # first-token (cpudist/train/last_layer.py) | full ("": older run)
     freeze_embeddings: bool = False  # --freeze-embeddings: the word-embedding table was not trained nor sent
     # --peft lora (cpudist/train/lora.py): r, alpha, dropout, targets, modules_to_save, trainable_params,
     # total_params, merged ({}: every parameter trained)

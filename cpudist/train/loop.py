@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ import torch.distributed as dist
 from cpudist import events
 from cpudist.config import TrainConfig, effective_lr, spec_of
 from cpudist.flops import shape_of, training_flops
-from cpudist.train import netcount, preempt, speed, sync
+from cpudist.train import last_layer, netcount, preempt, speed, sync
 from cpudist.train.checkpoint import Restored
 from cpudist.train.checkpoint_meta import START, Position
 from cpudist.train.features import collate
@@ -67,6 +68,8 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
     cfg, model, data, regression, bf16 = job.cfg, job.model, job.train_data, job.regression, job.bf16
     rank, world, iface = job.info.rank, job.info.world_size, job.iface  # iface: where this rank counts bytes sent
     shape = shape_of(getattr(model, "module", model))
+    shape = dataclasses.replace(shape, first_token_only_params=last_layer.first_token_only_params(
+        getattr(model, "module", model)))
     start = restored.meta.position if restored else START
     per_epoch, batches = batch_plan(cfg, data, rank, world, start, restored.meta.world_size if restored else None)
     total = restored.meta.total if restored else plan_steps(cfg, per_epoch)

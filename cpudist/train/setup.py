@@ -12,7 +12,7 @@ import torch
 from cpudist import state
 from cpudist.config import TrainConfig
 from cpudist.cpu import read_cpu
-from cpudist.train import dropout, lora, netcount, speed
+from cpudist.train import dropout, last_layer, lora, netcount, speed
 from cpudist.train.checkpoint import seed_all
 from cpudist.train.data import load_task
 from cpudist.train.dist import RankInfo, init_distributed
@@ -97,6 +97,8 @@ def setup(cfg: TrainConfig, info: RankInfo, startup: Startup | None = None) -> J
         speed.freeze_embeddings(model)
     if cfg.fast_dropout:
         dropout.install(model)
+    if cfg.first_token_last_layer:  # after dropout.install: it reads the attention that install chose
+        last_layer.install(model)
     seed_all(cfg.seed + info.rank)  # dropout noise differs between ranks, as with HF Trainer
     bf16 = resolve_precision(cfg.precision, CPU.has_bf16) == "bf16"
     run_dir = Path(cfg.output_dir)

@@ -48,6 +48,7 @@ def test_family_trains_on_two_ranks_saves_and_resumes(model: str, tmp_path: Path
     assert straight.returncode == 0, straight.stderr
     result = json.loads((tmp_path / "straight" / "result.json").read_text())
     assert result["attention"] == "cpudist-fast-dropout" and result["fast_dropout"]
+    assert result["last_layer"] == "full"  # mean or last-token pooling reads every token of the last layer
     losses = _losses(tmp_path / "straight")
     assert sorted(losses) == list(range(1, STEPS + 1)) and losses[STEPS] < losses[1]
     assert result["metrics"]["accuracy"] >= 0.9  # it learnt the task, through the ranks' exchange

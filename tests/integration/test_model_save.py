@@ -119,6 +119,7 @@ def test_best_keeps_the_best_evaluation_diloco(tmp_path: Path) -> None:
                 "--precision", "fp32", "--dropout", "0", "--save-model", "best", "--output-dir", run)
     assert r.returncode == 0, r.stderr
     result = _result(run)
+    assert result["last_layer"] == "first-token"  # evaluated so; the saved model is transformers' stock one
     evals = result["evaluations"]
     assert [e["step"] for e in evals] == [4, 8, 12, 16, 20, 24]
     accuracy = [e["metrics"]["accuracy"] for e in evals]
