@@ -7,6 +7,7 @@ layer's 12 d^2-sized matrix products per token. Computing the first token only r
 work, forward and backward: about 7% of bert-base's training FLOPs (12 layers), 14% of MiniLM's (6), with the
 same numbers out up to float rounding (tests/unit/test_last_layer.py compares logits and gradients with the
 stock layer). MosaicBERT does the same for its classification fine-tuning (`subset_idx` in its last layer).
+Training steps only: evaluation runs the stock layer, so a run's metrics are exactly what its saved model scores.
 
 `install(model)` replaces the last layer's forward on that one instance: the parameters, their names and the
 saved model are the stock ones, so `save_pretrained` and `pipeline()` see a plain model. A family whose head
@@ -83,7 +84,12 @@ def first_token_only_params(model: torch.nn.Module) -> int:
 
 def _first_token_forward(self: Any, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                          *args: Any, **kwargs: Any) -> torch.Tensor:
-    """The stock layer's forward for the first token alone: queries of token 0, keys and values of every token."""
+    """The stock layer's forward for the first token alone: queries of token 0, keys and values of every token.
+    In evaluation the stock forward runs: the metrics a run records are the saved model's, to the last bit, in
+    anyone's transformers (rounding of the shorter matrix products differs, and a near-constant regression's
+    Pearson amplifies that)."""
+    if not self.training:
+        return type(self).forward(self, hidden_states, attention_mask, *args, **kwargs)
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
     from transformers.models.bert.modeling_bert import eager_attention_forward
 

@@ -86,8 +86,8 @@ def test_logits_and_gradients_are_the_stock_layers(preset: str, attention: str,
         torch.testing.assert_close(grad, want_grads[name], rtol=1e-4, atol=1e-6, msg=name)
     first.eval()
     stock.eval()
-    with torch.no_grad():
-        torch.testing.assert_close(first(**batch).logits, stock(**batch).logits, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():  # evaluation runs the stock layer: the same bits as the saved model anywhere
+        assert torch.equal(first(**batch).logits, stock(**batch).logits)
 
 
 @pytest.mark.parametrize("preset", OTHERS)
@@ -128,7 +128,7 @@ def test_the_flops_left_out_are_the_ones_torch_counts_as_skipped() -> None:
 
     def forward_flops(model: torch.nn.Module) -> int:
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            model.eval()(input_ids=ids)
+            model.train()(input_ids=ids)  # a training step's forward (dropout 0): where the layer computes less
         return counter.get_total_flops()
 
     seen = forward_flops(stock) - forward_flops(first)
