@@ -8,6 +8,10 @@ moved the first step it touched (measured by leaving each out in turn: rank 1's 
 PowerSGD's error feedback 3e-4 of the gradient norm, DiLoCo's momentum 5e-4, the --second-moment-every
 count 9e-4, the ranks' RNG 3e-3). The straight run also checkpoints after the step the resume starts
 from: a checkpoint that changed the run (local SGD averaging at a checkpoint, as it did: 6e-4) shows there.
+
+Each run is three processes that import torch, and the training is the least of it: a run here serves as
+many checks as it can (a resume that is stopped by SIGTERM and resumed again checks both kinds of checkpoint;
+one local SGD run holds every state local SGD and DiLoCo keep).
 """
 
 from __future__ import annotations
@@ -30,9 +34,11 @@ REL = 1e-6
 
 
 def common(shared_data: Path, steps: int = STEPS) -> list[str]:
-    """Two ranks of the tiny model with its own dropout (0.1) on: every step draws masks on every rank."""
+    """Two ranks of the tiny model with its own dropout (0.1) on: every step draws masks on every rank. Rows do not
+    matter beyond the steps' own (800 of MRPC's train on 24 steps of 2 x 16), nor evaluation or the model saved."""
     return ["mrpc", "--data-dir", str(shared_data / "glue" / "MRPC"), "--model", "tiny", "--max-steps", str(steps),
-            "--precision", "fp32", "--log-every", "1", "--no-eval", "--lr", "1e-3", "--np", "2"]
+            "--precision", "fp32", "--log-every", "1", "--no-eval", "--lr", "1e-3", "--np", "2",
+            "--max-train-samples", "800", "--max-eval-samples", "16", "--save-model", "none"]
 
 
 def steps(run_dir: Path) -> dict[int, dict[str, float]]:
@@ -53,22 +59,43 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
     return sorted(int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step-*"))
 
 
+def straight_run(shared_data: Path, run_dir: Path, total: int, *extra: str) -> Path:
+    """The run to go on as: checkpoints every 5 steps, all kept; returns its step-5 checkpoint (rank_state: each
+    rank's own sync state is in it)."""
+    r = cpudist("run", *common(shared_data, total), *extra, "--checkpoint-every", "5", "--keep-checkpoints", "10",
+                "--output-dir", run_dir)
+    assert r.returncode == 0, r.stderr
+    assert checkpoint_steps(run_dir) == list(range(5, total, 5))
+    at = run_dir / "checkpoints" / "step-000005"
+    assert json.loads((at / "meta.json").read_text())["rank_state"] is True
+    return at
+
+
+POWERSGD = ["--grad-compression", "powersgd:2"]  # compresses from step 3 (10% of 24, at least 2 plain steps)
+
+
 def test_sigterm_with_dropout_then_resume_goes_on_bit_identical(shared_data: Path, tmp_path: Path) -> None:
-    """--fast-dropout (the default): every rank's RNG goes into the stop's checkpoint and comes back."""
+    """--fast-dropout (the default): every rank's RNG goes into the stop's checkpoint and comes back; and so does
+    PowerSGD's state (its error feedback, each rank's own), from a periodic checkpoint and from a stop's.
+
+    The straight run checkpoints at 5, 10, 15, 20; a run resumes from 5 (PowerSGD already compressing), every rank
+    is SIGTERMed once it logged a step, and that run is resumed in its folder with --resume auto."""
     total = 24
     straight = tmp_path / "straight"
-    r = cpudist("run", *common(shared_data, total), "--output-dir", straight)
-    assert r.returncode == 0, r.stderr
+    at5 = straight_run(shared_data, straight, total, *POWERSGD)
     run_dir = tmp_path / "run"
-    stopped = sigterm_ranks_at([*common(shared_data, total), "--output-dir", str(run_dir)], run_dir, 6, tmp_path)
+    args = [*common(shared_data, total), *POWERSGD, "--output-dir", str(run_dir)]
+    stopped = sigterm_ranks_at([*args, "--resume", str(at5)], run_dir, 1, tmp_path)
     assert stopped.returncode == 75, stopped.stderr
     at = json.loads((run_dir / "preempted.json").read_text())["step"]
     assert 6 <= at < total, at
+    assert checkpoint_steps(run_dir) == [at]  # the stop's: a resume takes no --checkpoint-every from its checkpoint
     assert not [p for p in descendants(os.getpid()) if "cpudist.rank" in cmdline(p)]
-    resumed = cpudist("run", *common(shared_data, total), "--output-dir", run_dir, "--resume", "auto")
+    assert_goes_on_as(straight, run_dir, 5, at)  # up to the stop: the resume from 5, and the stop changed nothing
+    resumed = cpudist("run", *args, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming from {run_dir}/checkpoints/step-{at:06d}" in resumed.stderr
-    assert_goes_on_as(straight, run_dir, 0, total)  # the first part as well: the stop changed nothing before it
+    assert_goes_on_as(straight, run_dir, 5, total)
 
 
 def test_time_based_checkpoints_are_written_and_resume_with_torch_dropout(shared_data: Path, tmp_path: Path) -> None:
@@ -90,38 +117,26 @@ def test_time_based_checkpoints_are_written_and_resume_with_torch_dropout(shared
     assert_goes_on_as(timed, resumed, written[0])
 
 
-LOCAL = ["--sync", "local-sgd", "--sync-every", "4"]  # averages at 4, 8, 12, 16: the resume starts between two
-# Plain local SGD (LOCAL alone) is not a case of its own: what it keeps per rank (each rank's AdamW moments, mid-window)
-# both local SGD cases below keep too, and restore as it would (cpudist/train/local_sgd.py's rank_state).
-CASES = {
-    "local-sgd-moments-bf16": [*LOCAL, "--average-moments", "both", "--grad-compression", "bf16",
-                               "--second-moment-every", "2"],
-    "diloco": [*LOCAL, "--outer-optimizer", "nesterov"],
-    "powersgd": ["--grad-compression", "powersgd:2"],  # compresses from step 3 (10% of 16, at least 2 plain steps)
-}
+# One run holds every state that local SGD and DiLoCo keep, so that leaving out any one of them moves it: each rank's
+# model and AdamW moments mid-window (cpudist/train/local_sgd.py's rank_state), the last average that a bf16 wire's
+# changes start from, DiLoCo's outer momentum, and the count of averages that --second-moment-every follows (the
+# state load() restores, one line each). Averages at 4, 8, 12, 16: the resume starts between two.
+LOCAL = ["--sync", "local-sgd", "--sync-every", "4", "--outer-optimizer", "nesterov", "--average-moments", "both",
+         "--grad-compression", "bf16", "--second-moment-every", "2"]
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_resume_restores_every_ranks_sync_state(shared_data: Path, tmp_path: Path, case: str) -> None:
-    """Checkpoints at 5, 10, 15; the resume starts at 5 (mid-window, PowerSGD already compressing) and writes none.
+def test_resume_restores_every_ranks_local_sgd_and_diloco_state(shared_data: Path, tmp_path: Path) -> None:
+    """Checkpoints at 5, 10, 15; the resume starts at 5 (mid-window) and writes none.
 
-    On another number of ranks no rank could take up its own state: refused, before any rank starts (checked
-    on the first case: the refusal reads meta.json's rank_state, the same for every strategy)."""
-    extra = CASES[case]
+    On another number of ranks no rank could take up its own state: refused, before any rank starts (the refusal
+    reads meta.json's rank_state, asserted for PowerSGD's checkpoint too: cpudist/train/resume.py)."""
     straight = tmp_path / "straight"
-    r = cpudist("run", *common(shared_data), *extra, "--checkpoint-every", "5", "--keep-checkpoints", "3",
-                "--output-dir", straight)
-    assert r.returncode == 0, r.stderr
-    assert checkpoint_steps(straight) == [5, 10, 15]
-    at = straight / "checkpoints" / "step-000005"
-    assert json.loads((at / "meta.json").read_text())["rank_state"] is True
+    at = straight_run(shared_data, straight, STEPS, *LOCAL)
     resumed = tmp_path / "resumed"
-    r = cpudist("run", *common(shared_data), *extra, "--output-dir", resumed, "--resume", at)
+    r = cpudist("run", *common(shared_data), *LOCAL, "--output-dir", resumed, "--resume", at)
     assert r.returncode == 0, r.stderr
     assert_goes_on_as(straight, resumed, 5)
-    if case != next(iter(CASES)):
-        return  # the refusal below follows meta.json's rank_state alone (cpudist/train/resume.py), held above per case
-    one = cpudist("run", *common(shared_data), *extra, "--np", "1", "--output-dir", tmp_path / "one", "--resume", at)
+    one = cpudist("run", *common(shared_data), *LOCAL, "--np", "1", "--output-dir", tmp_path / "one", "--resume", at)
     assert one.returncode == 2, one.stderr
     assert "holds each of 2 ranks' own" in one.stderr and "Resume with --np 2" in one.stderr
     assert not (tmp_path / "one" / "steps.jsonl").exists()
