@@ -21,9 +21,20 @@ CPUDIST = [sys.executable, "-m", "cpudist.cli"]
 
 def cpudist(*args: str | Path, timeout: float = 300,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run `cpudist ARGS` to the end and capture its output."""
-    return subprocess.run([*CPUDIST, *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+    """Run `cpudist ARGS` to the end and capture its output. Past `timeout`, the command and every process below it
+    are killed before TimeoutExpired is raised: subprocess.run kills only the command, and its launcher's ranks
+    trained on, orphaned, under the rest of the suite (seen: a timed-out test_learning's two ranks)."""
+    with subprocess.Popen([*CPUDIST, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for pid in [*descendants(proc.pid), proc.pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def descendants(pid: int) -> list[int]:
