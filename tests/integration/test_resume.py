@@ -58,26 +58,40 @@ def sigterm_ranks_at(args: list[str], run_dir: Path, step: int, cwd: Path) -> su
 
 @pytest.fixture(scope="module")
 def straight(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run the resumes must reach. It is also `--resume auto` into a new folder, which finds no checkpoint and
+    starts from step 0 (the straight run it is)."""
     run_dir = tmp_path_factory.mktemp("straight") / "run"
-    r = cpudist("run", *common(shared_data), "--np", "2", "--output-dir", run_dir, "--checkpoint-every", "20")
+    r = cpudist("run", *common(shared_data), "--np", "2", "--output-dir", run_dir, "--checkpoint-every", "20",
+                "--resume", "auto")
     assert r.returncode == 0, r.stderr
+    assert "--resume auto: no checkpoint in" in r.stderr and "starting from step 0" in r.stderr
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000020", "step-000040"]
     return run_dir
 
 
+# The stopped run's folder, named as cpudist names its runs, so that --resume auto without --output-dir finds a copy
+# of it under ./runs (cpudist/run/request.py unfinished_run); its checkpoints every 10 steps, the newest 3 kept.
+STOPPED = "mrpc-tiny-np2-stopped"
+EVERY_10 = ["--checkpoint-every", "10", "--keep-checkpoints", "3"]
+
+
 @pytest.fixture(scope="module")
 def stopped(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
-    """A run on 2 ranks, every rank SIGTERMed at step 20 or later: its folder and the step it stopped at. The
-    tests resume copies of it (so the stop's own assertions are made once, here)."""
+    """A run on 2 ranks checkpointing every 10 steps, every rank SIGTERMed at step 25 or later: its folder and the
+    step it stopped at. The tests resume copies of it (so the stop's own assertions are made once, here): from its
+    SIGTERM checkpoint, or with that one truncated, from step 20."""
     cwd = tmp_path_factory.mktemp("stopped")
-    run_dir = cwd / "run"
-    r = sigterm_ranks_at([*common(shared_data), "--np", "2", "--output-dir", str(run_dir)], run_dir, 20, cwd)
+    run_dir = cwd / "runs" / STOPPED
+    r = sigterm_ranks_at([*common(shared_data), "--np", "2", *EVERY_10, "--output-dir", str(run_dir)], run_dir, 25,
+                         cwd)
     assert r.returncode == 75, r.stderr
     marker = json.loads((run_dir / "preempted.json").read_text())
-    assert marker["reason"] == "SIGTERM" and marker["step"] >= 20
+    assert marker["reason"] == "SIGTERM" and marker["step"] >= 25
     assert f"--resume auto --output-dir {run_dir}" in r.stderr.splitlines()[-1]
     assert not (run_dir / "result.json").exists()
     assert not [p for p in descendants(os.getpid()) if "cpudist.rank" in cmdline(p)]
+    names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert names == ["step-000010", "step-000020", f"step-{marker['step']:06d}"], names
     return run_dir, marker["step"]
 
 
@@ -113,41 +127,32 @@ def test_sigterm_every_rank_then_resume_matches_the_straight_run(shared_data: Pa
     assert not (run_dir / "preempted.json").exists()
 
 
-def test_a_truncated_newest_checkpoint_is_skipped_and_named(shared_data: Path, tmp_path: Path,
-                                                            straight: Path) -> None:
-    """No --output-dir: --resume auto finds the unfinished run of this task and model under ./runs."""
-    args = [*common(shared_data), "--np", "2", "--checkpoint-every", "10", "--keep-checkpoints", "3"]
-    stopped = sigterm_ranks_at(args, tmp_path / "runs" / "mrpc-tiny-np2-*", 25, tmp_path)
-    assert stopped.returncode == 75, stopped.stderr
-    [run_dir] = (tmp_path / "runs").glob("mrpc-tiny-np2-*")
-    names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    newest = names[-1]
-    assert names[:2] == ["step-000010", "step-000020"] and int(newest[5:]) >= 25
+def test_a_truncated_newest_checkpoint_is_skipped_and_another_world_size_keeps_the_global_batch_or_refuses(
+        shared_data: Path, tmp_path: Path, straight: Path, stopped: tuple[Path, int]) -> None:
+    """No --output-dir: --resume auto finds the unfinished run of this task and model under ./runs. Its newest
+    checkpoint truncated, the resume names it and goes on from step 20; on 1 rank instead of 2, with the global batch
+    kept (3 ranks cannot split it: refused). One resume serves both: which checkpoint rank 0 picks, then how the
+    batch is split after it. The same world size's exact match (1e-5) is the SIGTERM resume's, above."""
+    run_dir = copy_of(stopped, tmp_path / "runs" / STOPPED)
+    newest = f"step-{stopped[1]:06d}"
     state = run_dir / "checkpoints" / newest / "state.pt"
     with state.open("r+b") as f:
         f.truncate(state.stat().st_size // 2)
 
-    resumed = subprocess.run([*CPUDIST, "run", *args, "--resume", "auto"], cwd=tmp_path, capture_output=True,
-                             text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr
-    assert f"going on with runs/{run_dir.name}" in resumed.stderr
-    assert f"resuming from step-000020 instead: {newest} is damaged (state.pt has" in resumed.stderr
-    assert json.loads((run_dir / "result.json").read_text())["resumed_from_step"] == 20
-    assert_same_losses(straight, run_dir, 1e-5)
+    def resume(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CPUDIST, "run", *common(shared_data), *EVERY_10, *args, "--resume", "auto"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300)
 
-
-def test_resume_on_another_world_size_keeps_the_global_batch_or_refuses(shared_data: Path, tmp_path: Path,
-                                                                        straight: Path,
-                                                                        stopped: tuple[Path, int]) -> None:
-    run_dir = copy_of(stopped, tmp_path / "run")
-    refused = cpudist("run", *common(shared_data), "--np", "3", "--oversubscribe", "--output-dir", run_dir,
-                      "--resume", "auto")
+    refused = resume("--np", "3", "--oversubscribe")
     assert refused.returncode == 2
     assert "global batch of 32 cannot be split over 3 rank(s)" in refused.stderr and "--np 2" in refused.stderr
-    one = cpudist("run", *common(shared_data), "--np", "1", "--output-dir", run_dir, "--resume", "auto")
+    one = resume("--np", "1")
     assert one.returncode == 0, one.stderr
+    assert f"going on with runs/{STOPPED}" in one.stderr
+    assert f"resuming from step-000020 instead: {newest} is damaged (state.pt has" in one.stderr
     assert "2 -> 1 ranks: per-rank batch 32, global batch 32 kept" in one.stderr
     result = json.loads((run_dir / "result.json").read_text())
+    assert result["resumed_from_step"] == 20
     assert result["world_size"] == 1 and result["per_rank_batch_size"] == 32 and result["global_batch_size"] == 32
     assert_same_losses(straight, run_dir, 1e-4)
 
@@ -161,10 +166,7 @@ def test_a_checkpoint_of_another_run_or_none_is_refused(shared_data: Path, tmp_p
     none = cpudist("run", *common(shared_data), "--np", "1", "--output-dir", tmp_path / "x",
                    "--resume", tmp_path / "empty")
     assert none.returncode == 2 and f"no usable checkpoint in {tmp_path / 'empty'}" in none.stderr
-    fresh = cpudist("run", *common(shared_data), "--np", "1", "--max-steps", "2", "--output-dir", tmp_path / "y",
-                    "--resume", "auto", "--no-eval")
-    assert fresh.returncode == 0, fresh.stderr
-    assert "--resume auto: no checkpoint in" in fresh.stderr and "starting from step 0" in fresh.stderr
+    # --resume auto where there is no checkpoint starts from step 0: the straight run is one (its fixture checks it)
 
 
 @pytest.mark.parametrize("name", ["state.pt", "ranks.pt"])
