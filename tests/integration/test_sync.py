@@ -1,12 +1,16 @@
 """Gradient sync strategies train the model one rank would: real ranks, real gloo, compared step by step.
 
-Every comparison holds the data fixed (same seed, same global batch, grouped batches that do not
+Every comparison holds the data fixed (same seed, same global batch of 16, grouped batches that do not
 depend on the split), turns dropout off and trains in fp32. Every step is compared, the loss (computed
 before the step's exchange, on the model the earlier exchanges made) and the gradient norm (logged after
 the exchange, before clipping): an exchange that sums without dividing doubles the norm, one that leaves a
 rank out changes it, even where AdamW's scale invariance would keep the losses close. A run with no exchange
 at all (2 ranks of local SGD that never average) is the negative control: each check is shown to reject it.
 Element-by-element checks of each exchange, and its bytes counted, are in test_sync_exchange.py.
+
+Each run is a few processes that import torch (the training itself is well under a second), so runs are few:
+one run per set of options in the module, on the fewest ranks a check needs, and a run with --grad-accum 2
+serves both the check of its exchange and that of accumulation.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from tests.integration.helpers import cpudist
 pytestmark = pytest.mark.slow
 
 STEPS = 6
+BATCH = 16  # the global batch: 1 rank x 16, 2 x 8, 4 x 4; with --grad-accum 2, 2 ranks x 2 x 4 and 4 x 2 x 2
 # fp32 paths: the ranks add the same numbers in another order than one rank does, which moves each sum by a
 # few units of fp32's 2^-24 (measured: at most 2.3e-7 relative over 6 steps on 2 ranks, 9.6e-7 on 4); AdamW's
 # first steps divide by the gradients' own size, so an element near zero can swing, and the next steps carry
@@ -35,18 +40,30 @@ FP32 = 2.0**-16
 # 0.5 u (fp16) on 3 seeds, and the losses far less (AdamW's first updates are the gradients' signs).
 # 8 u bounds R <= 7 and catches no exchange (20% and more off from the first step).
 WIRE = {"bf16": 8 * 2.0**-8, "fp16": 8 * 2.0**-11}
-# Local SGD on 2 ranks, batch 8: one synchronous warm-up step, then an average every 2nd step (at 3 and 5)
-LOCAL_SGD = ("--batch-size", "8", "--sync", "local-sgd", "--sync-every", "2", "--local-sgd-warmup", "1")
+# No model saved, and 16 evaluation rows tokenized (none evaluated). The training rows stay all of MRPC's: which
+# rows fill the first batch decides whether the ranks' halves differ at step 1 (240 rows gave halves whose
+# gradient norms were 1e-4 apart: no check could tell an exchange from none there).
+ROWS = ("--max-eval-samples", "16", "--save-model", "none")
+# Local SGD, DiLoCo and accumulation under them train with plain SGD and no clipping: an update linear in the
+# gradient, so that averaging the parameters after every step is averaging the gradients before it.
+SGD = ("--optimizer", "sgd", "--max-grad-norm", "0", "--lr", "0.5")
+# One synchronous warm-up step, then an average every 2nd step (at 3 and 5)
+LOCAL_SGD = ("--sync", "local-sgd", "--sync-every", "2", "--local-sgd-warmup", "1")
 
 
 def run(shared_data: Path, out: Path, np_: int, *extra: str, home: Path) -> list[dict[str, float]]:
     """Train tiny on MRPC and return its steps.jsonl rows (`home`: the CPUDIST_HOME whose token cache it shares)."""
     args = ["run", "mrpc", "--data-dir", shared_data / "glue" / "MRPC", "--model", "tiny", "--max-steps", str(STEPS),
             "--dropout", "0", "--precision", "fp32", "--no-eval", "--lr", "1e-3", "--log-every", "1", "--seed", "5",
-            "--np", str(np_), "--output-dir", out, *(["--oversubscribe"] if np_ > 2 else []), *extra]
+            *ROWS, "--np", str(np_), "--output-dir", out, *(["--oversubscribe"] if np_ > 2 else []), *extra]
     r = cpudist(*args, env={"CPUDIST_HOME": str(home)})
     assert r.returncode == 0, r.stderr[-3000:]
     return [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+
+
+def split(np_: int, accum: int = 1) -> tuple[str, ...]:
+    """The options that feed the global batch of 16 to `np_` ranks in `accum` micro-batches each step."""
+    return ("--batch-size", str(BATCH // (np_ * accum)), *(("--grad-accum", str(accum)) if accum > 1 else ()))
 
 
 def departures(a: list[dict[str, float]], b: list[dict[str, float]], key: str) -> list[float]:
@@ -91,35 +108,38 @@ def memo(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Runs:
 
 @pytest.fixture(scope="module")
 def one_rank(memo: Runs) -> list[dict[str, float]]:
-    return memo.steps(1, "--batch-size", "16")
+    return memo.steps(1, *split(1))
 
 
 @pytest.fixture(scope="module")
 def ddp_two(memo: Runs) -> list[dict[str, float]]:
-    """Plain fp32 DDP on 2 ranks: the reference of the compressed exchanges."""
-    return memo.steps(2, "--batch-size", "8", "--sync", "ddp")
+    """Plain fp32 DDP on 2 ranks: the reference of the compressed exchanges and of DDP's accumulation."""
+    return memo.steps(2, *split(2), "--sync", "ddp")
 
 
 @pytest.fixture(scope="module")
 def no_exchange(memo: Runs) -> list[dict[str, float]]:
     """2 ranks that never exchange: local SGD with no warm-up and an average due after the run (every rank
     steps on its own gradients, as DDP would with its all-reduce gone; the logged loss is still the mean)."""
-    return memo.steps(2, "--batch-size", "8", "--sync", "local-sgd", "--sync-every", "1000", "--local-sgd-warmup", "0")
+    return memo.steps(2, *split(2), "--sync", "local-sgd", "--sync-every", "1000", "--local-sgd-warmup", "0")
 
 
-# 2 ranks for ddp (the reference of the compressed wires) and gather-scatter (of accumulation, below); 4 ranks for
-# cpudist's own exchanges, allreduce and gather-scatter, where a mean that divides by 2 and not by the world size
-# shows. Not run: allreduce on 2 ranks (its exchange, element by element on 2 ranks: test_sync_exchange.py; the
-# loop around it is the same for every strategy, run here on 2 ranks by the other two) and ddp on 4 (torch's
-# DistributedDataParallel divides by its world size; cpudist's split of the batch over 4 ranks runs in both
-# 4-rank cases).
-@pytest.mark.parametrize(("np_", "strategy"), [(2, "ddp"), (2, "gather-scatter"), (4, "allreduce"),
-                                               (4, "gather-scatter")])
+# (ranks, strategy, micro-batches per step). 2 ranks for ddp, without accumulation (the reference of the compressed
+# wires) and with it (DDP's own accumulation: no_sync); 4 ranks for cpudist's own exchanges, allreduce and
+# gather-scatter, where a mean that divides by 2 and not by the world size shows. Gather-scatter accumulates: the
+# loop's accumulation is the same for every strategy but DDP (Strategy.skip does nothing), so that run also checks
+# accumulation, once, for allreduce and gather-scatter alike. Not run: allreduce on 2 ranks (its exchange, element
+# by element on 2 ranks: test_sync_exchange.py) and ddp on 4 (torch's DistributedDataParallel divides by its world
+# size; cpudist's split over 4 ranks runs in both 4-rank cases).
+SYNCHRONOUS = [(2, "ddp", 1), (2, "ddp", 2), (4, "allreduce", 1), (4, "gather-scatter", 2)]
+
+
+@pytest.mark.parametrize(("np_", "strategy", "accum"), SYNCHRONOUS)
 def test_synchronous_strategies_equal_one_rank(memo: Runs, one_rank: list[dict[str, float]], np_: int,
-                                               strategy: str) -> None:
-    steps = memo.steps(np_, "--batch-size", str(16 // np_), "--sync", strategy)
-    result = memo.result(np_, "--batch-size", str(16 // np_), "--sync", strategy)
-    assert result["sync"] == strategy and result["world_size"] == np_
+                                               strategy: str, accum: int) -> None:
+    steps = memo.steps(np_, *split(np_, accum), "--sync", strategy)
+    result = memo.result(np_, *split(np_, accum), "--sync", strategy)
+    assert result["sync"] == strategy and result["world_size"] == np_ and result["global_batch_size"] == BATCH
     assert result["comm_time_s"] > 0 and result["bus_bandwidth_gbps"] > 0
     assert same(one_rank, steps, FP32), {k: departures(one_rank, steps, k) for k in ("loss", "grad_norm")}
 
@@ -138,7 +158,7 @@ def test_compressed_ddp_follows_fp32_ddp_to_the_wire_precision(memo: Runs, ddp_t
                                                                no_exchange: list[dict[str, float]],
                                                                wire: str) -> None:
     """Many small buckets in flight at once, too: the ranks must issue their collectives in one order."""
-    options = ("--batch-size", "8", "--grad-compression", wire, "--bucket-cap-mb", "0.05")
+    options = (*split(2), "--grad-compression", wire, "--bucket-cap-mb", "0.05")
     steps = memo.steps(2, *options)
     assert same(ddp_two, steps, WIRE[wire]), {k: departures(ddp_two, steps, k) for k in ("loss", "grad_norm")}
     assert not same(ddp_two, steps, 2.0**-24)  # the wire rounded: not the fp32 exchange
@@ -153,7 +173,7 @@ def test_powersgd_is_fp32_ddp_in_its_warm_up_then_departs_far_less_than_no_excha
     leave DDP's (a hook that silently all-reduces in fp32 would not) but stay far closer to them than ranks
     that never exchange (a hook that does nothing would not). Which tensors it reduces, and how, is checked
     tensor by tensor in test_sync_exchange.py: the gradient norm here is mostly the classifier's."""
-    options = ("--batch-size", "8", "--grad-compression", "powersgd:1", "--bucket-cap-mb", "0.05")
+    options = (*split(2), "--grad-compression", "powersgd:1", "--bucket-cap-mb", "0.05")
     steps = memo.steps(2, *options)
     start = 2  # max(2, 10% of the 6 steps), as cpudist.train.sync.spec_of sets it
     norm, loss = departures(ddp_two, steps, "grad_norm"), departures(ddp_two, steps, "loss")
@@ -164,37 +184,51 @@ def test_powersgd_is_fp32_ddp_in_its_warm_up_then_departs_far_less_than_no_excha
     assert memo.result(2, *options)["sync"] == "ddp+powersgd:1"
 
 
-def test_local_sgd_averaging_every_step_equals_ddp_with_plain_sgd(memo: Runs) -> None:
-    """K=1 with SGD: averaging the parameters after each step is averaging the gradients before it.
+def test_local_sgd_averaging_every_step_equals_one_rank_with_plain_sgd(memo: Runs) -> None:
+    """K=1 with SGD: averaging the parameters after each step is averaging the gradients before it, which is DDP's
+    step and so one rank's on the whole batch (the equality above).
 
     Plain SGD and no clipping, because the equality needs an update linear in the gradient; AdamW
     normalizes each rank's step by its own moments, so no local SGD equals DDP under it.
     """
-    common = ["--batch-size", "8", "--optimizer", "sgd", "--max-grad-norm", "0", "--lr", "0.5"]
-    ddp = memo.steps(2, *common)
-    k1 = memo.steps(2, *common, "--sync", "local-sgd", "--sync-every", "1", "--local-sgd-warmup", "0")
-    k2 = memo.steps(2, *common, "--sync", "local-sgd", "--sync-every", "2", "--local-sgd-warmup", "0")
-    assert [s["loss"] for s in ddp] == pytest.approx([s["loss"] for s in k1], rel=1e-5)
-    assert [s["loss"] for s in ddp] != pytest.approx([s["loss"] for s in k2], rel=1e-5)  # the check can fail
+    one = memo.steps(1, *split(1), *SGD)
+    k1 = memo.steps(2, *split(2), *SGD, "--sync", "local-sgd", "--sync-every", "1", "--local-sgd-warmup", "0")
+    k2 = memo.steps(2, *split(2), *SGD, *LOCAL_SGD)  # averages at 3 and 5 only
+    assert [s["loss"] for s in one] == pytest.approx([s["loss"] for s in k1], rel=1e-5)
+    assert [s["loss"] for s in one] != pytest.approx([s["loss"] for s in k2], rel=1e-5)  # the check can fail
+
+
+# DiLoCo's run at outer lr 1 accumulates 2 micro-batches a step: that one run checks both DiLoCo's outer step and
+# accumulation under local SGD (its warm-up step's gradient mean and its local steps) against plain local SGD on
+# the whole batch; a fault in either moves it off.
+DILOCO = (*SGD, *LOCAL_SGD, "--outer-optimizer", "nesterov", "--outer-lr", "1", "--outer-momentum", "0")
 
 
 def test_diloco_with_outer_lr_one_and_no_momentum_is_local_sgd(memo: Runs) -> None:
     """The outer step applies the averaged change: lr 1 without momentum lands on the plain average (averages at
-    steps 3 and 5, both before logged steps; the plain run is also accumulation's local-sgd reference below)."""
-    plain = memo.steps(2, *LOCAL_SGD)
-    outer_options = (*LOCAL_SGD, "--outer-optimizer", "nesterov", "--outer-lr", "1", "--outer-momentum", "0")
-    outer = memo.steps(2, *outer_options)
+    steps 3 and 5, both before logged steps)."""
+    plain = memo.steps(2, *split(2), *SGD, *LOCAL_SGD)
+    outer = memo.steps(2, *split(2, 2), *DILOCO)
     assert same(plain, outer, FP32), (plain, outer)
-    result = memo.result(2, *outer_options)
+    result = memo.result(2, *split(2, 2), *DILOCO)
     assert result["sync"] == "diloco:2" and result["sync_options"]["outer_lr"] == 1
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "gather-scatter", "local-sgd"])
+Run = tuple[int, tuple[str, ...]]  # ranks, options
+# strategy: (the run of the batch twice as big, the run that accumulates 2 micro-batches a step)
+ACCUMULATED: dict[str, tuple[Run, Run]] = {
+    "ddp": ((2, (*split(2), "--sync", "ddp")), (2, (*split(2, 2), "--sync", "ddp"))),
+    # the 1-rank batch of 16: gather-scatter on 4 ranks without accumulation is not run (allreduce is, above)
+    "gather-scatter": ((1, split(1)), (4, (*split(4, 2), "--sync", "gather-scatter"))),
+    "local-sgd": ((2, (*split(2), *SGD, *LOCAL_SGD)), (2, (*split(2, 2), *DILOCO))),  # DiLoCo at lr 1: local SGD
+}
+
+
+@pytest.mark.parametrize("strategy", list(ACCUMULATED))
 def test_accumulating_two_micro_batches_equals_one_batch_twice_as_big(memo: Runs, strategy: str) -> None:
-    """--grad-accum 2 x batch 4 trains the steps of batch 8 (ddp's and gather-scatter's batch-8 runs are those
-    of test_synchronous_strategies_equal_one_rank on 2 ranks, local SGD's the DiLoCo test's plain run: one
-    synchronous warm-up step, then local steps averaged every 2nd)."""
-    sync = ["--sync", strategy] if strategy != "local-sgd" else LOCAL_SGD[2:]
-    big = memo.steps(2, "--batch-size", "8", *sync)
-    accum = memo.steps(2, "--batch-size", "4", "--grad-accum", "2", *sync)
+    """--grad-accum 2 trains the steps of the batch twice as big (the runs are those of the tests above; the ranks'
+    rows over a step's micro-batches are their rows of the whole batch)."""
+    (np_big, big_options), (np_accum, accum_options) = ACCUMULATED[strategy]
+    big, accum = memo.steps(np_big, *big_options), memo.steps(np_accum, *accum_options)
     assert same(big, accum, FP32), (big, accum)  # its bytes, once per step, are counted in test_sync_traffic.py
+    assert memo.result(np_accum, *accum_options)["grad_accum"] == 2
