@@ -47,7 +47,10 @@ def test_two_ranks_then_one_then_report(shared_data: Path, tmp_path: Path) -> No
     assert "2 ranks x batch 16 = global batch 32" in r2.stderr and "--lr-scaling" in r2.stderr
     # Where the time before the first step went (issue 24): every phase, from the command's start
     startup = result["startup"]
-    assert list(startup)[:2] == ["before_rank", "python_and_imports"] and startup["tokens_cached"] is False
+    assert list(startup)[:2] == ["before_rank", "python_and_imports"]
+    # The two ranks of this first run race to tokenize (160 rows: quick), so rank 0 may already find rank 1's
+    # tokens: that the run tokenized and wrote the cache is what it owes; the 1-rank run below must hit it.
+    assert any((Path(os.environ["CPUDIST_HOME"]) / "cache" / "tokens").iterdir())
     assert {"process_group", "data", "tokenizer", "tokenize", "model", "first_step"} <= set(startup)
     assert 0 < startup["total_to_first_step"] < result["wall_time_s"] + startup["before_rank"] + 60
 
