@@ -67,9 +67,8 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
     `evals` evaluates every --eval-every steps (outside the steps' times); `report` gets steps and evaluations."""
     cfg, model, data, regression, bf16 = job.cfg, job.model, job.train_data, job.regression, job.bf16
     rank, world, iface = job.info.rank, job.info.world_size, job.iface  # iface: where this rank counts bytes sent
-    shape = shape_of(getattr(model, "module", model))
-    shape = dataclasses.replace(shape, first_token_only_params=last_layer.first_token_only_params(
-        getattr(model, "module", model)))
+    inner = getattr(model, "module", model)  # under DDP, the model it wraps
+    shape = dataclasses.replace(shape_of(inner), first_token_only_params=last_layer.first_token_only_params(inner))
     start = restored.meta.position if restored else START
     per_epoch, batches = batch_plan(cfg, data, rank, world, start, restored.meta.world_size if restored else None)
     total = restored.meta.total if restored else plan_steps(cfg, per_epoch)
