@@ -21,6 +21,13 @@ import torch.distributed as dist
 from cpudist.strategies import SyncSpec
 from cpudist.train import sync
 
+# The resumed gradients equal the straight run's to the last bits the CPU's GEMM keeps: the first step of the fresh
+# DDP compresses from one bucket of every parameter where the straight run had rebuilt several, so each matrix is
+# a view at another offset, and AVX2 kernels (seen on an AMD EPYC) round differently on differently aligned rows
+# (2.8e-9 on gradients of ~1e-2, 2 ulps), where AMX/AVX-512 machines gave identical bits. A checkpoint without the
+# memory moves them by ~1e-2, four orders above this bound.
+EPS = torch.finfo(torch.float32).eps
+ULPS = 16
 SPEC = SyncSpec("ddp", grad_compression="powersgd", powersgd_rank=1, powersgd_start=2, bucket_cap_mb=0.002)
 
 
@@ -85,6 +92,9 @@ def test_a_fresh_ddp_given_the_saved_memory_computes_the_straight_runs_gradients
 
     going_on = train(*resumed(saved, load=True), batches()[4:])
     for n, (x, y) in enumerate(zip(straight[4:], going_on, strict=True), start=5):
-        assert all(torch.equal(a, b) for a, b in zip(x, y, strict=True)), f"step {n} differs"
+        for a, b in zip(x, y, strict=True):
+            torch.testing.assert_close(b, a, rtol=ULPS * EPS, atol=ULPS * EPS * a.abs().max().item(),
+                                       msg=lambda m, n=n: f"step {n} differs: {m}")
     forgot = train(*resumed(saved, load=False), batches()[4:])  # what a checkpoint without it would do
-    assert not all(torch.equal(a, b) for a, b in zip(straight[4], forgot[0], strict=True))
+    assert max((a - b).abs().max().item() / a.abs().max().item()
+               for a, b in zip(straight[4], forgot[0], strict=True)) > 1000 * ULPS * EPS
