@@ -8,7 +8,9 @@ model than the trained one) would pass them all, and the README's main job only 
 
 Settings, measured here (seeds by hand, on 1 rank): 100 steps of batch 32 reached 0.70-0.74 (lr 1e-4 or 2e-4,
 dropout on or off, either sampler) and batch 16 at lr 1e-4 stayed at the majority class; batch 64 per rank at
-lr 2e-4 on 2 ranks (3.5 epochs) is the shortest setting that cleared the floor on every seed tried.
+lr 2e-4 on 2 ranks (3.5 epochs) is the shortest setting that cleared the floor on every seed tried. Evaluated every 20
+steps (seed 1, fp32 on an AMD EPYC): 0.684, 0.588, 0.787, 0.799, then 0.777 at step 100 (0.782 in bf16 on a Xeon);
+60 steps of batch 32 per rank ended at 0.726, so fewer rows is no saving this test can take.
 """
 
 from __future__ import annotations
@@ -29,12 +31,15 @@ FLOOR = 0.75
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.timeout(1500)  # ~2 minutes on a quiet 2-core machine; 15 on this one shared by six test runs
+# A bound for a hang, not a speed check. The run trains 12,800 rows: ~2 minutes on a quiet 2-core Xeon with AMX (bf16),
+# 7.5 on a quiet 2-core AMD EPYC with AVX2 only (fp32, 31 samples/s), and over 23 there beside the suite's other
+# workers (it ran out of the former 1400 s bound so): the bound leaves twice that.
+@pytest.mark.timeout(3000)
 def test_pretrained_minilm_learns_mrpc_in_100_steps(shared_data: Path, tmp_path: Path) -> None:
     out = tmp_path / "learn"
     r = cpudist("run", "mrpc", "--np", "2", "--batch-size", "64", "--lr", "2e-4", "--dropout", "0",
                 "--max-steps", "100", "--seed", "1", "--data-dir", shared_data / "glue" / "MRPC",
-                "--model", "sentence-transformers/all-MiniLM-L6-v2", "--output-dir", out, timeout=1400)
+                "--model", "sentence-transformers/all-MiniLM-L6-v2", "--output-dir", out, timeout=2900)
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
     result = json.loads((out / "result.json").read_text())
     assert result["steps"] == 100 and result["world_size"] == 2 and result["global_batch_size"] == 128
