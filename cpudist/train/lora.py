@@ -32,11 +32,16 @@ OWN_TARGETS: dict[str, tuple[str, ...]] = {
     "xlm-roberta": ("query", "value"), "deberta-v2": ("query_proj", "value_proj"),
 }
 # The head beyond peft's SEQ_CLS defaults (`classifier`, `score`), as full fine-tuning trains it: DistilBERT's
-# pre_classifier, DeBERTa's pooler (not in its checkpoints: new weights), ModernBERT's prediction head.
+# pre_classifier, DeBERTa's pooler (not in its checkpoints: new weights), ModernBERT's prediction head, and BERT's
+# and ALBERT's pooler (the dense + tanh their classifier reads; RoBERTa's and ELECTRA's equivalent dense lies
+# inside their `classifier` already, so it always trained). For MiniLM (a BERT) on MRPC the pooler alone did not
+# close LoRA's gap to full fine-tuning; adapters on every Linear did (benchmarks/accuracy_scaling.py, README).
 HEADS: dict[str, tuple[str, ...]] = {"distilbert": ("pre_classifier",), "deberta-v2": ("pooler",),
-                                     "modernbert": ("head",)}
-DEFAULTS = {"lora_r": 8, "lora_alpha": 16.0, "lora_dropout": 0.1, "lora_targets": (), "merge_lora": False}
-SAME_RUN = ("peft", "lora_r", "lora_alpha", "lora_targets")  # a checkpoint's model holds these adapters
+                                     "modernbert": ("head",), "bert": ("pooler",), "albert": ("pooler",)}
+DEFAULTS = {"lora_r": 8, "lora_alpha": 16.0, "lora_dropout": 0.1, "lora_targets": (), "lora_modules_to_save": (),
+            "merge_lora": False}
+# a checkpoint's model holds these adapters and fully trained modules
+SAME_RUN = ("peft", "lora_r", "lora_alpha", "lora_targets", "lora_modules_to_save")
 
 
 def check(cfg: Any) -> None:
@@ -64,8 +69,9 @@ def check_resume(saved: Mapping[str, Any], cfg: Any, path: Path) -> None:
     """Refuse a checkpoint whose model holds other adapters (or none) than this run asks for."""
     mine = {k: getattr(cfg, k) for k in SAME_RUN}
     theirs = {k: saved.get(k, "none" if k == "peft" else mine[k]) for k in SAME_RUN}  # older checkpoints: no LoRA
-    if isinstance(theirs["lora_targets"], list):
-        theirs["lora_targets"] = tuple(theirs["lora_targets"])
+    for k in ("lora_targets", "lora_modules_to_save"):  # JSON has lists
+        if isinstance(theirs[k], list):
+            theirs[k] = tuple(theirs[k])
     if theirs["peft"] == mine["peft"] == "none":
         return
     differ = [f"{k}: {theirs[k]!r} there, {mine[k]!r} here" for k in SAME_RUN if theirs[k] != mine[k]]
@@ -87,6 +93,12 @@ def targets_for(model_type: str, given: tuple[str, ...]) -> tuple[str, ...]:
     return found
 
 
+def modules_to_save(model_type: str, given: tuple[str, ...]) -> tuple[str, ...]:
+    """The modules trained in full beside the adapters and the classifier (which peft's SEQ_CLS task always
+    trains): --lora-modules-to-save, else the rest of the family's head."""
+    return given or HEADS.get(model_type, ())
+
+
 def apply(model: torch.nn.Module, cfg: Any) -> torch.nn.Module:
     """The model with LoRA adapters on its targets and a fully trained head; everything else frozen."""
     try:
@@ -98,7 +110,7 @@ def apply(model: torch.nn.Module, cfg: Any) -> torch.nn.Module:
     targets = targets_for(model_type, tuple(cfg.lora_targets))
     config = LoraConfig(task_type=TaskType.SEQ_CLS, r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
                         lora_dropout=cfg.lora_dropout, target_modules=list(targets),
-                        modules_to_save=list(HEADS.get(model_type, ())) or None)
+                        modules_to_save=list(modules_to_save(model_type, tuple(cfg.lora_modules_to_save))) or None)
     try:
         with warnings.catch_warnings():  # peft 0.21 asks transformers 5 the deprecated name on every rank
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)

@@ -30,9 +30,9 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))]
 
 CPUDIST = [sys.executable, "-m", "cpudist.cli"]
-# r 16 on every query, key, value and dense layer of BASE and its pooler: 61k of its 4.3M parameters, a 246 kB
-# gradient, so what else a step sends (TCP/IP headers and acknowledgements, the step's stop flag and loss, the
-# two checkpoints' RNG states: ~9 kB per node and step here) stays under 4% of it.
+# r 16 on every query, key, value and dense layer of BASE, its pooler and classifier in full: 74k of its 4.3M
+# parameters, a 296 kB gradient, so what else a step sends (TCP/IP headers and acknowledgements, the step's stop
+# flag and loss, the two checkpoints' RNG states: ~9 kB per node and step here) stays under 4% of it.
 BASE = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 256}
 LORA = ["--peft", "lora", "--lora-r", "16", "--lora-targets", "query,key,value,dense"]
 TOLERANCE = 0.10
@@ -121,7 +121,8 @@ def test_lora_trains_sends_saves_and_resumes_only_the_adapters(tmp_path: Path, s
     expected, measured = first["expected_tx_bytes_per_step"], first["measured_tx_bytes_per_step"]
     assert math.isclose(expected, 2 * grads, rel_tol=1e-9)  # two nodes: each sends one payload per step
     assert abs(measured / expected - 1) <= TOLERANCE, (measured / expected, first["tx_bytes_by_node"])
-    assert measured < 4 * sum(v.numel() for v in start.values()) / 30  # the whole model's gradient: 70x
+    whole = 4 * sum(v.numel() for v in start.values())  # the whole model's fp32 gradient
+    assert measured < 2 * whole / 40  # two nodes, each sending the adapters and head: 1/57 of it
 
     # Loss moved; the resumed steps repeat the first run's
     a, b = losses(tmp_path / "a"), losses(tmp_path / "b")

@@ -23,14 +23,15 @@ LORA = TrainConfig(task="mrpc", output_dir="o", model="tiny", peft="lora")
 
 def test_options_reach_the_ranks_and_round_trip() -> None:
     out = CliRunner().invoke(cli, [*BASE, "--peft", "lora", "--lora-r", "4", "--lora-alpha", "8",
-                                   "--lora-dropout", "0", "--lora-targets", "query, key,value", "--merge-lora"])
+                                   "--lora-dropout", "0", "--lora-targets", "query, key,value", "--merge-lora",
+                                   "--lora-modules-to-save", "classifier"])
     assert out.exit_code == 0, out.output
     words = " ".join(out.output.split())
     for flag in ("--peft=lora", "--lora-r=4", "--lora-alpha=8.0", "--lora-dropout=0.0",
-                 "--lora-targets=query,key,value", "--merge-lora=1"):
+                 "--lora-targets=query,key,value", "--merge-lora=1", "--lora-modules-to-save=classifier"):
         assert flag in words, flag
     cfg = dataclasses.replace(LORA, lora_r=4, lora_alpha=8.0, lora_dropout=0.0, lora_targets=("query", "key"),
-                              merge_lora=True)
+                              lora_modules_to_save=("classifier",), merge_lora=True)
     assert from_argv(to_argv(cfg)) == cfg
     assert not any("lora" in w or "peft" in w for w in to_argv(dataclasses.replace(LORA, peft="none")))
 
@@ -39,6 +40,7 @@ def test_options_reach_the_ranks_and_round_trip() -> None:
     (["--lora-r", "4"], "--lora-r applies to --peft lora only"),
     (["--merge-lora"], "--merge-lora applies to --peft lora only"),
     (["--lora-targets", "query"], "--lora-targets applies to --peft lora only"),
+    (["--lora-modules-to-save", "pooler"], "--lora-modules-to-save applies to --peft lora only"),
     (["--peft", "lora", "--freeze-embeddings"], "LoRA trains no embedding anyway"),
     (["--peft", "lora", "--merge-lora", "--save-model", "none"], "no model is saved to merge"),
     (["--peft", "lora", "--lora-r", "0"], "--lora-r"),
@@ -69,17 +71,31 @@ def test_only_adapters_and_head_train_and_traffic_counts_only_them() -> None:
     model = lora.apply(full, LORA)
     trained = _trained(model)
     assert trained and all(".lora_A." in n or ".lora_B." in n or ".modules_to_save." in n for n in trained), trained
-    # r 8 on query and value (32 -> 32) of 2 layers: A is 8 x 32, B 32 x 8; the head: 2 x 32 + 2
-    assert sum(trained.values()) == 2 * 2 * (8 * 32 + 32 * 8) + 2 * 32 + 2
+    # r 8 on query and value (32 -> 32) of 2 layers: A is 8 x 32, B 32 x 8; the head: BERT's pooler (32 x 32 + 32)
+    # and the classifier (2 x 32 + 2), as full fine-tuning trains them
+    assert sum(trained.values()) == 2 * 2 * (8 * 32 + 32 * 8) + 32 * 32 + 32 + 2 * 32 + 2
     assert sum("classifier.modules_to_save" in n for n in trained) == 2
+    assert sum("pooler.modules_to_save" in n for n in trained) == 2
     shapes = list(sync.named_shapes(model))
     grads = payload_bytes(shapes)
-    assert grads == 4 * sum(trained.values()) and full_bytes > 400 * grads
+    assert grads == 4 * sum(trained.values()) and full_bytes > 300 * grads
     ring = expected_traffic(SyncSpec(), shapes, world=4, ppn=1, steps=10)
     assert ring.node_tx == (2 * 3 / 4 * grads,) * 4  # what DDP's ring sends per node and step: only the adapters
     info = lora.settings(model, LORA)
     assert info["trainable_params"] == sum(trained.values()) and info["targets"] == ["query", "value"]
     assert info["merged"] is True  # a preset's random base is saved nowhere else
+
+
+def test_modules_to_save_replace_the_family_head_but_never_the_classifier() -> None:
+    frozen_pooler = dataclasses.replace(LORA, lora_modules_to_save=("classifier",))
+    trained = _trained(lora.apply(build_model("tiny", 2, False, None), frozen_pooler))
+    assert not any("pooler" in n for n in trained)
+    assert sum(trained.values()) == 2 * 2 * (8 * 32 + 32 * 8) + 2 * 32 + 2
+    # a list without the classifier still trains it: peft's sequence-classification task always adds it
+    trained = _trained(lora.apply(build_model("tiny", 2, False, None),
+                                  dataclasses.replace(LORA, lora_modules_to_save=("pooler",))))
+    assert {n.split(".modules_to_save")[0].rsplit(".", 1)[-1] for n in trained if ".modules_to_save." in n} == \
+        {"pooler", "classifier"}
 
 
 def test_distilbert_head_trains_in_full() -> None:
@@ -104,6 +120,9 @@ def test_resume_needs_the_same_adapters() -> None:
         lora.check_resume({}, LORA, Path("c"))
     with pytest.raises(BadInput, match="lora_r: 8 there, 16 here"):
         lora.check_resume(dataclasses.asdict(LORA), dataclasses.replace(LORA, lora_r=16), Path("c"))
+    with pytest.raises(BadInput, match=r"lora_modules_to_save: \(\) there, \('classifier',\) here"):
+        lora.check_resume(dataclasses.asdict(LORA), dataclasses.replace(LORA, lora_modules_to_save=("classifier",)),
+                          Path("c"))
 
 
 def test_card_and_old_results() -> None:
@@ -158,7 +177,7 @@ def test_plan_prices_a_lora_run_by_its_adapters_and_keeps_full_runs_apart(tmp_pa
 FAMILIES = {"tiny-roberta": ({"query", "value"}, {"classifier"}),
             "tiny-xlm-roberta": ({"query", "value"}, {"classifier"}),
             "tiny-electra": ({"query", "value"}, {"classifier"}),
-            "tiny-albert": ({"query", "value"}, {"classifier"}),
+            "tiny-albert": ({"query", "value"}, {"pooler", "classifier"}),
             "tiny-distilbert": ({"q_lin", "v_lin"}, {"pre_classifier", "classifier"}),
             "tiny-deberta-v3": ({"query_proj", "value_proj"}, {"pooler", "classifier"}),
             "tiny-modernbert": ({"Wqkv"}, {"head", "classifier"}),
