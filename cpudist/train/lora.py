@@ -69,9 +69,7 @@ def check_resume(saved: Mapping[str, Any], cfg: Any, path: Path) -> None:
     """Refuse a checkpoint whose model holds other adapters (or none) than this run asks for."""
     mine = {k: getattr(cfg, k) for k in SAME_RUN}
     theirs = {k: saved.get(k, "none" if k == "peft" else mine[k]) for k in SAME_RUN}  # older checkpoints: no LoRA
-    for k in ("lora_targets", "lora_modules_to_save"):  # JSON has lists
-        if isinstance(theirs[k], list):
-            theirs[k] = tuple(theirs[k])
+    theirs = {k: tuple(v) if isinstance(v, list) else v for k, v in theirs.items()}  # JSON's lists: the config's tuples
     if theirs["peft"] == mine["peft"] == "none":
         return
     differ = [f"{k}: {theirs[k]!r} there, {mine[k]!r} here" for k in SAME_RUN if theirs[k] != mine[k]]

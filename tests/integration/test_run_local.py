@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from cpudist.cli.main import cli
+from cpudist.state import token_cache_dir
 from tests.harness.machine import physical_cores
 from tests.integration.helpers import CPUDIST, cmdline, cpudist, descendants
 
@@ -50,7 +51,7 @@ def test_two_ranks_then_one_then_report(shared_data: Path, tmp_path: Path) -> No
     assert list(startup)[:2] == ["before_rank", "python_and_imports"]
     # The two ranks of this first run race to tokenize (160 rows: quick), so rank 0 may already find rank 1's
     # tokens: that the run tokenized and wrote the cache is what it owes; the 1-rank run below must hit it.
-    assert any((Path(os.environ["CPUDIST_HOME"]) / "cache" / "tokens").iterdir())
+    assert any(token_cache_dir().iterdir())
     assert {"process_group", "data", "tokenizer", "tokenize", "model", "first_step"} <= set(startup)
     assert 0 < startup["total_to_first_step"] < result["wall_time_s"] + startup["before_rank"] + 60
 
