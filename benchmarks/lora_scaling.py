@@ -14,9 +14,10 @@ S(bert-base, blog) samples/s on 25 Gbit/s (S: one miniature host's steady sample
 fp32 rows), and the miniature link gets 25 Gbit/s x S(model, task) / that. For bert-base this is the blog's own
 ratio, 25 Gbit/s x S(bert-base, blog) / 23.6.
 
-Arms: `full` (ddp, every parameter trained and all-reduced) and `lora` (`--peft lora`, rank 8 on the family's
-default targets, the classifier head in full: DDP all-reduces only what requires a gradient). Every host count
-and arm alternate inside each repeat. Speedup of an arm at N hosts: its median steady samples/s over the same
+Arms: `full` (ddp, every parameter trained and all-reduced) and `lora` (`--peft lora`, rank 8: `--lora default`, on
+cpudist's default targets, every Linear of the layers, with the head in full; `--lora first`, on the query and value
+projections with BERT's pooler frozen, as the first run; DDP all-reduces only what requires a gradient). Every host
+count and arm alternate inside each repeat. Speedup of an arm at N hosts: its median steady samples/s over the same
 arm's at 1 host. The timed runs take `--sampler random` (DistributedSampler's order, each batch padded to its
 longest row), not the default length-grouped batches: grouped batches range from ~20 to ~100 tokens a row, and each
 host count trains other rows, so a 10-step window compared unequal work. A first try with grouped batches read
@@ -65,20 +66,23 @@ from cpudist.train.loop import WARMUP_STEPS_EXCLUDED
 
 MRPC = ROOT.parent / "shared" / "data" / "glue" / "MRPC"
 BATCH = 32
-# LoRA as its first run had it (results/lora-scaling-amx-bf16.*): r 8 on the query and value projections, BERT's
-# pooler frozen (then the default; since 2026-11-27 the pooler trains in full unless told). The accuracy goal was met
-# by r 8 on every Linear (accuracy_scaling.py "1 rank lora r8 all-linear lr 1e-3"), whose speed is not yet measured
-# here: the next run takes that arm too.
-ARMS: dict[str, tuple[str, ...]] = {"full": (), "lora": ("--peft", "lora", "--lora-r", "8",
-                                                        "--lora-modules-to-save", "classifier")}
+# The `lora` arm: `--lora` picks which LoRA. `first`: as the first run had it (results/lora-scaling-amx-bf16.*), r 8 on
+# the query and value projections with BERT's pooler frozen (then the default). `default`: r 8 on cpudist's default
+# targets since 2026-11-27, every Linear of the layers, the pooler in full, which met full fine-tuning's accuracy
+# (accuracy_scaling.py "1 rank lora r8 all-linear lr 1e-3").
+LORA_FLAGS: dict[str, tuple[str, ...]] = {
+    "first": ("--peft", "lora", "--lora-r", "8", "--lora-targets", "query,value", "--lora-modules-to-save",
+              "classifier"),
+    "default": ("--peft", "lora", "--lora-r", "8"),
+}
+# accuracy_scaling.py's arm that answers accuracy_delta_points for each (MiniLM, MRPC, 3 epochs, 1 rank, same seeds)
+LORA_ACCURACY_ARM = {"first": "1 rank lora r8 lr 1e-3 frozen pooler", "default": "1 rank lora r8 all-linear lr 1e-3"}
 IDLE_CONTROL = "lora, other hosts idle"  # not in the summary: it shows what the ballast changes
 GOAL = {"lora_speedup_4_hosts": 3.8, "bytes_ratio_full_over_lora": 50.0, "accuracy_delta_points": -1.5}
 KEEP = ("run_id", "steady_samples_per_s", "train_samples_per_s", "steps", "wall_time_s", "world_size", "nodes",
         "precision", "threads_per_rank", "peak_rss_mb", "trainable_params", "grad_bytes", "comm_time_s",
         "exposed_comm_s", "expected_tx_bytes_per_step", "measured_tx_bytes_per_step", "peft")
-# accuracy_scaling.py's arms that answer accuracy_delta_points (MiniLM, MRPC, 3 epochs, 1 rank, the same seeds)
 ACCURACY_LEDGER = ROOT / "benchmarks" / "results" / "accuracy-scaling-{kind}.jsonl"
-ACCURACY_ARMS = {"full": "1 rank", "lora": "1 rank lora r8 lr 1e-3 frozen pooler"}
 
 
 def run(cluster: Any, work: Path, lock: Path | None, args: list[str], hosts: int, steps: int,
@@ -142,24 +146,25 @@ def median(runs: list[dict[str, Any]], key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
-def accuracy_delta(kind: str) -> dict[str, Any]:
+def accuracy_delta(kind: str, lora_kind: str) -> dict[str, Any]:
     """LoRA minus full fine-tuning in points, median over the seeds both arms ran (accuracy_scaling.py's ledger)."""
+    arms = {"full": "1 rank", "lora": LORA_ACCURACY_ARM[lora_kind]}
     ledger = Path(str(ACCURACY_LEDGER).format(kind=kind))
     if not ledger.is_file():
         return {"points": None, "why": f"no {ledger.name}: run accuracy_scaling.py --arms "
-                                       f"'{ACCURACY_ARMS['full']},{ACCURACY_ARMS['lora']}'"}
+                                       f"'{arms['full']},{arms['lora']}'"}
     by_arm: dict[str, dict[int, float]] = {}
     for line in ledger.read_text().splitlines():
         row = json.loads(line)
-        if row.get("arm") in ACCURACY_ARMS.values() and "metrics" in row:
+        if row.get("arm") in arms.values() and "metrics" in row:
             by_arm.setdefault(row["arm"], {})[int(row["seed"])] = float(row["metrics"]["accuracy"])
-    full, lora = by_arm.get(ACCURACY_ARMS["full"], {}), by_arm.get(ACCURACY_ARMS["lora"], {})
+    full, lora = by_arm.get(arms["full"], {}), by_arm.get(arms["lora"], {})
     seeds = sorted(set(full) & set(lora))
     if not seeds:
         return {"points": None, "why": "no seed with both arms in " + ledger.name}
     return {"points": 100 * (statistics.median(lora[s] for s in seeds) - statistics.median(full[s] for s in seeds)),
             "seeds": seeds, "full": [full[s] for s in seeds], "lora": [lora[s] for s in seeds],
-            "arms": ACCURACY_ARMS, "model": "sentence-transformers/all-MiniLM-L6-v2", "task": "mrpc",
+            "arms": arms, "model": "sentence-transformers/all-MiniLM-L6-v2", "task": "mrpc",
             "from": ledger.name}
 
 
@@ -257,6 +262,9 @@ def main() -> None:
     ap.add_argument("--blog-calibration", type=Path, help="reuse S(bert-base, blog) from a scaling.py result JSON "
                     "of the halfcore layout on this CPU kind (its bert-base fp32 run takes ~26 s a step)")
     ap.add_argument("--lock-each", type=Path, help="hold this flock file around each run")
+    ap.add_argument("--lora", choices=list(LORA_FLAGS), default="default",
+                    help="the lora arm's LoRA (LORA_FLAGS) [default: default, every Linear; the result files of "
+                    "`first` have no suffix, those of `default` end in -all-linear]")
     ap.add_argument("--prefix", default="lora")
     ap.add_argument("--render", type=Path, help="print the markdown of a result JSON again, run nothing")
     ap.add_argument("--resummarize", type=Path, help="recompute a result JSON's summary (its cells, the accuracy "
@@ -268,7 +276,9 @@ def main() -> None:
         return
     if a.resummarize:
         res = json.loads(a.resummarize.read_text())
-        res["summary"] = {m: summarize(res["cells"][m], accuracy_delta(res["cpu_kind"])) for m in res["cells"]}
+        lora_kind = res["settings"].get("lora", "first")  # the first result file predates --lora
+        res["summary"] = {m: summarize(res["cells"][m], accuracy_delta(res["cpu_kind"], lora_kind))
+                          for m in res["cells"]}
         a.resummarize.write_text(json.dumps(res, indent=2) + "\n")
         a.resummarize.with_suffix(".md").write_text(markdown(res) + "\n")
         print(markdown(res), flush=True)
@@ -279,7 +289,8 @@ def main() -> None:
     host_counts = [int(n) for n in a.host_counts.split(",")]
     command = "python benchmarks/lora_scaling.py " + " ".join(sys.argv[1:])
     kind = read_cpu().kind
-    name = f"lora-scaling{'-quick' if a.quick else ''}-{kind}"
+    name = f"lora-scaling{'-quick' if a.quick else ''}-{kind}{'' if a.lora == 'first' else '-all-linear'}"
+    arms: dict[str, tuple[str, ...]] = {"full": (), "lora": LORA_FLAGS[a.lora]}
     partial = a.results_dir / f"{name}.partial.json"
     layout = LAYOUTS["halfcore"]
     cells: dict[str, dict[str, list[dict[str, Any]]]] = {m: {} for m in models}
@@ -296,7 +307,7 @@ def main() -> None:
             cluster = shaped_to(cluster, cal, model)
             for repeat in range(repeats):  # repeats outside, host counts and arms alternating inside
                 for hosts in host_counts:
-                    for arm, flags in ARMS.items():
+                    for arm, flags in arms.items():
                         r = run(cluster, work, a.lock_each, ["mrpc", "--data-dir", str(MRPC), "--model", model,
                                                              *flags], hosts, steps, a.sampler)
                         cells[model].setdefault(f"{arm}@{hosts}", []).append({**r, "repeat": repeat})
@@ -307,20 +318,20 @@ def main() -> None:
                                                        "cells": cells}) + "\n")
                 # the control: LoRA on 1 host with the other hosts idle, as before the ballast
                 r = run(cluster, work, a.lock_each, ["mrpc", "--data-dir", str(MRPC), "--model", model,
-                                                     *ARMS["lora"]], 1, steps, a.sampler, busy=False)
+                                                     *arms["lora"]], 1, steps, a.sampler, busy=False)
                 cells[model].setdefault(f"{IDLE_CONTROL}@1", []).append({**r, "repeat": repeat})
                 print(f"# {model} {IDLE_CONTROL} repeat {repeat}: {r.get('steady_samples_per_s')} samples/s",
                       file=sys.stderr, flush=True)
     first = next((r for m in cells.values() for rs in m.values() for r in rs if "cpu" in r), None)
     if first is None:
         raise SystemExit("every run failed: see the errors above")
-    accuracy = accuracy_delta(kind)
+    accuracy = accuracy_delta(kind, a.lora)
     res = {"command": command, "cpu": first["cpu"], "cpu_kind": kind, "versions": first["versions"],
            "precision": first.get("precision"), "code": code_version(), "cluster_text": cluster_text,
            "layout": layout.name, "wall_s": round(time.time() - started),
            "settings": {"quick": a.quick, "models": models, "repeats": repeats, "steps": steps, "batch": BATCH,
                         "host_counts": host_counts, "sampler": a.sampler,
-                        "arms": {k: list(v) for k, v in ARMS.items()}},
+                        "arms": {k: list(v) for k, v in arms.items()}, "lora": a.lora},
            "calibrations": calibrations, "summary": {m: summarize(cells[m], accuracy) for m in models},
            "cells": cells}
     out = a.results_dir / name

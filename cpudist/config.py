@@ -99,7 +99,7 @@ class TrainConfig:
     lora_r: int = 8
     lora_alpha: float = 16.0
     lora_dropout: float = 0.1
-    lora_targets: tuple[str, ...] = ()  # empty: the family's query and value projections
+    lora_targets: tuple[str, ...] = ()  # empty: every Linear of the family's layers (train/lora.py)
     lora_modules_to_save: tuple[str, ...] = ()  # trained in full beside the classifier; empty: the family's head
     merge_lora: bool = False  # save the adapters merged into a plain model instead of the adapter alone
     lr_scaling: str = "none"  # none | linear | sqrt: --lr times world size (or its root), every sync

@@ -24,18 +24,25 @@ if TYPE_CHECKING:
 
 METHODS = ("none", "lora")
 ADAPTER_CONFIG = "adapter_config.json"  # what peft's save_pretrained writes: its presence marks an adapter folder
-# Families peft's own table (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING) leaves out: the attention's query
-# and value projections, as the LoRA paper adapts them (ModernBERT's are one fused Wqkv).
+# LoRA's default targets: every Linear of the encoder (the attention's query, key, value and output projections,
+# both feed-forward layers), by the names each family gives them. On MiniLM (a BERT) on MRPC, r 8 on every Linear
+# matched full fine-tuning (+1.4 points, 3 seeds) where query and value alone, as the LoRA paper adapts them, lost 1.7
+# (benchmarks/accuracy_scaling.py, README); QLoRA found the same for every Linear. The head's Linears are not among
+# them: peft never puts an adapter inside a module it trains in full (the classifier, HEADS below), so `dense`
+# adapts the layers' dense projections and not BERT's pooler or RoBERTa's classifier.dense. A family not named here
+# takes peft's own table (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: query and value projections).
+ENCODER = ("query", "key", "value", "dense")
+DECODER = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 OWN_TARGETS: dict[str, tuple[str, ...]] = {
-    "bert": ("query", "value"), "distilbert": ("q_lin", "v_lin"), "albert": ("query", "value"),
-    "modernbert": ("Wqkv",), "electra": ("query", "value"), "roberta": ("query", "value"),
-    "xlm-roberta": ("query", "value"), "deberta-v2": ("query_proj", "value_proj"),
+    "bert": ENCODER, "roberta": ENCODER, "xlm-roberta": ENCODER, "electra": ENCODER,
+    "albert": (*ENCODER, "ffn", "ffn_output"), "distilbert": ("q_lin", "k_lin", "v_lin", "out_lin", "lin1", "lin2"),
+    "modernbert": ("Wqkv", "Wo", "Wi"), "deberta-v2": ("query_proj", "key_proj", "value_proj", "dense"),
+    "qwen2": DECODER, "llama": DECODER, "mistral": DECODER,
 }
 # The head beyond peft's SEQ_CLS defaults (`classifier`, `score`), as full fine-tuning trains it: DistilBERT's
 # pre_classifier, DeBERTa's pooler (not in its checkpoints: new weights), ModernBERT's prediction head, and BERT's
 # and ALBERT's pooler (the dense + tanh their classifier reads; RoBERTa's and ELECTRA's equivalent dense lies
-# inside their `classifier` already, so it always trained). For MiniLM (a BERT) on MRPC the pooler alone did not
-# close LoRA's gap to full fine-tuning; adapters on every Linear did (benchmarks/accuracy_scaling.py, README).
+# inside their `classifier` already, so it always trained).
 HEADS: dict[str, tuple[str, ...]] = {"distilbert": ("pre_classifier",), "deberta-v2": ("pooler",),
                                      "modernbert": ("head",), "bert": ("pooler",), "albert": ("pooler",)}
 DEFAULTS = {"lora_r": 8, "lora_alpha": 16.0, "lora_dropout": 0.1, "lora_targets": (), "lora_modules_to_save": (),
@@ -79,7 +86,7 @@ def check_resume(saved: Mapping[str, Any], cfg: Any, path: Path) -> None:
 
 
 def targets_for(model_type: str, given: tuple[str, ...]) -> tuple[str, ...]:
-    """The modules LoRA adapts: --lora-targets, else the family's query and value projections."""
+    """The modules LoRA adapts: --lora-targets, else every Linear of the family's layers (OWN_TARGETS)."""
     if given:
         return given
     from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_TARGETS
@@ -97,6 +104,14 @@ def modules_to_save(model_type: str, given: tuple[str, ...]) -> tuple[str, ...]:
     return given or HEADS.get(model_type, ())
 
 
+def head_pattern(model_type: str) -> str:
+    """The Linears of the family's head, as peft's exclude_modules (a full match on a module's name): the default
+    targets adapt the layers only, also where --lora-modules-to-save leaves a head module frozen (BERT's pooler.dense
+    is a `dense` too)."""
+    names = "|".join(sorted({"classifier", "score", *HEADS.get(model_type, ())}))
+    return rf"(.*\.)?({names})(\..*)?"
+
+
 def apply(model: torch.nn.Module, cfg: Any) -> torch.nn.Module:
     """The model with LoRA adapters on its targets and a fully trained head; everything else frozen."""
     try:
@@ -108,7 +123,8 @@ def apply(model: torch.nn.Module, cfg: Any) -> torch.nn.Module:
     targets = targets_for(model_type, tuple(cfg.lora_targets))
     config = LoraConfig(task_type=TaskType.SEQ_CLS, r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
                         lora_dropout=cfg.lora_dropout, target_modules=list(targets),
-                        modules_to_save=list(modules_to_save(model_type, tuple(cfg.lora_modules_to_save))) or None)
+                        modules_to_save=list(modules_to_save(model_type, tuple(cfg.lora_modules_to_save))) or None,
+                        exclude_modules=None if cfg.lora_targets else head_pattern(model_type))
     try:
         with warnings.catch_warnings():  # peft 0.21 asks transformers 5 the deprecated name on every rank
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)

@@ -52,13 +52,34 @@ def test_refusals_name_the_fix(args: list[str], said: str) -> None:
 
 
 def test_default_targets_per_family() -> None:
-    assert lora.targets_for("bert", ()) == ("query", "value")
-    assert lora.targets_for("distilbert", ()) == ("q_lin", "v_lin")
-    assert lora.targets_for("modernbert", ()) == ("Wqkv",)
-    assert lora.targets_for("qwen2", ()) == ("q_proj", "v_proj")  # from peft's own table
-    assert lora.targets_for("bert", ("dense",)) == ("dense",)  # --lora-targets wins
+    assert lora.targets_for("bert", ()) == ("query", "key", "value", "dense")
+    assert lora.targets_for("distilbert", ()) == ("q_lin", "k_lin", "v_lin", "out_lin", "lin1", "lin2")
+    assert lora.targets_for("modernbert", ()) == ("Wqkv", "Wo", "Wi")
+    assert lora.targets_for("gpt_neox", ()) == ("query_key_value",)  # a family not named: peft's own table
+    assert lora.targets_for("bert", ("query", "value")) == ("query", "value")  # --lora-targets wins
     with pytest.raises(BadInput, match="--lora-targets"):
         lora.targets_for("no-such-family", ())
+
+
+# ALBERT's projection of its 128-wide embeddings up to the hidden size is an embedding's part, left frozen as the
+# embeddings are
+NOT_A_LAYER = {"embedding_hidden_mapping_in"}
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-roberta", "tiny-xlm-roberta", "tiny-electra", "tiny-albert",
+                                    "tiny-distilbert", "tiny-deberta-v3", "tiny-modernbert", "tiny-llama"])
+def test_the_default_adapts_every_linear_of_the_layers_and_none_of_the_head(preset: str) -> None:
+    import torch
+
+    model = build_model(preset, 2, False, None)
+    head = {"classifier", "score", *lora.HEADS.get(model.config.model_type, ())}
+    linears = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    in_head = {n for n in linears if head & set(n.split("."))}
+    expected = {n for n in linears - in_head if n.rsplit(".", 1)[-1] not in NOT_A_LAYER}
+    wrapped = lora.apply(model, LORA)
+    adapted = {n.split(".lora_A.")[0].removeprefix("base_model.model.") for n, _ in wrapped.named_parameters()
+               if ".lora_A." in n}
+    assert in_head and adapted == expected, (sorted(expected - adapted), sorted(adapted - expected))
 
 
 def _trained(model: object) -> dict[str, int]:
@@ -71,18 +92,20 @@ def test_only_adapters_and_head_train_and_traffic_counts_only_them() -> None:
     model = lora.apply(full, LORA)
     trained = _trained(model)
     assert trained and all(".lora_A." in n or ".lora_B." in n or ".modules_to_save." in n for n in trained), trained
-    # r 8 on query and value (32 -> 32) of 2 layers: A is 8 x 32, B 32 x 8; the head: BERT's pooler (32 x 32 + 32)
-    # and the classifier (2 x 32 + 2), as full fine-tuning trains them
-    assert sum(trained.values()) == 2 * 2 * (8 * 32 + 32 * 8) + 32 * 32 + 32 + 2 * 32 + 2
+    # r 8 on every Linear of 2 layers: query, key, value and the attention's output (32 -> 32: A is 8 x 32, B 32 x 8),
+    # the feed-forward's two (32 -> 64 -> 32); the head: BERT's pooler (32 x 32 + 32) and the classifier (2 x 32 + 2),
+    # as full fine-tuning trains them
+    layer = 4 * (8 * 32 + 32 * 8) + 2 * (8 * 32 + 64 * 8)
+    assert sum(trained.values()) == 2 * layer + 32 * 32 + 32 + 2 * 32 + 2
     assert sum("classifier.modules_to_save" in n for n in trained) == 2
     assert sum("pooler.modules_to_save" in n for n in trained) == 2
     shapes = list(sync.named_shapes(model))
     grads = payload_bytes(shapes)
-    assert grads == 4 * sum(trained.values()) and full_bytes > 300 * grads
+    assert grads == 4 * sum(trained.values()) and full_bytes > 100 * grads  # 122x for this 1M-parameter BERT
     ring = expected_traffic(SyncSpec(), shapes, world=4, ppn=1, steps=10)
     assert ring.node_tx == (2 * 3 / 4 * grads,) * 4  # what DDP's ring sends per node and step: only the adapters
     info = lora.settings(model, LORA)
-    assert info["trainable_params"] == sum(trained.values()) and info["targets"] == ["query", "value"]
+    assert info["trainable_params"] == sum(trained.values()) and info["targets"] == ["dense", "key", "query", "value"]
     assert info["merged"] is True  # a preset's random base is saved nowhere else
 
 
@@ -90,7 +113,7 @@ def test_modules_to_save_replace_the_family_head_but_never_the_classifier() -> N
     frozen_pooler = dataclasses.replace(LORA, lora_modules_to_save=("classifier",))
     trained = _trained(lora.apply(build_model("tiny", 2, False, None), frozen_pooler))
     assert not any("pooler" in n for n in trained)
-    assert sum(trained.values()) == 2 * 2 * (8 * 32 + 32 * 8) + 2 * 32 + 2
+    assert sum(trained.values()) == 2 * (4 * (8 * 32 + 32 * 8) + 2 * (8 * 32 + 64 * 8)) + 2 * 32 + 2
     # a list without the classifier still trains it: peft's sequence-classification task always adds it
     trained = _trained(lora.apply(build_model("tiny", 2, False, None),
                                   dataclasses.replace(LORA, lora_modules_to_save=("pooler",))))
@@ -174,14 +197,16 @@ def test_plan_prices_a_lora_run_by_its_adapters_and_keeps_full_runs_apart(tmp_pa
 
 
 # Each family's tiny preset: its default targets exist, and what trains is the adapters and the whole head.
-FAMILIES = {"tiny-roberta": ({"query", "value"}, {"classifier"}),
-            "tiny-xlm-roberta": ({"query", "value"}, {"classifier"}),
-            "tiny-electra": ({"query", "value"}, {"classifier"}),
-            "tiny-albert": ({"query", "value"}, {"pooler", "classifier"}),
-            "tiny-distilbert": ({"q_lin", "v_lin"}, {"pre_classifier", "classifier"}),
-            "tiny-deberta-v3": ({"query_proj", "value_proj"}, {"pooler", "classifier"}),
-            "tiny-modernbert": ({"Wqkv"}, {"head", "classifier"}),
-            "tiny-llama": ({"q_proj", "v_proj"}, {"score"})}
+ENCODER = {"query", "key", "value", "dense"}
+FAMILIES = {"tiny-roberta": (ENCODER, {"classifier"}),
+            "tiny-xlm-roberta": (ENCODER, {"classifier"}),
+            "tiny-electra": (ENCODER, {"classifier"}),
+            "tiny-albert": (ENCODER | {"ffn", "ffn_output"}, {"pooler", "classifier"}),
+            "tiny-distilbert": ({"q_lin", "k_lin", "v_lin", "out_lin", "lin1", "lin2"},
+                                {"pre_classifier", "classifier"}),
+            "tiny-deberta-v3": ({"query_proj", "key_proj", "value_proj", "dense"}, {"pooler", "classifier"}),
+            "tiny-modernbert": ({"Wqkv", "Wo", "Wi"}, {"head", "classifier"}),
+            "tiny-llama": ({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}, {"score"})}
 
 
 @pytest.mark.parametrize("preset", list(FAMILIES))
