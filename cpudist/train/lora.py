@@ -77,6 +77,8 @@ def check_resume(saved: Mapping[str, Any], cfg: Any, path: Path) -> None:
     mine = {k: getattr(cfg, k) for k in SAME_RUN}
     theirs = {k: saved.get(k, "none" if k == "peft" else mine[k]) for k in SAME_RUN}  # older checkpoints: no LoRA
     theirs = {k: tuple(v) if isinstance(v, list) else v for k, v in theirs.items()}  # JSON's lists: the config's tuples
+    if theirs["lora_targets"] == ():  # the default of the version that wrote it: the weights' names decide (saver.py)
+        theirs["lora_targets"] = mine["lora_targets"]
     if theirs["peft"] == mine["peft"] == "none":
         return
     differ = [f"{k}: {theirs[k]!r} there, {mine[k]!r} here" for k in SAME_RUN if theirs[k] != mine[k]]

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from cpudist import events
 from cpudist.config import TrainConfig
+from cpudist.errors import BadInput
 from cpudist.train import checkpoint
 from cpudist.train.checkpoint import Restored, gather_rngs, seed_all, set_rng_state
 from cpudist.train.checkpoint_meta import CheckpointMeta, Done, Position
@@ -61,7 +62,9 @@ class Training:
 
 def restore(restored: Restored, t: Training, stats: TrainStats) -> None:
     """Put a checkpoint's state into the model, optimizer, scheduler, RNGs and counters."""
-    getattr(t.model, "module", t.model).load_state_dict(restored.state["model"])
+    model = getattr(t.model, "module", t.model)
+    check_same_weights(restored.state["model"], model.state_dict(), restored.path)
+    model.load_state_dict(restored.state["model"])
     t.opt.load_state_dict(restored.state["optimizer"])
     t.sched.load_state_dict(restored.state["scheduler"])
     if restored.rng is not None:
@@ -73,6 +76,21 @@ def restore(restored: Restored, t: Training, stats: TrainStats) -> None:
     stats.flops, stats.train_time_s = done.flops, done.train_time_s
     if t.evals is not None:
         restore_best(restored, t.evals)
+
+
+def check_same_weights(saved: dict[str, Any], mine: dict[str, Any], path: str) -> None:
+    """Refuse, in one line, a checkpoint whose model has other weights than this run's: another model, or LoRA
+    adapters on other modules (the config check cannot see what a default --lora-targets meant when it was written)."""
+    missing, extra = sorted(set(mine) - set(saved)), sorted(set(saved) - set(mine))
+    shaped = sorted(k for k in set(mine) & set(saved) if tuple(mine[k].shape) != tuple(saved[k].shape))
+    if missing or extra or shaped:
+        kinds = ((missing, "weights of this model are not in it"), (extra, "of its weights are not in this model"),
+                 (shaped, "of its weights have other shapes"))
+        said = "; ".join(f"{len(names)} {what} (e.g. {names[0]})" for names, what in kinds if names)
+        raise BadInput(f"checkpoint {path} holds another model: {said}",
+                       "Resume with the --model, --peft and --lora-* options of the run that wrote it (a LoRA run "
+                       "from before 2026-11-27 without --lora-targets adapted query,value: add --lora-targets "
+                       "query,value)")
 
 
 def restore_best(restored: Restored, evals: Evaluations) -> None:

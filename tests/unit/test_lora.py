@@ -148,6 +148,26 @@ def test_resume_needs_the_same_adapters() -> None:
                           Path("c"))
 
 
+def test_a_checkpoint_of_other_adapters_is_refused_by_its_weights() -> None:
+    from cpudist.train.saver import check_same_weights
+
+    qv = dataclasses.replace(LORA, lora_targets=("query", "value"))
+    saved = lora.apply(build_model("tiny", 2, False, None), qv).state_dict()  # the default before 2026-11-27
+    # its config said lora_targets () (the default then): the config check lets it through to the weights' check
+    lora.check_resume({**dataclasses.asdict(LORA), "lora_targets": []}, qv, Path("c"))
+    check_same_weights(saved, lora.apply(build_model("tiny", 2, False, None), qv).state_dict(), "c")
+    # the default's adapters wrap key and the dense layers too (their weight and bias move under base_layer)
+    with pytest.raises(BadInput, match=r"checkpoint c holds another model: 32 weights of this model are not in it "
+                                       r"\(e.g. .*\); 16 of its weights are not in this model .*"
+                                       r"add --lora-targets query,value\)"):
+        check_same_weights(saved, lora.apply(build_model("tiny", 2, False, None), LORA).state_dict(), "c")
+    wider = dataclasses.replace(qv, lora_r=4)
+    with pytest.raises(BadInput, match="8 of its weights have other shapes"):
+        check_same_weights(saved, lora.apply(build_model("tiny", 2, False, None), wider).state_dict(), "c")
+    with pytest.raises(BadInput, match=r"lora_targets: \('query',\) there"):  # named targets are compared as given
+        lora.check_resume({**dataclasses.asdict(LORA), "lora_targets": ["query"]}, qv, Path("c"))
+
+
 def test_card_and_old_results() -> None:
     from cpudist.results.card import render_card
     from cpudist.results.schema import RunResult
