@@ -3,13 +3,14 @@
     python benchmarks/hf_trainer.py --mode best --data-dir ../shared/data/glue/MRPC --model PATH --epochs 3
     python benchmarks/hf_trainer.py --mode blog ...   # fp32, every row padded to 128 (run_glue.py's way)
 
-Prints one JSON line: steady samples/s (first steps excluded), train time, dev metrics.
+Prints one JSON line: steady samples/s (first steps excluded), train time, peak RSS, dev metrics.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import tempfile
 import time
 from pathlib import Path
@@ -123,6 +124,7 @@ def main() -> None:
     print(json.dumps({"arm": f"hf_{a.mode}", "steps": steps, "precision": "bf16" if bf16 else "fp32",
                       "steady_samples_per_s": steady, "train_time_s": train_time,
                       "train_samples_per_s": samples / train_time, "eval_time_s": eval_time,
+                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux: KiB
                       "metrics": metrics}))
 
 

@@ -12,6 +12,8 @@ Suites (each writes results/throughput-<suite>[-quick]-<cpu kind>.json and .md, 
                            frozen embeddings, cheaper dropout masks, the first-token last layer
   eval                     evaluation alone: grad mode, eval batch, precision, row order
   mfu                      bert-base on full 128-token rows vs a measured GEMM ceiling in its precision
+  presets                  every real-size preset (random init; --presets picks some): ours vs hf_best,
+                           samples/s and each process's peak RSS (one rank; its whole training process)
   parity-minilm            dev accuracy of ours vs hf_best, MRPC 3 epochs (also with --quick), a seed per repeat
 
 Arms of a suite alternate inside every repeat, so drifts of the machine hit every arm alike; ratios are
@@ -137,6 +139,47 @@ def suite(name: str, model: str, common: dict[str, str], eval_: bool, repeats: i
         out["ours_mfu"] = statistics.median(r["mfu"] or 0 for r in runs["ours"])
         out["peak_how"] = runs["ours"][0]["peak_how"]
     return out
+
+
+# The presets of real size (cpudist/train/models.py PRESETS), smallest first
+PRESET_SUITE = ("minilm-l6", "distilbert-base", "bert-base", "modernbert-base", "deberta-v3-base", "bert-large",
+                "modernbert-large")
+
+
+def presets(names: list[str], common: dict[str, str], repeats: int) -> dict[str, Any]:
+    """ours vs hf_best on each preset: steady samples/s and peak RSS, arms alternating inside each repeat."""
+    from cpudist.train.models import build_model
+
+    out: dict[str, Any] = {"suite": "presets", "settings": common, "repeats": repeats, "presets": {}}
+    for name in names:
+        arms = {"hf_best": lambda m=name: hf("best", m, common, False),
+                "ours": lambda m=name: ours(m, common, False, {})}
+        res = suite(f"presets {name}", name, common, False, repeats, arms)
+        params = sum(p.numel() for p in build_model(name, 2, False, None).parameters())
+        rss = {arm: statistics.median(r["peak_rss_mb"] for r in rs) for arm, rs in res["runs"].items()}
+        out["presets"][name] = {"params": params, "median_steady_samples_per_s": res["median_steady_samples_per_s"],
+                                "steady_samples_per_s": res["steady_samples_per_s"],
+                                "ours_over_hf_best": res["ours_over_hf_best"], "peak_rss_mb": rss,
+                                "precision": res["runs"]["ours"][0]["precision"], "runs": res["runs"]}
+        out["cpu"], out["cpu_kind"], out["versions"] = res["cpu"], res["cpu_kind"], res["versions"]
+    return out
+
+
+def presets_markdown(res: dict[str, Any], command: str) -> str:
+    c = res["cpu"]
+    lines = [f"# Throughput and memory per preset on {res['cpu_kind']}", "", f"Made by: `{command}`", "",
+             f"Settings: {res['settings']}, no evaluation, random-init presets on MRPC's rows; {res['repeats']} "
+             f"alternated repeat(s) (median, min-max); CPU {c['model']} ({c['physical_cores']} cores, flags "
+             f"{', '.join(c['flags'])}). Peak RSS: the training process's (getrusage), one rank.", "",
+             "| preset | params | precision | ours samples/s | hf_best samples/s | ours / hf_best | ours peak RSS MB | "
+             "hf_best peak RSS MB |", "|---|---|---|---|---|---|---|---|"]
+    for name, p in res["presets"].items():
+        s = p["steady_samples_per_s"]
+        cell = {arm: f"{s[arm]['median']:.2f} ({s[arm]['min']:.2f}-{s[arm]['max']:.2f})" for arm in s}
+        lines.append(f"| {name} | {p['params'] / 1e6:.1f}M | {p['precision']} | {cell['ours']} | {cell['hf_best']} | "
+                     f"{p['ours_over_hf_best']:.2f}x | {p['peak_rss_mb']['ours']:.0f} | "
+                     f"{p['peak_rss_mb']['hf_best']:.0f} |")
+    return "\n".join(lines) + "\n"
 
 
 def markdown(res: dict[str, Any], command: str) -> str:
@@ -299,6 +342,7 @@ def main() -> None:
     ap.add_argument("--levers", default=",".join(LEVERS), help="Levers of the levers-* suites.")
     ap.add_argument("--without", default="", help="Comma-separated default levers (" + ", ".join(OFF) + "): "
                     "the mrpc-minilm and bert-base suites add an arm of ours with each turned off.")
+    ap.add_argument("--presets", default=",".join(PRESET_SUITE), help="of the presets suite")
     ap.add_argument("--precision", choices=["auto", "fp32"], default="auto",
                     help="fp32: every arm in fp32, the path of CPUs without bf16 (Ice Lake), on this CPU")
     a = ap.parse_args()
@@ -316,6 +360,9 @@ def main() -> None:
         if name == "mfu":
             res = {"suite": "mfu", "command": command, **mfu_at_128(8 if a.quick else 12, a.repeats, a.precision)}
             md = mfu_markdown(res, command)
+        elif name == "presets":
+            res = {"command": command, **presets(a.presets.split(","), bert, a.repeats)}
+            md = presets_markdown(res, command)
         elif name == "parity-minilm":
             full = {k: v for k, v in minilm.items() if k != "max-train-samples"} | {"epochs": "3"}
             res = {"command": command, **parity(MINILM, full, a.repeats)}
