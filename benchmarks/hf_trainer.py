@@ -71,6 +71,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
                     help="best mode: auto is bf16 where the CPU has it (blog mode is always fp32)")
+    ap.add_argument("--gradient-checkpointing", action="store_true",
+                    help="TrainingArguments(gradient_checkpointing=True): Trainer's activation checkpointing")
     a = ap.parse_args()
     torch.manual_seed(a.seed)
     data = load_glue_tsv("mrpc", Path(a.data_dir))
@@ -97,7 +99,8 @@ def main() -> None:
             learning_rate=a.lr, num_train_epochs=a.epochs, max_steps=a.max_steps, warmup_steps=0.1,
             weight_decay=0.01, use_cpu=True, bf16=bf16, seed=a.seed, report_to=[], save_strategy="no",
             eval_strategy="no", logging_strategy="no", dataloader_num_workers=0,
-            train_sampling_strategy="group_by_length" if best else "random")
+            train_sampling_strategy="group_by_length" if best else "random",
+            gradient_checkpointing=a.gradient_checkpointing)
         clock = StepClock()
         collator = DataCollatorWithPadding(tok) if best else default_data_collator
         trainer = Trainer(model=model, args=args, train_dataset=train_ds, data_collator=collator,

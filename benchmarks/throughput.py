@@ -13,7 +13,8 @@ Suites (each writes results/throughput-<suite>[-quick]-<cpu kind>.json and .md, 
   eval                     evaluation alone: grad mode, eval batch, precision, row order
   mfu                      bert-base on full 128-token rows vs a measured GEMM ceiling in its precision
   presets                  every real-size preset (random init; --presets picks some): ours vs hf_best,
-                           samples/s and each process's peak RSS (one rank; its whole training process)
+                           samples/s and each process's peak RSS (one rank; its whole training process);
+                           --gradient-checkpointing adds both with activation checkpointing (ours-gc, hf_best-gc)
   parity-minilm            dev accuracy of ours vs hf_best, MRPC 3 epochs (also with --quick), a seed per repeat
 
 Arms of a suite alternate inside every repeat, so drifts of the machine hit every arm alike; ratios are
@@ -96,11 +97,11 @@ def ours(model: str, common: dict[str, str], eval_: bool, extra: dict[str, str |
             "cpu": r["cpu"], "versions": r["versions"], "flags": flags(opts)}
 
 
-def hf(mode: str, model: str, common: dict[str, str], eval_: bool) -> dict[str, Any]:
+def hf(mode: str, model: str, common: dict[str, str], eval_: bool, extra: tuple[str, ...] = ()) -> dict[str, Any]:
     from cpudist.train.models import resolve_model
 
     cmd = [sys.executable, str(HERE / "hf_trainer.py"), "--mode", mode, "--data-dir", str(MRPC),
-           "--model", resolve_model(model), *flags(dict(common))]
+           "--model", resolve_model(model), *flags(dict(common)), *extra]
     if not eval_:
         cmd.append("--no-eval")
     started = time.perf_counter()
@@ -146,14 +147,18 @@ PRESET_SUITE = ("minilm-l6", "distilbert-base", "bert-base", "modernbert-base", 
                 "modernbert-large")
 
 
-def presets(names: list[str], common: dict[str, str], repeats: int) -> dict[str, Any]:
-    """ours vs hf_best on each preset: steady samples/s and peak RSS, arms alternating inside each repeat."""
+def presets(names: list[str], common: dict[str, str], repeats: int, checkpointing: bool = False) -> dict[str, Any]:
+    """ours vs hf_best on each preset: steady samples/s and peak RSS, arms alternating inside each repeat (with
+    `checkpointing`, both again with activation checkpointing)."""
     from cpudist.train.models import build_model
 
     out: dict[str, Any] = {"suite": "presets", "settings": common, "repeats": repeats, "presets": {}}
     for name in names:
         arms = {"hf_best": lambda m=name: hf("best", m, common, False),
                 "ours": lambda m=name: ours(m, common, False, {})}
+        if checkpointing:
+            arms["hf_best-gc"] = lambda m=name: hf("best", m, common, False, ("--gradient-checkpointing",))
+            arms["ours-gc"] = lambda m=name: ours(m, common, False, {"gradient-checkpointing": None})
         res = suite(f"presets {name}", name, common, False, repeats, arms)
         params = sum(p.numel() for p in build_model(name, 2, False, None).parameters())
         rss = {arm: statistics.median(r["peak_rss_mb"] for r in rs) for arm, rs in res["runs"].items()}
@@ -179,6 +184,18 @@ def presets_markdown(res: dict[str, Any], command: str) -> str:
         lines.append(f"| {name} | {p['params'] / 1e6:.1f}M | {p['precision']} | {cell['ours']} | {cell['hf_best']} | "
                      f"{p['ours_over_hf_best']:.2f}x | {p['peak_rss_mb']['ours']:.0f} | "
                      f"{p['peak_rss_mb']['hf_best']:.0f} |")
+    checkpointed = [(n, p) for n, p in res["presets"].items() if "ours-gc" in p["peak_rss_mb"]]
+    if checkpointed:
+        lines += ["", "Activation checkpointing (`--gradient-checkpointing`; Trainer's `gradient_checkpointing=True`): "
+                  "peak RSS and samples/s against the same framework without it.", "",
+                  "| preset | ours-gc samples/s | / ours | ours-gc RSS MB | / ours | hf_best-gc samples/s | "
+                  "/ hf_best | hf_best-gc RSS MB | / hf_best |", "|---|---|---|---|---|---|---|---|---|"]
+        for name, p in checkpointed:
+            med, rss = p["median_steady_samples_per_s"], p["peak_rss_mb"]
+            lines.append(f"| {name} | {med['ours-gc']:.2f} | {med['ours-gc'] / med['ours']:.2f}x | "
+                         f"{rss['ours-gc']:.0f} | {rss['ours-gc'] / rss['ours']:.2f}x | {med['hf_best-gc']:.2f} | "
+                         f"{med['hf_best-gc'] / med['hf_best']:.2f}x | {rss['hf_best-gc']:.0f} | "
+                         f"{rss['hf_best-gc'] / rss['hf_best']:.2f}x |")
     return "\n".join(lines) + "\n"
 
 
@@ -343,6 +360,8 @@ def main() -> None:
     ap.add_argument("--without", default="", help="Comma-separated default levers (" + ", ".join(OFF) + "): "
                     "the mrpc-minilm and bert-base suites add an arm of ours with each turned off.")
     ap.add_argument("--presets", default=",".join(PRESET_SUITE), help="of the presets suite")
+    ap.add_argument("--gradient-checkpointing", action="store_true",
+                    help="presets suite: also ours and hf_best with activation checkpointing")
     ap.add_argument("--precision", choices=["auto", "fp32"], default="auto",
                     help="fp32: every arm in fp32, the path of CPUs without bf16 (Ice Lake), on this CPU")
     a = ap.parse_args()
@@ -356,12 +375,13 @@ def main() -> None:
     kind = cpu().kind
     quick = "-quick" if a.quick else ""
     for name in a.suites.split(","):
-        path = HERE / "results" / f"throughput-{name}{quick}-{kind}{'-fp32' if forced else ''}"
+        gc = "-gc" if name == "presets" and a.gradient_checkpointing else ""
+        path = HERE / "results" / f"throughput-{name}{quick}{gc}-{kind}{'-fp32' if forced else ''}"
         if name == "mfu":
             res = {"suite": "mfu", "command": command, **mfu_at_128(8 if a.quick else 12, a.repeats, a.precision)}
             md = mfu_markdown(res, command)
         elif name == "presets":
-            res = {"command": command, **presets(a.presets.split(","), bert, a.repeats)}
+            res = {"command": command, **presets(a.presets.split(","), bert, a.repeats, a.gradient_checkpointing)}
             md = presets_markdown(res, command)
         elif name == "parity-minilm":
             full = {k: v for k, v in minilm.items() if k != "max-train-samples"} | {"epochs": "3"}

@@ -90,6 +90,7 @@ class TrainConfig:
     run_id: str = ""  # the run's id (cpudist/run/identity.py), given by `cpudist run`; a resume keeps the run's
     imds: str = "auto"  # spot notices: auto (AWS's metadata service on EC2) | off | URL
     freeze_embeddings: bool = False  # the word-embedding table is not trained (cpudist/train/speed.py)
+    gradient_checkpointing: bool = False  # activations recomputed in backward, not kept (cpudist/train/speed.py)
     compile: bool = False  # torch.compile, batches padded to a few static lengths
     ipex: bool = False  # Intel Extension for PyTorch's optimize(), when installed
     fast_dropout: bool = True  # dropout masks from 16-bit lanes of 64-bit draws (cpudist/train/dropout.py)

@@ -65,7 +65,8 @@ Every evaluation of the run:
 {{ "merged into the base model" if r.peft.merged else "as the adapter" }}
 {% endif %}\
 - seed {{ r.seed }}, precision {{ r.precision }}, sync {{ r.sync }}{% if r.freeze_embeddings %}, word embeddings \
-frozen{% endif %}
+frozen{% endif %}{% if r.checkpointed_layers %}, activations of {{ r.checkpointed_layers }} layer(s) \
+recomputed in backward{% endif %}
 
 ## The run
 

@@ -106,7 +106,7 @@ def same_job(a: RunResult, b: RunResult) -> bool:
     """Runs of one job: the same task, model, precision and work per rank (the ranks and the sync may differ)."""
     def key(r: RunResult) -> tuple[object, ...]:
         return (r.task, r.model, r.precision, r.per_rank_batch_size, r.grad_accum, r.max_seq_len, r.freeze_embeddings,
-                peft_label(r))
+                peft_label(r), bool(r.checkpointed_layers))
     return key(a) == key(b)
 
 

@@ -134,7 +134,8 @@ def group_parts(r: RunResult) -> tuple[str, ...]:
     scaled = (f"lr-scaling={r.lr_scaling}",) if r.lr_scaling != "none" else ()
     frozen = ("frozen-embeddings",) if r.freeze_embeddings else ()  # another model's bytes and steps
     adapters = (peft_label(r),) if r.peft else ()  # LoRA trains and sends other bytes than a full fine-tune
-    return (r.task, r.model, r.precision, r.backend, f"sync={r.sync}", *frozen, *adapters, *scaled,
+    recomputed = ("gradient-checkpointing",) if r.checkpointed_layers else ()  # a third more compute per step
+    return (r.task, r.model, r.precision, r.backend, f"sync={r.sync}", *frozen, *adapters, *recomputed, *scaled,
             f"batch/rank={r.per_rank_batch_size}x{r.grad_accum}", f"seq={r.max_seq_len}", length)
 
 

@@ -76,6 +76,7 @@ class RunResult:
     attention: str = ""  # of training steps: cpudist-fast-dropout (dropout.py's), sdpa, eager, ... ("": older run)
     last_layer: str = ""  # first-token (cpudist/train/last_layer.py) | full ("": older run)
     freeze_embeddings: bool = False  # --freeze-embeddings: the word-embedding table was not trained nor sent
+    checkpointed_layers: int = 0  # --gradient-checkpointing: layers whose activations backward recomputed (0: off)
     # --peft lora (cpudist/train/lora.py): r, alpha, dropout, targets, modules_to_save, trainable_params,
     # total_params, merged ({}: every parameter trained)
     peft: dict[str, Any] = field(default_factory=dict)

@@ -16,7 +16,7 @@ from cpudist.config import effective_lr
 from cpudist.flops import cpu_ghz, peak_flops
 from cpudist.results.schema import RunResult
 from cpudist.traffic import expected_traffic, payload_bytes
-from cpudist.train import dropout, last_layer, lora, sync
+from cpudist.train import dropout, last_layer, lora, speed, sync
 from cpudist.train.checkpoint import Restored
 from cpudist.train.loop import TrainStats
 from cpudist.train.saver import Saver
@@ -73,7 +73,8 @@ def build_result(job: Job, stats: TrainStats, metrics: dict[str, float], phases:
         startup=job.startup.as_dict(stats.step_times[0] if stats.step_times else None),
         optimizer=cfg.optimizer, fast_dropout=cfg.fast_dropout, attention=dropout.attention_used(job.model),
         last_layer=last_layer.used(job.model),
-        freeze_embeddings=cfg.freeze_embeddings, data=job.data, peft=lora.settings(job.model, cfg),
+        freeze_embeddings=cfg.freeze_embeddings, checkpointed_layers=speed.checkpointed_layers(job.model),
+        data=job.data, peft=lora.settings(job.model, cfg),
         trainable_params=sum(p.numel() for p in job.model.parameters() if p.requires_grad),
         **_sync_fields(job, stats, rank_info, hosts),
     )

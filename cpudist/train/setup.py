@@ -91,6 +91,8 @@ def setup(cfg: TrainConfig, info: RankInfo, startup: Startup | None = None) -> J
         torch.manual_seed(cfg.seed)  # same classifier init whatever the tokenizer consumed
         with startup.phase("model"):
             model = build_model(cfg.model, task.num_labels, regression, cfg.dropout, tokenizer.pad_token_id)
+    if cfg.gradient_checkpointing:  # before LoRA wraps the model: peft's wrapper has its own switch
+        speed.checkpoint_activations(model)
     if cfg.peft == "lora":  # after the model's seeded init, so every rank draws the same adapters
         model = lora.apply(model, cfg)
     if cfg.freeze_embeddings:

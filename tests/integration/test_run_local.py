@@ -84,15 +84,23 @@ def test_loss_equivalence_one_rank_vs_two(shared_data: Path, tmp_path: Path) -> 
     batches. (Grouped batches of all of MRPC on 1, 2 and 4 ranks: test_sync.py, at 2^-16.) Random: 160 rows,
     5 whole batches (its DistributedSampler pads a last partial batch to equal shares, so only whole ones can
     match). One negative control serves both samplers: the comparison is the same code.
+
+    The grouped 2-rank run also recomputes its activations (--gradient-checkpointing, under DDP): a change of
+    memory, not of math, so its losses and gradient norms are held to the same bounds (the unit test,
+    tests/unit/test_gradient_checkpointing.py, checks gradients bit for bit with dropout on, one process).
     """
     common = [*mrpc(shared_data), "--max-steps", "5", "--dropout", "0", "--precision", "fp32", "--no-eval",
               "--lr", "1e-3", "--log-every", "1"]
     rows = {"random": "160", "grouped": "41"}
     runs = [(f"{sampler}-np{np_}", sampler, np_, 32 // np_, 7) for sampler in ("random", "grouped") for np_ in (1, 2)]
     for name, sampler, np_, batch, seed in (*runs, ("seed8", "grouped", 1, 32, 8)):
+        recompute = ["--gradient-checkpointing"] if name == "grouped-np2" else []
         r = cpudist("run", *common, "--sampler", sampler, "--max-train-samples", rows[sampler], "--np", str(np_),
-                    "--batch-size", str(batch), "--seed", str(seed), "--output-dir", tmp_path / name)
+                    "--batch-size", str(batch), "--seed", str(seed), "--output-dir", tmp_path / name, *recompute)
         assert r.returncode == 0, r.stderr
+    recorded = json.loads((tmp_path / "grouped-np2" / "result.json").read_text())
+    assert recorded["checkpointed_layers"] == 1  # tiny's 2 layers but the first-token last one (it keeps its own)
+    assert json.loads((tmp_path / "grouped-np1" / "result.json").read_text())["checkpointed_layers"] == 0
     for sampler in ("random", "grouped"):
         one, two = losses(tmp_path / f"{sampler}-np1"), losses(tmp_path / f"{sampler}-np2")
         assert len(one) == len(two) == 5
