@@ -41,17 +41,22 @@ def keep_mask(shape: torch.Size, p: float) -> tuple[torch.Tensor, float]:
 
 
 class _Dropout(torch.autograd.Function):
+    """x * keep * scale. Backward keeps the bool mask (1 byte an element, as torch's dropout does), not a float
+    one: for attention weights [batch, heads, L, L] in fp32 a float mask was 4 bytes an element of what the
+    forward holds for backward. The numbers are those of x * (keep * scale) to the bit: times 1 or 0, then the
+    scale, rounded to x's dtype as before."""
+
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, p: float) -> torch.Tensor:
         keep, kept = keep_mask(x.shape, p)
-        scaled = keep.to(x.dtype) * (1.0 / kept)
-        ctx.save_for_backward(scaled)
-        return x * scaled
+        scale = torch.tensor(1.0 / kept, dtype=x.dtype)
+        ctx.save_for_backward(keep, scale)
+        return x.mul(keep).mul_(scale)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        (scaled,) = ctx.saved_tensors
-        return grad * scaled, None
+        keep, scale = ctx.saved_tensors
+        return grad.mul(keep).mul_(scale), None
 
 
 def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:

@@ -74,3 +74,22 @@ def test_install_swaps_every_dropout_and_keeps_evaluation() -> None:
     loss = model(input_ids=ids, attention_mask=mask, labels=torch.tensor([0, 1, 1])).loss
     loss.backward()
     assert torch.isfinite(loss)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backward_keeps_a_bool_mask_and_the_numbers_of_a_float_one(dtype: torch.dtype) -> None:
+    """What the forward holds for backward is the bool mask (1 byte an element, as torch's dropout), and output and
+    gradient equal, bit for bit, the former x * (keep * scale) with the scale in x's dtype."""
+    x = torch.randn(64, 300, dtype=dtype, requires_grad=True)
+    saved: list[torch.Tensor] = []
+    torch.manual_seed(3)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = fd.dropout(x, 0.1)
+    assert sum(t.numel() * t.element_size() for t in saved) <= x.numel() + 16  # a bool per element, a scalar
+    grad = torch.randn_like(x)
+    y.backward(grad)
+    torch.manual_seed(3)
+    keep, kept = fd.keep_mask(x.shape, 0.1)
+    scaled = keep.to(dtype) * (1.0 / kept)
+    assert torch.equal(y, x.detach() * scaled)
+    assert x.grad is not None and torch.equal(x.grad, grad * scaled)
