@@ -22,10 +22,12 @@ host; `strict_modes` makes sshd check the ownership and modes of ~/.ssh, as stoc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -314,9 +316,15 @@ MaxSessions 100
         pid_file.unlink(missing_ok=True)
 
     def down(self) -> None:
-        """Stop our sshds and delete our namespaces (the bridge takes the veths with it)."""
+        """Stop our sshds, then whatever still lives in our namespaces (as a terminated machine ends its processes),
+        and delete the namespaces (the bridge takes the veths with it). Without the second step an ssh session
+        whose client went away (tests/integration/test_ssh_link.py drops the link under a `sleep 600`) outlived
+        its node by minutes, in a namespace no longer named."""
         for i in range(self.n):
             self._stop_sshd(i)
+            for pid in self.pids(i):  # processes of our own namespace only, each by its PID
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             sh("ip", "netns", "del", self.name(i), check=False)
         sh("ip", "netns", "del", self.bridge_ns, check=False)  # takes the veths (and the gateway's) along
         if self.gateway:
