@@ -3,7 +3,8 @@
     python benchmarks/hf_trainer.py --mode best --data-dir ../shared/data/glue/MRPC --model PATH --epochs 3
     python benchmarks/hf_trainer.py --mode blog ...   # fp32, every row padded to 128 (run_glue.py's way)
 
-Prints one JSON line: steady samples/s (first steps excluded), train time, peak RSS, dev metrics.
+Prints one JSON line: steady samples/s and steady tokens/s (first steps excluded; tokens: the batches' real,
+unpadded tokens, as cpudist's steps.jsonl counts them), train time, peak RSS, dev metrics.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import resource
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,6 +46,20 @@ class StepClock(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
         self.ends.append(time.perf_counter())
+
+
+class Counted:
+    """A collator that notes each training batch's real (attention-mask) tokens, in the order Trainer asks for them:
+    samples/s alone compares different batches when two samplers order rows by length differently (Trainer's
+    group_by_length puts its longest batches first)."""
+
+    def __init__(self, collate: Any) -> None:
+        self.collate, self.tokens = collate, list[int]()
+
+    def __call__(self, rows: list[dict[str, Any]]) -> Any:
+        batch = self.collate(rows)
+        self.tokens.append(int(torch.as_tensor(batch["attention_mask"]).sum()))
+        return batch
 
 
 class Rows(torch.utils.data.Dataset):  # type: ignore[type-arg]
@@ -102,7 +118,7 @@ def main() -> None:
             train_sampling_strategy="group_by_length" if best else "random",
             gradient_checkpointing=a.gradient_checkpointing)
         clock = StepClock()
-        collator = DataCollatorWithPadding(tok) if best else default_data_collator
+        collator = Counted(DataCollatorWithPadding(tok) if best else default_data_collator)
         trainer = Trainer(model=model, args=args, train_dataset=train_ds, data_collator=collator,
                           callbacks=[clock])
         start = time.perf_counter()
@@ -110,6 +126,8 @@ def main() -> None:
         train_time = time.perf_counter() - start
         steps = len(clock.ends)
         steady = (steps - WARMUP) * a.batch_size / (clock.ends[-1] - clock.ends[WARMUP - 1])
+        # The training batches are the first `steps` the collator made (evaluation, if any, comes after)
+        steady_tokens = sum(collator.tokens[WARMUP:steps]) / (clock.ends[-1] - clock.ends[WARMUP - 1])
         metrics = {}
         eval_time = 0.0
         if not a.no_eval:
@@ -125,7 +143,8 @@ def main() -> None:
     samples = min(steps * a.batch_size, len(train_ds) * max(1, int(np.ceil(a.epochs)))) if a.max_steps < 0 \
         else steps * a.batch_size
     print(json.dumps({"arm": f"hf_{a.mode}", "steps": steps, "precision": "bf16" if bf16 else "fp32",
-                      "steady_samples_per_s": steady, "train_time_s": train_time,
+                      "steady_samples_per_s": steady, "steady_tokens_per_s": steady_tokens,
+                      "train_time_s": train_time,
                       "train_samples_per_s": samples / train_time, "eval_time_s": eval_time,
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux: KiB
                       "metrics": metrics}))

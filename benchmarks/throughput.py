@@ -89,7 +89,11 @@ def ours(model: str, common: dict[str, str], eval_: bool, extra: dict[str, str |
         if not eval_:
             cmd.append("--no-eval")
         r = run_json(cmd)
-    return {"steady_samples_per_s": r["steady_samples_per_s"], "train_time_s": r["train_time_s"],
+        steps = [json.loads(line) for line in Path(f"{tmp}/run/steps.jsonl").read_text().splitlines()]
+    kept = steps[3:] if len(steps) > 6 else steps  # the steps steady_samples_per_s keeps (train/loop.py)
+    return {"steady_samples_per_s": r["steady_samples_per_s"],
+            "steady_tokens_per_s": sum(s["tokens"] for s in kept) / sum(s["step_time_s"] for s in kept),
+            "train_time_s": r["train_time_s"],
             "eval_time_s": r["eval_time_s"], "time_to_result_s": time.perf_counter() - started,
             "train_samples_per_s": r["train_samples_per_s"], "metrics": r["metrics"], "precision": r["precision"],
             "mfu": r.get("mfu"), "peak_how": r.get("peak_how"), "peak_rss_mb": r.get("peak_rss_mb"),
@@ -133,6 +137,14 @@ def suite(name: str, model: str, common: dict[str, str], eval_: bool, repeats: i
         "time_to_result_s": {arm: statistics.median(r["time_to_result_s"] for r in rs) for arm, rs in runs.items()},
         "cpu": first["cpu"], "cpu_kind": first["cpu"].get("kind", cpu().kind), "versions": first["versions"],
         "runs": runs}
+    if all("steady_tokens_per_s" in r for rs in runs.values() for r in rs):
+        # Real tokens/s of the same steady steps: the fair ratio when the arms' samplers order rows by length
+        # differently (Trainer's group_by_length runs its longest batches first, so its steps 4-8 are long ones)
+        out["median_steady_tokens_per_s"] = {arm: statistics.median(r["steady_tokens_per_s"] for r in rs)
+                                             for arm, rs in runs.items()}
+        if "ours" in med:
+            tok = out["median_steady_tokens_per_s"]
+            out["ours_over_hf_best_tokens"] = tok["ours"] / tok["hf_best"]
     if "ours" in med:
         out["ours_over_hf_best"] = med["ours"] / med["hf_best"]
         if "blog" in med:
@@ -165,6 +177,8 @@ def presets(names: list[str], common: dict[str, str], repeats: int, checkpointin
         out["presets"][name] = {"params": params, "median_steady_samples_per_s": res["median_steady_samples_per_s"],
                                 "steady_samples_per_s": res["steady_samples_per_s"],
                                 "ours_over_hf_best": res["ours_over_hf_best"], "peak_rss_mb": rss,
+                                "median_steady_tokens_per_s": res.get("median_steady_tokens_per_s"),
+                                "ours_over_hf_best_tokens": res.get("ours_over_hf_best_tokens"),
                                 "precision": res["runs"]["ours"][0]["precision"], "runs": res["runs"]}
         out["cpu"], out["cpu_kind"], out["versions"] = res["cpu"], res["cpu_kind"], res["versions"]
     return out
@@ -175,14 +189,18 @@ def presets_markdown(res: dict[str, Any], command: str) -> str:
     lines = [f"# Throughput and memory per preset on {res['cpu_kind']}", "", f"Made by: `{command}`", "",
              f"Settings: {res['settings']}, no evaluation, random-init presets on MRPC's rows; {res['repeats']} "
              f"alternated repeat(s) (median, min-max); CPU {c['model']} ({c['physical_cores']} cores, flags "
-             f"{', '.join(c['flags'])}). Peak RSS: the training process's (getrusage), one rank.", "",
-             "| preset | params | precision | ours samples/s | hf_best samples/s | ours / hf_best | ours peak RSS MB | "
-             "hf_best peak RSS MB |", "|---|---|---|---|---|---|---|---|"]
+             f"{', '.join(c['flags'])}). Peak RSS: the training process's (getrusage), one rank. Tokens/s: real "
+             "(unpadded) tokens of the same steady steps; the fairer ratio, as the two samplers put rows of "
+             "different lengths in those steps.", "",
+             "| preset | params | precision | ours samples/s | hf_best samples/s | ours / hf_best | ours / hf_best in "
+             "tokens/s | ours peak RSS MB | hf_best peak RSS MB |", "|---|---|---|---|---|---|---|---|---|"]
     for name, p in res["presets"].items():
         s = p["steady_samples_per_s"]
         cell = {arm: f"{s[arm]['median']:.2f} ({s[arm]['min']:.2f}-{s[arm]['max']:.2f})" for arm in s}
         lines.append(f"| {name} | {p['params'] / 1e6:.1f}M | {p['precision']} | {cell['ours']} | {cell['hf_best']} | "
-                     f"{p['ours_over_hf_best']:.2f}x | {p['peak_rss_mb']['ours']:.0f} | "
+                     f"{p['ours_over_hf_best']:.2f}x | "
+                     + (f"{p['ours_over_hf_best_tokens']:.2f}x" if p.get("ours_over_hf_best_tokens") else "-")
+                     + f" | {p['peak_rss_mb']['ours']:.0f} | "
                      f"{p['peak_rss_mb']['hf_best']:.0f} |")
     checkpointed = [(n, p) for n, p in res["presets"].items() if "ours-gc" in p["peak_rss_mb"]]
     if checkpointed:
