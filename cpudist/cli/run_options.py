@@ -198,9 +198,8 @@ OPTIONS: list[Callable[[Any], Any]] = [
                  "`cluster up` and resume from the checkpoint."),
     click.option("--freeze-embeddings", is_flag=True,
                  help="Do not train the word-embedding table (half of MiniLM's gradient bytes and AdamW work)."),
-    click.option("--gradient-checkpointing", is_flag=True,
-                 help="Recompute each layer's activations during backward instead of keeping them "
-                 "(transformers' activation checkpointing): less memory per rank for about a third more compute."),
+    click.option("--gradient-checkpointing", is_flag=True, help="Recompute each layer's activations in backward "
+                 "instead of keeping them: bert-large 0.56x the memory, 0.78x the speed (README)."),
     lora_options,
     click.option("--compile", is_flag=True, help="torch.compile the model (batches padded to multiples of 32 "
                  "tokens; kernels cached in ~/.cpudist/inductor across runs)."),
