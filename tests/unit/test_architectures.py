@@ -6,8 +6,6 @@ Models are the small presets (2 layers, hidden 32 or 64, random weights) on MRPC
 
 from __future__ import annotations
 
-import csv
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,31 +21,7 @@ FAMILIES = ("tiny", "tiny-roberta", "tiny-xlm-roberta", "tiny-electra", "tiny-al
 # Qwen2 has no preset (presets.py says why): tiny-llama's shape as a Qwen2 model, with and without a sliding window.
 FAST = (*(n for n in FAMILIES if PRESETS[n]["model_type"] in fd.FAST_ATTENTION), "qwen2", "qwen2-sliding")
 DECODERS = ("tiny-llama",)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """Models this small gain nothing from a second thread, and on a loaded machine OpenMP's spinning threads
-    cost several times the CPU time of the work (measured: 2.1 s instead of 0.3 s for one family's training)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def _rows(shared_data: Path, n: int) -> tuple[list[str], list[str], list[int]]:
-    with open(shared_data / "glue" / "MRPC" / "train.tsv", newline="") as f:
-        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1:n + 1]
-    return [r[3] for r in rows], [r[4] for r in rows], [int(r[0]) for r in rows]
-
-
-@pytest.fixture(scope="module")
-def batch(shared_data: Path) -> dict[str, torch.Tensor]:
-    """8 MRPC pairs, padded to the longest (rows of different lengths, so padding is exercised)."""
-    first, second, labels = _rows(shared_data, 8)
-    enc = load_tokenizer("tiny", None)(first, second, padding=True, truncation=True, max_length=64,
-                                       return_tensors="pt")
-    return {**enc, "labels": torch.tensor(labels)}
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/unit/conftest.py
 
 
 def _dropouts(model: torch.nn.Module) -> list[float]:

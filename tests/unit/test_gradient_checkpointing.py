@@ -6,8 +6,6 @@ backward is what checkpointing removes, and the count does not depend on the all
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,24 +15,10 @@ from cpudist.config import TrainConfig
 from cpudist.errors import BadInput
 from cpudist.train import dropout as fd
 from cpudist.train import last_layer, lora, speed
-from cpudist.train.models import build_model, load_tokenizer
-from tests.unit.test_architectures import FAMILIES, _rows
+from cpudist.train.models import build_model
+from tests.unit.test_architectures import FAMILIES
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as test_architectures.py: tiny models, and a loaded machine's spinning threads
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def batch(shared_data: Path) -> dict[str, torch.Tensor]:
-    first, second, labels = _rows(shared_data, 8)
-    enc = load_tokenizer("tiny", None)(first, second, padding=True, truncation=True, max_length=64,
-                                       return_tensors="pt")
-    return {**enc, "labels": torch.tensor(labels)}
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/unit/conftest.py: tiny models
 
 
 def _model(name: str, checkpointing: bool, peft: bool = False) -> torch.nn.Module:

@@ -8,8 +8,6 @@ with each attention it runs under (SDPA, eager, cpudist's fast-dropout attention
 from __future__ import annotations
 
 import copy
-import csv
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,29 +16,11 @@ from transformers import AutoModelForSequenceClassification
 
 from cpudist.train import dropout as fd
 from cpudist.train import last_layer
-from cpudist.train.models import PRESETS, build_model, load_tokenizer
+from cpudist.train.models import PRESETS, build_model
 
 FIRST_TOKEN = ("tiny", "tiny-roberta", "tiny-xlm-roberta", "tiny-electra")
 OTHERS = ("tiny-albert", "tiny-distilbert", "tiny-deberta-v3", "tiny-modernbert", "tiny-llama")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def batch(shared_data: Path) -> dict[str, torch.Tensor]:
-    """8 MRPC pairs padded to the longest: rows of different lengths, so the mask matters."""
-    with open(shared_data / "glue" / "MRPC" / "train.tsv", newline="") as f:
-        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1:9]
-    enc = load_tokenizer("tiny", None)([r[3] for r in rows], [r[4] for r in rows], padding=True, truncation=True,
-                                       max_length=64, return_tensors="pt")
-    assert bool((enc["attention_mask"] == 0).any())
-    return {**enc, "labels": torch.tensor([int(r[0]) for r in rows])}
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/unit/conftest.py
 
 
 def test_the_families_are_those_with_a_preset() -> None:
