@@ -90,7 +90,9 @@ def ours(model: str, common: dict[str, str], eval_: bool, extra: dict[str, str |
             cmd.append("--no-eval")
         r = run_json(cmd)
         steps = [json.loads(line) for line in Path(f"{tmp}/run/steps.jsonl").read_text().splitlines()]
-    kept = steps[3:] if len(steps) > 6 else steps  # the steps steady_samples_per_s keeps (train/loop.py)
+    from cpudist.train.loop import WARMUP_STEPS_EXCLUDED as k  # the steps steady_samples_per_s keeps
+
+    kept = steps[k:] if len(steps) > 2 * k else steps  # (with --compile it also drops compiling steps; not here)
     return {"steady_samples_per_s": r["steady_samples_per_s"],
             "steady_tokens_per_s": sum(s["tokens"] for s in kept) / sum(s["step_time_s"] for s in kept),
             "train_time_s": r["train_time_s"],
