@@ -62,7 +62,7 @@ class Counted:
         return batch
 
 
-class Rows(torch.utils.data.Dataset):  # type: ignore[type-arg]
+class Rows(torch.utils.data.Dataset):
     def __init__(self, enc: dict[str, list[list[int]]], labels: list[int]) -> None:
         self.enc, self.labels = enc, labels
 
@@ -88,7 +88,7 @@ def main() -> None:
     ap.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
                     help="best mode: auto is bf16 where the CPU has it (blog mode is always fp32)")
     ap.add_argument("--gradient-checkpointing", action="store_true",
-                    help="TrainingArguments(gradient_checkpointing=True): Trainer's activation checkpointing")
+                    help="TrainingArguments(activation_checkpointing=True): Trainer's activation checkpointing")
     a = ap.parse_args()
     torch.manual_seed(a.seed)
     data = load_glue_tsv("mrpc", Path(a.data_dir))
@@ -116,7 +116,7 @@ def main() -> None:
             weight_decay=0.01, use_cpu=True, bf16=bf16, seed=a.seed, report_to=[], save_strategy="no",
             eval_strategy="no", logging_strategy="no", dataloader_num_workers=0,
             train_sampling_strategy="group_by_length" if best else "random",
-            gradient_checkpointing=a.gradient_checkpointing)
+            activation_checkpointing=a.gradient_checkpointing)  # gradient_checkpointing: deprecated in 5.x
         clock = StepClock()
         collator = Counted(DataCollatorWithPadding(tok) if best else default_data_collator)
         trainer = Trainer(model=model, args=args, train_dataset=train_ds, data_collator=collator,
@@ -138,7 +138,8 @@ def main() -> None:
             # _get_eval_sampler): predictions come back in that order, so score them against the label_ids
             # predict returns beside them, never against the file's order (that read ~0.61 on MRPC dev).
             labels = np.asarray(pred.label_ids)
-            guess = pred.predictions.argmax(-1)
+            logits = pred.predictions[0] if isinstance(pred.predictions, tuple) else pred.predictions
+            guess = logits.argmax(-1)
             metrics = {"accuracy": float(accuracy_score(labels, guess)), "f1": float(f1_score(labels, guess))}
     samples = min(steps * a.batch_size, len(train_ds) * max(1, int(np.ceil(a.epochs)))) if a.max_steps < 0 \
         else steps * a.batch_size
