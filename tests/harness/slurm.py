@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -244,6 +245,22 @@ PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP{PREEMPTION i
                 if pid != sshd and _is_job_process(pid):
                     _kill(pid)
         shutil.rmtree(self.state, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def on_namespace_hosts(n: int, folder: Path, prefix: str, preemption: bool = False) -> Iterator[SlurmCluster]:
+    """`n` namespace hosts (names from `prefix` and this PID, so parallel workers never share one) and Slurm on them;
+    both taken down, by PID, whatever the body raised: a test module's `slurm` fixture."""
+    hosts = NetnsCluster(n, folder, prefix=f"{prefix}{os.getpid() % 10000}")
+    hosts.up()
+    try:
+        cluster = SlurmCluster(hosts, preemption=preemption).up()
+        try:
+            yield cluster
+        finally:
+            cluster.down()
+    finally:
+        hosts.down()
 
 
 def _cmdline(pid: int) -> str:

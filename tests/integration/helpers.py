@@ -126,3 +126,24 @@ def wait_for(predicate: Callable[[], T | None], timeout: float, what: str,
             pytest.fail(f"waited {timeout:g} s for {what}" + (f": {detail()}" if detail else ""))
         time.sleep(interval)
     return value
+
+
+def launch_beside_torchrun(tmp_path: Path, script: str, metric_file: str) -> tuple[
+        subprocess.CompletedProcess[str], str, Path, Path]:
+    """`script` as train.py, run twice on 2 ranks of this machine at once: by `cpudist launch` (its ledger in
+    `tmp_path`) and by hand with torchrun. (cpudist's result, torchrun's output, our folder, torchrun's folder.)"""
+    from cpudist.launch.tools import free_port
+
+    ours, hand = tmp_path / "ours", tmp_path / "by-hand"
+    for folder in (ours, hand):
+        folder.mkdir()
+        (folder / "train.py").write_text(script)
+    by_hand = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                                "--master-port", str(free_port()), "train.py"], cwd=hand, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    r = cpudist("launch", "--np", "2", "--output-dir", ours / "run", "--ledger", tmp_path / "ledger.jsonl",
+                "--workdir", ours, "--metric-file", metric_file, "train.py", timeout=300)
+    hand_out, _ = by_hand.communicate(timeout=300)
+    assert by_hand.returncode == 0, hand_out
+    assert r.returncode == 0, r.stderr
+    return r, hand_out, ours, hand

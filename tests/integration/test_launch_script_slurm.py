@@ -7,7 +7,6 @@ Slurm's numbering, and a ledger line naming both nodes and the job."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,16 +25,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(MISSING is not None, reason=s
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    hosts = netns.NetnsCluster(2, tmp_path_factory.mktemp("slurm-hosts"), prefix=f"sll{os.getpid() % 10000}")
-    hosts.up()
-    try:
-        cluster = SlurmCluster(hosts).up()
-        try:
-            yield cluster
-        finally:
-            cluster.down()
-    finally:
-        hosts.down()
+    with slurm_harness.on_namespace_hosts(2, tmp_path_factory.mktemp("slurm-hosts"), "sll") as cluster:
+        yield cluster
 
 
 def test_a_script_through_sbatch_on_two_nodes_has_ddps_losses(slurm: SlurmCluster, tmp_path: Path) -> None:

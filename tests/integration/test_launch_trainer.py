@@ -6,14 +6,11 @@ run's train time, samples/s and loss in the ledger."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from cpudist.launch.tools import free_port
-from tests.integration.helpers import cpudist
+from tests.integration.helpers import launch_beside_torchrun
 from tests.integration.user_scripts import LOGGED, TRAINER_SCRIPT
 
 pytestmark = pytest.mark.slow
@@ -21,18 +18,7 @@ pytest.importorskip("accelerate")  # the test extra installs it (HF Trainer need
 
 
 def test_a_trainer_script_on_two_ranks_logs_torchruns_losses_and_hands_back_its_metrics(tmp_path: Path) -> None:
-    ours, hand = tmp_path / "ours", tmp_path / "by-hand"
-    for folder in (ours, hand):
-        folder.mkdir()
-        (folder / "train.py").write_text(TRAINER_SCRIPT)
-    by_hand = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                                "--master-port", str(free_port()), "train.py"], cwd=hand, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    r = cpudist("launch", "--np", "2", "--output-dir", ours / "run", "--ledger", tmp_path / "ledger.jsonl",
-                "--workdir", ours, "--metric-file", "hf-out/all_results.json", "train.py", timeout=300)
-    hand_out, _ = by_hand.communicate(timeout=300)
-    assert by_hand.returncode == 0, hand_out
-    assert r.returncode == 0, r.stderr
+    r, hand_out, ours, hand = launch_beside_torchrun(tmp_path, TRAINER_SCRIPT, "hf-out/all_results.json")
     assert "world 2 process 0" in r.stderr and "world 2 process 1" in r.stderr
     logged = LOGGED.findall(r.stderr)
     assert len(logged) == 4 and logged == LOGGED.findall(hand_out), (r.stderr, hand_out)

@@ -34,16 +34,8 @@ CPUDIST = [sys.executable, "-m", "cpudist.cli"]
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    hosts = netns.NetnsCluster(2, tmp_path_factory.mktemp("slurm-hosts"), prefix=f"slm{os.getpid() % 10000}")
-    hosts.up()
-    try:
-        cluster = SlurmCluster(hosts).up()
-        try:
-            yield cluster
-        finally:
-            cluster.down()
-    finally:
-        hosts.down()
+    with slurm_harness.on_namespace_hosts(2, tmp_path_factory.mktemp("slurm-hosts"), "slm") as cluster:
+        yield cluster
 
 
 def mrpc(data: Path, out: Path, *extra: str) -> list[str]:

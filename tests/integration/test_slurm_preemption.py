@@ -5,7 +5,6 @@ checks is cpudist's batch script (launch/slurm.py), which saw only its own USR1 
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,16 +29,8 @@ sleep 600 & wait
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    hosts = netns.NetnsCluster(1, tmp_path_factory.mktemp("slurm-hosts"), prefix=f"slp{os.getpid() % 10000}")
-    hosts.up()
-    try:
-        cluster = SlurmCluster(hosts, preemption=True).up()
-        try:
-            yield cluster
-        finally:
-            cluster.down()
-    finally:
-        hosts.down()
+    with slurm_harness.on_namespace_hosts(1, tmp_path_factory.mktemp("slurm-hosts"), "slp", preemption=True) as cluster:
+        yield cluster
 
 
 def job_field(slurm: SlurmCluster, job_id: str, name: str) -> str:

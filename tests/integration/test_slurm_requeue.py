@@ -45,16 +45,8 @@ exec /usr/bin/scontrol "$@"
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    hosts = netns.NetnsCluster(2, tmp_path_factory.mktemp("slurm-hosts"), prefix=f"slq{os.getpid() % 10000}")
-    hosts.up()
-    try:
-        cluster = SlurmCluster(hosts).up()
-        try:
-            yield cluster
-        finally:
-            cluster.down()
-    finally:
-        hosts.down()
+    with slurm_harness.on_namespace_hosts(2, tmp_path_factory.mktemp("slurm-hosts"), "slq") as cluster:
+        yield cluster
 
 
 @pytest.fixture
