@@ -97,6 +97,9 @@ ARMS: dict[str, tuple[int, tuple[str, ...]]] = {
     "lora r8 lr 5e-4 x4": (4, (*LORA_R8, "--lr", "5e-4", "--lr-scaling", "linear")),
     # the better 1-rank LoRA lr (1e-3, seed 42: -1.0 point where 5e-4 lost 5.1), raised by sqrt(4) for 4x the batch
     "lora r8 lr 1e-3 x sqrt4": (4, (*LORA_R8, "--lr", "1e-3", "--lr-scaling", "sqrt")),
+    "lora r16 lr 1e-3 x sqrt4": (4, ("--peft", "lora", "--lora-r", "16", "--lr", "1e-3", "--lr-scaling", "sqrt")),
+    # linear, as full fine-tuning's best 4-rank arm scales (ddp lr x8 is 2x one rank's lr, then x4)
+    "lora r8 lr 1e-3 x4": (4, (*LORA_R8, "--lr", "1e-3", "--lr-scaling", "linear")),
 }
 # flags every run takes unless its arm gives them
 COMMON = {"--precision": "fp32", "--batch-size": "32", "--max-seq-len": "128", "--epochs": "3", "--lr": "5e-5"}
