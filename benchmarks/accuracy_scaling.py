@@ -163,11 +163,10 @@ def reruns(rows: list[dict[str, Any]]) -> list[str]:
             for (arm, seed), acc in cells.items() if len(acc) > 1]
 
 
-def family(cpu: dict[str, Any]) -> str:
+def family(model: str, kind: str) -> str:
     """The CPUs whose fp32 runs reproduce each other: Intel's kinds do (amx-bf16 and avx512 gave identical
     accuracies cell for cell, `reruns`), an AMD EPYC does not."""
-    model = str(cpu.get("model", ""))
-    return "Intel" if "Intel" in model else "AMD" if "AMD" in model else str(cpu["kind"])
+    return "Intel" if "Intel" in model else "AMD" if "AMD" in model else kind
 
 
 def by_family(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -176,7 +175,7 @@ def by_family(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     families: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         if "metrics" in r:
-            families.setdefault(family(r["cpu"]), []).append(r)
+            families.setdefault(family(r["cpu"]["model"], r["cpu"]["kind"]), []).append(r)
     return families
 
 
@@ -253,7 +252,7 @@ def markdown(summary: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
 
 
 def within(s: dict[str, Any]) -> str:
-    """The goal's verdict, claimed only on CLAIM_SEEDS seeds, for the arm and its kind's 1-rank median alike."""
+    """The goal's verdict, claimed only on CLAIM_SEEDS seeds, for the arm and its family's 1-rank median alike."""
     if s["within_goal"] is None:
         return ""
     verdict = "yes" if s["within_goal"] else "no"
@@ -285,8 +284,9 @@ def main() -> None:
     made_by = "python benchmarks/accuracy_scaling.py " + shlex.join(sys.argv[1:])
     if not a.render:
         here = read_cpu()  # a cell counts as run when this CPU's family has it: the tables compare within one
-        ran = load(ledger) if a.rerun_here else [r for r in load_all(a.results_dir) if "cpu" in r and family(
-            r["cpu"]) == family({"model": here.model, "kind": here.kind})]
+        mine = family(here.model, here.kind)
+        ran = load(ledger) if a.rerun_here else [r for r in load_all(a.results_dir)
+                                                 if "cpu" in r and family(r["cpu"]["model"], r["cpu"]["kind"]) == mine]
         done = {(r["arm"], r["seed"]) for r in ran if "metrics" in r}
         todo = [(arm, seed) for seed in seeds for arm in arms if (arm, seed) not in done]
         for i, (arm, seed) in enumerate(todo, 1):
