@@ -210,20 +210,23 @@ def x(v: float | None) -> str:
     return num(v, suffix="x")
 
 
-def markdown(res: dict[str, Any]) -> str:
-    lines = [f"# LoRA against full fine-tuning on the miniature cluster ({res['cpu_kind']})", "",
+def markdown(res: dict[str, Any], where: str = "the miniature cluster") -> str:
+    lines = [f"# LoRA against full fine-tuning on {where} ({res['cpu_kind']})", "",
              f"`{res['command']}`", "", *([f"Note: {res['note']}", ""] if res.get("note") else []),
              f"CPU: {res['cpu'].get('model', res['cpu'])}; code {res['code']}. "
              f"Hosts: {res['cluster_text']}", ""]
     for model, s in res["summary"].items():
         cal = res["calibrations"][model]
-        lines += [f"## {model} on MRPC (random init, real rows, {res['precision']})", "",
-                  f"Link {cal['link_gbps']:.3f} Gbit/s (`{cal.get('tbf', '?')}`): one host "
-                  f"{cal['model_task_samples_per_s']:.2f} samples/s on "
-                  f"MRPC (bert-base {cal['bert_base_task_samples_per_s']:.2f} on MRPC, "
-                  f"{cal['bert_base_blog_samples_per_s']:.3f} on the blog's rows [{cal['bert_base_blog_from']}]; "
-                  f"{model} on the blog's rows {cal['model_blog_samples_per_s']:.3f}) -> a c6i.16xlarge running "
-                  f"cpudist: {cal['c6i_task_samples_per_s']:.1f} samples/s on 25 Gbit/s.", "",
+        link = f"Link {cal['link_gbps']:.3f} Gbit/s (`{cal.get('tbf', '?')}`)"
+        if cal.get("c6i_task_samples_per_s") is None:  # given, not calibrated (wholecore_scaling.py --link-gbps)
+            link += f" from {cal.get('from', '?')}."
+        else:
+            link += (f": one host {cal['model_task_samples_per_s']:.2f} samples/s on "
+                     f"MRPC (bert-base {cal['bert_base_task_samples_per_s']:.2f} on MRPC, "
+                     f"{cal['bert_base_blog_samples_per_s']:.3f} on the blog's rows [{cal['bert_base_blog_from']}]; "
+                     f"{model} on the blog's rows {cal['model_blog_samples_per_s']:.3f}) -> a c6i.16xlarge running "
+                     f"cpudist: {cal['c6i_task_samples_per_s']:.1f} samples/s on 25 Gbit/s.")
+        lines += [f"## {model} on MRPC (random init, real rows, {res['precision']})", "", link, "",
                   "| arm | hosts | repeats | samples/s (median; each) | real tokens/s | real tokens/sample | "
                   "speedup vs same arm at 1 host (samples/s) | bytes/step measured (expected) | exposed comm s | "
                   "trainable params | peak RSS MB |",

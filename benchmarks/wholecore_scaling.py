@@ -1,0 +1,321 @@
+"""LoRA against full fine-tuning on hosts of whole cores: one many-core machine split by core (issue 25, item 3).
+
+    python benchmarks/wholecore_scaling.py --cores-per-host 4 --host-counts 1,2,4 --repeats 3
+    python benchmarks/wholecore_scaling.py --model tiny --cores-per-host 1 --host-counts 1,2 --steps 8 --check
+
+Why: the miniature cluster (lora_scaling.py) splits a 2-core machine into four half-core hosts by CFS quota, two
+per core, and its 2-host LoRA runs read 2.15x one host, beyond linear and unexplained. Where a machine has the
+cores, each host here gets whole physical cores of its own instead (every hardware thread of them, by CPU
+affinity; no quota), so no two hosts share a core's time or its caches below the last level.
+
+Hosts: one network namespace each, a veth link to a bridge in its own namespace, `tc tbf` on both ends of every
+link (tests/harness/capped.tbf_spec, as the miniature cluster). The link is calibrated as lora_scaling.py does for
+bert-base: one host's fp32 bert-base samples/s on the blog's rows (batch 32, 128 real tokens, `synthetic`) makes the
+link 25 Gbit/s x S / 23.6, the blog's compute/network ratio; for the same host on MRPC's real rows that is the
+c6i.16xlarge-running-cpudist ratio of issue 24. Ranks start directly as the trainer `cpudist run` launches
+(`python -m cpudist.rank` with the launcher's rank variables, one rank per host, GLOO_SOCKET_IFNAME the host's
+link), so the machine needs iproute2 but no sshd or MPI. The hosts a run does not use spin on their own cores
+(ballast, as lora_scaling.py), so every host count runs on an equally busy machine. What stays shared, as on any
+one machine: the memory bus and the last-level cache.
+
+Work and arms are lora_scaling.py's: MRPC's real rows, `--sampler random`, batch 32 per host, no evaluation, the
+CPU's default precision; `full` (ddp) and `lora` (LORA_FLAGS["default"], every Linear). Host counts and arms
+alternate inside each repeat; `--budget-s` stops starting runs once the next would not fit, and the result says
+which cells ran. The summary is lora_scaling.summarize's (`lora_speedup_4_hosts`, `bytes_ratio_full_over_lora`,
+`accuracy_delta_points` from accuracy_scaling.py's ledger of this CPU kind).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from lora_scaling import BATCH, KEEP, LORA_FLAGS, accuracy_delta, markdown, steady_tokens, summarize
+from miniature import BLOG_LINK_GBPS, BLOG_SAMPLES_PER_S, ROOT
+from scaling import code_version
+
+from cpudist.config import TrainConfig, to_argv
+from cpudist.cpu import read_cpu
+from tests.harness.capped import tbf_spec
+
+MRPC = ROOT.parent / "shared" / "data" / "glue" / "MRPC"
+PREFIX = "wc"  # namespace and link names: wc-b (the bridge), wc-h0.., links wc-v0 (host end), wc-p0 (bridge end)
+SUBNET = "198.18.0.{}"  # hosts at .201, .202, ...
+CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWUTS = 0x40000000, 0x00020000, 0x04000000
+MS_REC, MS_SLAVE, MNT_DETACH = 0x4000, 0x80000, 2
+RANK_ENV = {"OMP_NUM_THREADS": "1", "CPUDIST_THREADS": "auto", "PYTHONUNBUFFERED": "1",
+            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}  # what `cpudist run` gives every rank
+
+
+def physical_cores() -> list[list[int]]:
+    """The logical CPUs of each physical core this process may use, in core order."""
+    allowed = os.sched_getaffinity(0)
+    cores: dict[tuple[int, int], list[int]] = {}
+    for cpu in sorted(allowed):
+        topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            key = (int((topo / "physical_package_id").read_text()), int((topo / "core_id").read_text()))
+        except (OSError, ValueError):
+            key = (0, cpu)  # no topology: each logical CPU its own core
+        cores.setdefault(key, []).append(cpu)
+    return [cores[k] for k in sorted(cores)]
+
+
+def host_cpus(cores_per_host: int, hosts: int) -> list[list[int]]:
+    cores = physical_cores()
+    if cores_per_host * hosts > len(cores):
+        raise SystemExit(f"{hosts} hosts of {cores_per_host} core(s) need {cores_per_host * hosts} physical cores; "
+                         f"this process may use {len(cores)}")
+    return [sorted(c for core in cores[i * cores_per_host:(i + 1) * cores_per_host] for c in core)
+            for i in range(hosts)]
+
+
+def sh(*argv: str) -> None:
+    r = subprocess.run(argv, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: exit {r.returncode}: {r.stderr.strip()}")
+
+
+class Hosts:
+    """Namespace hosts on a bridge, each pinned to its own cores; `down()` removes every namespace it made."""
+
+    def __init__(self, cpus: list[list[int]]) -> None:
+        self.cpus = cpus
+        self.n = len(cpus)
+        self.made: list[str] = []
+        self.tbf = "none"
+
+    def name(self, i: int) -> str:
+        return f"{PREFIX}-h{i}"
+
+    def addr(self, i: int) -> str:
+        return SUBNET.format(201 + i)
+
+    def up(self) -> Hosts:
+        bridge = f"{PREFIX}-b"
+        sh("ip", "netns", "add", bridge)
+        self.made.append(bridge)
+        sh("ip", "-n", bridge, "link", "add", "br0", "type", "bridge")
+        sh("ip", "-n", bridge, "link", "set", "br0", "up")
+        for i in range(self.n):
+            ns = self.name(i)
+            sh("ip", "netns", "add", ns)
+            self.made.append(ns)
+            sh("ip", "link", "add", f"{PREFIX}-v{i}", "netns", ns, "type", "veth", "peer", "name", f"{PREFIX}-p{i}",
+               "netns", bridge)
+            sh("ip", "-n", ns, "addr", "add", f"{self.addr(i)}/24", "dev", f"{PREFIX}-v{i}")
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+            sh("ip", "-n", ns, "link", "set", f"{PREFIX}-v{i}", "up")
+            sh("ip", "-n", bridge, "link", "set", f"{PREFIX}-p{i}", "master", "br0")
+            sh("ip", "-n", bridge, "link", "set", f"{PREFIX}-p{i}", "up")
+        return self
+
+    def shape(self, gbps: float | None) -> None:
+        """tbf at `gbps` on both ends of every host's link (None: unshaped)."""
+        self.tbf = tbf_spec(gbps) if gbps else "none"
+        for i in range(self.n):
+            for ns, dev in ((self.name(i), f"{PREFIX}-v{i}"), (f"{PREFIX}-b", f"{PREFIX}-p{i}")):
+                if gbps:
+                    sh("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", *self.tbf.split())
+                else:
+                    subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"],
+                                   capture_output=True)
+
+    def down(self) -> None:
+        for ns in reversed(self.made):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        self.made.clear()
+
+    def start(self, i: int, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+        """`argv` in host i's namespace, on its cores only."""
+        netns, cpus, host = f"/var/run/netns/{self.name(i)}", set(self.cpus[i]), self.name(i).encode()
+
+        def enter() -> None:  # in the child, before exec: what `ip netns exec` does, then the affinity
+            libc = ctypes.CDLL(None, use_errno=True)
+
+            def check(rc: int, what: str) -> None:
+                if rc != 0:
+                    raise OSError(ctypes.get_errno(), what)
+
+            fd = os.open(netns, os.O_RDONLY)
+            check(libc.setns(fd, CLONE_NEWNET), f"setns {netns}")
+            os.close(fd)
+            # sysfs shows the namespace it was mounted in: a private /sys of this one, so that the rank's
+            # interface counters (cpudist/train/netcount.py) read its own link
+            check(libc.unshare(CLONE_NEWNS), "unshare")
+            check(libc.mount(None, b"/", None, MS_REC | MS_SLAVE, None), "mount --make-rslave /")
+            check(libc.umount2(b"/sys", MNT_DETACH), "umount /sys")
+            check(libc.mount(b"sysfs", b"/sys", b"sysfs", 0, None), "mount sysfs")
+            check(libc.unshare(CLONE_NEWUTS), "unshare uts")  # its own host name: cpudist tells nodes by name
+            check(libc.sethostname(host, len(host)), "sethostname")
+            os.sched_setaffinity(0, cpus)
+
+        with log.open("wb") as f:
+            return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+                                    preexec_fn=enter)
+
+    def describe(self) -> dict[str, Any]:
+        return {"hosts": self.n, "cpus": self.cpus, "tbf": self.tbf, "addresses": [self.addr(i) for i in range(self.n)]}
+
+
+@contextlib.contextmanager
+def ballast(hosts: Hosts, used: int, work: Path) -> Iterator[None]:
+    """A spin loop on every logical CPU of the hosts from `used` on, each pinned to its CPU."""
+    spin = [hosts.start(i, ["sh", "-c", "while :; do :; done"], {"PATH": os.environ["PATH"]}, work / "spin.log")
+            for i in range(used, hosts.n) for _ in hosts.cpus[i]]
+    try:
+        yield
+    finally:
+        for p in spin:
+            p.kill()
+            p.wait(timeout=30)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def train(hosts: Hosts, used: int, cfg: TrainConfig, work: Path, timeout: float) -> dict[str, Any]:
+    """One rank on each of the first `used` hosts; rank 0's result.json (the fields lora_scaling keeps)."""
+    out = Path(cfg.output_dir)
+    argv = [sys.executable, "-m", "cpudist.rank", *to_argv(cfg)]
+    port = str(free_port())
+    procs = []
+    with ballast(hosts, used, work):
+        for r in range(used):
+            env = {**os.environ, **RANK_ENV, "RANK": str(r), "WORLD_SIZE": str(used), "LOCAL_RANK": "0",
+                   "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": hosts.addr(0), "MASTER_PORT": port,
+                   "GLOO_SOCKET_IFNAME": f"{PREFIX}-v{r}"}
+            procs.append(hosts.start(r, argv, env, work / f"{out.name}-rank{r}.log"))
+        deadline = time.time() + timeout
+        codes = []
+        for p in procs:
+            try:
+                codes.append(p.wait(timeout=max(1.0, deadline - time.time())))
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                codes.append(-9)
+    if any(codes) or not (out / "result.json").is_file():
+        tail = (work / f"{out.name}-rank0.log").read_text(errors="replace")[-1500:]
+        return {"error": f"exit codes {codes}: {tail}", "hosts": used}
+    r = json.loads((out / "result.json").read_text())
+    return {**{k: r.get(k) for k in KEEP}, **steady_tokens(out / "steps.jsonl"), "hosts": used,
+            "cpu": r["cpu"], "versions": r["versions"], "command": " ".join(argv)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="bert-base", help="a random-init preset [default: bert-base]")
+    ap.add_argument("--cores-per-host", default="auto",
+                    help="physical cores per host [default: auto, the machine's split over the most hosts]")
+    ap.add_argument("--host-counts", default="1,2,4")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=12, help="per run, the first 3 left out of the steady rate")
+    ap.add_argument("--calibration-steps", type=int, default=8)
+    ap.add_argument("--link-gbps", type=float, help="skip the calibration run and shape links to this")
+    ap.add_argument("--data-dir", type=Path, default=MRPC)
+    ap.add_argument("--budget-s", type=float, default=3600, help="start no run that would end after this")
+    ap.add_argument("--run-timeout-s", type=float, default=600)
+    ap.add_argument("--check", action="store_true", help="a try of the machinery: print, write no result file")
+    ap.add_argument("--results-dir", type=Path, default=Path(__file__).resolve().parent / "results")
+    a = ap.parse_args()
+    started = time.time()
+    counts = [int(n) for n in a.host_counts.split(",")]
+    a.cores_per_host = (max(1, len(physical_cores()) // max(counts)) if a.cores_per_host == "auto"
+                        else int(a.cores_per_host))
+    hosts = Hosts(host_cpus(a.cores_per_host, max(counts)))
+    kind = read_cpu().kind
+    command = "python benchmarks/wholecore_scaling.py " + " ".join(sys.argv[1:])
+    arms: dict[str, tuple[str, ...]] = {"lora": LORA_FLAGS["default"], "full": ()}
+    cells: dict[str, list[dict[str, Any]]] = {}
+    took: dict[str, float] = {}
+    skipped: list[str] = []
+    work = Path(tempfile.mkdtemp(prefix="wholecore-"))
+    base = {"task": "mrpc", "data_dir": str(a.data_dir), "model": a.model, "batch_size": BATCH, "sampler": "random",
+            "do_eval": False, "save_model": "none"}
+    try:
+        hosts.up()
+        if a.link_gbps:
+            cal: dict[str, Any] = {"link_gbps": a.link_gbps, "from": "--link-gbps"}
+        else:  # the blog's work on one host, the link unused
+            blog = TrainConfig(**{**base, "task": "synthetic", "data_dir": None, "precision": "fp32",
+                                  "max_seq_len": 128, "synthetic_samples": BATCH * a.calibration_steps,
+                                  "max_steps": a.calibration_steps, "output_dir": str(work / "calibration")})
+            r = train(hosts, 1, blog, work, a.run_timeout_s)
+            if "error" in r:
+                raise SystemExit(f"calibration failed: {r['error']}")
+            sps = float(r["steady_samples_per_s"])
+            cal = {"bert_base_blog_samples_per_s": sps, "link_gbps": BLOG_LINK_GBPS * sps / BLOG_SAMPLES_PER_S,
+                   "threads": r["threads_per_rank"], "steps": a.calibration_steps, "from": "measured"}
+        hosts.shape(cal["link_gbps"])
+        cal["tbf"] = hosts.tbf
+        print(f"# calibration: {json.dumps(cal)}", file=sys.stderr, flush=True)
+        for repeat in range(a.repeats):
+            for n in counts:
+                for arm, flags in arms.items():
+                    cell = f"{arm}@{n}"
+                    if time.time() + took.get(cell, 0.0) - started > a.budget_s:
+                        skipped.append(f"{cell} repeat {repeat}")
+                        continue
+                    lora = {"peft": "lora", "lora_r": int(flags[flags.index("--lora-r") + 1])} if flags else {}
+                    cfg = TrainConfig(**{**base, **lora, "max_steps": a.steps,
+                                         "output_dir": str(work / f"{arm}-{n}-{repeat}")})
+                    t0 = time.time()
+                    r = train(hosts, n, cfg, work, a.run_timeout_s)
+                    took[cell] = time.time() - t0
+                    cells.setdefault(cell, []).append({**r, "repeat": repeat, "seconds": round(took[cell], 1)})
+                    print(f"# {arm} x{n} repeat {repeat}: {r.get('steady_samples_per_s')} samples/s, "
+                          f"{r.get('measured_tx_bytes_per_step')} B/step, {took[cell]:.0f} s "
+                          f"{r.get('error', '')[-300:]}", file=sys.stderr, flush=True)
+    finally:
+        hosts.down()
+        shutil.rmtree(work, ignore_errors=True)
+    first = next((r for rs in cells.values() for r in rs if "cpu" in r), None)
+    if first is None:
+        raise SystemExit("every run failed: see the errors above")
+    one = statistics.median(r["steady_samples_per_s"] for r in cells.get("full@1", []) if "error" not in r) \
+        if any("error" not in r for r in cells.get("full@1", [])) else None
+    if "bert_base_blog_samples_per_s" in cal:  # lora_scaling's calibration fields, for its table
+        cal.update(model=a.model, bert_base_task_samples_per_s=one, model_task_samples_per_s=one,
+                   model_blog_samples_per_s=cal["bert_base_blog_samples_per_s"], bert_base_blog_from="measured",
+                   c6i_task_samples_per_s=(BLOG_SAMPLES_PER_S * one / cal["bert_base_blog_samples_per_s"]
+                                           if one else None))
+    cpus = ", ".join(f"host {i}: cpus {','.join(map(str, c))}" for i, c in enumerate(hosts.cpus))
+    res = {"command": command, "cpu": first["cpu"], "cpu_kind": kind, "versions": first["versions"],
+           "precision": first.get("precision"), "code": code_version(), "layout": f"{a.cores_per_host}core",
+           "cluster_text": f"{hosts.n} namespace hosts of {a.cores_per_host} whole physical core(s) each by CPU "
+                           f"affinity ({cpus}); links `{hosts.tbf}` on both ends; ranks started directly, 1 per host",
+           "wall_s": round(time.time() - started), "skipped": skipped,
+           "settings": {"model": a.model, "repeats": a.repeats, "steps": a.steps, "batch": BATCH,
+                        "host_counts": counts, "sampler": "random", "cores_per_host": a.cores_per_host,
+                        "arms": {k: list(v) for k, v in arms.items()}, "lora": "default"},
+           "calibrations": {a.model: cal}, "cells": {a.model: cells},
+           "summary": {a.model: summarize(cells, accuracy_delta(kind, "default"))}}
+    text = markdown(res, where=f"hosts of {a.cores_per_host} whole core(s)")
+    if skipped:
+        text += f"\nNot run (--budget-s {a.budget_s:g}): {', '.join(skipped)}.\n"
+    if not a.check:
+        out = a.results_dir / f"wholecore-scaling-{a.model}-{kind}"
+        out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
+        out.with_suffix(".md").write_text(text + "\n")
+    print(text, flush=True)
+
+
+if __name__ == "__main__":
+    main()
