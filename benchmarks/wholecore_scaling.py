@@ -225,6 +225,7 @@ def main() -> None:
     ap.add_argument("--cores-per-host", default="auto",
                     help="physical cores per host [default: auto, the machine's split over the most hosts]")
     ap.add_argument("--host-counts", default="1,2,4")
+    ap.add_argument("--arms", default="lora,full", help="of lora, full [default: both]")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12, help="per run, the first 3 left out of the steady rate")
     ap.add_argument("--calibration-steps", type=int, default=8)
@@ -242,7 +243,7 @@ def main() -> None:
     hosts = Hosts(host_cpus(a.cores_per_host, max(counts)))
     kind = read_cpu().kind
     command = "python benchmarks/wholecore_scaling.py " + " ".join(sys.argv[1:])
-    arms: dict[str, tuple[str, ...]] = {"lora": LORA_FLAGS["default"], "full": ()}
+    arms = {arm: {"lora": LORA_FLAGS["default"], "full": ()}[arm] for arm in a.arms.split(",")}
     cells: dict[str, list[dict[str, Any]]] = {}
     took: dict[str, float] = {}
     skipped: list[str] = []
@@ -311,6 +312,7 @@ def main() -> None:
     if skipped:
         text += f"\nNot run (--budget-s {a.budget_s:g}): {', '.join(skipped)}.\n"
     if not a.check:
+        a.results_dir.mkdir(parents=True, exist_ok=True)
         out = a.results_dir / f"wholecore-scaling-{a.model}-{kind}"
         out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
         out.with_suffix(".md").write_text(text + "\n")
