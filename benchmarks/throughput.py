@@ -16,6 +16,9 @@ Suites (each writes results/throughput-<suite>[-quick]-<cpu kind>.json and .md, 
                            samples/s and each process's peak RSS (one rank; its whole training process);
                            --gradient-checkpointing adds both with activation checkpointing (ours-gc, hf_best-gc)
   parity-minilm            dev accuracy of ours vs hf_best, MRPC 3 epochs (also with --quick), a seed per repeat
+  lora-minilm, lora-bert-base
+                           `--peft lora` beside full fine-tuning (ours, hf_best): the default LoRA (every Linear,
+                           dropout 0.1), the same with dropout 0, and query/value only (LORA_ARMS)
 
 Arms of a suite alternate inside every repeat, so drifts of the machine hit every arm alike; ratios are
 of median steady samples/s (min-max beside them). The CPU kind (amx-bf16, avx512-bf16, avx512, avx2) is
@@ -51,6 +54,12 @@ LEVERS: dict[str, dict[str, str | None]] = {
     "freeze-embeddings": {"freeze-embeddings": None},
     "fast-dropout": {"fast-dropout": None},  # Click takes the last of --torch-dropout/--fast-dropout
     "first-token-last-layer": {"first-token-last-layer": None},
+}
+# The lora-* suites: what a LoRA step costs beside full fine-tuning (ours, hf_best), by what LoRA adapts and its dropout
+LORA_ARMS: dict[str, dict[str, str | None]] = {
+    "ours-lora": {"peft": "lora"},  # the default: every Linear of the layers, dropout 0.1 on each adapter's input
+    "ours-lora-dropout-0": {"peft": "lora", "lora-dropout": "0"},
+    "ours-lora-qv": {"peft": "lora", "lora-targets": "query,value"},
 }
 # --without LEVER: an arm of `ours` with that default lever turned off, beside `ours` (what the lever adds to it).
 OFF: dict[str, dict[str, str | None]] = {"first-token-last-layer": {"full-last-layer": None},
@@ -391,7 +400,8 @@ def main() -> None:
               **({"max-train-samples": "640"} if a.quick else {}), **forced}
     bert = {"batch-size": "32", "max-steps": "8" if a.quick else "12", "max-train-samples": "640", **forced}
     plans = {"mrpc-minilm": (MINILM, minilm, True), "bert-base": ("bert-base", bert, False),
-             "levers-minilm": (MINILM, minilm, True), "levers-bert-base": ("bert-base", bert, False)}
+             "levers-minilm": (MINILM, minilm, True), "levers-bert-base": ("bert-base", bert, False),
+             "lora-minilm": (MINILM, minilm, False), "lora-bert-base": ("bert-base", bert, False)}
     kind = cpu().kind
     quick = "-quick" if a.quick else ""
     for name in a.suites.split(","):
@@ -417,11 +427,14 @@ def main() -> None:
                 arms["bare"] = lambda m=model, c=common, e=eval_: ours(m, c, e, dict(BARE))
                 for lever in a.levers.split(","):
                     arms[lever] = lambda m=model, c=common, e=eval_, x=LEVERS[lever]: ours(m, c, e, {**BARE, **x})
-            else:
+            elif not name.startswith("lora-"):
                 arms["blog"] = lambda m=model, c=common, e=eval_: hf("blog", m, c, e)
             for lever in filter(None, a.without.split(",")):
                 arms[f"ours-without-{lever}"] = lambda m=model, c=common, e=eval_, x=OFF[lever]: ours(m, c, e, x)
             arms["ours"] = lambda m=model, c=common, e=eval_: ours(m, c, e, {})
+            if name.startswith("lora-"):
+                for arm, x in LORA_ARMS.items():
+                    arms[arm] = lambda m=model, c=common, e=eval_, x=x: ours(m, c, e, x)
             res = {"command": command, **suite(name, model, common, eval_, a.repeats, arms)}
             md = markdown(res, command)
         path.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
