@@ -18,8 +18,10 @@ link), so the machine needs iproute2 but no sshd or MPI. The hosts a run does no
 (ballast, as lora_scaling.py), so every host count runs on an equally busy machine. What stays shared, as on any
 one machine: the memory bus and the last-level cache.
 
-Work and arms are lora_scaling.py's: MRPC's real rows, `--sampler random`, batch 32 per host, no evaluation, the
-CPU's default precision; `full` (ddp) and `lora` (LORA_FLAGS["default"], every Linear). Host counts and arms
+Work and arms are lora_scaling.py's: MRPC's real rows, `--sampler random` (DistributedSampler's order, each rank's
+rows padded to its own longest; `--sampler grouped`, `cpudist run`'s default, shares each length-sorted global batch
+out so the ranks get rows of about equal length), batch 32 per host, no evaluation, the CPU's default precision;
+`full` (ddp) and `lora` (LORA_FLAGS["default"], every Linear). Host counts and arms
 alternate inside each repeat; `--budget-s` stops starting runs once the next would not fit, and the result says
 which cells ran. The summary is lora_scaling.summarize's (`lora_speedup_4_hosts`, `bytes_ratio_full_over_lora`,
 `accuracy_delta_points` from accuracy_scaling.py's ledger of this CPU kind).
@@ -226,6 +228,9 @@ def main() -> None:
                     help="physical cores per host [default: auto, the machine's split over the most hosts]")
     ap.add_argument("--host-counts", default="1,2,4")
     ap.add_argument("--arms", default="lora,full", help="of lora, full [default: both]")
+    ap.add_argument("--sampler", default="random", choices=["random", "grouped"],
+                    help="of the timed runs [default: random, as lora_scaling.py; grouped: `cpudist run`'s default, "
+                    "compare its real tokens/s: each host count trains other rows]")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12, help="per run, the first 3 left out of the steady rate")
     ap.add_argument("--calibration-steps", type=int, default=8)
@@ -248,7 +253,7 @@ def main() -> None:
     took: dict[str, float] = {}
     skipped: list[str] = []
     work = Path(tempfile.mkdtemp(prefix="wholecore-"))
-    base = {"task": "mrpc", "data_dir": str(a.data_dir), "model": a.model, "batch_size": BATCH, "sampler": "random",
+    base = {"task": "mrpc", "data_dir": str(a.data_dir), "model": a.model, "batch_size": BATCH, "sampler": a.sampler,
             "do_eval": False, "save_model": "none"}
     try:
         hosts.up()
@@ -304,7 +309,7 @@ def main() -> None:
                            f"affinity ({cpus}); links `{hosts.tbf}` on both ends; ranks started directly, 1 per host",
            "wall_s": round(time.time() - started), "skipped": skipped,
            "settings": {"model": a.model, "repeats": a.repeats, "steps": a.steps, "batch": BATCH,
-                        "host_counts": counts, "sampler": "random", "cores_per_host": a.cores_per_host,
+                        "host_counts": counts, "sampler": a.sampler, "cores_per_host": a.cores_per_host,
                         "arms": {k: list(v) for k, v in arms.items()}, "lora": "default"},
            "calibrations": {a.model: cal}, "cells": {a.model: cells},
            "summary": {a.model: summarize(cells, accuracy_delta(kind, "default"))}}
@@ -313,7 +318,7 @@ def main() -> None:
         text += f"\nNot run (--budget-s {a.budget_s:g}): {', '.join(skipped)}.\n"
     if not a.check:
         a.results_dir.mkdir(parents=True, exist_ok=True)
-        out = a.results_dir / f"wholecore-scaling-{a.model}-{kind}"
+        out = a.results_dir / f"wholecore-scaling-{a.model}-{kind}{'-grouped' if a.sampler == 'grouped' else ''}"
         out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
         out.with_suffix(".md").write_text(text + "\n")
     print(text, flush=True)
