@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import dataclasses
 import json
 import os
 import shutil
@@ -173,17 +174,34 @@ class Hosts:
         return {"hosts": self.n, "cpus": self.cpus, "tbf": self.tbf, "addresses": [self.addr(i) for i in range(self.n)]}
 
 
+def rank_env(hosts: Hosts, rank: int, world: int, head: int, port: int) -> dict[str, str]:
+    """What a launcher gives a rank of a one-rank-per-host job whose rank 0 is on host `head`."""
+    return {**os.environ, **RANK_ENV, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": hosts.addr(head), "MASTER_PORT": str(port),
+            "GLOO_SOCKET_IFNAME": f"{PREFIX}-v{head + rank}"}
+
+
 @contextlib.contextmanager
-def ballast(hosts: Hosts, used: int, work: Path) -> Iterator[None]:
-    """A spin loop on every logical CPU of the hosts from `used` on, each pinned to its CPU."""
-    spin = [hosts.start(i, ["sh", "-c", "while :; do :; done"], {"PATH": os.environ["PATH"]}, work / "spin.log")
-            for i in range(used, hosts.n) for _ in hosts.cpus[i]]
+def ballast(hosts: Hosts, used: int, work: Path, twin: TrainConfig | None) -> Iterator[None]:
+    """Keep the hosts from `used` on busy: a spin loop on each of their logical CPUs, or (`twin`) a one-host run of
+    the same training on each, so that a host count's ranks share the machine's common parts (memory bus,
+    last-level cache, a VM's cores that may be one physical core's threads) with the same work at every count."""
+    if twin is None:
+        procs = [hosts.start(i, ["sh", "-c", "while :; do :; done"], {"PATH": os.environ["PATH"]}, work / "spin.log")
+                 for i in range(used, hosts.n) for _ in hosts.cpus[i]]
+    else:
+        procs = [hosts.start(i, [sys.executable, "-m", "cpudist.rank",
+                                 *to_argv(dataclasses.replace(twin, output_dir=str(work / f"twin-{i}")))],
+                             rank_env(hosts, 0, 1, i, free_port()), work / f"twin-{i}.log")
+                 for i in range(used, hosts.n)]
     try:
         yield
     finally:
-        for p in spin:
+        for p in procs:
             p.kill()
             p.wait(timeout=30)
+        for i in range(used, hosts.n):
+            shutil.rmtree(work / f"twin-{i}", ignore_errors=True)
 
 
 def free_port() -> int:
@@ -192,18 +210,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def train(hosts: Hosts, used: int, cfg: TrainConfig, work: Path, timeout: float) -> dict[str, Any]:
-    """One rank on each of the first `used` hosts; rank 0's result.json (the fields lora_scaling keeps)."""
+def train(hosts: Hosts, used: int, cfg: TrainConfig, work: Path, timeout: float,
+          twin: bool = False) -> dict[str, Any]:
+    """One rank on each of the first `used` hosts; rank 0's result.json (the fields lora_scaling keeps). `twin`:
+    the other hosts run the same training alone meanwhile (ballast), for 10x the steps so that it outlasts this."""
     out = Path(cfg.output_dir)
     argv = [sys.executable, "-m", "cpudist.rank", *to_argv(cfg)]
-    port = str(free_port())
+    port = free_port()
     procs = []
-    with ballast(hosts, used, work):
+    busy = dataclasses.replace(cfg, max_steps=10 * (cfg.max_steps or 10)) if twin else None
+    with ballast(hosts, used, work, busy):
         for r in range(used):
-            env = {**os.environ, **RANK_ENV, "RANK": str(r), "WORLD_SIZE": str(used), "LOCAL_RANK": "0",
-                   "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": hosts.addr(0), "MASTER_PORT": port,
-                   "GLOO_SOCKET_IFNAME": f"{PREFIX}-v{r}"}
-            procs.append(hosts.start(r, argv, env, work / f"{out.name}-rank{r}.log"))
+            procs.append(hosts.start(r, argv, rank_env(hosts, r, used, 0, port), work / f"{out.name}-rank{r}.log"))
         deadline = time.time() + timeout
         codes = []
         for p in procs:
@@ -238,6 +256,9 @@ def main() -> None:
     ap.add_argument("--data-dir", type=Path, default=MRPC)
     ap.add_argument("--budget-s", type=float, default=3600, help="start no run that would end after this")
     ap.add_argument("--run-timeout-s", type=float, default=600)
+    ap.add_argument("--ballast", choices=["spin", "twin"], default="spin",
+                    help="what keeps the unused hosts busy: a spin loop per CPU [default], or the same training run "
+                    "alone on each (twin)")
     ap.add_argument("--check", action="store_true", help="a try of the machinery: print, write no result file")
     ap.add_argument("--results-dir", type=Path, default=Path(__file__).resolve().parent / "results")
     a = ap.parse_args()
@@ -283,7 +304,7 @@ def main() -> None:
                     cfg = TrainConfig(**{**base, **lora, "max_steps": a.steps,
                                          "output_dir": str(work / f"{arm}-{n}-{repeat}")})
                     t0 = time.time()
-                    r = train(hosts, n, cfg, work, a.run_timeout_s)
+                    r = train(hosts, n, cfg, work, a.run_timeout_s, twin=a.ballast == "twin")
                     took[cell] = time.time() - t0
                     cells.setdefault(cell, []).append({**r, "repeat": repeat, "seconds": round(took[cell], 1)})
                     print(f"# {arm} x{n} repeat {repeat}: {r.get('steady_samples_per_s')} samples/s, "
@@ -306,10 +327,12 @@ def main() -> None:
     res = {"command": command, "cpu": first["cpu"], "cpu_kind": kind, "versions": first["versions"],
            "precision": first.get("precision"), "code": code_version(), "layout": f"{a.cores_per_host}core",
            "cluster_text": f"{hosts.n} namespace hosts of {a.cores_per_host} whole physical core(s) each by CPU "
-                           f"affinity ({cpus}); links `{hosts.tbf}` on both ends; ranks started directly, 1 per host",
+                           f"affinity ({cpus}); links `{hosts.tbf}` on both ends; ranks started directly, 1 per host; "
+                           f"unused hosts: {'the same training alone' if a.ballast == 'twin' else 'a spin loop a CPU'}",
            "wall_s": round(time.time() - started), "skipped": skipped,
            "settings": {"model": a.model, "repeats": a.repeats, "steps": a.steps, "batch": BATCH,
                         "host_counts": counts, "sampler": a.sampler, "cores_per_host": a.cores_per_host,
+                        "ballast": a.ballast,
                         "arms": {k: list(v) for k, v in arms.items()}, "lora": "default"},
            "calibrations": {a.model: cal}, "cells": {a.model: cells},
            "summary": {a.model: summarize(cells, accuracy_delta(kind, "default"))}}
@@ -318,7 +341,8 @@ def main() -> None:
         text += f"\nNot run (--budget-s {a.budget_s:g}): {', '.join(skipped)}.\n"
     if not a.check:
         a.results_dir.mkdir(parents=True, exist_ok=True)
-        out = a.results_dir / f"wholecore-scaling-{a.model}-{kind}{'-grouped' if a.sampler == 'grouped' else ''}"
+        suffix = ("-grouped" if a.sampler == "grouped" else "") + ("-twin" if a.ballast == "twin" else "")
+        out = a.results_dir / f"wholecore-scaling-{a.model}-{kind}{suffix}"
         out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
         out.with_suffix(".md").write_text(text + "\n")
     print(text, flush=True)
