@@ -15,7 +15,8 @@ link 25 Gbit/s x S / 23.6, the blog's compute/network ratio; for the same host o
 c6i.16xlarge-running-cpudist ratio of issue 24. Ranks start directly as the trainer `cpudist run` launches
 (`python -m cpudist.rank` with the launcher's rank variables, one rank per host, GLOO_SOCKET_IFNAME the host's
 link), so the machine needs iproute2 but no sshd or MPI. The hosts a run does not use spin on their own cores
-(ballast, as lora_scaling.py), so every host count runs on an equally busy machine. What stays shared, as on any
+(ballast, as lora_scaling.py; `--ballast twin`: the same training alone on each), so every host count runs on an
+equally busy machine. What stays shared, as on any
 one machine: the memory bus and the last-level cache.
 
 Work and arms are lora_scaling.py's: MRPC's real rows, `--sampler random` (DistributedSampler's order, each rank's
@@ -36,6 +37,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -59,8 +61,11 @@ PREFIX = "wc"  # namespace and link names: wc-b (the bridge), wc-h0.., links wc-
 SUBNET = "198.18.0.{}"  # hosts at .201, .202, ...
 CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWUTS = 0x40000000, 0x00020000, 0x04000000
 MS_REC, MS_SLAVE, MNT_DETACH = 0x4000, 0x80000, 2
+PR_SET_PDEATHSIG = 1
+# What `cpudist run --dry-run` gave every rank here, where no tcmalloc is installed (with it, `--allocator auto` also
+# sets LD_PRELOAD: cpudist/launch/env.py); the rank variables are added per rank.
 RANK_ENV = {"OMP_NUM_THREADS": "1", "CPUDIST_THREADS": "auto", "PYTHONUNBUFFERED": "1",
-            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}  # what `cpudist run` gives every rank
+            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
 
 
 def physical_cores() -> list[list[int]]:
@@ -109,6 +114,9 @@ class Hosts:
 
     def up(self) -> Hosts:
         bridge = f"{PREFIX}-b"
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+        for ns in {bridge, *(self.name(i) for i in range(8))} & set(listed):  # left by a run killed outright
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         sh("ip", "netns", "add", bridge)
         self.made.append(bridge)
         sh("ip", "-n", bridge, "link", "add", "br0", "type", "bridge")
@@ -150,8 +158,10 @@ class Hosts:
             libc = ctypes.CDLL(None, use_errno=True)
 
             def check(rc: int, what: str) -> None:
-                if rc != 0:
-                    raise OSError(ctypes.get_errno(), what)
+                if rc != 0:  # the parent sees only "Exception occurred in preexec_fn": say it in the log
+                    err = ctypes.get_errno()
+                    os.write(2, f"wholecore_scaling: {what}: {os.strerror(err)}\n".encode())
+                    raise OSError(err, what)
 
             fd = os.open(netns, os.O_RDONLY)
             check(libc.setns(fd, CLONE_NEWNET), f"setns {netns}")
@@ -165,6 +175,7 @@ class Hosts:
             check(libc.unshare(CLONE_NEWUTS), "unshare uts")  # its own host name: cpudist tells nodes by name
             check(libc.sethostname(host, len(host)), "sethostname")
             os.sched_setaffinity(0, cpus)
+            check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL), "prctl")  # dies with this script, however it ends
 
         with log.open("wb") as f:
             return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
@@ -182,7 +193,7 @@ def rank_env(hosts: Hosts, rank: int, world: int, head: int, port: int) -> dict[
 
 
 @contextlib.contextmanager
-def ballast(hosts: Hosts, used: int, work: Path, twin: TrainConfig | None) -> Iterator[None]:
+def ballast(hosts: Hosts, used: int, work: Path, twin: TrainConfig | None) -> Iterator[list[subprocess.Popen[bytes]]]:
     """Keep the hosts from `used` on busy: a spin loop on each of their logical CPUs, or (`twin`) a one-host run of
     the same training on each, so that a host count's ranks share the machine's common parts (memory bus,
     last-level cache, a VM's cores that may be one physical core's threads) with the same work at every count."""
@@ -195,10 +206,11 @@ def ballast(hosts: Hosts, used: int, work: Path, twin: TrainConfig | None) -> It
                              rank_env(hosts, 0, 1, i, free_port()), work / f"twin-{i}.log")
                  for i in range(used, hosts.n)]
     try:
-        yield
+        yield procs
     finally:
         for p in procs:
             p.kill()
+        for p in procs:
             p.wait(timeout=30)
         for i in range(used, hosts.n):
             shutil.rmtree(work / f"twin-{i}", ignore_errors=True)
@@ -213,24 +225,33 @@ def free_port() -> int:
 def train(hosts: Hosts, used: int, cfg: TrainConfig, work: Path, timeout: float,
           twin: bool = False) -> dict[str, Any]:
     """One rank on each of the first `used` hosts; rank 0's result.json (the fields lora_scaling keeps). `twin`:
-    the other hosts run the same training alone meanwhile (ballast), for 10x the steps so that it outlasts this."""
+    the other hosts run the same training alone meanwhile (ballast), for 100x the steps so that it outlasts this."""
     out = Path(cfg.output_dir)
     argv = [sys.executable, "-m", "cpudist.rank", *to_argv(cfg)]
     port = free_port()
     procs = []
-    busy = dataclasses.replace(cfg, max_steps=10 * (cfg.max_steps or 10)) if twin else None
-    with ballast(hosts, used, work, busy):
-        for r in range(used):
-            procs.append(hosts.start(r, argv, rank_env(hosts, r, used, 0, port), work / f"{out.name}-rank{r}.log"))
-        deadline = time.time() + timeout
-        codes = []
-        for p in procs:
-            try:
-                codes.append(p.wait(timeout=max(1.0, deadline - time.time())))
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                codes.append(-9)
+    busy = dataclasses.replace(cfg, max_steps=100 * (cfg.max_steps or 10)) if twin else None
+    with ballast(hosts, used, work, busy) as others:
+        try:
+            for r in range(used):
+                procs.append(hosts.start(r, argv, rank_env(hosts, r, used, 0, port),
+                                         work / f"{out.name}-rank{r}.log"))
+            deadline = time.time() + timeout
+            codes = []
+            for p in procs:
+                try:
+                    codes.append(p.wait(timeout=max(1.0, deadline - time.time())))
+                except subprocess.TimeoutExpired:
+                    for q in procs:
+                        q.kill()
+                    codes.append(-9)
+        finally:  # an error or Ctrl-C while the ranks run: none is left behind
+            for p in procs:
+                p.kill()
+                p.wait(timeout=30)
+        died = [i for i, p in enumerate(others) if p.poll() is not None]
+    if died:  # the 1-host baseline would have run beside an idle host
+        return {"error": f"ballast process(es) {died} ended during the run", "hosts": used}
     if any(codes) or not (out / "result.json").is_file():
         tail = (work / f"{out.name}-rank0.log").read_text(errors="replace")[-1500:]
         return {"error": f"exit codes {codes}: {tail}", "hosts": used}
@@ -262,6 +283,9 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="a try of the machinery: print, write no result file")
     ap.add_argument("--results-dir", type=Path, default=Path(__file__).resolve().parent / "results")
     a = ap.parse_args()
+    if a.model != "bert-base" and not a.link_gbps:
+        ap.error("the calibration is bert-base's (the blog's model): give --link-gbps for another model")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through the finally blocks: hosts torn down
     started = time.time()
     counts = [int(n) for n in a.host_counts.split(",")]
     a.cores_per_host = (max(1, len(physical_cores()) // max(counts)) if a.cores_per_host == "auto"
