@@ -297,6 +297,7 @@ def main() -> None:
     cells: dict[str, list[dict[str, Any]]] = {}
     took: dict[str, float] = {}
     skipped: list[str] = []
+    partial = a.results_dir / f"wholecore-scaling-{a.model}-{kind}.partial.json"
     work = Path(tempfile.mkdtemp(prefix="wholecore-"))
     base = {"task": "mrpc", "data_dir": str(a.data_dir), "model": a.model, "batch_size": BATCH, "sampler": a.sampler,
             "do_eval": False, "save_model": "none"}
@@ -321,7 +322,9 @@ def main() -> None:
             for n in counts:
                 for arm, flags in arms.items():
                     cell = f"{arm}@{n}"
-                    if time.time() + took.get(cell, 0.0) - started > a.budget_s:
+                    # a cell not run yet is guessed at the longest run so far
+                    guess = took.get(cell, max(took.values(), default=0.0))
+                    if time.time() + guess - started > a.budget_s:
                         skipped.append(f"{cell} repeat {repeat}")
                         continue
                     lora = {"peft": "lora", "lora_r": int(flags[flags.index("--lora-r") + 1])} if flags else {}
@@ -331,6 +334,9 @@ def main() -> None:
                     r = train(hosts, n, cfg, work, a.run_timeout_s, twin=a.ballast == "twin")
                     took[cell] = time.time() - t0
                     cells.setdefault(cell, []).append({**r, "repeat": repeat, "seconds": round(took[cell], 1)})
+                    if not a.check:  # what has run survives whatever ends this script (lent time, an error)
+                        a.results_dir.mkdir(parents=True, exist_ok=True)
+                        partial.write_text(json.dumps({"command": command, "calibration": cal, "cells": cells}) + "\n")
                     print(f"# {arm} x{n} repeat {repeat}: {r.get('steady_samples_per_s')} samples/s, "
                           f"{r.get('measured_tx_bytes_per_step')} B/step, {took[cell]:.0f} s "
                           f"{r.get('error', '')[-300:]}", file=sys.stderr, flush=True)
@@ -369,6 +375,7 @@ def main() -> None:
         out = a.results_dir / f"wholecore-scaling-{a.model}-{kind}{suffix}"
         out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
         out.with_suffix(".md").write_text(text + "\n")
+        partial.unlink(missing_ok=True)
     print(text, flush=True)
 
 
