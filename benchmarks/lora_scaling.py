@@ -224,8 +224,11 @@ def markdown(res: dict[str, Any], where: str = "the miniature cluster") -> str:
     for model, s in res["summary"].items():
         cal = res["calibrations"][model]
         link = f"Link {cal['link_gbps']:.3f} Gbit/s (`{cal.get('tbf', '?')}`)"
-        if cal.get("c6i_task_samples_per_s") is None:  # given, not calibrated (wholecore_scaling.py --link-gbps)
-            link += f" from {cal.get('from', '?')}."
+        if cal.get("c6i_task_samples_per_s") is None:  # given (wholecore_scaling.py --link-gbps), or no 1-host full run
+            link += f" from {cal.get('from', '?')}"
+            if cal.get("bert_base_blog_samples_per_s"):
+                link += f": one host {cal['bert_base_blog_samples_per_s']:.3f} bert-base samples/s on the blog's rows"
+            link += "."
         else:
             link += (f": one host {cal['model_task_samples_per_s']:.2f} samples/s on "
                      f"MRPC (bert-base {cal['bert_base_task_samples_per_s']:.2f} on MRPC, "
