@@ -60,7 +60,7 @@ MRPC = ROOT.parent / "shared" / "data" / "glue" / "MRPC"
 PREFIX = "wc"  # namespace and link names: wc-b (the bridge), wc-h0.., links wc-v0 (host end), wc-p0 (bridge end)
 SUBNET = "198.18.0.{}"  # hosts at .201, .202, ...
 CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWUTS = 0x40000000, 0x00020000, 0x04000000
-MS_REC, MS_SLAVE, MNT_DETACH = 0x4000, 0x80000, 2
+MS_RDONLY, MS_REC, MS_SLAVE, MNT_DETACH = 0x1, 0x4000, 0x80000, 2
 PR_SET_PDEATHSIG = 1
 # What `cpudist run --dry-run` gave every rank here, where no tcmalloc is installed (with it, `--allocator auto` also
 # sets LD_PRELOAD: cpudist/launch/env.py); the rank variables are added per rank.
@@ -170,8 +170,10 @@ class Hosts:
             # interface counters (cpudist/train/netcount.py) read its own link
             check(libc.unshare(CLONE_NEWNS), "unshare")
             check(libc.mount(None, b"/", None, MS_REC | MS_SLAVE, None), "mount --make-rslave /")
-            check(libc.umount2(b"/sys", MNT_DETACH), "umount /sys")
-            check(libc.mount(b"sysfs", b"/sys", b"sysfs", 0, None), "mount sysfs")
+            # as iproute2 does: a failed unmount is no error, and a read-only /sys (containers) stays read-only
+            flags = MS_RDONLY if os.statvfs("/sys").f_flag & os.ST_RDONLY else 0
+            libc.umount2(b"/sys", MNT_DETACH)
+            check(libc.mount(b"sysfs", b"/sys", b"sysfs", flags, None), "mount sysfs")
             check(libc.unshare(CLONE_NEWUTS), "unshare uts")  # its own host name: cpudist tells nodes by name
             check(libc.sethostname(host, len(host)), "sethostname")
             os.sched_setaffinity(0, cpus)
