@@ -55,9 +55,11 @@ from scaling import code_version
 from cpudist.config import TrainConfig, to_argv
 from cpudist.cpu import read_cpu
 from tests.harness.capped import tbf_spec
+from tests.harness.netns import NetnsCluster, sh
 
 MRPC = ROOT.parent / "shared" / "data" / "glue" / "MRPC"
-PREFIX = "wc"  # namespace and link names: wc-b (the bridge), wc-h0.., links wc-v0 (host end), wc-p0 (bridge end)
+PREFIX = "wc"  # namespaces: wc-b (the bridge), wc-h0, wc-h1, ...
+BRIDGE, IFACE = f"{PREFIX}-b", "eth0"  # each host's link is its eth0, the bridge's end v0, v1, ... (as netns.py)
 SUBNET = "198.18.0.{}"  # hosts at .201, .202, ...
 CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWUTS = 0x40000000, 0x00020000, 0x04000000
 MS_RDONLY, MS_REC, MS_SLAVE, MNT_DETACH = 0x1, 0x4000, 0x80000, 2
@@ -91,12 +93,6 @@ def host_cpus(cores_per_host: int, hosts: int) -> list[list[int]]:
             for i in range(hosts)]
 
 
-def sh(*argv: str) -> None:
-    r = subprocess.run(argv, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)}: exit {r.returncode}: {r.stderr.strip()}")
-
-
 class Hosts:
     """Namespace hosts on a bridge, each pinned to its own cores; `down()` removes every namespace it made."""
 
@@ -113,41 +109,32 @@ class Hosts:
         return SUBNET.format(201 + i)
 
     def up(self) -> Hosts:
-        bridge = f"{PREFIX}-b"
+        """The bridge and the hosts, wired as tests/harness/netns.py wires its own (its helpers: one room)."""
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-        for ns in {bridge, *(self.name(i) for i in range(8))} & set(listed):  # left by a run killed outright
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        sh("ip", "netns", "add", bridge)
-        self.made.append(bridge)
-        sh("ip", "-n", bridge, "link", "add", "br0", "type", "bridge")
-        sh("ip", "-n", bridge, "link", "set", "br0", "up")
+        for ns in {BRIDGE, *(self.name(i) for i in range(8))} & set(listed):  # left by a run killed outright
+            sh("ip", "netns", "del", ns, check=False)
+        self.made.append(BRIDGE)
+        NetnsCluster._add_bridge(BRIDGE)
         for i in range(self.n):
-            ns = self.name(i)
-            sh("ip", "netns", "add", ns)
-            self.made.append(ns)
-            sh("ip", "link", "add", f"{PREFIX}-v{i}", "netns", ns, "type", "veth", "peer", "name", f"{PREFIX}-p{i}",
-               "netns", bridge)
-            sh("ip", "-n", ns, "addr", "add", f"{self.addr(i)}/24", "dev", f"{PREFIX}-v{i}")
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
-            sh("ip", "-n", ns, "link", "set", f"{PREFIX}-v{i}", "up")
-            sh("ip", "-n", bridge, "link", "set", f"{PREFIX}-p{i}", "master", "br0")
-            sh("ip", "-n", bridge, "link", "set", f"{PREFIX}-p{i}", "up")
+            self.made.append(self.name(i))
+            sh("ip", "netns", "add", self.name(i))
+            sh("ip", "-n", self.name(i), "link", "set", "lo", "up")
+            NetnsCluster._plug(self.name(i), IFACE, f"{self.addr(i)}/24", BRIDGE, f"v{i}")
         return self
 
     def shape(self, gbps: float | None) -> None:
         """tbf at `gbps` on both ends of every host's link (None: unshaped)."""
         self.tbf = tbf_spec(gbps) if gbps else "none"
         for i in range(self.n):
-            for ns, dev in ((self.name(i), f"{PREFIX}-v{i}"), (f"{PREFIX}-b", f"{PREFIX}-p{i}")):
+            for ns, dev in ((self.name(i), IFACE), (BRIDGE, f"v{i}")):
                 if gbps:
-                    sh("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", *self.tbf.split())
+                    sh("tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", *self.tbf.split())
                 else:
-                    subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"],
-                                   capture_output=True)
+                    sh("tc", "-n", ns, "qdisc", "del", "dev", dev, "root", check=False)
 
     def down(self) -> None:
         for ns in reversed(self.made):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            sh("ip", "netns", "del", ns, check=False)
         self.made.clear()
 
     def start(self, i: int, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -191,7 +178,7 @@ def rank_env(hosts: Hosts, rank: int, world: int, head: int, port: int) -> dict[
     """What a launcher gives a rank of a one-rank-per-host job whose rank 0 is on host `head`."""
     return {**os.environ, **RANK_ENV, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0",
             "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": hosts.addr(head), "MASTER_PORT": str(port),
-            "GLOO_SOCKET_IFNAME": f"{PREFIX}-v{head + rank}"}
+            "GLOO_SOCKET_IFNAME": IFACE}
 
 
 @contextlib.contextmanager
