@@ -39,7 +39,6 @@ import os
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,7 +47,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from lora_scaling import BATCH, KEEP, LORA_FLAGS, accuracy_delta, markdown, steady_tokens, summarize
+from lora_scaling import BATCH, KEEP, LORA_FLAGS, accuracy_delta, markdown, median, steady_tokens, summarize
 from miniature import BLOG_LINK_GBPS, BLOG_SAMPLES_PER_S, ROOT
 from scaling import code_version
 
@@ -231,10 +230,9 @@ def train(hosts: Hosts, used: int, cfg: TrainConfig, work: Path, timeout: float,
                 try:
                     codes.append(p.wait(timeout=max(1.0, deadline - time.time())))
                 except subprocess.TimeoutExpired:
-                    for q in procs:
-                        q.kill()
-                    codes.append(-9)
-        finally:  # an error or Ctrl-C while the ranks run: none is left behind
+                    codes.append(-9)  # the finally below stops them all
+                    break
+        finally:  # done, timed out, an error or Ctrl-C: no rank is left behind
             for p in procs:
                 p.kill()
                 p.wait(timeout=30)
@@ -335,8 +333,7 @@ def main() -> None:
     first = next((r for rs in cells.values() for r in rs if "cpu" in r), None)
     if first is None:
         raise SystemExit("every run failed: see the errors above")
-    one = statistics.median(r["steady_samples_per_s"] for r in cells.get("full@1", []) if "error" not in r) \
-        if any("error" not in r for r in cells.get("full@1", [])) else None
+    one = median(cells.get("full@1", []), "steady_samples_per_s")  # None when no 1-host full run succeeded
     if "bert_base_blog_samples_per_s" in cal:  # lora_scaling's calibration fields, for its table
         cal.update(model=a.model, bert_base_task_samples_per_s=one, model_task_samples_per_s=one,
                    model_blog_samples_per_s=cal["bert_base_blog_samples_per_s"], bert_base_blog_from="measured",
