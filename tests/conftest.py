@@ -3,6 +3,7 @@ that fails on any skip its machine should not take."""
 
 from __future__ import annotations
 
+import compileall
 import os
 import re
 import signal
@@ -30,6 +31,20 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Compile cpudist and the test harness to bytecode once, as a wheel install (pip) would have.
+
+    The README installs cpudist editable, which writes no `.pyc`; with PYTHONDONTWRITEBYTECODE set (this machine's
+    and CI's environment) no process writes them either, so every rank, `cpudist` command and harness server the
+    suite starts (hundreds) compiled cpudist's sources again on each start. The files are checked against their
+    sources' mtimes as usual, so an edit after this still runs the edited source."""
+    if hasattr(session.config, "workerinput"):  # an xdist worker: its controller did it
+        return
+    repo = Path(__file__).resolve().parents[1]
+    for package in ("cpudist", "tests"):
+        compileall.compile_dir(repo / package, quiet=1)
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
