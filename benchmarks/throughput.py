@@ -245,6 +245,11 @@ def markdown(res: dict[str, Any], command: str) -> str:
         lines += ["", f"ours / hf_best = **{res['ours_over_hf_best']:.2f}x**"
                   + (f"; ours / blog = **{res['ours_over_blog']:.2f}x**" if "ours_over_blog" in res else "")
                   + f"; ours MFU = {res['ours_mfu']:.1%} of the nominal peak ({res['peak_how']})"]
+    if "ours_over_hf_best_tokens" in res:
+        tok = res["median_steady_tokens_per_s"]
+        lines += ["", f"In real (unpadded) tokens/s of the same steady steps: ours {tok['ours']:.1f}, hf_best "
+                  f"{tok['hf_best']:.1f}: ours / hf_best = **{res['ours_over_hf_best_tokens']:.2f}x**, the fairer "
+                  "ratio when the two samplers put rows of other lengths into the steps measured"]
     return "\n".join(lines) + "\n"
 
 
