@@ -21,7 +21,8 @@ from cpudist.train.models import build_model
 def main() -> None:
     torch.set_num_threads(2)
     torch.manual_seed(0)
-    print(f"# CPU {read_cpu().model} ({read_cpu().kind}), torch {torch.__version__}, 2 threads, fp32")
+    cpu = read_cpu()
+    print(f"# CPU {cpu.model} ({cpu.kind}), torch {torch.__version__}, 2 threads, fp32")
     model = build_model("bert-base", 2, False, 0.1)
     dropout.install(model)
     last_layer.install(model)

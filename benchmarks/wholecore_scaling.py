@@ -54,7 +54,7 @@ from scaling import code_version
 from cpudist.config import TrainConfig, to_argv
 from cpudist.cpu import read_cpu
 from tests.harness.capped import tbf_spec
-from tests.harness.netns import NetnsCluster, sh
+from tests.harness.netns import add_bridge, plug, sh
 
 MRPC = ROOT.parent / "shared" / "data" / "glue" / "MRPC"
 PREFIX = "wc"  # namespaces: wc-b (the bridge), wc-h0, wc-h1, ...
@@ -110,15 +110,15 @@ class Hosts:
     def up(self) -> Hosts:
         """The bridge and the hosts, wired as tests/harness/netns.py wires its own (its helpers: one room)."""
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-        for ns in {BRIDGE, *(self.name(i) for i in range(8))} & set(listed):  # left by a run killed outright
+        for ns in (ns for ns in listed if ns == BRIDGE or ns.startswith(f"{PREFIX}-h")):  # a run killed outright
             sh("ip", "netns", "del", ns, check=False)
         self.made.append(BRIDGE)
-        NetnsCluster._add_bridge(BRIDGE)
+        add_bridge(BRIDGE)
         for i in range(self.n):
             self.made.append(self.name(i))
             sh("ip", "netns", "add", self.name(i))
             sh("ip", "-n", self.name(i), "link", "set", "lo", "up")
-            NetnsCluster._plug(self.name(i), IFACE, f"{self.addr(i)}/24", BRIDGE, f"v{i}")
+            plug(self.name(i), IFACE, f"{self.addr(i)}/24", BRIDGE, f"v{i}")
         return self
 
     def shape(self, gbps: float | None) -> None:

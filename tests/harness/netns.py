@@ -41,6 +41,22 @@ def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, check=check, capture_output=True, text=True)
 
 
+def add_bridge(ns: str) -> None:
+    """A namespace holding one bridge, br0, that hosts' veths join."""
+    sh("ip", "netns", "add", ns)
+    sh("ip", "-n", ns, "link", "set", "lo", "up")
+    sh("ip", "-n", ns, "link", "add", "br0", "type", "bridge")
+    sh("ip", "-n", ns, "link", "set", "br0", "up")
+
+
+def plug(ns: str, dev: str, cidr: str, bridge_ns: str, port: str) -> None:
+    """A veth from namespace `ns` (device `dev`, address `cidr`) to the bridge in `bridge_ns`."""
+    sh("ip", "link", "add", port, "netns", bridge_ns, "type", "veth", "peer", "name", dev, "netns", ns)
+    sh("ip", "-n", bridge_ns, "link", "set", port, "master", "br0", "up")
+    sh("ip", "-n", ns, "addr", "add", cidr, "dev", dev)
+    sh("ip", "-n", ns, "link", "set", dev, "up")
+
+
 def ensure_user(name: str) -> None:
     """An unprivileged login `name` on this machine (the hosts share /etc/passwd), with no home made here:
     every host mounts one of its own there."""
@@ -147,16 +163,8 @@ class NetnsCluster:
             self._start_node(i)
         return self
 
-    @staticmethod
-    def _add_bridge(ns: str) -> None:
-        """A namespace holding one bridge, br0, that hosts' veths join."""
-        sh("ip", "netns", "add", ns)
-        sh("ip", "-n", ns, "link", "set", "lo", "up")
-        sh("ip", "-n", ns, "link", "add", "br0", "type", "bridge")
-        sh("ip", "-n", ns, "link", "set", "br0", "up")
-
     def _add_networks(self) -> None:
-        self._add_bridge(self.bridge_ns)
+        add_bridge(self.bridge_ns)
         if self.gateway:
             # A bastion inside the "VPC": the test process itself reaches every host directly.
             sh("ip", "link", "add", f"{self.prefix}-gw", "type", "veth", "peer", "name", "vgw", "netns", self.bridge_ns)
@@ -175,17 +183,9 @@ class NetnsCluster:
             self._make_home(i, user)
         sh("ip", "netns", "add", ns)
         sh("ip", "-n", ns, "link", "set", "lo", "up")
-        self._plug(ns, "eth0", f"{self.addr(i)}/{self.prefixlen}", self.bridge_ns, f"v{i}")
+        plug(ns, "eth0", f"{self.addr(i)}/{self.prefixlen}", self.bridge_ns, f"v{i}")
         self._add_links(i)
         self._launch_sshd(i, new_key=True)
-
-    @staticmethod
-    def _plug(ns: str, dev: str, cidr: str, bridge_ns: str, port: str) -> None:
-        """A veth from namespace `ns` (device `dev`, address `cidr`) to the bridge in `bridge_ns`."""
-        sh("ip", "link", "add", port, "netns", bridge_ns, "type", "veth", "peer", "name", dev, "netns", ns)
-        sh("ip", "-n", bridge_ns, "link", "set", port, "master", "br0", "up")
-        sh("ip", "-n", ns, "addr", "add", cidr, "dev", dev)
-        sh("ip", "-n", ns, "link", "set", dev, "up")
 
     def _add_links(self, i: int) -> None:
         """More interfaces for host i before its sshd starts (none here)."""

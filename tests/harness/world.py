@@ -49,7 +49,7 @@ from typing import Any
 
 from tests.harness.ec2 import Emulator
 from tests.harness.firewall import host_rulesets, live_instances, ruleset
-from tests.harness.netns import NetnsCluster, sh
+from tests.harness.netns import NetnsCluster, add_bridge, plug, sh
 from tests.harness.power import Boot, Power
 
 OPERATOR_ADDR = "198.18.0.200"
@@ -79,10 +79,10 @@ class WorldHosts(NetnsCluster):
 
     def _add_networks(self) -> None:
         super()._add_networks()
-        self._add_bridge(self.public_ns)
+        add_bridge(self.public_ns)
 
     def _add_links(self, i: int) -> None:
-        self._plug(self.name(i), "eth1", f"{self.public_addr(i)}/25", self.public_ns, f"p{i}")
+        plug(self.name(i), "eth1", f"{self.public_addr(i)}/25", self.public_ns, f"p{i}")
 
     def listen_addrs(self, i: int) -> list[str]:
         return [self.private_addr(i), self.public_addr(i)]
@@ -138,7 +138,7 @@ class World:
     def _start_operator(self) -> None:
         sh("ip", "netns", "add", self.operator_ns)
         sh("ip", "-n", self.operator_ns, "link", "set", "lo", "up")
-        self.hosts._plug(self.operator_ns, "eth0", f"{OPERATOR_ADDR}/25", self.hosts.public_ns, "op")
+        plug(self.operator_ns, "eth0", f"{OPERATOR_ADDR}/25", self.hosts.public_ns, "op")
         home, mine = Path.home(), self.operator_path()
         script = " && ".join([f"mount --bind '{mine}' '{OPERATOR_HOME}'",
                               f"mount --bind '{mine}/.ssh' '{home}/.ssh'",  # ssh reads the passwd home
