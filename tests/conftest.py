@@ -33,6 +33,17 @@ if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
+# OpenMP threads that wait, wait asleep (OMP_WAIT_POLICY=PASSIVE) in every process the suite starts on this machine,
+# and on the namespace hosts (tests/harness/netns.py sets it in their sshd's sessions). Torch's GNU OpenMP spins a
+# waiting thread (GOMP_SPINCOUNT, 300,000 pauses) before it sleeps: harmless on a node whose cores are its ranks'
+# own, ruinous here, where 3 workers' runs and 2-4 "hosts" share 2 cores and a spinning thread holds the core its
+# peer needs to reach the barrier it spins on. Three 2-thread runs at once on 2 cores (60 tiny steps each) took
+# 65-79 s and 125-152 CPU-s spinning, 21 s and 36 CPU-s waiting asleep (2026-11-28, AMD EPYC, 2 cores). Real nodes
+# share no cores, so this removes an artefact of the test world, not a cost users pay; `cpudist run` leaves the
+# policy to the user (benchmarks/omp_wait.py measures both on a node of its own and under sharing).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Compile cpudist and the test harness to bytecode once, as a wheel install (pip) would have.
 
@@ -83,10 +94,37 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+@pytest.fixture(scope="session")
+def session_tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The one token cache folder of the whole session, every xdist worker's (each writes an entry under a
+    temporary name and renames it, as the ranks of one node do: cpudist/train/token_cache.py)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the workers' basetemps lie in the controller's
+    folder = root / "tokens"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 @pytest.fixture(autouse=True)
-def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every test gets its own ledger, never the user's ~/.cpudist."""
-    monkeypatch.setenv("CPUDIST_HOME", str(tmp_path / "cpudist-home"))
+def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
+                   request: pytest.FixtureRequest, session_tokens: Path) -> None:
+    """Every test gets its own ledger, runs and state, never the user's ~/.cpudist, but shares the session's token
+    cache (its folder a link to `session_tokens`): this machine's runs on the same rows tokenize them once, as one
+    user's runs do. Tokenizing is not what most runs test: MRPC's 4,076 rows cost a rank ~1.3 s of CPU cold, next
+    to ~0.3 s read back, and a rank of every local run of the suite paid it. A test marked `own_token_cache`
+    starts with an empty one (the cache's miss then hit: test_run_local.py). Nodes of the namespace worlds keep
+    their own homes and caches, as separate machines do. The home lies beside the test's tmp_path, not in it: a
+    test may list its tmp_path."""
+    home = tmp_path_factory.mktemp("cpudist-home")
+    monkeypatch.setenv("CPUDIST_HOME", str(home))
+    if request.node.get_closest_marker("own_token_cache") is None:
+        from cpudist import state
+
+        cache = state.token_cache_dir()
+        assert home in cache.parents, cache
+        cache.parent.mkdir()
+        cache.symlink_to(session_tokens, target_is_directory=True)
 
 
 # CI (.ci/run exports CPUDIST_CI=1; any value but empty or 0 turns it on): a skip hides a test as well as a

@@ -279,7 +279,10 @@ PrintMotd no
 Subsystem sftp internal-sftp
 MaxStartups 100:30:200
 MaxSessions 100
+SetEnv OMP_WAIT_POLICY=PASSIVE
 """)
+        # SetEnv: the hosts share this machine's cores, which real nodes never do, so their OpenMP threads wait
+        # asleep instead of spinning on a core another host's rank needs (tests/conftest.py says what it cost).
         sh(SSHD, "-t", "-f", str(d / "sshd_config"))
         # New UTS + mount namespace: own hostname, /etc/hosts, ~/.ssh and ~/.cpudist, inherited by
         # everything this sshd starts.

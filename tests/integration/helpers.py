@@ -37,6 +37,26 @@ def cpudist(*args: str | Path, timeout: float = 300,
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+def in_process(*args: str | Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`cpudist ARGS` in this process (Click's CliRunner) with exactly the environment `env` (every other variable
+    unset while it runs) and no terminal on stdin: its exit code, stdout and stderr as `cpudist` would give them,
+    without a Python start and the imports of click, boto3, rich and paramiko per call (most of a failing or
+    cluster command's CPU time). For what happens before any process starts; `cpudist` where signals, the real
+    entry point or a second process are the point.
+
+    An exception that escaped the command (a subprocess would print a Traceback) fails the test here."""
+    from click.testing import CliRunner
+
+    from cpudist.cli.main import cli
+
+    overrides: dict[str, str | None] = {**dict.fromkeys(os.environ), **env}
+    words = [str(a) for a in args]
+    r = CliRunner().invoke(cli, words, env=overrides, prog_name="cpudist")
+    if r.exception is not None and not isinstance(r.exception, SystemExit):
+        raise AssertionError(f"cpudist {' '.join(words)} raised {r.exception!r}\n{r.stderr}") from r.exception
+    return subprocess.CompletedProcess(["cpudist", *words], r.exit_code, r.stdout, r.stderr)
+
+
 def descendants(pid: int) -> list[int]:
     """PIDs of every live process below `pid` (from /proc)."""
     children: dict[int, list[int]] = {}

@@ -22,10 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
 
-from cpudist.cli.main import cli as main_cli
 from tests.harness.ec2 import FAKE_CREDENTIALS, TEST_NET_2, Emulator
+from tests.integration.helpers import in_process
 
 CPUDIST = [sys.executable, "-m", "cpudist.cli"]
 TAG = "cpudist:cluster"
@@ -49,17 +48,8 @@ def cpudist(emu: Emulator, tmp_path: Path, *args: str, env: dict[str, str] | Non
 
 def cli(emu: Emulator, tmp_path: Path, *args: str,
         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """`cpudist ARGS` in this process (Click's CliRunner), with the environment `env` (every other variable unset),
-    no terminal on stdin: its exit code, stdout and stderr, as `cpudist` would give them, without a Python start
-    and the imports of click, boto3, rich and paramiko per call (most of a cluster command's CPU time).
-
-    An exception that escaped the command (a subprocess would print a Traceback) fails the test here."""
-    env = env or env_for(emu, tmp_path)
-    overrides: dict[str, str | None] = {**dict.fromkeys(os.environ), **env}
-    r = CliRunner().invoke(main_cli, list(args), env=overrides, prog_name="cpudist")
-    if r.exception is not None and not isinstance(r.exception, SystemExit):
-        raise AssertionError(f"cpudist {' '.join(args)} raised {r.exception!r}\n{r.stderr}") from r.exception
-    return subprocess.CompletedProcess(["cpudist", *args], r.exit_code, r.stdout, r.stderr)
+    """`cpudist ARGS` in this process (tests/integration/helpers.py), with the environment `env`."""
+    return in_process(*args, env=env or env_for(emu, tmp_path))
 
 
 def up(emu: Emulator, tmp_path: Path, ami: str, *extra: str, nodes: int = 4) -> subprocess.CompletedProcess[str]:

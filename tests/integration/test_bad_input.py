@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.ec2 import FAKE_CREDENTIALS
-from tests.integration.helpers import cpudist
+from tests.integration.helpers import cpudist, in_process
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
@@ -30,8 +31,8 @@ def home(tmp_path: Path) -> Path:
 
 def run_as_user(home: Path, *args: str | Path) -> tuple[int, str, dict[str, bytes]]:
     before = snapshot(home)
-    r = cpudist(*args, env={**FAKE_CREDENTIALS, "HOME": str(home), "CPUDIST_HOME": str(home / ".cpudist")},
-                timeout=60)
+    r = in_process(*args, env={**os.environ, **FAKE_CREDENTIALS, "HOME": str(home),
+                               "CPUDIST_HOME": str(home / ".cpudist")})
     outside = {k: v for k, v in snapshot(home).items() if not k.startswith(".cpudist")}
     assert outside == {k: v for k, v in before.items() if not k.startswith(".cpudist")}, "touched outside ~/.cpudist"
     return r.returncode, r.stderr, snapshot(home / ".cpudist")

@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.integration.helpers import CPUDIST, cmdline, cpudist, descendants, output_of
-from tests.integration.token_cache import module_tokens, one_token_cache  # noqa: F401 (fixtures)
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_token_cache")]
+pytestmark = pytest.mark.slow
 
 
 STEPS = 40

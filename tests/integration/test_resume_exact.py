@@ -24,9 +24,8 @@ import pytest
 
 from tests.integration.helpers import cmdline, cpudist, descendants
 from tests.integration.test_resume import sigterm_ranks_at
-from tests.integration.token_cache import module_tokens, one_token_cache  # noqa: F401 (fixtures)
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_token_cache")]
+pytestmark = pytest.mark.slow
 
 
 STEPS = 16

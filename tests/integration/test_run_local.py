@@ -32,6 +32,7 @@ def in_process(*args: str | Path) -> Result:
     return r
 
 
+@pytest.mark.own_token_cache  # its first run must tokenize and write the cache, its second hit it
 def test_two_ranks_then_one_then_report(shared_data: Path, tmp_path: Path) -> None:
     rows = ["--max-train-samples", "160", "--max-eval-samples", "64"]  # 5 steps x 32: the rows used, less to tokenize
     r2 = cpudist("run", *mrpc(shared_data), *rows, "--np", "2", "--ppn", "2", "--max-steps", "5",

@@ -12,6 +12,7 @@ from cpudist.cli.run import run
 from cpudist.cli.sweep import SET_PER_RUN, sweep
 from cpudist.errors import BadInput
 from cpudist.run.sweep import SeriesHosts, check_series, parse_counts, run_dirs
+from cpudist.state import ledger_path
 
 HOSTFILE = SeriesHosts(Path("hosts"), None, "auto", 4)
 
@@ -70,7 +71,7 @@ def test_bad_input_fails_before_any_run_with_one_line(tmp_path: Path, monkeypatc
     r = CliRunner().invoke(cli, ["sweep", "mrpc", "--hostfile", "hosts", "--model", "tiny", *args])
     assert r.exit_code == 2, r.output
     assert why in r.output and len(r.output.strip().splitlines()) == 1
-    assert not (tmp_path / "runs").exists() and not (tmp_path / "cpudist-home" / "results.jsonl").exists()
+    assert not (tmp_path / "runs").exists() and not ledger_path().exists()
 
 
 def test_dry_run_shows_each_run_with_the_options_passed_through(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
