@@ -114,12 +114,10 @@ def main() -> None:
             own[arm].append(runs_at_once(args.model, args.steps, arm, 1))
             shared[arm].append(runs_at_once(args.model, args.shared_steps, arm, cores + 1))
     first = own["spin"][0]
-    summary = {
-        "own": {arm: {k: median_of(rows, k) for k in ("steady_samples_per_s", "cpu_s", "wall_s")}
-                for arm, rows in own.items()},
-        "shared": {arm: {k: median_of(rows, k) for k in ("steady_samples_per_s", "cpu_s", "wall_s")}
-                   for arm, rows in shared.items()},
-    }
+    summary = {where: {arm: {k: median_of(rows, k) for k in ("steady_samples_per_s", "cpu_s", "wall_s")}
+                       for arm, rows in runs.items()}
+               for where, runs in (("own", own), ("shared", shared))}
+
     def ratio(where: str, key: str) -> float:  # passive over spin, medians
         return summary[where]["passive"][key]["median"] / summary[where]["spin"][key]["median"]
 
