@@ -2,10 +2,15 @@
 
 torch draws every dropout element from its CPU generator one at a time (bernoulli_: ~5 ns an element
 here), which made dropout 23% of a MiniLM training step on an AMX CPU, more than all the matrix
-products of the forward pass. Here one 64-bit draw of the same seeded generator gives four 16-bit
-uniforms: an element is kept when its uniform falls under round(65536 (1 - p)), and kept elements are
-scaled by 65536 / that threshold, so the expectation is exact. Same p, same seeding and checkpointed
-RNG state; a different (equally random) mask than torch's.
+products of the forward pass. Here one 64-bit random word gives four 16-bit uniforms: an element is kept
+when its uniform falls under round(65536 (1 - p)), and kept elements are scaled by 65536 / that threshold, so
+the expectation is exact. Same p, same seeding and checkpointed RNG state; a different (equally random) mask
+than torch's.
+
+The words come from numpy's SFC64 generator (4 ns a 64-bit word here) seeded by torch's default generator, not
+from torch's random_ (14 ns: its CPU kernel is serial and costs a call per element). A draw is serial either way,
+so once the matrix products use every core it is what is left: LoRA's adapter dropouts made torch's draw 23% of
+a bert-base bf16 step on 4 AMX cores (benchmarks/results/dropout-draw-<cpu kind>.md).
 
 `install(model)` swaps every nn.Dropout for FastDropout and, for the families in FAST_ATTENTION, routes the
 attention of training steps through `attention` (softmax, this dropout, matmul); evaluation keeps PyTorch's fused
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 ATTENTION = "cpudist_fast_dropout"
@@ -34,10 +40,16 @@ def keep_mask(shape: torch.Size, p: float) -> tuple[torch.Tensor, float]:
     threshold = round((1.0 - p) * 65536)
     if threshold >= 65536:  # p under 1/65536 drops nothing (and 32768 is past int16's range)
         return torch.ones(shape, dtype=torch.bool), 1.0
-    # The full signed range: random_() alone leaves the top bit 0, which would bias every fourth lane.
-    words = torch.empty((n + LANES - 1) // LANES, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
-    uniforms = words.view(torch.int16)[:n].view(shape)
+    uniforms = random_words((n + LANES - 1) // LANES).view(torch.int16)[:n].view(shape)
     return uniforms < threshold - 32768, threshold / 65536
+
+
+def random_words(n: int) -> torch.Tensor:
+    """n random int64 words over the full signed range (random_() with torch's bounds leaves the top bit 0, which
+    would bias every fourth 16-bit lane), from numpy's SFC64 seeded by one draw of torch's default generator: the
+    same seed gives the same words, and a checkpoint's RNG state the same masks."""
+    seed = int(torch.randint(0, 2**62, ()))
+    return torch.from_numpy(np.random.SFC64(seed).random_raw(n).view(np.int64))
 
 
 class _Dropout(torch.autograd.Function):
