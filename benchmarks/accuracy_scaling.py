@@ -44,7 +44,10 @@ MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # resolved to the pip-packaged
 BASE = "1 rank"
 LOCAL = ("--sync", "local-sgd", "--sync-every", "8")
 X8 = ("--lr", "1e-4", "--lr-scaling", "linear")  # 2x one rank's lr, then x4 ranks
-LORA_R8 = ("--peft", "lora", "--lora-r", "8")
+# the adapters' dropout was 0.1 by default until 2026-11-28 (now 0): the arms run before then say it, so that a rerun
+# trains what their ledger rows trained
+LORA_R8 = ("--peft", "lora", "--lora-r", "8", "--lora-dropout", "0.1")
+LORA_R16 = ("--peft", "lora", "--lora-r", "16", "--lora-dropout", "0.1")
 FROZEN_POOLER = ("--lora-modules-to-save", "classifier")  # BERT's pooler frozen, as LoRA's first runs had it
 QV = ("--lora-targets", "query,value")  # the attention's query and value only: the default targets until 2026-11-27
 MV_BF16 = ("--average-moments", "both", "--grad-compression", "bf16")
@@ -87,17 +90,20 @@ ARMS: dict[str, tuple[int, tuple[str, ...]]] = {
     "1 rank lora r8 lr 5e-4 frozen pooler": (1, (*LORA_R8, *QV, *FROZEN_POOLER, "--lr", "5e-4")),
     "1 rank lora r8 lr 1e-3 frozen pooler": (1, (*LORA_R8, *QV, *FROZEN_POOLER, "--lr", "1e-3")),
     "1 rank lora r8 q,v lr 1e-3": (1, (*LORA_R8, *QV, "--lr", "1e-3")),
-    "1 rank lora r16 lr 1e-3": (1, ("--peft", "lora", "--lora-r", "16", "--lr", "1e-3")),
+    "1 rank lora r16 lr 1e-3": (1, (*LORA_R16, "--lr", "1e-3")),
     # every Linear of the encoder (attention q, k, v and output; both feed-forward layers), as QLoRA found LoRA
     # needs to match full fine-tuning; the pooler still trains in full (peft puts no adapter inside a module it
     # trains in full). Run with these flags before they became the default; the same model as the default now.
     "1 rank lora r8 all-linear lr 1e-3": (1, (*LORA_R8, "--lora-targets", "query,key,value,dense", "--lr", "1e-3")),
-    "1 rank lora r16 lr 5e-4": (1, ("--peft", "lora", "--lora-r", "16", "--lr", "5e-4")),
+    "1 rank lora r16 lr 5e-4": (1, (*LORA_R16, "--lr", "5e-4")),
+    # the adapters without dropout (peft's own default): their dropout draws a mask over every adapted Linear's input,
+    # 46% of a bert-base bf16 step on an AMX CPU (benchmarks/results/lora-step-profile-amx-bf16.txt)
+    "1 rank lora r8 lr 1e-3 dropout 0": (1, ("--peft", "lora", "--lora-r", "8", "--lora-dropout", "0", "--lr", "1e-3")),
     "lora r8 lr 5e-4 x sqrt4": (4, (*LORA_R8, "--lr", "5e-4", "--lr-scaling", "sqrt")),
     "lora r8 lr 5e-4 x4": (4, (*LORA_R8, "--lr", "5e-4", "--lr-scaling", "linear")),
     # the better 1-rank LoRA lr (1e-3, seed 42: -1.0 point where 5e-4 lost 5.1), raised by sqrt(4) for 4x the batch
     "lora r8 lr 1e-3 x sqrt4": (4, (*LORA_R8, "--lr", "1e-3", "--lr-scaling", "sqrt")),
-    "lora r16 lr 1e-3 x sqrt4": (4, ("--peft", "lora", "--lora-r", "16", "--lr", "1e-3", "--lr-scaling", "sqrt")),
+    "lora r16 lr 1e-3 x sqrt4": (4, (*LORA_R16, "--lr", "1e-3", "--lr-scaling", "sqrt")),
     # linear, as full fine-tuning's best 4-rank arm scales (ddp lr x8 is 2x one rank's lr, then x4)
     "lora r8 lr 1e-3 x4": (4, (*LORA_R8, "--lr", "1e-3", "--lr-scaling", "linear")),
 }

@@ -72,11 +72,13 @@ BATCH = 32
 # (accuracy_scaling.py "1 rank lora r8 all-linear lr 1e-3").
 LORA_FLAGS: dict[str, tuple[str, ...]] = {
     "first": ("--peft", "lora", "--lora-r", "8", "--lora-targets", "query,value", "--lora-modules-to-save",
-              "classifier"),
+              "classifier", "--lora-dropout", "0.1"),
+    # cpudist's default; its adapters' dropout was 0.1 until 2026-11-28 (the result files of before say which ran)
     "default": ("--peft", "lora", "--lora-r", "8"),
 }
-# accuracy_scaling.py's arm that answers accuracy_delta_points for each (MiniLM, MRPC, 3 epochs, 1 rank, same seeds)
-LORA_ACCURACY_ARM = {"first": "1 rank lora r8 lr 1e-3 frozen pooler", "default": "1 rank lora r8 all-linear lr 1e-3"}
+# accuracy_scaling.py's arm that answers accuracy_delta_points for each (MiniLM, MRPC, 3 epochs, 1 rank, same seeds);
+# "1 rank lora r8 all-linear lr 1e-3" is the default of before 2026-11-28 (adapter dropout 0.1)
+LORA_ACCURACY_ARM = {"first": "1 rank lora r8 lr 1e-3 frozen pooler", "default": "1 rank lora r8 lr 1e-3 dropout 0"}
 IDLE_CONTROL = "lora, other hosts idle"  # not in the summary: it shows what the ballast changes
 GOAL = {"lora_speedup_4_hosts": 3.8, "bytes_ratio_full_over_lora": 50.0, "accuracy_delta_points": -1.5}
 KEEP = ("run_id", "steady_samples_per_s", "train_samples_per_s", "steps", "wall_time_s", "world_size", "nodes",

@@ -57,8 +57,10 @@ LEVERS: dict[str, dict[str, str | None]] = {
 }
 # The lora-* suites: what a LoRA step costs beside full fine-tuning (ours, hf_best), by what LoRA adapts and its dropout
 LORA_ARMS: dict[str, dict[str, str | None]] = {
-    "ours-lora": {"peft": "lora"},  # the default: every Linear of the layers, dropout 0.1 on each adapter's input
-    "ours-lora-dropout-0": {"peft": "lora", "lora-dropout": "0"},
+    # the default: every Linear of the layers, no dropout on the adapters' input (0.1 until 2026-11-28: the result
+    # files of before name that arm ours-lora and the one without dropout ours-lora-dropout-0)
+    "ours-lora": {"peft": "lora"},
+    "ours-lora-dropout-0.1": {"peft": "lora", "lora-dropout": "0.1"},
     "ours-lora-qv": {"peft": "lora", "lora-targets": "query,value"},
 }
 # --without LEVER: an arm of `ours` with that default lever turned off, beside `ours` (what the lever adds to it).

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 import click
 
-from cpudist.train.lora import METHODS
+from cpudist.train.lora import DEFAULTS, METHODS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -24,12 +24,14 @@ def lora_options(command: F) -> F:
                      help="lora: train low-rank adapters on every Linear of the layers and the classifier head in "
                      "full (peft; pip install 'cpudist[lora]'); every other weight is frozen and never crosses the "
                      "wire."),
-        click.option("--lora-r", type=click.IntRange(min=1), default=8, show_default=True,
+        click.option("--lora-r", type=click.IntRange(min=1), default=DEFAULTS["lora_r"], show_default=True,
                      help="--peft lora: the adapters' rank."),
-        click.option("--lora-alpha", type=click.FloatRange(min=0, min_open=True), default=16.0, show_default=True,
+        click.option("--lora-alpha", type=click.FloatRange(min=0, min_open=True), default=DEFAULTS["lora_alpha"],
+                     show_default=True,
                      help="--peft lora: the adapters' scale is alpha / r."),
-        click.option("--lora-dropout", type=click.FloatRange(0, 1, max_open=True), default=0.1, show_default=True,
-                     help="--peft lora: dropout on the adapters' input."),
+        click.option("--lora-dropout", type=click.FloatRange(0, 1, max_open=True), default=DEFAULTS["lora_dropout"],
+                     show_default=True, help="--peft lora: dropout on the adapters' input (a mask over every "
+                     "adapted Linear's input each step: slower, and no better on MRPC)."),
         click.option("--lora-targets", callback=_targets,
                      help="--peft lora: module names to adapt, comma-separated [default: every Linear of the "
                      "layers: query,key,value,dense for BERT, RoBERTa, ELECTRA; q_lin,k_lin,v_lin,out_lin,lin1,lin2 "

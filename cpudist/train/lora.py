@@ -12,11 +12,13 @@ A preset's base weights are random and saved nowhere else, so its model is alway
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cpudist.config import TrainConfig
 from cpudist.errors import BadInput
 
 if TYPE_CHECKING:
@@ -45,8 +47,9 @@ OWN_TARGETS: dict[str, tuple[str, ...]] = {
 # inside their `classifier` already, so it always trained).
 HEADS: dict[str, tuple[str, ...]] = {"distilbert": ("pre_classifier",), "deberta-v2": ("pooler",),
                                      "modernbert": ("head",), "bert": ("pooler",), "albert": ("pooler",)}
-DEFAULTS = {"lora_r": 8, "lora_alpha": 16.0, "lora_dropout": 0.1, "lora_targets": (), "lora_modules_to_save": (),
-            "merge_lora": False}
+# the LoRA knobs and their defaults, TrainConfig's (the CLI's options show these)
+DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(TrainConfig)
+                            if f.name.startswith("lora_") or f.name == "merge_lora"}
 # a checkpoint's model holds these adapters and fully trained modules
 SAME_RUN = ("peft", "lora_r", "lora_alpha", "lora_targets", "lora_modules_to_save")
 

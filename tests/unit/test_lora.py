@@ -23,14 +23,14 @@ LORA = TrainConfig(task="mrpc", output_dir="o", model="tiny", peft="lora")
 
 def test_options_reach_the_ranks_and_round_trip() -> None:
     out = CliRunner().invoke(cli, [*BASE, "--peft", "lora", "--lora-r", "4", "--lora-alpha", "8",
-                                   "--lora-dropout", "0", "--lora-targets", "query, key,value", "--merge-lora",
+                                   "--lora-dropout", "0.05", "--lora-targets", "query, key,value", "--merge-lora",
                                    "--lora-modules-to-save", "classifier"])
     assert out.exit_code == 0, out.output
     words = " ".join(out.output.split())
-    for flag in ("--peft=lora", "--lora-r=4", "--lora-alpha=8.0", "--lora-dropout=0.0",
+    for flag in ("--peft=lora", "--lora-r=4", "--lora-alpha=8.0", "--lora-dropout=0.05",
                  "--lora-targets=query,key,value", "--merge-lora=1", "--lora-modules-to-save=classifier"):
         assert flag in words, flag
-    cfg = dataclasses.replace(LORA, lora_r=4, lora_alpha=8.0, lora_dropout=0.0, lora_targets=("query", "key"),
+    cfg = dataclasses.replace(LORA, lora_r=4, lora_alpha=8.0, lora_dropout=0.05, lora_targets=("query", "key"),
                               lora_modules_to_save=("classifier",), merge_lora=True)
     assert from_argv(to_argv(cfg)) == cfg
     assert not any("lora" in w or "peft" in w for w in to_argv(dataclasses.replace(LORA, peft="none")))
