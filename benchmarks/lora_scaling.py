@@ -103,7 +103,7 @@ def run(cluster: Any, work: Path, lock: Path | None, args: list[str], hosts: int
             "ballast": busy, "cpu": r["cpu"], "versions": r["versions"], "command": "cpudist " + " ".join(full)}
 
 
-def steady_tokens(steps_jsonl: Path) -> dict[str, float]:
+def steady_tokens(steps_jsonl: Path) -> dict[str, Any]:
     """Steady real tokens/s (over the steps after the warm-up ones result.json also leaves out), real tokens per
     sample, and every step's log."""
     steps = [json.loads(line) for line in steps_jsonl.read_text().splitlines() if line.strip()]

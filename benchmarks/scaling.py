@@ -242,7 +242,7 @@ def accuracy_runs(cluster: Any, layout: Layout, arms: list[str], a: argparse.Nam
 def plan_check(ledger: Path, runs: dict[str, dict[str, list[dict[str, Any]]]], link: float) -> list[dict[str, Any]]:
     """`cpudist plan`'s prediction of every shaped multi-host speed run from its 1-host run and the link rate."""
     from cpudist.results.ledger import load_sources
-    from cpudist.results.planner import validate
+    from cpudist.results.validation import validate
 
     unshaped = {r.get("run_id") for cells in runs.values() for r in cells.get(f"{UNSHAPED}@2", [])}
     results = [r for r in load_sources((ledger,)) if r.run_id not in unshaped and r.task == "synthetic"]
