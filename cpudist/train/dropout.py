@@ -44,10 +44,16 @@ def keep_mask(shape: torch.Size, p: float) -> tuple[torch.Tensor, float]:
     return uniforms < threshold - 32768, threshold / 65536
 
 
+SFC64_FROM = 8192  # words; below, torch's draw is cheaper than seeding a generator (~45 us)
+
+
 def random_words(n: int) -> torch.Tensor:
-    """n random int64 words over the full signed range (random_() with torch's bounds leaves the top bit 0, which
-    would bias every fourth 16-bit lane), from numpy's SFC64 seeded by one draw of torch's default generator: the
-    same seed gives the same words, and a checkpoint's RNG state the same masks."""
+    """n random int64 words over the full signed range, from torch's default generator's state: the same seed gives
+    the same words, and a checkpoint's RNG state the same masks. From SFC64_FROM words on, numpy's SFC64 seeded by
+    one draw of it; below, torch's random_ on it directly (its full signed range: random_() with its own bounds
+    leaves the top bit 0, which would bias every fourth 16-bit lane)."""
+    if n < SFC64_FROM:
+        return torch.empty(n, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
     seed = int(torch.randint(0, 2**62, ()))
     return torch.from_numpy(np.random.SFC64(seed).random_raw(n).view(np.int64))
 

@@ -96,20 +96,22 @@ def test_backward_keeps_a_bool_mask_and_the_numbers_of_a_float_one(dtype: torch.
 
 
 def test_words_follow_torchs_generator_state_and_fill_every_lane() -> None:
-    """The words come from numpy's SFC64 seeded by torch's default generator: torch.manual_seed and a checkpoint's
-    saved RNG state give the same masks again; every 16-bit lane (the top one included) is uniform; two draws in a
-    row differ."""
-    torch.manual_seed(11)
-    first, second = fd.random_words(300_001), fd.random_words(300_001)
-    assert not torch.equal(first, second)
-    torch.manual_seed(11)
-    assert torch.equal(fd.random_words(300_001), first)
-    state = torch.get_rng_state()
-    after = fd.random_words(1000)
-    torch.set_rng_state(state)
-    assert torch.equal(fd.random_words(1000), after)
-    lanes = first.view(torch.int16).view(-1, 4)
-    for lane in range(4):  # each signed 16-bit lane uniform: half of it negative, quarters alike
-        values = lanes[:, lane].float()
-        assert abs((values < 0).float().mean().item() - 0.5) < 0.01
-        assert abs((values < -16384).float().mean().item() - 0.25) < 0.01
+    """Long draws come from numpy's SFC64 seeded by torch's default generator, short ones from torch's: either way
+    torch.manual_seed and a checkpoint's saved RNG state give the same words again, two draws in a row differ, and
+    every 16-bit lane (the top one included) is uniform."""
+    for n in (300_001, fd.SFC64_FROM - 1):
+        torch.manual_seed(11)
+        first, second = fd.random_words(n), fd.random_words(n)
+        assert not torch.equal(first, second)
+        torch.manual_seed(11)
+        assert torch.equal(fd.random_words(n), first)
+        state = torch.get_rng_state()
+        after = fd.random_words(n)
+        torch.set_rng_state(state)
+        assert torch.equal(fd.random_words(n), after)
+        words = first if n > fd.SFC64_FROM else torch.cat([fd.random_words(n) for _ in range(40)])
+        lanes = words.view(torch.int16).view(-1, 4)
+        for lane in range(4):  # each signed 16-bit lane uniform: half of it negative, a quarter under -16384
+            values = lanes[:, lane]
+            assert abs((values < 0).float().mean().item() - 0.5) < 0.01, (n, lane)
+            assert abs((values < -16384).float().mean().item() - 0.25) < 0.01, (n, lane)
