@@ -28,7 +28,8 @@ def _model(name: str, checkpointing: bool, peft: bool = False) -> torch.nn.Modul
     if checkpointing:
         speed.checkpoint_activations(model)
     if peft:
-        model = lora.apply(model, TrainConfig(task="mrpc", output_dir="", model=name, peft="lora"))
+        # the adapters' dropout too (not the default): a recompute must replay its masks as well
+        model = lora.apply(model, TrainConfig(task="mrpc", output_dir="", model=name, peft="lora", lora_dropout=0.1))
     fd.install(model)
     last_layer.install(model)
     return model.train()
