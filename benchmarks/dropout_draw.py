@@ -7,7 +7,7 @@ every core the masks are what is left (`aten::random_` was 23% of a bert-base Lo
 benchmarks/results/lora-step-profile-amx-bf16-bert-base-bf16.txt). Arms, alternated within each repeat, both
 through `cpudist.train.dropout.keep_mask` (16-bit lanes of 64-bit words): `torch` (the words from torch's
 `random_` on the default generator, cpudist's draw until 2026-11-28) and `sfc64` (`random_words`: numpy's SFC64
-seeded by one draw of the default generator).
+seeded by one draw of the default generator, for every mask of SFC64_FROM words or more, as all of these are).
 
 1. The masks of one bert-base step's dropouts (32 rows x 56 tokens: 26 hidden-state masks [32, 56, 768], 12
    attention masks [32, 12, 56, 56]; with LoRA's adapter dropout, 60 more over [32, 56, 768] and 12 over
