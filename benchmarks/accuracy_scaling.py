@@ -97,7 +97,7 @@ ARMS: dict[str, tuple[int, tuple[str, ...]]] = {
     "1 rank lora r8 all-linear lr 1e-3": (1, (*LORA_R8, "--lora-targets", "query,key,value,dense", "--lr", "1e-3")),
     "1 rank lora r16 lr 5e-4": (1, (*LORA_R16, "--lr", "5e-4")),
     # the adapters without dropout (peft's own default): their dropout draws a mask over every adapted Linear's input,
-    # 46% of a bert-base bf16 step on an AMX CPU (benchmarks/results/lora-step-profile-amx-bf16.txt)
+    # 46% of a bert-base bf16 step on an AMX CPU (benchmarks/results/lora-step-profile-amx-bf16-bert-base-bf16.txt)
     "1 rank lora r8 lr 1e-3 dropout 0": (1, ("--peft", "lora", "--lora-r", "8", "--lora-dropout", "0", "--lr", "1e-3")),
     "lora r8 lr 5e-4 x sqrt4": (4, (*LORA_R8, "--lr", "5e-4", "--lr-scaling", "sqrt")),
     "lora r8 lr 5e-4 x4": (4, (*LORA_R8, "--lr", "5e-4", "--lr-scaling", "linear")),

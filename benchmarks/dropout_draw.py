@@ -40,15 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lora_step_profile import PRESETS, make
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SFC64 = fd.random_words
-
-
-def torch_words(n: int) -> torch.Tensor:
-    """cpudist's draw until 2026-11-28: torch's random_ over the full signed range, on the default generator."""
-    return torch.empty(n, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
-
-
-ARMS = (("torch", torch_words), ("sfc64", SFC64))
+# torch's draw (cpudist's for every mask until 2026-11-28) against random_words (SFC64 for these lengths)
+ARMS = (("torch", fd.torch_words), ("sfc64", fd.random_words))
 HIDDEN, ATTENTION, FFN = (32, 56, 768), (32, 12, 56, 56), (32, 56, 3072)
 STEP_MASKS = {"bert-base dropouts": [HIDDEN] * 26 + [ATTENTION] * 12,
               "bert-base dropouts + LoRA's adapters": [HIDDEN] * 26 + [ATTENTION] * 12 + [HIDDEN] * 60 + [FFN] * 12}

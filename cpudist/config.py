@@ -100,7 +100,7 @@ class TrainConfig:
     lora_r: int = 8
     lora_alpha: float = 16.0
     # none on the adapters' input, as peft's own default: a mask per adapted Linear was 46% of a bert-base bf16 step
-    # on AMX and 23% of a MiniLM fp32 step on AVX2, and MRPC scored no lower without it (benchmarks/README.md)
+    # on AMX and 23% of a MiniLM fp32 step on AVX2, and MRPC scored no lower without it (README.md, LoRA)
     lora_dropout: float = 0.0
     lora_targets: tuple[str, ...] = ()  # empty: every Linear of the family's layers (train/lora.py)
     lora_modules_to_save: tuple[str, ...] = ()  # trained in full beside the classifier; empty: the family's head

@@ -10,7 +10,8 @@ than torch's.
 The words come from numpy's SFC64 generator (4 ns a 64-bit word here) seeded by torch's default generator, not
 from torch's random_ (14 ns: its CPU kernel is serial and costs a call per element). A draw is serial either way,
 so once the matrix products use every core it is what is left: LoRA's adapter dropouts made torch's draw 23% of
-a bert-base bf16 step on 4 AMX cores (benchmarks/results/dropout-draw-<cpu kind>.md).
+a bert-base bf16 step on 4 AMX cores (benchmarks/results/lora-step-profile-amx-bf16-bert-base-bf16.txt; the two
+draws side by side: benchmarks/dropout_draw.py).
 
 `install(model)` swaps every nn.Dropout for FastDropout and, for the families in FAST_ATTENTION, routes the
 attention of training steps through `attention` (softmax, this dropout, matmul); evaluation keeps PyTorch's fused
@@ -44,6 +45,11 @@ def keep_mask(shape: torch.Size, p: float) -> tuple[torch.Tensor, float]:
     return uniforms < threshold - 32768, threshold / 65536
 
 
+def torch_words(n: int) -> torch.Tensor:
+    """n int64 words from torch's random_ over the full signed range, on the default generator."""
+    return torch.empty(n, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
+
+
 SFC64_FROM = 8192  # words; below, torch's draw is cheaper than seeding a generator (~45 us)
 
 
@@ -53,7 +59,7 @@ def random_words(n: int) -> torch.Tensor:
     one draw of it; below, torch's random_ on it directly (its full signed range: random_() with its own bounds
     leaves the top bit 0, which would bias every fourth 16-bit lane)."""
     if n < SFC64_FROM:
-        return torch.empty(n, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
+        return torch_words(n)
     seed = int(torch.randint(0, 2**62, ()))
     return torch.from_numpy(np.random.SFC64(seed).random_raw(n).view(np.int64))
 
