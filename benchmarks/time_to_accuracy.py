@@ -71,7 +71,8 @@ ARMS: dict[str, tuple[str, ...]] = {
 BASE = "1 host"
 GOAL = 3.3
 KEEP = ("run_id", "steps", "wall_time_s", "train_samples_per_s", "world_size", "global_batch_size", "sync", "lr",
-        "metrics", "precision", "threads_per_rank", "comm_time_s", "exposed_comm_s", "measured_tx_bytes_per_step")
+        "metrics", "precision", "threads_per_rank", "comm_time_s", "exposed_comm_s", "measured_tx_bytes_per_step",
+        "startup")  # rank 0's phases before its first step: what a host count adds before training
 
 
 def speed(cluster: Any, work: Path, lock: Path | None, args: list[str], steps: int) -> float:
