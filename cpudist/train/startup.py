@@ -22,6 +22,10 @@ from pathlib import Path
 
 from cpudist.state import STARTED_AT_ENV
 
+# /proc's process start and uptime count in clock ticks (10 ms each at the usual USER_HZ 100): the age is known to
+# about two of them
+TICKS_S = 0.05
+
 
 def process_age_s() -> float | None:
     """Seconds since this process started, by the kernel's clock; None where /proc does not say."""
@@ -53,8 +57,10 @@ class Startup:
             before = time.time() - age - float(started) if started else None
         except ValueError:
             before = None
-        if before is not None and before >= 0:  # clocks of other nodes may disagree: never a negative phase
-            s.phases["before_rank"] = round(before, 3)
+        # Clocks of other nodes may disagree: never a negative phase. Within TICKS_S of zero it is the kernel's
+        # clock ticks (a local mpiexec can start a rank 30 ms after the command stamped its start): zero.
+        if before is not None and before >= -TICKS_S:
+            s.phases["before_rank"] = round(max(before, 0.0), 3)
         s.phases["python_and_imports"] = round(age, 3)
         return s
 
