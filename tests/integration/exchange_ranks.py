@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 import time
@@ -52,14 +53,15 @@ def model(hidden: int) -> Any:
                                torch.nn.Tanh(), torch.nn.Linear(64, 2))
 
 
-def sent() -> tuple[int, int] | None:
-    """(bytes, packets) loopback has sent, read on rank 0 once every rank got here (None when not counting)."""
+def sent() -> tuple[int, int, int] | None:
+    """(bytes, packets, bytes sent again) of loopback, read on rank 0 once every rank got here (None when not
+    counting)."""
     import torch.distributed as dist
 
     dist.barrier()
     if os.environ.get("EXCHANGE_COUNT") != "1" or dist.get_rank() != 0:
         return None
-    return lo_sent()
+    return (*lo_sent(), retransmitted())
 
 
 def lo_sent() -> tuple[int, int]:
@@ -72,8 +74,19 @@ def lo_sent() -> tuple[int, int]:
     raise RuntimeError(f"no lo in {NET_DEV}")
 
 
-def between(start: tuple[int, int] | None, end: tuple[int, int] | None) -> tuple[int, int] | None:
-    return (end[0] - start[0], end[1] - start[1]) if start is not None and end is not None else None
+def retransmitted() -> int:
+    """Payload bytes TCP has sent again on this namespace's connections (`ss`'s bytes_retrans, shown when not 0).
+    Loopback drops frames when a starved CPU lets its backlog fill: a 2-rank all-reduce once counted two 64 KiB
+    segments more than its payload on a busy 2-core CI machine; loopback counted them, the exchange did not."""
+    out = subprocess.run(["ss", "-tinH"], capture_output=True, text=True, check=True).stdout
+    return sum(int(n) for n in re.findall(r"bytes_retrans:(\d+)", out))
+
+
+def between(start: tuple[int, ...] | None, end: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """What each counter grew by (a connection closed in between takes its retransmits along: never below 0)."""
+    if start is None or end is None:
+        return None
+    return tuple(max(0, b - a) if i == 2 else b - a for i, (a, b) in enumerate(zip(start, end, strict=True)))
 
 
 def run_case(name: str, fields: dict[str, Any], micro: int, rank: int, world: int, hidden: int,
