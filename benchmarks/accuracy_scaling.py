@@ -108,7 +108,9 @@ ARMS: dict[str, tuple[int, tuple[str, ...]]] = {
     "lora r8 lr 1e-3 x4": (4, (*LORA_R8, "--lr", "1e-3", "--lr-scaling", "linear")),
 }
 # flags every run takes unless its arm gives them
-COMMON = {"--precision": "fp32", "--batch-size": "32", "--max-seq-len": "128", "--epochs": "3", "--lr": "5e-5"}
+# --lr-scaling none: the ledger's arms without one ran unscaled (the default until 2026-11-28, now auto)
+COMMON = {"--precision": "fp32", "--batch-size": "32", "--max-seq-len": "128", "--epochs": "3", "--lr": "5e-5",
+          "--lr-scaling": "none"}
 DEFAULT_ARMS = (BASE, "ddp lr x4", "local-sgd:8 lr x4", "diloco:8 lr x4", "ddp", "local-sgd:8")
 GOAL_POINTS = 1.0
 CLAIM_SEEDS = 5  # the 1-rank median is over seeds 42-46: an arm's verdict needs as many

@@ -235,7 +235,9 @@ def accuracy_runs(cluster: Any, layout: Layout, arms: list[str], a: argparse.Nam
     for arm, n in [(BASE, 1)] + [(arm, layout.hosts) for arm in arms]:
         steps = 3 * math.ceil(MRPC_TRAIN_ROWS / (32 * n))
         flags = arm_flags("ddp" if arm == BASE else arm, steps)
-        out[f"{arm}@{n}"] = train(cluster, work, a.lock_each, MINILM, n, flags, ["--epochs", "3", "--lr", "5e-5"], True)
+        # --lr-scaling none as these arms ran before auto became the default (2026-11-28); an arm's own wins (last)
+        length = ["--epochs", "3", "--lr", "5e-5", "--lr-scaling", "none"]
+        out[f"{arm}@{n}"] = train(cluster, work, a.lock_each, MINILM, n, flags, length, True)
     return out
 
 

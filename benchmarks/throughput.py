@@ -46,7 +46,7 @@ MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 # Every lever off: what each lever is measured against.
 BARE: dict[str, str | None] = {"allocator": "none", "openmp": "gnu", "torch-dropout": None, "full-last-layer": None}
 LEVERS: dict[str, dict[str, str | None]] = {
-    "ranks-2x1": {"np": "2", "half-batch": None},  # 2 ranks x 1 thread, same global batch
+    "ranks-2x1": {"np": "2", "half-batch": None, "lr-scaling": "none"},  # 2 ranks x 1 thread, same global batch + lr
     "tcmalloc": {"allocator": "tcmalloc"},
     "jemalloc": {"allocator": "jemalloc"},
     "intel-openmp": {"openmp": "intel"},

@@ -22,8 +22,28 @@ SAMPLERS = ("random", "grouped")
 BACKENDS = ("gloo", "ccl")
 OPTIMIZERS = ("adamw", "sgd")
 MOMENTS = ("none", "first", "second", "both")
-LR_SCALINGS = ("none", "linear", "sqrt")
+LR_SCALINGS = ("auto", "none", "linear", "sqrt")
 SAVE_MODELS = ("last", "best", "none")
+
+
+def lr_scaling_on(cfg: TrainConfig, world: int) -> str:
+    """What --lr-scaling does on `world` ranks: auto is none on one rank; on more, linear, or sqrt for LoRA.
+
+    A multi-rank run grows the global batch and takes 1/world of one rank's optimizer steps; unscaled, 4 ranks lost
+    8.6 points on MRPC (70.8% against 79.4%, pretrained MiniLM, 3 epochs), scaled x4 they kept 77.9% and x8 79.4%
+    (medians of 3-5 seeds, benchmarks/results/accuracy-scaling.md), and every time-to-accuracy arm scales
+    (benchmarks/results/time-to-accuracy-quick-*.md). LoRA at 4 ranks kept 78.9% with sqrt and 77.2% with linear
+    (3 seeds, README.md). A resume on another rank count keeps the checkpoint's global batch, so it scales by the
+    rank count that wrote it (cfg.lr_world).
+    """
+    return resolved_scaling(cfg.lr_scaling, cfg.lr_world or world, cfg.peft)
+
+
+def resolved_scaling(lr_scaling: str, ranks: int, peft: str = "none") -> str:
+    """--lr-scaling with auto made what it does on `ranks` ranks (lr_scaling_on)."""
+    if lr_scaling != "auto":
+        return lr_scaling
+    return "none" if ranks == 1 else "sqrt" if peft == "lora" else "linear"
 
 
 def effective_lr(cfg: TrainConfig, world: int) -> float:
@@ -35,9 +55,11 @@ def effective_lr(cfg: TrainConfig, world: int) -> float:
     (4 ranks, MRPC, 3 epochs: 69.9% unscaled (one seed), 77.1% at x4, 77.9% at x8 against 79.4% on 1 rank, medians of
     benchmarks/results/accuracy-scaling.md).
     """
-    if cfg.lr_scaling == "none" or world == 1:
+    ranks = cfg.lr_world or world
+    scaling = lr_scaling_on(cfg, world)
+    if scaling == "none" or ranks == 1:
         return cfg.lr
-    return cfg.lr * (world if cfg.lr_scaling == "linear" else world**0.5)
+    return cfg.lr * (ranks if scaling == "linear" else ranks**0.5)
 
 
 @dataclass(frozen=True)
@@ -105,7 +127,8 @@ class TrainConfig:
     lora_targets: tuple[str, ...] = ()  # empty: every Linear of the family's layers (train/lora.py)
     lora_modules_to_save: tuple[str, ...] = ()  # trained in full beside the classifier; empty: the family's head
     merge_lora: bool = False  # save the adapters merged into a plain model instead of the adapter alone
-    lr_scaling: str = "none"  # none | linear | sqrt: --lr times world size (or its root), every sync
+    lr_scaling: str = "auto"  # auto | none | linear | sqrt: --lr times world size (or its root), every sync
+    lr_world: int = 0  # a resume on another rank count: the rank count that wrote the checkpoint (0: this run's)
     optimizer: str = "adamw"  # sgd: plain SGD (no momentum), linear in the gradient: for teaching and checks
     # Gradient sync: SyncSpec's knobs, under the same names (cpudist/strategies.py, cpudist/train/sync.py)
     sync: str = "ddp"  # ddp | allreduce | gather-scatter | local-sgd

@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from cpudist.config import TrainConfig
+from cpudist.config import TrainConfig, effective_lr, lr_scaling_on
 from cpudist.errors import BadInput
 from cpudist.launch.slurm import SlurmOptions
 from cpudist.train.preempt import MARKER
@@ -135,11 +135,20 @@ def resolve_layout(given: Layout, remote: bool, physical_cores: Callable[[], int
     return np_, None if ppn is None else int(ppn)
 
 
-def batch_note(cfg: TrainConfig, np_: int) -> str | None:
-    """Before a multi-rank run: the global batch grew and the learning rate did not."""
-    if np_ > 1 and cfg.lr_scaling == "none" and cfg.task != "synthetic":
-        batch = cfg.batch_size * cfg.grad_accum
-        return (f"{np_} ranks x batch {batch} = global batch {np_ * batch}: 1/{np_} of one rank's optimizer steps per "
-                f"epoch at the same --lr {cfg.lr:g}. At 4 ranks on MRPC that cost accuracy unless the lr grew with the "
-                "batch: see --lr-scaling")
-    return None
+def lr_note(cfg: TrainConfig, np_: int) -> str | None:
+    """Before a multi-rank run: what the global batch did to the learning rate (--lr-scaling, auto by default)."""
+    if np_ < 2 or cfg.task == "script":  # a script's learning rate is its own
+        return None
+    batch = cfg.batch_size * cfg.grad_accum
+    grew = f"{np_} ranks x batch {batch} = global batch {np_ * batch}"
+    scaling = lr_scaling_on(cfg, np_)
+    if scaling == "none":
+        if cfg.task == "synthetic":
+            return None
+        return (f"{grew}: 1/{np_} of one rank's optimizer steps per epoch at the same --lr {cfg.lr:g}. At 4 ranks on "
+                "MRPC that cost 8.6 accuracy points: --lr-scaling auto scales the lr with the batch")
+    how = f"x {np_}" if scaling == "linear" else f"x sqrt({np_})"
+    lora = "for LoRA " if cfg.peft == "lora" else ""
+    chose = f"auto: {scaling} {lora}on more than one rank" if cfg.lr_scaling == "auto" else scaling
+    return (f"{grew}: lr {cfg.lr:g} {how} = {effective_lr(cfg, np_):g} (--lr-scaling {chose}; "
+            f"--lr-scaling none keeps {cfg.lr:g})")

@@ -24,7 +24,7 @@ from cpudist.run import identity, local, recovery, runlog
 from cpudist.run.outcome import read_stop, record
 from cpudist.run.prepare import check_ledger, make_output_dir, prepare
 from cpudist.run.remote import copied_to, local_inputs
-from cpudist.run.request import Callbacks, RunRequest, batch_note
+from cpudist.run.request import Callbacks, RunRequest, lr_note
 from cpudist.run.stage_here import stage_here, staging_plan
 from cpudist.run.where import Head, Where
 
@@ -37,7 +37,7 @@ def start(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> Run
     request = dataclasses.replace(request, train=identity.assign(request.train))
     cb = runlog.tee(cb, Path(request.train.output_dir), request.train.run_id)  # for `cpudist logs` elsewhere
     extra: dict[str, Any] = {"cluster": where.cluster, "usd_per_hour": where.usd_per_hour, "command": request.command}
-    note = batch_note(request.train, request.launch.np)
+    note = lr_note(request.train, request.launch.np)
     if where.head is not None:
         check_layout(request.launch.np, request.launch.ppn, where.head.inside, request.launch.oversubscribe)
         if note:
@@ -123,6 +123,11 @@ def settle(out: Path, run: Callable[[], RunResult]) -> RunResult:
 
 def describe(request: RunRequest, where: Where) -> str:
     """What `start` would do, as text to print (`--dry-run`): nothing is written, started or connected to."""
+    note = lr_note(request.train, request.launch.np)
+    return (f"# {note}\n" if note else "") + _describe(request, where)
+
+
+def _describe(request: RunRequest, where: Where) -> str:
     if where.head is not None:
         check_layout(request.launch.np, request.launch.ppn, where.head.inside, request.launch.oversubscribe)
         return _describe_remote(request, where.head, where.detach)

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from cpudist.config import resolved_scaling
 from cpudist.errors import BadInput
 
 COMPLETE = "COMPLETE"  # the marker a checkpoint folder gets last, locally and in its durable copy
@@ -250,14 +251,19 @@ def check_same_run(meta: CheckpointMeta, cfg: dict[str, Any], path: Path) -> Non
                        "Resume with the options of the run that wrote it, or start over without --resume")
 
 
-def check_same_schedule(meta: CheckpointMeta, cfg: dict[str, Any], world: int, path: Path) -> None:
+def check_same_schedule(meta: CheckpointMeta, cfg: dict[str, Any], path: Path) -> None:
     """Refuse a resume whose options would change what the checkpoint fixes (SCHEDULE), naming each change: the
     run would go on with the checkpoint's values and record these (a longer --max-steps trained nothing more)."""
+    ranks = meta.config.get("lr_world") or meta.world_size  # --lr-scaling scales by the rank count that wrote it
+
+    def same(k: str) -> bool:
+        if k == "lr_scaling":  # auto there and linear (or none) here is no change if it scaled alike
+            peft = str(cfg.get("peft", "none"))  # another --peft is refused as another run
+            return resolved_scaling(meta.config[k], ranks, peft) == resolved_scaling(cfg.get(k, "auto"), ranks, peft)
+        return bool(meta.config[k] == cfg.get(k))
+
     differ = [f"--{k.replace('_', '-')}: {meta.config[k]!r} there, {cfg.get(k)!r} here" for k in SCHEDULE
-              if k in meta.config and meta.config[k] != cfg.get(k)]  # a key older checkpoints lack: no say
-    if not differ and cfg.get("lr_scaling", "none") != "none" and meta.world_size != world:
-        differ = [f"--lr-scaling {cfg['lr_scaling']} scales --lr by the rank count: {meta.world_size} rank(s) "
-                  f"there, {world} here"]
+              if k in meta.config and not same(k)]  # a key older checkpoints lack: no say
     if differ:
         raise BadInput(f"checkpoint {path} was written with other training options ({'; '.join(differ)})",
                        "A resume goes on with the checkpoint's optimizer, learning-rate schedule and data position: "

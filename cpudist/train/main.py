@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from cpudist import events
-from cpudist.config import TrainConfig
+from cpudist.config import TrainConfig, effective_lr
 from cpudist.errors import BadInput
 from cpudist.objects import ObjectStore
 from cpudist.train import checkpoint, model_upload, preempt, report_to, resume
@@ -126,8 +126,9 @@ def _restore(cfg: TrainConfig, run_dir: Path, info: RankInfo, say: Callable[[str
     meta = restored.meta
     adapted = resume.adapt(cfg, meta, world, restored.path)
     if rank == 0:
-        change = (f"; {meta.world_size} -> {world} ranks: per-rank batch {adapted.batch_size}, "
-                  f"global batch {meta.global_batch} kept, dropout noise re-seeded" if meta.world_size != world else "")
+        change = (f"; {meta.world_size} -> {world} ranks: per-rank batch {adapted.batch_size}, global batch "
+                  f"{meta.global_batch} and lr {effective_lr(adapted, world):g} kept, dropout noise re-seeded"
+                  if meta.world_size != world else "")
         say(f"resuming from {restored.path} at step {meta.step}{change}")
         resume.set_aside(adapted, run_dir, meta.step, mirror, say)
     return adapted, restored

@@ -86,9 +86,11 @@ def pick(cfg: TrainConfig, run_dir: Path, say: Callable[[str], None], mirror: Mi
 def adapt(cfg: TrainConfig, meta: CheckpointMeta, world: int, path: str) -> TrainConfig:
     """The config that continues the checkpointed run on `world` ranks (the global batch is kept)."""
     ckpt.check_same_run(meta, dataclasses.asdict(cfg), Path(path))
-    ckpt.check_same_schedule(meta, dataclasses.asdict(cfg), world, Path(path))
+    ckpt.check_same_schedule(meta, dataclasses.asdict(cfg), Path(path))
     lora.check_resume(meta.config, cfg, Path(path))
     _check_rank_state(cfg, meta, world, path)
+    # the global batch is kept, so --lr-scaling goes on scaling by the rank count of the run's first part
+    cfg = dataclasses.replace(cfg, lr_world=int(meta.config.get("lr_world") or meta.world_size))
     if meta.world_size == world:
         return dataclasses.replace(cfg, batch_size=meta.global_batch // (world * cfg.grad_accum))
     if cfg.sampler != "grouped":

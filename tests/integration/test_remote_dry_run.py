@@ -18,7 +18,8 @@ def test_dry_run_from_outside_shows_the_plan_and_touches_nothing(shared_data: Pa
                 "--output-dir", out_dir, "--dry-run", timeout=60,
                 env={"HOME": str(tmp_path / "home")})
     assert r.returncode == 0, r.stderr
-    lines = r.stdout.splitlines()
+    note, *lines = r.stdout.splitlines()
+    assert note.startswith("# 2 ranks x batch 16 = global batch 32: lr 2e-05 x 2 = 4e-05 (--lr-scaling auto")
     assert lines[0].startswith("# from this machine: ssh ubuntu@192.0.2.1")
     assert any(line.startswith("# stage data (data_dir)") and "then on node-b" in line for line in lines)
     assert "# nodes (as they reach each other): node-a node-b" in lines

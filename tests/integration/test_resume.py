@@ -149,7 +149,8 @@ def test_a_truncated_newest_checkpoint_is_skipped_and_another_world_size_keeps_t
     assert one.returncode == 0, one.stderr
     assert f"going on with runs/{STOPPED}" in one.stderr
     assert f"resuming from step-000020 instead: {newest} is damaged (state.pt has" in one.stderr
-    assert "2 -> 1 ranks: per-rank batch 32, global batch 32 kept" in one.stderr
+    # the lr --lr-scaling auto gave the 2 ranks (1e-3 x 2) stays with the global batch: the losses match below
+    assert "2 -> 1 ranks: per-rank batch 32, global batch 32 and lr 0.002 kept" in one.stderr
     result = json.loads((run_dir / "result.json").read_text())
     assert result["resumed_from_step"] == 20
     assert result["world_size"] == 1 and result["per_rank_batch_size"] == 32 and result["global_batch_size"] == 32

@@ -46,7 +46,9 @@ def test_two_ranks_then_one_then_report(shared_data: Path, tmp_path: Path) -> No
     steps = [json.loads(line) for line in (tmp_path / "RUN2" / "steps.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2, 3, 4, 5]
     assert "[" in r2.stderr and ":0]" in r2.stderr  # rank output comes with host:rank prefixes
-    assert "2 ranks x batch 16 = global batch 32" in r2.stderr and "--lr-scaling" in r2.stderr
+    # the default --lr-scaling auto: the lr grew with the global batch, and the run says so
+    assert "2 ranks x batch 16 = global batch 32: lr 2e-05 x 2 = 4e-05 (--lr-scaling auto" in r2.stderr
+    assert result["lr"] == 4e-5 and result["lr_scaling"] == "auto"  # as given: one group with its 1-rank run
     # Where the time before the first step went (issue 24): every phase, from the command's start
     startup = result["startup"]
     assert list(startup)[:2] == ["before_rank", "python_and_imports"]
@@ -91,7 +93,7 @@ def test_loss_equivalence_one_rank_vs_two(shared_data: Path, tmp_path: Path) -> 
     tests/unit/test_gradient_checkpointing.py, checks gradients bit for bit with dropout on, one process).
     """
     common = [*mrpc(shared_data), "--max-steps", "5", "--dropout", "0", "--precision", "fp32", "--no-eval",
-              "--lr", "1e-3", "--log-every", "1"]
+              "--lr", "1e-3", "--lr-scaling", "none", "--log-every", "1"]  # one global batch, so one lr
     rows = {"random": "160", "grouped": "41"}
     runs = [(f"{sampler}-np{np_}", sampler, np_, 32 // np_, 7) for sampler in ("random", "grouped") for np_ in (1, 2)]
     for name, sampler, np_, batch, seed in (*runs, ("seed8", "grouped", 1, 32, 8)):

@@ -177,7 +177,9 @@ def test_dry_run_prints_the_script(shared_data: Path, tmp_path: Path) -> None:
                                  "--time", "10", "--exclusive", "--sbatch-arg=--mem=0", "--output-dir",
                                  str(tmp_path / "dry"), "--dry-run"])
     assert r.exit_code == 0, r.output
-    lines = r.stdout.splitlines()
+    note, *lines = r.stdout.splitlines()  # first what the 4 ranks do to the learning rate
+    assert note == "# 4 ranks x batch 16 = global batch 64: lr 2e-05 x 4 = 8e-05 (--lr-scaling auto: linear on more " \
+                   "than one rank; --lr-scaling none keeps 2e-05)"
     assert lines[0] == f"# {tmp_path / 'dry' / 'job.sbatch'} (written and submitted with `sbatch --parsable " \
                        f"{tmp_path / 'dry' / 'job.sbatch'}`)"
     assert lines[1] == "#!/bin/bash"

@@ -55,6 +55,7 @@ def run(shared_data: Path, out: Path, np_: int, *extra: str, home: Path) -> list
     """Train tiny on MRPC and return its steps.jsonl rows (`home`: the CPUDIST_HOME whose token cache it shares)."""
     args = ["run", "mrpc", "--data-dir", shared_data / "glue" / "MRPC", "--model", "tiny", "--max-steps", str(STEPS),
             "--dropout", "0", "--precision", "fp32", "--no-eval", "--lr", "1e-3", "--log-every", "1", "--seed", "5",
+            "--lr-scaling", "none",  # one global batch split over 1, 2 or 4 ranks: one lr
             *ROWS, "--np", str(np_), "--output-dir", out, *(["--oversubscribe"] if np_ > 2 else []), *extra]
     r = cpudist(*args, env={"CPUDIST_HOME": str(home)})
     assert r.returncode == 0, r.stderr[-3000:]

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -32,7 +34,11 @@ def test_lr_scaling_follows_the_global_batch_of_every_strategy() -> None:
     from cpudist.config import effective_lr
 
     base = TrainConfig(task="mrpc", output_dir="", lr=1e-4)
-    assert effective_lr(base, 4) == 1e-4
+    assert base.lr_scaling == "auto" and effective_lr(base, 4) == 4e-4 and effective_lr(base, 1) == 1e-4
+    assert effective_lr(dataclasses.replace(base, lr_scaling="none"), 4) == 1e-4
+    resumed = dataclasses.replace(base, lr_world=2)  # resumed on 4 ranks, written by 2: the global batch was kept
+    assert effective_lr(resumed, 4) == 2e-4 and effective_lr(resumed, 1) == 2e-4
+    assert effective_lr(dataclasses.replace(base, lr_world=1), 4) == 1e-4  # auto chose none for the 1-rank run
     assert effective_lr(TrainConfig(task="mrpc", output_dir="", lr=1e-4, lr_scaling="linear"), 4) == 4e-4
     assert effective_lr(TrainConfig(task="mrpc", output_dir="", lr=1e-4, lr_scaling="sqrt"), 4) == 2e-4
     assert effective_lr(TrainConfig(task="mrpc", output_dir="", lr=1e-4, lr_scaling="sqrt"), 1) == 1e-4

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cpudist.config import TrainConfig
+from cpudist.config import TrainConfig, effective_lr
 from cpudist.errors import BadInput
 from cpudist.train import resume
 from tests.unit.test_checkpoint import meta_of, write
@@ -45,12 +45,28 @@ def test_the_same_options_go_on_and_what_the_checkpoint_adapts_is_not_a_change()
     assert resume.adapt(dataclasses.replace(BASE, optimizer="sgd"), older, 2, "ck")  # a key it lacks: no say
 
 
-def test_lr_scaling_on_another_rank_count_is_refused() -> None:
-    scaled = dataclasses.replace(BASE, lr_scaling="linear")
-    meta = meta_of(scaled)
-    assert resume.adapt(scaled, meta, 2, "ck").batch_size == 16
-    with pytest.raises(BadInput, match=r"--lr-scaling linear scales --lr by the rank count: 2 rank\(s\) there, 4 "):
-        resume.adapt(scaled, meta, 4, "ck")
+@pytest.mark.parametrize("scaling", ["auto", "linear", "sqrt"])
+def test_lr_scaling_on_another_rank_count_keeps_the_checkpoints_lr(scaling: str) -> None:
+    """Another rank count keeps the global batch, so the lr stays what --lr-scaling made it for the ranks that
+    wrote the checkpoint (2 here), through a second resume too; it used to be refused."""
+    scaled = dataclasses.replace(BASE, lr_scaling=scaling)
+    written = effective_lr(scaled, 2)
+    assert written > BASE.lr  # each of the three scales 2 ranks' lr
+    four = resume.adapt(scaled, meta_of(scaled), 4, "ck")
+    assert four.batch_size == 8 and effective_lr(four, 4) == written
+    one = resume.adapt(scaled, meta_of(four, world=4), 1, "ck")  # the 4-rank part's checkpoint, resumed on 1
+    assert one.batch_size == 32 and effective_lr(one, 1) == written
+
+
+def test_auto_is_no_change_where_it_scales_as_the_checkpoints_choice_did() -> None:
+    """A checkpoint of --lr-scaling linear (or none on 1 rank) goes on under the default auto; none on 2 ranks
+    does not (auto would double its lr), and the refusal names it."""
+    auto = dataclasses.replace(BASE, lr_scaling="auto")
+    assert resume.adapt(auto, meta_of(dataclasses.replace(BASE, lr_scaling="linear")), 2, "ck").batch_size == 16
+    one_rank = meta_of(dataclasses.replace(BASE, lr_scaling="none"), world=1)
+    assert effective_lr(resume.adapt(auto, one_rank, 2, "ck"), 2) == BASE.lr
+    with pytest.raises(BadInput, match="--lr-scaling: 'none' there, 'auto' here"):
+        resume.adapt(auto, meta_of(dataclasses.replace(BASE, lr_scaling="none")), 2, "ck")
 
 
 def test_refused_before_any_rank_starts(tmp_path: Path) -> None:
