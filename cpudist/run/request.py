@@ -150,5 +150,6 @@ def lr_note(cfg: TrainConfig, np_: int) -> str | None:
     how = f"x {np_}" if scaling == "linear" else f"x sqrt({np_})"
     lora = "for LoRA " if cfg.peft == "lora" else ""
     chose = f"auto: {scaling} {lora}on more than one rank" if cfg.lr_scaling == "auto" else scaling
+    kept = "; a resume on another rank count keeps its checkpoint's lr" if cfg.resume else ""
     return (f"{grew}: lr {cfg.lr:g} {how} = {effective_lr(cfg, np_):g} (--lr-scaling {chose}; "
-            f"--lr-scaling none keeps {cfg.lr:g})")
+            f"--lr-scaling none keeps {cfg.lr:g}){kept}")

@@ -30,6 +30,9 @@ def test_the_note_gives_the_lr_the_ranks_use_and_the_rule(change: dict[str, obje
     note = lr_note(cfg, 4)
     assert note is not None and note.startswith("4 ranks x batch 32 = global batch 128: ") and said in note, note
     assert effective_lr(cfg, 4) == pytest.approx(lr)  # what the ranks train at (train/loop.py) is what was said
+    assert note.endswith(")")
+    resumed = lr_note(dataclasses.replace(cfg, resume="auto"), 4) or ""
+    assert resumed.endswith("; a resume on another rank count keeps its checkpoint's lr")  # train/resume.py
 
 
 def test_unscaled_says_what_it_costs_and_a_script_or_synthetic_run_is_left_alone() -> None:
