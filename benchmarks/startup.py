@@ -102,9 +102,13 @@ def anchor_arm(w: World, model: str, out: str) -> dict[str, Any]:
     started = time.time()
     proc = subprocess.Popen(w.hosts.exec_argv(0, ["sh", "-c", script]), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
-    seconds = first_step_after(proc, '"event": "progress", "step": 1,', started, 600)
-    finish(proc, 600)
-    result = json.loads(Path(f"/tmp/{out}-n0/result.json").read_text())
+    try:
+        seconds = first_step_after(proc, '"event": "progress", "step": 1,', started, 600)
+        finish(proc, 600)
+        result = json.loads(Path(f"/tmp/{out}-n0/result.json").read_text())
+    finally:  # the namespace hosts share this machine's /tmp: their run folders go with the arm
+        for i in range(4):
+            shutil.rmtree(f"/tmp/{out}-n{i}", ignore_errors=True)
     return {"arm": "anchor", "to_first_step_s": seconds, "startup": result.get("startup"), "command": script}
 
 
