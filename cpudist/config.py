@@ -56,10 +56,10 @@ def effective_lr(cfg: TrainConfig, world: int) -> float:
     benchmarks/results/accuracy-scaling.md).
     """
     ranks = cfg.lr_world or world
-    scaling = lr_scaling_on(cfg, world)
-    if scaling == "none" or ranks == 1:
+    scaling = resolved_scaling(cfg.lr_scaling, ranks, cfg.peft)
+    if scaling == "none":
         return cfg.lr
-    return cfg.lr * (ranks if scaling == "linear" else ranks**0.5)
+    return cfg.lr * (ranks if scaling == "linear" else ranks**0.5)  # one rank: x 1 either way
 
 
 @dataclass(frozen=True)
