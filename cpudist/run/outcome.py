@@ -77,12 +77,19 @@ def check(outcome: Outcome, out: Path, timeout_s: float | None, what: str, slurm
         signal_name = (f", {_signal_name(outcome.returncode - 128)}" if killed
                        else ", ssh lost the host" if outcome.failed_host and outcome.returncode == SSH_FAILED else "")
         detail = f": {last}" if last else ""
-        hint = "See the rank output above; the first failing rank is named in it"
+        hint = (TEARDOWN_HINT if any(TEARDOWN_ABORT in line for line in outcome.last_lines)
+                else "See the rank output above; the first failing rank is named in it")
         raise JobFailed(f"the job failed{where} ({what} exit code {outcome.returncode}{signal_name}){detail}",
                         f"{hint}. {saved[0].upper()}{saved[1:]}: {resume} goes on" if stop else hint)
 
 
 SSH_FAILED = 255  # ssh's exit code when the connection itself failed (not the remote command's)
+# What a rank prints when torch's gloo threads abort it in the interpreter's finalization, after its script's work
+# (a script that ended without destroy_process_group, or one whose peer still closed its side): the work may be
+# done, yet the launcher reports a failed job. cpudist's trainer leaves by train.dist.exit_rank, which skips that.
+TEARDOWN_ABORT = "terminate called without an active exception"
+TEARDOWN_HINT = ("A rank aborted as torch tore down its gloo threads at exit, likely after its work: end the script "
+                 "with dist.barrier(), dist.destroy_process_group() and then os._exit(0) after flushing its output")
 
 
 def _signal_name(number: int) -> str:

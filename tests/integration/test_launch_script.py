@@ -55,8 +55,16 @@ if rank == 0 and "CPUDIST_RUN_DIR" in os.environ:
     os.makedirs("outputs", exist_ok=True)
     with open("outputs/model.txt", "w") as f:
         f.write("weights")
-dist.barrier()  # leave together: a rank tearing gloo down while its peer still writes can abort the peer
+'''
+# How the script leaves, after whatever a test appends to it. Together, then without the interpreter's
+# finalization: there torch's gloo threads abort a rank now and then even after destroy_process_group ("terminate
+# called without an active exception", SIGABRT: CI, stop 39, the by-hand torchrun arm; cpudist's trainer leaves
+# by train.dist.exit_rank for the same reason, and cpudist launch's error names this way out).
+LEAVE = '''
+dist.barrier()
 dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)
 '''
 
 
@@ -77,9 +85,9 @@ class Launched:
 def launched(tmp_path_factory: pytest.TempPathFactory) -> Launched:
     """One `cpudist launch` run and one by-hand torchrun run of the same script, side by side."""
     folder = tmp_path_factory.mktemp("script")
-    (folder / "ddp.py").write_text(DDP_SCRIPT)
+    (folder / "ddp.py").write_text(DDP_SCRIPT + LEAVE)
     hand_dir = tmp_path_factory.mktemp("by-hand")
-    (hand_dir / "ddp.py").write_text(DDP_SCRIPT)
+    (hand_dir / "ddp.py").write_text(DDP_SCRIPT + LEAVE)
     by_hand = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                                 "--master-port", str(free_port()), "ddp.py"], cwd=hand_dir, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

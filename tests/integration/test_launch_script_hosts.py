@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.netns import NetnsCluster, missing_requirements
-from tests.integration.test_launch_script import DDP_SCRIPT, losses
+from tests.integration.test_launch_script import DDP_SCRIPT, LEAVE, losses
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))]
@@ -58,7 +58,7 @@ def one_process_losses() -> list[float]:
 
 
 def test_one_rank_per_host_with_torchruns_variables_and_ddps_losses(hosts: NetnsCluster, tmp_path: Path) -> None:
-    (tmp_path / "ddp.py").write_text(DDP_SCRIPT)
+    (tmp_path / "ddp.py").write_text(DDP_SCRIPT + LEAVE)
     tmp_path.chmod(0o755)
     out = tmp_path / "run"
     r = hosts.run(0, [*CPUDIST, "launch", "--np", "2", "--ppn", "1", "--hostfile", str(hosts.hostfile),

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.helpers import cpudist
-from tests.integration.test_launch_script import DDP_SCRIPT, losses
+from tests.integration.test_launch_script import DDP_SCRIPT, LEAVE, losses
 from tests.integration.test_launch_script_hosts import one_process_losses
 from tests.integration.user_scripts import ACCELERATE_SCRIPT, STEP, accelerate_losses
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 # DDP_SCRIPT, and whether torchrun started it: torchrun (its elastic agent) names its run in every worker
 SCRIPT = DDP_SCRIPT + '''
 print(f"under torchrun {'TORCHELASTIC_RUN_ID' in os.environ}", flush=True)  # one write: both workers share stdout
-'''
+''' + LEAVE
 
 
 def test_one_torchrun_per_node_starts_the_ranks_with_ddps_losses(tmp_path: Path) -> None:

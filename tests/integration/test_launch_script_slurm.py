@@ -15,7 +15,7 @@ import pytest
 from tests.harness import netns
 from tests.harness import slurm as slurm_harness
 from tests.harness.slurm import SlurmCluster
-from tests.integration.test_launch_script import DDP_SCRIPT, losses
+from tests.integration.test_launch_script import DDP_SCRIPT, LEAVE, losses
 from tests.integration.test_launch_script_hosts import one_process_losses
 from tests.integration.test_slurm import CPUDIST
 
@@ -30,7 +30,7 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
 
 
 def test_a_script_through_sbatch_on_two_nodes_has_ddps_losses(slurm: SlurmCluster, tmp_path: Path) -> None:
-    (tmp_path / "ddp.py").write_text(DDP_SCRIPT)
+    (tmp_path / "ddp.py").write_text(DDP_SCRIPT + LEAVE)
     tmp_path.chmod(0o755)
     out, ledger = tmp_path / "run", tmp_path / "ledger.jsonl"
     r = slurm.run(0, [*CPUDIST, "launch", "--launcher", "slurm", "--nodes", "2", "--ppn", "1", "--output-dir",

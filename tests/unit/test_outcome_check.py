@@ -28,3 +28,13 @@ def test_ssh_losing_the_host_is_not_read_as_a_signal(tmp_path: Path) -> None:
 
 def test_a_plain_exit_code_is_just_that(tmp_path: Path) -> None:
     assert failure(tmp_path, 1) == "the job failed on n3 (torchrun exit code 1)"
+
+
+def test_a_rank_aborted_in_torchs_gloo_teardown_gets_the_way_out_as_its_hint(tmp_path: Path) -> None:
+    lines = ("step 3 loss 0.75494266", "terminate called without an active exception")
+    with pytest.raises(JobFailed) as failed:
+        check(Outcome(1, False, lines), tmp_path, None, "torchrun")
+    assert "os._exit(0)" in failed.value.message and "destroy_process_group" in failed.value.message
+    with pytest.raises(JobFailed) as other:
+        check(Outcome(1, False, ("step 3 loss 0.75494266",)), tmp_path, None, "torchrun")
+    assert other.value.message.endswith(". See the rank output above; the first failing rank is named in it")
