@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from cpudist.config import TrainConfig
 from tests.harness.netns import missing_requirements, sh
 from tests.harness.world import World
 from tests.integration.helpers import cmdline, read_until
@@ -181,6 +182,14 @@ def test_run_from_the_laptop_with_each_mpi(site: World, mpi_runs: MpiRuns, launc
     result = json.loads(site.operator_path(f"runs/{out}/result.json").read_text())
     assert sorted(result["nodes"]) == [site.hosts.name(0), site.hosts.name(1)]
     assert result["launcher"] == launcher
+    # the learning rate as the laptop said, before any step, and as the ranks trained with it: --lr-scaling auto
+    # scales the default lr by the 2 ranks, and the record keeps both what was given and what ran
+    default = TrainConfig(task="mrpc", output_dir="-")
+    lr, batch = default.lr, default.batch_size
+    said = f"2 ranks x batch {batch} = global batch {2 * batch}: lr {lr:g} x 2 = {2 * lr:g} (--lr-scaling auto: linear"
+    at = run.done.stderr.find(said)
+    assert at >= 0 and "step 1/" not in run.done.stderr[:at], run.log
+    assert (result["lr"], result["lr_scaling"]) == (pytest.approx(2 * lr), "auto"), result
     # where the time before the first step went: the laptop's connect and staging, then the head's phases
     assert result["staging"]["connect_s"] > 0 and result["staging"]["stage_s"] >= 0
     assert result["startup"]["before_rank"] >= 0 and result["startup"]["first_step"] > 0
