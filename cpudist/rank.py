@@ -39,13 +39,25 @@ def spot_notices(setting: str) -> NoticePoller | None:
 
 AWS = Provider(store=S3Objects, notices=spot_notices)
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Socket Timeout")
+PEER_SILENT = "Timed out waiting"  # gloo's words when a peer sent nothing for the group's timeout (--dist-timeout)
 
 
 def lost_peer(error: RuntimeError) -> bool:
-    """Whether a collective failed because a peer rank is gone (torch's DistError, or gloo's transport error)."""
+    """Whether a collective failed because a peer rank is gone or silent (torch's DistError, or gloo's transport
+    error or timeout)."""
     import torch.distributed as dist
 
-    return isinstance(error, dist.DistError) or any(words in str(error) for words in PEER_GONE)
+    text = str(error)
+    return isinstance(error, dist.DistError) or any(words in text for words in (*PEER_GONE, PEER_SILENT))
+
+
+def peer_line(error: RuntimeError, timeout_s: int) -> str:
+    """What follows LOST_PEER on the rank's error line: a silent peer said as such, else gloo's first line."""
+    text = str(error)
+    if PEER_SILENT not in text:
+        return text.splitlines()[0]
+    said = text[text.find(PEER_SILENT):].splitlines()[0]  # gloo's own words, without the callback wrappers
+    return f"no answer within --dist-timeout {timeout_s}s (a rank that hangs, or a frozen host or link): {said}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         if not lost_peer(e):
             raise  # a bug: its traceback is what a report needs
         # A peer that failed (its own error line says why) or died breaks this rank's next collective.
-        sys.stderr.write(f"[{socket.gethostname()}:{rank}] {LOST_PEER}{str(e).splitlines()[0]}\n")
+        sys.stderr.write(f"[{socket.gethostname()}:{rank}] {LOST_PEER}{peer_line(e, cfg.dist_timeout_s)}\n")
         sys.stderr.flush()
         return 1
     finally:

@@ -20,6 +20,10 @@ from cpudist.launch.spec import Launch
 from cpudist.launch.watch import NodeWatch
 
 GRACE_S = 10.0  # between SIGTERM and SIGKILL of the launcher's process group
+# After a rank said it lost a peer (gone, or silent for --dist-timeout): the launcher's own time to end the job.
+# Hydra left a job up for as long as a hung rank lived (a stopped rank: 10 minutes, then killed by hand); past
+# this grace the launcher's process group is stopped (SIGTERM, GRACE_S, SIGKILL), whatever it waits for.
+FAILED_GRACE_S = 20.0
 
 
 _LAUNCHER_BLAME = (re.compile(r"RUNNING AT (\S+)"), re.compile(r"on node (\S+?)[ ,.]"))
@@ -58,18 +62,32 @@ class Outcome:
     failed_host: str | None = None  # with one launcher per host: the first that failed
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a member we may not signal: still a member
+        return True
+    return True
+
+
 def _stop(proc: subprocess.Popen[str]) -> None:
-    """Terminate the launcher's whole process group (ours: it was started in a new session)."""
-    for sig, wait in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, None)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    """Terminate the launcher's whole process group (ours: it was started in a new session): SIGTERM, then SIGKILL
+    to whatever of the group still lives after GRACE_S, the launcher or not (a rank that ignores SIGTERM or is
+    stopped outlives a launcher that exits on it)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + GRACE_S
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=GRACE_S)
+    while _group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def execute(launch: Launch, base_env: Mapping[str, str], on_event: Callable[[dict[str, Any]], None],
@@ -91,6 +109,8 @@ def execute(launch: Launch, base_env: Mapping[str, str], on_event: Callable[[dic
     if timer:
         timer.daemon = True
         timer.start()
+    failing = threading.Timer(FAILED_GRACE_S, lambda: _stop(proc))  # armed by the first lost-peer line
+    failing.daemon = True
     tail: list[str] = []
     try:
         assert proc.stdout is not None
@@ -102,6 +122,8 @@ def execute(launch: Launch, base_env: Mapping[str, str], on_event: Callable[[dic
                 continue
             tail = [*tail, line][-20:]
             on_line(line)
+            if LOST_PEER in line and not failing.is_alive() and not failing.finished.is_set():
+                failing.start()
         proc.wait()
     except KeyboardInterrupt:
         _stop(proc)
@@ -109,6 +131,7 @@ def execute(launch: Launch, base_env: Mapping[str, str], on_event: Callable[[dic
     finally:
         if timer:
             timer.cancel()
+        failing.cancel()
         if watch is not None:
             watch.close()
         if proc.poll() is None:  # any other way out of the loop must not orphan the ranks

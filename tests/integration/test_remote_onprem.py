@@ -7,6 +7,7 @@ laptop's home; the hostfile names the hosts as they know each other, which the l
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -289,6 +290,37 @@ def test_a_laptop_link_that_drops_silently_stops_every_rank(site: World) -> None
     assert last.startswith(f"Error: lost the SSH connection to {site.hosts.public_addr(0)} (no answer for"), last
     assert laptop_s < 45, f"the laptop noticed after {laptop_s:.0f}s"
     assert left == [] and ranks_s < 75, f"after {ranks_s:.0f}s: {left}"
+
+
+def test_a_hung_rank_on_the_other_host_ends_the_run_and_leaves_nothing(site: World) -> None:
+    """A rank that hangs on the host that is not the head (stopped: no SIGTERM ends it) ends a laptop run too: its
+    peer on the head gives up after --dist-timeout and says so, the agent stops the launcher Hydra left waiting, and
+    nothing of the run stays on either host (before, it stayed up as long as the hung rank did)."""
+    proc = site.operator_popen(laptop_argv(site, "hung-rank", *FEW_ROWS, "--max-steps", "5000", "--log-every", "1",
+                                           "--no-eval", "--dist-timeout", "10"),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    hung: list[int] = []
+    try:
+        read_until(proc, "step 3/")
+        hung = [pid for pid in site.hosts.pids(1) if cmdline(pid).split()[1:3] == ["-m", "cpudist.rank"]]
+        assert len(hung) == 1, leftovers(site)
+        os.kill(hung[0], signal.SIGSTOP)
+        try:
+            out, _ = proc.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            pytest.fail("`cpudist run` on the laptop still ran 240 s after a rank hung (--dist-timeout 10)")
+        left = wait_no_leftovers(site, within_s=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in hung:  # only where the run left it: the failure the last assertion reports
+            with contextlib.suppress(ProcessLookupError):
+                if "cpudist.rank" in cmdline(pid):
+                    os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 1, out[-4000:]
+    assert "lost a peer rank: no answer within --dist-timeout 10s" in out, out[-4000:]
+    assert left == [], left
 
 
 def test_the_model_comes_home_sha256_checked_or_stays_on_the_head(site: World,

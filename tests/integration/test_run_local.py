@@ -15,7 +15,7 @@ from click.testing import CliRunner, Result
 from cpudist.cli.main import cli
 from cpudist.state import token_cache_dir
 from tests.harness.machine import physical_cores
-from tests.integration.helpers import CPUDIST, cmdline, cpudist, descendants
+from tests.integration.helpers import CPUDIST, cmdline, cpudist, descendants, kill_tree, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -279,6 +279,36 @@ def test_killed_rank_ends_the_job(shared_data: Path, tmp_path: Path) -> None:
             proc.kill()
     assert proc.returncode == 1, err
     assert "the job failed" in err
+    assert not [p for p in ranks if Path(f"/proc/{p}").exists() and "cpudist.rank" in cmdline(p)]
+
+
+def test_a_hung_rank_ends_the_job_after_dist_timeout(shared_data: Path, tmp_path: Path) -> None:
+    """A rank that hangs (stopped: SIGTERM cannot end it, as one stuck in C code ignores it) ends the job too: its
+    peer's collective times out after --dist-timeout and says so in one line, then cpudist stops what Hydra left
+    waiting (before, the job stayed up as long as the hung rank did), and no rank is left behind."""
+    proc = subprocess.Popen([*CPUDIST, "run", *mrpc(shared_data), "--np", "2", "--epochs", "50", "--dist-timeout", "10",
+                             "--max-train-samples", "320", "--max-eval-samples", "32",
+                             "--output-dir", str(tmp_path / "hang")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    hung: int | None = None
+    try:
+        steps = tmp_path / "hang" / "steps.jsonl"
+        wait_for(lambda: (steps.exists() and steps.stat().st_size) or proc.poll() is not None, 300, "the first step")
+        assert proc.poll() is None, "the run ended before its first step"
+        ranks = [p for p in descendants(proc.pid) if "cpudist.rank" in cmdline(p) and "mpiexec" not in cmdline(p)]
+        assert len(ranks) == 2
+        hung = ranks[1]
+        os.kill(hung, signal.SIGSTOP)
+        # 10 s of --dist-timeout, the launcher's grace (20 s), SIGTERM's (10 s): the rest is slack for a busy machine
+        _, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc)
+        if hung is not None and Path(f"/proc/{hung}").exists() and "cpudist.rank" in cmdline(hung):
+            os.kill(hung, signal.SIGKILL)  # only where the run left it: that is the failure this test reports
+            raise AssertionError(f"the hung rank {hung} outlived the job")
+    assert proc.returncode == 1, err
+    assert "the job failed" in err and "lost a peer rank: no answer within --dist-timeout 10s" in err, err
     assert not [p for p in ranks if Path(f"/proc/{p}").exists() and "cpudist.rank" in cmdline(p)]
 
 

@@ -145,3 +145,19 @@ def test_doctor_compares_every_node_with_this_machine_too() -> None:
     assert "cpudist 0.1.0 != this machine's 0.2.0" in problems
     assert "mpi mpich-4.2.0 != this machine's mpich-5.0.2" in problems
     assert compare(facts(), facts(**{"mpi": "x"}), "mpiexec.hydra", facts(mpi="x")) == ()
+
+
+def test_a_peer_silent_for_the_groups_timeout_is_a_lost_peer_said_as_such() -> None:
+    from cpudist.rank import lost_peer, peer_line
+
+    # what DDP's comm hook raised when the peer was stopped: gloo's timeout inside two callback wrappers
+    wrapped = RuntimeError("Got the following error when running the callback: RuntimeError: Got the following "
+                           "error when running the callback: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/"
+                           "gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 20000ms for recv operation "
+                           "to complete\n\nAt:\n  default_hooks.py(31): <lambda>")
+    assert lost_peer(wrapped)
+    assert peer_line(wrapped, 20) == ("no answer within --dist-timeout 20s (a rank that hangs, or a frozen host or "
+                                      "link): Timed out waiting 20000ms for recv operation to complete")
+    gone = RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:4411")
+    assert lost_peer(gone) and peer_line(gone, 20) == str(gone)
+    assert not lost_peer(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))  # a bug keeps its traceback
