@@ -60,6 +60,7 @@ class Outcome:
     timed_out: bool
     last_lines: tuple[str, ...]
     failed_host: str | None = None  # with one launcher per host: the first that failed
+    gave_up: bool = False  # stopped by cpudist FAILED_GRACE_S after a rank lost its peer (the launcher still ran)
 
 
 def _group_alive(pgid: int) -> bool:
@@ -109,7 +110,13 @@ def execute(launch: Launch, base_env: Mapping[str, str], on_event: Callable[[dic
     if timer:
         timer.daemon = True
         timer.start()
-    failing = threading.Timer(FAILED_GRACE_S, lambda: _stop(proc))  # armed by the first lost-peer line
+    gave_up = threading.Event()
+
+    def give_up() -> None:
+        gave_up.set()
+        _stop(proc)
+
+    failing = threading.Timer(FAILED_GRACE_S, give_up)  # armed by the first lost-peer line
     failing.daemon = True
     tail: list[str] = []
     try:
@@ -136,7 +143,7 @@ def execute(launch: Launch, base_env: Mapping[str, str], on_event: Callable[[dic
             watch.close()
         if proc.poll() is None:  # any other way out of the loop must not orphan the ranks
             _stop(proc)
-    return Outcome(proc.returncode, expired.is_set(), tuple(tail))
+    return Outcome(proc.returncode, expired.is_set(), tuple(tail), gave_up=gave_up.is_set())
 
 
 HOSTS_GRACE_S = 20.0  # after stdin closes, each host's tether stops its tree (SIGTERM, 5 s, SIGKILL)

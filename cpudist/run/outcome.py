@@ -14,7 +14,7 @@ from cpudist import state
 from cpudist.errors import JobFailed, Preempted
 from cpudist.hostfile import Host
 from cpudist.launch import slurm
-from cpudist.launch.runner import Outcome, failed_host, rank_error
+from cpudist.launch.runner import FAILED_GRACE_S, Outcome, failed_host, rank_error
 from cpudist.launch.slurm import JobInfo
 from cpudist.results import ledger
 from cpudist.results.card import CARD, MODEL_DIR, folder_bytes, write_card
@@ -73,13 +73,17 @@ def check(outcome: Outcome, out: Path, timeout_s: float | None, what: str, slurm
     if outcome.returncode != 0 and stop and not killed:
         raise Preempted(saved, f"Resume: the same command with {resume}")
     if outcome.returncode != 0:
-        where = f" on {host}" if host else ""
+        # Given up on: the rank that lost its peer is not where it began (the silent one said nothing), so no host
+        # is named but in the rank's own line.
+        where = f" on {host}" if host and not outcome.gave_up else ""
         signal_name = (f", {_signal_name(outcome.returncode - 128)}" if killed
                        else ", ssh lost the host" if outcome.failed_host and outcome.returncode == SSH_FAILED else "")
+        ended = (f"{what} stopped {FAILED_GRACE_S:g} s after a rank lost its peer" if outcome.gave_up
+                 else f"{what} exit code {outcome.returncode}{signal_name}")
         detail = f": {last}" if last else ""
         hint = (TEARDOWN_HINT if any(TEARDOWN_ABORT in line for line in outcome.last_lines)
                 else "See the rank output above; the first failing rank is named in it")
-        raise JobFailed(f"the job failed{where} ({what} exit code {outcome.returncode}{signal_name}){detail}",
+        raise JobFailed(f"the job failed{where} ({ended}){detail}",
                         f"{hint}. {saved[0].upper()}{saved[1:]}: {resume} goes on" if stop else hint)
 
 

@@ -320,6 +320,8 @@ def test_a_hung_rank_on_the_other_host_ends_the_run_and_leaves_nothing(site: Wor
                     os.kill(pid, signal.SIGKILL)
     assert proc.returncode == 1, out[-4000:]
     assert "lost a peer rank: no answer within --dist-timeout 10s" in out, out[-4000:]
+    assert "Error: on the head node: the job failed (launcher stopped 20 s after a rank lost its peer): " in out, \
+        out[-4000:]
     assert left == [], left
 
 

@@ -38,3 +38,10 @@ def test_a_rank_aborted_in_torchs_gloo_teardown_gets_the_way_out_as_its_hint(tmp
     with pytest.raises(JobFailed) as other:
         check(Outcome(1, False, ("step 3 loss 0.75494266",)), tmp_path, None, "torchrun")
     assert other.value.message.endswith(". See the rank output above; the first failing rank is named in it")
+
+
+def test_a_launcher_given_up_on_names_no_host_but_the_ranks_own_line(tmp_path: Path) -> None:
+    noticed = "[n0:0] error: lost a peer rank: no answer within --dist-timeout 10s (a rank that hangs, ...)"
+    with pytest.raises(JobFailed) as failed:
+        check(Outcome(-9, False, ("step 3/200", noticed), gave_up=True), tmp_path, None, "launcher")
+    assert failed.value.what == f"the job failed (launcher stopped 20 s after a rank lost its peer): {noticed}"
