@@ -16,6 +16,7 @@ import pytest
 
 from cpudist.launch.tools import free_port
 from tests.integration.helpers import CPUDIST, cmdline, cpudist, descendants, kill_tree, wait_for
+from tests.integration.user_scripts import LEAVE
 
 pytestmark = pytest.mark.slow
 
@@ -55,16 +56,6 @@ if rank == 0 and "CPUDIST_RUN_DIR" in os.environ:
     os.makedirs("outputs", exist_ok=True)
     with open("outputs/model.txt", "w") as f:
         f.write("weights")
-'''
-# How the script leaves, after whatever a test appends to it. Together, then without the interpreter's
-# finalization: there torch's gloo threads abort a rank now and then even after destroy_process_group ("terminate
-# called without an active exception", SIGABRT: CI, stop 39, the by-hand torchrun arm; cpudist's trainer leaves
-# by train.dist.exit_rank for the same reason, and cpudist launch's error names this way out).
-LEAVE = '''
-dist.barrier()
-dist.destroy_process_group()
-sys.stdout.flush()
-os._exit(0)
 '''
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.harness.netns import NetnsCluster, missing_requirements
-from tests.integration.test_launch_script import DDP_SCRIPT, LEAVE, losses
+from tests.integration.test_launch_script import DDP_SCRIPT, losses
+from tests.integration.user_scripts import LEAVE
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))]

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.integration.helpers import cpudist
-from tests.integration.test_launch_script import DDP_SCRIPT, LEAVE, losses
+from tests.integration.test_launch_script import DDP_SCRIPT, losses
 from tests.integration.test_launch_script_hosts import one_process_losses
-from tests.integration.user_scripts import ACCELERATE_SCRIPT, STEP, accelerate_losses
+from tests.integration.user_scripts import ACCELERATE_SCRIPT, LEAVE, STEP, accelerate_losses
 
 pytestmark = pytest.mark.slow
 # DDP_SCRIPT, and whether torchrun started it: torchrun (its elastic agent) names its run in every worker
@@ -46,7 +46,7 @@ ACCELERATE = ACCELERATE_SCRIPT + '''
 import os
 print(f"under accelerate launch {os.environ.get('ACCELERATE_MIXED_PRECISION') is not None} "
       f"torchrun {'TORCHELASTIC_RUN_ID' in os.environ}", flush=True)
-'''
+''' + LEAVE
 
 
 def test_accelerate_launch_per_node_starts_the_ranks_with_the_loops_losses(tmp_path: Path) -> None:

@@ -21,10 +21,10 @@ from cpudist.launch.tools import free_port
 from tests.harness.netns import missing_requirements
 from tests.harness.world import OPERATOR_HOME, World
 from tests.integration.helpers import cmdline, read_until
-from tests.integration.test_launch_script import DDP_SCRIPT, LEAVE, losses
+from tests.integration.test_launch_script import DDP_SCRIPT, losses
 from tests.integration.test_launch_script_hosts import one_process_losses
 from tests.integration.test_remote_onprem import site, wait_no_leftovers
-from tests.integration.user_scripts import ACCELERATE_SCRIPT, LOGGED, STEP, TRAINER_SCRIPT
+from tests.integration.user_scripts import ACCELERATE_SCRIPT, LEAVE, LOGGED, STEP, TRAINER_SCRIPT
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))]
@@ -40,8 +40,8 @@ print("secret " + hashlib.sha256(os.environ.get("CPD_TOKEN", "").encode()).hexdi
 ''' + LEAVE
 TOKEN = "cpd-tok-7e3a11b5"
 # The HF Trainer and the Accelerate script of the local tests, and the metric file each hands back.
-USER_SCRIPTS = {"trainer": (TRAINER_SCRIPT, "hf-out/all_results.json"),
-                "accelerate": (ACCELERATE_SCRIPT, "metrics.json")}
+USER_SCRIPTS = {"trainer": (TRAINER_SCRIPT + LEAVE, "hf-out/all_results.json"),
+                "accelerate": (ACCELERATE_SCRIPT + LEAVE, "metrics.json")}
 SLEEPER = '''
 import os, time
 print("up " + os.environ["RANK"], flush=True)

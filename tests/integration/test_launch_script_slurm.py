@@ -15,9 +15,10 @@ import pytest
 from tests.harness import netns
 from tests.harness import slurm as slurm_harness
 from tests.harness.slurm import SlurmCluster
-from tests.integration.test_launch_script import DDP_SCRIPT, LEAVE, losses
+from tests.integration.test_launch_script import DDP_SCRIPT, losses
 from tests.integration.test_launch_script_hosts import one_process_losses
 from tests.integration.test_slurm import CPUDIST
+from tests.integration.user_scripts import LEAVE
 
 MISSING = netns.missing_requirements() or slurm_harness.missing_requirements()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(MISSING is not None, reason=str(MISSING))]

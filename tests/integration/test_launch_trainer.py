@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from tests.integration.helpers import launch_beside_torchrun
-from tests.integration.user_scripts import LOGGED, TRAINER_SCRIPT
+from tests.integration.user_scripts import LEAVE, LOGGED, TRAINER_SCRIPT
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("accelerate")  # the test extra installs it (HF Trainer needs it)
 
 
 def test_a_trainer_script_on_two_ranks_logs_torchruns_losses_and_hands_back_its_metrics(tmp_path: Path) -> None:
-    r, hand_out, ours, hand = launch_beside_torchrun(tmp_path, TRAINER_SCRIPT, "hf-out/all_results.json")
+    r, hand_out, ours, hand = launch_beside_torchrun(tmp_path, TRAINER_SCRIPT + LEAVE, "hf-out/all_results.json")
     assert "world 2 process 0" in r.stderr and "world 2 process 1" in r.stderr
     logged = LOGGED.findall(r.stderr)
     assert len(logged) == 4 and logged == LOGGED.findall(hand_out), (r.stderr, hand_out)

@@ -1,12 +1,29 @@
 """The users' scripts of issue 26's launch tests, one text each, shared by the tests that run them on this
 machine (test_launch_trainer.py, test_launch_accelerate.py) and from the laptop namespace
-(test_launch_script_remote.py), and the patterns that read their losses. Both need `accelerate` (the test
-extra): the tests that run them skip without it; this module imports nothing of it."""
+(test_launch_script_remote.py), how every launch test's script leaves (LEAVE), and the patterns that read their
+losses. Both need `accelerate` (the test extra): the tests that run them skip without it; this module imports
+nothing of it."""
 
 from __future__ import annotations
 
 import re
 
+# How every script of the launch tests leaves, appended after whatever a test adds to it: together, then without the
+# interpreter's finalization, where torch's gloo threads abort a rank now and then even after destroy_process_group
+# ("terminate called without an active exception", SIGABRT, exit 134: CI, stop 39, the DDP script's by-hand torchrun
+# arm; the next try, the Accelerate loop from the laptop). The same happens to these scripts under torchrun or
+# `accelerate launch` by hand; cpudist's trainer leaves by train.dist.exit_rank for the same reason, and a failed
+# launch whose output shows the abort says this way out. What the tests compare is printed before it.
+LEAVE = '''
+import os as _os, sys as _sys
+import torch.distributed as _dist
+if _dist.is_initialized():
+    _dist.barrier()
+    _dist.destroy_process_group()
+_sys.stdout.flush()
+_sys.stderr.flush()
+_os._exit(0)
+'''
 TRAINER_SCRIPT = '''"""An HF Trainer fine-tuning script as users write it: nothing in it knows cpudist or torchrun."""
 import torch
 from torch.utils.data import Dataset
@@ -36,7 +53,7 @@ args = TrainingArguments(output_dir="hf-out", per_device_train_batch_size=4, max
 trainer = Trainer(model=model, args=args, train_dataset=Rows())
 result = trainer.train()
 trainer.save_metrics("all", result.metrics)
-print("world", args.world_size, "process", args.process_index, flush=True)
+print(f"world {args.world_size} process {args.process_index}", flush=True)  # one write: see the loop's below
 '''
 LOGGED = re.compile(r"\{'loss': '([0-9.]+)', 'grad_norm': '([0-9.]+)'")
 
@@ -61,7 +78,9 @@ for step, (xb, yb) in enumerate(loader):
     opt.zero_grad()
     mean = accelerator.gather(loss.detach()[None]).mean().item()
     accelerator.print(f"step {step} loss {mean:.8f}")
-print("state", accelerator.distributed_type, accelerator.num_processes, accelerator.process_index, flush=True)
+# one write: under `accelerate launch` the workers share stdout, and with PYTHONUNBUFFERED (every cpudist rank's)
+# print() writes each of its pieces on its own, so two workers' pieces interleaved (a failed check, once)
+print(f"state {accelerator.distributed_type} {accelerator.num_processes} {accelerator.process_index}", flush=True)
 if accelerator.is_main_process:
     json.dump({"train_samples": 64, "final_loss": mean}, open("metrics.json", "w"))
 '''
