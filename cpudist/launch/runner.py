@@ -129,7 +129,7 @@ def execute(launch: Launch, base_env: Mapping[str, str], on_event: Callable[[dic
                 continue
             tail = [*tail, line][-20:]
             on_line(line)
-            if LOST_PEER in line and not failing.is_alive() and not failing.finished.is_set():
+            if LOST_PEER in line and failing.ident is None:  # not started yet: the first such line only
                 failing.start()
         proc.wait()
     except KeyboardInterrupt:
