@@ -23,9 +23,10 @@ Target per task: the median over --target-seeds of 1 host's final dev accuracy (
 batch 32, lr 5e-5, 10% warm-up), minus 0.5 point. The same 1-host runs give the 1-host time to target. Arms at
 2 and 4 hosts (batch 32 per host, the global batch grows): ddp with lr 1e-4 scaled linearly with the hosts (the
 best 4-rank arm of accuracy_scaling.py), the same with a bf16 wire, and local SGD (K=8) with both AdamW moments
-averaged on a bf16 wire. `summary[task].speedup_to_target_4_hosts`: the 1-host median time over the best arm's
-4-host median time (a seed that never reaches the target counts as never: the median is then over reached
-runs only if more than half reached, else none). Goal: >= 3.3x on each task.
+averaged on a bf16 wire; ddp sends the word embedding's touched rows only (the default --embedding-sync rows), the
+dense-emb arm all of it, as ddp did before. `summary[task].speedup_to_target_4_hosts`: the 1-host median time over
+the best arm's 4-host median time (a seed that never reaches the target counts as never: the median is then over
+reached runs only if more than half reached, else none). Goal: >= 3.3x on each task.
 """
 
 from __future__ import annotations
@@ -62,9 +63,11 @@ TASKS = {"mrpc": {"data": GLUE / "MRPC", "epochs": 3, "eval_samples": 1024},
 BATCH, LR = 32, "5e-5"
 BF16_WIRE = ("--grad-compression", "bf16")
 X2N = ("--lr", "1e-4", "--lr-scaling", "linear")
+DENSE = ("--embedding-sync", "dense")  # DDP all-reduces all of the word embedding (cpudist before rows)
 ARMS: dict[str, tuple[str, ...]] = {
     "ddp lr x2N": X2N,
     "ddp bf16 wire lr x2N": (*X2N, *BF16_WIRE),
+    "ddp bf16 wire dense-emb lr x2N": (*X2N, *BF16_WIRE, *DENSE),
     "local-sgd:8+mv+bf16 lr x2N": ("--sync", "local-sgd", "--sync-every", "8", "--average-moments", "both",
                                    *BF16_WIRE, *X2N),
 }
@@ -210,6 +213,7 @@ def main() -> None:
                     "script; such a result answers nothing)")
     ap.add_argument("--lock-each", type=Path, help="hold this flock file around each run")
     ap.add_argument("--prefix", default="tta")
+    ap.add_argument("--tag", default="", help="added to the result files' name (a partial plan: -mrpc-3-seeds)")
     ap.add_argument("--render", type=Path, help="print the markdown of a result JSON again, run nothing")
     ap.add_argument("--results-dir", type=Path, default=Path(__file__).resolve().parent / "results")
     a = ap.parse_args()
@@ -227,7 +231,7 @@ def main() -> None:
             if a.train_rows else [])
     command = "python benchmarks/time_to_accuracy.py " + " ".join(sys.argv[1:])
     kind = read_cpu().kind
-    name = f"time-to-accuracy{'-quick' if a.quick else ''}{'-rows' if a.train_rows else ''}-{kind}"
+    name = f"time-to-accuracy{'-quick' if a.quick else ''}{'-rows' if a.train_rows else ''}{a.tag}-{kind}"
     partial = a.results_dir / f"{name}.partial.json"
     layout = LAYOUTS["halfcore"]
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {t: {} for t in tasks}

@@ -134,6 +134,7 @@ class TrainConfig:
     sync: str = "ddp"  # ddp | allreduce | gather-scatter | local-sgd
     bucket_cap_mb: float = 25.0  # DDP's buckets; local SGD's averaging buckets
     grad_compression: str = "none"  # ddp: none | bf16 | fp16 | powersgd[:RANK]
+    embedding_sync: str = "rows"  # ddp: rows (only the word embedding's rows a step touched) | dense
     sync_every: int = 8  # local-sgd: steps between parameter averages (K)
     local_sgd_warmup: int = 0  # local-sgd: synchronous (gradient-averaging) steps first
     outer_optimizer: str = "none"  # local-sgd: none | nesterov (DiLoCo)
@@ -224,6 +225,6 @@ def spec_of(cfg: TrainConfig, total_steps: int) -> SyncSpec:
         raise BadInput(f"--sync {cfg.sync}: unknown", f"Use one of: {', '.join(STRATEGIES)}")
     compression, rank = parse_compression(cfg.grad_compression)
     start = max(2, round(POWERSGD_START_SHARE * total_steps))
-    return SyncSpec(cfg.sync, compression, rank, start, cfg.bucket_cap_mb, cfg.sync_every,
+    return SyncSpec(cfg.sync, compression, rank, start, cfg.bucket_cap_mb, cfg.embedding_sync, cfg.sync_every,
                     cfg.local_sgd_warmup if cfg.sync == "local-sgd" else 0, cfg.outer_optimizer, cfg.outer_lr,
                     cfg.outer_momentum, cfg.average_moments, cfg.second_moment_every)

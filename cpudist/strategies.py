@@ -40,6 +40,7 @@ class SyncSpec:
     powersgd_rank: int = 1
     powersgd_start: int = 2  # steps of plain fp32 all-reduce before PowerSGD compresses
     bucket_cap_mb: float = 25.0
+    embedding_sync: str = "rows"  # ddp: rows (the word embedding's touched rows only, after backward) | dense
     sync_every: int = 1  # local-sgd: K, steps between parameter averages
     local_sgd_warmup: int = 0  # local-sgd: synchronous (gradient-averaging) steps first
     outer_optimizer: str = "none"  # local-sgd: none | nesterov (DiLoCo's outer optimizer)
@@ -88,10 +89,14 @@ class Sync:
     check: Callable[[Any], None] = lambda cfg: None  # refuses knob values it cannot run with
 
 
+DENSE_TAG = "+dense-emb"  # a ddp label's tag for --embedding-sync dense (rows, the default, has none)
+
+
 def _ddp_label(s: SyncSpec) -> str:
+    dense = DENSE_TAG if s.embedding_sync == "dense" and s.grad_compression != "powersgd" else ""  # same bytes
     if s.grad_compression == "none":
-        return "ddp"
-    return f"ddp+{s.grad_compression}" + (f":{s.powersgd_rank}" if s.grad_compression == "powersgd" else "")
+        return "ddp" + dense
+    return f"ddp+{s.grad_compression}" + (f":{s.powersgd_rank}" if s.grad_compression == "powersgd" else "") + dense
 
 
 def _ddp_risk(s: SyncSpec) -> str:
@@ -108,10 +113,13 @@ def _ddp_plan(s: SyncSpec, steps: int) -> tuple[Phase, ...]:
 
 
 def _ddp_from_label(label: str) -> SyncSpec | None:
-    name, _, knob = label.partition(":")
+    embedding = "dense" if label.endswith(DENSE_TAG) else "rows"
+    name, _, knob = label.removesuffix(DENSE_TAG).partition(":")
     if name == "ddp":
-        return SyncSpec()
-    return SyncSpec(grad_compression=name[4:], powersgd_rank=int(knob or 1)) if name.startswith("ddp+") else None
+        return SyncSpec(embedding_sync=embedding)
+    if not name.startswith("ddp+"):
+        return None
+    return SyncSpec(grad_compression=name[4:], powersgd_rank=int(knob or 1), embedding_sync=embedding)
 
 
 MOMENT_TAGS = {"none": "", "first": "+m", "second": "+v", "both": "+mv"}
@@ -175,7 +183,8 @@ LOCAL_KNOBS = ("sync_every", "local_sgd_warmup", "outer_optimizer", "outer_lr", 
                "second_moment_every")
 TABLE: dict[str, Sync] = {s.name: s for s in (
     # DistributedDataParallel: buckets all-reduced during backward through a comm hook (fp32, bf16, fp16, PowerSGD)
-    Sync("ddp", ("grad_compression",), RING, True, True, _ddp_label, _ddp_risk, _ddp_plan, _ddp_from_label),
+    Sync("ddp", ("grad_compression", "embedding_sync"), RING, True, True, _ddp_label, _ddp_risk, _ddp_plan,
+         _ddp_from_label),
     # after backward, one all-reduce of every gradient flattened (the teaching baseline)
     _plain("allreduce", RING, 1.0),
     # rank 0 gathers every gradient, averages, scatters the mean back: one gather and one scatter
@@ -207,6 +216,8 @@ def from_record(options: Mapping[str, Any], label: str) -> SyncSpec:
     named = {OLD_NAMES.get(k, k): v for k, v in options.items()}
     if "sync" not in named:
         return parse_label(label)
+    if named["sync"] == "ddp" and named.get("grad_compression") != "powersgd":  # recorded before rows existed:
+        named.setdefault("embedding_sync", "dense")  # DDP all-reduced all of the word embedding
     fields = {f.name for f in dataclasses.fields(SyncSpec)}
     return SyncSpec(**{k: v for k, v in named.items() if k in fields})
 

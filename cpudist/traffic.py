@@ -76,11 +76,17 @@ def _exchange(collective: str, payload: float, world: int, ppn: int) -> tuple[fl
     return ring, [ring if nodes > 1 else 0.0] * nodes
 
 
-def expected_traffic(sync: SyncSpec, shapes: Sequence[Sequence[int]], world: int, ppn: int, steps: int) -> Traffic:
-    """Bytes per optimizer step of a run of `steps` steps with this sync, averaged over its steps."""
+def expected_traffic(sync: SyncSpec, shapes: Sequence[Sequence[int]], world: int, ppn: int, steps: int,
+                     step_bytes: int = 0) -> Traffic:
+    """Bytes per optimizer step of a run of `steps` steps with this sync, averaged over its steps.
+
+    `step_bytes`: a payload all-reduced as it is every step besides the gradients (ddp's touched-row mask of
+    the word embedding, one byte a row: the embedding itself is then in `shapes` as the rows it sent).
+    """
     steps = max(1, steps)
     grads = payload_bytes(shapes)
-    rank_send, node_tx, exchanges = 0.0, [0.0] * (world // ppn), 0.0
+    send, per_node = _exchange(sync.row.collective, step_bytes, world, ppn)
+    rank_send, node_tx, exchanges = steps * send, [steps * b for b in per_node], 0.0
     for phase in sync.row.plan(sync, steps):
         payload = phase.copies * payload_bytes(shapes, phase.compression, phase.powersgd_rank)
         send, per_node = _exchange(sync.row.collective, payload, world, ppn)

@@ -162,9 +162,8 @@ OPTIONS: list[Callable[[Any], Any]] = [
                  "HF's load_best_model_at_end); none. From a laptop it comes home too (--fetch-model); Slurm: in the "
                  "run folder on the shared filesystem. Task synthetic saves none."),
     click.option("--model-s3", callback=_s3,
-                 help="s3://bucket/prefix: rank 0 also copies the saved model to <prefix>/<run id>/model/, "
-                 "SHA256SUMS last (result.json's model_s3 says where; a failed copy is a warning, the model stays "
-                 "in the run folder). Credentials and endpoint as boto3 finds them on the node."),
+                 help="s3://bucket/prefix: rank 0 also copies the saved model to <prefix>/<run id>/model/, SHA256SUMS "
+                 "last (result.json's model_s3 says where; a failed copy warns). Credentials as boto3 finds them."),
     click.option("--log-every", type=click.IntRange(min=1), default=10, show_default=True,
                  help="Optimizer steps between lines of steps.jsonl and progress."),
     click.option("--report-to", default="none", show_default=True, callback=_report_to,
@@ -216,14 +215,15 @@ OPTIONS: list[Callable[[Any], Any]] = [
                  help="OpenMP runtime of the ranks: Intel's libiomp5 (pip install intel-openmp) with KMP_AFFINITY/"
                  "KMP_BLOCKTIME, or torch's own GNU one (auto: " + OPENMP_AUTO + ", the faster one measured here)."),
     click.option("--sync", type=click.Choice(STRATEGIES), default="ddp", show_default=True,
-                 help="How ranks agree: ddp (buckets all-reduced during backward), allreduce (one flattened "
-                 "all-reduce after backward), gather-scatter (through rank 0), local-sgd (average parameters every "
-                 "--sync-every)."),
+                 help="How ranks agree: ddp (buckets all-reduced in backward), allreduce (one flattened all-reduce "
+                 "after it), gather-scatter (through rank 0), local-sgd (average parameters every --sync-every)."),
     click.option("--bucket-cap-mb", type=click.FloatRange(min=0, min_open=True), default=25.0, show_default=True,
                  help="Size of DDP's gradient buckets and of local SGD's averaging buckets."),
     click.option("--grad-compression", default="none", show_default=True, callback=_compression,
                  help="ddp: none, bf16, fp16 or powersgd[:RANK] (DDP communication hooks); local-sgd: none or bf16 "
                  "(the averages cross the wire as bf16 changes since the last one)."),
+    click.option("--embedding-sync", type=click.Choice(["rows", "dense"]), default="rows", show_default=True,
+                 help="ddp: all-reduce only the word-embedding rows a step touched (the same mean), or all as DDP."),
     click.option("--sync-every", type=click.IntRange(min=1), default=8, show_default=True,
                  help="local-sgd: optimizer steps between parameter averages (K)."),
     click.option("--local-sgd-warmup", type=click.IntRange(min=0), default=0, show_default=True,
@@ -282,9 +282,9 @@ SECTIONS: dict[str, tuple[str, ...]] = {
                  "warmup_ratio", "max_grad_norm", "seed", "precision", "dropout", "sampler", "freeze_embeddings",
                  "gradient_checkpointing", "do_eval", "eval_every", "eval_batch_size", "save_model", "model_s3",
                  "log_every", "report_to", "mlflow_uri"),
-    "Gradient sync": ("sync", "grad_compression", "bucket_cap_mb", "sync_every", "local_sgd_warmup", "average_moments",
-                      "second_moment_every", "outer_optimizer", "outer_lr", "outer_momentum", "backend",
-                      "dist_timeout"),
+    "Gradient sync": ("sync", "grad_compression", "embedding_sync", "bucket_cap_mb", "sync_every", "local_sgd_warmup",
+                      "average_moments", "second_moment_every", "outer_optimizer", "outer_lr", "outer_momentum",
+                      "backend", "dist_timeout"),
     "LoRA (--peft lora)": ("peft", "lora_r", "lora_alpha", "lora_dropout", "lora_targets", "lora_modules_to_save",
                            "merge_lora"),
     "Speed levers": ("fast_dropout", "first_token_last_layer", "allocator", "openmp", "compile", "ipex"),

@@ -89,6 +89,7 @@ class RunResult:
     traffic_iface: str = ""  # the interface counted (the one towards MASTER_ADDR)
     comm_time_s: float = 0.0  # sync collectives in flight (mean over ranks, all steps of this part)
     exposed_comm_s: float = 0.0  # training time spent waiting for them (the rest is compute)
+    embedding_rows_per_step: float | None = None  # ddp --embedding-sync rows: word-embedding rows sent a step
     bus_bandwidth_gbps: float | None = None  # busiest rank's bytes sent / comm_time_s
     # The model rank 0 saved (--save-model; cpudist/train/export.py) and the evaluations it was chosen from. With
     # --save-model best, `metrics` are the best evaluation's (as HF's load_best_model_at_end), else the last one's.

@@ -30,6 +30,10 @@ class CommClock:
     _last_ready: float = 0.0  # when the step's last gradient bucket was handed to the network
 
     def started(self) -> float:
+        return self.ready()
+
+    def ready(self) -> float:
+        """A gradient the step waits for is computed (a bucket handed over, or one synced after backward)."""
         t = time.perf_counter()
         self._last_ready = max(self._last_ready, t)
         return t
@@ -42,10 +46,16 @@ class CommClock:
         self.finished(start)
         self.exposed_s += time.perf_counter() - start
 
+    def overlap_done(self) -> None:
+        """The overlapped (DDP) buckets are back: add the wait since the last one was handed over."""
+        if self._intervals:
+            self.exposed_s += max(0.0, time.perf_counter() - self._last_ready)
+            self._last_ready = 0.0
+
     def end_step(self, overlapped: bool) -> None:
         """Close the step: add its in-flight time; for overlapped (DDP) buckets, the wait after the last one."""
-        if overlapped and self._intervals:
-            self.exposed_s += max(0.0, time.perf_counter() - self._last_ready)
+        if overlapped:
+            self.overlap_done()
         busy, end = 0.0, float("-inf")
         for a, b in sorted(self._intervals):
             busy += max(0.0, b - max(a, end))

@@ -88,7 +88,10 @@ def _sync_fields(job: Job, stats: TrainStats, rank_info: list[dict[str, Any]],
     spec, world = stats.strategy.spec, job.info.world_size
     shapes = tuple(sync.named_shapes(job.model))
     nodes = tuple(dict.fromkeys(hosts))
-    expected = expected_traffic(spec, shapes, world, max(1, world // len(nodes)), stats.steps)
+    rows = stats.strategy.rows if isinstance(stats.strategy, sync.DDP) else None  # the word embedding's, if sent so
+    rows = rows if rows is not None and rows.syncs > 0 else None
+    wire, mask = (rows.wire_shapes(shapes), rows.weight.shape[0]) if rows is not None else (shapes, 0)
+    expected = expected_traffic(spec, wire, world, max(1, world // len(nodes)), stats.steps, mask)
     part_steps = len(stats.step_times)  # the counters and clocks saw this part's steps only
     sent = {str(r["host"]): r["tx_bytes"] for r in rank_info if r.get("tx_bytes") is not None}
     measured = None
@@ -105,5 +108,6 @@ def _sync_fields(job: Job, stats: TrainStats, rank_info: list[dict[str, Any]],
         "tx_bytes_by_node": {h: b / part_steps for h, b in sent.items()} if measured is not None else {},
         "traffic_iface": next((str(r["iface"]) for r in rank_info if r.get("iface")), ""),
         "comm_time_s": comm, "exposed_comm_s": exposed,
+        "embedding_rows_per_step": rows.rows_per_step() if rows is not None else None,
         "bus_bandwidth_gbps": busy_bytes * 8 / comm / 1e9 if comm > 0 and busy_bytes else None,
     }

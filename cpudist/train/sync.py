@@ -5,7 +5,8 @@ code of the row of cpudist/strategies.py with its `name` (the row says what the 
 and the option checks need to know of it); defining it registers it. Local SGD lives in local_sgd.py.
 
     ddp             DistributedDataParallel: buckets all-reduced during backward, through a comm hook
-                    (fp32, bf16, fp16 or PowerSGD) that also times them
+                    (fp32, bf16, fp16 or PowerSGD) that also times them; the word embedding left to
+                    EmbeddingRows (only the rows the step touched), unless --embedding-sync dense
     allreduce       after backward, one all-reduce of all gradients flattened (the teaching baseline)
     gather-scatter  rank 0 gathers every gradient, averages, scatters the mean back
     local-sgd       each rank steps alone; parameters are averaged every K steps (bucketed), after
@@ -25,6 +26,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from cpudist.strategies import SyncSpec
 from cpudist.train import powersgd
+from cpudist.train.embedding_rows import EmbeddingRows
 from cpudist.train.exchange import CommClock, Strategy, mean_
 from cpudist.train.local_sgd import LocalSGD
 
@@ -38,6 +40,13 @@ class DDP(Strategy):
 
     def __init__(self, model: torch.nn.Module, spec: SyncSpec, world: int) -> None:
         super().__init__(model, spec, world)
+        self.rows = EmbeddingRows.of(model, spec, world)
+        if self.rows is not None:  # DDP leaves it alone (its own broadcast at construction too: see EmbeddingRows)
+            torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+                model, [self.rows.name])
+            # DDP's last bucket may now go out before backward reaches the embedding: the wait for the buckets
+            # counts from whichever came later
+            self.rows.weight.register_post_accumulate_grad_hook(self._embedding_ready)
         # No buffer sync per forward: BERT's buffers never change, and a sync on a forward that some
         # ranks skip (evaluation with fewer rows than ranks) would mismatch the collectives.
         ddp = torch.nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False,
@@ -50,11 +59,18 @@ class DDP(Strategy):
         ddp.register_comm_hook(state, _timed(hook, self.clock))
         self.model = ddp
 
+    def _embedding_ready(self, weight: torch.Tensor) -> None:
+        self.clock.ready()
+
     def skip(self) -> contextlib.AbstractContextManager[Any]:
         return self.model.no_sync()  # type: ignore[operator]
 
     def gradients(self, step: int) -> None:
-        self.clock.end_step(overlapped=True)  # the buckets went out during backward; it returned when done
+        # the buckets went out during backward, which returned when they were done; then the embedding's rows
+        self.clock.overlap_done()
+        if self.rows is not None:
+            self.rows.mean(self.clock)
+        self.clock.end_step(overlapped=False)
 
     def state(self) -> dict[str, Any]:
         return {"powersgd": self.memory.shared()} if self.memory is not None else {}

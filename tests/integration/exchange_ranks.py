@@ -42,6 +42,14 @@ CASES: list[tuple[str, dict[str, Any], int]] = [
     ("gather-scatter", {"sync": "gather-scatter"}, 1),
     ("local-sgd:2", {"sync": "local-sgd", "sync_every": 2, "local_sgd_warmup": 1}, 1),
 ]
+# On a model with a word embedding (token_model): ddp leaves it out, sends the rows a step touched (sync.EmbeddingRows)
+TOKEN_CASES: list[tuple[str, dict[str, Any], int]] = [
+    ("tokens:ddp", {"sync": "ddp"}, 1),
+    ("tokens:ddp+bf16", {"sync": "ddp", "grad_compression": "bf16"}, 1),
+    ("tokens:ddp+accum", {"sync": "ddp"}, 2),
+    ("tokens:ddp+dense-emb", {"sync": "ddp", "embedding_sync": "dense"}, 1),
+]
+TOKENS = 6  # token ids per row: 2 rows of 6 touch at most 12 of the vocabulary's rows per rank and micro-batch
 
 
 def model(hidden: int) -> Any:
@@ -51,6 +59,26 @@ def model(hidden: int) -> Any:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(96, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 64),
                                torch.nn.Tanh(), torch.nn.Linear(64, 2))
+
+
+def token_model(vocab: int, dim: int) -> Any:
+    """A word embedding (mean-pooled) under two layers, found as transformers models find theirs."""
+    import torch
+
+    class TokenModel(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(vocab, dim)
+            self.head = torch.nn.Sequential(torch.nn.Linear(dim, 32), torch.nn.Tanh(), torch.nn.Linear(32, 2))
+
+        def get_input_embeddings(self) -> torch.nn.Embedding:
+            return self.embed
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.head(self.embed(ids).mean(1))
+
+    torch.manual_seed(0)
+    return TokenModel()
 
 
 def sent() -> tuple[int, int, int] | None:
@@ -92,13 +120,15 @@ def between(start: tuple[int, ...] | None, end: tuple[int, ...] | None) -> tuple
 def run_case(name: str, fields: dict[str, Any], micro: int, rank: int, world: int, hidden: int,
              keep: bool) -> dict[str, Any]:
     """STEPS steps of one case: per step, this rank's own gradients and what the exchange gave (when `keep`),
-    and loopback's (bytes, packets) per micro-batch and after the optimizer step."""
+    and loopback's (bytes, packets) per micro-batch and after the optimizer step. A `tokens:` case trains
+    token_model, of a vocabulary of 8 x `hidden` rows of `hidden // 16` (the wide one: 32,768 x 256)."""
     import torch
 
     from cpudist.strategies import SyncSpec
     from cpudist.train import sync
 
-    net = model(hidden)
+    tokens = name.startswith("tokens:")
+    net = token_model(8 * hidden, hidden // 16) if tokens else model(hidden)
     strategy = sync.make(net, SyncSpec(bucket_cap_mb=0.05, **fields), world)
     opt = torch.optim.SGD(net.parameters(), lr=0.05)
     strategy.use(opt)
@@ -106,9 +136,12 @@ def run_case(name: str, fields: dict[str, Any], micro: int, rank: int, world: in
     steps = []
     for step in range(1, STEPS + 1):
         gen = torch.Generator().manual_seed(1000 * step + rank)  # each rank its own data
-        batches = [(torch.randn(ROWS, 96, generator=gen), torch.randint(0, 2, (ROWS,), generator=gen))
+        batches = [(torch.randint(0, 8 * hidden, (ROWS, TOKENS), generator=gen) if tokens
+                    else torch.randn(ROWS, 96, generator=gen), torch.randint(0, 2, (ROWS,), generator=gen))
                    for _ in range(micro)]
+        before = strategy.rows.rows_synced if getattr(strategy, "rows", None) is not None else None
         record = one_step(strategy, opt, batches, step)
+        record["rows"] = None if before is None else strategy.rows.rows_synced - before  # embedding rows sent
         steps.append(record if keep else {**record, "own": [], "got": []})
     return {"name": name, "spec": fields, "micro": micro, "shapes": [tuple(p.shape) for p in net.parameters()],
             "idle_sent": idle, "steps": steps}
@@ -159,8 +192,8 @@ def rank_main(out: Path) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     # Small layers keep every number for the exactness checks; wide ones make payloads dwarf gloo's framing
     # (a few hundred bytes per collective) for the byte counts.
-    exact = [run_case(name, fields, micro, rank, world, 160, True) for name, fields, micro in CASES]
-    wide = [run_case(name, fields, micro, rank, world, 4096, False) for name, fields, micro in CASES]
+    exact = [run_case(name, fields, micro, rank, world, 160, True) for name, fields, micro in CASES + TOKEN_CASES]
+    wide = [run_case(name, fields, micro, rank, world, 4096, False) for name, fields, micro in CASES + TOKEN_CASES]
     torch.save({"rank": rank, "world": world, "counted": os.environ.get("EXCHANGE_COUNT") == "1", "exact": exact,
                 "wide": wide}, out / f"rank{rank}.pt")
     # Leave without tearing gloo down one by one (see test_local_sgd_moments): what matters is saved.

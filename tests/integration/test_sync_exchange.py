@@ -23,7 +23,7 @@ import torch
 
 from cpudist.strategies import SyncSpec
 from cpudist.traffic import expected_traffic, powersgd_values
-from tests.integration.exchange_ranks import CASES, DEADLINE_S, STEPS
+from tests.integration.exchange_ranks import CASES, DEADLINE_S, STEPS, TOKEN_CASES
 
 pytestmark = pytest.mark.slow
 
@@ -100,7 +100,9 @@ def exchanged(case: dict[str, Any], step: int) -> tuple[list[torch.Tensor], list
 
 
 @pytest.mark.parametrize(("name", "wire"), [("ddp", "none"), ("allreduce", "none"), ("gather-scatter", "none"),
-                                            ("ddp+accum", "none"), ("ddp+bf16", "bf16"), ("ddp+fp16", "fp16")])
+                                            ("ddp+accum", "none"), ("ddp+bf16", "bf16"), ("ddp+fp16", "fp16"),
+                                            ("tokens:ddp", "none"), ("tokens:ddp+bf16", "bf16"),
+                                            ("tokens:ddp+accum", "none"), ("tokens:ddp+dense-emb", "none")])
 def test_every_step_exchanges_the_mean_to_the_wire_rounding(ranks: dict[str, Any], name: str, wire: str) -> None:
     case = ranks["exact"][name]
     for step in range(1, STEPS + 1):
@@ -112,6 +114,20 @@ def test_every_step_exchanges_the_mean_to_the_wire_rounding(ranks: dict[str, Any
         assert not within_rounding([2 * g for g in got], owns, wire)[0], f"step {step}: it accepts a sum"
     if wire != "none":  # and the 16-bit wire really rounds: the fp32 bound rejects it
         assert not all(within_rounding(*exchanged(case, s), "none")[0] for s in range(1, STEPS + 1))
+
+
+@pytest.mark.parametrize("name", ["tokens:ddp", "tokens:ddp+bf16", "tokens:ddp+accum"])
+def test_ddp_sends_the_embedding_rows_some_rank_touched(ranks: dict[str, Any], name: str) -> None:
+    case = ranks["exact"][name]
+    vocab = case["shapes"][0][0]
+    for step in range(1, STEPS + 1):
+        _, owns = exchanged(case, step)
+        touched = [set(own[0].ne(0).any(1).nonzero().flatten().tolist()) for own in owns]
+        sent = [r["steps"][step - 1]["rows"] for r in case["ranks"]]
+        # every rank sent the union of the rows the ranks' batches touched: not one rank's, not all of them
+        assert sent == [len(set.union(*touched))] * len(sent), (step, sent, touched)
+        assert max(map(len, touched)) < sent[0] < vocab / 10, (step, sent)
+    assert ranks["exact"]["tokens:ddp+dense-emb"]["ranks"][0]["steps"][0]["rows"] is None  # DDP kept all of it
 
 
 def test_local_sgd_exchanges_gradients_in_its_warm_up_only(ranks: dict[str, Any]) -> None:
@@ -213,15 +229,23 @@ def step_bytes(case: dict[str, Any]) -> list[list[float]]:
 
 def expected_bytes(case: dict[str, Any], steps: int) -> float:
     """What loopback carries over `steps` steps by cpudist.traffic: every rank sends what the busiest one does
-    (with 2 ranks, gather-scatter's rank 1 sends its gradient and rank 0 the mean: one payload each)."""
+    (with 2 ranks, gather-scatter's rank 1 sends its gradient and rank 0 the mean: one payload each). A case
+    that sent embedding rows: each step's rows as the embedding's shape, and its touched-row mask (a byte a row)."""
     spec = SyncSpec(**case["spec"])
+    rows = [s["rows"] for s in case["ranks"][0]["steps"][:steps]]
+    if steps and rows[0] is not None:
+        (vocab, *dim), *rest = case["shapes"]
+        return sum(WORLD * expected_traffic(spec, [(n, *dim), *rest], WORLD, WORLD, 1, vocab).rank_send for n in rows)
     return WORLD * expected_traffic(spec, case["shapes"], WORLD, WORLD, steps).rank_send * steps if steps else 0.0
 
 
-@pytest.mark.parametrize("name", [name for name, _, _ in CASES if not name.startswith("local-sgd")])
+@pytest.mark.parametrize("name", [name for name, _, _ in CASES + TOKEN_CASES if not name.startswith("local-sgd")])
 def test_every_step_sends_the_bytes_of_its_strategy(ranks: dict[str, Any], name: str) -> None:
     case = ranks["wide"][name]
     windows = step_bytes(case)
+    if name.startswith("tokens:") and not name.endswith("dense-emb"):  # the rows, not the embedding DDP would send
+        dense = expected_bytes(ranks["wide"]["tokens:ddp+dense-emb"], 1)
+        assert not close(windows[0][-2], dense) and expected_bytes(case, 1) < dense / 50, (windows[0], dense)
     for step, (*micro, after) in enumerate(windows, start=1):
         expected = expected_bytes(case, step) - expected_bytes(case, step - 1)
         assert close(micro[-1], expected), (step, micro, expected)
@@ -229,9 +253,10 @@ def test_every_step_sends_the_bytes_of_its_strategy(ranks: dict[str, Any], name:
         # The check can fail: a skipped exchange, a doubled one, or one per micro-batch.
         assert not close(0, expected) and not close(2 * expected, expected), expected
         assert case["micro"] == 1 or not close(sum(micro), case["micro"] * expected)
-    plain = expected_bytes(ranks["wide"]["ddp"], 1)
-    if "bf16" in name or "fp16" in name:
-        assert close(windows[0][0], plain / 2) and not close(windows[0][0], plain)
+    plain = expected_bytes(ranks["wide"]["tokens:ddp" if name.startswith("tokens:") else "ddp"], 1)
+    if "bf16" in name or "fp16" in name:  # half the bytes (but the rows' one-byte mask, which stays as it is)
+        half = plain / 2 if not name.startswith("tokens:") else expected_bytes(case, 1)
+        assert close(windows[0][0], half) and not close(windows[0][0], plain)
 
 
 def test_local_sgd_sends_gradients_in_warm_up_then_parameters_every_k_steps(ranks: dict[str, Any]) -> None:
