@@ -42,6 +42,7 @@ def test_knobs_are_named_as_trainconfig_names_them() -> None:
 
 
 SPECS = [SyncSpec(), SyncSpec(grad_compression="bf16"), SyncSpec(grad_compression="fp16"),
+         SyncSpec(embedding_sync="dense"), SyncSpec(grad_compression="bf16", embedding_sync="dense"),
          SyncSpec(grad_compression="powersgd", powersgd_rank=4), SyncSpec("allreduce"), SyncSpec("gather-scatter"),
          *(SyncSpec("local-sgd", wire, sync_every=k, outer_optimizer=outer, average_moments=moments,
                      second_moment_every=j)
@@ -73,6 +74,7 @@ def cfg(**knobs: object) -> TrainConfig:
     ({"sync": "local-sgd", "grad_compression": "powersgd"}, "local SGD averages in fp32 (none) or bf16"),
     ({"sync": "local-sgd", "second_moment_every": 2}, "--second-moment-every 2: the second moment is not averaged"),
     ({"sync": "nccl"}, "--sync nccl: unknown. Use one of: ddp, allreduce, gather-scatter, local-sgd"),
+    ({"sync": "local-sgd", "embedding_sync": "dense"}, "--embedding-sync applies to --sync ddp, not local-sgd"),
 ])
 def test_knobs_of_another_strategy_are_refused_in_one_line(knobs: dict[str, object], message: str) -> None:
     with pytest.raises(BadInput) as e:
@@ -104,6 +106,17 @@ def test_sync_options_of_older_results_read_as_todays() -> None:
     assert from_record(renamed({"sync_options": old})["sync_options"], "ignored") == spec  # type: ignore[arg-type]
     assert from_record({}, "diloco:8+mv+bf16") == SyncSpec("local-sgd", "bf16", sync_every=8,
                                                            outer_optimizer="nesterov", average_moments="both")
+
+
+def test_ddp_labels_say_a_dense_embedding_and_old_ddp_records_sent_one() -> None:
+    assert [parse_label(s.label).embedding_sync for s in SPECS[:5]] == ["rows"] * 3 + ["dense"] * 2
+    assert SyncSpec(embedding_sync="dense").label == "ddp+dense-emb" and SyncSpec().label == "ddp"
+    # PowerSGD keeps the embedding in DDP (its factors are smaller than the rows): no tag, the same bytes
+    assert SyncSpec(grad_compression="powersgd", embedding_sync="dense").label == "ddp+powersgd:1"
+    # a ddp result.json from before rows existed sent all of it; one from after says which it sent
+    assert from_record({"sync": "ddp", "grad_compression": "bf16"}, "ddp+bf16").embedding_sync == "dense"
+    assert from_record({"sync": "ddp", "embedding_sync": "rows"}, "ddp").embedding_sync == "rows"
+    assert from_record({"sync": "local-sgd"}, "local-sgd:8").embedding_sync == "rows"  # not a knob of its
 
 
 def test_report_and_plan_read_an_old_ledger_as_its_renamed_copy(tmp_path: Path) -> None:
