@@ -22,6 +22,7 @@ SHARED = ("bucket_cap_mb",)  # knobs every strategy accepts (DDP's buckets, loca
 # What result.json's sync_options called the knobs before they took TrainConfig's names.
 OLD_NAMES = {"strategy": "sync", "compression": "grad_compression", "warmup_steps": "local_sgd_warmup",
              "outer": "outer_optimizer", "moments": "average_moments"}
+NOT_GIVEN = {"grad_compression": ("none",)}  # besides a knob's default, values that ask nothing of a strategy
 RISKS = {  # what a strategy does to the optimization, as the plan's recommendation states it
     "bf16": "gradients are rounded to bf16 before averaging (a small change; check the metric once)",
     "powersgd": "PowerSGD averages a low-rank approximation of the gradients (error feedback keeps the "
@@ -163,7 +164,7 @@ def _local_from_label(label: str) -> SyncSpec | None:
 
 
 def _local_check(cfg: Any) -> None:
-    if cfg.grad_compression not in ("none", "bf16"):
+    if cfg.grad_compression not in ("auto", "none", "bf16"):
         raise BadInput(f"--grad-compression {cfg.grad_compression}: local SGD averages in fp32 (none) or bf16",
                        "Use --grad-compression bf16 with --sync local-sgd, or --sync ddp for PowerSGD")
     if cfg.second_moment_every > 1 and cfg.average_moments not in ("second", "both"):
@@ -198,10 +199,13 @@ STRATEGIES = tuple(TABLE)
 
 
 def parse_compression(text: str) -> tuple[str, int]:
-    """`powersgd:2` -> ("powersgd", 2); `bf16` -> ("bf16", 1); a bad value is one-line BadInput."""
+    """`powersgd:2` -> ("powersgd", 2); `bf16` -> ("bf16", 1); `auto` -> ("auto", 1) (the rank resolves it:
+    config.resolved_compression); a bad value is one-line BadInput."""
     name, _, rank = text.partition(":")
+    if text == "auto":
+        return text, 1
     if name not in COMPRESSIONS or (rank and (name != "powersgd" or not rank.isdigit() or int(rank) < 1)):
-        raise BadInput(f"--grad-compression {text}: not one of none, bf16, fp16, powersgd[:RANK]",
+        raise BadInput(f"--grad-compression {text}: not one of auto, none, bf16, fp16, powersgd[:RANK]",
                        "e.g. --grad-compression bf16, or powersgd:2 for a rank-2 PowerSGD")
     return name, int(rank or 1)
 
@@ -231,10 +235,11 @@ def check_sync(cfg: Any) -> None:
     if row is None:
         raise BadInput(f"--sync {cfg.sync}: unknown", f"Use one of: {', '.join(STRATEGIES)}")
     defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    unset = {k: (v, *NOT_GIVEN.get(k, ())) for k, v in defaults.items()}
     every = {k for r in TABLE.values() for k in r.knobs}
     # the most specific knob first: one that a single strategy takes says best which --sync was meant
     for knob in sorted(every, key=lambda k: (sum(k in r.knobs for r in TABLE.values()), _order(k))):
-        if knob in row.knobs or getattr(cfg, knob) == defaults[knob]:
+        if knob in row.knobs or getattr(cfg, knob) in unset[knob]:
             continue
         flag, takers = "--" + knob.replace("_", "-"), [r.name for r in TABLE.values() if knob in r.knobs]
         hint = (f"Add --sync {takers[0]}, or drop {flag}" if len(takers) == 1

@@ -219,9 +219,9 @@ OPTIONS: list[Callable[[Any], Any]] = [
                  "after it), gather-scatter (through rank 0), local-sgd (average parameters every --sync-every)."),
     click.option("--bucket-cap-mb", type=click.FloatRange(min=0, min_open=True), default=25.0, show_default=True,
                  help="Size of DDP's gradient buckets and of local SGD's averaging buckets."),
-    click.option("--grad-compression", default="none", show_default=True, callback=_compression,
-                 help="ddp: none, bf16, fp16 or powersgd[:RANK] (DDP communication hooks); local-sgd: none or bf16 "
-                 "(the averages cross the wire as bf16 changes since the last one)."),
+    click.option("--grad-compression", default="auto", show_default=True, callback=_compression,
+                 help="ddp: auto (bf16 when the ranks span nodes, else none), none, bf16, fp16 or powersgd[:RANK] "
+                 "(DDP hooks); local-sgd: none (auto) or bf16 (the averages cross as bf16 changes since the last)."),
     click.option("--embedding-sync", type=click.Choice(["rows", "dense"]), default="rows", show_default=True,
                  help="ddp: all-reduce only the word-embedding rows a step touched (the same mean), or all as DDP."),
     click.option("--sync-every", type=click.IntRange(min=1), default=8, show_default=True,

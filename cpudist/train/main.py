@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from cpudist import events
-from cpudist.config import TrainConfig, effective_lr
+from cpudist.config import TrainConfig, effective_lr, resolved_compression
 from cpudist.errors import BadInput
 from cpudist.objects import ObjectStore
 from cpudist.train import checkpoint, model_upload, preempt, report_to, resume
@@ -68,6 +68,18 @@ def _say_rank0(rank: int) -> Callable[[str], None]:
     return say
 
 
+def _wire(cfg: TrainConfig, info: RankInfo) -> TrainConfig:
+    """--grad-compression auto made what it does here (bf16 for ddp across nodes), said by rank 0 when it is bf16."""
+    if cfg.grad_compression != "auto":
+        return cfg
+    across = info.local_world_size < info.world_size
+    wire = resolved_compression(cfg.grad_compression, cfg.sync, across)
+    if wire != "none":
+        _say_rank0(info.rank)(f"gradients cross the network in {wire} (--grad-compression auto: {wire} for ddp "
+                              "when the ranks span nodes; --grad-compression none keeps fp32)")
+    return dataclasses.replace(cfg, grad_compression=wire)
+
+
 def _warn(line: str) -> None:
     sys.stderr.write(f"[cpudist] {line}\n")  # one write: launchers interleave partial writes
     sys.stderr.flush()
@@ -78,6 +90,7 @@ def run(cfg: TrainConfig, info: RankInfo, provider: Provider, startup: Startup |
     before this call (Startup.at_entry)."""
     started, started_at = time.perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
     report_to.check_installed(cfg.report_to, cfg.mlflow_uri)  # on every rank, before any collective: all stop alike
+    cfg = _wire(cfg, info)
     job = setup(cfg, info, startup)
     mirror = _mirror(cfg, provider)
     with job.startup.phase("checkpoint_lookup"):

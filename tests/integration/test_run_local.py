@@ -228,7 +228,7 @@ BAD_INPUTS = [
     (["run", "mrpc", "--model", "tiny", "--average-moments", "both"], "--average-moments applies to --sync local-sgd"),
     (["run", "mrpc", "--model", "tiny", "--sync", "local-sgd", "--average-moments", "first", "--second-moment-every",
       "2"], "the second moment is not averaged"),
-    (["run", "mrpc", "--model", "tiny", "--grad-compression", "zstd"], "not one of none, bf16, fp16, powersgd"),
+    (["run", "mrpc", "--model", "tiny", "--grad-compression", "zstd"], "not one of auto, none, bf16, fp16, powersgd"),
 ]
 
 

@@ -62,7 +62,7 @@ def traffic(cluster: NetnsCluster, shared_data: Path, out: Path, steps: int, *sy
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     result: dict[str, Any] = json.loads((out / "result.json").read_text())
     assert len(result["tx_bytes_by_node"]) == 2, result  # both hosts counted
-    return result
+    return {**result, "said": r.stdout + r.stderr}  # and what the run said (rank lines go to stderr)
 
 
 def close(measured: float, expected: float) -> bool:
@@ -74,7 +74,8 @@ def close(measured: float, expected: float) -> bool:
 # one payload, so an fp32 exchange is 2 g for the pair.
 Bytes = Any  # (g, c) -> bytes per step
 CASES: dict[str, tuple[list[str], int, Bytes, dict[str, Bytes]]] = {
-    "grad-accum": (["--grad-accum", "2", "--embedding-sync", "dense"], 6, lambda g, c: 2 * g,
+    "grad-accum": (["--grad-accum", "2", "--embedding-sync", "dense", "--grad-compression", "none"], 6,
+                   lambda g, c: 2 * g,
                    {"an exchange per micro-batch": lambda g, c: 2 * 2 * g}),
     # 2 fp32 warm-up steps (10% of 20, at least 2), then 18 compressed ones
     "ddp+powersgd:1": (["--grad-compression", "powersgd:1"], 20, lambda g, c: (2 * 2 * g + 18 * 2 * c) / 20,
@@ -105,17 +106,22 @@ def test_nodes_send_the_bytes_the_loop_should_exchange(two_hosts: NetnsCluster, 
         assert not close(measured, other(g, c)), (case, what)
 
 
-def test_ddp_sends_the_word_embedding_rows_the_steps_touched(two_hosts: NetnsCluster, shared_data: Path,
-                                                            tmp_path: Path) -> None:
-    """The default ddp: DDP's buckets without the word embedding, then its touched rows (sync.EmbeddingRows)."""
+def test_ddp_across_nodes_sends_bf16_and_the_word_embedding_rows_the_steps_touched(
+        two_hosts: NetnsCluster, shared_data: Path, tmp_path: Path) -> None:
+    """The default ddp across nodes: --grad-compression auto is bf16 there (said before training), and DDP's
+    buckets leave out the word embedding, whose touched rows follow (sync.EmbeddingRows)."""
     result = traffic(two_hosts, shared_data, tmp_path / "run", 6, "--grad-accum", "2")
+    assert "gradients cross the network in bf16 (--grad-compression auto" in result["said"], result["said"][-3000:]
+    assert result["sync"] == "ddp+bf16" and result["sync_options"]["grad_compression"] == "bf16"
     shapes = [tuple(s) for s in result["param_shapes"]]
     (vocab, dim), rest = shapes[0], shapes[1:]
     rows = result["embedding_rows_per_step"]
     assert 50 < rows < vocab / 20, rows  # 2 ranks x 2 micro-batches x 8 MRPC pairs: a few hundred rows of 30,522
-    # per node: a ring all-reduce's one payload of the other gradients and the rows in fp32, and the rows' mask
-    per_step = 2 * (payload_bytes(rest) + 4 * round(rows) * dim + vocab)
+    # per node: a ring all-reduce's one payload of the other gradients and the rows in bf16, and the rows' mask
+    per_step = 2 * (payload_bytes(rest, "bf16") + 2 * round(rows) * dim + vocab)
     expected, measured = result["expected_tx_bytes_per_step"], result["measured_tx_bytes_per_step"]
     assert math.isclose(expected, per_step, rel_tol=1e-9), (expected, per_step)
     assert close(measured, expected), (measured / expected, result["tx_bytes_by_node"])
-    assert payload_bytes(shapes) > 3 * per_step and not close(measured, 2 * payload_bytes(shapes))  # not dense
+    fp32_rows = 2 * (payload_bytes(rest) + 4 * round(rows) * dim + vocab)
+    assert payload_bytes(shapes) > 6 * per_step and not close(measured, 2 * payload_bytes(shapes))  # not dense
+    assert not close(measured, fp32_rows)  # nor fp32
