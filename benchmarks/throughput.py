@@ -47,6 +47,8 @@ MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 BARE: dict[str, str | None] = {"allocator": "none", "openmp": "gnu", "torch-dropout": None, "full-last-layer": None}
 LEVERS: dict[str, dict[str, str | None]] = {
     "ranks-2x1": {"np": "2", "half-batch": None, "lr-scaling": "none"},  # 2 ranks x 1 thread, same global batch + lr
+    # the same, DDP all-reducing the whole word embedding (ddp before --embedding-sync rows became its default)
+    "ranks-2x1-dense-emb": {"np": "2", "half-batch": None, "lr-scaling": "none", "embedding-sync": "dense"},
     "tcmalloc": {"allocator": "tcmalloc"},
     "jemalloc": {"allocator": "jemalloc"},
     "intel-openmp": {"openmp": "intel"},
@@ -393,6 +395,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--suites", default="mrpc-minilm,bert-base,mfu")
     ap.add_argument("--levers", default=",".join(LEVERS), help="Levers of the levers-* suites.")
+    ap.add_argument("--tag", default="", help="added to the result files' name (a run of some levers only: "
+                    "--tag=-embedding-rows keeps the full suite's files)")
     ap.add_argument("--without", default="", help="Comma-separated default levers (" + ", ".join(OFF) + "): "
                     "the mrpc-minilm and bert-base suites add an arm of ours with each turned off.")
     ap.add_argument("--presets", default=",".join(PRESET_SUITE), help="of the presets suite")
@@ -413,7 +417,7 @@ def main() -> None:
     quick = "-quick" if a.quick else ""
     for name in a.suites.split(","):
         gc = "-gc" if name == "presets" and a.gradient_checkpointing else ""
-        path = HERE / "results" / f"throughput-{name}{quick}{gc}-{kind}{'-fp32' if forced else ''}"
+        path = HERE / "results" / f"throughput-{name}{quick}{gc}{a.tag}-{kind}{'-fp32' if forced else ''}"
         if name == "mfu":
             res = {"suite": "mfu", "command": command, **mfu_at_128(8 if a.quick else 12, a.repeats, a.precision)}
             md = mfu_markdown(res, command)

@@ -89,6 +89,11 @@ def speed(cluster: Any, work: Path, lock: Path | None, args: list[str], steps: i
 
 def calibration(cluster: Any, work: Path, a: argparse.Namespace, task: str) -> dict[str, Any]:
     """The four speeds and the link they give (module docstring)."""
+    if a.calibration:  # all four measured together by an earlier run on this machine (its "# TASK calibration:" line)
+        reused = json.loads(a.calibration.read_text())
+        if reused["task"] != task:
+            raise SystemExit(f"--calibration {a.calibration} is {reused['task']}'s, not {task}'s")
+        return {**reused, "reused_from": str(a.calibration)}
     if a.blog_calibration:  # S(bert-base, blog) measured by scaling.py on this layout and CPU kind (26 s a step)
         bb_blog = float(json.loads(a.blog_calibration.read_text())["calibration"]["samples_per_s"])
     else:
@@ -180,8 +185,9 @@ def markdown(res: dict[str, Any]) -> str:
                   f"running cpudist: {cal['c6i_task_samples_per_s']:.1f} samples/s on 25 Gbit/s.", "",
                   f"Target: {s['target']:.4f} (1-host final accuracy {s['one_host_final_accuracy']} median - 0.5 pt)"
                   if s["target"] is not None else "Target: none (every 1-host run failed)", "",
-                  "| arm | hosts | seeds | time to target per seed (s) | median (s) | speedup vs 1 host | final acc |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| arm | hosts | seeds | time to target per seed (s) | median (s) | speedup vs 1 host | final acc "
+                  "| launch to the last evaluation, median (s) | train samples/s, median |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         base = s["cells"].get(f"{BASE}@1", {}).get("median_s")
         for cell, c in s["cells"].items():
             arm, hosts = cell.rsplit("@", 1)
@@ -189,8 +195,15 @@ def markdown(res: dict[str, Any]) -> str:
             sp = f"{base / med:.2f}x" if base and med else "-"
             times = " / ".join("never" if t is None else f"{t:.0f}" for t in c["times_s"])
             acc = " / ".join("-" if v is None else f"{100 * v:.1f}" for v in c["final_accuracy"])
+            done = [r for r in res["runs"][task][cell] if r.get("evaluations")]
+            end = statistics.median(r["evaluations"][-1]["after_s"] for r in done) if done else None
+            sps = statistics.median(r["train_samples_per_s"] for r in done) if done else None
             lines.append(f"| {arm} | {hosts} | {','.join(map(str, c['seeds']))} | {times} | "
-                         f"{'-' if med is None else f'{med:.0f}'} | {sp} | {acc} |")
+                         f"{'-' if med is None else f'{med:.0f}'} | {sp} | {acc} | "
+                         f"{'-' if end is None else f'{end:.0f}'} | {'-' if sps is None else f'{sps:.1f}'} |")
+        # the same work at every arm (the task's epochs): a run's speed without the seed's path to the target
+        lines += ["", "The last two columns time the whole run (every arm trains the same epochs): its speed apart "
+                  "from when its accuracy first crosses the target."]
         verdict = s["speedup_to_target_4_hosts"]
         lines += ["", f"4 hosts, best arm ({s['best_arm']}): "
                   f"{'-' if verdict is None else f'{verdict:.2f}x'} sooner than 1 host; goal {GOAL}x: "
@@ -209,6 +222,8 @@ def main() -> None:
     ap.add_argument("--calibration-steps", type=int, default=10)
     ap.add_argument("--blog-calibration", type=Path, help="reuse S(bert-base, blog) from a scaling.py result JSON "
                     "of the halfcore layout on this CPU kind (its bert-base fp32 run takes ~26 s a step)")
+    ap.add_argument("--calibration", type=Path, help="reuse all four speeds of one task from a JSON file (the "
+                    "'# TASK calibration:' line an earlier run on this machine printed), the link with them")
     ap.add_argument("--train-rows", type=int, help="train on the first N rows and evaluate on N/4 (trying the "
                     "script; such a result answers nothing)")
     ap.add_argument("--lock-each", type=Path, help="hold this flock file around each run")
