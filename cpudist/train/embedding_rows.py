@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 from cpudist.strategies import SyncSpec
-from cpudist.train.exchange import CommClock
+from cpudist.train.exchange import CommClock, mean_, wire_dtype
 
 
 class EmbeddingRows:
@@ -16,11 +16,10 @@ class EmbeddingRows:
     MiniLM's 30,522 rows (6%) for 4 ranks x 32 MRPC pairs, 738 for SST-2. DDP all-reduces all of it, and
     last, since backward reaches the embedding last: half of MiniLM's parameters (a fifth of bert-base's, 69%
     of XLM-R's), in the one bucket no backward compute hides. Here DDP leaves the weight out; after backward
-    the ranks take the max of their touched-row masks (one all-reduce of V bytes), then all-reduce those rows
-    only, divided and on the wire as DDP's hook does (fp32; bf16/fp16 cast, then divided). A row no rank
-    touched is zero on every rank, so this is DDP's mean. The rows are read off the gradient, not the token
-    ids, so whatever else uses the weight counts; a weight shared with another module stays with DDP (two
-    names: DDP would still reduce it under the other).
+    the ranks take the max of their touched-row masks (one all-reduce of V bytes), then average those rows
+    only (exchange.mean_, in the wire's dtype). A row no rank touched is zero on every rank, so this is DDP's
+    mean. The rows are read off the gradient, not the token ids, so whatever else uses the weight counts; a
+    weight shared with another module stays with DDP (two names: DDP would still reduce it under the other).
     """
 
     def __init__(self, weight: torch.Tensor, name: str, index: int, world: int, wire: torch.dtype | None):
@@ -45,8 +44,8 @@ class EmbeddingRows:
         trained = [p for p in model.parameters() if p.requires_grad]
         if len(names) != 1:
             return None
-        wire = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.grad_compression)
-        return cls(weight, names[0], next(i for i, p in enumerate(trained) if p is weight), world, wire)
+        return cls(weight, names[0], next(i for i, p in enumerate(trained) if p is weight), world,
+                   wire_dtype(spec.grad_compression))
 
     def mean(self, clock: CommClock) -> None:
         """Make the weight's gradient the mean over ranks, exchanging only the rows some rank touched."""
@@ -56,12 +55,11 @@ class EmbeddingRows:
         touched = grad.ne(0).any(dim=1).to(torch.uint8)
         start = clock.started()
         dist.all_reduce(touched, op=dist.ReduceOp.MAX)
+        clock.blocking(start)
         rows = touched.nonzero().squeeze(1)
         values = grad.index_select(0, rows)
-        sent = values.to(self.wire).div_(self.world) if self.wire is not None else values.div_(self.world)
-        dist.all_reduce(sent)
-        clock.blocking(start)
-        grad.index_copy_(0, rows, sent.to(grad.dtype))
+        mean_([values], self.world, clock, wire=self.wire)  # the buckets' own mean, one bucket
+        grad.index_copy_(0, rows, values)
         self.rows_synced += rows.numel()
         self.syncs += 1
 

@@ -64,6 +64,14 @@ class CommClock:
         self._intervals, self._last_ready = [], 0.0
 
 
+WIRES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # --grad-compression values that are a wire dtype
+
+
+def wire_dtype(compression: str) -> torch.dtype | None:
+    """The dtype a 16-bit --grad-compression sends in (None: the tensors' own, fp32)."""
+    return WIRES.get(compression)
+
+
 def mean_(tensors: list[torch.Tensor], world: int, clock: CommClock, cap_bytes: float | None = None,
            wire: torch.dtype | None = None) -> None:
     """Average tensors across ranks in place, in buckets of about `cap_bytes` on the wire (one bucket when None);

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from cpudist.strategies import SyncSpec
-from cpudist.train.exchange import Strategy, mean_
+from cpudist.train.exchange import Strategy, mean_, wire_dtype
 
 
 class LocalSGD(Strategy):
@@ -26,7 +26,7 @@ class LocalSGD(Strategy):
     def __init__(self, model: torch.nn.Module, spec: SyncSpec, world: int) -> None:
         super().__init__(model, spec, world)
         self.cap = spec.bucket_cap_mb * 1024 * 1024
-        self.wire = torch.bfloat16 if spec.grad_compression == "bf16" else None
+        self.wire = wire_dtype(spec.grad_compression)  # bf16 or none: _local_check refuses the rest
         self.anchor: list[torch.Tensor] = []
         self.outer: torch.optim.Optimizer | None = None
         self.synced_at = 0
