@@ -29,12 +29,9 @@ SAVE_MODELS = ("last", "best", "none")
 def lr_scaling_on(cfg: TrainConfig, world: int) -> str:
     """What --lr-scaling does on `world` ranks: auto is none on one rank; on more, linear, or sqrt for LoRA.
 
-    A multi-rank run grows the global batch and takes 1/world of one rank's optimizer steps; unscaled, 4 ranks lost
-    8.6 points on MRPC (70.8% against 79.4%, pretrained MiniLM, 3 epochs), scaled x4 they kept 77.9% and x8 79.4%
-    (medians of 3-5 seeds, benchmarks/results/accuracy-scaling.md), and every time-to-accuracy arm scales
-    (benchmarks/results/time-to-accuracy-quick-*.md). LoRA at 4 ranks kept 78.9% with sqrt and 77.2% with linear
-    (3 seeds, README.md). A resume on another rank count keeps the checkpoint's global batch, so it scales by the
-    rank count that wrote it (cfg.lr_world).
+    A multi-rank run grows the global batch and takes 1/world of one rank's optimizer steps, so an unscaled lr
+    loses accuracy (benchmarks/results/accuracy-scaling.md); LoRA keeps more of it with sqrt. A resume on another
+    rank count keeps the checkpoint's global batch, so it scales by the rank count that wrote it (cfg.lr_world).
     """
     return resolved_scaling(cfg.lr_scaling, cfg.lr_world or world, cfg.peft)
 
@@ -48,9 +45,8 @@ def resolved_scaling(lr_scaling: str, ranks: int, peft: str = "none") -> str:
 
 def resolved_compression(text: str, sync: str, across_nodes: bool) -> str:
     """--grad-compression with auto made what it does: bf16 for ddp when the ranks span more than one node, else
-    none. Across nodes the wire is what a step waits for: 4 namespace hosts reached MRPC's target (pretrained
-    MiniLM) 3.17x sooner than 1 host with a bf16 wire and 2.05x with fp32 on an AMX Xeon, 2.36x and 1.88x on an
-    AVX2 EPYC (benchmarks/results/time-to-accuracy-quick-*.md); within one node the bytes cost little."""
+    none. Across nodes the wire is what a step waits for (benchmarks/results/time-to-accuracy-*.md); within one
+    node the bytes cost little."""
     if text != "auto":
         return text
     return "bf16" if sync == "ddp" and across_nodes else "none"
@@ -131,8 +127,8 @@ class TrainConfig:
     peft: str = "none"  # none | lora
     lora_r: int = 8
     lora_alpha: float = 16.0
-    # none on the adapters' input, as peft's own default: a mask per adapted Linear was 46% of a bert-base bf16 step
-    # on AMX and 23% of a MiniLM fp32 step on AVX2, and MRPC scored no lower without it (README.md, LoRA)
+    # none on the adapters' input, as peft's own default: a mask per adapted Linear costs a large share of a step
+    # and accuracy did not need it (benchmarks/results/lora-step-profile-*.txt)
     lora_dropout: float = 0.0
     lora_targets: tuple[str, ...] = ()  # empty: every Linear of the family's layers (train/lora.py)
     lora_modules_to_save: tuple[str, ...] = ()  # trained in full beside the classifier; empty: the family's head

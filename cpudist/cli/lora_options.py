@@ -35,8 +35,8 @@ def lora_options(command: F) -> F:
         click.option("--lora-targets", callback=_targets,
                      help="--peft lora: module names to adapt, comma-separated [default: every Linear of the "
                      "layers: query,key,value,dense for BERT, RoBERTa, ELECTRA; q_lin,k_lin,v_lin,out_lin,lin1,lin2 "
-                     "for DistilBERT; ...]; query,value adapts the attention's query and value only (fewer bytes; "
-                     "measured 1.7 points under full fine-tuning on MRPC, where every Linear matched it)."),
+                     "for DistilBERT; ...]; query,value adapts the attention's query and value only (fewer bytes, "
+                     "lower accuracy: benchmarks/README.md)."),
         click.option("--lora-modules-to-save", callback=_targets,
                      help="--peft lora: modules trained in full beside the adapters, comma-separated; the classifier "
                      "always is [default: the rest of the family's head: pooler for BERT and ALBERT, "

@@ -198,17 +198,16 @@ OPTIONS: list[Callable[[Any], Any]] = [
     click.option("--freeze-embeddings", is_flag=True,
                  help="Do not train the word-embedding table (half of MiniLM's gradient bytes and AdamW work)."),
     click.option("--gradient-checkpointing", is_flag=True, help="Recompute each layer's activations in backward "
-                 "instead of keeping them: bert-large 0.56x the memory, 0.78x the speed (README)."),
+                 "instead of keeping them: less memory, slower steps (benchmarks/README.md)."),
     lora_options,
     click.option("--compile", is_flag=True, help="torch.compile the model (batches padded to multiples of 32 "
                  "tokens; kernels cached in ~/.cpudist/inductor across runs)."),
     click.option("--fast-dropout/--torch-dropout", default=True, show_default=True,
-                 help="Dropout masks at a quarter of torch's RNG cost (same p and seeding; 1.2x a MiniLM step on "
-                 "AMX), or torch's own."),
+                 help="Dropout masks from a cheaper generator (same p and seeding), or torch's own."),
     click.option("--first-token-last-layer/--full-last-layer", default=True, show_default=True,
                  help="The last encoder layer computes only the first token, the one the classifier reads (BERT, "
-                 "RoBERTa, XLM-R, ELECTRA: the same logits and gradients, ~7% fewer FLOPs for bert-base, 14% for "
-                 "MiniLM), or every token as transformers does."),
+                 "RoBERTa, XLM-R, ELECTRA: the same logits and gradients, fewer FLOPs), or every token as "
+                 "transformers does."),
     click.option("--ipex", is_flag=True, help="Apply Intel Extension for PyTorch's optimize() (needs its matching "
                  "torch; archived upstream in 2026)."),
     click.option("--openmp", type=click.Choice(["auto", "intel", "gnu"]), default="auto", show_default=True,
@@ -238,10 +237,10 @@ OPTIONS: list[Callable[[Any], Any]] = [
                  help="local-sgd: also average AdamW's first moment, its second, or both at each average."),
     click.option("--second-moment-every", type=click.IntRange(min=1), default=1, show_default=True,
                  help="local-sgd with --average-moments second|both: average the second moment at every J-th "
-                 "average only (fewer bytes; J=2 lost 11 accuracy points on MRPC in benchmarks/README.md)."),
+                 "average only (fewer bytes, less accuracy: benchmarks/README.md)."),
     click.option("--lr-scaling", type=click.Choice(LR_SCALINGS), default="auto", show_default=True,
                  help="Scale --lr (one rank's) with the global batch: linear (x ranks, Goyal et al.), sqrt, none, or "
-                 "auto: linear on more than one rank (unscaled, 4 ranks lost 8.6 points on MRPC). Local SGD too: "
+                 "auto: linear on more than one rank (sqrt with LoRA). Local SGD too: "
                  "the ranks' averaged steps move the model as one step on the global batch does."),
     click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True,
                  help="adamw (as HF Trainer), or sgd: plain SGD, linear in the gradient (for teaching and checks)."),

@@ -18,7 +18,7 @@ from cpudist.errors import JobFailed
 from cpudist.launch.slurm import TERMINAL, JobInfo, parse_job
 from cpudist.waits import TimedOut, wait_until
 
-SLURMCTLD_WAIT_S = 30.0  # a slurmctld that answers no call for this long is lost (issue 23: within 30 s)
+SLURMCTLD_WAIT_S = 30.0  # a slurmctld that answers no call for this long is lost
 CALL_TIMEOUT_S = 10.0  # one call; Slurm's own MessageTimeout is 10 s
 RETRY_S = 2.0
 FORGOTTEN = ("Invalid job id specified",)  # scontrol's words for a job slurmctld no longer knows

@@ -188,7 +188,7 @@ def stage_run(head: Remote, request: RunRequest, head_spec: Head, say: Any, star
     cfg = request.train
     local_dir = Path(cfg.output_dir)
     home = head.check('printf %s "$HOME"').strip()
-    connect_s = round(time.monotonic() - started, 2)  # result.json's startup: the laptop's phases (issue 24)
+    connect_s = round(time.monotonic() - started, 2)  # result.json's startup: the laptop's phases
     python = _find_python(head, head_spec.python)
     nodes = head_spec.inside[: request.launch.nodes]
     stager = Stager(head, home, copied_to(request, nodes), say)

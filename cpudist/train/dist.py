@@ -142,7 +142,7 @@ def exit_rank(code: int) -> NoReturn:
     Everything a rank owes is written and flushed by then (result.json, the model, the report folders, closed by
     their owners). What finalization would still do is destroy torch's leftover C++ objects, and there gloo's
     threads abort a rank now and then even after destroy_process_group ("terminate called without an active
-    exception", exit code 6 after a run that had finished: CI, stop 29), which the launcher reports as a failed
+    exception", exit code 6 after a run that had finished), which the launcher reports as a failed
     job. The kernel frees the rest.
     """
     for stream in (sys.stdout, sys.stderr):

@@ -1,17 +1,16 @@
-"""Dropout whose random mask costs a quarter of torch's: the lever that matters once bf16 GEMMs are cheap.
+"""Dropout whose random mask costs less than torch's: the lever that matters once bf16 GEMMs are cheap.
 
-torch draws every dropout element from its CPU generator one at a time (bernoulli_: ~5 ns an element
-here), which made dropout 23% of a MiniLM training step on an AMX CPU, more than all the matrix
-products of the forward pass. Here one 64-bit random word gives four 16-bit uniforms: an element is kept
+torch draws every dropout element from its CPU generator one at a time (bernoulli_), which made
+dropout a large share of a MiniLM training step on an AMX CPU (benchmarks/results/dropout-draw-*.md).
+Here one 64-bit random word gives four 16-bit uniforms: an element is kept
 when its uniform falls under round(65536 (1 - p)), and kept elements are scaled by 65536 / that threshold, so
 the expectation is exact. Same p, same seeding and checkpointed RNG state; a different (equally random) mask
 than torch's.
 
-The words come from numpy's SFC64 generator (4 ns a 64-bit word here) seeded by torch's default generator, not
-from torch's random_ (14 ns: its CPU kernel is serial and costs a call per element). A draw is serial either way,
-so once the matrix products use every core it is what is left: LoRA's adapter dropouts made torch's draw 23% of
-a bert-base bf16 step on 4 AMX cores (benchmarks/results/lora-step-profile-amx-bf16-bert-base-bf16.txt; the two
-draws side by side: benchmarks/dropout_draw.py).
+The words come from numpy's SFC64 generator seeded by torch's default generator, not from torch's random_ (its
+CPU kernel is serial and costs a call per element). A draw is serial either way, so once the matrix products use
+every core it is what is left (benchmarks/results/lora-step-profile-*.txt; the two draws side by side:
+benchmarks/dropout_draw.py).
 
 `install(model)` swaps every nn.Dropout for FastDropout and, for the families in FAST_ATTENTION, routes the
 attention of training steps through `attention` (softmax, this dropout, matmul); evaluation keeps PyTorch's fused

@@ -4,7 +4,7 @@ BERT's pooler and the classification heads of RoBERTa, XLM-R and ELECTRA read th
 ([CLS], <s>) and drop the rest. In that layer the other tokens still serve as keys and values of the first
 token's attention, but their queries, attention outputs and feed-forward are computed for nothing: 10 of the
 layer's 12 d^2-sized matrix products per token. Computing the first token only removes 10/12 of one layer's
-work, forward and backward: about 7% of bert-base's training FLOPs (12 layers), 14% of MiniLM's (6), with the
+work, forward and backward (a larger share the fewer layers a model has), with the
 same numbers out up to float rounding (tests/unit/test_last_layer.py compares logits and gradients with the
 stock layer). MosaicBERT does the same for its classification fine-tuning (`subset_idx` in its last layer).
 Training steps only: evaluation runs the stock layer, so a run's metrics are exactly what its saved model scores.

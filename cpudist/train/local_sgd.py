@@ -81,8 +81,8 @@ class LocalSGD(Strategy):
     def _moments(self) -> list[torch.Tensor]:
         """AdamW's moments to average with the parameters (--average-moments), in the parameters' order; the
         second one (an average of squared gradients over ~1000 steps, which K steps barely move) only at every
-        --second-moment-every J-th average. Measured: J=2 cost MRPC 11 points where J=1 cost 1 (an averaged
-        first moment over a rank's own second moment steps badly)."""
+        --second-moment-every J-th average (J > 1 costs accuracy, benchmarks/README.md: an averaged first moment
+        over a rank's own second moment steps badly)."""
         keys = {"none": (), "first": ("exp_avg",), "second": ("exp_avg_sq",),
                 "both": ("exp_avg", "exp_avg_sq")}[self.spec.average_moments]
         if self.averages % self.spec.second_moment_every:

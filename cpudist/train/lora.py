@@ -27,9 +27,9 @@ if TYPE_CHECKING:
 METHODS = ("none", "lora")
 ADAPTER_CONFIG = "adapter_config.json"  # what peft's save_pretrained writes: its presence marks an adapter folder
 # LoRA's default targets: every Linear of the encoder (the attention's query, key, value and output projections,
-# both feed-forward layers), by the names each family gives them. On MiniLM (a BERT) on MRPC, r 8 on every Linear
-# matched full fine-tuning (+1.4 points, 3 seeds) where query and value alone, as the LoRA paper adapts them, lost 1.7
-# (benchmarks/accuracy_scaling.py, README); QLoRA found the same for every Linear. The head's Linears are not among
+# both feed-forward layers), by the names each family gives them: every Linear matched full fine-tuning where query
+# and value alone, as the LoRA paper adapts them, lost accuracy (benchmarks/accuracy_scaling.py); QLoRA found the
+# same for every Linear. The head's Linears are not among
 # them: peft never puts an adapter inside a module it trains in full (the classifier, HEADS below), so `dense`
 # adapts the layers' dense projections and not BERT's pooler or RoBERTa's classifier.dense. A family not named here
 # takes peft's own table (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: query and value projections).
