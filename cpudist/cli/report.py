@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -12,6 +13,7 @@ from rich.table import Table
 from cpudist import state
 from cpudist.cli.options import output_options
 from cpudist.errors import BadInput
+from cpudist.results import anatomy as steps
 from cpudist.results.ledger import load_sources
 from cpudist.results.render import notes, render_csv, render_json, render_markdown
 from cpudist.results.report import COLUMNS, FLAG_NOTE, TRAFFIC_COLUMNS, ScalingRow, groups_of, scaling_rows
@@ -43,10 +45,12 @@ def _tasks(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -
 @click.option("--run", "run_ids", multiple=True, help="Only this run: an id or a unique prefix of one (repeat).")
 @click.option("--baseline", help="Speedups of its group against this run (an id or a unique prefix) "
               "[default: the fewest nodes, then ranks, of each group; the median of its repeats].")
+@click.option("--anatomy", is_flag=True, help="Also say where a step went on rank 0: compute, the sync's CPU "
+              "work, wire time not hidden, waiting for the slowest rank, evaluation (seconds per step).")
 @format_option
 @plot_option
 def report(sources: tuple[Path, ...], tasks: tuple[str, ...], since: str | None, last: int | None,
-           run_ids: tuple[str, ...], baseline: str | None, fmt: str, plot: Path | None) -> None:
+           run_ids: tuple[str, ...], baseline: str | None, anatomy: bool, fmt: str, plot: Path | None) -> None:
     """Speedup and efficiency of each configuration against its group's baseline, from ledgers or run folders.
 
     SOURCES default to the ledger (~/.cpudist/results.jsonl). Runs that differ only in their nodes and
@@ -65,20 +69,26 @@ def report(sources: tuple[Path, ...], tasks: tuple[str, ...], since: str | None,
     results = select(loaded, wanted)
     if chosen is not None and not any(chosen == r for r in results):
         results.append(chosen)  # the baseline named is reported with the runs it is the baseline of
-    show_report(results, fmt, plot, chosen)
+    show_report(results, fmt, plot, chosen, anatomy)
 
 
-def show_report(results: Sequence[RunResult], fmt: str, plot: Path | None, baseline: RunResult | None = None) -> None:
-    """Print the report of these runs in `fmt` to stdout, and draw it to `plot` when given."""
+def show_report(results: Sequence[RunResult], fmt: str, plot: Path | None, baseline: RunResult | None = None,
+                anatomy: bool = False) -> None:
+    """Print the report of these runs in `fmt` to stdout (with each step's anatomy when asked), and draw it to
+    `plot` when given."""
     rows = scaling_rows(results, baseline)
+    parts = steps.anatomy_of(rows, results) if anatomy else None
+    extra = (lambda r: steps.record(parts.get(r.run_id))) if parts is not None else _nothing
     if fmt == "md":
         click.echo(render_markdown(rows))
+        if parts is not None:
+            click.echo(_anatomy_markdown(rows, parts))
     elif fmt == "csv":
-        click.echo(render_csv(rows), nl=False)
+        click.echo(render_csv(rows, extra), nl=False)
     elif fmt == "json":
-        click.echo(render_json(rows))
+        click.echo(render_json(rows, extra))
     else:
-        _print_tables(rows)
+        _print_tables(rows, parts)
     if plot is not None:
         from cpudist.results.plot import write_plot  # matplotlib is slow to import: only when asked
 
@@ -86,7 +96,20 @@ def show_report(results: Sequence[RunResult], fmt: str, plot: Path | None, basel
         click.echo(f"[cpudist] plot -> {plot}", err=True)
 
 
-def _print_tables(rows: Sequence[ScalingRow]) -> None:
+def _nothing(r: ScalingRow) -> dict[str, Any]:
+    return {}
+
+
+def _anatomy_markdown(rows: Sequence[ScalingRow], parts: dict[str, dict[str, float]]) -> str:
+    out = []
+    for group in groups_of(rows):
+        body = [steps.cells(r, parts.get(r.run_id)) for r in rows if r.group == group]
+        out += [f"### {group}: {steps.TITLE}", "", "| " + " | ".join(steps.COLUMNS) + " |",
+                "|" + "---|" * len(steps.COLUMNS), *("| " + " | ".join(c) + " |" for c in body), "", steps.NOTE, ""]
+    return "\n".join(out)
+
+
+def _print_tables(rows: Sequence[ScalingRow], parts: dict[str, dict[str, float]] | None = None) -> None:
     console = Console()
     if not console.is_terminal:  # piped or captured: never squeeze the table to 80 columns
         console = Console(width=220)
@@ -105,3 +128,9 @@ def _print_tables(rows: Sequence[ScalingRow]) -> None:
             console.print(traffic)
             if any(r.traffic_flagged for r in mine):
                 console.print(FLAG_NOTE, markup=False, highlight=False)
+        if parts is not None:
+            table = Table(*steps.COLUMNS, title=steps.TITLE, title_justify="left")
+            for r in mine:
+                table.add_row(*steps.cells(r, parts.get(r.run_id)))
+            console.print(table)
+            console.print(steps.NOTE, markup=False, highlight=False)

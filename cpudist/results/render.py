@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -57,20 +57,28 @@ def record(r: ScalingRow) -> dict[str, Any]:
             "baseline_why": r.baseline_why}
 
 
-def render_csv(rows: Sequence[ScalingRow]) -> str:
+Extra = Callable[[ScalingRow], dict[str, Any]]  # more columns of a row (report --anatomy's)
+
+
+def _none(r: ScalingRow) -> dict[str, Any]:
+    return {}
+
+
+def render_csv(rows: Sequence[ScalingRow], extra: Extra = _none) -> str:
     """One line per configuration; metrics in eval_<name> columns; run ids space-separated."""
     metrics = list(dict.fromkeys(k for r in rows for k in r.metrics))
-    header = [*record(rows[0]).keys(), *(METRIC_PREFIX + m for m in metrics), "run_ids", "baseline"] if rows else []
+    header = [*record(rows[0]).keys(), *extra(rows[0]).keys(), *(METRIC_PREFIX + m for m in metrics), "run_ids",
+              "baseline"] if rows else []
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(header)
     for r in rows:
-        values = [*record(r).values(), *(r.metrics.get(m) for m in metrics), " ".join(r.run_ids),
-                  " ".join(r.baseline)]
+        values = [*record(r).values(), *extra(r).values(), *(r.metrics.get(m) for m in metrics),
+                  " ".join(r.run_ids), " ".join(r.baseline)]
         writer.writerow(["" if v is None else v for v in values])
     return buf.getvalue()
 
 
-def render_json(rows: Sequence[ScalingRow]) -> str:
+def render_json(rows: Sequence[ScalingRow], extra: Extra = _none) -> str:
     """A list of rows: every field of the row (run_ids and started_at in full) and the CSV's derived values."""
-    return json.dumps([{**record(r), **asdict(r)} for r in rows], indent=2)
+    return json.dumps([{**record(r), **extra(r), **asdict(r)} for r in rows], indent=2)

@@ -91,6 +91,9 @@ class RunResult:
     exposed_comm_s: float = 0.0  # training time spent waiting for them (the rest is compute)
     embedding_rows_per_step: float | None = None  # ddp --embedding-sync rows: word-embedding rows sent a step
     bus_bandwidth_gbps: float | None = None  # busiest rank's bytes sent / comm_time_s
+    # Rank 0's seconds per step in compute_s, sync_cpu_s, wire_s, wait_s, eval_s, their sum_s, the loop's own step_s
+    # and the steps averaged (cpudist/train/anatomy.py says how each is measured; {}: an older run)
+    step_anatomy: dict[str, Any] = field(default_factory=dict)
     # The model rank 0 saved (--save-model; cpudist/train/export.py) and the evaluations it was chosen from. With
     # --save-model best, `metrics` are the best evaluation's (as HF's load_best_model_at_end), else the last one's.
     save_model: str = ""  # last | best | none ("": a run from before models were saved)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -26,6 +27,8 @@ class CommClock:
 
     busy_s: float = 0.0
     exposed_s: float = 0.0
+    cpu_s: float = 0.0  # the sync's own code on the training thread (`work`), less the collectives it waited for
+    _blocked_s: float = 0.0  # the waits `blocking` recorded
     _intervals: list[tuple[float, float]] = field(default_factory=list)
     _last_ready: float = 0.0  # when the step's last gradient bucket was handed to the network
 
@@ -44,7 +47,18 @@ class CommClock:
     def blocking(self, start: float) -> None:
         """A collective the step waited for from start to now."""
         self.finished(start)
-        self.exposed_s += time.perf_counter() - start
+        waited = time.perf_counter() - start
+        self.exposed_s += waited
+        self._blocked_s += waited
+
+    @contextlib.contextmanager
+    def work(self) -> Iterator[None]:
+        """Around the sync's code on the training thread: its time, less the collectives it waited for, is CPU work."""
+        start, blocked = time.perf_counter(), self._blocked_s
+        try:
+            yield
+        finally:
+            self.cpu_s += max(0.0, time.perf_counter() - start - (self._blocked_s - blocked))
 
     def overlap_done(self) -> None:
         """The overlapped (DDP) buckets are back: add the wait since the last one was handed over."""

@@ -17,6 +17,7 @@ from cpudist import events
 from cpudist.config import TrainConfig, effective_lr, spec_of
 from cpudist.flops import shape_of, training_flops
 from cpudist.train import last_layer, netcount, preempt, speed, sync
+from cpudist.train.anatomy import StepLog
 from cpudist.train.checkpoint import Restored
 from cpudist.train.checkpoint_meta import START, Position
 from cpudist.train.features import collate
@@ -51,6 +52,7 @@ class TrainStats:
     compiling: set[int] = field(default_factory=set)  # indexes of this part's steps that met a new shape (--compile)
     strategy: sync.Strategy | None = None  # how the ranks agreed (its clock holds this part's communication times)
     tx_bytes: int | None = None  # what this node's interface sent during this part's steps (one rank per node)
+    anatomy: StepLog = field(default_factory=StepLog)  # where this part's steps went (cpudist/train/anatomy.py)
 
     def steady_samples_per_s(self) -> float:
         """Samples/s of the steps past the warm-up that compiled nothing (the wall time counts them all)."""
@@ -98,9 +100,10 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
         events.emit("start", total=total, batches_per_epoch=per_epoch, step=stats.steps)
     last_save, next_pos = time.monotonic(), start
     tx_start = _counted(iface, world)  # after DDP's initial broadcast: only the training's traffic
+    looped = time.perf_counter()  # the loop's wall clock: the step time of result.json's step_anatomy
     try:
         while stats.steps < total:
-            t0, waited = time.perf_counter(), strategy.clock.exposed_s
+            t0, waited, worked = time.perf_counter(), strategy.clock.exposed_s, strategy.clock.cpu_s
             micro_batches = [next(batches) for _ in range(cfg.grad_accum)]
             step_rows = sum(n for _, _, n in micro_batches)
             last = micro_batches[-1][0]
@@ -125,10 +128,13 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
                 n_local += len(idx)
                 tokens += data.real_tokens(idx)
                 flops += training_flops(shape, (len(data.input_ids[i]) for i in idx))
-            strategy.gradients(stats.steps + 1)
+            with strategy.clock.work():
+                strategy.gradients(stats.steps + 1)
             grad_norm = clip_and_step(model, opt, sched, cfg.max_grad_norm)
-            strategy.parameters(stats.steps + 1)
+            with strategy.clock.work():
+                strategy.parameters(stats.steps + 1)
             dt = time.perf_counter() - t0
+            stats.anatomy.step(strategy.clock.exposed_s - waited, strategy.clock.cpu_s - worked)
             stats.steps += 1
             stats.train_time_s += dt
             stats.step_times.append(dt)
@@ -137,7 +143,9 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
             if stats.steps % cfg.log_every == 0 or stats.steps == total:
                 _flush(pending, stats, log, world, total, report)
                 pending = []
+            agreeing = time.perf_counter()
             stop_now, save_now = _agree(stop, saver, stats.steps, time.monotonic() - last_save, world)
+            stats.anatomy.agree(time.perf_counter() - agreeing)  # where ranks meet on a step without an exchange
             # Before the checkpoint, as HF's Trainer: it then holds this evaluation (a stop skips it: time counts)
             if evals is not None and evals.due(stats.steps, total) and not stop_now:
                 metrics, _ = evals.run(job, stats.steps, during=True)
@@ -151,6 +159,8 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
             if stop_now:
                 stats.stopped = stop.pending() or preempt.PEER
                 break
+        stats.anatomy.loop_s = time.perf_counter() - looped
+        stats.anatomy.eval_s = sum(e["seconds"] for e in evals.history) if evals is not None else 0.0
         strategy.parameters(stats.steps, final=True)  # local SGD: evaluate (and keep) the ranks' mean
         tx_end = _counted(iface, world)
         if tx_start is not None and tx_end is not None:

@@ -28,6 +28,7 @@ from cpudist.errors import BadInput
 from cpudist.objects import ObjectStore
 from cpudist.train import checkpoint, model_upload, preempt, report_to, resume
 from cpudist.train.checkpoint import Restored
+from cpudist.train.checkpoint_meta import clear_partial
 from cpudist.train.dist import RankInfo
 from cpudist.train.durable import Mirror
 from cpudist.train.export import save_model
@@ -39,6 +40,7 @@ from cpudist.train.saver import Saver
 from cpudist.train.setup import Job, setup
 from cpudist.train.startup import Startup
 from cpudist.train.store_watch import StoreWatch
+from cpudist.wire import stop_marker
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,9 @@ def run(cfg: TrainConfig, info: RankInfo, provider: Provider, startup: Startup |
     job = dataclasses.replace(job, cfg=cfg)
     saver = _saver(cfg, job.run_dir, restored, started, mirror)
     if info.rank == 0:
-        (job.run_dir / preempt.MARKER).unlink(missing_ok=True)
+        stop_marker.clear(job.run_dir)
+        for name in clear_partial(saver.folder):  # a part stopped mid-write: nothing half is kept
+            _say_rank0(0)(f"removed {saver.folder / name}, a checkpoint an earlier part left half-written")
     params = sum(p.numel() for p in job.model.parameters())
     # One write per line: launchers interleave partial writes of different ranks.
     sys.stdout.write(f"rank {info.rank}/{info.world_size} ready: {len(job.train_data)} train rows, "
@@ -163,7 +167,8 @@ def _finish(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict
     clock = stats.strategy.clock if stats.strategy else None
     mine = {"host": socket.gethostname(), "peak_rss_mb": peak_rss_mb(), "tx_bytes": stats.tx_bytes,
             "iface": job.iface, "comm_s": clock.busy_s if clock else 0.0,
-            "exposed_s": clock.exposed_s if clock else 0.0, "threads": torch.get_num_threads()}
+            "exposed_s": clock.exposed_s if clock else 0.0, "threads": torch.get_num_threads(),
+            "waits": stats.anatomy.waits()}  # per step: rank 0 tells the wire from the slowest rank by them
     rank_info: list[dict[str, Any]] = [mine]
     if info.world_size > 1:
         rank_info = [{}] * info.world_size
@@ -196,9 +201,13 @@ def _stopped(job: Job, stats: TrainStats, info: RankInfo) -> int:
         dist.all_gather_object(reasons, (socket.gethostname(), stats.stopped))
     if info.rank == 0:
         host, why = preempt.stop_reason(reasons)
-        marker = {"step": stats.steps, "checkpoint": stats.checkpoints[-1], "reason": why, "host": host}
-        (job.run_dir / preempt.MARKER).write_text(json.dumps(marker) + "\n")
-        events.emit("preempted", **marker)
+        if stop_marker.asked(job.run_dir):  # the user's stop: resumable all the same, but nothing was preempted
+            stop = stop_marker.Stop(stats.steps, stats.checkpoints[-1], preempt.USER, host)
+            events.emit("stopped", **stop.to_dict())
+        else:
+            stop = stop_marker.Stop(stats.steps, stats.checkpoints[-1], why or "SIGTERM", host)
+            stop_marker.write(job.run_dir, stop)
+            events.emit("preempted", **stop.to_dict())
     if info.world_size > 1:
         dist.barrier()
     return preempt.EXIT_PREEMPTED

@@ -17,6 +17,7 @@ from cpudist.flops import cpu_ghz, peak_flops
 from cpudist.results.schema import RunResult
 from cpudist.traffic import expected_traffic, payload_bytes
 from cpudist.train import dropout, last_layer, lora, speed, sync
+from cpudist.train.anatomy import step_anatomy
 from cpudist.train.checkpoint import Restored
 from cpudist.train.loop import TrainStats
 from cpudist.train.saver import Saver
@@ -77,6 +78,7 @@ def build_result(job: Job, stats: TrainStats, metrics: dict[str, float], phases:
         freeze_embeddings=cfg.freeze_embeddings, checkpointed_layers=speed.checkpointed_layers(job.model),
         data=job.data, peft=lora.settings(job.model, cfg),
         trainable_params=sum(p.numel() for p in job.model.parameters() if p.requires_grad),
+        step_anatomy=step_anatomy(stats.step_times, stats.anatomy, [r.get("waits", []) for r in rank_info]),
         **_sync_fields(job, stats, rank_info, hosts),
     )
 

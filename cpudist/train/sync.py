@@ -120,11 +120,13 @@ def _in_order(hook: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _timed(hook: Callable[..., Any], clock: CommClock) -> Callable[..., Any]:
-    """The hook, recording when each bucket went out and when its mean came back."""
+    """The hook, recording when each bucket went out, when its mean came back, and its own CPU work."""
 
     def timed(state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
         start = clock.started()
-        fut = hook(state, bucket)
+        with clock.work():  # the hook's casts and copies run on the training thread, inside backward
+            fut = hook(state, bucket)
+        clock.ready()  # handed to the network once the hook returns: a wait for the wire starts here
 
         def done(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
             clock.finished(start)
