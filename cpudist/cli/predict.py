@@ -49,7 +49,8 @@ def summary(p: Plan, done: Outcome) -> str:
               "its dev rows (class names or ids; numbers for regression).")
 @click.option("--split", type=click.Choice(SPLITS), help="A GLUE split instead of --file: test writes the "
               "submission file (index, prediction), dev is scored against its labels.")
-@click.option("--task", help="The GLUE task of --split [default: the run's].")
+@click.option("--task", help="The rows' task: the GLUE task of --split, or of --file's rows; a model of another "
+              "task is refused [default: the run's].")
 @click.option("--data-dir", type=click.Path(path_type=Path),
               help="GLUE's task folder for --split [default: the run's].")
 @click.option("--output", "-o", help="Where to write: a path, or - for stdout [default: stdout for --file; "
@@ -58,7 +59,8 @@ def summary(p: Plan, done: Outcome) -> str:
               "(index<TAB>prediction) [default: from --output's suffix; glue for --split, else jsonl].")
 @click.option("--json", "fmt", flag_value="json", help="Same as --format json.")
 @click.option("--precision", type=click.Choice(PRECISIONS),
-              help="fp32, bf16 autocast, or auto (bf16 where native) [default: the run's, else fp32].")
+              help="fp32, bf16 autocast (the run's own numbers, if it ran in bf16), or auto (bf16 where "
+              "native) [default: fp32].")
 @click.option("--max-seq-len", type=click.IntRange(min=2),
               help="Tokens per row, truncated [default: the run's, else 128].")
 @click.option("--batch-size", type=click.IntRange(min=1),

@@ -16,7 +16,7 @@ from cpudist.train.features import Encoded, collate, encode
 
 
 def load(model_dir: str) -> tuple[Any, Any]:
-    """The model (in eval mode) and its tokenizer from a save_pretrained folder; never the Hub."""
+    """The model (in eval mode, fp32 weights) and its tokenizer from a save_pretrained folder; never the Hub."""
     import transformers
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -32,7 +32,9 @@ def load(model_dir: str) -> tuple[Any, Any]:
         said = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise BadInput(f"cannot load the model in {model_dir}: {said}",
                        "Give a folder that save_pretrained() wrote (model and tokenizer)") from None
-    return model.eval(), tokenizer
+    # transformers loads weights in the dtype they were saved in; bf16 autocast (--precision bf16) computes from
+    # fp32 weights, as the run's evaluation did, and fp32 must not compute in bf16 weights
+    return model.float().eval(), tokenizer
 
 
 def shard(rows: int, rank: int, world: int) -> list[int]:

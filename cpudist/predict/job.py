@@ -16,7 +16,7 @@ from pathlib import Path
 from cpudist import events
 from cpudist.cpu import read_cpu, read_cpu_quota, usable_cores
 from cpudist.errors import BadInput, JobFailed
-from cpudist.predict import outputs
+from cpudist.predict import match, outputs
 from cpudist.predict.inputs import Inputs, read_file, read_split
 from cpudist.predict.source import Settings, Source, find_source
 from cpudist.train.tasks import GLUE_TASKS
@@ -38,7 +38,7 @@ class PredictRequest:
     text_columns: tuple[str, ...] = ()
     output: str | None = None  # a path, "-" for stdout, None for the default
     fmt: str | None = None
-    precision: str | None = None  # fp32 | bf16 | auto; None: the run's
+    precision: str | None = None  # fp32 | bf16 | auto; None: fp32, whatever the run computed in
     max_seq_len: int | None = None
     batch_size: int | None = None
     np: int = 1
@@ -75,9 +75,10 @@ def _precision(req: PredictRequest, source: Source) -> tuple[str, str]:
         return ("bf16" if read_cpu().has_bf16 else "fp32"), "--precision auto"
     if req.precision is not None:
         return req.precision, "--precision"
-    if source.facts.precision:
-        return source.facts.precision, "the run's result.json" if source.run_dir else "the model card"
-    return "fp32", "no run record; --precision to change"
+    ran = source.facts.precision
+    if ran and ran != "fp32":  # bf16 keeps 8 bits of a score: enough for the run's metric, not for scores
+        return "fp32", f"the default; the run computed in {ran}: --precision {ran} gives its own numbers"
+    return "fp32", "the default; --precision to change"
 
 
 def _threads(np_: int) -> int:
@@ -94,10 +95,11 @@ def _inputs(req: PredictRequest, source: Source) -> Inputs:
         raise BadInput("give either --file or --split" if req.file else "nothing to predict",
                        "Pass --file F (csv, tsv, txt, json, jsonl), or --split dev|test with --task and --data-dir")
     if req.file is not None:
-        task_text = GLUE_TASKS[facts.task].tsv.text if facts.task in GLUE_TASKS else ()
+        task = req.task or facts.task
+        task_text = GLUE_TASKS[task].tsv.text if task in GLUE_TASKS else ()
         named = tuple(c for c in task_text if isinstance(c, str))
         return read_file(req.file, req.text_columns or facts.text_columns or named or ("text",), req.label_column,
-                         source.label_names, facts.task)
+                         source.label_names, task)
     task = req.task or facts.task
     data_dir = req.data_dir or (Path(facts.data_dir) if facts.data_dir else None)
     if task is None or data_dir is None:
@@ -123,10 +125,8 @@ def plan(req: PredictRequest) -> Plan:
     if req.np < 1:
         raise BadInput(f"--np {req.np}", "Use 1 or more processes")
     source = find_source(req.model_or_run)
+    match.check(source, req.task or source.facts.task)  # before the rows: a mismatch says so, not a label error
     inputs = _inputs(req, source).head(req.max_rows)
-    if inputs.task in GLUE_TASKS and GLUE_TASKS[inputs.task].num_labels != len(source.label_names or (0,)):
-        raise BadInput(f"{source.model_dir} has {len(source.label_names) or 1} output(s); {inputs.task} has "
-                       f"{GLUE_TASKS[inputs.task or ''].num_labels}", "Give a model trained on that task")
     precision, why = _precision(req, source)
     facts = source.facts
     settings = Settings(str(source.model_dir), precision, req.max_seq_len or facts.max_seq_len or DEFAULT_MAX_LEN,

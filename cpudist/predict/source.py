@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from cpudist.errors import BadInput
+from cpudist.train.lora import is_adapter
 
 RANK_MODULE = "cpudist.rank"  # the rank program's words follow it in command.txt
 # A tokenizer's own files: without one, transformers 5 builds an empty tokenizer from config.json without a word.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model",
                    "sentencepiece.bpe.model")
+HEAD = "ForSequenceClassification"  # the architecture's suffix of a model with a classifier head
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ def find_source(given: Path) -> Source:
     if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
         raise BadInput(f"no tokenizer in {model_dir} (none of {', '.join(TOKENIZER_FILES)})",
                        "Save the tokenizer beside the model: tokenizer.save_pretrained(folder)")
-    facts = read_facts(run_dir) if run_dir else RunFacts(precision=card_precision(model_dir))
+    facts = read_facts(run_dir) if run_dir else RunFacts(card_task(model_dir), precision=card_precision(model_dir))
     return Source(model_dir, run_dir, facts, label_names(model_dir))
 
 
@@ -84,6 +86,15 @@ def card_precision(model_dir: Path) -> str | None:
     return found.group(1) if found else None
 
 
+def card_task(model_dir: Path) -> str | None:
+    """The task a model card of cpudist names (`- Task: `mrpc``), for a model folder away from its run."""
+    card = model_dir / "README.md"
+    if not card.is_file():
+        return None
+    found = re.search(r"^- Task: `(\w+)`", card.read_text(errors="replace"), re.MULTILINE)
+    return found.group(1) if found else None
+
+
 def label_names(model_dir: Path) -> tuple[str, ...]:
     """Class names from config.json's id2label in id order; () for a regression head."""
     try:
@@ -91,6 +102,12 @@ def label_names(model_dir: Path) -> tuple[str, ...]:
     except (OSError, json.JSONDecodeError) as e:
         raise BadInput(f"cannot read {model_dir / 'config.json'}: {e}",
                        "Save the model again with save_pretrained()") from None
+    heads = [str(a) for a in config.get("architectures") or ()]
+    # AutoModelForSequenceClassification would add a random head (an adapter's config keeps its base's name)
+    if heads and not any(a.endswith(HEAD) for a in heads) and not is_adapter(model_dir):
+        raise BadInput(f"{model_dir} holds a base model ({', '.join(heads)}) without a classification head: "
+                       "it was never fine-tuned to classify",
+                       f"Fine-tune it first (cpudist run TASK --model {model_dir}), then predict with that run")
     id2label: dict[str, str] = config.get("id2label") or {}
     count = int(config.get("num_labels") or len(id2label) or 2)
     if config.get("problem_type") == "regression" or count == 1:

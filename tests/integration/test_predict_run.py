@@ -49,7 +49,7 @@ def test_a_runs_model_predicts_its_dev_metric_exactly_and_pipeline_agrees(tmp_pa
     assert p.returncode == 0, p.stderr
     said = {k: float(v) for k, v in (kv.split("=") for kv in p.stderr.split(", ")[-1].split(" -> ")[0].split())}
     assert said == {k: round(v, 4) for k, v in result["metrics"].items()}  # scored as the run scored, and said
-    assert f", {result['precision']}, 1 process(es)" in p.stderr  # the run's precision, from its result.json
+    assert ", fp32, 1 process(es)" in p.stderr  # fp32 unless asked, whatever the run computed in
     records = [json.loads(line) for line in (tmp_path / "dev.jsonl.out").read_text().splitlines()]
     task = load_custom(train, dev, ("text",), "label")
     called = np.array([float(task.label_names.index(r["label"])) for r in records])
@@ -72,7 +72,8 @@ def test_a_glue_runs_dev_metric_and_its_test_split_as_glues_submission_file(shar
                 "--max-train-samples", "48", "--max-eval-samples", "64", "--output-dir", run, timeout=600)
     assert r.returncode == 0, r.stderr
     result = json.loads((run / "result.json").read_text())
-    p = cpudist("predict", run, "--split", "dev", "-o", tmp_path / "dev.csv")  # task and data folder: the run's
+    p = cpudist("predict", run, "--split", "dev", "-o", tmp_path / "dev.csv",  # task and data folder: the run's
+                "--precision", result["precision"])  # its calls at the boundary, as the run computed them
     assert p.returncode == 0, p.stderr
     rows = (tmp_path / "dev.csv").read_text().splitlines()[1:]
     assert len(rows) == 64  # the rows the run scored

@@ -169,20 +169,21 @@ def test_the_format_comes_from_the_option_the_suffix_or_the_input() -> None:
         pick_format("p.parquet", None, False)
 
 
-def test_the_plan_takes_the_runs_precision_lengths_and_batches_and_the_option_wins(shared_data: Path,
-                                                                                   tmp_path: Path) -> None:
+def test_the_plan_takes_the_runs_lengths_and_batches_fp32_unless_asked_and_the_option_wins(shared_data: Path,
+                                                                                          tmp_path: Path) -> None:
     run = run_folder(tmp_path / "run")
     (run / "command.txt").write_text(COMMAND.replace("/data/glue/MRPC", str(shared_data / "glue" / "MRPC")))
     p = plan(PredictRequest(run, split="test", np=2))
     s = p.settings
-    assert (s.precision, s.max_seq_len, s.batch_size) == ("bf16", 96, 32)
-    assert p.precision_from == "the run's result.json"
+    assert (s.precision, s.max_seq_len, s.batch_size) == ("fp32", 96, 32)  # the bf16 run's scores, not rounded
+    assert p.precision_from == "the default; the run computed in bf16: --precision bf16 gives its own numbers"
     assert p.output == run / "predict_results_mrpc.txt" and p.fmt == "glue" and len(p.inputs) == 1725
     assert s.threads >= 1 and p.np == 2
     text = describe(p)
-    assert "1725 from" in text and "bf16 (the run's result.json)" in text and "predict_results_mrpc.txt" in text
-    p = plan(PredictRequest(run, split="dev", precision="fp32", batch_size=8, output="-"))
-    assert (p.settings.precision, p.settings.batch_size, p.output, p.fmt) == ("fp32", 8, None, "glue")
+    assert "1725 from" in text and "fp32 (the default; the run computed in bf16" in text
+    assert "predict_results_mrpc.txt" in text
+    p = plan(PredictRequest(run, split="dev", precision="bf16", batch_size=8, output="-"))
+    assert (p.settings.precision, p.settings.batch_size, p.output, p.fmt) == ("bf16", 8, None, "glue")
     assert p.inputs.labels is not None and len(p.inputs.labels) == len(p.inputs) == 100  # the rows the run scored
     assert len(plan(PredictRequest(run, split="dev", max_rows=7)).inputs.texts[1]) == 7
     bare = model_folder(tmp_path / "bare")
@@ -192,13 +193,13 @@ def test_the_plan_takes_the_runs_precision_lengths_and_batches_and_the_option_wi
     assert p.output is None and p.fmt == "jsonl"
     (bare / "README.md").write_text("## Training\n\n- seed 42, precision bf16, sync ddp\n")  # a card, away from its run
     p = plan(PredictRequest(bare, file=tmp_path / "rows.csv"))
-    assert (p.settings.precision, p.precision_from) == ("bf16", "the model card")
+    assert p.settings.precision == "fp32" and "the run computed in bf16" in p.precision_from
 
 
 @pytest.mark.parametrize(("request_", "says"), [
     ({}, "nothing to predict"),
     ({"file": Path("rows.csv"), "split": "dev"}, "either --file or --split"),
-    ({"split": "test", "task": "rte"}, "needs the task and its data folder"),  # a bare model: no run's data folder
+    ({"split": "test", "task": "mrpc"}, "needs the task and its data folder"),  # a bare model: no run's data folder
 ])
 def test_what_to_predict_is_checked_before_any_model_loads(tmp_path: Path, request_: dict[str, object],
                                                            says: str) -> None:
@@ -210,7 +211,7 @@ def test_what_to_predict_is_checked_before_any_model_loads(tmp_path: Path, reque
 
 def test_a_model_of_another_task_is_refused_for_its_glue_split(shared_data: Path, tmp_path: Path) -> None:
     three = model_folder(tmp_path / "m", {"0": "a", "1": "b", "2": "c"})
-    with pytest.raises(BadInput, match="mrpc has 2"):
+    with pytest.raises(BadInput, match="predicts classes a, b, c; MRPC's rows have classes not_equivalent"):
         plan(PredictRequest(three, split="test", task="mrpc", data_dir=shared_data / "glue" / "MRPC"))
 
 
