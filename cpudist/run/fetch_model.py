@@ -11,6 +11,7 @@ from there (run/outcome.fetch_from_rank0).
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 import subprocess
@@ -32,13 +33,18 @@ _SUMS = "find . -maxdepth 1 -type f -printf '%P\\0' | sort -z | xargs -0 -r sha2
 def head_sums(head: Remote, remote_dir: str) -> dict[str, str]:
     """{file name: sha256} of the model folder on the head (flat, as save_pretrained writes it); {} when absent."""
     code, out, _ = head.run(f"cd {shlex.quote(remote_dir)} && {_SUMS}", timeout=600)
-    return _parse_sums(out) if code == 0 else {}
+    return _parse_sums(out, remote_dir) if code == 0 else {}
 
 
-def _parse_sums(out: str) -> dict[str, str]:
+def _parse_sums(out: str, where: str) -> dict[str, str]:
+    """{name: sha256} from sha256sum's lines; a name it had to escape (a backslash or a line break) is refused."""
     sums = {}
     for line in out.splitlines():
         digest, _, name = line.partition("  ")
+        if digest.startswith("\\"):  # sha256sum's mark of an escaped name: \\ for \, \n for a line break
+            plain = re.sub(r"\\(.)", lambda m: {"n": "\n", "r": "\r"}.get(m[1], m[1]), name)
+            raise JobFailed(f"model file {plain!r} in {where}: cpudist fetches no file whose name holds a backslash "
+                            "or a line break", f"Rename or remove it in {where}, then copy the model with scp -r")
         if name:
             sums[name] = digest
     return sums
@@ -54,20 +60,30 @@ def fetch_model(head: Remote, remote_dir: str, local_dir: Path, say: Callable[[s
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     total = 0
-    for name, digest in sums.items():
-        head.fetch(f"{remote_dir}/{name}", tmp / name)
-        got = file_sum(tmp / name).sha256
-        if got != digest:
-            raise JobFailed(f"model/{name} arrived from the head damaged (sha256 {got[:12]}, the head's {digest[:12]})",
-                            f"The model is whole on the head in {remote_dir}; copy it again (scp -r), or re-run")
-        size = (tmp / name).stat().st_size
-        total += size
-        say(f"fetched model/{name} ({size / 1e6:.1f} MB, sha256 checked)")
+    try:
+        for name, digest in sums.items():
+            total += _fetch_one(head, remote_dir, tmp, name, digest)
+            say(f"fetched model/{name} ({(tmp / name).stat().st_size / 1e6:.1f} MB, sha256 checked)")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # refused or cut off: no bytes of it stay here
+        raise
     if local_dir.exists():
         shutil.rmtree(local_dir)
     tmp.replace(local_dir)
     return {"from": remote_dir, "files": len(sums), "bytes": total, "seconds": round(time.monotonic() - started, 2),
             "sha256": sums}
+
+
+def _fetch_one(head: Remote, remote_dir: str, tmp: Path, name: str, digest: str) -> int:
+    """Copy one file of the head's model folder into tmp, checked against the head's sha256; its size."""
+    if not head.fetch(f"{remote_dir}/{name}", tmp / name):
+        raise JobFailed(f"model/{name} went from the head's {remote_dir} before it was fetched",
+                        f"Copy the model from the head with scp -r once it is whole in {remote_dir}")
+    got = file_sum(tmp / name).sha256
+    if got != digest:
+        raise JobFailed(f"model/{name} arrived from the head damaged (sha256 {got[:12]}, the head's {digest[:12]})",
+                        f"The model is whole on the head in {remote_dir}; copy it again (scp -r), or re-run")
+    return (tmp / name).stat().st_size
 
 
 def from_host(ssh: str, host: str, out: Path, timeout_s: float = 3600) -> list[str]:
@@ -94,7 +110,7 @@ def from_host(ssh: str, host: str, out: Path, timeout_s: float = 3600) -> list[s
             why = unpacked.stderr.decode(errors="replace").strip()[-300:] or f"exit code {sender.returncode}"
             raise JobFailed(f"copying {', '.join(names)} from rank 0's host {host} failed ({why})",
                             f"They are whole on {host} in {out.resolve()}; copy them with scp -r")
-        for name, digest in _parse_sums(sum_lines).items():
+        for name, digest in _parse_sums(sum_lines, f"{host}:{out.resolve() / MODEL_DIR}").items():
             got = file_sum(tmp / MODEL_DIR / name).sha256
             if got != digest:
                 raise JobFailed(f"model/{name} arrived from {host} damaged (sha256 {got[:12]}, {host}'s {digest[:12]})",
