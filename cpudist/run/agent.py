@@ -7,9 +7,10 @@ stops every rank, as Ctrl-C does for a local run; so do SIGTERM and SIGHUP. A la
 notice only when TCP gives up, some 15 minutes later), and the ranks are stopped too.
 
 `python -m cpudist.run.agent --detached RUN_DIR` (`cpudist run --detach`): no laptop to watch. The request is
-RUN_DIR/agent.request.json, the output goes (by the shell that starts it) to RUN_DIR/agent.log, the agent's PID and
-start time to RUN_DIR/agent.pid (`cpudist stop` checks both before it signals), its final status line to
-RUN_DIR/agent.status. SIGINT and SIGTERM stop every rank; a hang-up stays ignored (nohup).
+RUN_DIR/agent.request.json (left with its --env and secret values as *** once read), the output goes (by the
+shell that starts it) to RUN_DIR/agent.log, the agent's PID and start time to RUN_DIR/agent.pid (`cpudist stop`
+checks both before it signals), its final status line to RUN_DIR/agent.status. SIGINT and SIGTERM stop every
+rank; a hang-up stays ignored (nohup).
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ import queue
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 from cpudist import events
 from cpudist.errors import CpudistError
 from cpudist.run.request import Callbacks, RunRequest
+from cpudist.state import write_atomic
 
 STATUS = "@@cpudist-agent "
 ALIVE = "alive"  # the laptop's heartbeat line, sent every HEARTBEAT_S
@@ -107,12 +110,21 @@ def outcome_of(req: RunRequest) -> dict[str, Any]:
     return {"status": "ok", "exit_code": 0, "output_dir": req.train.output_dir, "known": known}
 
 
+def take_request(path: Path) -> RunRequest:
+    """The request of a detached run, its file left holding the shown request: the --env and secret values live on
+    in this process only (and in the nodes' secrets files while the ranks run)."""
+    try:
+        req = RunRequest.from_json(path.read_text())
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    write_atomic(path, req.shown().to_json() + "\n", mode=0o600)
+    return req
+
+
 def detached(run_dir: str) -> int:
     """The agent of a detached run: request from, pid and status to files in `run_dir` (see the module's doc)."""
-    from pathlib import Path
-
     from cpudist.run.process import this_process
-    from cpudist.state import write_atomic
 
     folder = Path(run_dir)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job of sh starts with SIGINT ignored
@@ -121,7 +133,7 @@ def detached(run_dir: str) -> int:
     write_atomic(folder / PID_FILE, json.dumps({"pid": me.pid, "start": me.start, "host": me.host}) + "\n")
     status: dict[str, Any] = {"status": "error", "exit_code": 1, "message": "the agent ended without a status"}
     try:
-        status = outcome_of(RunRequest.from_json((folder / REQUEST_FILE).read_text()))
+        status = outcome_of(take_request(folder / REQUEST_FILE))
     finally:
         write_atomic(folder / STATUS_FILE, status_line(**status) + "\n")
     return int(status["exit_code"])

@@ -2,7 +2,7 @@
 session of its own (setsid, nohup), wait for the ranks to be up, and leave; run.json keeps what it takes to come
 back (`cpudist logs -f`, run/attach.py) or stop it (`cpudist stop`).
 
-    <head run dir>/agent.request.json   the request (private: --env values)
+    <head run dir>/agent.request.json   the request; the agent leaves it with its --env and secret values as ***
     <head run dir>/agent.log            the agent's output: rank lines and progress events
     <head run dir>/agent.pid            the agent's PID and start time (the guard of run/process.py)
     <head run dir>/agent.status         its final status line: its presence says the run ended
@@ -131,7 +131,11 @@ def start(request: RunRequest, head_spec: Head, ledger: Path, cb: Callbacks, ext
             code, out, _ = head.run(f"cat {rd}/{PID_FILE} 2>/dev/null")
             return json.loads(out) if code == 0 and out.strip() else None
 
-        agent = wait_until(pid, f"the agent to start on {head_spec.target.host}", 120, 0.5)
+        try:
+            agent = wait_until(pid, f"the agent to start on {head_spec.target.host}", 120, 0.5)
+        except BaseException:  # no agent took the request (and its values) from its file: nothing else will
+            head.run(f"rm -f {rd}/{REQUEST_FILE}")
+            raise
         target = head_spec.target
         d = Detached(target.host, target.user, target.port, target.identity, str(head_spec.known_hosts),
                      staged.python, staged.pythonpath, staged.run_dir, int(agent["pid"]), int(agent["start"]),

@@ -15,6 +15,7 @@ from typing import Any
 
 from cpudist.config import TrainConfig, effective_lr, lr_scaling_on
 from cpudist.errors import BadInput
+from cpudist.launch.env import HIDDEN, redact_pairs
 from cpudist.launch.slurm import SlurmOptions
 from cpudist.train.preempt import MARKER
 
@@ -75,6 +76,12 @@ class RunRequest:
 
     def with_train(self, **changes: Any) -> RunRequest:
         return dataclasses.replace(self, train=dataclasses.replace(self.train, **changes))
+
+    def shown(self) -> RunRequest:
+        """The request as it may be shown or kept: --env values (but the thread counts) and secrets as ***."""
+        hidden = tuple((k, HIDDEN) for k, _ in self.launch.secrets)
+        return dataclasses.replace(self, launch=dataclasses.replace(
+            self.launch, env=redact_pairs(self.launch.env), secrets=hidden))
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ from typing import Any
 from cpudist import state
 from cpudist.errors import Interrupted, Preempted
 from cpudist.hostfile import render_hostfile
-from cpudist.launch.env import redact_pairs
 from cpudist.launch.kinds import plan
 from cpudist.launch.spec import SBATCH_FILE, check_layout, redacted
 from cpudist.results.schema import RunResult
@@ -147,9 +146,7 @@ def _describe(request: RunRequest, where: Where) -> str:
 
 def _describe_remote(request: RunRequest, head: Head, detach: bool = False) -> str:
     nodes = head.inside[: request.launch.nodes]
-    hidden = dataclasses.replace(request.launch, env=redact_pairs(request.launch.env),
-                                 secrets=tuple((k, "***") for k, _ in request.launch.secrets))
-    shown = dataclasses.replace(request, launch=hidden)
+    shown = request.shown()
     user = f"{head.target.user}@" if head.target.user else ""
     lines = [f"# from this machine: ssh {user}{head.target.host} (port {head.target.port}, host keys pinned in "
              f"{head.known_hosts})"]

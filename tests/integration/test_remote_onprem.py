@@ -455,3 +455,29 @@ def test_a_detached_run_is_stopped_from_another_process_with_intel_mpi(site: Wor
     assert f"run {run_id} stopped, run.json says interrupted" in stop.stdout, stop.stdout
     assert wait_no_leftovers(site) == []
     assert _runs(site)[run_id] == "interrupted"
+
+
+def test_a_detached_run_leaves_no_secret_value_in_any_file(site: World) -> None:
+    """`run --detach --secret NAME --env K=V` from the laptop: the ranks get the values (the --env-file's thread count
+    sizes both), and once the run has landed no file under the head's run folder, either host's ~/.cpudist, the
+    laptop's run folder or its ~/.cpudist holds one (the agent's request file on the head kept them for good)."""
+    token, hf = "cpd-tok-8e41b0d5c3", "hf-val-2c97aa61f0"
+    site.operator_path("ranks.env").write_text("CPUDIST_THREADS=3\n")
+    r = site.operator_run(laptop_argv(site, "detached-secrets", *FEW_ROWS, "--max-steps", "2", "--no-eval", "--detach",
+                                      "--secret", "CPD_TOKEN", "--env", f"HF_TOKEN={hf}", "--env-file",
+                                      "/srv/cpd-operator/ranks.env"), env={"CPD_TOKEN": token}, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    run_id = json.loads(site.operator_path("runs/detached-secrets/run.json").read_text())["id"]
+    follow = site.operator_run([*CPUDIST, "logs", "-f", run_id], timeout=300)
+    assert follow.returncode == 0, follow.stdout + follow.stderr[-4000:]
+    result = json.loads(site.operator_path("runs/detached-secrets/result.json").read_text())
+    assert result["rank_threads"] == [3, 3]  # both ranks read their node's secrets file
+    head_dir = result["staging"]["remote_run_dir"]
+    grep_where_found = 'h=$1; shift; for d in "$@"; do [ ! -e "$d" ] || grep -rlF -e "$0" -e "$h" "$d"; done'
+    for i in range(site.hosts.n):  # (the head's run folder is on the head only)
+        grep = site.hosts.run(i, ["sh", "-c", grep_where_found, token, hf, head_dir, "/root/.cpudist"])
+        assert grep.stdout == "", (site.hosts.name(i), grep.stdout, grep.stderr)
+    laptop = [str(site.operator_path("runs/detached-secrets")), str(site.operator_path(".cpudist"))]
+    grep = subprocess.run(["grep", "-rlF", "-e", token, "-e", hf, *laptop], capture_output=True, text=True)
+    assert grep.returncode == 1 and grep.stdout == "", grep.stdout
+    assert wait_no_leftovers(site) == []

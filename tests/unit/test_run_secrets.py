@@ -107,6 +107,25 @@ def test_the_remote_agents_request_carries_secrets_and_dry_run_hides_them(tmp_pa
     assert r.exit_code == 2 and "CPD_NOT_SET_ANYWHERE is not set" in r.output
 
 
+def test_a_detached_agent_leaves_its_request_file_without_values(tmp_path: Path) -> None:
+    """`run --detach` from outside: the request file on the head keeps no --env or secret value once the agent took
+    it (the thread count stays shown); an unreadable request file is removed."""
+    from cpudist.run.agent import take_request
+
+    launch = LaunchOptions(2, 1, env=(("HF_TOKEN", SECRET), ("OMP_NUM_THREADS", "2")), secrets=(("K", SECRET),))
+    req = RunRequest(TrainConfig(task="synthetic", output_dir="/r"), launch)
+    path = tmp_path / "agent.request.json"
+    path.write_text(req.to_json())
+    assert take_request(path) == req
+    kept = path.read_text()
+    assert SECRET not in kept and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert RunRequest.from_json(kept).launch.env == (("HF_TOKEN", "***"), ("OMP_NUM_THREADS", "2"))
+    path.write_text(req.to_json()[:-9])
+    with pytest.raises(ValueError):
+        take_request(path)
+    assert not path.exists()
+
+
 def test_a_local_dry_run_names_the_file_not_the_value(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CPD_TEST_TOKEN", SECRET)
     r = CliRunner().invoke(cli, ["run", "synthetic", "--np", "2", "--model", "tiny", "--secret", "CPD_TEST_TOKEN",
