@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from cpudist import secrets
 from cpudist.errors import JobFailed
@@ -57,6 +58,23 @@ def placed(spec: RunSpec) -> Iterator[None]:
         for host in done:
             with contextlib.suppress(OSError, subprocess.TimeoutExpired):
                 _ssh(spec, host, secrets.remove_command(where))
+
+
+def left_for_job(spec: RunSpec) -> str | None:
+    """A detached Slurm job's secrets file on this machine (the nodes read it through the shared home), left for
+    the job: its batch script removes it at the job's end (launch/slurm.py), and so does the job's landing (see
+    removed). Its path; None without secrets."""
+    if not spec.secrets:
+        return None
+    where = secrets.file_for(spec.secrets_name)
+    secrets.write_here(where, spec.secrets)
+    return where
+
+
+def removed(where: str | None) -> None:
+    """The secrets file `where` (as left_for_job gave it) gone from this machine."""
+    if where:
+        Path(where).expanduser().unlink(missing_ok=True)
 
 
 MIN_HIDDEN = 6  # shorter values (a thread count, a flag) would hide every such digit or word of the output

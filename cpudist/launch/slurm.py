@@ -15,8 +15,10 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from cpudist.secrets import SECRETS_ENV, remove_command
 from cpudist.slurm_counts import expand_counts as expand_counts  # parsed where the ranks read it
 
+REQUEUED_VAR = "requeued"  # the batch script's own variable: 1 once it asked Slurm to requeue the job
 STOP_MARKER = "preempted.json"  # train/preempt.py's MARKER (launch/ imports nothing of train/; a test checks it)
 # States after which a job runs no more (man squeue, JOB STATE CODES).
 TERMINAL = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
@@ -146,10 +148,28 @@ def sbatch_script(job: BatchJob) -> str:
         "# --exclusive Slurm grants one CPU per rank, and each rank then runs one thread.",
         "cpus=${SLURM_JOB_CPUS_PER_NODE%%[(,]*}  # this node's CPUs in the job: the first of e.g. 2(x3),1",
         f"export SRUN_CPUS_PER_TASK=$(( cpus / {job.ppn} ))",
+        *_secrets_lines(job),
         *(_requeue_lines(job) if job.options.requeue else
-          ["exec " + shlex.join(srun_argv(job.np, job.ppn, list(job.command), None))]),
+          [("" if _secrets_file(job) else "exec ") + shlex.join(srun_argv(job.np, job.ppn, list(job.command), None))]),
         "",
     ])
+
+
+def _secrets_file(job: BatchJob) -> str | None:
+    return dict(job.env).get(SECRETS_ENV)
+
+
+def _secrets_lines(job: BatchJob) -> list[str]:
+    """The run's secrets file (cpudist/secrets.py, written before sbatch) removed when the job ends, however it ends
+    but requeued (its next start reads it again); `cpudist` removes it too when it lands the job."""
+    where = _secrets_file(job)
+    if where is None:
+        return []
+    remove = f'[ "${{{REQUEUED_VAR}:-0}}" = 1 ] || {remove_command(where)}'
+    lines = ["# --secret/--env-file: the ranks read the values from the file CPUDIST_SECRETS names; it goes at the",
+             "# job's end (kept for the next start of a requeued job).", f"trap {shlex.quote(remove)} EXIT"]
+    # scancel and the time limit send TERM to this script too: its end, once srun has ended, runs the trap above
+    return lines if job.options.requeue else [*lines, "trap 'exit 143' TERM"]
 
 
 def _requeue_lines(job: BatchJob) -> list[str]:
@@ -176,6 +196,7 @@ def _requeue_lines(job: BatchJob) -> list[str]:
         f'if [ "$stop" != 0 ] && [ -e {marker} ]; then',
         '  echo "[cpudist] requeueing Slurm job $SLURM_JOB_ID: the ranks saved a checkpoint before its'
         ' $([ "$stop" = preempted ] && echo preemption || echo time limit)"',
+        f"  {REQUEUED_VAR}=1",
         '  scontrol requeue "$SLURM_JOB_ID"',
         "fi",
         'exit "$code"',

@@ -20,7 +20,7 @@ from typing import Any
 
 from cpudist import state
 from cpudist.errors import Interrupted, JobFailed
-from cpudist.launch import kinds
+from cpudist.launch import kinds, secret_files
 from cpudist.launch.runner import Outcome
 from cpudist.launch.slurm import JobInfo
 from cpudist.launch.slurm_job import OUTPUT_POLL_S, Follower, SlurmOutcome, cancel, follow, submit
@@ -36,6 +36,7 @@ from cpudist.run.start import settle
 from cpudist.train.preempt import MARKER
 from cpudist.waits import TimedOut, wait_until
 
+SECRETS_KEY = "secrets_file"  # run.json's `detached`: the job's secrets file on this machine, until it ended
 READY_WAIT_S = 600.0  # a job may queue a long time; past this the detached start gives up and cancels it
 STOP_GRACE_S = 120.0  # the ranks' checkpoint and exit after SIGTERM, before scancel
 
@@ -50,17 +51,19 @@ def start(request: RunRequest, ledger: Path, cb: Callbacks, extra: dict[str, Any
     state.write_private(out / "command.txt", kinds.plan(redacted(spec)).shell() + "\n")
     (out / MARKER).unlink(missing_ok=True)
     info = identity.begin(request.train, "slurm", request.command)
-    job_id = ""
+    job_id, left = "", None
     try:
+        left = secret_files.left_for_job(spec)  # the job outlives this command: so does the file, until its end
         job_id = submit(launch, out, cb.on_line)
         identity.write_run(out, dataclasses.replace(info, detached={
-            "slurm_job_id": job_id, "ledger": str(ledger), "extra": extra}))
+            "slurm_job_id": job_id, "ledger": str(ledger), "extra": extra, SECRETS_KEY: left}))
         follower = Follower(job_id, out / f"slurm-{job_id}.out", cb.on_event, cb.on_line, cb.on_line)
         ended = wait_until(lambda: follower.poll() or (True if follower.events else None),
                            f"the ranks of Slurm job {job_id} to start", ready_wait_s, OUTPUT_POLL_S)
     except BaseException as e:
         if job_id:
             cancel(job_id)
+        secret_files.removed(left)
         stopped = isinstance(e, KeyboardInterrupt | Interrupted)
         identity.mark(out, "interrupted" if stopped else "failed",
                       message=getattr(e, "message", None) or str(e) or type(e).__name__)
@@ -74,6 +77,7 @@ def start(request: RunRequest, ledger: Path, cb: Callbacks, extra: dict[str, Any
         raise
     if isinstance(ended, JobInfo):  # it ended before its ranks said anything: land it now, its error is this one's
         last = tuple(follower.last)
+        secret_files.removed(left)
         settle(out, lambda: _land(out, ledger, extra, SlurmOutcome(ended, False, last), False))
 
 
@@ -115,6 +119,7 @@ def attach(info: RunInfo, cb: Callbacks, stop_first: bool = False, timeout_s: fl
 
         followed = follow(job_id, out / f"slurm-{job_id}.out", cb.on_event, on_line, cb.on_line,
                           max(1.0, timeout_s) if stop_first else None)  # past the grace: scancel
+    secret_files.removed(info.detached.get(SECRETS_KEY))  # the batch script's end removes it, but for a SIGKILL
     if stop_first and followed.timed_out:
         cb.on_line(f"[cpudist] the ranks did not stop within {time.monotonic() - started:.0f}s of SIGTERM: "
                    f"Slurm job {job_id} was cancelled")

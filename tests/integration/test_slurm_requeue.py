@@ -16,6 +16,7 @@ import math
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -168,3 +169,32 @@ def test_stop_checkpoints_then_cancels(slurm: SlurmCluster, shared_data: Path, t
     assert job_field(slurm, job_id, "JobState") in ("FAILED", "CANCELLED", "COMPLETED")
     assert slurm.jobs() == []
     wait_for(lambda: ranks_left(slurm) == [], 30, "the job's slurmstepd to exit", lambda: ranks_left(slurm), 0.5)
+
+
+def test_a_detached_jobs_ranks_read_its_secrets_which_go_with_the_job(slurm: SlurmCluster, shared_data: Path,
+                                                                       tmp_path: Path) -> None:
+    """`--launcher slurm --detach --secret NAME --env-file F` on 2 nodes: the ranks read the values from the secrets
+    file in the (shared) home (the file's thread count sizes both; a missing file fails a rank), the batch script's
+    end removes it, and no file in the run folder or ~/.cpudist holds a value once the job has landed."""
+    token, home, out = "cpd-slurm-tok-5a0c9e", tmp_path / "home", tmp_path / "run"
+    home.mkdir()
+    (tmp_path / "ranks.env").write_text("CPUDIST_THREADS=3\n")
+    env = {"HOME": str(home), "CPD_TOKEN": token}
+    r = slurm.run(0, [*CPUDIST, "run", "mrpc", "--data-dir", str(shared_data / "glue" / "MRPC"), "--model", "tiny",
+                      "--output-dir", str(out), "--launcher", "slurm", "--nodes", "2", "--ppn", "1", "--no-eval",
+                      "--max-steps", "2", "--max-train-samples", "64", "--save-model", "none", "--detach",
+                      "--secret", "CPD_TOKEN", "--env-file", str(tmp_path / "ranks.env")],
+                  cwd=str(tmp_path), timeout=400, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    assert json.loads((out / "run.json").read_text())["state"] == "running"
+    secrets_dir = home / ".cpudist" / "secrets"
+    wait_for(lambda: slurm.jobs() == [], 300, "the job to end", slurm.jobs, 1.0)
+    assert not list(secrets_dir.glob("*")), list(secrets_dir.glob("*"))  # the batch script's end removed it
+    follow = slurm.run(0, [*CPUDIST, "logs", "-f", str(out)], cwd=str(tmp_path), timeout=300, env=env)
+    assert follow.returncode == 0, follow.stdout + follow.stderr[-4000:]
+    result = json.loads((out / "result.json").read_text())
+    assert result["rank_threads"] == [3, 3] and result["world_size"] == 2, result
+    assert "CPUDIST_SECRETS" in (out / "job.sbatch").read_text()
+    grep = subprocess.run(["grep", "-rlF", token, str(out), str(home / ".cpudist"),
+                           os.environ.get("CPUDIST_HOME", str(home / ".cpudist"))], capture_output=True, text=True)
+    assert grep.stdout == "", grep.stdout

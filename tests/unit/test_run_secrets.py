@@ -152,3 +152,35 @@ def test_rank_output_hides_secret_values() -> None:
     hide = secret_files.hider(spec("mpich", secrets=(("HF_TOKEN", SECRET), ("CPUDIST_THREADS", "3"))))
     assert hide(f"[h:0] token={SECRET} threads=3") == "[h:0] token=*** threads=3"
     assert secret_files.hider(spec("mpich", secrets=()))("a b") == "a b"
+
+
+FAKE_SLURM = {  # what the batch script calls, as programs on its PATH: srun as the ranks' end (or a notice first)
+    "scontrol": 'if [ "$1 $2" = "show hostnames" ]; then echo n1; fi\n',
+    "scancel": "true\n",
+    "srun": 'if [ -n "$NOTICE" ]; then touch "$NOTICE"; kill -USR1 "$PPID"; sleep 0.3; fi\nexit 0\n',
+}
+
+
+@pytest.mark.parametrize("requeue", [False, True])
+def test_the_batch_scripts_end_removes_the_secrets_file_but_for_a_requeue(tmp_path: Path, requeue: bool) -> None:
+    """A detached Slurm job outlives `cpudist run`: its batch script removes the secrets file when it ends, and keeps
+    it when it requeued the job (the next start's ranks read it again). Run by bash, with Slurm's commands faked."""
+    out = tmp_path / "out"
+    options = SlurmOptions("cpu", "10", None, False, (), requeue=requeue)
+    script = plan(spec("slurm", slurm=options, hostfile=None,
+                       train=TrainConfig(task="synthetic", output_dir=str(out), run_id="r1"))).script
+    assert script is not None and SECRET not in script
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in FAKE_SLURM.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + body)
+        (bin_dir / name).chmod(0o755)
+    where = secrets.write_here(str(tmp_path / ".cpudist" / "secrets" / "r1.json"), (("HF_TOKEN", SECRET),))
+    out.mkdir()
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "SLURM_JOB_ID": "7",
+           "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_CPUS_PER_NODE": "2", "NOTICE": str(out / "preempted.json") if requeue
+           else ""}
+    ran = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=30)
+    assert ran.returncode == 0, ran.stderr
+    assert ("requeueing Slurm job 7" in ran.stdout) == requeue, ran.stdout
+    assert where.exists() == requeue, ran.stdout + ran.stderr
