@@ -45,12 +45,14 @@ def _tasks(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -
 @click.option("--run", "run_ids", multiple=True, help="Only this run: an id or a unique prefix of one (repeat).")
 @click.option("--baseline", help="Speedups of its group against this run (an id or a unique prefix) "
               "[default: the fewest nodes, then ranks, of each group; the median of its repeats].")
-@click.option("--anatomy", is_flag=True, help="Also say where a step went on rank 0: compute, the sync's CPU "
-              "work, wire time not hidden, waiting for the slowest rank, evaluation (seconds per step).")
+@click.option("--anatomy", is_flag=True,
+              help="Also say where a step went on rank 0: compute, the sync's CPU work, wire time "
+              "not hidden, waiting for the slowest rank, evaluation (seconds per step).")
 @format_option
 @plot_option
 def report(sources: tuple[Path, ...], tasks: tuple[str, ...], since: str | None, last: int | None,
-           run_ids: tuple[str, ...], baseline: str | None, anatomy: bool, fmt: str, plot: Path | None) -> None:
+           run_ids: tuple[str, ...], baseline: str | None, anatomy: bool, fmt: str,
+           plot: Path | None) -> None:
     """Speedup and efficiency of each configuration against its group's baseline, from ledgers or run folders.
 
     SOURCES default to the ledger (~/.cpudist/results.jsonl). Runs that differ only in their nodes and
@@ -72,10 +74,10 @@ def report(sources: tuple[Path, ...], tasks: tuple[str, ...], since: str | None,
     show_report(results, fmt, plot, chosen, anatomy)
 
 
-def show_report(results: Sequence[RunResult], fmt: str, plot: Path | None, baseline: RunResult | None = None,
-                anatomy: bool = False) -> None:
-    """Print the report of these runs in `fmt` to stdout (with each step's anatomy when asked), and draw it to
-    `plot` when given."""
+def show_report(results: Sequence[RunResult], fmt: str, plot: Path | None,
+                baseline: RunResult | None = None, anatomy: bool = False) -> None:
+    """Print the report of these runs in `fmt` to stdout (with each step's anatomy when asked),
+    and draw it to `plot` when given."""
     rows = scaling_rows(results, baseline)
     parts = steps.anatomy_of(rows, results) if anatomy else None
     extra = (lambda r: steps.record(parts.get(r.run_id))) if parts is not None else _nothing
@@ -105,11 +107,13 @@ def _anatomy_markdown(rows: Sequence[ScalingRow], parts: dict[str, dict[str, flo
     for group in groups_of(rows):
         body = [steps.cells(r, parts.get(r.run_id)) for r in rows if r.group == group]
         out += [f"### {group}: {steps.TITLE}", "", "| " + " | ".join(steps.COLUMNS) + " |",
-                "|" + "---|" * len(steps.COLUMNS), *("| " + " | ".join(c) + " |" for c in body), "", steps.NOTE, ""]
+                "|" + "---|" * len(steps.COLUMNS), *("| " + " | ".join(c) + " |" for c in body),
+                "", steps.NOTE, ""]
     return "\n".join(out)
 
 
-def _print_tables(rows: Sequence[ScalingRow], parts: dict[str, dict[str, float]] | None = None) -> None:
+def _print_tables(rows: Sequence[ScalingRow],
+                  parts: dict[str, dict[str, float]] | None = None) -> None:
     console = Console()
     if not console.is_terminal:  # piped or captured: never squeeze the table to 80 columns
         console = Console(width=220)

@@ -67,8 +67,8 @@ def _none(r: ScalingRow) -> dict[str, Any]:
 def render_csv(rows: Sequence[ScalingRow], extra: Extra = _none) -> str:
     """One line per configuration; metrics in eval_<name> columns; run ids space-separated."""
     metrics = list(dict.fromkeys(k for r in rows for k in r.metrics))
-    header = [*record(rows[0]).keys(), *extra(rows[0]).keys(), *(METRIC_PREFIX + m for m in metrics), "run_ids",
-              "baseline"] if rows else []
+    first = [*record(rows[0]).keys(), *extra(rows[0]).keys()] if rows else []
+    header = [*first, *(METRIC_PREFIX + m for m in metrics), "run_ids", "baseline"] if rows else []
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(header)

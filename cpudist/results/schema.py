@@ -91,8 +91,8 @@ class RunResult:
     exposed_comm_s: float = 0.0  # training time spent waiting for them (the rest is compute)
     embedding_rows_per_step: float | None = None  # ddp --embedding-sync rows: word-embedding rows sent a step
     bus_bandwidth_gbps: float | None = None  # busiest rank's bytes sent / comm_time_s
-    # Rank 0's seconds per step in compute_s, sync_cpu_s, wire_s, wait_s, eval_s, their sum_s, the loop's own step_s
-    # and the steps averaged (cpudist/train/anatomy.py says how each is measured; {}: an older run)
+    # Rank 0's seconds per step in compute_s, sync_cpu_s, wire_s, wait_s, eval_s, their sum_s, the
+    # loop's own step_s, and the steps averaged (cpudist/train/anatomy.py: how; {}: an older run)
     step_anatomy: dict[str, Any] = field(default_factory=dict)
     # The model rank 0 saved (--save-model; cpudist/train/export.py) and the evaluations it was chosen from. With
     # --save-model best, `metrics` are the best evaluation's (as HF's load_best_model_at_end), else the last one's.
@@ -107,6 +107,14 @@ class RunResult:
     data: dict[str, Any] = field(default_factory=dict)  # where the rows came from, how many, the class names
     command: str = ""  # the `cpudist run` command line, as typed (the launching side's)
     base_model: str | None = None  # the Hub id the saved weights started from (None: a preset's random ones, a folder)
+    # HF Trainer's choices (cpudist/train/trainer_choices.py): what picked the best evaluation
+    metric_for_best_model: str = ""  # "": an older run (the task's first metric)
+    greater_is_better: bool | None = None
+    lr_scheduler: str = ""  # transformers' get_scheduler name ("": an older run, linear)
+    warmup_steps: int | None = None  # the warm-up the schedule took, in optimizer steps
+    # Early stopping ended the training: step, reason, metric, patience, threshold, best_step
+    # ({}: it did not)
+    early_stopping: dict[str, Any] = field(default_factory=dict)
     schema: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:

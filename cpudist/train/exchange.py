@@ -27,7 +27,7 @@ class CommClock:
 
     busy_s: float = 0.0
     exposed_s: float = 0.0
-    cpu_s: float = 0.0  # the sync's own code on the training thread (`work`), less the collectives it waited for
+    cpu_s: float = 0.0  # the sync's code on the training thread (`work`), less its waits
     _blocked_s: float = 0.0  # the waits `blocking` recorded
     _intervals: list[tuple[float, float]] = field(default_factory=list)
     _last_ready: float = 0.0  # when the step's last gradient bucket was handed to the network
@@ -53,7 +53,7 @@ class CommClock:
 
     @contextlib.contextmanager
     def work(self) -> Iterator[None]:
-        """Around the sync's code on the training thread: its time, less the collectives it waited for, is CPU work."""
+        """Around the sync's code on the training thread: its time, less its waits, is CPU work."""
         start, blocked = time.perf_counter(), self._blocked_s
         try:
             yield

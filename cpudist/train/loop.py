@@ -16,7 +16,7 @@ import torch.distributed as dist
 from cpudist import events
 from cpudist.config import TrainConfig, effective_lr, spec_of
 from cpudist.flops import shape_of, training_flops
-from cpudist.train import last_layer, netcount, preempt, speed, sync
+from cpudist.train import last_layer, netcount, preempt, speed, sync, trainer_choices
 from cpudist.train.anatomy import StepLog
 from cpudist.train.checkpoint import Restored
 from cpudist.train.checkpoint_meta import START, Position
@@ -52,7 +52,8 @@ class TrainStats:
     compiling: set[int] = field(default_factory=set)  # indexes of this part's steps that met a new shape (--compile)
     strategy: sync.Strategy | None = None  # how the ranks agreed (its clock holds this part's communication times)
     tx_bytes: int | None = None  # what this node's interface sent during this part's steps (one rank per node)
-    anatomy: StepLog = field(default_factory=StepLog)  # where this part's steps went (cpudist/train/anatomy.py)
+    anatomy: StepLog = field(default_factory=StepLog)  # where this part's steps went (anatomy.py)
+    warmup_steps: int = 0  # of the lr schedule (--warmup-steps, or --warmup-ratio's share)
 
     def steady_samples_per_s(self) -> float:
         """Samples/s of the steps past the warm-up that compiled nothing (the wall time counts them all)."""
@@ -82,10 +83,8 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
     model = strategy.model
     forward = speed.compiled(model) if cfg.compile else model
     multiple = speed.COMPILE_BUCKET if cfg.compile else 1
-    from transformers import get_linear_schedule_with_warmup
-
-    sched = get_linear_schedule_with_warmup(opt, int(cfg.warmup_ratio * total), total)
-    stats = TrainStats()
+    sched = trainer_choices.scheduler(cfg, opt, total)
+    stats = TrainStats(warmup_steps=trainer_choices.warmup_steps(cfg, total))
     stats.strategy = strategy
     live = Training(cfg, model, opt, sched, rank, world, evals)
     if restored:
@@ -100,7 +99,7 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
         events.emit("start", total=total, batches_per_epoch=per_epoch, step=stats.steps)
     last_save, next_pos = time.monotonic(), start
     tx_start = _counted(iface, world)  # after DDP's initial broadcast: only the training's traffic
-    looped = time.perf_counter()  # the loop's wall clock: the step time of result.json's step_anatomy
+    looped = time.perf_counter()  # the loop's wall clock: step_anatomy's step time
     try:
         while stats.steps < total:
             t0, waited, worked = time.perf_counter(), strategy.clock.exposed_s, strategy.clock.cpu_s
@@ -145,12 +144,19 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
                 pending = []
             agreeing = time.perf_counter()
             stop_now, save_now = _agree(stop, saver, stats.steps, time.monotonic() - last_save, world)
-            stats.anatomy.agree(time.perf_counter() - agreeing)  # where ranks meet on a step without an exchange
+            # where ranks meet on a step without an exchange (local SGD)
+            stats.anatomy.agree(time.perf_counter() - agreeing)
             # Before the checkpoint, as HF's Trainer: it then holds this evaluation (a stop skips it: time counts)
-            if evals is not None and evals.due(stats.steps, total) and not stop_now:
+            # --eval-strategy and --save-strategy: the same on every rank (the batch plan is shared)
+            epoch_end = any(pos.index == per_epoch - 1 for pos, _, _ in micro_batches)
+            evaluated = not stop_now and evals is not None and evals.due(stats.steps, total,
+                                                                         epoch_end)
+            if evaluated and evals is not None:
                 metrics, _ = evals.run(job, stats.steps, during=True)
                 if report is not None:
                     report.log_eval(stats.steps, metrics)
+            save_now = save_now or trainer_choices.save_due(cfg.save_strategy, evaluated, epoch_end,
+                                                            stats.steps < total)
             if save_now or stop_now:
                 _flush(pending, stats, log, world, total, report)
                 pending = []
@@ -159,8 +165,11 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
             if stop_now:
                 stats.stopped = stop.pending() or preempt.PEER
                 break
+            if evals is not None and evals.stopped is not None:  # early stopping: every rank alike
+                _flush(pending, stats, log, world, total, report)
+                break
         stats.anatomy.loop_s = time.perf_counter() - looped
-        stats.anatomy.eval_s = sum(e["seconds"] for e in evals.history) if evals is not None else 0.0
+        stats.anatomy.eval_s = sum(e["seconds"] for e in evals.history) if evals else 0.0
         strategy.parameters(stats.steps, final=True)  # local SGD: evaluate (and keep) the ranks' mean
         tx_end = _counted(iface, world)
         if tx_start is not None and tx_end is not None:

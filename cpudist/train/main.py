@@ -122,7 +122,10 @@ def run(cfg: TrainConfig, info: RankInfo, provider: Provider, startup: Startup |
             return _stopped(job, stats, info)
         metrics: dict[str, float] = {}
         phases: dict[str, float] = {}
-        if cfg.do_eval:  # the model as trained; local SGD and DiLoCo: the ranks' average (the loop's final sync)
+        if evals.stopped is not None:  # early stopping: the evaluation it stopped at is the last
+            metrics = evals.history[-1]["metrics"]
+            _say_rank0(info.rank)(f"stopped early at step {stats.steps}: {evals.stopped['reason']}")
+        elif cfg.do_eval:  # the model as trained (local SGD, DiLoCo: the ranks' average)
             metrics, phases = evals.run(job, stats.steps)
             report.log_eval(stats.steps, metrics)
         model_store = provider.store(cfg.model_s3) if cfg.model_s3 and provider.store and info.rank == 0 else None
@@ -168,7 +171,7 @@ def _finish(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict
     mine = {"host": socket.gethostname(), "peak_rss_mb": peak_rss_mb(), "tx_bytes": stats.tx_bytes,
             "iface": job.iface, "comm_s": clock.busy_s if clock else 0.0,
             "exposed_s": clock.exposed_s if clock else 0.0, "threads": torch.get_num_threads(),
-            "waits": stats.anatomy.waits()}  # per step: rank 0 tells the wire from the slowest rank by them
+            "waits": stats.anatomy.waits()}  # per step: rank 0 tells wire from slowest rank by them
     rank_info: list[dict[str, Any]] = [mine]
     if info.world_size > 1:
         rank_info = [{}] * info.world_size

@@ -78,7 +78,9 @@ def build_result(job: Job, stats: TrainStats, metrics: dict[str, float], phases:
         freeze_embeddings=cfg.freeze_embeddings, checkpointed_layers=speed.checkpointed_layers(job.model),
         data=job.data, peft=lora.settings(job.model, cfg),
         trainable_params=sum(p.numel() for p in job.model.parameters() if p.requires_grad),
-        step_anatomy=step_anatomy(stats.step_times, stats.anatomy, [r.get("waits", []) for r in rank_info]),
+        lr_scheduler=cfg.lr_scheduler, warmup_steps=stats.warmup_steps,
+        step_anatomy=step_anatomy(stats.step_times, stats.anatomy,
+                                  [r.get("waits", []) for r in rank_info]),
         **_sync_fields(job, stats, rank_info, hosts),
     )
 

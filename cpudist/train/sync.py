@@ -120,13 +120,13 @@ def _in_order(hook: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _timed(hook: Callable[..., Any], clock: CommClock) -> Callable[..., Any]:
-    """The hook, recording when each bucket went out, when its mean came back, and its own CPU work."""
+    """The hook, noting when each bucket went out, when its mean came back, and its CPU work."""
 
     def timed(state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
         start = clock.started()
-        with clock.work():  # the hook's casts and copies run on the training thread, inside backward
+        with clock.work():  # the hook's casts and copies: on the training thread, in backward
             fut = hook(state, bucket)
-        clock.ready()  # handed to the network once the hook returns: a wait for the wire starts here
+        clock.ready()  # handed to the network as the hook returns: a wait for the wire starts
 
         def done(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
             clock.finished(start)

@@ -1,4 +1,4 @@
-"""Where a step goes: the arithmetic of result.json's step_anatomy, the sync's CPU clock, `report --anatomy`."""
+"""Where a step goes: step_anatomy's arithmetic, the sync's CPU clock, `report --anatomy`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from cpudist.train.exchange import CommClock
 from tests.unit.test_results import result
 
 
-def logged(exposed: list[float], cpu: list[float], agreed: list[float], loop_s: float, eval_s: float) -> StepLog:
+def logged(exposed: list[float], cpu: list[float], agreed: list[float], loop_s: float,
+           eval_s: float) -> StepLog:
     log = StepLog(loop_s=loop_s, eval_s=eval_s)
     for e, c, a in zip(exposed, cpu, agreed, strict=True):
         log.step(e, c)
@@ -25,7 +26,7 @@ def logged(exposed: list[float], cpu: list[float], agreed: list[float], loop_s: 
 
 
 def test_parts_of_rank_0s_step() -> None:
-    # rank 0 waited 0.3 + 0.1 and 0.2 + 0.0; rank 1 (slowest in step 1) 0.1 and rank 2 (slowest in step 2) 0.2
+    # rank 0 waited 0.3 + 0.1 and 0.2 + 0.0; rank 1 (slowest in step 1) 0.1, rank 2 (in step 2) 0.2
     log = logged([0.3, 0.2], [0.05, 0.15], [0.1, 0.0], loop_s=2.6, eval_s=0.4)
     a = step_anatomy([1.0, 1.2], log, [log.waits(), [0.1, 0.5], [0.3, 0.2]])
     assert a["steps"] == 2
@@ -35,15 +36,17 @@ def test_parts_of_rank_0s_step() -> None:
     assert a["wait_s"] == pytest.approx(((0.4 - 0.1) + (0.2 - 0.2)) / 2)
     assert a["eval_s"] == pytest.approx(0.2)
     assert a["sum_s"] == pytest.approx(sum(a[k] for k in PARTS))
-    # the parts hold the steps, the agreements and the evaluations: what the loop's clock saw, but its bookkeeping
-    assert a["sum_s"] == pytest.approx((1.0 + 1.2 + 0.1 + 0.4) / 2) and a["step_s"] == pytest.approx(1.3)
+    # the parts hold the steps, agreements and evaluations: the loop's clock, less its bookkeeping
+    assert a["sum_s"] == pytest.approx((1.0 + 1.2 + 0.1 + 0.4) / 2)
+    assert a["step_s"] == pytest.approx(1.3)
     assert mismatch(a) == pytest.approx(1.35 / 1.3 - 1)
 
 
 def test_one_rank_has_no_wire_and_no_wait() -> None:
     log = logged([0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], loop_s=0.93, eval_s=0.0)
     a = step_anatomy([0.3, 0.3, 0.3], log, [log.waits()])
-    assert (a["wire_s"], a["wait_s"], a["sync_cpu_s"]) == (0.0, 0.0, 0.0) and a["compute_s"] == pytest.approx(0.3)
+    assert (a["wire_s"], a["wait_s"], a["sync_cpu_s"]) == (0.0, 0.0, 0.0)
+    assert a["compute_s"] == pytest.approx(0.3)
     assert step_anatomy([], StepLog(), [[]]) == {} and mismatch({}) is None
 
 
@@ -58,10 +61,10 @@ def test_sync_cpu_work_leaves_out_the_collectives_it_waited_for() -> None:
 
 def test_report_shows_the_anatomy_only_when_asked(tmp_path: Path) -> None:
     ledger = tmp_path / "ledger.jsonl"
-    parts = {"compute_s": 0.6, "sync_cpu_s": 0.05, "wire_s": 0.2, "wait_s": 0.1, "eval_s": 0.05, "sum_s": 1.0,
-             "step_s": 0.98, "steps": 10}
-    append(ledger, result(1, 100.0, step_anatomy={**parts, "wire_s": 0.0, "wait_s": 0.0, "sum_s": 0.7,
-                                                   "step_s": 0.7}))
+    parts = {"compute_s": 0.6, "sync_cpu_s": 0.05, "wire_s": 0.2, "wait_s": 0.1, "eval_s": 0.05,
+             "sum_s": 1.0, "step_s": 0.98, "steps": 10}
+    one = {**parts, "wire_s": 0.0, "wait_s": 0.0, "sum_s": 0.7, "step_s": 0.7}
+    append(ledger, result(1, 100.0, step_anatomy=one))
     append(ledger, result(4, 300.0, step_anatomy=parts))
     plain = CliRunner().invoke(cli, ["report", str(ledger)], terminal_width=200)
     assert plain.exit_code == 0 and "wait for slowest" not in plain.output
@@ -71,5 +74,6 @@ def test_report_shows_the_anatomy_only_when_asked(tmp_path: Path) -> None:
     assert "0.100 (10%)" in shown.output and "1.000 (+2.0%)" in shown.output
     md = CliRunner().invoke(cli, ["report", str(ledger), "--anatomy", "--format", "md"]).output
     assert "| 2 | 4 | ddp | 0.980 | 0.600 (61%) |" in md
-    rows = json.loads(CliRunner().invoke(cli, ["report", str(ledger), "--anatomy", "--format", "json"]).output)
+    shown = CliRunner().invoke(cli, ["report", str(ledger), "--anatomy", "--format", "json"])
+    rows = json.loads(shown.output)
     assert [r["step_anatomy_wait_s"] for r in rows] == [0.0, 0.1]
