@@ -1,39 +1,48 @@
-"""Time to accuracy on the capped miniature cluster: how much sooner 2 and 4 hosts reach 1 host's model quality.
+"""Time to accuracy on the capped miniature cluster: how much sooner 4 hosts reach 1 host's model quality, with
+cpudist and with what its users would run instead (HF Trainer under torchrun on the same hosts).
 
-    python benchmarks/time_to_accuracy.py --quick --lock-each /tmp/cpudist-cpu.lock   # MRPC, 1 seed each
-    python benchmarks/time_to_accuracy.py --lock-each /tmp/cpudist-cpu.lock           # MRPC and SST-2, 5 + 3 seeds
-    python benchmarks/time_to_accuracy.py --render benchmarks/results/time-to-accuracy-quick-amx-bf16.json
+    python benchmarks/time_to_accuracy.py --quick                      # the whole plan in miniature (minutes)
+    python benchmarks/time_to_accuracy.py --lock-each /tmp/cpudist-cpu.lock --hours 4   # one stretch of the plan
+    python benchmarks/time_to_accuracy.py --render benchmarks/results/time-to-accuracy-amx-bf16.json
 
 Hosts: benchmarks/miniature.py's `halfcore` layout (4 namespace hosts, half a core each by CFS quota, two per
 core, so no two ranks compete for a core). What users pay for is a model of a given quality sooner, so each run
-is timed from its launch (the `cpudist run` command started on host 0) to its first evaluation at or above the
-target; the evaluations run every fixed number of samples (sharded over the ranks, their time counted), and
-each one's end is read from result.json's `evaluations[].at` (the hosts share one clock).
+is timed from its launch on host 0 to its first evaluation at or above the target; evaluations run every fixed
+number of samples (sharded over the ranks, their time counted), each one's end read on the hosts' shared clock.
 
-The link is calibrated to OUR node on the task, not to the blog's work (issue 24): cpudist trains real rows
-(dynamic padding, the CPU's default precision), so a node finishes a sample several times sooner than the
-blog's fp32 128-token rows, and the same network is relatively slower. Four speeds of one miniature host (1
-rank, steady samples/s): S(bert-base, blog) and S(model, blog) on 128-token synthetic rows in fp32, S(bert-base,
-task) and S(model, task) as `cpudist run` trains the task. A c6i.16xlarge running cpudist on the task would do
-23.6 x S(bert-base, task) / S(bert-base, blog) x S(model, blog) / S(bert-base, blog) samples/s (the blog's
-23.6 times cpudist's ratio over the blog's settings, times the two models' ratio under the blog's settings), on
-25 Gbit/s; the link gets 25 Gbit/s x S(model, task) / that, so compute / bandwidth is the c6i's running cpudist.
+Tasks and budgets (samples a run trains on, the same at every host count: per-host batch 32, so 4 hosts take a
+quarter of the steps): MRPC 3 epochs (11,004 samples), SST-2 64,000 samples (under one epoch of its 67,349 rows:
+no row seen twice; a 1-host run of MiniLM on a half-core host takes over 10 minutes at it unless it trains
+over 107 samples/s). Target per task: the
+median over --target-seeds (3) of 1 host's final dev accuracy (lr 5e-5, 10% warm-up), minus 0.5 point.
 
-Target per task: the median over --target-seeds of 1 host's final dev accuracy (3 MRPC epochs, 1 SST-2 epoch,
-batch 32, lr 5e-5, 10% warm-up), minus 0.5 point. The same 1-host runs give the 1-host time to target. Arms at
-2 and 4 hosts (batch 32 per host, the global batch grows): ddp with lr 1e-4 scaled linearly with the hosts (the
-best 4-rank arm of accuracy_scaling.py), the same with a bf16 wire, and local SGD (K=8) with both AdamW moments
-averaged on a bf16 wire; ddp sends the word embedding's touched rows only (the default --embedding-sync rows), the
-dense-emb arm all of it, as ddp did before. `summary[task].speedup_to_target_4_hosts`: the 1-host median time over
-the best arm's 4-host median time (a seed that never reaches the target counts as never: the median is then over
-reached runs only if more than half reached, else none). Goal: >= 3.3x on each task.
+Arms at 2 and 4 hosts: cpudist's (ddp with lr 1e-4 scaled linearly with the hosts, the same with a bf16 wire,
+dense embedding, local SGD K=8 with both AdamW moments averaged) and the peer arm: benchmarks/tta_hf.py, a
+Trainer script with the CPU settings of benchmarks/hf_trainer.py (bf16 autocast where the CPU has it,
+group_by_length, gloo), torchrun started by hand on the head and over ssh on the other hosts, lr 5e-5 x the
+processes (Accelerate's guide for a larger global batch). `summary[task]`: `speedup_to_target_4_hosts` (1 host's
+median time over the best cpudist arm's at 4 hosts; a seed that never reaches the target counts as never: the
+median is over reached runs only if more than half reached) and `speedup_vs_hf_4_hosts` (HF's 4-host median
+over that arm's). Goals: >= 3.3x and >= 2x. Each cell's `step_anatomy`: where rank 0's step goes.
+
+The link is calibrated to OUR node on the task, not to the blog's work: cpudist trains real rows (dynamic
+padding, the CPU's default precision), so a node finishes a sample several times sooner than the blog's fp32
+128-token rows, and the same network is relatively slower. Four speeds of one miniature host (1 rank, steady
+samples/s): S(bert-base, blog) and S(model, blog) on 128-token synthetic rows in fp32, S(bert-base, task) and
+S(model, task) as `cpudist run` trains the task. A c6i.16xlarge running cpudist on the task would do 23.6 x
+S(bert-base, task) / S(bert-base, blog) x S(model, blog) / S(bert-base, blog) samples/s, on 25 Gbit/s; the link
+gets 25 Gbit/s x S(model, task) / that, so compute / bandwidth is the c6i's running cpudist.
+
+Runs go to benchmarks/results/time-to-accuracy[-quick]TAG-KIND-ledger.jsonl as they finish (tta_ledger.py: the
+key that decides what a re-run skips); the summary and result files are computed from the ledger, so the same
+command gathers the plan over several stretches (--hours) and sessions on one machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import shlex
 import sys
 import tempfile
 import time
@@ -52,14 +61,16 @@ from miniature import (
     shaped_to,
     ssh_setup,
 )
-from scaling import code_version
-
-from cpudist.cpu import read_cpu
+from tta_ledger import Cell, Ledger, code_hash, machine, total_s
+from tta_runs import cpudist_run, hf_run
+from tta_summary import BASE, HF, markdown, summarize
 
 GLUE = ROOT.parent / "shared" / "data" / "glue"
 MODEL, MODEL_PRESET = "sentence-transformers/all-MiniLM-L6-v2", "minilm-l6"  # pretrained; the same shape, random
-TASKS = {"mrpc": {"data": GLUE / "MRPC", "epochs": 3, "eval_samples": 1024},
-         "sst2": {"data": GLUE / "SST-2", "epochs": 1, "eval_samples": 8192}}
+# budget: samples a run trains on (at every host count); eval_every: samples between evaluations
+TASKS = {"mrpc": {"data": GLUE / "MRPC", "budget": 3 * 3668, "eval_every": 1024},
+         "sst2": {"data": GLUE / "SST-2", "budget": 64_000, "eval_every": 4096}}
+QUICK = {"budget": 256, "eval_every": 128, "rows": 512}  # --quick: every task, this small
 BATCH, LR = 32, "5e-5"
 BF16_WIRE = ("--grad-compression", "bf16")
 X2N = ("--lr", "1e-4", "--lr-scaling", "linear")
@@ -71,11 +82,11 @@ ARMS: dict[str, tuple[str, ...]] = {
     "local-sgd:8+mv+bf16 lr x2N": ("--sync", "local-sgd", "--sync-every", "8", "--average-moments", "both",
                                    *BF16_WIRE, *X2N),
 }
-BASE = "1 host"
-GOAL = 3.3
-KEEP = ("run_id", "steps", "wall_time_s", "train_samples_per_s", "world_size", "global_batch_size", "sync", "lr",
-        "metrics", "precision", "threads_per_rank", "comm_time_s", "exposed_comm_s", "measured_tx_bytes_per_step",
-        "startup")  # rank 0's phases before its first step: what a host count adds before training
+QUICK_ARMS = ["ddp bf16 wire lr x2N", HF]
+QUICK_LINK_GBPS = 1.0  # --quick shapes the links to this instead of calibrating (its numbers answer nothing)
+HF_HOW = ("benchmarks/tta_hf.py (HF Trainer: bf16 autocast where the CPU has it, group_by_length, gloo, "
+          f"lr {LR} x the processes as Accelerate's guide says for a larger global batch), started by torchrun by "
+          "hand on the head and over the cluster's ssh on the other hosts (the command is in each run)")
 
 
 def speed(cluster: Any, work: Path, lock: Path | None, args: list[str], steps: int) -> float:
@@ -113,117 +124,92 @@ def calibration(cluster: Any, work: Path, a: argparse.Namespace, task: str) -> d
             "bert_base_blog_from": str(a.blog_calibration or "measured")}
 
 
-def train(cluster: Any, work: Path, lock: Path | None, task: str, hosts: int, flags: tuple[str, ...],
-          seed: int, rows: list[str]) -> dict[str, Any]:
-    """One run to the task's epochs, evaluating every fixed number of samples; its time to each evaluation."""
-    spec = TASKS[task]
-    every = max(1, int(spec["eval_samples"]) // (BATCH * hosts))
-    out = Path(tempfile.mkdtemp(dir=work, prefix="run-"))
-    args = ["run", task, "--data-dir", str(spec["data"]), "--model", MODEL, "--hostfile", str(cluster.hostfile),
-            "--nodes", str(hosts), "--ppn", "1", "--batch-size", str(BATCH), "--lr", LR, "--epochs",
-            str(spec["epochs"]), "--seed", str(seed), "--eval-every", str(every), "--save-model", "none",
-            "--output-dir", str(out / "run"), "--json", "--quiet", *rows, *flags]
-    launched = time.time()
-    try:
-        r = on_head(cluster, args, lock, timeout=4 * 3600, used=hosts)
-    except RuntimeError as e:
-        print(f"# failed: {e}", file=sys.stderr, flush=True)
-        return {"error": str(e)[-600:], "flags": list(flags), "seed": seed, "hosts": hosts}
-    evals = [{"step": e["step"], "accuracy": e["metrics"]["accuracy"], "after_s": round(e["at"] - launched, 2),
-              "eval_s": round(e["seconds"], 2)} for e in r["evaluations"]]
-    return {**{k: r.get(k) for k in KEEP}, "hosts": hosts, "seed": seed, "flags": list(flags), "eval_every": every,
-            "evaluations": evals, "cpu": r["cpu"], "versions": r["versions"],
-            "command": "cpudist " + " ".join(args)}
+def link(cluster: Any, work: Path, a: argparse.Namespace, task: str, ledger: Ledger) -> tuple[Any, dict[str, Any]]:
+    """The hosts shaped to the task's link: the ledger's calibration, else --link-gbps / --quick's, else measured
+    (and recorded, so later stretches use the same link)."""
+    cal = ledger.calibration(task)
+    if cal is None:
+        given = a.link_gbps or (QUICK_LINK_GBPS if a.quick else None)
+        if given:
+            cal = {"task": task, "link_gbps": given, "how": "given, not calibrated: its ratios answer nothing"}
+        else:
+            cal = calibration(shaped(cluster, None), work, a, task)  # one host, the link unused
+        cluster = shaped_to(shaped(cluster, None), cal, task)
+        ledger.append("calibration", task=task, calibration=cal)
+        return cluster, cal
+    return shaped_to(shaped(cluster, None), cal, task), cal
 
 
-def time_to(run: dict[str, Any], target: float) -> float | None:
-    """Seconds from launch to the first evaluation at or above the target (None: never, or the run failed)."""
-    return next((e["after_s"] for e in run.get("evaluations", []) if e["accuracy"] >= target), None)
+def cells_of(a: argparse.Namespace, tasks: list[str], arms: list[str]) -> list[Cell]:
+    """The plan: the 1-host runs that set each target, then every arm at every host count, seeds outside."""
+    target_seeds = [int(s) for s in (a.target_seeds or ("42" if a.quick else "42,43,44")).split(",")]
+    seeds = [int(s) for s in (a.seeds or ("42" if a.quick else "42,43,44")).split(",")]
+    hosts = [int(n) for n in (a.host_counts or ("4" if a.quick else "2,4")).split(",")]
+    return [c for t in tasks for c in [Cell(t, BASE, 1, s) for s in target_seeds]
+            + [Cell(t, arm, n, s) for s in seeds for n in hosts for arm in arms]]
 
 
-def median_time(times: list[float | None]) -> float | None:
-    """The median over seeds, a never-reached seed counting as longer than any: none when half or more never did."""
-    reached = sorted(t for t in times if t is not None)
-    if not times or len(reached) * 2 <= len(times):
-        return None
-    ordered = reached + [float("inf")] * (len(times) - len(reached))
-    return statistics.median(ordered)
+def job_of(cell: Cell, plan: dict[str, Any]) -> dict[str, Any]:
+    return {"task": cell.task, "data": TASKS[cell.task]["data"], "model": MODEL, "batch": BATCH, "lr": LR,
+            "hosts": cell.hosts, "seed": cell.seed, "budget": plan["budget"], "eval_every": plan["eval_every"]}
 
 
-def summarize(task: str, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Target from the 1-host runs, every cell's times to it, and the verdict."""
-    finals = [r["metrics"]["accuracy"] for r in runs[f"{BASE}@1"] if "metrics" in r]
-    target = statistics.median(finals) - 0.005 if finals else None
-    cells = {}
-    for cell, rs in runs.items():
-        times = [time_to(r, target) for r in rs] if target is not None else []
-        cells[cell] = {"seeds": [r["seed"] for r in rs], "times_s": times, "median_s": median_time(times),
-                       "final_accuracy": [r.get("metrics", {}).get("accuracy") for r in rs],
-                       "errors": [r["error"] for r in rs if "error" in r]}
-    base = cells[f"{BASE}@1"]["median_s"]
-    speedups = {arm: base / cells[f"{arm}@4"]["median_s"] for arm in ARMS
-                if f"{arm}@4" in cells and base and cells[f"{arm}@4"]["median_s"]}
-    best = max(speedups, key=lambda arm: speedups[arm]) if speedups else None
-    return {"target": target, "one_host_final_accuracy": finals, "seeds": sorted({s for c in cells.values()
-                                                                                 for s in c["seeds"]}),
-            "cells": cells, "speedup_to_target_4_hosts": speedups.get(best) if best else None, "best_arm": best,
-            "speedups_4_hosts": speedups, "goal": GOAL,
-            "met": bool(best and speedups[best] >= GOAL)}
+def run_cell(cluster: Any, work: Path, a: argparse.Namespace, cell: Cell, plan: dict[str, Any],
+             rows: list[str]) -> dict[str, Any]:
+    job = job_of(cell, plan)
+    if cell.arm == HF:
+        return hf_run(cluster, work, a.lock_each, job, rows)
+    return cpudist_run(cluster, work, a.lock_each, job, ARMS.get(cell.arm, ()), rows)
 
 
-def markdown(res: dict[str, Any]) -> str:
-    lines = [f"# Time to accuracy on the miniature cluster ({res['cpu_kind']})", "", f"`{res['command']}`", "",
-             f"CPU: {res['cpu'].get('model', res['cpu'])}; code {res['code']}. Hosts: {res['cluster_text']}", ""]
-    for task, s in res["summary"].items():
-        cal = res["calibrations"][task]
-        lines += [f"## {task}", "",
-                  f"Link {cal['link_gbps']:.3f} Gbit/s (`{cal.get('tbf', '?')}`): one host "
-                  f"{cal['model_task_samples_per_s']:.2f} samples/s on "
-                  f"{task} (bert-base: {cal['bert_base_task_samples_per_s']:.2f} on {task}, "
-                  f"{cal['bert_base_blog_samples_per_s']:.3f} on the blog's rows [{cal['bert_base_blog_from']}]; "
-                  f"{MODEL_PRESET} on the blog's rows {cal['model_blog_samples_per_s']:.2f}) -> a c6i.16xlarge "
-                  f"running cpudist: {cal['c6i_task_samples_per_s']:.1f} samples/s on 25 Gbit/s.", "",
-                  f"Target: {s['target']:.4f} (1-host final accuracy {s['one_host_final_accuracy']} median - 0.5 pt)"
-                  if s["target"] is not None else "Target: none (every 1-host run failed)", "",
-                  "| arm | hosts | seeds | time to target per seed (s) | median (s) | speedup vs 1 host | final acc "
-                  "| launch to the last evaluation, median (s) | train samples/s, median |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        base = s["cells"].get(f"{BASE}@1", {}).get("median_s")
-        for cell, c in s["cells"].items():
-            arm, hosts = cell.rsplit("@", 1)
-            med = c["median_s"]
-            sp = f"{base / med:.2f}x" if base and med else "-"
-            times = " / ".join("never" if t is None else f"{t:.0f}" for t in c["times_s"])
-            acc = " / ".join("-" if v is None else f"{100 * v:.1f}" for v in c["final_accuracy"])
-            done = [r for r in res["runs"][task][cell] if r.get("evaluations")]
-            end = statistics.median(r["evaluations"][-1]["after_s"] for r in done) if done else None
-            sps = statistics.median(r["train_samples_per_s"] for r in done) if done else None
-            lines.append(f"| {arm} | {hosts} | {','.join(map(str, c['seeds']))} | {times} | "
-                         f"{'-' if med is None else f'{med:.0f}'} | {sp} | {acc} | "
-                         f"{'-' if end is None else f'{end:.0f}'} | {'-' if sps is None else f'{sps:.1f}'} |")
-        # the same work at every arm (the task's epochs): a run's speed without the seed's path to the target
-        lines += ["", "The last two columns time the whole run (every arm trains the same epochs): its speed apart "
-                  "from when its accuracy first crosses the target."]
-        verdict = s["speedup_to_target_4_hosts"]
-        lines += ["", f"4 hosts, best arm ({s['best_arm']}): "
-                  f"{'-' if verdict is None else f'{verdict:.2f}x'} sooner than 1 host; goal {GOAL}x: "
-                  f"{'met' if s['met'] else 'not met'}.", ""]
-    return "\n".join(lines)
+CALIBRATION_S = 900  # the four speeds of one task, bert-base's fp32 steps the longest (a guess until measured)
 
 
-def main() -> None:
+def say_plan(cells: list[Cell], todo: list[Cell], ledger: Ledger, plans: dict[str, Any], command: str,
+             calibrating: bool) -> None:
+    speeds = {t: (ledger.calibration(t) or {}).get("model_task_samples_per_s") for t in plans}
+    uncalibrated = sum(1 for t in plans if ledger.calibration(t) is None) if calibrating else 0
+    whole = total_s(cells, ledger, plans, speeds) + CALIBRATION_S * uncalibrated
+    left = total_s(todo, ledger, plans, speeds) + CALIBRATION_S * uncalibrated
+    print(f"# plan: {len(cells)} runs, about {whole / 3600:.1f} h on this machine; {len(cells) - len(todo)} in "
+          f"{ledger.path.name}, {len(todo)} to go (about {left / 3600:.1f} h). Next stretch:\n#   {command}",
+          file=sys.stderr, flush=True)
+
+
+def write_results(a: argparse.Namespace, name: str, command: str, ledger: Ledger, tasks: list[str],
+                  arms: list[str], plans: dict[str, Any], cluster_text: str) -> None:
+    runs = {t: ledger.runs(t) for t in tasks}
+    if not any(runs.values()):
+        return
+    res = {"command": command, **machine(), "code": ledger.code, "cluster_text": cluster_text,
+           "layout": "halfcore", "hf_how": HF_HOW, "ledger": str(ledger.path),
+           "plan": {t: {"budget": plans[t]["budget"], "eval_every": plans[t]["eval_every"]} for t in tasks},
+           "settings": {"quick": a.quick, "tasks": tasks, "arms": arms, "batch": BATCH, "lr": LR, "model": MODEL},
+           "calibrations": {t: ledger.calibration(t) or {"link_gbps": 0.0} for t in tasks},
+           "summary": {t: summarize(runs[t], [arm for arm in arms if arm != HF]) for t in tasks}, "runs": runs}
+    out = a.results_dir / name
+    out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(res) + "\n")
+    print(markdown(res), flush=True)
+
+
+def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="MRPC, seed 42 for the target and the arms")
-    ap.add_argument("--tasks", help="[default: mrpc,sst2; --quick: mrpc]")
-    ap.add_argument("--arms", help=f"of: {', '.join(ARMS)} [default: all]")
-    ap.add_argument("--target-seeds", help="1-host runs setting the target [default: 42-46; --quick: 42]")
+    ap.add_argument("--quick", action="store_true", help="every task and the peer arm in miniature (1 seed, 4 hosts, "
+                    f"{QUICK['budget']} samples, {QUICK_LINK_GBPS:g} Gbit/s uncalibrated): minutes; answers nothing")
+    ap.add_argument("--tasks", help=f"of: {', '.join(TASKS)} [default: all]")
+    ap.add_argument("--arms", help=f"of: {', '.join([*ARMS, HF])} [default: all; --quick: {', '.join(QUICK_ARMS)}]")
+    ap.add_argument("--target-seeds", help="1-host runs setting the target [default: 42,43,44; --quick: 42]")
     ap.add_argument("--seeds", help="seeds of each arm at 2 and 4 hosts [default: 42,43,44; --quick: 42]")
-    ap.add_argument("--host-counts", default="2,4")
+    ap.add_argument("--host-counts", help="[default: 2,4; --quick: 4]")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan and its estimate, run nothing")
+    ap.add_argument("--hours", type=float, help="this stretch's length: no run starts that would end past it")
     ap.add_argument("--calibration-steps", type=int, default=10)
     ap.add_argument("--blog-calibration", type=Path, help="reuse S(bert-base, blog) from a scaling.py result JSON "
                     "of the halfcore layout on this CPU kind (its bert-base fp32 run takes ~26 s a step)")
     ap.add_argument("--calibration", type=Path, help="reuse all four speeds of one task from a JSON file (the "
                     "'# TASK calibration:' line an earlier run on this machine printed), the link with them")
+    ap.add_argument("--link-gbps", type=float, help="shape the links to this rate instead of calibrating")
     ap.add_argument("--train-rows", type=int, help="train on the first N rows and evaluate on N/4 (trying the "
                     "script; such a result answers nothing)")
     ap.add_argument("--lock-each", type=Path, help="hold this flock file around each run")
@@ -231,59 +217,57 @@ def main() -> None:
     ap.add_argument("--tag", default="", help="added to the result files' name (a partial plan: -mrpc-3-seeds)")
     ap.add_argument("--render", type=Path, help="print the markdown of a result JSON again, run nothing")
     ap.add_argument("--results-dir", type=Path, default=Path(__file__).resolve().parent / "results")
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    a = parse()
     if a.render:
         print(markdown(json.loads(a.render.read_text())), flush=True)
         return
-    tasks = (a.tasks or ("mrpc" if a.quick else "mrpc,sst2")).split(",")
-    arms = a.arms.split(",") if a.arms else list(ARMS)
-    if unknown := [x for x in [*arms] if x not in ARMS] + [t for t in tasks if t not in TASKS]:
-        ap.error(f"unknown arms or tasks {unknown}: arms {', '.join(ARMS)}; tasks {', '.join(TASKS)}")
-    target_seeds = [int(s) for s in (a.target_seeds or ("42" if a.quick else "42,43,44,45,46")).split(",")]
-    seeds = [int(s) for s in (a.seeds or ("42" if a.quick else "42,43,44")).split(",")]
-    host_counts = [int(n) for n in a.host_counts.split(",")]
-    rows = (["--max-train-samples", str(a.train_rows), "--max-eval-samples", str(max(1, a.train_rows // 4))]
-            if a.train_rows else [])
-    command = "python benchmarks/time_to_accuracy.py " + " ".join(sys.argv[1:])
-    kind = read_cpu().kind
+    tasks = a.tasks.split(",") if a.tasks else list(TASKS)
+    arms = a.arms.split(",") if a.arms else (QUICK_ARMS if a.quick else [*ARMS, HF])
+    if unknown := [x for x in arms if x not in ARMS and x != HF] + [t for t in tasks if t not in TASKS]:
+        raise SystemExit(f"unknown arms or tasks {unknown}: arms {', '.join([*ARMS, HF])}; tasks {', '.join(TASKS)}")
+    train_rows = a.train_rows or (QUICK["rows"] if a.quick else None)
+    rows = ["--max-train-samples", str(train_rows), "--max-eval-samples", str(max(1, train_rows // 4))] \
+        if train_rows else []
+    plans = {t: QUICK if a.quick else TASKS[t] for t in tasks}
+    command = "python benchmarks/time_to_accuracy.py " + shlex.join(x for x in sys.argv[1:] if x != "--dry-run")
+    kind = machine()["cpu_kind"]
     name = f"time-to-accuracy{'-quick' if a.quick else ''}{'-rows' if a.train_rows else ''}{a.tag}-{kind}"
-    partial = a.results_dir / f"{name}.partial.json"
-    layout = LAYOUTS["halfcore"]
-    runs: dict[str, dict[str, list[dict[str, Any]]]] = {t: {} for t in tasks}
-    calibrations: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory(prefix="tta-") as tmp, miniature(layout, Path(tmp) / "cluster", a.prefix) as c:
-        work = Path(tmp)
-        # the links are shaped per task (its calibration's link and tbf), after this description
-        cluster_text = json.dumps({**c.describe(), "link_gbps": "per task", "tbf": "per task"})
-        ssh_setup(c)
-        for task in tasks:
-            cluster = shaped(c, None)  # calibrated per task: one host, the link unused
-            cal = calibrations[task] = calibration(cluster, work, a, task)
-            cluster = shaped_to(cluster, cal, task)
-            cells = [(BASE, 1, (), s) for s in target_seeds]
-            cells += [(arm, n, ARMS[arm], s) for s in seeds for n in host_counts for arm in arms]
-            for arm, hosts, flags, seed in cells:  # seeds outside, arms alternating inside
-                r = train(cluster, work, a.lock_each, task, hosts, flags, seed, rows)
-                runs[task].setdefault(f"{arm}@{hosts}", []).append(r)
-                seen = [(e["after_s"], e["accuracy"]) for e in r.get("evaluations", [])]
-                print(f"# {task} {arm} x{hosts} seed {seed}: {seen}", file=sys.stderr, flush=True)
-                partial.write_text(json.dumps({"command": command, "calibrations": calibrations, "runs": runs}) + "\n")
-    first = next((r for t in runs.values() for rs in t.values() for r in rs if "cpu" in r), None)
-    if first is None:
-        raise SystemExit("every run failed: see the errors above")
-    res = {"command": command, "cpu": first["cpu"], "cpu_kind": kind, "versions": first["versions"],
-           "code": code_version(), "cluster_text": cluster_text, "layout": layout.name,
-           "settings": {"quick": a.quick, "tasks": tasks, "arms": {arm: list(ARMS[arm]) for arm in arms},
-                        "target_seeds": target_seeds, "seeds": seeds, "train_rows": a.train_rows,
-                        "host_counts": host_counts, "batch": BATCH,
-                        "lr": LR, "model": MODEL, "tasks_spec": {t: {k: str(v) for k, v in TASKS[t].items()}
-                                                                 for t in tasks}},
-           "calibrations": calibrations, "summary": {t: summarize(t, runs[t]) for t in tasks}, "runs": runs}
-    out = a.results_dir / name
-    out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(res) + "\n")
-    partial.unlink(missing_ok=True)
-    print(markdown(res), flush=True)
+    ledger = Ledger(a.results_dir / f"{name}-ledger.jsonl", code_hash(), kind)
+    cells = cells_of(a, tasks, arms)
+    todo = [c for c in cells if ledger.done(c) is None]
+    calibrating = not (a.quick or a.link_gbps or a.calibration)
+    say_plan(cells, todo, ledger, plans, command, calibrating)
+    if a.dry_run:
+        return
+    cluster_text = ""
+    deadline = time.monotonic() + a.hours * 3600 if a.hours else None
+    if todo:
+        with tempfile.TemporaryDirectory(prefix="tta-") as tmp, \
+                miniature(LAYOUTS["halfcore"], Path(tmp) / "cluster", a.prefix) as c:
+            work = Path(tmp)
+            cluster_text = json.dumps({**c.describe(), "link_gbps": "per task", "tbf": "per task"})
+            ssh_setup(c)
+            for task in dict.fromkeys(cell.task for cell in todo):
+                cluster, cal = link(c, work, a, task, ledger)
+                speeds = {task: cal.get("model_task_samples_per_s")}
+                for cell in [x for x in todo if x.task == task]:
+                    guess = total_s([cell], ledger, plans, speeds)
+                    if deadline is not None and time.monotonic() + guess > deadline:
+                        print(f"# stretch over: {cell.label()} would end past --hours", file=sys.stderr, flush=True)
+                        break
+                    started = time.monotonic()
+                    r = run_cell(cluster, work, a, cell, plans[task], rows)
+                    seen = [(e["after_s"], e["accuracy"]) for e in r.get("evaluations", [])]
+                    print(f"# {cell.label()}: {seen}", file=sys.stderr, flush=True)
+                    if "error" not in r:  # a failed run is tried again by the next stretch
+                        ledger.append("run", task=task, arm=cell.arm, hosts=cell.hosts, seed=cell.seed,
+                                      elapsed_s=round(time.monotonic() - started, 1), calibration=cal, run=r)
+    write_results(a, name, command, ledger, tasks, arms, plans, cluster_text)
+    say_plan(cells, [c for c in cells if ledger.done(c) is None], ledger, plans, command, calibrating)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,110 @@
+"""The time-to-accuracy ledger: one JSON line per finished run, so the plan is gathered in stretches.
+
+A line is skipped on a re-run when its key matches: (task, arm, hosts, seed, the benchmark's code, the CPU kind).
+The benchmark's code is a hash of the benchmark's own files (those below), so a commit elsewhere in the tree keeps
+what was measured while a change to how this benchmark measures starts again; the commit is recorded beside it.
+Calibrations are lines too (kind "calibration"): every arm of a task uses the first one this code made on this CPU
+kind, so arms gathered in different sessions compare on one link.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cpudist.cpu import read_cpu
+
+HERE = Path(__file__).resolve().parent
+CODE_FILES = ("time_to_accuracy.py", "tta_ledger.py", "tta_hf.py", "tta_runs.py", "tta_summary.py", "miniature.py")
+CPU_FLAGS = ("amx_bf16", "avx512_bf16", "avx2")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of the plan."""
+
+    task: str
+    arm: str
+    hosts: int
+    seed: int
+
+    def label(self) -> str:
+        return f"{self.task} {self.arm} x{self.hosts} seed {self.seed}"
+
+
+def code_hash() -> str:
+    """A hash of the benchmark's files as they are on disk."""
+    h = hashlib.sha256()
+    for name in CODE_FILES:
+        h.update(name.encode() + b"\0" + (HERE / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def machine() -> dict[str, Any]:
+    """The commit, and the CPU kind with the flags that decide it."""
+    head = subprocess.run(["git", "-C", str(HERE), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    cpu = read_cpu()
+    return {"commit": head.strip() or None, "cpu_kind": cpu.kind, "cpu_model": cpu.model,
+            "cpu_flags": {f: f in cpu.flags for f in CPU_FLAGS}}
+
+
+class Ledger:
+    """The JSONL file of one plan (its tag): read once, appended a line at a time."""
+
+    def __init__(self, path: Path, code: str, cpu_kind: str) -> None:
+        self.path, self.code, self.cpu_kind = path, code, cpu_kind
+        lines = path.read_text().splitlines() if path.is_file() else []
+        self.lines = [json.loads(line) for line in lines if line.strip()]
+
+    def mine(self) -> list[dict[str, Any]]:
+        """The lines this code wrote on this CPU kind."""
+        return [x for x in self.lines if x.get("code") == self.code and x.get("cpu_kind") == self.cpu_kind]
+
+    def done(self, cell: Cell) -> dict[str, Any] | None:
+        return next((x for x in self.mine() if x.get("kind") == "run" and _cell(x) == cell), None)
+
+    def calibration(self, task: str) -> dict[str, Any] | None:
+        return next((x["calibration"] for x in self.mine() if x.get("kind") == "calibration"
+                     and x["task"] == task), None)
+
+    def runs(self, task: str) -> dict[str, list[dict[str, Any]]]:
+        """This code's runs of a task on this CPU kind, by cell ('ARM@HOSTS'), seeds in order."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        for x in sorted((x for x in self.mine() if x.get("kind") == "run" and x["task"] == task),
+                        key=lambda x: x["seed"]):
+            out.setdefault(f"{x['arm']}@{x['hosts']}", []).append(x["run"])
+        return out
+
+    def append(self, kind: str, **fields: Any) -> None:
+        line = {"kind": kind, "code": self.code, **machine(), **fields}
+        self.lines.append(line)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
+def _cell(x: dict[str, Any]) -> Cell:
+    return Cell(x["task"], x["arm"], int(x["hosts"]), int(x["seed"]))
+
+
+def estimate_s(cell: Cell, ledger: Ledger, budget: int, eval_every: int, base_sps: float | None) -> float:
+    """Seconds the run should take: the median of this code's runs of the same arm and hosts on this CPU kind,
+    else the budget at the task's 1-host speed (the calibration's) times 0.7 per added host, plus start and
+    evaluation."""
+    seen = sorted(float(x["elapsed_s"]) for x in ledger.mine() if x.get("kind") == "run" and x["task"] == cell.task
+                  and x["arm"] == cell.arm and x["hosts"] == cell.hosts and "elapsed_s" in x)
+    if seen:
+        return seen[len(seen) // 2]
+    sps = (base_sps or 30.0) * (1 + 0.7 * (cell.hosts - 1))  # 30 samples/s: MiniLM on a half-core host, roughly
+    return 60.0 + budget / sps + 5.0 * (budget // eval_every)
+
+
+def total_s(cells: Iterable[Cell], ledger: Ledger, plan: dict[str, dict[str, int]],
+            speeds: dict[str, float | None]) -> float:
+    return sum(estimate_s(c, ledger, plan[c.task]["budget"], plan[c.task]["eval_every"], speeds.get(c.task))
+               for c in cells)
