@@ -117,7 +117,9 @@ def test_four_hosts_each_rank_sizing_its_threads(hosts: NetnsCluster, shared_dat
 
 def test_killing_one_hosts_torchrun_ends_the_job_everywhere(hosts: NetnsCluster, shared_data: Path,
                                                             tmp_path: Path) -> None:
-    argv = run_argv(hosts, shared_data, tmp_path / "kill", *GO_ON, hosts=(0, 2))
+    """Also: an --env value reaches each host's torchrun on its ssh line, and command.txt records it as ***."""
+    token = "hf-env-3f9d27c1b8"
+    argv = run_argv(hosts, shared_data, tmp_path / "kill", *GO_ON, "--env", f"HF_TOKEN={token}", hosts=(0, 2))
     proc = subprocess.Popen(hosts.exec_argv(0, argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         seen = read_until(proc, "step 2/")
@@ -135,6 +137,8 @@ def test_killing_one_hosts_torchrun_ends_the_job_everywhere(hosts: NetnsCluster,
     error = [line for line in out.splitlines() if line.startswith("Error: ")]
     assert len(error) == 1 and f"the job failed on {hosts.name(2)} (torchrun exit code 137, killed by SIGKILL)" \
         in error[0], out[-3000:]
+    command = (tmp_path / "kill" / "command.txt").read_text()
+    assert command.count("HF_TOKEN=") == 2 and token not in command and "***" in command, command  # line per host
     deadline = time.monotonic() + 10
     while leftovers(hosts) and time.monotonic() < deadline:
         time.sleep(0.5)
