@@ -1,7 +1,8 @@
 """`cpudist launch --secret NAME --env-file FILE` (cpudist/secrets.py, as `cpudist run`'s): the values reach the
 script's environment through the node's 0600 file that the rank wrapper reads first, and are in no launcher line,
-command.txt, run.json, log or dry run; the file is gone when the run ends. One rank: the rank count does not
-matter here (a run from the laptop is checked in test_launch_script_remote.py)."""
+command.txt, run.json, log or dry run (a value the script prints shows as ***); the file is gone when the run
+ends. One rank: the rank count does not matter here (a run from the laptop is checked in
+test_launch_script_remote.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ SCRIPT = '''
 import hashlib, os
 for name in ("HF_TOKEN", "WANDB_API_KEY"):
     print(name, hashlib.sha256(os.environ.get(name, "").encode()).hexdigest(), flush=True)
+print("printed", os.environ.get("HF_TOKEN"), os.environ.get("WANDB_API_KEY"), flush=True)  # as a careless script
 '''
 
 
@@ -45,5 +47,7 @@ def test_secrets_reach_the_scripts_environment_and_nothing_shown(tmp_path: Path,
     shown = [r.stdout, r.stderr, *(p.read_text() for p in out.iterdir() if p.is_file()),
              (tmp_path / "ledger.jsonl").read_text()]
     assert "CPUDIST_SECRETS" in (out / "command.txt").read_text()  # the file's path is what the launcher passes
+    # what the script printed of them reaches the terminal and the logs masked
+    assert "printed *** ***" in r.stderr and "printed *** ***" in (out / "ranks.log").read_text(), r.stderr
     assert not [text for text in shown if TOKEN in text or KEY in text]
     assert list((home / ".cpudist" / "secrets").iterdir()) == []  # the node's file went with the run
