@@ -100,6 +100,15 @@ class TrainConfig:
     synthetic_samples: int = 2048
     do_eval: bool = True
     eval_every: int | None = None  # optimizer steps between evaluations during training (HF's eval_steps)
+    # HF Trainer's choices under its names (cpudist/train/trainer_choices.py)
+    eval_strategy: str = "auto"  # auto (steps with eval_every, else no) | steps | epoch | no
+    save_strategy: str = "steps"  # steps (checkpoint_every) | epoch | eval (at evaluations) | no
+    metric_for_best_model: str = ""  # a task metric or eval_loss ("": the task's first metric)
+    greater_is_better: bool | None = None  # None: lower for a loss, higher for the rest
+    early_stopping_patience: int | None = None  # evaluations without improvement, then stop
+    early_stopping_threshold: float = 0.0  # an improvement counts when larger than this
+    lr_scheduler: str = "linear"  # transformers' get_scheduler name
+    warmup_steps: int | None = None  # wins over warmup_ratio when given
     save_model: str = "last"  # last | best | none: the weights rank 0 writes to <output_dir>/model (train/export.py)
     report_to: tuple[str, ...] = ()  # tensorboard, mlflow: rank 0 writes step metrics, evaluations (train/report_to.py)
     mlflow_uri: str | None = None  # --report-to mlflow's tracking URI (default: <output_dir>/mlruns, a file store)
@@ -113,6 +122,7 @@ class TrainConfig:
     checkpoint_s3: str | None = None  # s3://bucket/prefix: a durable copy of every checkpoint
     model_s3: str | None = None  # s3://bucket/prefix: rank 0 copies the saved model there (train/model_upload.py)
     resume: str | None = None  # auto: the newest usable checkpoint, if any | a checkpoint or its folder
+    resume_required: bool = False  # a recovery's part: no checkpoint found stops it, never step 0
     model_given: str = ""  # the model as the user named it where staging moved it to a node's path (a LoRA adapter's
     # base names it: the user loads the adapter where the model came from, not from a node's stage folder)
     run_id: str = ""  # the run's id (cpudist/run/identity.py), given by `cpudist run`; a resume keeps the run's

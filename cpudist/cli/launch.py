@@ -18,8 +18,8 @@ import click
 from click.core import ParameterSource
 
 from cpudist import secrets, state
-from cpudist.cli.options import SectionedCommand, output_options
-from cpudist.cli.run_options import PPN
+from cpudist.cli.options import PPN, SectionedCommand, output_options
+from cpudist.cli.overwrite_option import overwrite_option
 from cpudist.cli.slurm_options import slurm_options, to_slurm_options
 from cpudist.errors import BadInput, CpudistError, JobFailed
 from cpudist.interrupts import signals_interrupt
@@ -68,7 +68,7 @@ SECTIONS = {
     "The script": ("workdir", "metric_file", "collect"),
     "Launch": ("mpirun", "ssh", "iface", "allocator", "openmp", "env_pairs", "secret_names", "env_files", "timeout"),
     "Slurm (--launcher slurm)": ("partition", "time_limit", "account", "exclusive", "sbatch_args"),
-    "Output": ("output_dir", "sweep", "ledger", "fmt", "quiet", "dry_run"),
+    "Output": ("output_dir", "overwrite_output_dir", "sweep", "ledger", "fmt", "quiet", "dry_run"),
 }
 
 
@@ -125,6 +125,7 @@ SECTIONS = {
               help="NAME=value lines passed to every rank as --secret does; repeatable.")
 @click.option("--timeout", type=click.FloatRange(min=1), help="Stop the job after this many seconds.")
 @click.option("--output-dir", type=click.Path(path_type=Path), help="Run folder [default: runs/script-<name>-...].")
+@overwrite_option
 @click.option("--ledger", type=click.Path(path_type=Path), help="Results ledger [default: ~/.cpudist/results.jsonl].")
 @click.option("--dry-run", is_flag=True, help="Print the command and every rank variable; run nothing.")
 @click.option("--sweep", type=_Counts(), help="Node counts to run in turn (1,2,4; --ppn per node), then the speedup "
@@ -192,7 +193,8 @@ def _request(command: tuple[str, ...], opts: dict[str, Any], np_given: bool, nod
     cfg = script_config(script, str(output_dir) if output_dir else None, np_)
     where = where_for(route, launch_opts.nodes, ppn is not None, launch_opts.launcher)
     hostfile = str(where.hostfile) if where.hostfile and where.head is None else None
-    return (RunRequest(cfg, launch_opts, hostfile, shlex.join(["cpudist", *redact_env_args(sys.argv[1:])])),
+    command_line = shlex.join(["cpudist", *redact_env_args(sys.argv[1:])])
+    return (RunRequest(cfg, launch_opts, hostfile, command_line, opts["overwrite_output_dir"]),
             script, where)
 
 

@@ -1,4 +1,5 @@
-"""What every command shares at the front door: machine-output options, option sections in --help.
+"""What every command shares at the front door: machine-output options, the ranks-per-node
+type, option sections in --help.
 
 One rule for machine output: a command that prints results takes `--format` with its formats, and
 `--json` is the same as `--format json` everywhere.
@@ -22,6 +23,22 @@ def output_options(formats: Sequence[str] = ("text", "json"), default: str = "te
                             help=f"Output: {shown}.")(f)
 
     return decorate
+
+
+class _Ppn(click.ParamType):
+    """A positive rank count, or `auto`."""
+
+    name = "N|auto"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | str:
+        if value == "auto" or (isinstance(value, int) and value >= 1):
+            return value
+        if isinstance(value, str) and value.isdigit() and int(value) >= 1:
+            return int(value)
+        self.fail(f"{value!r} is neither a positive count nor auto", param, ctx)
+
+
+PPN = _Ppn()
 
 
 class SectionedCommand(click.Command):

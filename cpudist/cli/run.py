@@ -16,7 +16,9 @@ from click.core import ParameterSource
 
 from cpudist import state
 from cpudist.cli import slurm_options
+from cpudist.cli.hf_options import with_hf_defaults
 from cpudist.cli.options import SectionedCommand
+from cpudist.cli.overwrite_option import overwrite_option
 from cpudist.cli.progress import JobView
 from cpudist.cli.run_options import SECTIONS, run_options
 from cpudist.config import TrainConfig, check_save
@@ -47,12 +49,15 @@ LAUNCH = {"np_", "ppn", "nodes", "launcher", "mpirun", "ssh", "iface", "allocato
           "requeue", "requeue_signal_s"}
 ROUTE = {"hostfile", "cluster_name", "head_addr", "user", "identity", "remote_python", "stage_code", "on_preemption",
          "fetch_model", "detach"}
-OUTPUT = {"output_dir", "ledger", "fmt", "quiet", "dry_run"}
+OUTPUT = {"output_dir", "overwrite_output_dir", "ledger", "fmt", "quiet", "dry_run"}
 
 
 def summary(r: RunResult) -> str:
     """The final line: time, throughput and metrics."""
     metrics = " ".join(f"{k}={v:.4f}" for k, v in r.metrics.items()) or "no eval"
+    if r.early_stopping:  # why the run is shorter than asked, where a user looks first
+        early = r.early_stopping
+        metrics += f"; stopped early at step {early['step']}: {early['reason']}"
     return (f"done: {r.task} {r.model} on {r.world_size} rank(s), {len(r.nodes)} node(s): "
             f"train {r.train_time_s:.1f}s, {r.train_samples_per_s:.1f} samples/s, "
             f"wall {r.wall_time_s:.1f}s, {metrics}  -> {r.run_dir}/result.json"
@@ -109,6 +114,7 @@ def say(line: str) -> None:
 
 @click.command(cls=SectionedCommand, sections=SECTIONS)
 @run_options
+@overwrite_option
 @click.pass_context
 def run(ctx: click.Context, **opts: Any) -> None:
     """Fine-tune on TASK (a GLUE task, `custom` or `synthetic`) with --np ranks.
@@ -118,7 +124,7 @@ def run(ctx: click.Context, **opts: Any) -> None:
     from cpudist.run.start import describe, start  # torch, paramiko, boto3 behind it: not for --help
     from cpudist.run.where import where_for
 
-    cfg = _train_config(opts)
+    cfg = with_hf_defaults(_train_config(opts), ctx, say)
     check_sync(cfg)
     check_save(cfg)
     lora.check(cfg)
@@ -141,7 +147,8 @@ def run(ctx: click.Context, **opts: Any) -> None:
         _check_detach(where, launch.launcher)
         where = dataclasses.replace(where, detach=True)
     request = RunRequest(cfg, launch, str(where.hostfile) if where.hostfile and where.head is None else None,
-                         shlex.join(["cpudist", *redact_env_args(sys.argv[1:])]))  # run.json, the card
+                         shlex.join(["cpudist", *redact_env_args(sys.argv[1:])]),  # run.json, card
+                         opts["overwrite_output_dir"])
     with signals_interrupt():
         if opts["dry_run"]:
             click.echo(describe(request, where), nl=False)

@@ -9,8 +9,9 @@ from typing import Any
 import click
 
 from cpudist.cli.defaults import config_option
+from cpudist.cli.hf_options import HEADING, SECTION, hf_options
 from cpudist.cli.lora_options import lora_options
-from cpudist.cli.options import output_options
+from cpudist.cli.options import PPN, output_options
 from cpudist.cli.slurm_options import requeue_options, slurm_options
 from cpudist.cloud.connect import check_store_url
 from cpudist.config import BACKENDS, LR_SCALINGS, MOMENTS, OPTIMIZERS, PRECISIONS, SAMPLERS, SAVE_MODELS
@@ -22,22 +23,6 @@ from cpudist.strategies import STRATEGIES, parse_compression
 from cpudist.train.report_to import parse_report_to
 from cpudist.train.tasks import normalize_task, task_names
 from cpudist.validate import check_imds
-
-
-class _Ppn(click.ParamType):
-    """A positive rank count, or `auto`."""
-
-    name = "N|auto"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | str:
-        if value == "auto" or (isinstance(value, int) and value >= 1):
-            return value
-        if isinstance(value, str) and value.isdigit() and int(value) >= 1:
-            return int(value)
-        self.fail(f"{value!r} is neither a positive count nor auto", param, ctx)
-
-
-PPN = _Ppn()
 
 
 def _task(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -134,7 +119,8 @@ OPTIONS: list[Callable[[Any], Any]] = [
     click.option("--weight-decay", type=click.FloatRange(min=0), default=0.01, show_default=True,
                  help="AdamW's decoupled weight decay."),
     click.option("--warmup-ratio", type=click.FloatRange(0, 1), default=0.1, show_default=True,
-                 help="Share of the steps with a linear lr warm-up (then linear decay to 0)."),
+                 help="Share of the steps with a linear lr warm-up (then --lr-scheduler's decay); "
+                 "--warmup-steps wins."),
     click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=42, show_default=True,
                  help="Seed of the model head, the data order and dropout (seed + rank)."),
     click.option("--precision", type=click.Choice(PRECISIONS), default="auto", show_default=True,
@@ -158,9 +144,10 @@ OPTIONS: list[Callable[[Any], Any]] = [
                  help="Rank 0 writes the model to <run folder>/model/ (save_pretrained: safetensors, tokenizer, "
                  "id2label with the task's class names, README.md model card), loadable with transformers' "
                  "pipeline('text-classification', model=...): last: as trained (local SGD/DiLoCo: the ranks' "
-                 "average, as evaluated); best: the best evaluation's by the task's first metric (with --eval-every; "
-                 "HF's load_best_model_at_end); none. From a laptop it comes home too (--fetch-model); Slurm: in the "
-                 "run folder on the shared filesystem. Task synthetic saves none."),
+                 "average, as evaluated); best: the best evaluation's by --metric-for-best-model "
+                 "(with --eval-strategy; HF's load_best_model_at_end); none. From a laptop it "
+                 "comes home too (--fetch-model); Slurm: in the run folder on the shared "
+                 "filesystem. Task synthetic saves none."),
     click.option("--model-s3", callback=_s3,
                  help="s3://bucket/prefix: rank 0 also copies the saved model to <prefix>/<run id>/model/, SHA256SUMS "
                  "last (result.json's model_s3 says where; a failed copy warns). Credentials as boto3 finds them."),
@@ -200,6 +187,7 @@ OPTIONS: list[Callable[[Any], Any]] = [
     click.option("--gradient-checkpointing", is_flag=True, help="Recompute each layer's activations in backward "
                  "instead of keeping them: less memory, slower steps (benchmarks/README.md)."),
     lora_options,
+    hf_options,
     click.option("--compile", is_flag=True, help="torch.compile the model (batches padded to multiples of 32 "
                  "tokens; kernels cached in ~/.cpudist/inductor across runs)."),
     click.option("--fast-dropout/--torch-dropout", default=True, show_default=True,
@@ -281,6 +269,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
                  "warmup_ratio", "max_grad_norm", "seed", "precision", "dropout", "sampler", "freeze_embeddings",
                  "gradient_checkpointing", "do_eval", "eval_every", "eval_batch_size", "save_model", "model_s3",
                  "log_every", "report_to", "mlflow_uri"),
+    HEADING: SECTION,
     "Gradient sync": ("sync", "grad_compression", "embedding_sync", "bucket_cap_mb", "sync_every", "local_sgd_warmup",
                       "average_moments", "second_moment_every", "outer_optimizer", "outer_lr", "outer_momentum",
                       "backend", "dist_timeout"),
@@ -295,5 +284,5 @@ SECTIONS: dict[str, tuple[str, ...]] = {
                                                                "detach"),
     "Slurm (--launcher slurm)": ("partition", "time_limit", "account", "exclusive", "sbatch_args", "requeue",
                                  "requeue_signal_s"),
-    "Output": ("output_dir", "ledger", "fmt", "quiet", "dry_run", "config"),
+    "Output": ("output_dir", "overwrite_output_dir", "ledger", "fmt", "quiet", "dry_run", "config"),
 }

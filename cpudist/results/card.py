@@ -55,8 +55,10 @@ Every evaluation of the run:
 {% endif %}
 ## Training hyperparameters
 
-- learning rate: {{ r.lr }} (--lr-scaling {{ r.lr_scaling }}), optimizer {{ r.optimizer }}, linear warm-up and decay
-- {{ length }}: {{ r.steps }} optimizer steps
+- learning rate: {{ r.lr }} (--lr-scaling {{ r.lr_scaling }}), optimizer {{ r.optimizer }}, \
+{{ schedule }}
+- {{ length }}: {{ r.steps }} optimizer steps{% if r.early_stopping %}; stopped early at step \
+{{ r.early_stopping.step }}: {{ r.early_stopping.reason }}{% endif %}
 - batch: {{ r.per_rank_batch_size }} per rank x {{ r.grad_accum }} accumulation x {{ r.world_size }} ranks = \
 {{ r.global_batch_size }} rows per step; at most {{ r.max_seq_len }} tokens per row
 {% if r.peft %}- LoRA (peft): r {{ r.peft.r }}, alpha {{ r.peft.alpha }}, dropout {{ r.peft.dropout }} on \
@@ -89,16 +91,29 @@ def _labels(r: RunResult) -> list[str]:
     return [str(x) for x in r.data.get("labels", [])]
 
 
+def _glue(r: RunResult) -> str:
+    """The GLUE task as GLUE spells it (STS-B, CoLA), which the ranks record; an older record's in capitals."""
+    return f"GLUE {r.data.get('name') or r.task.upper()}"
+
+
 def _data_text(r: RunResult) -> str:
     d = r.data
     source = d.get("source")
     if source == "glue-tsv":
-        return f"GLUE {r.task.upper()} in GLUE's TSV layout from `{d.get('dir')}` (train.tsv; dev rows evaluated)"
+        return f"{_glue(r)} in GLUE's TSV layout from `{d.get('dir')}` (train.tsv; dev rows evaluated)"
     if source == "hub":
         return f"the Hub's `{GLUE_DATASET}` dataset, config `{d.get('config')}`"
     if source == "files":
         return f"train `{d.get('train')}`, validation `{d.get('validation')}`"
     return str(source or "unknown")
+
+
+def _schedule(r: RunResult) -> str:
+    """The learning-rate schedule in words (an older run's was linear, its warm-up unrecorded)."""
+    if not r.lr_scheduler:
+        return "linear warm-up and decay"
+    warmup = r.warmup_steps or 0
+    return f"{r.lr_scheduler} schedule (transformers' get_scheduler), {warmup} warm-up steps"
 
 
 def card_data(r: RunResult) -> Any:
@@ -108,7 +123,7 @@ def card_data(r: RunResult) -> Any:
     glue = r.data.get("source") in ("glue-tsv", "hub")
     dataset = GLUE_DATASET if glue else None
     results = [EvalResult(task_type="text-classification", dataset_type=dataset or "custom",
-                          dataset_name=f"GLUE {r.task.upper()}" if glue else "custom data", metric_type=k,
+                          dataset_name=_glue(r) if glue else "custom data", metric_type=k,
                           metric_value=round(v, 4), dataset_config=r.task if glue else None,
                           dataset_split="validation") for k, v in r.metrics.items()]
     return ModelCardData(library_name="transformers", pipeline_tag="text-classification",
@@ -129,17 +144,20 @@ def render_card(r: RunResult) -> str:
     base = r.base_model
     saved = f"The saved weights are those of step {r.model_step} of {r.steps}"
     if r.save_model == "best" and r.evaluations:
-        saved += f", the best of {len(r.evaluations)} evaluations by {next(iter(r.metrics), '?')}"
+        metric = r.metric_for_best_model or next(iter(r.metrics), "?")
+        way = "" if r.greater_is_better is None else " (higher is better)" if r.greater_is_better \
+            else " (lower is better)"
+        saved += f", the best of {len(r.evaluations)} evaluations by {metric}{way}"
     elif r.evaluations:
         saved += ", the last evaluation's"
     cost = f"${r.cost_usd:.4f} (${r.usd_per_hour:.3f}/h for the nodes)" if r.cost_usd is not None else "not known"
     card = ModelCard.from_template(
         card_data(r), template_str=TEMPLATE, r=r, name=model_name(r),
         origin=f"`{base}`" if base else f"`{r.model}` (random initial weights of a preset, or a local folder)",
-        task_text=f"GLUE {r.task.upper()}" if r.data.get("source") in ("glue-tsv", "hub") else f"{r.task} data",
+        task_text=_glue(r) if r.data.get("source") in ("glue-tsv", "hub") else f"{r.task} data",
         kind="regression, one score" if not labels else f"{len(labels)}-class classification",
         labels=", ".join(f"{i}: {n}" for i, n in enumerate(labels)), data_text=_data_text(r),
-        saved_text=saved + ".", metric_names=list(r.metrics), cost=cost,
+        saved_text=saved + ".", metric_names=list(r.metrics), cost=cost, schedule=_schedule(r),
         length=f"{r.epochs:g} epochs" if r.epochs is not None else f"--max-steps {r.max_steps}",
         versions=", ".join(f"{k} {v}" for k, v in r.versions.items()),
         command=r.command or "(not known where the card was written: see command.txt for the ranks' command)")

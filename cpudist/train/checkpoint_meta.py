@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -36,7 +37,9 @@ SAME_RUN = ("task", "model", "seed", "sampler", "max_seq_len", "max_train_sample
 FIX = "Resume with the cpudist version that wrote it, or start over without --resume"
 # What a resume takes from the checkpoint, whatever the options say: the optimizer (its learning rate and weight
 # decay), the schedule over the run's total steps, and the data position in micro-batches of --grad-accum.
-SCHEDULE = ("lr", "lr_scaling", "optimizer", "weight_decay", "warmup_ratio", "epochs", "max_steps", "grad_accum")
+# The best evaluation so far is kept by the metric of the run that wrote it, too.
+SCHEDULE = ("lr", "lr_scaling", "optimizer", "weight_decay", "warmup_ratio", "epochs", "max_steps",
+            "grad_accum", "lr_scheduler", "warmup_steps", "metric_for_best_model", "greater_is_better")
 
 
 def folder_name(step: int) -> str:
@@ -56,6 +59,17 @@ def complete_checkpoints(folder: Path) -> list[Path]:
         return []
     found = [p for p in folder.iterdir() if step_of(p.name) is not None and (p / COMPLETE).is_file()]
     return sorted(found, key=lambda p: step_of(p.name) or 0, reverse=True)
+
+
+def clear_partial(folder: Path) -> list[str]:
+    """Remove the half-written checkpoints (`step-N.tmp/`) in `folder`, when no rank writes there any more: at a
+    part's start, and on the launching side once its ranks are gone. The names removed."""
+    if not folder.is_dir():
+        return []
+    partial = [p for p in folder.iterdir() if p.name.endswith(TMP) and step_of(p.name[: -len(TMP)]) is not None]
+    for path in partial:
+        shutil.rmtree(path, ignore_errors=True)
+    return sorted(p.name for p in partial)
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,9 @@ def save_model(job: Job, evals: Evaluations, result: RunResult) -> RunResult:
     cfg = job.cfg
     chosen = evals.saved(cfg.save_model)
     result = result.with_updates(save_model=cfg.save_model, evaluations=tuple(evals.history),
-                                 base_model=hub_base(cfg.model))
+                                 base_model=hub_base(cfg.model), metric_for_best_model=evals.metric,
+                                 greater_is_better=evals.greater,
+                                 early_stopping=evals.stopped or {})
     if chosen is not None and cfg.save_model == "best":
         result = result.with_updates(metrics=chosen["metrics"])
     if cfg.save_model == "none" or cfg.task == "synthetic":  # synthetic rows are noise: nothing worth keeping

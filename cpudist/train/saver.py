@@ -25,12 +25,14 @@ from cpudist.train import checkpoint
 from cpudist.train.checkpoint import Restored, gather_rngs, seed_all, set_rng_state
 from cpudist.train.checkpoint_meta import CheckpointMeta, Done, Position
 from cpudist.train.durable import Mirror, copy_or_warn
+from cpudist.wire import checkpointing
 
 if TYPE_CHECKING:
     from cpudist.train.keep import Evaluations
     from cpudist.train.loop import TrainStats
 
 BEST = "best_model"  # state.pt's key for the best evaluation's weights (--save-model best, when not the model's)
+PATIENCE = "early_stopping"  # state.pt's key for early stopping's count (Evaluations.stale)
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,7 @@ def restore(restored: Restored, t: Training, stats: TrainStats) -> None:
     stats.flops, stats.train_time_s = done.flops, done.train_time_s
     if t.evals is not None:
         restore_best(restored, t.evals)
+        t.evals.stale = int(restored.state.get(PATIENCE, 0))
 
 
 def check_same_weights(saved: dict[str, Any], mine: dict[str, Any], path: str) -> None:
@@ -120,16 +123,19 @@ def save(saver: Saver, t: Training, stats: TrainStats, pos: Position, total: int
         best = t.evals.best if t.evals is not None else None
         if t.evals is not None and t.evals.best_state is not None and best is not None and best["step"] != stats.steps:
             state[BEST] = t.evals.best_state
+        if t.evals is not None:
+            state[PATIENCE] = t.evals.stale
         meta = CheckpointMeta(dataclasses.asdict(cfg), total, pos, world, cfg.batch_size * cfg.grad_accum * world,
                               stats.strategy.spec.label if stats.strategy else "ddp", saver.parts,
                               saver.wall_before_s + time.perf_counter() - saver.started,
                               Done(stats.steps, stats.samples, stats.tokens, stats.flops, stats.train_time_s),
                               stats.steps, run_id=cfg.run_id, best=best)
+        events.emit(checkpointing.SAVING, step=stats.steps)  # a stop waits for this checkpoint to be whole
         path = checkpoint.write(saver.folder, state, rngs, meta, saver.keep, ranks)
         if saver.mirror is not None and (warning := copy_or_warn(saver.mirror, path, saver.keep)):
             sys.stderr.write(f"[cpudist] {warning}\n")  # one write: launchers interleave partial writes
             sys.stderr.flush()
         stats.checkpoints.append(str(path))
-        events.emit("checkpoint", step=stats.steps, path=str(path))
+        events.emit(checkpointing.SAVED, step=stats.steps, path=str(path))
     if world > 1:
         dist.barrier()  # nobody runs ahead (or leaves) before the checkpoint is complete
