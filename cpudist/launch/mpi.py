@@ -16,7 +16,8 @@ def hydra_argv(spec: RunSpec, env: dict[str, str]) -> list[str]:
     if spec.hostfile:
         flag = "-bootstrap" if spec.launcher == "impi" else "-launcher"
         argv += [flag, "ssh", f"{flag}-exec", spec.ssh, "-f", spec.hostfile]
-    argv += ["-np", str(spec.np), "-ppn", str(spec.ppn), "-prepend-pattern", "[%h:%r] "]
+    argv += ["-np", str(spec.np), "-ppn", str(spec.ppn)]
+    argv += [] if spec.own_tags else ["-prepend-pattern", "[%h:%r] "]  # each line with its host and rank
     hidden = inherited(spec)  # Hydra passes its own environment to every rank, also across hosts
     for key, value in env.items():
         if key not in hidden:
@@ -29,7 +30,8 @@ def openmpi_argv(spec: RunSpec, env: dict[str, str]) -> list[str]:
     argv = [spec.launcher_path]
     if spec.as_root:
         argv.append("--allow-run-as-root")  # Open MPI refuses root unless told; only then
-    argv += ["-np", str(spec.np), "--map-by", f"ppr:{spec.ppn}:node", "--output", "tag-detailed"]
+    argv += ["-np", str(spec.np), "--map-by", f"ppr:{spec.ppn}:node"]
+    argv += [] if spec.own_tags else ["--output", "tag-detailed"]
     if spec.oversubscribe:
         argv += ["--oversubscribe"]
     if spec.hostfile:

@@ -91,10 +91,11 @@ def failure(info: JobInfo, output: str, detail: str | None) -> tuple[str, str]:
     return message, HINTS.get(info.state, f"See the rank output above and {output}")
 
 
-def srun_argv(np: int, ppn: int, command: list[str], cpus_per_task: int | None) -> list[str]:
-    """srun starting `ppn` ranks on each of the job's nodes; one rank failing stops the others."""
+def srun_argv(np: int, ppn: int, command: list[str], cpus_per_task: int | None, label: bool = True) -> list[str]:
+    """srun starting `ppn` ranks on each of the job's nodes; one rank failing stops the others; `label`: each
+    line with its task's number."""
     argv = ["srun", f"--nodes={np // ppn}", f"--ntasks={np}", f"--ntasks-per-node={ppn}", "--kill-on-bad-exit=1",
-            "--label"]
+            *(["--label"] if label else [])]
     if cpus_per_task is not None:
         argv.append(f"--cpus-per-task={cpus_per_task}")
     return argv + command
@@ -112,6 +113,7 @@ class BatchJob:
     command: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
     options: SlurmOptions = SlurmOptions()
+    label: bool = True  # srun --label (off where the ranks' program tags its own lines)
 
 
 def _directives(job: BatchJob) -> list[str]:
@@ -150,7 +152,8 @@ def sbatch_script(job: BatchJob) -> str:
         f"export SRUN_CPUS_PER_TASK=$(( cpus / {job.ppn} ))",
         *_secrets_lines(job),
         *(_requeue_lines(job) if job.options.requeue else
-          [("" if _secrets_file(job) else "exec ") + shlex.join(srun_argv(job.np, job.ppn, list(job.command), None))]),
+          [("" if _secrets_file(job) else "exec ")
+           + shlex.join(srun_argv(job.np, job.ppn, list(job.command), None, job.label))]),
         "",
     ])
 
@@ -184,7 +187,7 @@ def _requeue_lines(job: BatchJob) -> list[str]:
         "stop=0",
         "trap 'stop=1; scancel --signal=TERM \"$SLURM_JOB_ID\"' USR1",
         "set +e",
-        shlex.join(srun_argv(job.np, job.ppn, list(job.command), None)) + " &",
+        shlex.join(srun_argv(job.np, job.ppn, list(job.command), None, job.label)) + " &",
         "ranks=$!",
         'wait "$ranks"; code=$?',
         '# wait returns early (128+10) when the trap runs: wait again for the ranks\' own end',

@@ -202,7 +202,7 @@ def batch_or_step(spec: RunSpec, env: dict[str, str]) -> Launch:
                            f"allocation (job {alloc.job_id}) has {len(alloc.nodes)}",
                            f"Use at most --nodes {len(alloc.nodes)}, or allocate more (salloc -N ...)")
         cpus = max(1, alloc.cpus_per_node // spec.ppn)
-        return Launch(tuple(slurm.srun_argv(spec.np, spec.ppn, trainer_argv(spec), cpus)), env)
+        return Launch(tuple(slurm.srun_argv(spec.np, spec.ppn, trainer_argv(spec), cpus, not spec.own_tags)), env)
     out = Path(spec.cwd, spec.train.output_dir)  # absolute: the script may be submitted from elsewhere
     options = spec.slurm or SlurmOptions()
     if options.requeue and spec.train.resume is None and not spec.program:
@@ -210,7 +210,7 @@ def batch_or_step(spec: RunSpec, env: dict[str, str]) -> Launch:
         # only, run/identity.py), and the first start, finding none, starts from step 0
         spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, resume="auto"))
     job = slurm.BatchJob(f"cpudist-{spec.train.task}", spec.np, spec.ppn, spec.cwd, str(out / "slurm-%j.out"),
-                         tuple(trainer_argv(spec)), tuple(env.items()), options)
+                         tuple(trainer_argv(spec)), tuple(env.items()), options, label=not spec.own_tags)
     return Launch(("sbatch", "--parsable", str(out / SBATCH_FILE)), env, script=slurm.sbatch_script(job))
 
 

@@ -43,6 +43,7 @@ class RunSpec:
     allocator: str | None = None
     iomp: str | None = None
     program: tuple[str, ...] = ()  # the rank module and its arguments (`python -m ...`); empty: the trainer
+    own_tags: bool = False  # the program tags each of its lines with its rank: the launcher adds none
     cwd: str = "."  # where the ranks run (and relative paths resolve) on every node
     slurm: SlurmOptions | None = None  # --launcher slurm: what to ask Slurm for
     allocation: Allocation | None = None  # --launcher slurm inside an allocation: srun there, not sbatch

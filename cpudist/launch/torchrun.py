@@ -56,7 +56,7 @@ def local_argv(spec: RunSpec) -> list[str]:
     """torchrun on this machine: one agent spawning --ppn ranks (env comes from the parent)."""
     return [spec.python, "-m", "torch.distributed.run", "--nnodes", "1",
             "--nproc-per-node", str(spec.ppn), "--master-addr", spec.master_addr,
-            "--master-port", str(spec.master_port), "--tee", "3", "-m", *rank_module(spec)]
+            "--master-port", str(spec.master_port), "-m", *rank_module(spec)]
 
 
 def hosts_launch(spec: RunSpec, env: dict[str, str], nodes: int) -> Launch:

@@ -93,7 +93,7 @@ def script_spec(request: RunRequest, script: Script, dry_run: bool = False) -> R
     spec = resolve(request, dry_run=dry_run)
     # the launcher's folder (Hydra starts the ranks in it on every node): a staged copy's source exists on all
     return dataclasses.replace(spec, program=rank_program(script, Path(request.train.output_dir)),
-                               cwd=script.copy_of or str(script.folder))
+                               cwd=script.copy_of or str(script.folder), own_tags=True)  # run/rank_lines.py
 
 
 def describe_script(request: RunRequest, script: Script) -> str:

@@ -7,7 +7,8 @@ the trainer. MPI launchers number their ranks in PMI_*/OMPI_COMM_WORLD_* variabl
 torchrun or `accelerate launch` reads RANK, WORLD_SIZE, LOCAL_RANK, ... and MASTER_ADDR/MASTER_PORT (init_method
 env://). This wrapper sets those from the launcher's (train/dist.py's table), sizes the rank's OpenMP threads
 where it runs (train/threads.py), says so in one event line (the launching side records each rank's host and
-threads), and runs the script, relaying its output by whole lines and its signals, ending with its exit code.
+threads), and runs the script, relaying its signals and its output as whole lines tagged with its rank
+(run/rank_lines.py), ending with its exit code.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Mapping, Sequence
 
 from cpudist import events, secrets
 from cpudist.errors import BadInput, CpudistError
+from cpudist.run.rank_lines import LineRelay, tag
 from cpudist.train.dist import RankInfo, discover_rank
 from cpudist.train.threads import my_share, pinned_threads, threads_for
 
@@ -32,6 +34,9 @@ STAGE_MARKS = (".complete", ".manifest")  # run/stage.py's files in a staged fol
 ACCELERATE_MODULE = "accelerate.commands.launch"  # `accelerate launch`, under the rank's own Python
 # accelerate launch's options that --per-node sets from cpudist's layout
 ACCELERATE_SET = ("--num_machines", "--machine_rank", "--main_process_ip", "--main_process_port", "--num_processes")
+# --per-node: what a node's torchrun (or Accelerate) starts as each worker, before the script: this module again,
+# tagging the worker's lines with its RANK (the workers share one stdout)
+WORKER = ("cpudist.run.script_rank", "--relay")
 
 
 def torchrun_env(info: RankInfo) -> dict[str, str]:
@@ -117,15 +122,36 @@ def per_node_argv(command: list[str], python: str, info: RankInfo, per_node: int
         return [python, "-m", ACCELERATE_MODULE, *(["--multi_gpu"] if total > 1 else []),
                 "--num_machines", str(info.world_size), "--machine_rank", str(info.rank), "--main_process_ip",
                 env["MASTER_ADDR"], "--main_process_port", env["MASTER_PORT"], "--num_processes", str(total),
-                *accelerate]
+                *accelerate_worker(accelerate, python)]
     script = command[1:] if os.path.basename(command[0]).startswith("python") and len(command) > 1 else command
     return [python, "-m", "torch.distributed.run", "--nnodes", str(info.world_size), "--node-rank", str(info.rank),
             "--nproc-per-node", str(per_node), "--master-addr", env["MASTER_ADDR"], "--master-port",
-            env["MASTER_PORT"], *script]
+            env["MASTER_PORT"], "-m", *WORKER, python, "-u", *script]
+
+
+def accelerate_worker(words: list[str], python: str) -> list[str]:
+    """`accelerate launch`'s words with each worker started as WORKER running the script (as Accelerate would:
+    `python -u SCRIPT`); unchanged when the script is a module or not Python (-m, --no_python)."""
+    script = next((i for i, w in enumerate(words) if not w.startswith("-") and w.endswith(".py")), None)
+    if script is None or {"-m", "--module", "--no_python"} & set(words[:script]):
+        return words
+    return [*words[:script], "--module", *WORKER, python, "-u", *words[script:]]
+
+
+def worker(command: list[str]) -> int:
+    """--per-node: one worker of a node's torchrun, its script's lines tagged with torchrun's RANK."""
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        return relay(command, dict(os.environ), None, tag(socket.gethostname(), rank))
+    except OSError as e:
+        sys.stderr.write(f"[{socket.gethostname()}:{rank}] error: cannot start {command[0]}: {e.strerror}\n")
+        return 127
 
 
 def main(argv: list[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == [WORKER[1]] and len(words) > 1:
+        return worker(words[2:] if words[1] == "--" else words[1:])
     options: dict[str, str] = {}
     while words[:1] in (["--run-dir"], ["--workdir"], ["--copy-of"], ["--per-node"]) and len(words) >= 2:
         options[words[0]] = words[1] if words[0] == "--per-node" else os.path.abspath(words[1])
@@ -153,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     events.emit(EVENT, rank=info.rank, host=socket.gethostname(), threads=threads, source=info.source)
     try:
-        code = relay(argv_, env, options.get("--workdir"))
+        # --per-node: torchrun's workers tag their own lines (WORKER); its own lines are the node's
+        code = relay(argv_, env, options.get("--workdir"), b"" if per_node else tag(socket.gethostname(), info.rank))
     except OSError as e:
         sys.stderr.write(f"[{socket.gethostname()}:{info.rank}] error: cannot start {argv_[0]}"
                          f"{' in ' + options['--workdir'] if '--workdir' in options else ''}: {e.strerror}\n")
@@ -193,22 +220,18 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def relay(argv: list[str], env: dict[str, str], cwd: str | None) -> int:
-    """Run the script, passing on the signals this rank gets, and its output a whole line at a time (Hydra
-    prefixes every write it reads: a script's unbuffered `print(a, b)` would come out in pieces otherwise).
-    Returns its exit code (128 + N when signal N ended it)."""
+def relay(argv: list[str], env: dict[str, str], cwd: str | None, prefix: bytes) -> int:
+    """Run the script, passing on the signals this rank gets, and its stdout and stderr as whole lines, each
+    tagged with `prefix` (run/rank_lines.py). Returns its exit code (128 + N when signal N ended it)."""
     proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+                            stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda number, frame: proc.send_signal(number))
-    assert proc.stdout is not None
-    out = sys.stdout.buffer
-    for line in iter(proc.stdout.readline, b""):
-        out.write(line)
-        out.flush()
+    assert proc.stdout is not None and proc.stderr is not None
+    sys.stdout.flush()  # the event line goes out before the script's first
+    LineRelay(sys.stdout.fileno(), prefix).copy_all((proc.stdout, proc.stderr))
     code = proc.wait()
     return 128 - code if code < 0 else code
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -4,6 +4,7 @@ both)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,9 @@ from click.testing import CliRunner
 from cpudist.cli.main import cli
 from cpudist.errors import CpudistError
 from cpudist.run.script_rank import check_accelerate, per_node_argv
+
+# what each worker of a node's torchrun runs before the script: the wrapper that tags its lines with its rank
+WORKER = ["-m", "cpudist.run.script_rank", "--relay"]
 from cpudist.train.dist import RankInfo
 
 
@@ -20,8 +24,8 @@ def test_each_nodes_torchrun_takes_its_place_and_the_rendezvous_from_the_launche
     env = {"MASTER_ADDR": "n0", "MASTER_PORT": "29511"}
     assert per_node_argv(["python3", "train.py", "--lr", "1"], "/py", node1, 4, env) == [
         "/py", "-m", "torch.distributed.run", "--nnodes", "3", "--node-rank", "1", "--nproc-per-node", "4",
-        "--master-addr", "n0", "--master-port", "29511", "train.py", "--lr", "1"]
-    assert per_node_argv(["train.py"], "/py", node1, 2, env)[-1] == "train.py"
+        "--master-addr", "n0", "--master-port", "29511", *WORKER, "/py", "-u", "train.py", "--lr", "1"]
+    assert per_node_argv(["train.py"], "/py", node1, 2, env)[-4:] == [*WORKER, "/py", "-u", "train.py"][-4:]
     with pytest.raises(CpudistError, match="MASTER_PORT not set for node 1"):
         per_node_argv(["train.py"], "/py", node1, 2, {"MASTER_ADDR": "n0"})
 
@@ -42,14 +46,17 @@ def test_accelerate_launch_per_node_gets_cpudists_machines_rank_rendezvous_and_p
     env = {"MASTER_ADDR": "n0", "MASTER_PORT": "29511"}
     expected = ["/py", "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "3", "--machine_rank", "1",
                 "--main_process_ip", "n0", "--main_process_port", "29511", "--num_processes", "12",
-                "--mixed_precision", "no", "train.py", "--lr", "1"]
+                "--mixed_precision", "no", "--module", "cpudist.run.script_rank", "--relay", "/py", "-u", "train.py",
+                "--lr", "1"]
     assert per_node_argv(["accelerate", "launch", "--mixed_precision", "no", "train.py", "--lr", "1"], "/py", node1, 4,
                          env) == expected
     assert per_node_argv(["python3", "-m", "accelerate.commands.launch", "--mixed_precision", "no", "train.py",
                           "--lr", "1"], "/py", node1, 4, env) == expected
     alone = per_node_argv(["/venv/bin/accelerate", "launch", "train.py"], "/py", RankInfo(0, 1, 0, 1, "PMI_RANK"), 1,
                           env)
-    assert "--multi_gpu" not in alone and alone[-3:] == ["--num_processes", "1", "train.py"]  # it refuses 1 process
+    assert "--multi_gpu" not in alone and alone[-8:-6] == ["--num_processes", "1"]  # it refuses 1 process
+    # a module or another program is left as given: WORKER starts only a .py script as Accelerate would
+    assert per_node_argv(["accelerate", "launch", "-m", "pkg.train"], "/py", node1, 4, env)[-2:] == ["-m", "pkg.train"]
 
 
 def test_accelerate_options_cpudist_sets_are_refused_before_anything_starts() -> None:
@@ -73,7 +80,8 @@ def test_dry_run_shows_each_nodes_accelerate_launch_and_it_needs_per_node(tmp_pa
     assert [n.split(" runs ")[0] for n in nodes] == ["# node 0 (localhost)", "# node 1 (127.0.0.2)"], r.output
     for i, line in enumerate(nodes):
         assert line.endswith(f" -m accelerate.commands.launch --multi_gpu --num_machines 2 --machine_rank {i} "
-                             f"--main_process_ip 127.0.0.1 --main_process_port {port} --num_processes 4 train.py")
+                             f"--main_process_ip 127.0.0.1 --main_process_port {port} --num_processes 4 --module "
+                             f"cpudist.run.script_rank --relay {sys.executable} -u train.py")
     assert " -np 2 " in r.output and "--per-node 2 -- accelerate launch train.py" in r.output
     refused = CliRunner().invoke(cli, args)
     assert refused.exit_code == 2 and "Add --per-node" in refused.output, refused.output

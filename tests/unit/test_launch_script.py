@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -61,7 +62,9 @@ def test_the_wrapper_runs_the_command_with_the_variables_and_ends_as_it_failed(t
     event, shown = out.splitlines()
     assert json.loads(event.split("@@cpudist ", 1)[1]) | {"host": "h"} == {
         "event": "script_rank", "rank": 3, "host": "h", "threads": 2, "source": "PMI_RANK"}
-    assert json.loads(shown) == {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+    assert shown.startswith(f"[{socket.gethostname()}:3] {{")  # every line of the script tagged with its rank
+    assert json.loads(shown.split("] ", 1)[1]) == {
+                                 "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
                                  "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "OMP_NUM_THREADS": "2",
                                  "CPUDIST_RUN_DIR": str(tmp_path / "out")}
     # Under Hydra (PMI_RANK) a failed script ends its rank by SIGTERM: Hydra then stops the other ranks at once
