@@ -2,12 +2,14 @@
 
     job_info(id)     `scontrol show job -o` (slurmctld's memory): the live state; None once slurmctld forgot the job
     accounted(id)    `sacct` (slurmdbd's record): the ended job's state, kept after slurmctld forgets it
-                     (MinJobAge); None where the site runs no accounting ("accounting storage is disabled")
+                     (MinJobAge); Unanswered where sacct errs (no accounting, its database out of reach)
     final_info(...)  how an ended job ended: sacct's record when accounting is there and has the end, else
                      scontrol's, else UNKNOWN
 
-A failed or timed-out call is retried (the one wait helper, cpudist/waits.py) for SLURMCTLD_WAIT_S; only then is
-it one JobFailed line that names slurmctld and says the job itself may still be running.
+A failed or timed-out scontrol call is retried (the one wait helper, cpudist/waits.py) for SLURMCTLD_WAIT_S; only
+then is it one JobFailed line that names slurmctld and says the job itself may still be running. A failed sacct
+call is not retried: the job's end is known without it. Only a record sacct has not got yet is asked for again,
+for ACCOUNTING_LAG_S, when slurmctld no longer knows the job either.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ SLURMCTLD_WAIT_S = 30.0  # a slurmctld that answers no call for this long is los
 CALL_TIMEOUT_S = 10.0  # one call; Slurm's own MessageTimeout is 10 s
 RETRY_S = 2.0
 FORGOTTEN = ("Invalid job id specified",)  # scontrol's words for a job slurmctld no longer knows
-NO_ACCOUNTING = ("accounting storage is disabled", "AccountingStorageType")
+ACCOUNTING_LAG_S = 30.0  # slurmdbd hears of a job's end after slurmctld: how long its record may lag
 SACCT_FIELDS = "JobID,State,ExitCode,NodeList,Elapsed,Timelimit,Reason"
 
 
@@ -75,23 +77,37 @@ def parse_sacct(text: str) -> JobInfo | None:
                    limit)
 
 
-def accounted(job_id: str, patience_s: float = SLURMCTLD_WAIT_S) -> JobInfo | None:
-    """The job as the accounting database recorded it; None where there is no accounting (or no record yet)."""
-    code, out, _ = _Asked(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", SACCT_FIELDS],
-                          NO_ACCOUNTING).answer(job_id, patience_s)
-    return parse_sacct(out) if code == 0 else None
+class Unanswered:
+    """sacct erred ("accounting storage is disabled", a database out of reach, no answer in time)."""
 
 
-def final_info(job_id: str, live: JobInfo | None) -> JobInfo:
-    """How an ended job ended. sacct first when the site has accounting (it keeps ended jobs for good, where
-    slurmctld forgets them after MinJobAge); scontrol's last word otherwise, or while sacct has not got the end yet
-    (slurmdbd hears of it after slurmctld)."""
+UNANSWERED = Unanswered()
+
+
+def accounted(job_id: str) -> JobInfo | Unanswered | None:
+    """The job as the accounting database recorded it; None when it has no record of it (yet); UNANSWERED when
+    sacct erred, which asking again at once would not mend."""
     try:
+        p = subprocess.run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", SACCT_FIELDS], capture_output=True,
+                           text=True, timeout=CALL_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return UNANSWERED
+    return parse_sacct(p.stdout) if p.returncode == 0 else UNANSWERED
+
+
+def final_info(job_id: str, live: JobInfo | None, lag_s: float = ACCOUNTING_LAG_S) -> JobInfo:
+    """How an ended job ended. sacct first when the site has accounting (it keeps ended jobs for good, where
+    slurmctld forgets them after MinJobAge); scontrol's last word when sacct errs or has not got the end yet
+    (slurmdbd hears of it after slurmctld); without that word, sacct's record is waited for, at most `lag_s`."""
+    known = live or JobInfo(job_id, "UNKNOWN", "no longer known to slurmctld, and no accounting record")
+
+    def settled() -> JobInfo | None:
         record = accounted(job_id)
-    except JobFailed:
-        record = None  # the database is out of reach: slurmctld's word is the next best
-    if record is not None and record.state in TERMINAL:
-        return record
-    if live is not None:
-        return live
-    return JobInfo(job_id, "UNKNOWN", "no longer known to slurmctld, and no accounting record")
+        if isinstance(record, JobInfo) and record.state in TERMINAL:
+            return record
+        return known if live is not None or isinstance(record, Unanswered) else None
+
+    try:
+        return wait_until(settled, f"sacct's record of Slurm job {job_id}", lag_s, RETRY_S)
+    except TimedOut:
+        return known

@@ -102,6 +102,24 @@ def test_sacct_behind_slurmctld_does_not_hide_the_end(bin_dir: Path) -> None:
     assert live is not None and final_info("42", live).state == "COMPLETED"
 
 
+def test_a_sacct_error_falls_back_to_scontrol_at_once(bin_dir: Path) -> None:
+    calls = bin_dir / "sacct-calls"
+    program(bin_dir, "sacct", f"echo x >> {calls}\n"
+                              'echo "sacct: error: Problem talking to the database: Connection refused" >&2; exit 1\n')
+    live = parse_sacct("42|COMPLETED|0:0|n0|00:00:09|UNLIMITED|None\n")
+    assert live is not None and final_info("42", live).state == "COMPLETED"
+    assert final_info("42", None).state == "UNKNOWN"
+    assert len(calls.read_text().split()) == 2  # once each: an error is no record on its way
+
+
+def test_a_record_sacct_has_not_got_yet_is_asked_for_again_when_nothing_else_knows(bin_dir: Path) -> None:
+    calls = bin_dir / "sacct-calls"
+    program(bin_dir, "sacct", f"echo x >> {calls}\nif [ \"$2\" = 42 ] && [ $(wc -l < {calls}) -ge 3 ]; then\n"
+                              "  echo '42|COMPLETED|0:0|n0|00:00:09|UNLIMITED|None'\nfi\n")  # slurmdbd told late
+    assert final_info("42", None).state == "COMPLETED"
+    assert len(calls.read_text().split()) == 3
+    assert final_info("43", None, lag_s=0.2).state == "UNKNOWN"  # never recorded: the lag has an end
+
 def test_requeue_script() -> None:
     spec = RunSpec(train=TrainConfig(task="mrpc", output_dir="runs/r1", model="tiny", run_id="20261126-1"), np=2,
                    ppn=1, hosts=(Host("slurm-node-0"), Host("slurm-node-1")), launcher="slurm",
