@@ -20,6 +20,7 @@ from cpudist.cli.defaults import config_option
 from cpudist.cli.options import output_options
 from cpudist.cloud.cluster import ClusterSpec, cost_so_far, price_of
 from cpudist.cloud.connect import connect
+from cpudist.cloud.down import check_outside, this_node
 from cpudist.cloud.down import down as remove_cluster
 from cpudist.cloud.images import BAKE_MINUTES, BakeSpec, bake
 from cpudist.cloud.provider import Place, Provider
@@ -30,7 +31,8 @@ from cpudist.interrupts import signals_interrupt
 from cpudist.run.remote import build_wheel
 from cpudist.ssh.access import SshAccess
 from cpudist.state import check_cluster_name
-from cpudist.validate import check_endpoint_url, check_ssh_cidr
+from cpudist.validate import check_endpoint_url, check_imds, check_ssh_cidr
+from cpudist.waits import TimedOut
 
 
 def say(text: str) -> None:
@@ -53,6 +55,10 @@ def _name(ctx: click.Context, param: click.Parameter, value: str) -> str:
 
 def _endpoint(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     return None if value is None else check_endpoint_url(value)
+
+
+def _imds(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    return check_imds(value)
 
 
 def _max_price(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -135,7 +141,7 @@ def cluster() -> None:
               help="Wait for SSH and set up password-less SSH between nodes.")
 @click.option("--keep-on-failure", is_flag=True, help="Leave what a failed run created, for debugging.")
 @click.option("--boot-timeout", type=click.FloatRange(min=1), default=900, show_default=True,
-              help="Seconds to wait for the nodes to run and answer SSH.")
+              help="Seconds to wait for the nodes (and an image builder) to run and answer SSH.")
 @click.option("--yes", is_flag=True, help="Do not ask before spending money.")
 @click.option("--dry-run", is_flag=True, help="Show the price and what would be made; make nothing.")
 def up(name: str, nodes: int, region: str | None, endpoint_url: str | None, profile: str | None,
@@ -160,9 +166,9 @@ def up(name: str, nodes: int, region: str | None, endpoint_url: str | None, prof
         if not sys.stdin.isatty():
             raise BadInput("not asking for confirmation without a terminal", "Pass --yes to go ahead")
         click.confirm("Launch these instances?", abort=True, err=True)
-    if spec.image is None:
-        spec = dataclasses.replace(spec, image=default_image(cloud, spec, yes))
-    try:
+    try:  # an image build too: Ctrl-C in it ends in the line below, not click's bare "Aborted!"
+        if spec.image is None:
+            spec = dataclasses.replace(spec, image=default_image(cloud, spec, yes))
         record = bring_up(cloud, spec, price, SshAccess(), say)
     except KeyboardInterrupt:
         if spec.keep_on_failure:
@@ -194,9 +200,14 @@ def default_image(cloud: Provider, spec: ClusterSpec, yes: bool) -> str:
             raise BadInput("not asking for confirmation without a terminal", "Pass --yes, or --image AMI")
         click.confirm("Build the image?", abort=True, err=True)
     base = cloud.base_image()
-    return bake(cloud, BakeSpec(f"cpudist-{__version__.replace('.', '-')}", base, ssh_cidr=spec.ssh_cidr,
-                                user=spec.user, connect=spec.connect, subnet=spec.subnet),
-                build_wheel(state.wheels_dir()), SshAccess(), say)
+    wanted = BakeSpec(f"cpudist-{__version__.replace('.', '-')}", base, ssh_cidr=spec.ssh_cidr,
+                      user=spec.user, connect=spec.connect, subnet=spec.subnet,
+                      boot_timeout_s=spec.boot_timeout_s)
+    try:
+        return bake(cloud, wanted, build_wheel(state.wheels_dir()), SshAccess(), say)
+    except TimedOut as e:
+        raise TimedOut(f"building the node image: {e.what}", "Nothing of the build is left: re-run "
+                       "(a slow boot: with a longer --boot-timeout), or pass --image AMI") from None
 
 
 @cluster.command()
@@ -205,9 +216,12 @@ def default_image(cloud: Provider, spec: ClusterSpec, yes: bool) -> str:
 @click.option("--keep-image", is_flag=True, help="Keep the AMIs cpudist made for this cluster.")
 @click.option("--yes", is_flag=True, help="Do not ask before removing.")
 @click.option("--dry-run", is_flag=True, help="List what would be removed; remove nothing.")
+@click.option("--imds-endpoint", "imds", default="auto", show_default=True, callback=_imds,
+              help="Instance metadata service asked which instance this machine is (down "
+              "refuses to run on a node of the cluster): auto (AWS's, on EC2 only), off, or a URL.")
 def down(name: str, region: str | None, endpoint_url: str | None, profile: str | None, keep_image: bool, yes: bool,
-         dry_run: bool) -> None:
-    """Remove every resource tagged with the cluster, and its local record and keys."""
+         dry_run: bool, imds: str) -> None:
+    """Remove every resource tagged with the cluster, its local record and keys (from outside)."""
     cloud = connect(cluster_place(name, region, endpoint_url, profile))
     inv = cloud.inventory(name)
     found = dataclasses.asdict(inv)
@@ -222,12 +236,14 @@ def down(name: str, region: str | None, endpoint_url: str | None, profile: str |
     if not listed and not local.exists():
         raise BadInput(f"there is no cluster {name} in {cloud.place.region} nor a local record of it",
                        "Check --name and --region (`cpudist cluster list`)")
+    here = this_node(cloud, imds, say)
+    check_outside(name, inv.instances, here)
     if not yes:
         if not sys.stdin.isatty():
             raise BadInput("not asking for confirmation without a terminal", "Pass --yes to go ahead")
         click.confirm("Remove all of this?", abort=True, err=True)
     with signals_interrupt():
-        removed = remove_cluster(cloud, name, keep_image, say)
+        removed = remove_cluster(cloud, name, keep_image, say, here)
     click.echo(json.dumps(dataclasses.asdict(removed)))
 
 

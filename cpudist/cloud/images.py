@@ -39,6 +39,7 @@ class BakeSpec:
     user: str = "ubuntu"
     connect: str = "public"
     timeout_s: float = 3600
+    boot_timeout_s: float | None = None  # for the builder to run and answer SSH (None: timeout_s)
 
 
 def recipe_dir() -> Path:
@@ -88,10 +89,11 @@ def bake(cloud: Provider, spec: BakeSpec, wheel: Path, ssh: NodeAccess, say: Say
                                     run_id)
             say(f"builder {builder.instance_id} is booting from {spec.base_image}; uploading {wheel.name} when it "
                 "answers SSH")
-            builder = cloud.wait([builder.instance_id], "running", spec.timeout_s)[0]
+            boot_s = spec.boot_timeout_s or spec.timeout_s
+            builder = cloud.wait([builder.instance_id], "running", boot_s)[0]
             reach = address(builder.private_ip, builder.public_ip, spec.connect, f"builder {builder.instance_id}",
                             "Use a subnet that assigns public addresses, or --connect private")
-            ssh.wait_banner(reach, 22, spec.timeout_s)
+            ssh.wait_banner(reach, 22, boot_s)
             _upload(reach, spec, key.private_key, wheel, folder / "known_hosts", ssh)
             say("wheel uploaded; the builder powers off when its bootstrap ends")
             cloud.wait([builder.instance_id], "stopped", spec.timeout_s)

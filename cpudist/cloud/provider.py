@@ -2,7 +2,8 @@
 
     instances  launch (spot, with on-demand fallback when allowed), number, wait, describe, terminate, start,
                nodes (a cluster's, by tag), of_run (a run's, by tag), tagged (every cluster's), foreign
-               (in a group, not the cluster's), builder and console (an image bake), image
+               (in a group, not the cluster's), this_instance (the one this process runs on),
+               builder and console (an image bake), image, cluster_image (a clone of node 0)
     network    subnet, key_pair, security_group, placement_group: each get-or-create, each refusing a
                resource of the same name that lacks cpudist's tag for the owner
     cleanup    inventory (what carries an owner's tag, or one run's) and remove (only what carries it)
@@ -160,6 +161,11 @@ class Provider(Protocol):
     def tagged(self) -> list[Node]:
         """Every live instance that carries a cluster's tag."""
 
+    def this_instance(self, imds: str) -> str | None:
+        """The instance this process runs on, as the metadata service `imds` says (auto: the
+        cloud's own, asked only where this machine is one of its instances; off: none; else a
+        URL); None where there is none to ask. One asked that does not answer: CpudistError."""
+
     def foreign(self, cluster: str, group_id: str) -> list[str]:
         """Live instances in the cluster's security group that are not the cluster's."""
 
@@ -196,6 +202,9 @@ class Provider(Protocol):
 
     def on_demand(self, instance_type: str) -> Price:
         """The on-demand hourly price."""
+
+    def cluster_image(self, cluster: str) -> str | None:
+        """The newest available image cloned from the cluster's node 0 (--clone-from-first)."""
 
     def newest_image(self, version: str) -> str | None:
         """The newest image `cpudist ami build` made for cpudist `version`, if any."""

@@ -87,8 +87,13 @@ def _configure_first(node_addr: str, spec: ClusterSpec, key: Path, run: _Run, sa
 
 
 def _launch(spec: ClusterSpec, run: _Run, launch: LaunchSpec, missing: list[int], key: Path, say: Say) -> list[Node]:
-    """Launch the missing nodes: in one call, or node 0 first to image it (--clone-from-first)."""
-    if not spec.clone_from_first or 0 not in missing:
+    """Launch the missing nodes: in one call, or node 0 first to image it (--clone-from-first).
+    A clone cluster that has its image (a re-run, a recovery) boots every missing node from it."""
+    own = run.cloud.cluster_image(spec.name) if spec.clone_from_first else None
+    if own is not None:
+        say(f"node image: {own}, cloned from node 0 of cluster {spec.name}")
+        launch = dataclasses.replace(launch, image_id=own)
+    if own is not None or not spec.clone_from_first or 0 not in missing:
         nodes = run.launch(launch, missing)
         say(f"launched node(s) {', '.join(str(n.index) for n in nodes)}: "
             + ", ".join(f"{n.instance_id} ({n.lifecycle})" for n in nodes))
@@ -99,7 +104,9 @@ def _launch(spec: ClusterSpec, run: _Run, launch: LaunchSpec, missing: list[int]
     if spec.ssh or spec.setup_script:  # --no-ssh without a setup script images node 0 as it booted
         run.ssh.wait_banner(_reach(first, spec), spec.ssh_port, spec.boot_timeout_s)
         _configure_first(_reach(first, spec), spec, key, run, say)
-    image = run.cloud.image(first.instance_id, spec.name, f"cpudist-{spec.name}-node0", launch.run_id)
+    # AMI names are unique in a region: the run's id keeps a new image from taking an old one's.
+    name = f"cpudist-{spec.name}-node0-{launch.run_id}"
+    image = run.cloud.image(first.instance_id, spec.name, name, launch.run_id)
     say(f"imaged node 0 as {image}")
     rest = run.launch(dataclasses.replace(launch, image_id=image), [i for i in missing if i])
     return [first, *rest]

@@ -3,7 +3,8 @@
     python -m tests.harness.ec2 --port 5055        # then: AWS_ENDPOINT_URL=http://127.0.0.1:5055
 
 The layer in front of moto adds: placement groups (moto answers HTTP 500), DependencyViolation
-when a security group still has live instances (moto deletes it), fault injection (the next N
+when a security group still has live instances (moto deletes it), InvalidAMIName.Duplicate for a
+name an image of the account holds (moto makes a second), fault injection (the next N
 calls of an action fail with a given AWS error code), and, optionally, what cloud-init would do
 on a real instance: install the key pair's public key on the host that owns the instance's
 private address, and stop instances whose user data ends by shutting down (a finished AMI bake).
@@ -341,6 +342,9 @@ class Emulator:
         if action == "DeleteSecurityGroup" and self._group_in_use(p.get("GroupId", ""), region):
             return "400 Bad Request", _error("DependencyViolation",
                                              f"resource {p.get('GroupId')} has a dependent object")
+        if action == "CreateImage" and (taken := self._image_named(p.get("Name", ""), region)):
+            return "400 Bad Request", _error("InvalidAMIName.Duplicate",
+                                             f"AMI name {p.get('Name')} is already in use by AMI {taken}")
         if action == "ImportKeyPair":
             self.public_keys[p["KeyName"]] = base64.b64decode(p["PublicKeyMaterial"]).decode().strip()
         return None
@@ -350,6 +354,11 @@ class Emulator:
         tags = "".join(f"<item><key>{k}</key><value>{v}</value></item>" for k, v in g.tags)
         return (f"<groupName>{g.name}</groupName><strategy>{g.strategy}</strategy><state>available</state>"
                 f"<groupId>{g.group_id}</groupId><tagSet>{tags}</tagSet>")
+
+    def _image_named(self, name: str, region: str) -> str | None:
+        """The account's image of that name (AMI names are unique per region in AWS; moto allows two)."""
+        return next((i.id for i in self.backend(region).amis.values() if name and i.name == name
+                     and i.owner_id == DEFAULT_ACCOUNT_ID), None)
 
     def _group_in_use(self, group_id: str, region: str) -> bool:
         for reservation in self.backend(region).all_reservations():

@@ -1,4 +1,5 @@
-"""EC2's instance metadata service (IMDSv2) as far as spot notices go, over real HTTP, per client address.
+"""EC2's instance metadata service (IMDSv2) as far as spot notices and instance ids go, over
+real HTTP, per client address.
 
     python -m tests.harness.imds --port 8169      # then: curl -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 60' ...
 
@@ -21,6 +22,7 @@ from types import TracebackType
 
 TOKEN_PATH = "/latest/api/token"
 ACTION_PATH = "/latest/meta-data/spot/instance-action"
+ID_PATH = "/latest/meta-data/instance-id"
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -43,6 +45,8 @@ class _Handler(BaseHTTPRequestHandler):
         imds.record(client, "GET", self.path)
         if not imds.valid(self.headers.get("X-aws-ec2-metadata-token", "")):
             self._reply(401, b"Unauthorized")
+        elif self.path == ID_PATH and (instance := imds.instance_of(client)) is not None:
+            self._reply(200, instance.encode())
         elif self.path != ACTION_PATH or (body := imds.body_for(client)) is None:
             self._reply(404, b"Not Found")
         else:
@@ -75,6 +79,7 @@ class ImdsServer:
         self.requests: list[tuple[str, str, str]] = []  # (client address, method, path)
         self._tokens: dict[str, float] = {}  # token -> expiry (monotonic)
         self._bodies: dict[str | None, str] = {}  # client address (None: every client) -> instance-action body
+        self._instances: dict[str | None, str] = {}  # client address (None: all) -> instance id
         self._lock = threading.Lock()
         self._http = _Http((host, port), self)
         self._thread = threading.Thread(target=self._http.serve_forever, args=(0.05,), name="imds", daemon=True)
@@ -110,6 +115,15 @@ class ImdsServer:
         when = time or (datetime.now(UTC) + timedelta(minutes=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
         with self._lock:
             self._bodies[for_client] = raw if raw is not None else json.dumps({"action": action, "time": when})
+
+    def identify(self, instance_id: str, for_client: str | None = None) -> None:
+        """Answer instance-id with `instance_id` to one client address (None: all)."""
+        with self._lock:
+            self._instances[for_client] = instance_id
+
+    def instance_of(self, client: str) -> str | None:
+        with self._lock:
+            return self._instances.get(client, self._instances.get(None))
 
     def clear(self) -> None:
         """Withdraw every notice (IMDS answers 404 again)."""

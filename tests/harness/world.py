@@ -43,9 +43,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tests.harness.ec2 import Emulator
 from tests.harness.firewall import host_rulesets, live_instances, ruleset
@@ -56,6 +57,7 @@ OPERATOR_ADDR = "198.18.0.200"
 OPERATOR_HOME = Path("/srv/cpd-operator")
 VPC_CIDR, SUBNET_CIDR = "198.18.0.0/24", "198.18.0.0/25"
 CLONE_NEWNET = 0x40000000
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -335,27 +337,39 @@ class World:
                 with (self.hosts.node_dir(i) / "dot-ssh" / "authorized_keys").open("a") as f:
                     f.write(public_key + "\n")
 
-    def forward(self, port: int) -> None:
-        """The operator's 127.0.0.1:port reaches this process's 127.0.0.1:port (the AWS API)."""
-        made: list[socket.socket] = []
-        t = threading.Thread(target=self._listen_in_operator, args=(port, made))
+    def forward(self, port: int, host: int | None = None) -> None:
+        """The operator's (or host `host`'s) 127.0.0.1:port reaches this process's 127.0.0.1:port
+        (the AWS API)."""
+        listener = self.made_in(host, lambda: socket.create_server(("127.0.0.1", port)))
+        self._listeners.append(listener)
+        threading.Thread(target=_accept_loop, args=(listener, port), daemon=True).start()
+
+    def made_in(self, host: int | None, make: Callable[[], T]) -> T:
+        """`make()` called in the operator's (or host `host`'s) network namespace: the sockets it
+        opens stay there (a server on a node's loopback, served by this process's threads)."""
+        path = (f"/proc/{self.operator_pid()}/ns/net" if host is None
+                else f"/var/run/netns/{self.hosts.name(host)}")
+        made: list[T] = []
+        failed: list[BaseException] = []
+
+        def inside() -> None:
+            # setns moves only this short-lived thread; a socket keeps the namespace it was born in
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
+                    raise OSError(f"setns into {path} failed")
+                made.append(make())
+            except BaseException as e:  # handed to the caller's thread
+                failed.append(e)
+            finally:
+                os.close(fd)
+
+        t = threading.Thread(target=inside)
         t.start()
         t.join()
-        if not made:
-            raise RuntimeError(f"could not listen on the operator's 127.0.0.1:{port}")
-        self._listeners.append(made[0])
-        threading.Thread(target=_accept_loop, args=(made[0], port), daemon=True).start()
-
-    def _listen_in_operator(self, port: int, made: list[socket.socket]) -> None:
-        # setns moves only this (short-lived) thread; the socket keeps the namespace it was made in.
-        fd = os.open(f"/proc/{self.operator_pid()}/ns/net", os.O_RDONLY)
-        try:
-            if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
-                return
-            s = socket.create_server(("127.0.0.1", port))
-            made.append(s)
-        finally:
-            os.close(fd)
+        if failed:
+            raise RuntimeError(f"could not make it in {path}") from failed[0]
+        return made[0]
 
     # --- the operator ----------------------------------------------------------------------
 

@@ -29,6 +29,8 @@ DEFAULT_REGION = "us-east-1"
 # EC2 is eventually consistent: an instance RunInstances just made can be unknown to the next call that
 # names it (CreateTags, TerminateInstances) for a few seconds. Retried only where the id came from AWS.
 NOT_YET_VISIBLE = frozenset({"InvalidInstanceID.NotFound"})
+# The same for a security group CreateSecurityGroup just made: RunInstances may not know it yet.
+GROUP_NOT_YET_VISIBLE = frozenset({"InvalidGroup.NotFound"})
 CHECK_AWS = "Check the AWS console or `cpudist cluster status`, then retry"  # what to do when a wait times out
 WAITER_DELAY_S = 2.0  # boto3's waiters poll every 15 s by default: a cluster's boot would wait up to 15 s too long
 

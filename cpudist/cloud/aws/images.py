@@ -54,6 +54,12 @@ def delete_images(ec2: Any, owner_tag: str, run_id: str | None = None) -> list[s
     return removed
 
 
+def newest_clone(ec2: Any, cluster: str) -> str | None:
+    """The newest available image tagged with the cluster (--clone-from-first's of node 0)."""
+    found = [i for i in owned_images(ec2, cluster) if i.get("State") == "available"]
+    return str(max(found, key=lambda i: i.get("CreationDate", ""))["ImageId"]) if found else None
+
+
 def newest_base_image(ec2: Any, version: str) -> str | None:
     """The newest available image `cpudist ami build` made for this cpudist version, if any."""
     found = call(ec2.describe_images, Owners=["self"],

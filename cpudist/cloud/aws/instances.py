@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 from cpudist.cloud.aws.client import CHECK_AWS, NOT_YET_VISIBLE, call, create, wait_for
+from cpudist.cloud.aws.client import GROUP_NOT_YET_VISIBLE as GROUP_UNSEEN
 from cpudist.cloud.aws.errors import AwsError
 from cpudist.cloud.aws.tags import CLUSTER_TAG, NODE_TAG, ROLE_TAG, cluster_filter, run_filter, tag_spec, tag_value
 from cpudist.cloud.provider import LaunchSpec, Node
@@ -68,7 +69,8 @@ def _run(ec2: Any, spec: LaunchSpec, count: int, role: str, spot: bool, token: s
         kwargs["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": options}
     if spec.user_data:
         kwargs["UserData"] = spec.user_data  # boto3 base64-encodes it
-    return [to_node(i) for i in create(ec2.run_instances, **kwargs)["Instances"]]
+    reply = create(ec2.run_instances, also_retry=GROUP_UNSEEN, **kwargs)  # the group just made
+    return [to_node(i) for i in reply["Instances"]]
 
 
 def launch_nodes(ec2: Any, spec: LaunchSpec, indices: list[int], role: str = "node") -> list[Node]:
@@ -139,7 +141,8 @@ def terminate(ec2: Any, ids: list[str], timeout_s: float = 600) -> None:
 def launch_builder(ec2: Any, owner: str, image_id: str, instance_type: str, subnet_id: str, user_data: str,
                    key_name: str, group_id: str, run_id: str) -> Node:
     """A throw-away instance that runs `user_data` (an image bake), tagged with `owner` and the run."""
-    reply = create(ec2.run_instances, ImageId=image_id, InstanceType=instance_type, MinCount=1, MaxCount=1,
+    reply = create(ec2.run_instances, also_retry=GROUP_UNSEEN,
+                 ImageId=image_id, InstanceType=instance_type, MinCount=1, MaxCount=1,
                  SubnetId=subnet_id, UserData=user_data, MetadataOptions=IMDS_V2,  # boto3 base64-encodes UserData
                  KeyName=key_name, SecurityGroupIds=[group_id], ClientToken=f"{run_id}-builder",
                  TagSpecifications=[*tag_spec("instance", owner, f"{owner}-builder", role="builder", run=run_id),

@@ -1,4 +1,5 @@
-"""AWS spot interruption notices, read from the instance metadata service (IMDSv2) with the stdlib.
+"""AWS spot interruption notices, and which instance this is, read from the instance metadata
+service (IMDSv2) with the stdlib.
 
     endpoint = imds_endpoint("auto")                 # AWS's own on EC2, else None
     watcher = NoticeWatcher(endpoint).start() if endpoint else None
@@ -44,8 +45,10 @@ class Notice:
 
 
 def on_ec2(dmi: Path = DMI) -> bool:
-    """Whether this machine is an EC2 instance (by its DMI data); False where that cannot be read."""
-    return _read(dmi / "board_asset_tag").startswith("i-") or "Amazon EC2" in _read(dmi / "sys_vendor")
+    """Whether this machine is an EC2 instance (by its DMI data: Nitro's vendor and asset tag,
+    the Xen generation's BIOS version); False where that cannot be read."""
+    return (_read(dmi / "board_asset_tag").startswith("i-")
+            or "Amazon EC2" in _read(dmi / "sys_vendor") or "amazon" in _read(dmi / "bios_version"))
 
 
 def imds_endpoint(setting: str) -> str | None:
@@ -90,8 +93,8 @@ def _parse(body: bytes) -> Notice:
     return Notice(value["action"], when if isinstance(when, str) else None)
 
 
-def fetch_notice(endpoint: str, timeout_s: float = 2.0) -> Notice | None:
-    """The spot interruption notice posted for this instance, or None; ImdsUnreachable if IMDS fails."""
+def _get(endpoint: str, path: str, timeout_s: float) -> tuple[int, bytes]:
+    """A session token, then GET `path` with it: the status and body (ImdsUnreachable: no token)."""
     base = endpoint.rstrip("/")
     put = urllib.request.Request(f"{base}/latest/api/token", method="PUT",
                                  headers={"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL_S)})
@@ -99,15 +102,30 @@ def fetch_notice(endpoint: str, timeout_s: float = 2.0) -> Notice | None:
     if status != 200:
         raise ImdsUnreachable(f"the metadata service refused a session token (HTTP {status})",
                               "Check that IMDSv2 is enabled on the instance (metadata options: http-endpoint)")
-    get = urllib.request.Request(f"{base}/latest/meta-data/spot/instance-action",
-                                 headers={"X-aws-ec2-metadata-token": token.decode(errors="replace")})
-    status, body = _request(get, timeout_s)
+    token_header = {"X-aws-ec2-metadata-token": token.decode(errors="replace")}
+    return _request(urllib.request.Request(f"{base}{path}", headers=token_header), timeout_s)
+
+
+def fetch_notice(endpoint: str, timeout_s: float = 2.0) -> Notice | None:
+    """The spot interruption notice posted for this instance, or None; ImdsUnreachable if IMDS
+    fails."""
+    status, body = _get(endpoint, "/latest/meta-data/spot/instance-action", timeout_s)
     if status == 404:
         return None
     if status != 200:
         raise ImdsUnreachable(f"the metadata service answered HTTP {status} for spot/instance-action",
                               "Check the IMDS endpoint and the instance's metadata options")
     return _parse(body)
+
+
+def fetch_instance_id(endpoint: str, timeout_s: float = 2.0) -> str:
+    """The id of the instance this process runs on; ImdsUnreachable if IMDS fails or gives none."""
+    status, body = _get(endpoint, "/latest/meta-data/instance-id", timeout_s)
+    text = body.decode(errors="replace").strip()
+    if status != 200 or not text.startswith("i-"):
+        raise ImdsUnreachable(f"the metadata service answered HTTP {status} without an instance id",
+                              "Check the IMDS endpoint and the instance's metadata options")
+    return text
 
 
 class NoticeWatcher:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cpudist.cloud.aws import images as amis
-from cpudist.cloud.aws import instances, network, pricing
+from cpudist.cloud.aws import instances, network, notice, pricing
 from cpudist.cloud.aws.client import DEFAULT_REGION, call, ec2_client, resolve, ssm_client
 from cpudist.cloud.aws.tags import CLUSTER_TAG
 from cpudist.cloud.provider import Inventory, KeyInfo, KeyRequest, LaunchSpec, Node, Place, Price, Subnet
@@ -55,6 +55,10 @@ class Ec2:
     def tagged(self) -> list[Node]:
         return instances.describe(self.ec2, [{"Name": "tag-key", "Values": [CLUSTER_TAG]},
                                             {"Name": "instance-state-name", "Values": instances.LIVE_STATES}])
+
+    def this_instance(self, imds: str) -> str | None:
+        endpoint = notice.imds_endpoint(imds)
+        return notice.fetch_instance_id(endpoint) if endpoint else None
 
     def foreign(self, cluster: str, group_id: str) -> list[str]:
         return instances.foreign_in_group(self.ec2, cluster, group_id)
@@ -107,6 +111,9 @@ class Ec2:
 
     def on_demand(self, instance_type: str) -> Price:
         return pricing.on_demand_price(instance_type, self.place.region or DEFAULT_REGION)
+
+    def cluster_image(self, cluster: str) -> str | None:
+        return amis.newest_clone(self.ec2, cluster)
 
     def newest_image(self, version: str) -> str | None:
         return amis.newest_base_image(self.ec2, version)
