@@ -24,6 +24,7 @@ from pathlib import Path
 from cpudist.errors import BadInput
 
 CLUSTER_NAME = re.compile(r"^[a-z0-9-]{1,40}$")
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # new_run_id's, older ones; never a path
 
 # On a node, relative to its login's home ("~/" in a shell there):
 NODE_DIR = Path(".cpudist")
@@ -102,6 +103,22 @@ def check_cluster_name(name: str) -> str:
         raise BadInput(f"cluster name {name!r} is not allowed",
                        "Use 1 to 40 lower-case letters, digits and '-', e.g. --name team-a")
     return name
+
+
+def is_run_id(text: str) -> bool:
+    """Whether `text` may be a run id. It names folders (a remote run's on its head, its part
+    of a --checkpoint-s3 location): letters, digits, '.', '_', '-', at most 64, the first a
+    letter or digit."""
+    return bool(RUN_ID.match(text))
+
+
+def check_run_id(text: str, source: str) -> str:
+    """`text`, a run id read from `source` (a file, a listing), or BadInput when it is none."""
+    if not is_run_id(text):
+        raise BadInput(f"{source} names run id {text!r}, which is not a run id cpudist makes",
+                       "Resume from a checkpoint or run folder that cpudist wrote, or start a "
+                       "fresh run without --resume")
+    return text
 
 
 def cluster_dir(name: str) -> Path:

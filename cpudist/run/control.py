@@ -40,7 +40,13 @@ def find_run(text: str, folders: Sequence[Path], ledger: Sequence[RunResult]) ->
     if len({r.id for r in found}) > 1:
         raise BadInput(f"{text!r} names {len(found)} runs ({', '.join(r.id for r in found[:5])})",
                        "Give more of the id")
-    return found[0]
+    row = found[0]
+    now = read_run(Path(row.run_dir)) if row.run_dir else None
+    if now is not None and now.id != row.id:  # a later run took the folder (--overwrite-output-dir)
+        raise BadInput(f"run {row.id}'s folder {row.run_dir} holds run {now.id} now: a later run "
+                       "was written over it", f"The ledger keeps {row.id}'s result (`cpudist "
+                       f"report --run {row.id}`); `cpudist logs {now.id}` shows the run there now")
+    return row
 
 
 @dataclass(frozen=True)

@@ -71,11 +71,13 @@ class RunInfo:
 
 
 def read_run(out: Path) -> RunInfo | None:
-    """The run.json of run folder `out`, or None when there is none (or it cannot be read)."""
+    """The run.json of run folder `out`, or None when there is none (or it cannot be read, or
+    its id is not one)."""
     try:
-        return RunInfo.from_dict(json.loads((out / RUN_FILE).read_text()))
+        info = RunInfo.from_dict(json.loads((out / RUN_FILE).read_text()))
     except (OSError, ValueError, TypeError):
         return None
+    return info if state.is_run_id(info.id) else None
 
 
 def write_run(out: Path, info: RunInfo) -> None:
@@ -133,8 +135,8 @@ def _continued(cfg: TrainConfig) -> str | None:
         # A checkpoint of another folder starts a run of its own (a branch); one of this folder goes on with it.
         candidates = [p for p in candidates if p.parent.resolve() == folder.resolve()]
     for path in candidates:
-        if ckpt.owner(path):
-            return ckpt.owner(path)
+        if found := ckpt.owner(path):
+            return state.check_run_id(found, str(path / ckpt.META))  # it names folders
     info = read_run(out)
     if info is not None and cfg.resume == "auto":
         return info.id
@@ -149,6 +151,8 @@ def _from_copy(cfg: TrainConfig) -> str | None:
     store = open_store(cfg.checkpoint_s3 or "")
     mine = dataclasses.asdict(cfg)
     for run_id, names in sorted(runs_in(store).items(), reverse=True):  # ids sort by start time
+        if not state.is_run_id(run_id):
+            continue  # not a run's folder
         with tempfile.TemporaryDirectory() as tmp:
             store.get(f"{run_id}/{names[-1]}/{ckpt.META}", Path(tmp) / ckpt.META)
             try:

@@ -55,6 +55,7 @@ class RunRequest:
     launch: LaunchOptions
     hostfile: str | None = None
     command: str = ""  # the `cpudist run` command line as typed (the model card shows it)
+    overwrite: bool = False  # --overwrite-output-dir: in an earlier run's place (run/claim.py)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

@@ -30,6 +30,7 @@ from cpudist.launch.kinds import plan
 from cpudist.launch.spec import SBATCH_FILE, Launch, RunSpec, redacted
 from cpudist.results.schema import RunResult
 from cpudist.run import identity, local, runlog
+from cpudist.run.claim import COLLECTED, claim
 from cpudist.run.outcome import record
 from cpudist.run.prepare import check_env, check_ledger, make_output_dir, resolve
 from cpudist.run.request import Callbacks, RunRequest, default_output_dir
@@ -40,7 +41,6 @@ from cpudist.run.where import Where
 from cpudist.train.dist import RankInfo
 
 RANK_MODULE = "cpudist.run.script_rank"
-COLLECTED = "collected"  # the run folder's sub-folder that --collect copies outputs into
 
 
 @dataclass(frozen=True)
@@ -128,6 +128,7 @@ def launch_script(request: RunRequest, script: Script, where: Where, ledger: Pat
     out = Path(request.train.output_dir)
     make_output_dir(out)
     request = dataclasses.replace(request, train=identity.assign(request.train))
+    claim(request.train, request.overwrite, cb.note)  # empty, its own, or told to replace a run
     cb = runlog.tee(cb, out, request.train.run_id)
     extra = {"cluster": where.cluster, "usd_per_hour": where.usd_per_hour, "command": request.command}
     if where.head is not None:

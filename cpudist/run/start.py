@@ -20,6 +20,7 @@ from cpudist.launch.kinds import plan
 from cpudist.launch.spec import SBATCH_FILE, check_layout, redacted
 from cpudist.results.schema import RunResult
 from cpudist.run import identity, local, recovery, runlog
+from cpudist.run.claim import claim
 from cpudist.run.outcome import read_stop, record
 from cpudist.run.prepare import check_ledger, make_output_dir, prepare
 from cpudist.run.remote import copied_to, local_inputs
@@ -34,6 +35,7 @@ def start(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> Run
     check_ledger(ledger)  # before training: a result that cannot reach the ledger would be lost
     make_output_dir(Path(request.train.output_dir))
     request = dataclasses.replace(request, train=identity.assign(request.train))
+    claim(request.train, request.overwrite, cb.note)  # empty, its own, or told to replace a run
     cb = runlog.tee(cb, Path(request.train.output_dir), request.train.run_id)  # for `cpudist logs` elsewhere
     extra: dict[str, Any] = {"cluster": where.cluster, "usd_per_hour": where.usd_per_hour, "command": request.command}
     note = lr_note(request.train, request.launch.np)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,11 @@ def test_a_reused_output_dir_refuses_a_fresh_run_and_resume_auto_goes_on_with_it
     second = cpudist("run", *args, "--lr", "5e-3")
     assert second.returncode == 2, second.stderr
     line = second.stderr.strip().splitlines()[-1]
-    assert f"holds checkpoints of another run ({first['id']}" in line and "--resume auto" in line, second.stderr
+    assert f"holds run {first['id']} ({first['state']})" in line, second.stderr
+    assert "--resume auto" in line and "--overwrite-output-dir" in line
+    told = cpudist("run", *args, "--lr", "5e-3", "--overwrite-output-dir")  # checkpoints: kept
+    assert told.returncode == 2, told.stderr
+    assert f"holds checkpoints of another run ({first['id']}" in told.stderr
     assert owners(out / "checkpoints") == kept and run_json(out) == first
 
     resumed = cpudist("run", *args, "--resume", "auto")
@@ -144,3 +149,97 @@ def test_run_json_says_failed_with_the_reason(shared_data: Path, tmp_path: Path)
     assert state["state"] == "failed" and "ran past --timeout 3s" in state["message"] and state["ended_at"]
     assert not (out / "result.json").exists()
     assert os.path.basename(state["run_dir"]) == "run"
+
+
+def files(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def test_a_used_folder_is_refused_and_a_later_run_replaces_it_only_when_told(
+        shared_data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "reuse"
+    args = [*small(shared_data), "--np", "1", "--max-steps", "4", "--output-dir", str(out)]
+    first = cpudist("run", *args)
+    assert first.returncode == 0, first.stderr
+    a, kept = run_json(out), files(out)
+    again = cpudist("run", *args, "--lr", "5e-3")
+    assert again.returncode == 2, again.stderr
+    [line] = again.stderr.strip().splitlines()
+    assert line == (f"Error: --output-dir {out} is not empty: it holds run {a['id']} (finished). "
+                    "Give this run another --output-dir, or pass --overwrite-output-dir to write "
+                    "it there")
+    assert files(out) == kept
+
+    (out / "notes.txt").write_text("the user's")
+    told = cpudist("run", *args, "--lr", "5e-3", "--overwrite_output_dir")  # HF's spelling
+    assert told.returncode == 0, told.stderr
+    b = run_json(out)
+    assert b["id"] != a["id"] and b["parts"] == 1 and b["started_at"] >= a["ended_at"]
+    assert json.loads((out / "result.json").read_text())["run_id"] == b["id"]
+    assert (out / "notes.txt").read_text() == "the user's"
+    assert f"{a['id']}" not in (out / "cpudist.log").read_text()
+    old = cpudist("logs", a["id"])  # its ledger line points here: it says what became of the folder
+    assert old.returncode == 2 and f"folder {out} holds run {b['id']} now" in old.stderr, old.stderr
+    assert f"`cpudist logs {b['id']}` shows the run there now" in old.stderr
+    new = cpudist("logs", b["id"])
+    assert new.returncode == 0 and "model saved" in new.stdout, new.stderr
+
+
+@pytest.fixture(scope="module")
+def used(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished run's folder (no checkpoints: nothing else stops a run there) to copy."""
+    out = tmp_path_factory.mktemp("used") / "run"
+    done = cpudist("run", *small(shared_data), "--np", "1", "--max-steps", "2", "--output-dir", out)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+ROUTES = {"here": ["run"], "hostfile": ["run", "--hostfile", "{hostfile}", "--ppn", "1"],
+          "laptop": ["run", "--hostfile", "{hostfile}", "--head", "198.18.0.254", "--ppn", "1"],
+          "slurm": ["run", "--launcher", "slurm"],
+          "slurm-detach": ["run", "--launcher", "slurm", "--detach"], "launch": ["launch"]}
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_every_route_refuses_a_used_folder_before_it_starts(used: Path, shared_data: Path,
+                                                            tmp_path: Path, route: str) -> None:
+    out = tmp_path / "run"
+    shutil.copytree(used, out)
+    kept = files(out)
+    (tmp_path / "hosts").write_text("localhost\n")
+    words = [w.replace("{hostfile}", str(tmp_path / "hosts")) for w in ROUTES[route]]
+    rest = ["--", sys.executable, "-c", "pass"] if route == "launch" else small(shared_data)
+    r = cpudist(*words, "--output-dir", out, *rest, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    held = run_json(out)["id"]
+    assert f"--output-dir {out} is not empty: it holds run {held} (finished)" in r.stderr
+    assert files(out) == kept
+
+
+def test_overwrite_beside_the_users_hostfile_is_refused_and_writes_nothing(shared_data: Path,
+                                                                         tmp_path: Path) -> None:
+    """--output-dir . in the folder of the user's ./hostfile: the run writes its own hostfile."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("# my cluster: this machine for now\nlocalhost\n")
+    r = cpudist("run", *small(shared_data), "--np", "1", "--ppn", "1", "--max-steps", "2",
+                "--hostfile", hostfile, "--output-dir", tmp_path, "--overwrite-output-dir")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"--output-dir {tmp_path} holds hostfile, which this run would write over" in r.stderr
+    assert hostfile.read_text() == "# my cluster: this machine for now\nlocalhost\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hostfile"]
+
+
+def test_a_resume_refuses_a_run_id_that_is_a_path_in_the_checkpoints_meta(shared_data: Path,
+                                                                          tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = cpudist("run", *small(shared_data), "--np", "1", "--max-steps", "4",
+                   "--checkpoint-every", "2", "--output-dir", out)
+    assert done.returncode == 0, done.stderr
+    for meta in out.glob("checkpoints/step-*/meta.json"):
+        meta.write_text(json.dumps({**json.loads(meta.read_text()), "run_id": "x/../../../escape"}))
+    r = cpudist("run", *small(shared_data), "--np", "1", "--max-steps", "6", "--resume", "auto",
+                "--output-dir", out)
+    assert r.returncode == 2, r.stdout + r.stderr
+    [line] = r.stderr.strip().splitlines()
+    assert "step-000004/meta.json names run id 'x/../../../escape', which is not a run id" in line
+    assert not (tmp_path / "escape").exists() and not list(out.glob("checkpoints/step-000006"))

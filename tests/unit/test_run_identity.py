@@ -1,20 +1,26 @@
 """A run's identity (run/identity.py) and the checkpoint code that honours it: rotation, choice, set-aside and
-the fresh-run refusal consider only the run's own checkpoints (issue 22, part 4)."""
+the fresh-run refusal consider only the run's own checkpoints (issue 22, part 4); a run folder holds
+one run (run/claim.py); a run id read from a file is never a path."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
+import shutil
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 import torch
 
+from cpudist import state
 from cpudist.config import TrainConfig
 from cpudist.errors import BadInput
 from cpudist.run import identity
+from cpudist.run.claim import claim
 from cpudist.train import checkpoint, resume
 from cpudist.train import checkpoint_meta as ckpt
 from cpudist.train.checkpoint_meta import CheckpointMeta, Done, Position
@@ -123,3 +129,81 @@ def test_run_json_follows_the_states_and_keeps_the_first_start(tmp_path: Path) -
     assert done["state"] == "finished" and done["metrics"] == {"accuracy": 0.5} and done["id"] == cfg.run_id
     assert done["task"] == "mrpc" and done["model"] == "tiny" and done["where"] == "here"
     assert not list(tmp_path.glob(".run.json.*"))  # written whole: no temporary file left behind
+
+
+def finished_run(out: Path, run_id: str) -> None:
+    """A run's folder as a finished run leaves it: run.json, result, log, model, a checkpoint."""
+    identity.begin(cfg_of(out, run_id=run_id), "here")
+    for name in ("result.json", "cpudist.log", "steps.jsonl"):
+        (out / name).write_text(f"{run_id}\n")
+    (out / "model").mkdir()
+    (out / "model" / "config.json").write_text("{}")
+    write(out / "checkpoints", 4, run_id)
+    identity.mark(out, "finished", metrics={"accuracy": 0.5})
+
+
+def test_a_used_folder_is_refused_unless_told_then_only_the_earlier_runs_files_go(
+        tmp_path: Path) -> None:
+    claim(cfg_of(tmp_path / "new", run_id="B"), False, print)  # a new (or empty) folder: fine
+    out = tmp_path / "run"
+    finished_run(out, "20261126-090000-aaaaaa")
+    (out / "notes.txt").write_text("the user's")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(BadInput) as refused:
+        claim(cfg_of(out, run_id="B"), False, print)
+    assert refused.value.exit_code == 2 and "\n" not in refused.value.message
+    assert "holds run 20261126-090000-aaaaaa (finished)" in refused.value.message
+    assert "pass --overwrite-output-dir" in refused.value.message
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    claim(cfg_of(out, run_id="20261126-090000-aaaaaa", resume="auto"), False, print)  # its own
+
+    with pytest.raises(BadInput, match="holds checkpoints of another run"):  # work: never removed
+        claim(cfg_of(out, run_id="B"), True, print)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+    shutil.rmtree(out / "checkpoints" / "step-000004")  # the user lets them go
+    said: list[str] = []
+    claim(cfg_of(out, run_id="B"), True, said.append)
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "notes.txt"]
+    assert (out / "notes.txt").read_text() == "the user's"
+    assert said == [f"--overwrite-output-dir: run 20261126-090000-aaaaaa's files in {out} make "
+                    "way for run B (its ledger line stays)"]
+
+
+def test_overwrite_never_writes_over_a_file_no_run_made(tmp_path: Path) -> None:
+    (tmp_path / "hostfile").write_text("node1 slots=2\n")  # --output-dir . beside the user's
+    with pytest.raises(BadInput) as refused:
+        claim(cfg_of(tmp_path, run_id="B"), True, print)
+    said = refused.value.message
+    assert "holds hostfile, which this run would write over and no earlier run made there" in said
+    out = tmp_path / "run"
+    finished_run(out, "A")
+    (out / "hostfile").write_text("node1 slots=2\n")  # put there after the run ended
+    later = time.time() + 60
+    os.utime(out / "hostfile", (later, later))
+    with pytest.raises(BadInput, match="holds hostfile, which"):
+        claim(cfg_of(out, run_id="B"), True, print)
+    assert (out / "hostfile").read_text() == "node1 slots=2\n" and (out / "result.json").is_file()
+
+
+def test_overwrite_refuses_a_run_that_is_still_going(tmp_path: Path) -> None:
+    identity.begin(cfg_of(tmp_path, run_id="A"), "here")  # this (live) process launches it
+    with pytest.raises(BadInput, match="holds run A, which is still running"):
+        claim(cfg_of(tmp_path, run_id="B"), True, print)
+
+
+def test_a_run_id_that_is_a_path_is_refused_where_it_is_read(tmp_path: Path) -> None:
+    crafted = "x/../../../escape"
+    path = write(tmp_path / "checkpoints", 6, "20261126-090000-aaaaaa")
+    meta = json.loads((path / "meta.json").read_text())
+    (path / "meta.json").write_text(json.dumps({**meta, "run_id": crafted}))
+    with pytest.raises(BadInput) as refused:
+        identity.assign(cfg_of(tmp_path, resume="auto"))
+    said = refused.value.message
+    assert f"{path / 'meta.json'} names run id {crafted!r}, which is not a run id" in said
+    identity.begin(cfg_of(tmp_path / "r", run_id="20261126-090000-aaaaaa"), "here")
+    info = json.loads((tmp_path / "r" / "run.json").read_text())
+    (tmp_path / "r" / "run.json").write_text(json.dumps({**info, "id": crafted}))
+    assert identity.read_run(tmp_path / "r") is None  # a crafted run.json names no run
+    tried = ("20261126-090000-aaaaaa", "A", "given", "..", "a/b", "", "-x", "x" * 65, "a\nb")
+    assert [t for t in tried if state.is_run_id(t)] == ["20261126-090000-aaaaaa", "A", "given"]
