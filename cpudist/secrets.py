@@ -7,7 +7,8 @@ into a 0600 file `~/.cpudist/secrets/<run>.json` on every node of the run (over 
 (`CPUDIST_SECRETS`) is in the ranks' environment. The rank entry (cpudist/rank.py) reads it into its own
 environment before anything else, so `ps`, command.txt, job.sbatch and torchrun's per-host commands show the
 path, never a value. The files go when the launch ends. With Slurm the file is written on the submitting
-machine only: the nodes read it through the shared home that Slurm clusters mount.
+machine only: the nodes read it through the shared home that Slurm clusters mount; a batch script (job.sbatch,
+which outlives the run) exports the --env values from it too, naming them only, and removes it when the job ends.
 """
 
 from __future__ import annotations

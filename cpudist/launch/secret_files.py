@@ -14,7 +14,7 @@ from pathlib import Path
 from cpudist import secrets
 from cpudist.errors import JobFailed
 from cpudist.launch.env import HIDDEN
-from cpudist.launch.spec import RunSpec
+from cpudist.launch.spec import RunSpec, file_pairs
 from cpudist.launch.tools import is_this_machine
 
 CONNECT_S = 10
@@ -38,15 +38,16 @@ def _ssh(spec: RunSpec, host: str, command: str, stdin: str = "") -> subprocess.
 def placed(spec: RunSpec) -> Iterator[None]:
     """The secrets file of `spec` on this machine and every other node while the block runs; nothing without
     secrets."""
-    if not spec.secrets:
+    pairs = file_pairs(spec)
+    if not pairs:
         yield
         return
     where = secrets.file_for(spec.secrets_name)
     done: list[str] = []
     try:
-        secrets.write_here(where, spec.secrets)
+        secrets.write_here(where, pairs)
         for host in _others(spec):
-            p = _ssh(spec, host, secrets.write_command(where), secrets.render(spec.secrets))
+            p = _ssh(spec, host, secrets.write_command(where), secrets.render(pairs))
             if p.returncode != 0:
                 raise JobFailed(f"writing the run's secrets file on {host} failed: {p.stderr.strip()[-200:]}",
                                 "Check that this node reaches it (`cpudist hosts doctor`) and its home is writable")
@@ -64,10 +65,11 @@ def left_for_job(spec: RunSpec) -> str | None:
     """A detached Slurm job's secrets file on this machine (the nodes read it through the shared home), left for
     the job: its batch script removes it at the job's end (launch/slurm.py), and so does the job's landing (see
     removed). Its path; None without secrets."""
-    if not spec.secrets:
+    pairs = file_pairs(spec)
+    if not pairs:
         return None
     where = secrets.file_for(spec.secrets_name)
-    secrets.write_here(where, spec.secrets)
+    secrets.write_here(where, pairs)
     return where
 
 

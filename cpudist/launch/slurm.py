@@ -114,6 +114,7 @@ class BatchJob:
     env: tuple[tuple[str, str], ...]
     options: SlurmOptions = SlurmOptions()
     label: bool = True  # srun --label (off where the ranks' program tags its own lines)
+    from_file: tuple[str, ...] = ()  # variables exported from the run's secrets file (launch/spec.py: batch_env)
 
 
 def _directives(job: BatchJob) -> list[str]:
@@ -139,9 +140,11 @@ def sbatch_script(job: BatchJob) -> str:
         "# (the ranks write result.json into the run folder: keep it on a filesystem the nodes share).",
         *_directives(job),
         "set -eu",
+        *_secrets_lines(job),
         "",
         "# The environment of every rank, as the mpirun path sets it (cpudist/launch/env.py: node_env).",
         *exports,
+        *_from_file_lines(job),
         "# Rendezvous: rank 0 runs on the first node of the allocation; the port differs between jobs.",
         'nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
         'export MASTER_ADDR="${nodes[0]}"',
@@ -150,12 +153,24 @@ def sbatch_script(job: BatchJob) -> str:
         "# --exclusive Slurm grants one CPU per rank, and each rank then runs one thread.",
         "cpus=${SLURM_JOB_CPUS_PER_NODE%%[(,]*}  # this node's CPUs in the job: the first of e.g. 2(x3),1",
         f"export SRUN_CPUS_PER_TASK=$(( cpus / {job.ppn} ))",
-        *_secrets_lines(job),
         *(_requeue_lines(job) if job.options.requeue else
           [("" if _secrets_file(job) else "exec ")
            + shlex.join(srun_argv(job.np, job.ppn, list(job.command), None, job.label))]),
         "",
     ])
+
+
+# Prints `export NAME=value` for the named variables of the secrets file: the values never enter this script's text.
+_EXPORTS = ("import json, os, shlex, sys; values = json.load(open(os.path.expanduser(sys.argv[1]))); "
+            'print("\\n".join("export %s=%s" % (k, shlex.quote(values[k])) for k in sys.argv[2:]))')
+
+
+def _from_file_lines(job: BatchJob) -> list[str]:
+    if not job.from_file:
+        return []
+    python = shlex.join([job.command[0], "-c", _EXPORTS])
+    return ["# --env values: from the run's secrets file (0600, removed at the job's end), never written here.",
+            f'exports=$({python} "$CPUDIST_SECRETS" {shlex.join(job.from_file)})', 'eval "$exports"']
 
 
 def _secrets_file(job: BatchJob) -> str | None:

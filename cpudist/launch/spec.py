@@ -108,7 +108,20 @@ def rank_env(spec: RunSpec) -> dict[str, str]:
 def _env_spec(spec: RunSpec, overrides: tuple[tuple[str, str], ...]) -> EnvSpec:
     return EnvSpec(spec.physical_cores, spec.ppn, spec.train.backend, spec.master_addr, spec.master_port,
                    spec.hub_offline, overrides, spec.launcher, spec.iface, spec.allocator, spec.iomp,
-                   spec.started_at, file_for(spec.secrets_name) if spec.secrets else None)
+                   spec.started_at, file_for(spec.secrets_name) if file_pairs(spec) else None)
+
+
+def batch_env(spec: RunSpec) -> tuple[tuple[str, str], ...]:
+    """--env values that a Slurm batch script takes from the run's secrets file, not from its own text (job.sbatch
+    outlives the run, and Slurm keeps a copy); the thread counts and PYTHONPATH stay in it, shown."""
+    if spec.launcher != "slurm" or spec.allocation is not None:
+        return ()
+    return tuple((k, v) for k, v in spec.env_overrides if k not in SHOWN)
+
+
+def file_pairs(spec: RunSpec) -> tuple[tuple[str, str], ...]:
+    """What the run's secrets file on each node holds: the --secret/--env-file values, and batch_env's."""
+    return spec.secrets + batch_env(spec)
 
 
 def inherited(spec: RunSpec) -> frozenset[str]:

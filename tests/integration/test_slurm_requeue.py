@@ -173,17 +173,18 @@ def test_stop_checkpoints_then_cancels(slurm: SlurmCluster, shared_data: Path, t
 
 def test_a_detached_jobs_ranks_read_its_secrets_which_go_with_the_job(slurm: SlurmCluster, shared_data: Path,
                                                                        tmp_path: Path) -> None:
-    """`--launcher slurm --detach --secret NAME --env-file F` on 2 nodes: the ranks read the values from the secrets
-    file in the (shared) home (the file's thread count sizes both; a missing file fails a rank), the batch script's
-    end removes it, and no file in the run folder or ~/.cpudist holds a value once the job has landed."""
-    token, home, out = "cpd-slurm-tok-5a0c9e", tmp_path / "home", tmp_path / "run"
+    """`--launcher slurm --detach --secret NAME --env-file F --env K=V` on 2 nodes: the ranks read the values from the
+    secrets file in the (shared) home (the file's thread count sizes both; a missing file fails a rank), the batch
+    script exports the --env value from it (job.sbatch names it only), its end removes the file, and no file in the
+    run folder or ~/.cpudist holds a value once the job has landed."""
+    token, hf, home, out = "cpd-slurm-tok-5a0c9e", "hf-slurm-env-93b2d1", tmp_path / "home", tmp_path / "run"
     home.mkdir()
     (tmp_path / "ranks.env").write_text("CPUDIST_THREADS=3\n")
     env = {"HOME": str(home), "CPD_TOKEN": token}
     r = slurm.run(0, [*CPUDIST, "run", "mrpc", "--data-dir", str(shared_data / "glue" / "MRPC"), "--model", "tiny",
                       "--output-dir", str(out), "--launcher", "slurm", "--nodes", "2", "--ppn", "1", "--no-eval",
                       "--max-steps", "2", "--max-train-samples", "64", "--save-model", "none", "--detach",
-                      "--secret", "CPD_TOKEN", "--env-file", str(tmp_path / "ranks.env")],
+                      "--secret", "CPD_TOKEN", "--env-file", str(tmp_path / "ranks.env"), "--env", f"HF_TOKEN={hf}"],
                   cwd=str(tmp_path), timeout=400, env=env)
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
     assert json.loads((out / "run.json").read_text())["state"] == "running"
@@ -194,7 +195,7 @@ def test_a_detached_jobs_ranks_read_its_secrets_which_go_with_the_job(slurm: Slu
     assert follow.returncode == 0, follow.stdout + follow.stderr[-4000:]
     result = json.loads((out / "result.json").read_text())
     assert result["rank_threads"] == [3, 3] and result["world_size"] == 2, result
-    assert "CPUDIST_SECRETS" in (out / "job.sbatch").read_text()
-    grep = subprocess.run(["grep", "-rlF", token, str(out), str(home / ".cpudist"),
+    assert "CPUDIST_SECRETS" in (out / "job.sbatch").read_text() and "HF_TOKEN" in (out / "job.sbatch").read_text()
+    grep = subprocess.run(["grep", "-rlF", "-e", token, "-e", hf, str(out), str(home / ".cpudist"),
                            os.environ.get("CPUDIST_HOME", str(home / ".cpudist"))], capture_output=True, text=True)
     assert grep.stdout == "", grep.stdout

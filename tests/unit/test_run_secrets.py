@@ -157,30 +157,39 @@ def test_rank_output_hides_secret_values() -> None:
 FAKE_SLURM = {  # what the batch script calls, as programs on its PATH: srun as the ranks' end (or a notice first)
     "scontrol": 'if [ "$1 $2" = "show hostnames" ]; then echo n1; fi\n',
     "scancel": "true\n",
-    "srun": 'if [ -n "$NOTICE" ]; then touch "$NOTICE"; kill -USR1 "$PPID"; sleep 0.3; fi\nexit 0\n',
+    "srun": 'echo "ranks get ${WANDB_API_KEY:-nothing}"\n'
+            'if [ -n "$NOTICE" ]; then touch "$NOTICE"; kill -USR1 "$PPID"; sleep 0.3; fi\nexit 0\n',
 }
 
 
 @pytest.mark.parametrize("requeue", [False, True])
-def test_the_batch_scripts_end_removes_the_secrets_file_but_for_a_requeue(tmp_path: Path, requeue: bool) -> None:
-    """A detached Slurm job outlives `cpudist run`: its batch script removes the secrets file when it ends, and keeps
-    it when it requeued the job (the next start's ranks read it again). Run by bash, with Slurm's commands faked."""
-    out = tmp_path / "out"
+def test_a_batch_script_holds_no_value_and_its_end_removes_the_secrets_file(tmp_path: Path, requeue: bool,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A detached Slurm job outlives `cpudist run`: its batch script (a file Slurm copies too) names the --env
+    values, which it exports from the secrets file for the ranks; it removes that file when it ends, and keeps it
+    when it requeued the job (the next start reads it again). Run by bash, with Slurm's commands faked."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    out, key = tmp_path / "out", "wandb-7d1e0c4b"
     options = SlurmOptions("cpu", "10", None, False, (), requeue=requeue)
-    script = plan(spec("slurm", slurm=options, hostfile=None,
-                       train=TrainConfig(task="synthetic", output_dir=str(out), run_id="r1"))).script
-    assert script is not None and SECRET not in script
+    s = spec("slurm", slurm=options, hostfile=None, train=TrainConfig(task="synthetic", output_dir=str(out),
+                                                                      run_id="r1"),
+             env_overrides=(("WANDB_API_KEY", key), ("OMP_NUM_THREADS", "2")))
+    script = plan(s).script
+    assert script is not None and SECRET not in script and key not in script
+    assert "export OMP_NUM_THREADS=2" in script.splitlines()  # a thread count stays shown
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, body in FAKE_SLURM.items():
         (bin_dir / name).write_text("#!/bin/sh\n" + body)
         (bin_dir / name).chmod(0o755)
-    where = secrets.write_here(str(tmp_path / ".cpudist" / "secrets" / "r1.json"), (("HF_TOKEN", SECRET),))
+    where = Path(str(secret_files.left_for_job(s))).expanduser()
+    assert json.loads(where.read_text()) == {"HF_TOKEN": SECRET, "WANDB_API_KEY": key}
     out.mkdir()
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "SLURM_JOB_ID": "7",
            "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_CPUS_PER_NODE": "2", "NOTICE": str(out / "preempted.json") if requeue
            else ""}
     ran = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=30)
     assert ran.returncode == 0, ran.stderr
+    assert f"ranks get {key}" in ran.stdout, ran.stdout + ran.stderr
     assert ("requeueing Slurm job 7" in ran.stdout) == requeue, ran.stdout
     assert where.exists() == requeue, ran.stdout + ran.stderr
