@@ -163,13 +163,17 @@ def save(model: torch.nn.Module, folder: Path, state: dict[str, Any] | None, cfg
     if state is not None:  # --save-model best: that evaluation's weights, adapters and head
         model.load_state_dict(state)
     if not merged(cfg):
-        from cpudist.train.models import OFFLINE_ALIASES
+        from cpudist.train.models import resolve_model
 
+        peft_config: Any = model.peft_config["default"]  # type: ignore[index]
+        here = Path(resolve_model(cfg.model)).expanduser()
         if cfg.model_given:  # staged to the nodes: the base as the user named it, not this node's stage folder
-            model.peft_config["default"].base_model_name_or_path = cfg.model_given  # type: ignore[index, union-attr]
-        elif cfg.model.lower() in OFFLINE_ALIASES or not Path(cfg.model).expanduser().exists():
-            # The Hub id as given, not the folder it resolved to here (an installed offline copy): portable
-            model.peft_config["default"].base_model_name_or_path = cfg.model  # type: ignore[index, union-attr]
+            peft_config.base_model_name_or_path = cfg.model_given
+        elif here.is_dir():
+            # where the run found it (a folder, the installed offline MiniLM): loads offline
+            peft_config.base_model_name_or_path = str(here.resolve())
+        else:
+            peft_config.base_model_name_or_path = cfg.model  # a Hub id: the Hub, or its cache
         model.save_pretrained(folder)  # type: ignore[operator]
         model.config.save_pretrained(folder)  # type: ignore[union-attr, operator]
         return

@@ -104,9 +104,11 @@ def run(cfg: TrainConfig, info: RankInfo, provider: Provider, startup: Startup |
         for name in clear_partial(saver.folder):  # a part stopped mid-write: nothing half is kept
             _say_rank0(0)(f"removed {saver.folder / name}, a checkpoint an earlier part left half-written")
     params = sum(p.numel() for p in job.model.parameters())
+    trained = sum(p.numel() for p in job.model.parameters() if p.requires_grad)
+    share = f" ({trained / 1e6:.2f}M trainable, {trained / params:.2%})" if trained < params else ""
     # One write per line: launchers interleave partial writes of different ranks.
     sys.stdout.write(f"rank {info.rank}/{info.world_size} ready: {len(job.train_data)} train rows, "
-                     f"{params / 1e6:.1f}M params, {'bf16' if job.bf16 else 'fp32'}, "
+                     f"{params / 1e6:.1f}M params{share}, {'bf16' if job.bf16 else 'fp32'}, "
                      f"{torch.get_num_threads()} threads\n")
     sys.stdout.flush()
     # One poller per node.
