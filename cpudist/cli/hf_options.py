@@ -50,14 +50,15 @@ ALIASES: dict[str, str] = {
     "--metric_for_best_model": "metric_for_best_model",
     "--early_stopping_patience": "early_stopping_patience",
     "--early_stopping_threshold": "early_stopping_threshold",
-    "--resume_from_checkpoint": "resume", "--report_to": "report_to",
+    "--resume_from_checkpoint": "resume", "--report_to": "report_to", "--ddp_backend": "backend",
 }
 # HF's flags -> (the parameter they set, its value); a parameter of no cpudist option: a no-op
 FLAGS: dict[str, tuple[str, Any]] = {
     "--do_eval": ("do_eval", True), "--load_best_model_at_end": ("save_model", "best"),
     "--greater_is_better": ("greater_is_better", True), "--bf16": ("precision", "bf16"),
     "--do_train": ("hf_do_train", True), "--use_cpu": ("hf_use_cpu", True),
-    "--no_cuda": ("hf_no_cuda", True),
+    "--no_cuda": ("hf_no_cuda", True), "--torch_compile": ("compile", True),
+    "--gradient_checkpointing": ("gradient_checkpointing", True),
 }
 REFUSED: dict[str, str] = {
     "--fp16": "CPUs train in bf16 or fp32 here: use --bf16 (or --precision bf16)",
