@@ -32,5 +32,5 @@ def run_remote(request: RunRequest, where: Where, ledger: Path, cb: Callbacks, e
             stopped = time.monotonic()
             cb.on_line(f"[cpudist] {e.what}: recovering ({len(lost) + 1}/{MAX_RECOVERIES})")
             head = recover_cluster(where.cluster, request.launch.nodes, head, RECLAIM_WAIT_S, cb.on_line)
-            request = request.with_train(resume="auto")
+            request = request.with_train(resume="auto", resume_required=True)  # never from step 0
             lost.append(time.monotonic() - stopped)

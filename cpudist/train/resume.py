@@ -56,6 +56,15 @@ def set_aside(cfg: TrainConfig, run_dir: Path, step: int, mirror: Mirror | None,
         say(f"{', '.join(moved)} moved to {mirror.url if mirror else ''}/abandoned-{stamp}")
 
 
+def nothing_to_resume(cfg: TrainConfig, where: str) -> BadInput:
+    """A recovery's resume found no checkpoint of its run (the node that held them is gone)."""
+    hint = ("Nor does the --checkpoint-s3 copy hold one: start the run again" if cfg.checkpoint_s3
+            else "Pass --checkpoint-s3 s3://BUCKET/PREFIX (a copy outliving the head) and start "
+            "the run again")
+    return BadInput(f"cannot resume: no checkpoint of run {cfg.run_id or '(no id)'} in {where} "
+                    "(the node that held them is gone); not starting over from step 0", hint)
+
+
 def pick(cfg: TrainConfig, run_dir: Path, say: Callable[[str], None], mirror: Mirror | None = None) -> Path | None:
     """Rank 0's choice of checkpoint for `--resume` (None: start from step 0); `mirror`: the S3 copy, if any."""
     if cfg.resume is None:
@@ -64,8 +73,10 @@ def pick(cfg: TrainConfig, run_dir: Path, say: Callable[[str], None], mirror: Mi
         folder = checkpoint_folder(cfg, run_dir)
         found = ckpt.choose(folder, say, cfg.run_id or None) or _from_s3(cfg, folder, say, mirror)
         if found is None:
-            say(f"--resume auto: no checkpoint in {folder}{' or ' + cfg.checkpoint_s3 if cfg.checkpoint_s3 else ''}"
-                ", starting from step 0")
+            where = f"{folder}{' or ' + cfg.checkpoint_s3 if cfg.checkpoint_s3 else ''}"
+            if cfg.resume_required:
+                raise nothing_to_resume(cfg, where)
+            say(f"--resume auto: no checkpoint in {where}, starting from step 0")
         return found
     given = Path(cfg.resume).expanduser()
     if not given.exists():
@@ -141,6 +152,8 @@ def preflight(cfg: TrainConfig, world: int) -> None:
         found = [p for p in ckpt.complete_checkpoints(checkpoint_folder(cfg, Path(cfg.output_dir)))
                  if not cfg.run_id or ckpt.same_run(ckpt.owner(p), cfg.run_id)]
         path = found[0] if found else None
+        if path is None and cfg.resume_required and not cfg.checkpoint_s3:  # nowhere else to look
+            raise nothing_to_resume(cfg, str(checkpoint_folder(cfg, Path(cfg.output_dir))))
     else:
         path = pick(cfg, Path(cfg.output_dir), lambda line: None)
     if path is not None:

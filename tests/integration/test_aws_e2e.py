@@ -232,6 +232,43 @@ def test_a_reclaimed_spot_node_is_replaced_and_the_run_resumes(world: World, clo
         imds.wait(timeout=30)
 
 
+def test_a_lost_head_without_an_s3_copy_stops_the_resume_in_one_line(
+        world: World, cloud: dict[str, Any], cluster: str, tmp_path: Path) -> None:
+    """The head gets the notice and goes, its disk and the checkpoint with it: the recovery replaces
+    it, and the resume, finding no checkpoint, says so naming --checkpoint-s3 instead of training
+    from step 0."""
+    head, server = world.hosts.private_addr(0), 2  # the metadata service on a node that stays
+    control = tmp_path / "imds-control"
+    control.write_text(f"{head} terminate\n")
+    serve = [sys.executable, "-m", "tests.harness.imds", "--port", "8169",
+             "--control", str(control)]
+    imds = subprocess.Popen(world.hosts.exec_argv(server, serve), stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    try:
+        read_until(imds, "IMDS on", timeout=60)
+        status = laptop(world, cloud, "cluster", "status", "--name", "e2e", "--json")
+        before = json.loads(status.stdout)["nodes"]
+        proc = world.operator_popen(
+            [*CPUDIST, *RUN, "--max-steps", "40", "--log-every", "1", "--no-eval",
+             "--imds-endpoint", f"http://{world.hosts.private_addr(server)}:8169",
+             "--on-preemption", "resume", "--output-dir", "/srv/cpd-operator/runs/headless"],
+            env=cloud["env"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        out = read_until(proc, "recovering (1/3)", timeout=300)
+        cloud["ec2"].terminate_instances(InstanceIds=[before[0]["instance_id"]])  # AWS takes it
+        control.write_text("")
+        out += read_until(proc, None, timeout=420)
+        proc.wait(timeout=60)
+        text = "".join(out)
+        last = text.strip().splitlines()[-1]
+        assert proc.returncode == 2 and "cannot resume: no checkpoint of run" in last, text[-6000:]
+        assert "not starting over from step 0" in last and "--checkpoint-s3" in last, text[-6000:]
+        assert "starting from step 0" not in text and "replacing them" in text, text[-6000:]
+        assert wait_no_leftovers(world) == []
+    finally:
+        imds.terminate()
+        imds.wait(timeout=30)
+
+
 NOTICE_NODE_LOSS_S = 60  # #23 asks for 30 s; twice that for a busy CI machine
 
 
