@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from cpudist import state
+from cpudist.config import TrainConfig
 from cpudist.errors import JobFailed, Preempted
 from cpudist.hostfile import Host
 from cpudist.launch import slurm
@@ -103,13 +104,22 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+def given_data(cfg: TrainConfig) -> dict[str, Any]:
+    """The record's `data` paths as the user gave them: the ranks name the copies they read (a head's stage folder),
+    and the card should name the user's own."""
+    paths = {"dir": cfg.data_dir, "train": cfg.train_file, "validation": cfg.validation_file}
+    given = {k: v for k, v in paths.items() if v}
+    return {"data": given} if given else {}
+
+
 def record(out: Path, ledger_path: Path | None, updates: dict[str, Any]) -> RunResult:
     """The one writer of a finished run's record: the ranks' result.json with what only the launching side knows,
     rewritten whole (atomically) and appended to the ledger (none on a head that runs for a laptop)."""
     result_file = out / "result.json"
     if not result_file.is_file():
         raise JobFailed(f"the job ended without writing {result_file}", "See the rank output above")
-    result = ledger.read_result(result_file).with_updates(**updates)
+    result = ledger.read_result(result_file)
+    result = result.with_updates(**{**updates, "data": {**result.data, **updates.get("data", {})}})
     model = out / MODEL_DIR
     # The card again, now with the command, the launcher and the price (this run's model only: not one an earlier
     # run left in a reused folder, nor a folder the result does not name)

@@ -21,7 +21,7 @@ from cpudist.launch.spec import SBATCH_FILE, check_layout, redacted
 from cpudist.results.schema import RunResult
 from cpudist.run import identity, local, recovery, runlog
 from cpudist.run.claim import claim
-from cpudist.run.outcome import read_stop, record
+from cpudist.run.outcome import given_data, read_stop, record
 from cpudist.run.prepare import check_ledger, make_output_dir, prepare
 from cpudist.run.remote import copied_to, local_inputs
 from cpudist.run.request import Callbacks, RunRequest, lr_note
@@ -37,7 +37,8 @@ def start(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> Run
     request = dataclasses.replace(request, train=identity.assign(request.train))
     claim(request.train, request.overwrite, cb.note)  # empty, its own, or told to replace a run
     cb = runlog.tee(cb, Path(request.train.output_dir), request.train.run_id)  # for `cpudist logs` elsewhere
-    extra: dict[str, Any] = {"cluster": where.cluster, "usd_per_hour": where.usd_per_hour, "command": request.command}
+    extra: dict[str, Any] = {"cluster": where.cluster, "usd_per_hour": where.usd_per_hour, "command": request.command,
+                             **given_data(request.train)}  # before staging moves the paths to the nodes' copies
     note = lr_note(request.train, request.launch.np)
     if where.head is not None:
         check_layout(request.launch.np, request.launch.ppn, where.head.inside, request.launch.oversubscribe)

@@ -19,7 +19,7 @@ from cpudist.train.dist import RankInfo, init_distributed
 from cpudist.train.features import Encoded, synthetic
 from cpudist.train.models import build_model, load_tokenizer
 from cpudist.train.startup import Startup
-from cpudist.train.tasks import display_labels
+from cpudist.train.tasks import GLUE_DIR_NAMES, display_labels
 from cpudist.train.threads import rank_threads
 from cpudist.train.token_cache import cached_encode
 
@@ -115,6 +115,7 @@ def data_source(cfg: TrainConfig) -> dict[str, Any]:
     """Where the task's rows were read from."""
     if cfg.task == "custom":
         return {"source": "files", "train": cfg.train_file, "validation": cfg.validation_file}
+    name = GLUE_DIR_NAMES.get(cfg.task, cfg.task)  # as GLUE spells it, for the card
     if cfg.data_dir is not None:
-        return {"source": "glue-tsv", "dir": cfg.data_dir}
-    return {"source": "hub", "dataset": "nyu-mll/glue", "config": cfg.task}
+        return {"source": "glue-tsv", "dir": cfg.data_dir, "name": name}
+    return {"source": "hub", "dataset": "nyu-mll/glue", "config": cfg.task, "name": name}

@@ -350,6 +350,9 @@ def test_the_model_comes_home_sha256_checked_or_stays_on_the_head(site: World,
     assert AutoConfig.from_pretrained(local).id2label == {0: "not_equivalent", 1: "equivalent"}
     card = (local / "README.md").read_text()
     assert "--head " in card and "--output-dir /srv/cpd-operator/runs/impi" in card
+    # the data as the user gave it, not the head's stage folder the ranks read; GLUE's spelling of the task
+    assert "- Data: GLUE MRPC in GLUE's TSV layout from `/srv/cpd-operator/data/MRPC`" in card
+    assert result["data"]["dir"] == "/srv/cpd-operator/data/MRPC"
 
     stays = mpi_runs["mpich"]  # --fetch-model no
     assert stays.done.returncode == 0, stays.log
