@@ -22,7 +22,7 @@ def bf16_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = tmp_path_factory.mktemp("stsb")
     (run / "result.json").write_text(json.dumps({"task": "stsb", "precision": "bf16", "max_seq_len": 64}))
     torch.manual_seed(5)
-    model = build_model("tiny", 1, True, None).to(torch.bfloat16)
+    model = build_model("tiny", 1, True, None).bfloat16()
     model.save_pretrained(run / "model")
     load_tokenizer("tiny", None).save_pretrained(run / "model")
     return run
