@@ -130,7 +130,8 @@ def _rank_words(command: str) -> list[str]:
 
 
 def read_facts(run_dir: Path) -> RunFacts:
-    """result.json's precision, lengths and metrics, and the rank options in command.txt; missing parts stay None."""
+    """result.json's precision, lengths, metrics and data folder as the user gave it (command.txt names the copy the
+    ranks read: a head's stage folder from a laptop), and the rank options in command.txt; missing parts stay None."""
     result: dict[str, Any] = {}
     if (run_dir / "result.json").is_file():
         try:
@@ -149,7 +150,7 @@ def read_facts(run_dir: Path) -> RunFacts:
                 cfg = None
     return RunFacts(
         task=result.get("task") or (cfg.task if cfg else None),
-        data_dir=cfg.data_dir if cfg else None,
+        data_dir=(result.get("data") or {}).get("dir") or (cfg.data_dir if cfg else None),
         text_columns=cfg.text_columns if cfg else (),
         precision=result.get("precision"),
         max_seq_len=result.get("max_seq_len") or (cfg.max_seq_len if cfg else None),

@@ -57,6 +57,15 @@ def test_a_run_folder_gives_its_model_and_what_the_run_recorded(tmp_path: Path) 
         assert facts.data_dir == "/data/glue/MRPC" and facts.eval_batch_size == 32  # from command.txt
     bare = find_source(model_folder(tmp_path / "bare"))
     assert bare.run_dir is None and bare.facts.precision is None
+
+
+def test_a_laptop_runs_data_folder_is_the_one_the_user_gave_not_the_heads_copy(tmp_path: Path) -> None:
+    """From a laptop command.txt names the head's stage folder; result.json's data names the user's own, and
+    `predict --split dev` must read that one on the laptop."""
+    run = run_folder(tmp_path / "run")
+    result = json.loads((run / "result.json").read_text())
+    (run / "result.json").write_text(json.dumps({**result, "data": {"dir": "../shared/data/glue/MRPC"}}))
+    assert find_source(run).facts.data_dir == "../shared/data/glue/MRPC"
     assert find_source(model_folder(tmp_path / "reg", regression=True)).is_regression
 
 
