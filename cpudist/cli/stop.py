@@ -23,10 +23,10 @@ def stop(run: str, wait_s: float) -> None:
 
     stopped = stop_run(run_arg(run), wait_s)
     info, checkpoint = stopped.info, stopped.checkpoint
-    said = checkpoint.said() if checkpoint is not None else info.message
+    said = info.message or (checkpoint.said() if checkpoint is not None else "")
     click.echo(f"run {info.id} stopped, run.json says {info.state}" + (f": {said}" if said else ""))
-    if checkpoint is not None:
-        click.echo(f"resume: {stopped.resume_command()}")
+    if resume := stopped.resume_command():
+        click.echo(f"resume: {resume}")
     elif info.task == "script":  # `cpudist launch`: the script's own checkpoints, if any, are its business
         click.echo("[cpudist] run the command again to start over", err=True)
     else:

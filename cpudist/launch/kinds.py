@@ -52,6 +52,7 @@ class Streams:
     on_line: Callable[[str], None]  # shown and logged
     to_log: Callable[[str], None]  # logged only (other hosts' noise while they stop)
     say: Callable[[str], None]  # cpudist's own notes (Slurm's job states)
+    on_stop: Callable[[], None] | None = None  # the user's stop (Ctrl-C): called before the ranks get SIGTERM
 
 
 @dataclass(frozen=True)
@@ -72,5 +73,6 @@ def execute(launch: Launch, out: Path, streams: Streams, timeout_s: float | None
         return Ended(runner.Outcome(code, followed.timed_out, followed.last_lines), "launcher", followed.info)
     if launch.per_host:
         return Ended(runner.execute_hosts(launch, os.environ, streams.on_event, streams.on_line, timeout_s,
-                                          streams.to_log, watch), "torchrun")
-    return Ended(runner.execute(launch, os.environ, streams.on_event, streams.on_line, timeout_s, watch), "launcher")
+                                          streams.to_log, watch, streams.on_stop), "torchrun")
+    return Ended(runner.execute(launch, os.environ, streams.on_event, streams.on_line, timeout_s, watch,
+                                streams.on_stop), "launcher")

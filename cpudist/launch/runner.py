@@ -18,8 +18,12 @@ from cpudist import events
 from cpudist.errors import Interrupted
 from cpudist.launch.spec import Launch
 from cpudist.launch.watch import NodeWatch
+from cpudist.wire.checkpointing import Saving
 
 GRACE_S = 10.0  # between SIGTERM and SIGKILL of the launcher's process group
+# ... longer while rank 0 writes a checkpoint (its `saving` event without the `checkpoint` one yet), up to this
+# long after the SIGTERM: a stop lets the checkpoint being written be whole.
+CHECKPOINT_GRACE_S = 300.0
 # After a rank said it lost a peer (gone, or silent for --dist-timeout): the launcher's own time to end the job.
 # Hydra left a job up for as long as a hung rank lived (a stopped rank: 10 minutes, then killed by hand); past
 # this grace the launcher's process group is stopped (SIGTERM, GRACE_S, SIGKILL), whatever it waits for.
@@ -73,18 +77,23 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def _stop(proc: subprocess.Popen[str]) -> None:
+def _stop(proc: subprocess.Popen[str], saving: Saving | None = None) -> None:
     """Terminate the launcher's whole process group (ours: it was started in a new session): SIGTERM, then SIGKILL
-    to whatever of the group still lives after GRACE_S, the launcher or not (a rank that ignores SIGTERM or is
-    stopped outlives a launcher that exits on it)."""
+    to whatever of the group still lives after GRACE_S (CHECKPOINT_GRACE_S while `saving` says a checkpoint is being
+    written), the launcher or not (a rank that ignores SIGTERM or is stopped outlives a launcher that exits on it)."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
     except ProcessLookupError:
         return
-    deadline = time.monotonic() + GRACE_S
+    since = time.monotonic()
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=GRACE_S)
-    while _group_alive(proc.pid) and time.monotonic() < deadline:
+
+    def waited() -> bool:
+        grace = CHECKPOINT_GRACE_S if saving is not None and saving.busy() else GRACE_S
+        return time.monotonic() - since >= grace
+
+    while _group_alive(proc.pid) and not waited():
         time.sleep(0.1)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
@@ -92,9 +101,10 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 
 
 def execute(launch: Launch, base_env: Mapping[str, str], on_event: Callable[[dict[str, Any]], None],
-            on_line: Callable[[str], None], timeout_s: float | None = None, watch: NodeWatch | None = None) -> Outcome:
+            on_line: Callable[[str], None], timeout_s: float | None = None, watch: NodeWatch | None = None,
+            on_stop: Callable[[], None] | None = None) -> Outcome:
     """Run the launch to the end, passing events and other output lines to the callbacks; a node that `watch`
-    finds lost stops it (its `lost` says which)."""
+    finds lost stops it (its `lost` says which). On Ctrl-C, `on_stop` is called before the ranks get SIGTERM."""
     proc = subprocess.Popen(list(launch.argv), env={**base_env, **launch.rank_env},
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
@@ -119,13 +129,20 @@ def execute(launch: Launch, base_env: Mapping[str, str], on_event: Callable[[dic
     failing = threading.Timer(FAILED_GRACE_S, give_up)  # armed by the first lost-peer line
     failing.daemon = True
     tail: list[str] = []
+    saving = Saving()
+
+    def passed_event(line: str) -> bool:
+        event = events.parse(line)
+        if event is not None:
+            saving.see(event)
+            on_event(event)
+        return event is not None
+
     try:
         assert proc.stdout is not None
         for raw in proc.stdout:
             line = raw.rstrip("\n")
-            event = events.parse(line)
-            if event is not None:
-                on_event(event)
+            if passed_event(line):
                 continue
             tail = [*tail, line][-20:]
             on_line(line)
@@ -133,7 +150,9 @@ def execute(launch: Launch, base_env: Mapping[str, str], on_event: Callable[[dic
                 failing.start()
         proc.wait()
     except KeyboardInterrupt:
-        _stop(proc)
+        if on_stop is not None:
+            on_stop()
+        _stop_reading(proc, saving, lambda line: None if passed_event(line) else on_line(line))
         raise Interrupted("interrupted: all ranks were stopped", "Re-run the command to start over") from None
     finally:
         if timer:
@@ -144,6 +163,27 @@ def execute(launch: Launch, base_env: Mapping[str, str], on_event: Callable[[dic
         if proc.poll() is None:  # any other way out of the loop must not orphan the ranks
             _stop(proc)
     return Outcome(proc.returncode, expired.is_set(), tuple(tail), gave_up=gave_up.is_set())
+
+
+def _stop_reading(proc: subprocess.Popen[str], saving: Saving, to_callbacks: Callable[[str], None]) -> None:
+    """Stop the launcher's group while its last lines (the checkpoint being saved, the ranks' stop) still reach the
+    callbacks; a second Ctrl-C kills the group at once."""
+    assert proc.stdout is not None
+    stdout = proc.stdout
+
+    def read_rest() -> None:
+        for raw in stdout:
+            to_callbacks(raw.rstrip("\n"))
+
+    reader = threading.Thread(target=read_rest, daemon=True)
+    reader.start()
+    try:
+        _stop(proc, saving)
+    except KeyboardInterrupt:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    reader.join(timeout=5.0)  # what the pipe still holds; a process outside the group may keep it open
 
 
 HOSTS_GRACE_S = 20.0  # after stdin closes, each host's tether stops its tree (SIGTERM, 5 s, SIGKILL)
@@ -188,7 +228,8 @@ class _Hosts:
 
 def execute_hosts(launch: Launch, base_env: Mapping[str, str], on_event: Callable[[dict[str, Any]], None],
                   on_line: Callable[[str], None], timeout_s: float | None = None,
-                  on_late_line: Callable[[str], None] | None = None, watch: NodeWatch | None = None) -> Outcome:
+                  on_late_line: Callable[[str], None] | None = None, watch: NodeWatch | None = None,
+                  on_stop: Callable[[], None] | None = None) -> Outcome:
     """Run one launcher per host, lines prefixed `[host]`; the first to fail (or Ctrl-C) stops the rest.
 
     What the other hosts print while they stop (torchrun's tracebacks of its SIGTERM) goes to `on_late_line`
@@ -229,6 +270,8 @@ def execute_hosts(launch: Launch, base_env: Mapping[str, str], on_event: Callabl
                     tail = [*tail, f"[{host}] {line}"][-20:]
                     on_line(tail[-1])
             except KeyboardInterrupt:
+                if on_stop is not None and not interrupted:
+                    on_stop()
                 interrupted = True
                 hosts.stop()
     finally:

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from cpudist.secrets import SECRETS_ENV, remove_command
 from cpudist.slurm_counts import expand_counts as expand_counts  # parsed where the ranks read it
+from cpudist.wire import stop_marker
 
 REQUEUED_VAR = "requeued"  # the batch script's own variable: 1 once it asked Slurm to requeue the job
-STOP_MARKER = "preempted.json"  # train/preempt.py's MARKER (launch/ imports nothing of train/; a test checks it)
 # States after which a job runs no more (man squeue, JOB STATE CODES).
 TERMINAL = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
                       "OUT_OF_MEMORY", "PREEMPTED", "REVOKED", "SPECIAL_EXIT", "TIMEOUT"})
@@ -114,7 +114,7 @@ class BatchJob:
     env: tuple[tuple[str, str], ...]
     options: SlurmOptions = SlurmOptions()
     label: bool = True  # srun --label (off where the ranks' program tags its own lines)
-    from_file: tuple[str, ...] = ()  # variables exported from the run's secrets file (launch/spec.py: batch_env)
+    from_file: tuple[str, ...] = ()  # variables exported from the run's secrets file (launch/spec.py: filed_env)
 
 
 def _directives(job: BatchJob) -> list[str]:
@@ -177,15 +177,27 @@ def _secrets_file(job: BatchJob) -> str | None:
     return dict(job.env).get(SECRETS_ENV)
 
 
+# True once Slurm has requeued the job since this start began: its restart count is past this start's. A
+# slurmctld out of reach says nothing: the file goes (a Slurm requeue is slurmctld's own doing).
+_REQUEUED_BY_SLURM = [
+    "requeued_by_slurm() {",
+    '  restarts=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | grep -o " Restarts=[0-9]*")',
+    '  [ "${restarts#*=}" -gt "${SLURM_RESTART_COUNT:-0}" ] 2>/dev/null',
+    "}",
+]
+
+
 def _secrets_lines(job: BatchJob) -> list[str]:
     """The run's secrets file (cpudist/secrets.py, written before sbatch) removed when the job ends, however it ends
     but requeued (its next start reads it again); `cpudist` removes it too when it lands the job."""
     where = _secrets_file(job)
     if where is None:
         return []
-    remove = f'[ "${{{REQUEUED_VAR}:-0}}" = 1 ] || {remove_command(where)}'
+    remove = f'[ "${{{REQUEUED_VAR}:-0}}" = 1 ] || requeued_by_slurm || {remove_command(where)}'
     lines = ["# --secret/--env-file: the ranks read the values from the file CPUDIST_SECRETS names; it goes at the",
-             "# job's end (kept for the next start of a requeued job).", f"trap {shlex.quote(remove)} EXIT"]
+             "# job's end, and stays for the next start of a job requeued by this script or by Slurm",
+             "# (scontrol requeue, a node failure): slurmctld counts the restart before it stops this start.",
+             *_REQUEUED_BY_SLURM, f"trap {shlex.quote(remove)} EXIT"]
     # scancel and the time limit send TERM to this script too: its end, once srun has ended, runs the trap above
     return lines if job.options.requeue else [*lines, "trap 'exit 143' TERM"]
 
@@ -193,7 +205,7 @@ def _secrets_lines(job: BatchJob) -> list[str]:
 def _requeue_lines(job: BatchJob) -> list[str]:
     """srun in the background; Slurm's USR1 ahead of the time limit is passed on as the SIGTERM that makes the ranks
     checkpoint and stop (train/preempt.py), and a stop after a checkpoint requeues the job, whose ranks resume."""
-    marker = shlex.quote(f"{Path(job.output).parent}/{STOP_MARKER}")
+    marker = shlex.quote(f"{Path(job.output).parent}/{stop_marker.NAME}")
     return [
         "# --requeue: Slurm sends this script USR1 before the time limit (--signal=B:...); the ranks get SIGTERM",
         "# (scancel without --full signals the job's steps, not this script), checkpoint and stop; then the job",

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,9 +16,11 @@ from cpudist.errors import BadInput, JobFailed
 from cpudist.results.schema import RunResult
 from cpudist.run.identity import RunInfo, read_run
 from cpudist.run.listing import RunRow, list_runs, row_of_info
-from cpudist.run.outcome import Stop, read_stop
 from cpudist.run.process import Proc, alive, interrupt, this_host
+from cpudist.run.stopped import resume_command
 from cpudist.waits import TimedOut, wait_until
+from cpudist.wire import stop_marker
+from cpudist.wire.stop_marker import Stop
 
 STOP_WAIT_S = 120.0
 
@@ -51,25 +52,16 @@ def find_run(text: str, folders: Sequence[Path], ledger: Sequence[RunResult]) ->
 
 @dataclass(frozen=True)
 class Stopped:
-    """How a stopped run ended: run.json after the stop, and the checkpoint it left (None: none)."""
+    """How a stopped run ended: run.json after the stop, and the preemption marker it left (None: none)."""
 
     info: RunInfo
     checkpoint: Stop | None
 
     def resume_command(self) -> str:
-        """The run's command with --resume auto --output-dir <its folder> (instead of any it had)."""
-        words = shlex.split(self.info.command) if self.info.command else ["cpudist", "run", "<the same options>"]
-        kept: list[str] = []
-        skip = False
-        for word in words:
-            if skip:
-                skip = False
-            elif word in ("--output-dir", "--resume"):
-                skip = True
-            elif not word.startswith(("--output-dir=", "--resume=")):
-                kept.append(word)
-        return shlex.join([*kept, "--resume", "auto", "--output-dir", self.info.run_dir]).replace(
-            "'<the same options>'", "<the same options>")
+        """The command that goes on from the stop's checkpoint ('' when it left none): run.json's, as recorded."""
+        if self.info.resume:
+            return self.info.resume
+        return resume_command(self.info.command, self.info.run_dir) if self.checkpoint is not None else ""
 
 
 def stoppable(row: RunRow) -> RunInfo:
@@ -117,7 +109,7 @@ def stop(row: RunRow, wait_s: float = STOP_WAIT_S, interval_s: float = 1.0) -> S
     if final.state == "running":
         raise JobFailed(f"run {row.id}'s process {info.pid} ended without recording how (run.json says running)",
                         f"`cpudist logs {row.id}` shows its last lines; its checkpoints are in {out}")
-    return Stopped(final, read_stop(out))
+    return Stopped(final, stop_marker.read(out))
 
 
 def _stop_detached(info: RunInfo, wait_s: float) -> Stopped:
@@ -133,4 +125,4 @@ def _stop_detached(info: RunInfo, wait_s: float) -> Stopped:
         now = read_run(out)
         if now is None or now.state == "running":
             raise
-    return Stopped(read_run(out) or info, read_stop(out))
+    return Stopped(read_run(out) or info, stop_marker.read(out))

@@ -55,6 +55,7 @@ class RunInfo:
     run_dir: str = ""
     parts: int = 1  # the parts so far (a resume adds one)
     message: str = ""  # how a run that did not finish ended, in one line
+    resume: str = ""  # after a stop that left a checkpoint: the exact command that goes on from it
     command: str = ""  # the `cpudist run` command line (for the resume command `cpudist stop` prints)
     pid: int = 0  # the launching `cpudist run` process (`cpudist stop` signals it), on host, started at pid_start
     host: str = ""
@@ -101,14 +102,15 @@ def begin(cfg: TrainConfig, where: str, command: str = "") -> RunInfo:
     return info
 
 
-def mark(out: Path, run_state: str, metrics: dict[str, float] | None = None, message: str = "") -> None:
+def mark(out: Path, run_state: str, metrics: dict[str, float] | None = None, message: str = "",
+         resume: str = "") -> None:
     """Record a change of state in run.json (the one writer after `begin`): its end time, metric or message."""
     assert run_state in STATES, run_state
     info = read_run(out)
     if info is None:
         return
     ended = None if run_state == "running" else _now()
-    write_run(out, dataclasses.replace(info, state=run_state, ended_at=ended, message=message,
+    write_run(out, dataclasses.replace(info, state=run_state, ended_at=ended, message=message, resume=resume,
                                        metrics=metrics if metrics is not None else info.metrics))
 
 

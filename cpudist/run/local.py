@@ -15,9 +15,11 @@ from cpudist.launch import kinds
 from cpudist.launch.secret_files import hider, placed
 from cpudist.launch.spec import Launch, RunSpec, redacted
 from cpudist.launch.watch import lost_error, node_watch
-from cpudist.run.outcome import check, fetch_from_rank0, keep_stop, read_stop
+from cpudist.run.outcome import check, fetch_from_rank0, keep_stop
 from cpudist.run.request import Callbacks
-from cpudist.train.preempt import MARKER
+from cpudist.train.checkpoint_meta import clear_partial
+from cpudist.train.resume import checkpoint_folder
+from cpudist.wire import stop_marker
 
 
 def execute(spec: RunSpec, launch: Launch, cb: Callbacks, timeout_s: float | None) -> dict[str, Any]:
@@ -29,7 +31,7 @@ def execute(spec: RunSpec, launch: Launch, cb: Callbacks, timeout_s: float | Non
     out.mkdir(parents=True, exist_ok=True)
     # the launch as it may be shown (--env values hidden), 0600 all the same: it comes home to a laptop
     state.write_private(out / "command.txt", kinds.plan(redacted(spec)).shell() + "\n")
-    (out / MARKER).unlink(missing_ok=True)  # a stop of an earlier part, already resumed
+    stop_marker.clear(out)  # a stop of an earlier part, already resumed
     known: dict[str, Any] = {"launcher": spec.launcher}
     if spec.allocation is not None:
         known["slurm_job_id"] = spec.allocation.job_id
@@ -61,14 +63,19 @@ def execute(spec: RunSpec, launch: Launch, cb: Callbacks, timeout_s: float | Non
             cb.on_event(event)
 
         with placed(spec):  # --secret/--env-file: the 0600 file on every node while the ranks run
-            streams = kinds.Streams(on_event, on_line, to_log, lambda line: cb.on_line(hide(line)))
+            streams = kinds.Streams(on_event, on_line, to_log, lambda line: cb.on_line(hide(line)),
+                                    on_stop=lambda: stop_marker.ask(out))  # rank 0 then leaves no marker
             ended = kinds.execute(launch, out, streams, timeout_s, watch)
     finally:
         with contextlib.suppress(OSError):  # what a full disk kept in the buffer is lost, not the run's end
             log.close()
+        if launch.script is None and not launch.per_host:  # its process group, rank 0's included, is gone
+            folder = checkpoint_folder(spec.train, out)
+            for name in clear_partial(folder):
+                cb.on_line(f"[cpudist] removed {folder / name}: a checkpoint the stopped ranks left half-written")
     if stops:  # rank 0 off this host (torchrun across hosts): its stop marker is there, the outcome decided here
         keep_stop(out, stops[-1])
-    if watch is not None and ended.outcome.returncode != 0 and read_stop(out) is None:
+    if watch is not None and ended.outcome.returncode != 0 and stop_marker.read(out) is None:
         # A lost node is the cause whatever the launcher said (it may have seen its ssh end first); a stop after a
         # checkpoint stays a stop (resumable, --on-preemption resume), whatever happened to a node since.
         lost = watch.lost or watch.check_now()

@@ -6,7 +6,6 @@ import json
 import shlex
 import signal
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,39 +19,15 @@ from cpudist.launch.slurm import JobInfo
 from cpudist.results import ledger
 from cpudist.results.card import CARD, MODEL_DIR, folder_bytes, write_card
 from cpudist.results.schema import RunResult
-from cpudist.train.preempt import MARKER
-
-
-@dataclass(frozen=True)
-class Stop:
-    """The marker rank 0 leaves when the ranks stopped on purpose after a checkpoint (train/preempt.py)."""
-
-    step: int
-    checkpoint: str
-    reason: str
-    host: str
-
-    def said(self, where: str = "") -> str:
-        return (f"the ranks stopped at step {self.step} ({self.reason} on {self.host}) after saving "
-                f"{Path(self.checkpoint).name}{where}")
-
-
-def read_stop(out: Path) -> Stop | None:
-    """The run folder's stop marker, if the ranks left one (the one reader, for every route)."""
-    path = out / MARKER
-    if not path.is_file():
-        return None
-    data = json.loads(path.read_text())
-    return Stop(int(data["step"]), str(data["checkpoint"]), str(data["reason"]), str(data["host"]))
+from cpudist.wire import stop_marker
+from cpudist.wire.stop_marker import Stop
 
 
 def keep_stop(out: Path, event: dict[str, Any]) -> None:
     """The stop marker from rank 0's `preempted` event, where rank 0 wrote none (it ran on another host, as torchrun's
     rendezvous may place it): the stop is read where the outcome is decided, not taken for a failure."""
-    path = out / MARKER
-    if not path.is_file():
-        fields = {k: event.get(k) for k in ("step", "checkpoint", "reason", "host")}
-        state.write_atomic(path, json.dumps(fields) + "\n")
+    if not stop_marker.exists(out):
+        stop_marker.write(out, Stop.from_dict(event))
 
 
 def check(outcome: Outcome, out: Path, timeout_s: float | None, what: str, slurm_info: JobInfo | None = None) -> None:
@@ -60,7 +35,7 @@ def check(outcome: Outcome, out: Path, timeout_s: float | None, what: str, slurm
     if outcome.timed_out:
         raise JobFailed(f"the job ran past --timeout {timeout_s:g}s and was stopped",
                         "Raise --timeout, or lower --max-steps/--epochs")
-    stop = read_stop(out)
+    stop = stop_marker.read(out)
     saved = stop.said() if stop else ""
     resume = f"--resume auto --output-dir {out}"
     host = outcome.failed_host or failed_host(outcome.last_lines)

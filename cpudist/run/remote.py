@@ -29,17 +29,17 @@ from cpudist.results.schema import RunResult
 from cpudist.run import stage
 from cpudist.run.fetch_model import fetch_model
 from cpudist.run.follow import follow
-from cpudist.run.outcome import read_stop, record
+from cpudist.run.outcome import record
 from cpudist.run.request import Callbacks, RunRequest
 from cpudist.run.script_result import TASK as SCRIPT_TASK
 from cpudist.run.where import Head
 from cpudist.ssh.client import Remote
 from cpudist.ssh.known_hosts import KnownHosts
 from cpudist.train.models import PRESETS, resolve_model, tokenizer_source
-from cpudist.train.preempt import MARKER
 from cpudist.train.report_to import RUN_FOLDERS
+from cpudist.wire import stop_marker
 
-FETCHED = ("result.json", "steps.jsonl", "command.txt", "ranks.log", "hostfile", MARKER)
+FETCHED = ("result.json", "steps.jsonl", "command.txt", "ranks.log", "hostfile", stop_marker.NAME)
 PYTHONS = ("/opt/cpudist/bin/python", "python3.11", "python3")
 
 
@@ -229,7 +229,7 @@ def agent_command(python: str, pythonpath: str | None, args: str = "") -> str:
 def fetch_files(head: Remote, run_dir: str, local_dir: Path, report_to: bool) -> None:
     """Bring the run's files (result, steps, rank log, stop marker, --report-to's events) from the head."""
     local_dir.mkdir(parents=True, exist_ok=True)
-    (local_dir / MARKER).unlink(missing_ok=True)  # an earlier part's stop
+    stop_marker.clear(local_dir)  # an earlier part's stop
     for name in FETCHED if not head.lost else ():  # a lost head's error is the one to show
         if not head.fetch(f"{run_dir}/{name}", local_dir / name) and name == "result.json":
             (local_dir / name).unlink(missing_ok=True)  # an earlier run's, in a reused folder: not this one's
@@ -255,7 +255,7 @@ def conclude(head: Remote, landing: Landing, status: dict[str, Any], say: Any) -
     local_dir = landing.local_dir
     fetched = (fetch_model(head, f"{landing.run_dir}/{MODEL_DIR}", local_dir / MODEL_DIR, say)
                if landing.fetch_model and status.get("status") == "ok" else {})
-    stop = read_stop(local_dir)
+    stop = stop_marker.read(local_dir)
     if status.get("exit_code") == Preempted.exit_code and stop is not None:
         raise Preempted(stop.said(" on the head"),
                         f"Resume: the same command with --resume auto --output-dir {local_dir}, or add "

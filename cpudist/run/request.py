@@ -17,7 +17,7 @@ from cpudist.config import TrainConfig, effective_lr, lr_scaling_on
 from cpudist.errors import BadInput
 from cpudist.launch.env import HIDDEN, redact_pairs
 from cpudist.launch.slurm import SlurmOptions
-from cpudist.train.preempt import MARKER
+from cpudist.wire import stop_marker
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def unfinished_run(cfg: TrainConfig) -> Path | None:
     """The newest run folder of this task and model that stopped before its result (for --resume auto)."""
     model = Path(cfg.model).name or cfg.model.replace("/", "-")
     found = [p for p in Path("runs").glob(f"{cfg.task}-{model}-np*-*")
-             if not (p / "result.json").exists() and ((p / MARKER).exists() or any(p.glob("checkpoints/step-*")))]
+             if not (p / "result.json").exists() and (stop_marker.exists(p) or any(p.glob("checkpoints/step-*")))]
     return max(found, key=lambda p: p.stat().st_mtime, default=None)
 
 

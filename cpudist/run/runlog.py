@@ -90,6 +90,11 @@ def tee(cb: Callbacks, out: Path, run_id: str) -> Callbacks:
     return dataclasses.replace(cb, on_event=on_event, on_line=on_line, note=note)
 
 
+def append(out: Path, line: str) -> None:
+    """One more line at the end of the run's log (how the run ended, written once the ranks are gone)."""
+    _Writer(out / LOG_FILE, fresh=False).write(line)
+
+
 def log_of(run_dir: Path) -> Path:
     """The file `cpudist logs` shows: cpudist.log, else (a run from before it) ranks.log."""
     ours = run_dir / LOG_FILE

@@ -33,8 +33,8 @@ from cpudist.run.outcome import check, record
 from cpudist.run.prepare import prepare
 from cpudist.run.request import Callbacks, RunRequest
 from cpudist.run.start import settle
-from cpudist.train.preempt import MARKER
 from cpudist.waits import TimedOut, wait_until
+from cpudist.wire import stop_marker
 
 SECRETS_KEY = "secrets_file"  # run.json's `detached`: the job's secrets file on this machine, until it ended
 READY_WAIT_S = 600.0  # a job may queue a long time; past this the detached start gives up and cancels it
@@ -49,7 +49,7 @@ def start(request: RunRequest, ledger: Path, cb: Callbacks, extra: dict[str, Any
     out = Path(request.train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     state.write_private(out / "command.txt", kinds.plan(redacted(spec)).shell() + "\n")
-    (out / MARKER).unlink(missing_ok=True)
+    stop_marker.clear(out)
     info = identity.begin(request.train, "slurm", request.command)
     job_id, left = "", None
     try:

@@ -21,12 +21,16 @@ from cpudist.launch.spec import SBATCH_FILE, check_layout, redacted
 from cpudist.results.schema import RunResult
 from cpudist.run import identity, local, recovery, runlog
 from cpudist.run.claim import claim
-from cpudist.run.outcome import given_data, read_stop, record
+from cpudist.run.outcome import given_data, record
 from cpudist.run.prepare import check_ledger, make_output_dir, prepare
 from cpudist.run.remote import copied_to, local_inputs
 from cpudist.run.request import Callbacks, RunRequest, lr_note
 from cpudist.run.stage_here import stage_here, staging_plan
+from cpudist.run.stopped import StopSeen, after_stop, hint
 from cpudist.run.where import Head, Where
+from cpudist.train.resume import checkpoint_folder
+from cpudist.wire import stop_marker
+from cpudist.wire.stop_marker import Stop
 
 
 def start(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> RunResult | None:
@@ -37,6 +41,7 @@ def start(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> Run
     request = dataclasses.replace(request, train=identity.assign(request.train))
     claim(request.train, request.overwrite, cb.note)  # empty, its own, or told to replace a run
     cb = runlog.tee(cb, Path(request.train.output_dir), request.train.run_id)  # for `cpudist logs` elsewhere
+    cb = (seen := StopSeen()).wrap(cb)  # the user's stop leaves no marker: its checkpoint is in rank 0's event
     extra: dict[str, Any] = {"cluster": where.cluster, "usd_per_hour": where.usd_per_hour, "command": request.command,
                              **given_data(request.train)}  # before staging moves the paths to the nodes' copies
     note = lr_note(request.train, request.launch.np)
@@ -48,7 +53,7 @@ def start(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> Run
             _detached(request, where, ledger, cb, extra)
             return None
         return tracked(request, where_name(request, where),
-                        lambda: recovery.run_remote(request, where, ledger, cb, extra))
+                       lambda: recovery.run_remote(request, where, ledger, cb, extra), seen)
     if where.detach:  # a Slurm batch job (the only detached run from here: cli/run.py)
         from cpudist.run import slurm_detach
 
@@ -63,7 +68,7 @@ def start(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> Run
         cb.note(note)
     out = Path(request.train.output_dir)
     return tracked(request, where_name(request, where), lambda: record(
-        out, ledger, {**local.execute(spec, launch, cb, request.launch.timeout_s), **extra}))
+        out, ledger, {**local.execute(spec, launch, cb, request.launch.timeout_s), **extra}), seen)
 
 
 def _detached(request: RunRequest, where: Where, ledger: Path, cb: Callbacks, extra: dict[str, Any]) -> None:
@@ -93,34 +98,40 @@ def where_name(request: RunRequest, where: Where) -> str:
     return "slurm" if request.launch.launcher == "slurm" else "here"
 
 
-def tracked(request: RunRequest, where: str, run: Callable[[], RunResult]) -> RunResult:
+def tracked(request: RunRequest, where: str, run: Callable[[], RunResult],
+            seen: Callable[[], Stop | None] = lambda: None) -> RunResult:
     """Run `run` with run.json saying running, then finished, preempted, interrupted or failed."""
     identity.begin(request.train, where, request.command)
-    return settle(Path(request.train.output_dir), run)
+    out = Path(request.train.output_dir)
+    return settle(out, run, seen, checkpoint_folder(request.train, out))
 
 
-def settle(out: Path, run: Callable[[], RunResult]) -> RunResult:
-    """Run `run` (a run's end: all of it, or a detached run's landing), then record in run.json how it ended."""
+def settle(out: Path, run: Callable[[], RunResult], seen: Callable[[], Stop | None] = lambda: None,
+           checkpoints: Path | None = None) -> RunResult:
+    """Run `run` (a run's end: all of it, or a detached run's landing), then record in run.json (and as the last
+    line of cpudist.log) how it ended; after a stop, what it can be resumed from and the exact command."""
     try:
         result = run()
     except Preempted as e:
-        identity.mark(out, "preempted", message=e.message)
+        _ended(out, "preempted", e.message)
         raise
-    except Interrupted as e:
-        identity.mark(out, "interrupted", message=e.what)
-        stop = read_stop(out)  # the ranks stopped after a checkpoint: say how to go on from it
-        if stop is not None:
-            raise Interrupted(f"{e.what}; {stop.said()}",
-                              f"Resume: the same command with --resume auto --output-dir {out}") from None
-        raise
-    except KeyboardInterrupt:
-        identity.mark(out, "interrupted")
-        raise
+    except (Interrupted, KeyboardInterrupt) as e:
+        info = identity.read_run(out)
+        what, resume = after_stop(stop_marker.read(out) or seen(), checkpoints, info.command if info else "", out)
+        said = f"{e.what if isinstance(e, Interrupted) else 'interrupted'}; {what}"
+        _ended(out, "interrupted", said, resume)
+        raise Interrupted(said, hint(resume)) from None
     except BaseException as e:
-        identity.mark(out, "failed", message=getattr(e, "message", None) or str(e) or type(e).__name__)
+        _ended(out, "failed", getattr(e, "message", None) or str(e) or type(e).__name__)
         raise
     identity.mark(out, "finished", metrics=result.metrics)
     return result
+
+
+def _ended(out: Path, run_state: str, message: str, resume: str = "") -> None:
+    """run.json's end, and the same words as cpudist.log's last line (what `cpudist logs` shows)."""
+    identity.mark(out, run_state, message=message, resume=resume)
+    runlog.append(out, f"[cpudist] run {run_state}: {message}" + (f". Resume: {resume}" if resume else ""))
 
 
 def describe(request: RunRequest, where: Where) -> str:

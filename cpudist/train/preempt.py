@@ -13,11 +13,11 @@ from types import FrameType
 from typing import Any, Protocol
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped on purpose, resume to go on
-MARKER = "preempted.json"  # rank 0 writes it in the run folder: step, checkpoint, reason
 
 
 NOTICE = "spot interruption notice"
 PEER = "a peer rank was asked to stop"
+USER = "the user's stop"
 
 
 class Notice(Protocol):

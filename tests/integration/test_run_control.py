@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -38,13 +39,22 @@ def test_logs_follows_a_run_that_stop_ends_with_its_checkpoint(shared_data: Path
                               env=os.environ.copy())
         assert stop.returncode == 0, stop.stdout + stop.stderr
         said, resume = stop.stdout.strip().splitlines()
-        assert said.startswith(f"run {run_id} stopped, run.json says interrupted: the ranks stopped at step "), said
+        assert said.startswith(f"run {run_id} stopped, run.json says interrupted: interrupted: all ranks were "
+                               "stopped; the ranks stopped at step "), said
+        assert "(the user's stop on " in said, said
         step = int(said.split("at step ")[1].split()[0])
         assert (out / "checkpoints" / f"step-{step:06d}").is_dir()
         assert resume.startswith("resume: cpudist run mrpc ") and resume.endswith(
             f"--resume auto --output-dir {out}") and resume.count("--output-dir") == 1, resume
         assert run.wait(timeout=30) == 130
-        assert json.loads((out / "run.json").read_text())["state"] == "interrupted"
+        recorded = json.loads((out / "run.json").read_text())
+        assert recorded["state"] == "interrupted" and recorded["resume"] == resume.removeprefix("resume: ")
+        assert not (out / "preempted.json").exists()  # the user's stop: nothing was preempted
+        assert not list((out / "checkpoints").glob("*.tmp"))
+        log = (out / "cpudist.log").read_text().splitlines()  # what `logs` shows, the stop's own lines included
+        assert f"[cpudist] checkpoint at step {step}: {out / 'checkpoints' / f'step-{step:06d}'}" in log, log[-5:]
+        assert log[-1].startswith("[cpudist] run interrupted: interrupted: all ranks were stopped; the ranks "
+                                  f"stopped at step {step} ") and log[-1].endswith(resume.removeprefix("resume: "))
 
         assert follow.wait(timeout=30) == 0  # -f ended by itself: the run did
         assert f"run {run_id} is interrupted" in (tmp_path / "follow.err").read_text()
@@ -60,6 +70,19 @@ def test_logs_follows_a_run_that_stop_ends_with_its_checkpoint(shared_data: Path
         assert again.returncode == 2 and again.stdout == "", again.stdout
         assert again.stderr == (f"Error: run {run_id} is not running (it is interrupted). Nothing to stop; "
                                 "`cpudist runs` shows every run's state\n")
+
+        # The printed command goes on from the stop's checkpoint; a write a kill cut off is removed, never read.
+        partial = out / "checkpoints" / f"step-{step + 1:06d}.tmp"
+        partial.mkdir()
+        (partial / "state.pt").write_bytes(b"cut off")
+        words = shlex.split(resume.removeprefix("resume: "))
+        resumed = subprocess.run([*CPUDIST, *words[1:]], cwd=tmp_path,
+                                 capture_output=True, text=True, timeout=600)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert f"removed {partial}, a checkpoint an earlier part left half-written" in resumed.stdout + resumed.stderr
+        assert f"resuming from {out / 'checkpoints' / f'step-{step:06d}'} at step {step}" in (
+            resumed.stdout + resumed.stderr)
+        assert not partial.exists() and (out / "result.json").is_file()
     except BaseException:
         print(output_of(run), (tmp_path / "run.err").read_text()[-3000:])
         raise

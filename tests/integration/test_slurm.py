@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from cpudist.cli.main import cli
-from cpudist.train.preempt import MARKER
+from cpudist.wire.stop_marker import NAME as MARKER
 from tests.harness import netns
 from tests.harness import slurm as slurm_harness
 from tests.harness.slurm import SlurmCluster

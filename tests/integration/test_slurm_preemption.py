@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cpudist.launch.slurm import STOP_MARKER, BatchJob, SlurmOptions, sbatch_script
+from cpudist.launch.slurm import BatchJob, SlurmOptions, sbatch_script
+from cpudist.wire.stop_marker import NAME as STOP_MARKER
 from tests.harness import netns
 from tests.harness import slurm as slurm_harness
 from tests.harness.slurm import SlurmCluster

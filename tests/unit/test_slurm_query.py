@@ -14,10 +14,10 @@ from cpudist.errors import JobFailed
 from cpudist.hostfile import Host
 from cpudist.launch import slurm_query
 from cpudist.launch.kinds import plan
-from cpudist.launch.slurm import STOP_MARKER, SlurmOptions
+from cpudist.launch.slurm import SlurmOptions
 from cpudist.launch.slurm_query import final_info, job_info, parse_sacct
 from cpudist.launch.spec import RunSpec
-from cpudist.train.preempt import MARKER
+from cpudist.wire.stop_marker import NAME as MARKER
 
 RUNNING = ("JobId=42 JobName=cpudist-mrpc UserId=root(0) JobState=RUNNING Reason=None Dependency=(null) "
            "RunTime=00:00:07 TimeLimit=UNLIMITED NodeList=n0 ExitCode=0:0")
@@ -137,4 +137,3 @@ def test_requeue_script() -> None:
     assert srun.endswith(" &")
     train = from_argv(srun.removesuffix(" &").split()[srun.split().index("cpudist.rank") + 1:])
     assert train.resume == "auto" and train.run_id == "20261126-1"  # a requeued start goes on with this run only
-    assert STOP_MARKER == MARKER

@@ -17,7 +17,8 @@ from cpudist.launch.spec import Launch
 from cpudist.run import local
 from cpudist.run.prepare import prepare
 from cpudist.run.request import Callbacks, LaunchOptions, RunRequest
-from cpudist.train.preempt import EXIT_PREEMPTED, MARKER
+from cpudist.train.preempt import EXIT_PREEMPTED
+from cpudist.wire.stop_marker import NAME as MARKER
 
 
 def _launch(second: str) -> Launch:
