@@ -16,8 +16,9 @@ no row seen twice; a 1-host run of MiniLM on a half-core host takes over 10 minu
 over 107 samples/s). Target per task: the
 median over --target-seeds (3) of 1 host's final dev accuracy (lr 5e-5, 10% warm-up), minus 0.5 point.
 
-Arms at 2 and 4 hosts: cpudist's (ddp with lr 1e-4 scaled linearly with the hosts, the same with a bf16 wire,
-dense embedding, local SGD K=8 with both AdamW moments averaged) and the peer arm: benchmarks/tta_hf.py, a
+Arms at 2 and 4 hosts: cpudist's defaults (what `cpudist run` picks across nodes: ddp, word-embedding rows, a bf16
+wire, lr 5e-5 x the hosts), the levers (ddp with lr 1e-4 x the hosts, with and without a bf16 wire or the dense
+embedding, local SGD K=8 with both AdamW moments averaged) and the peer arm: benchmarks/tta_hf.py, a
 Trainer script with the CPU settings of benchmarks/hf_trainer.py (bf16 autocast where the CPU has it,
 group_by_length, gloo), torchrun started by hand on the head and over ssh on the other hosts, lr 5e-5 x the
 processes (Accelerate's guide for a larger global batch). `summary[task]`: `speedup_to_target_4_hosts` (1 host's
@@ -75,14 +76,17 @@ BATCH, LR = 32, "5e-5"
 BF16_WIRE = ("--grad-compression", "bf16")
 X2N = ("--lr", "1e-4", "--lr-scaling", "linear")
 DENSE = ("--embedding-sync", "dense")  # DDP all-reduces all of the word embedding (cpudist before rows)
+DEFAULTS = "cpudist defaults"  # what `cpudist run` picks: ddp, embedding rows, bf16 wire across nodes, lr x N
 ARMS: dict[str, tuple[str, ...]] = {
+    DEFAULTS: (),
     "ddp lr x2N": X2N,
     "ddp bf16 wire lr x2N": (*X2N, *BF16_WIRE),
     "ddp bf16 wire dense-emb lr x2N": (*X2N, *BF16_WIRE, *DENSE),
     "local-sgd:8+mv+bf16 lr x2N": ("--sync", "local-sgd", "--sync-every", "8", "--average-moments", "both",
                                    *BF16_WIRE, *X2N),
 }
-QUICK_ARMS = ["ddp bf16 wire lr x2N", HF]
+QUICK_ARMS = [DEFAULTS, HF]
+PLAN_ARMS = [DEFAULTS, HF, "ddp bf16 wire lr x2N", "local-sgd:8+mv+bf16 lr x2N"]  # the levers left to measure
 QUICK_LINK_GBPS = 1.0  # --quick shapes the links to this instead of calibrating (its numbers answer nothing)
 HF_HOW = ("benchmarks/tta_hf.py (HF Trainer: bf16 autocast where the CPU has it, group_by_length, gloo, "
           f"lr {LR} x the processes as Accelerate's guide says for a larger global batch), started by torchrun by "
@@ -198,7 +202,8 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="every task and the peer arm in miniature (1 seed, 4 hosts, "
                     f"{QUICK['budget']} samples, {QUICK_LINK_GBPS:g} Gbit/s uncalibrated): minutes; answers nothing")
     ap.add_argument("--tasks", help=f"of: {', '.join(TASKS)} [default: all]")
-    ap.add_argument("--arms", help=f"of: {', '.join([*ARMS, HF])} [default: all; --quick: {', '.join(QUICK_ARMS)}]")
+    ap.add_argument("--arms", help=f"of: {', '.join([*ARMS, HF])} [default: {', '.join(PLAN_ARMS)}; --quick: "
+                    f"{', '.join(QUICK_ARMS)}]")
     ap.add_argument("--target-seeds", help="1-host runs setting the target [default: 42,43,44; --quick: 42]")
     ap.add_argument("--seeds", help="seeds of each arm at 2 and 4 hosts [default: 42,43,44; --quick: 42]")
     ap.add_argument("--host-counts", help="[default: 2,4; --quick: 4]")
@@ -226,7 +231,7 @@ def main() -> None:
         print(markdown(json.loads(a.render.read_text())), flush=True)
         return
     tasks = a.tasks.split(",") if a.tasks else list(TASKS)
-    arms = a.arms.split(",") if a.arms else (QUICK_ARMS if a.quick else [*ARMS, HF])
+    arms = a.arms.split(",") if a.arms else (QUICK_ARMS if a.quick else PLAN_ARMS)
     if unknown := [x for x in arms if x not in ARMS and x != HF] + [t for t in tasks if t not in TASKS]:
         raise SystemExit(f"unknown arms or tasks {unknown}: arms {', '.join([*ARMS, HF])}; tasks {', '.join(TASKS)}")
     train_rows = a.train_rows or (QUICK["rows"] if a.quick else None)

@@ -1,10 +1,11 @@
 """The time-to-accuracy ledger: one JSON line per finished run, so the plan is gathered in stretches.
 
-A line is skipped on a re-run when its key matches: (task, arm, hosts, seed, the benchmark's code, the CPU kind).
-The benchmark's code is a hash of the benchmark's own files (those below), so a commit elsewhere in the tree keeps
-what was measured while a change to how this benchmark measures starts again; the commit is recorded beside it.
-Calibrations are lines too (kind "calibration"): every arm of a task uses the first one this code made on this CPU
-kind, so arms gathered in different sessions compare on one link.
+A line is skipped on a re-run when its key matches: (task, arm, hosts, seed, PROTOCOL, the CPU kind). PROTOCOL
+names how this benchmark measures (budgets, targets, schedule, hosts, the arms' meaning) and is bumped by hand when
+that changes, so a fix to a message or a new arm keeps what was measured; each line also records its commit and a
+hash of the benchmark's files (`code`), so a result names exactly what produced every run in it. Calibrations are
+lines too (kind "calibration"): every arm of a task uses the first one this protocol made on this CPU kind, so arms
+gathered in different sessions compare on one link.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from cpudist.cpu import read_cpu
 HERE = Path(__file__).resolve().parent
 CODE_FILES = ("time_to_accuracy.py", "tta_ledger.py", "tta_hf.py", "tta_runs.py", "tta_summary.py", "miniature.py")
 CPU_FLAGS = ("amx_bf16", "avx512_bf16", "avx2")
+PROTOCOL = "tta-2"  # bump when what a run measures changes (budgets, targets, evaluation schedule, layout)
 
 
 @dataclass(frozen=True)
@@ -62,8 +64,8 @@ class Ledger:
         self.lines = [json.loads(line) for line in lines if line.strip()]
 
     def mine(self) -> list[dict[str, Any]]:
-        """The lines this code wrote on this CPU kind."""
-        return [x for x in self.lines if x.get("code") == self.code and x.get("cpu_kind") == self.cpu_kind]
+        """The lines this protocol wrote on this CPU kind."""
+        return [x for x in self.lines if x.get("protocol") == PROTOCOL and x.get("cpu_kind") == self.cpu_kind]
 
     def done(self, cell: Cell) -> dict[str, Any] | None:
         return next((x for x in self.mine() if x.get("kind") == "run" and _cell(x) == cell), None)
@@ -73,7 +75,7 @@ class Ledger:
                      and x["task"] == task), None)
 
     def runs(self, task: str) -> dict[str, list[dict[str, Any]]]:
-        """This code's runs of a task on this CPU kind, by cell ('ARM@HOSTS'), seeds in order."""
+        """This protocol's runs of a task on this CPU kind, by cell ('ARM@HOSTS'), seeds in order."""
         out: dict[str, list[dict[str, Any]]] = {}
         for x in sorted((x for x in self.mine() if x.get("kind") == "run" and x["task"] == task),
                         key=lambda x: x["seed"]):
@@ -81,7 +83,7 @@ class Ledger:
         return out
 
     def append(self, kind: str, **fields: Any) -> None:
-        line = {"kind": kind, "code": self.code, **machine(), **fields}
+        line = {"kind": kind, "protocol": PROTOCOL, "code": self.code, **machine(), **fields}
         self.lines.append(line)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as f:
@@ -93,7 +95,7 @@ def _cell(x: dict[str, Any]) -> Cell:
 
 
 def estimate_s(cell: Cell, ledger: Ledger, budget: int, eval_every: int, base_sps: float | None) -> float:
-    """Seconds the run should take: the median of this code's runs of the same arm and hosts on this CPU kind,
+    """Seconds the run should take: the median of this protocol's runs of the same arm and hosts on this CPU kind,
     else the budget at the task's 1-host speed (the calibration's) times 0.7 per added host, plus start and
     evaluation."""
     seen = sorted(float(x["elapsed_s"]) for x in ledger.mine() if x.get("kind") == "run" and x["task"] == cell.task
