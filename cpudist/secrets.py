@@ -8,7 +8,10 @@ into a 0600 file `~/.cpudist/secrets/<run>.json` on every node of the run (over 
 environment before anything else, so `ps`, command.txt, job.sbatch and torchrun's per-host commands show the
 path, never a value. The files go when the launch ends. With Slurm the file is written on the submitting
 machine only: the nodes read it through the shared home that Slurm clusters mount; a batch script (job.sbatch,
-which outlives the run) exports the --env values from it too, naming them only, and removes it when the job ends.
+which outlives the run) exports the --env values from it too, naming them only, and removes it
+when the job ends (a job Slurm requeues keeps it for its next start). torchrun's per-host lines
+name the --env values in the same way, and each host's tether (launch/tether.py) exports them
+from the file.
 """
 
 from __future__ import annotations
@@ -101,14 +104,19 @@ def remove_command(where: str) -> str:
     return f"rm -f \"$HOME/{where.removeprefix('~/')}\""
 
 
-def load_into(environ: MutableMapping[str, str]) -> None:
-    """In a rank: the variables of the file that CPUDIST_SECRETS names, into its own environment."""
+def read(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of the file that CPUDIST_SECRETS names in `environ` (none without it)."""
     where = environ.get(SECRETS_ENV)
     if not where:
-        return
+        return {}
     try:
         values = json.loads(Path(where).expanduser().read_text())
     except (OSError, ValueError) as e:
         raise BadInput(f"the run's secrets file {where} cannot be read on this node ({e})",
                        "Check the node's home folder (disk full?) and re-run") from None
-    environ.update({str(k): str(v) for k, v in values.items()})
+    return {str(k): str(v) for k, v in values.items()}
+
+
+def load_into(environ: MutableMapping[str, str]) -> None:
+    """In a rank: the variables of the file that CPUDIST_SECRETS names, into its own environment."""
+    environ.update(read(environ))

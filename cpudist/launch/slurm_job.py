@@ -17,15 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cpudist import events, state
+from cpudist import state
 from cpudist.errors import BadInput, Interrupted, JobFailed
 from cpudist.hostfile import Host
 from cpudist.interrupts import shielded
 from cpudist.launch import slurm
 from cpudist.launch.slurm import Allocation, JobInfo, SlurmOptions, expand_counts
 from cpudist.launch.slurm_query import final_info, job_info
-from cpudist.launch.spec import SBATCH_FILE, Launch, RunSpec, batch_env, trainer_argv
+from cpudist.launch.spec import SBATCH_FILE, Launch, RunSpec, filed_env, trainer_argv
 from cpudist.waits import TimedOut, wait_until
+from cpudist.wire import events
 
 POLL_S = 2.0  # between `scontrol show job` calls (the output file is read every OUTPUT_POLL_S)
 OUTPUT_POLL_S = 0.5
@@ -209,7 +210,7 @@ def batch_or_step(spec: RunSpec, env: dict[str, str]) -> Launch:
         # a requeued job runs this script again: its ranks go on from the run's newest checkpoint (of this run id
         # only, run/identity.py), and the first start, finding none, starts from step 0
         spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, resume="auto"))
-    from_file = tuple(k for k, _ in batch_env(spec))  # --env values: from the secrets file, not the script's text
+    from_file = tuple(k for k, _ in filed_env(spec))  # --env values: from the secrets file
     job = slurm.BatchJob(f"cpudist-{spec.train.task}", spec.np, spec.ppn, spec.cwd, str(out / "slurm-%j.out"),
                          tuple(trainer_argv(spec)), tuple((k, v) for k, v in env.items() if k not in from_file),
                          options, label=not spec.own_tags, from_file=from_file)

@@ -111,17 +111,21 @@ def _env_spec(spec: RunSpec, overrides: tuple[tuple[str, str], ...]) -> EnvSpec:
                    spec.started_at, file_for(spec.secrets_name) if file_pairs(spec) else None)
 
 
-def batch_env(spec: RunSpec) -> tuple[tuple[str, str], ...]:
-    """--env values that a Slurm batch script takes from the run's secrets file, not from its own text (job.sbatch
-    outlives the run, and Slurm keeps a copy); the thread counts and PYTHONPATH stay in it, shown."""
-    if spec.launcher != "slurm" or spec.allocation is not None:
+def filed_env(spec: RunSpec) -> tuple[tuple[str, str], ...]:
+    """--env values that reach the ranks through the run's secrets file, exported from it by name
+    before the rank program starts: a Slurm batch script's (job.sbatch outlives the run, and Slurm
+    keeps a copy) and each host's torchrun line (ssh's command line, which `ps` shows on both ends
+    while the run lasts). The thread counts and PYTHONPATH stay on those lines, shown."""
+    batch = spec.launcher == "slurm" and spec.allocation is None
+    per_host = spec.launcher == "torchrun" and spec.hostfile is not None
+    if not (batch or per_host):
         return ()
     return tuple((k, v) for k, v in spec.env_overrides if k not in SHOWN)
 
 
 def file_pairs(spec: RunSpec) -> tuple[tuple[str, str], ...]:
-    """What the run's secrets file on each node holds: the --secret/--env-file values, and batch_env's."""
-    return spec.secrets + batch_env(spec)
+    """What the run's secrets file on each node holds: --secret/--env-file values, filed_env's."""
+    return spec.secrets + filed_env(spec)
 
 
 def inherited(spec: RunSpec) -> frozenset[str]:

@@ -5,6 +5,13 @@ ends (the ssh client was stopped or lost), or on SIGTERM/SIGHUP/SIGINT, the comm
 started is stopped (SIGTERM, then SIGKILL after a grace), also processes that left its process group
 (torchrun starts each rank in a session of its own) or lost their parent (a killed torchrun's ranks):
 the tether is their child subreaper, so they stay below it. It exits with the command's code.
+
+    python -m cpudist.launch.tether --from-secrets HF_TOKEN,LD_PRELOAD -- torchrun ...
+
+`--from-secrets NAMES` starts the command with those variables of the run's secrets file
+(cpudist/secrets.py: the file CPUDIST_SECRETS names) in its environment: --env values that the ssh
+command line would show in `ps`, there from the command's start (a loader variable such as
+LD_PRELOAD acts on the ranks' Python too).
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ import sys
 import threading
 from pathlib import Path
 
+from cpudist import secrets
+from cpudist.errors import CpudistError
 from cpudist.waits import TimedOut, wait_until
 
 GRACE_S = 5.0
@@ -69,11 +78,30 @@ def stop_tree(grace_s: float = GRACE_S) -> None:
             return
 
 
+def command_env(names: list[str]) -> dict[str, str]:
+    """This process's environment with the variables `names` of the run's secrets file."""
+    values = secrets.read(os.environ) if names else {}
+    missing = [name for name in names if name not in values]
+    if missing:
+        raise CpudistError(f"the run's secrets file holds no {', '.join(missing)}",
+                           "It was written for another launch: re-run the command")
+    return {**os.environ, **{name: values[name] for name in names}}
+
+
 def main(argv: list[str]) -> int:
+    names: list[str] = []
+    if argv[:1] == ["--from-secrets"] and len(argv) > 1:
+        names, argv = [name for name in argv[1].split(",") if name], argv[2:]
     command = argv[1:] if argv[:1] == ["--"] else argv
     if not command:
-        sys.stderr.write("usage: python -m cpudist.launch.tether -- COMMAND [ARGS...]\n")
+        sys.stderr.write("usage: python -m cpudist.launch.tether [--from-secrets NAME,...] -- "
+                         "COMMAND [ARGS...]\n")
         return 2
+    try:
+        env = command_env(names)
+    except CpudistError as e:
+        sys.stderr.write(f"error: {e.message}\n")
+        return e.exit_code
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     stop = threading.Event()
@@ -85,7 +113,7 @@ def main(argv: list[str]) -> int:
             pass
         stop.set()
 
-    child = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
+    child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
     threading.Thread(target=watch_stdin, daemon=True).start()
     code = None
     while code is None and not stop.wait(0.2):

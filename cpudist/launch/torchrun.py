@@ -6,6 +6,8 @@ The zero-MPI path: every host of the hostfile runs `torchrun --nnodes N --nproc-
 --rdzv-endpoint HEAD:PORT`, the head (the first host, where cpudist runs) hosting the rendezvous. Each agent
 runs under `python -m cpudist.launch.tether`, which takes the agent and its ranks down when its SSH session
 ends, so stopping the local ssh (a failed host, Ctrl-C) leaves nothing behind (launch/runner.py).
+--env values other than the thread counts are not on these lines (ssh's command line is in `ps` on
+both ends): the tether exports them by name from the run's secrets file (launch/spec.py: filed_env).
 c10d numbers the hosts in the order of their --local-addr names, so rank 0 (and result.json) may be on
 another host than the head: cpudist fetches the result, the model and --report-to's folders from there when the run
 folder is not shared (run/outcome.fetch_from_rank0).
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cpudist.errors import BadInput
-from cpudist.launch.spec import Launch, RunSpec, rank_module
+from cpudist.launch.spec import Launch, RunSpec, filed_env, rank_module
 
 # Set by torchrun itself for every worker: passing ours would only mislead a reader of the command.
 OWN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT")
@@ -33,20 +35,28 @@ def torchrun_argv(python: str, nnodes: int, ppn: int, endpoint: str, run_id: str
             "--local-addr", local_addr, "--max-restarts", "0", "-m", *module]
 
 
-def host_line(python: str, cwd: str, env: dict[str, str], agent: Sequence[str]) -> str:
-    """The shell line a host runs: in the run's folder, with the rank variables, the agent under the tether."""
-    variables = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items() if k not in OWN_VARIABLES)
-    return (f"cd {shlex.quote(cwd)} && exec env {variables} {shlex.quote(python)} -m cpudist.launch.tether -- "
-            f"{shlex.join(agent)}")
+def host_line(python: str, cwd: str, env: dict[str, str], agent: Sequence[str],
+              from_file: Sequence[str] = ()) -> str:
+    """The shell line a host runs: in the run's folder, with the rank variables, the agent under the
+    tether; those named in `from_file` the tether takes from the run's secrets file instead."""
+    variables = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()
+                         if k not in OWN_VARIABLES and k not in from_file)
+    tether = [python, "-m", "cpudist.launch.tether"]
+    if from_file:
+        tether += ["--from-secrets", ",".join(from_file)]
+    agent_line = shlex.join([*tether, "--", *agent])
+    return f"cd {shlex.quote(cwd)} && exec env {variables} {agent_line}"
 
 
 def host_commands(hosts: Sequence[str], ssh: str, python: str, cwd: str, env: dict[str, str], ppn: int,
-                  port: int, run_id: str, module: Sequence[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+                  port: int, run_id: str, module: Sequence[str],
+                  from_file: Sequence[str] = ()) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """(host, argv) for every host: the head's runs here under `sh -c`, the others' through `ssh HOST`."""
     endpoint = f"{hosts[0]}:{port}"
     commands = []
     for i, host in enumerate(hosts):
-        line = host_line(python, cwd, env, torchrun_argv(python, len(hosts), ppn, endpoint, run_id, host, module))
+        agent = torchrun_argv(python, len(hosts), ppn, endpoint, run_id, host, module)
+        line = host_line(python, cwd, env, agent, from_file)
         argv = ("sh", "-c", line) if i == 0 else (ssh, host, line)
         commands.append((host, argv))
     return tuple(commands)
@@ -63,8 +73,9 @@ def hosts_launch(spec: RunSpec, env: dict[str, str], nodes: int) -> Launch:
     """One torchrun agent per host of the hostfile, the head's hosting the c10d rendezvous."""
     hosts = [h.name for h in spec.hosts[:nodes]]
     run_id = Path(spec.train.output_dir).name or "cpudist"
+    from_file = tuple(k for k, _ in filed_env(spec))  # off the ssh lines: from the secrets file
     commands = host_commands(hosts, spec.ssh, spec.python, spec.cwd, env, spec.ppn, spec.master_port,
-                                      run_id, rank_module(spec))
+                             run_id, rank_module(spec), from_file)
     return Launch(commands[0][1], env, per_host=commands)
 
 

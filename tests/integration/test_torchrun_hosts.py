@@ -10,6 +10,7 @@ everything they start inherits that, as ranks under a Slurm cpuset or in a conta
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -117,12 +118,15 @@ def test_four_hosts_each_rank_sizing_its_threads(hosts: NetnsCluster, shared_dat
 
 def test_killing_one_hosts_torchrun_ends_the_job_everywhere(hosts: NetnsCluster, shared_data: Path,
                                                             tmp_path: Path) -> None:
-    """Also: an --env value reaches each host's torchrun on its ssh line, and command.txt records it as ***."""
+    """Also: an --env value is on no process's command line (the user's own `cpudist run` aside)
+    while the run lasts, and command.txt names it only (each host's tether takes it from the run's
+    secrets file)."""
     token = "hf-env-3f9d27c1b8"
     argv = run_argv(hosts, shared_data, tmp_path / "kill", *GO_ON, "--env", f"HF_TOKEN={token}", hosts=(0, 2))
     proc = subprocess.Popen(hosts.exec_argv(0, argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         seen = read_until(proc, "step 2/")
+        assert not shown_on_command_lines(hosts, (0, 2), token, proc.pid)
         agents = [pid for pid in hosts.pids(2) if cmdline(pid).split()[1:3] == ["-m", "torch.distributed.run"]]
         assert len(agents) == 1, "".join(seen)[-3000:] + "\n".join(leftovers(hosts))
         os.kill(agents[0], signal.SIGKILL)
@@ -138,10 +142,81 @@ def test_killing_one_hosts_torchrun_ends_the_job_everywhere(hosts: NetnsCluster,
     assert len(error) == 1 and f"the job failed on {hosts.name(2)} (torchrun exit code 137, killed by SIGKILL)" \
         in error[0], out[-3000:]
     command = (tmp_path / "kill" / "command.txt").read_text()
-    assert command.count("HF_TOKEN=") == 2 and token not in command and "***" in command, command  # line per host
+    assert command.count("--from-secrets HF_TOKEN") == 2, command  # a line per host
+    assert token not in command, command
     deadline = time.monotonic() + 10
     while leftovers(hosts) and time.monotonic() < deadline:
         time.sleep(0.5)
+    assert leftovers(hosts) == []
+
+
+def shown_on_command_lines(c: NetnsCluster, on: tuple[int, ...], value: str, own: int) -> list[str]:
+    """The lines of `ps -eo pid,args` in each host's namespace, the run's processes only, that hold
+    `value`; the process `own` (the user's `cpudist` command, whose own --env argument holds it)
+    left out."""
+    found = []
+    for i in on:
+        ps = c.run(i, ["ps", "-ww", "-eo", "pid=,args="]).stdout  # -ww: whole lines
+        mine = set(c.pids(i)) - {own}  # the hosts share one process table: this host's netns only
+        found += [f"{c.name(i)}: {line}" for line in ps.splitlines()
+                  if line.split(maxsplit=1)[:1] and int(line.split()[0]) in mine and value in line]
+    return found
+
+
+PRELOAD = "/lib/x86_64-linux-gnu/libuuid.so.1"  # a library no rank loads by itself
+SHOW_ENV = f"""
+import hashlib, os, pathlib, sys, time
+rank = pathlib.Path(f"/proc/{{os.getppid()}}")  # the rank's Python (cpudist.run.script_rank)
+began = (rank / "environ").read_bytes().split(b"\\0")  # its environment when it started
+preloaded = b"script_rank" in (rank / "cmdline").read_bytes() \\
+    and b"LD_PRELOAD={PRELOAD}" in began and "{PRELOAD}" in (rank / "maps").read_text()
+token = hashlib.sha256(os.environ.get("HF_TOKEN", "").encode()).hexdigest()
+print("token", token, "preloaded", preloaded, flush=True)
+deadline = time.monotonic() + 120
+while not pathlib.Path(sys.argv[1]).exists() and time.monotonic() < deadline:
+    time.sleep(0.2)
+"""
+
+
+def test_env_values_reach_every_hosts_ranks_off_every_command_line(
+        hosts: NetnsCluster, tmp_path: Path) -> None:
+    """`cpudist launch --launcher torchrun --hostfile H --env HF_TOKEN=... --env LD_PRELOAD=...`:
+    while the ranks run, `ps` on each host shows neither value (ssh's command line on the head held
+    them); each rank has the token, and the library was preloaded into the rank's Python from its
+    start."""
+    if not Path(PRELOAD).exists():
+        pytest.skip(f"{PRELOAD} is not installed")
+    token, go = "hf-env-ps-8c41d0e7a2", tmp_path / "go"
+    (tmp_path / "show_env.py").write_text(SHOW_ENV)
+    tmp_path.chmod(0o755)
+    hostfile = hosts.state / "hosts-0-1"
+    hostfile.write_text(f"{hosts.name(0)}\n{hosts.name(1)}\n")
+    argv = [*CPUDIST, "launch", "--launcher", "torchrun", "--hostfile", str(hostfile), "--np", "2",
+            "--ppn", "1", "--env", f"HF_TOKEN={token}", "--env", f"LD_PRELOAD={PRELOAD}",
+            "--output-dir", str(tmp_path / "run"), "--ledger", str(tmp_path / "ledger.jsonl"),
+            "--workdir", str(tmp_path), "--", "python", "show_env.py", str(go)]
+    proc = subprocess.Popen(hosts.exec_argv(0, argv), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        seen = read_until(proc, " preloaded ") + read_until(proc, " preloaded ")
+        tethers = [line for i in (0, 1) for pid in hosts.pids(i)
+                   if (line := cmdline(pid)).split()[1:3] == ["-m", "cpudist.launch.tether"]]
+        leaked = shown_on_command_lines(hosts, (0, 1), token, proc.pid)
+        go.touch()
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert leaked == []
+    assert len(tethers) == 2, tethers
+    assert all("--from-secrets HF_TOKEN,LD_PRELOAD --" in line for line in tethers), tethers
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    ranks = [line for line in seen if " preloaded " in line]
+    assert len(ranks) == 2, "".join(seen)
+    assert all(f"token {digest} preloaded True" in line for line in ranks), "".join(seen)
+    assert proc.returncode == 0, "".join(seen) + out[-3000:]
+    assert token not in (tmp_path / "run" / "command.txt").read_text()
     assert leftovers(hosts) == []
 
 

@@ -37,9 +37,10 @@ def test_open_mpi_exports_the_name_only() -> None:
 
 def test_shown_launch_hides_values_but_thread_counts() -> None:
     across = spec("torchrun", np=2, ppn=1, hosts=(Host("a"), Host("b")), hostfile="/tmp/hosts")
-    assert SECRET in plan(across).shell()  # torchrun across hosts: `env K=V` in each host's ssh command...
-    shown = plan(redacted(across)).shell()  # ...which command.txt and --dry-run show redacted
-    assert SECRET not in shown and "HF_TOKEN=" in shown and "***" in shown and "OMP_NUM_THREADS=1" in shown
+    # torchrun across hosts: each host's ssh command (in `ps`) names the value, the tether reads it
+    assert SECRET not in plan(across).shell() and "--from-secrets HF_TOKEN" in plan(across).shell()
+    shown = plan(redacted(across)).shell()  # what command.txt and --dry-run show
+    assert SECRET not in shown and "--from-secrets HF_TOKEN" in shown and "OMP_NUM_THREADS=1" in shown
     assert redact_pairs((("HF_TOKEN", SECRET), ("OMP_NUM_THREADS", "1"))) == (("HF_TOKEN", "***"),
                                                                             ("OMP_NUM_THREADS", "1"))
 

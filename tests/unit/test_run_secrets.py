@@ -7,6 +7,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from cpudist.hostfile import Host
 from cpudist.launch import secret_files
 from cpudist.launch.kinds import plan
 from cpudist.launch.slurm import SlurmOptions
-from cpudist.launch.spec import RunSpec, redacted
+from cpudist.launch.spec import RunSpec, file_pairs, redacted
 from cpudist.run.request import LaunchOptions, RunRequest
 
 SECRET = "tok-6f1c2e9a"
@@ -92,7 +93,8 @@ def test_placed_writes_0600_here_for_the_run_and_removes_it(tmp_path: Path, monk
 def test_the_remote_agents_request_carries_secrets_and_dry_run_hides_them(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The request crosses to the head as data (stdin), secrets included; `--dry-run` from outside shows ***."""
-    req = RunRequest(TrainConfig(task="synthetic", output_dir="/r"), LaunchOptions(2, 1, secrets=(("K", SECRET),)))
+    req = RunRequest(TrainConfig(task="synthetic", output_dir="/r"),
+                     LaunchOptions(np=2, ppn=1, secrets=(("K", SECRET),)))
     assert RunRequest.from_json(req.to_json()) == req
     monkeypatch.setenv("CPD_TEST_TOKEN", SECRET)
     (tmp_path / "h").write_text("10.9.0.1\n10.9.0.2\n")
@@ -112,7 +114,7 @@ def test_a_detached_agent_leaves_its_request_file_without_values(tmp_path: Path)
     it (the thread count stays shown); an unreadable request file is removed."""
     from cpudist.run.agent import take_request
 
-    launch = LaunchOptions(2, 1, env=(("HF_TOKEN", SECRET), ("OMP_NUM_THREADS", "2")), secrets=(("K", SECRET),))
+    launch = LaunchOptions(np=2, ppn=1, env=(("HF_TOKEN", SECRET), ("OMP_NUM_THREADS", "2")), secrets=(("K", SECRET),))
     req = RunRequest(TrainConfig(task="synthetic", output_dir="/r"), launch)
     path = tmp_path / "agent.request.json"
     path.write_text(req.to_json())
@@ -193,3 +195,57 @@ def test_a_batch_script_holds_no_value_and_its_end_removes_the_secrets_file(tmp_
     assert f"ranks get {key}" in ran.stdout, ran.stdout + ran.stderr
     assert ("requeueing Slurm job 7" in ran.stdout) == requeue, ran.stdout
     assert where.exists() == requeue, ran.stdout + ran.stderr
+
+
+def test_a_batch_script_keeps_the_secrets_file_for_a_requeue_that_slurm_started(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`scontrol requeue` or a node failure: slurmctld has counted the restart when this start's
+    end runs its trap, so the file stays for the next start; that start's own end (its count
+    unchanged) removes it."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    s = spec("slurm", slurm=SlurmOptions("cpu", "10", None, False, ()), hostfile=None)
+    script = plan(s).script
+    assert script is not None
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = {**FAKE_SLURM, "scontrol": 'if [ "$1 $2" = "show job" ]; then '
+                                      'echo "JobId=7 Restarts=1 Requeue=1"; else echo n1; fi\n'}
+    for name, body in fake.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + body)
+        (bin_dir / name).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "SLURM_JOB_ID": "7",
+           "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_CPUS_PER_NODE": "2", "NOTICE": ""}
+    where = Path(str(secret_files.left_for_job(s))).expanduser()
+    # the first start, which Slurm requeued; then the next, the job's last
+    for restart_count, kept in ((None, True), ("1", False)):
+        count = {"SLURM_RESTART_COUNT": restart_count} if restart_count else {}
+        ran = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30,
+                             env={**env, **count})
+        assert ran.returncode == 0, ran.stderr
+        assert where.exists() == kept, (restart_count, ran.stderr)
+
+
+def test_torchrun_hosts_take_env_values_from_the_secrets_file(tmp_path: Path) -> None:
+    """Across a hostfile each host's ssh line (shown by `ps` while the run lasts) names the --env
+    values and shows the thread count; the file holds the values, and the tether starts its command
+    with them in its environment."""
+    s = spec("torchrun",
+             env_overrides=(("WANDB_API_KEY", "wandb-2b7e51"), ("OMP_NUM_THREADS", "2")))
+    launch = plan(s)
+    assert "wandb-2b7e51" not in launch.shell() and SECRET not in launch.shell()
+    for _, argv in launch.per_host:
+        assert "--from-secrets WANDB_API_KEY --" in argv[-1], argv
+        assert "OMP_NUM_THREADS=2" in argv[-1], argv
+    assert dict(file_pairs(s)) == {"HF_TOKEN": SECRET, "WANDB_API_KEY": "wandb-2b7e51"}
+    where = str(tmp_path / "s.json")
+    secrets.write_here(where, file_pairs(s))
+    show = "import os; print(os.environ.get('WANDB_API_KEY'), os.environ.get('HF_TOKEN'))"
+    command = [sys.executable, "-m", "cpudist.launch.tether", "--from-secrets", "WANDB_API_KEY",
+               "--", sys.executable, "-c", show]
+    tether = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, secrets.SECRETS_ENV: where})
+    assert tether.stdout is not None and tether.stdin is not None
+    out = tether.stdout.read()  # stdin open until the command ended (its end stops the tether's)
+    tether.stdin.close()
+    assert tether.wait(timeout=60) == 0
+    assert out.split() == ["wandb-2b7e51", "None"], out  # the named ones only
