@@ -199,3 +199,42 @@ def test_a_detached_jobs_ranks_read_its_secrets_which_go_with_the_job(slurm: Slu
     grep = subprocess.run(["grep", "-rlF", "-e", token, "-e", hf, str(out), str(home / ".cpudist"),
                            os.environ.get("CPUDIST_HOME", str(home / ".cpudist"))], capture_output=True, text=True)
     assert grep.stdout == "", grep.stdout
+
+
+def test_a_job_that_slurm_requeues_keeps_its_secrets_for_the_next_start(
+        slurm: SlurmCluster, shared_data: Path, tmp_path: Path) -> None:
+    """`scontrol requeue` of a running detached job with --secret (as a node failure requeues it):
+    the first start's end leaves the secrets file (slurmctld counted the restart before it stopped
+    that start), the next start's ranks read it (its --env-file thread count sizes them), and the
+    job's last end removes it."""
+    token, home, out = "cpd-requeue-tok-7e3a91", tmp_path / "home", tmp_path / "run"
+    home.mkdir()
+    (tmp_path / "ranks.env").write_text("CPUDIST_THREADS=3\n")
+    env = {"HOME": str(home), "CPD_TOKEN": token}
+    run_id, job_id = detached_run(slurm, shared_data, out, env, "--max-steps", str(STEPS),
+                                  "--max-train-samples", "64", "--secret", "CPD_TOKEN",
+                                  "--env-file", str(tmp_path / "ranks.env"))
+    log = out / f"slurm-{job_id}.out"
+    ranks = [pid for i in range(slurm.hosts.n) for pid in slurm.hosts.pids(i)
+             if cmdline(pid).split()[1:3] == ["-m", "cpudist.rank"]]
+    assert len(ranks) == 1, f"the rank of {STEPS} steps was not found training: {ranks}"
+    os.kill(ranks[0], signal.SIGSTOP)  # still training when Slurm stops it (tiny's steps are quick)
+    r = slurm.run(0, ["/usr/bin/scontrol", "requeue", job_id])
+    assert r.returncode == 0, r.stderr
+    wait_for(lambda: job_field(slurm, job_id, "Restarts") == "1"
+             and job_field(slurm, job_id, "JobState") == "PENDING",
+             120, f"job {job_id} requeued", lambda: log.read_text()[-3000:], 0.5)
+    kept = list((home / ".cpudist" / "secrets").glob("*.json"))
+    assert len(kept) == 1, log.read_text()[-3000:]
+    time.sleep(math.floor(time.time()) + 1.05 - time.time())  # as in the test above: a fresh second
+    slurm.run(0, ["/usr/bin/scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+    r = slurm.run(0, [*CPUDIST, "logs", "-f", str(out)], cwd=str(tmp_path), timeout=400, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:] + log.read_text()[-3000:]
+    assert f"run {run_id} is finished" in r.stderr, r.stderr[-3000:] + r.stdout[-3000:]
+    result = json.loads((out / "result.json").read_text())
+    assert result["steps"] == STEPS and result["rank_threads"] == [3], result
+    assert job_field(slurm, job_id, "Restarts") == "1" and not kept[0].exists()
+    grep = subprocess.run(["grep", "-rlF", token, str(out), str(home / ".cpudist")],
+                          capture_output=True, text=True)
+    assert grep.stdout == "", grep.stdout
+    assert slurm.jobs() == [] and ranks_left(slurm) == []
