@@ -244,6 +244,6 @@ def spec_of(cfg: TrainConfig, total_steps: int) -> SyncSpec:
     # a rank resolved auto already (train/main.py knows the nodes); elsewhere, as on one node
     compression, rank = parse_compression(resolved_compression(cfg.grad_compression, cfg.sync, False))
     start = max(2, round(POWERSGD_START_SHARE * total_steps))
-    return SyncSpec(cfg.sync, compression, rank, start, cfg.bucket_cap_mb, cfg.embedding_sync, cfg.sync_every,
-                    cfg.local_sgd_warmup if cfg.sync == "local-sgd" else 0, cfg.outer_optimizer, cfg.outer_lr,
-                    cfg.outer_momentum, cfg.average_moments, cfg.second_moment_every)
+    same = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(SyncSpec) if hasattr(cfg, f.name)}
+    return SyncSpec(**{**same, "grad_compression": compression, "powersgd_rank": rank, "powersgd_start": start,
+                       "local_sgd_warmup": cfg.local_sgd_warmup if cfg.sync == "local-sgd" else 0})

@@ -159,8 +159,9 @@ def _local_from_label(label: str) -> SyncSpec | None:
         else:
             wire = tag
     moments = {(False, False): "none", (True, False): "first", (False, True): "second", (True, True): "both"}
-    return SyncSpec("local-sgd", wire, sync_every=int(k or 1), average_moments=moments[first, second],
-                    outer_optimizer="nesterov" if name == "diloco" else "none", second_moment_every=every)
+    return SyncSpec(sync="local-sgd", grad_compression=wire, sync_every=int(k or 1),
+                    average_moments=moments[first, second], second_moment_every=every,
+                    outer_optimizer="nesterov" if name == "diloco" else "none")
 
 
 def _local_check(cfg: Any) -> None:
@@ -175,25 +176,27 @@ def _local_check(cfg: Any) -> None:
 
 def _plain(name: str, collective: str, calls: float) -> Sync:
     """A strategy without knobs whose exchange is one flattened payload of fp32 gradients per step."""
-    return Sync(name, (), collective, False, False, lambda s: name, lambda s: "",
-                lambda s, steps: (Phase(steps, calls=calls, per_bucket=False),),
-                lambda label: SyncSpec(name) if label.partition(":")[0] == name else None)
+    return Sync(name=name, knobs=(), collective=collective, hides=False, cpu_by_compression=False,
+                label=lambda s: name, risk=lambda s: "",
+                plan=lambda s, steps: (Phase(steps, calls=calls, per_bucket=False),),
+                from_label=lambda label: SyncSpec(sync=name) if label.partition(":")[0] == name else None)
 
 
 LOCAL_KNOBS = ("sync_every", "local_sgd_warmup", "outer_optimizer", "outer_lr", "outer_momentum", "average_moments",
                "second_moment_every")
 TABLE: dict[str, Sync] = {s.name: s for s in (
     # DistributedDataParallel: buckets all-reduced during backward through a comm hook (fp32, bf16, fp16, PowerSGD)
-    Sync("ddp", ("grad_compression", "embedding_sync"), RING, True, True, _ddp_label, _ddp_risk, _ddp_plan,
-         _ddp_from_label),
+    Sync(name="ddp", knobs=("grad_compression", "embedding_sync"), collective=RING, hides=True,
+         cpu_by_compression=True, label=_ddp_label, risk=_ddp_risk, plan=_ddp_plan, from_label=_ddp_from_label),
     # after backward, one all-reduce of every gradient flattened (the teaching baseline)
     _plain("allreduce", RING, 1.0),
     # rank 0 gathers every gradient, averages, scatters the mean back: one gather and one scatter
     _plain("gather-scatter", GATHER_SCATTER, 2.0),
     # each rank steps alone, parameters averaged every K steps (bucketed) after synchronous warm-up steps;
     # with an outer Nesterov optimizer it is DiLoCo
-    Sync("local-sgd", ("grad_compression", *LOCAL_KNOBS), RING, False, False, _local_label,
-         lambda s: RISKS["local-sgd"].format(k=s.sync_every), _local_plan, _local_from_label, _local_check),
+    Sync(name="local-sgd", knobs=("grad_compression", *LOCAL_KNOBS), collective=RING, hides=False,
+         cpu_by_compression=False, label=_local_label, risk=lambda s: RISKS["local-sgd"].format(k=s.sync_every),
+         plan=_local_plan, from_label=_local_from_label, check=_local_check),
 )}
 STRATEGIES = tuple(TABLE)
 

@@ -137,8 +137,9 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
             stats.steps += 1
             stats.train_time_s += dt
             stats.step_times.append(dt)
-            pending.append((stats.steps, loss_sum, n_local, tokens, flops, dt, sched.get_last_lr()[0], grad_norm,
-                            strategy.clock.exposed_s - waited))
+            pending.append(Pending(step=stats.steps, loss_sum=loss_sum, samples=n_local, tokens=tokens, flops=flops,
+                                   dt=dt, lr=sched.get_last_lr()[0], grad_norm=grad_norm,
+                                   waited=strategy.clock.exposed_s - waited))
             if stats.steps % cfg.log_every == 0 or stats.steps == total:
                 _flush(pending, stats, log, world, total, report)
                 pending = []
@@ -187,7 +188,19 @@ def _counted(iface: str | None, world: int) -> int | None:
     return netcount.tx_bytes(iface)
 
 
-Pending = tuple[int, torch.Tensor, int, int, float, float, float, float, float]
+@dataclass(frozen=True)
+class Pending:
+    """One optimizer step as this rank saw it, held until the next log line sums it over the ranks."""
+
+    step: int
+    loss_sum: torch.Tensor  # this rank's, summed over its rows
+    samples: int
+    tokens: int
+    flops: float
+    dt: float  # the step's wall time
+    lr: float
+    grad_norm: float
+    waited: float  # this rank's wait for the exchange in this step
 
 
 def clip_and_step(model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any, max_norm: float) -> float:
@@ -245,11 +258,10 @@ def _flush(pending: list[Pending], stats: TrainStats,
     """One all-reduce per logging interval gives the global loss, samples and tokens per step."""
     if not pending:
         return
-    vec = torch.tensor([[float(p[1]), p[2], p[3], p[4]] for p in pending], dtype=torch.float64)
+    vec = torch.tensor([[float(p.loss_sum), p.samples, p.tokens, p.flops] for p in pending], dtype=torch.float64)
     if world > 1:
         dist.all_reduce(vec)
-    for (step, _, _, _, _, dt, lr, norm, waited), (loss, samples, tokens, flops) in zip(pending, vec.tolist(),
-                                                                                      strict=True):
+    for p, (loss, samples, tokens, flops) in zip(pending, vec.tolist(), strict=True):
         loss /= samples  # the mean over every row of the global step, however ranks shared them
         stats.samples += int(samples)
         stats.tokens += int(tokens)
@@ -257,14 +269,14 @@ def _flush(pending: list[Pending], stats: TrainStats,
         stats.step_samples.append(int(samples))
         stats.losses.append(loss)
         if log is not None:
-            log.write(json.dumps({"step": step, "loss": loss, "lr": lr, "samples": int(samples),
-                                  "tokens": int(tokens), "step_time_s": dt, "grad_norm": norm}) + "\n")
+            log.write(json.dumps({"step": p.step, "loss": loss, "lr": p.lr, "samples": int(samples),
+                                  "tokens": int(tokens), "step_time_s": p.dt, "grad_norm": p.grad_norm}) + "\n")
             if report is not None:  # as HF's report_to names them; comm_share: rank 0's wait for the exchange
-                report.log_step(step, {"loss": loss, "learning_rate": lr, "grad_norm": norm,
-                                       "samples_per_s": samples / dt if dt else 0.0,
-                                       "comm_share": waited / dt if dt else 0.0})
+                report.log_step(p.step, {"loss": loss, "learning_rate": p.lr, "grad_norm": p.grad_norm,
+                                         "samples_per_s": samples / p.dt if p.dt else 0.0,
+                                         "comm_share": p.waited / p.dt if p.dt else 0.0})
     if log is not None:
         log.flush()
         last = pending[-1]
-        events.emit("progress", step=last[0], total=total, loss=stats.losses[-1],
-                    samples_per_s=stats.step_samples[-1] / last[5] if last[5] else 0.0)
+        events.emit(events.PROGRESS, step=last.step, total=total, loss=stats.losses[-1],
+                    samples_per_s=stats.step_samples[-1] / last.dt if last.dt else 0.0)
