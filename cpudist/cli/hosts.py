@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cpudist import state
+from cpudist.cli.launch_options import connect_options
 from cpudist.cli.options import output_options
 from cpudist.errors import CpudistError
 from cpudist.hostfile import check_resolvable, read_hostfile, render_hostfile
@@ -152,9 +153,7 @@ def _print_bench(result: BenchResult, path: Path) -> None:
               help="Untimed all-reduces per size before the timed ones.")
 @click.option("--launcher", "--mpi", "launcher", type=click.Choice([x for x in LAUNCHERS if x != "torchrun"]),
               default="auto", show_default=True, help="auto: the MPI of --mpirun, else MPICH's Hydra.")
-@click.option("--mpirun", type=click.Path(dir_okay=False), help="The launcher program (mpiexec.hydra or mpirun).")
-@click.option("--ssh", help="ssh program for the launcher [default: ~/.cpudist/cluster/ssh from ssh-setup].")
-@click.option("--iface", help="Network interface between nodes (sets GLOO_SOCKET_IFNAME).")
+@connect_options
 @click.option("--timeout", type=click.FloatRange(min=1), default=600, show_default=True,
               help="Stop the probe after this many seconds.")
 @click.option("--dry-run", is_flag=True, help="Print the launch; run nothing.")
@@ -167,7 +166,8 @@ def bench(hostfile: Path, ppn: int, sizes: tuple[int, ...], iters: int, warmup: 
     Bus bandwidth is bytes x 2(N-1)/N / time, as nccl-tests define it: the rate each node's link
     carried. The result goes to ~/.cpudist/bench/<hostfile>-<time>.json.
     """
-    probe = Probe(hostfile, ppn, sizes, iters, warmup, launcher, mpirun, ssh, iface)
+    probe = Probe(hostfile=hostfile, ppn=ppn, sizes=sizes, iters=iters, warmup=warmup, launcher=launcher,
+                  mpirun=mpirun, ssh=ssh, iface=iface)
     with tempfile.TemporaryDirectory(prefix="cpudist-bench-") as workdir:
         spec = probe_spec(probe, Path(workdir), dry_run)
         launch = plan_launch(spec)

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -17,28 +16,20 @@ from typing import TYPE_CHECKING, Any
 import click
 from click.core import ParameterSource
 
-from cpudist import secrets, state
-from cpudist.cli.options import PPN, SectionedCommand, output_options
+from cpudist import state
+from cpudist.cli.launch_options import launch_options, route_options, to_launch, to_route
+from cpudist.cli.options import SectionedCommand, output_options
 from cpudist.cli.overwrite_option import overwrite_option
-from cpudist.cli.slurm_options import slurm_options, to_slurm_options
 from cpudist.errors import BadInput, CpudistError, JobFailed
 from cpudist.interrupts import signals_interrupt
-from cpudist.launch.env import AUTO_PPN_WHY, parse_env_pairs, redact_env_args
-from cpudist.launch.spec import LAUNCHERS
+from cpudist.launch.env import redact_env_args
 from cpudist.results.schema import RunResult
 
 if TYPE_CHECKING:
     from cpudist.run.request import RunRequest
     from cpudist.run.script import Script
     from cpudist.run.sweep import SeriesHosts
-    from cpudist.run.where import Route, Where
-
-
-def _env(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    try:
-        return parse_env_pairs(value)
-    except ValueError as e:
-        raise BadInput(f"--env {e} is not of the form KEY=VALUE", "Write it as --env NAME=value") from None
+    from cpudist.run.where import Where
 
 
 class _Counts(click.ParamType):
@@ -75,55 +66,22 @@ SECTIONS = {
 @click.command(cls=SectionedCommand, sections=SECTIONS,
                context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-@click.option("--np", "np_", type=click.IntRange(min=1), default=1, show_default=True, help="Ranks in all.")
-@click.option("--ppn", type=PPN, help="Ranks per node [default: --np, on this machine]; auto: from this node's "
-              "cores (" + AUTO_PPN_WHY + ").")
-@click.option("--nodes", type=click.IntRange(min=1), help="Nodes to use: --np becomes nodes x --ppn.")
-@click.option("--hostfile", type=click.Path(path_type=Path),
-              help="Nodes to run on, head first (run from the head) [default: this machine].")
-@click.option("--launcher", "--mpi", "launcher", type=click.Choice(LAUNCHERS), default="auto", show_default=True,
-              help="As `cpudist run`'s: auto (MPICH's Hydra when installed, else torchrun), mpich, impi, openmpi, "
-              "torchrun, slurm.")
-@click.option("--oversubscribe", is_flag=True, help="Allow more ranks per node than its cores.")
+@launch_options
 @click.option("--per-node", is_flag=True, help="One process per node, `python -m torch.distributed.run` (torchrun) "
               "with --ppn workers of the script, for scripts that expect to be started that way; with a command "
               "`accelerate launch [its options] train.py`, accelerate launch per node, its --num_machines, "
               "--machine_rank, --main_process_ip/port and --num_processes set by cpudist.")
-@click.option("--cluster", "cluster_name", help="A cluster from `cpudist cluster up`, from anywhere: the script's "
-              "folder (--workdir) and --stage paths are staged on the nodes, --collect outputs come back here.")
-@click.option("--head", "head_addr", help="With --hostfile, from outside the cluster: the address this machine "
-              "reaches the head (first host) by.")
-@click.option("--user", help="With --head: login name on the head [default: yours].")
-@click.option("--identity", type=click.Path(exists=True, dir_okay=False),
-              help="With --head: private key that logs in to the head [default: the ssh-setup cluster key].")
-@click.option("--remote-python", help="Python with cpudist on the nodes [default: /opt/cpudist/bin/python, "
-              "python3.11, python3].")
-@click.option("--stage-code", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True,
-              help="Send a wheel of this cpudist to the nodes: when theirs differs (auto), always, or never.")
+@route_options
 @click.option("--stage", multiple=True, help="With --cluster/--head: a file or folder (relative to --workdir) put "
               "on every node too; the command's words naming it become its path there (repeatable).")
-@slurm_options
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
-              help="Folder every rank runs the command in [default: the current one].")
+              help="Folder every rank runs the command in [default: the current one]; with --cluster/--head it "
+              "is staged on the nodes.")
 @click.option("--metric-file", help="JSON object the script writes (rank 0; relative to --workdir; the run folder "
               "is $CPUDIST_RUN_DIR): numbers merged into result.json and the ledger (train_samples, or HF "
               "Trainer's all_results.json, give `report` its samples/s).")
 @click.option("--collect", multiple=True, help="Output (relative to --workdir) copied into <run folder>/collected/ "
               "after the run (repeatable).")
-@click.option("--mpirun", type=click.Path(dir_okay=False), help="The launcher program (mpiexec.hydra or mpirun).")
-@click.option("--ssh", help="ssh program for the launcher [default: ~/.cpudist/cluster/ssh from ssh-setup].")
-@click.option("--iface", help="Network interface between nodes (sets GLOO_SOCKET_IFNAME).")
-@click.option("--allocator", type=click.Choice(["auto", "tcmalloc", "jemalloc", "none"]), default="auto",
-              show_default=True, help="Preloaded memory allocator (auto: tcmalloc when installed).")
-@click.option("--openmp", type=click.Choice(["auto", "intel", "gnu"]), default="auto", show_default=True,
-              help="OpenMP runtime of the ranks (intel: libiomp5 preloaded).")
-@click.option("--env", "env_pairs", multiple=True, callback=_env, help="Extra rank variable KEY=VALUE (repeatable).")
-@click.option("--secret", "secret_names", multiple=True, metavar="NAME",
-              help="Pass this shell's variable NAME to every rank off every command line (a 0600 file on each node, "
-              "read by the rank before the script starts); repeatable.")
-@click.option("--env-file", "env_files", multiple=True, type=click.Path(path_type=Path, dir_okay=False),
-              help="NAME=value lines passed to every rank as --secret does; repeatable.")
-@click.option("--timeout", type=click.FloatRange(min=1), help="Stop the job after this many seconds.")
 @click.option("--output-dir", type=click.Path(path_type=Path), help="Run folder [default: runs/script-<name>-...].")
 @overwrite_option
 @click.option("--ledger", type=click.Path(path_type=Path), help="Results ledger [default: ~/.cpudist/results.jsonl].")
@@ -166,11 +124,11 @@ def _request(command: tuple[str, ...], opts: dict[str, Any], np_given: bool, nod
              output_dir: Path | None) -> tuple[RunRequest, Script, Where]:
     """The options as one run's request, script and route (a sweep's run: its node count and folder)."""
     from cpudist.cpu import read_cpu
-    from cpudist.run.request import LaunchOptions, Layout, RunRequest, resolve_layout
+    from cpudist.run.request import Layout, RunRequest, resolve_layout
     from cpudist.run.script import Script, script_config
     from cpudist.run.where import where_for
 
-    route = _route(opts)
+    route = to_route(opts)
     remote = route.cluster is not None or route.head_addr is not None
     given = Layout(opts["np_"], opts["ppn"], nodes, np_given)
     np_, ppn = resolve_layout(given, remote, lambda: read_cpu().physical_cores, _say)
@@ -184,18 +142,13 @@ def _request(command: tuple[str, ...], opts: dict[str, Any], np_given: bool, nod
     script = Script(command, str(opts["workdir"]) if opts["workdir"] else None, opts["metric_file"],
                     tuple(opts["collect"]), tuple(opts["stage"]), per_node=per_node)
     launched, each = (np_ // per_node, 1) if per_node else (np_, ppn or np_)  # processes the launcher starts
-    launch_opts = LaunchOptions(launched, each, opts["launcher"], opts["mpirun"], opts["ssh"], opts["iface"],
-                                opts["allocator"], opts["openmp"], opts["env_pairs"], opts["oversubscribe"],
-                                opts["timeout"], to_slurm_options(opts["partition"], opts["time_limit"],
-                                                                  opts["account"], opts["exclusive"],
-                                                                  opts["sbatch_args"]),
-                                secrets.gather(opts["env_files"], opts["secret_names"], os.environ))
+    launch_opts = to_launch(opts, launched, each)
     cfg = script_config(script, str(output_dir) if output_dir else None, np_)
     where = where_for(route, launch_opts.nodes, ppn is not None, launch_opts.launcher)
     hostfile = str(where.hostfile) if where.hostfile and where.head is None else None
     command_line = shlex.join(["cpudist", *redact_env_args(sys.argv[1:])])
-    return (RunRequest(cfg, launch_opts, hostfile, command_line, opts["overwrite_output_dir"]),
-            script, where)
+    return (RunRequest(train=cfg, launch=launch_opts, hostfile=hostfile, command=command_line,
+                       overwrite=opts["overwrite_output_dir"]), script, where)
 
 
 def _check_accelerate(command: tuple[str, ...], per_node: bool) -> None:
@@ -208,13 +161,6 @@ def _check_accelerate(command: tuple[str, ...], per_node: bool) -> None:
         raise BadInput("`accelerate launch` starts a node's processes itself: it runs once per node",
                        "Add --per-node: cpudist launch --np 4 --ppn 2 --per-node -- accelerate launch train.py")
     check_accelerate(command)
-
-
-def _route(opts: dict[str, Any]) -> Route:
-    from cpudist.run.where import Route
-
-    return Route(opts["hostfile"], opts["cluster_name"], opts["head_addr"], opts["user"], opts["identity"],
-                 opts["remote_python"], opts["stage_code"])
 
 
 def _describe(request: RunRequest, script: Script, where: Where) -> str:

@@ -15,8 +15,8 @@ import click
 from click.core import ParameterSource
 
 from cpudist import state
-from cpudist.cli import slurm_options
 from cpudist.cli.hf_options import with_hf_defaults
+from cpudist.cli.launch_options import to_launch, to_route
 from cpudist.cli.options import SectionedCommand
 from cpudist.cli.overwrite_option import overwrite_option
 from cpudist.cli.progress import JobView
@@ -29,7 +29,6 @@ from cpudist.launch.env import redact_env_args
 from cpudist.results.schema import RunResult
 from cpudist.run.request import (
     Callbacks,
-    LaunchOptions,
     Layout,
     RunRequest,
     default_output_dir,
@@ -40,17 +39,7 @@ from cpudist.strategies import check_sync
 from cpudist.train import lora
 
 if TYPE_CHECKING:
-    from cpudist.run.where import Route, Where
-
-# run's options that are not TrainConfig fields, by what they feed
-LAUNCH = {"np_", "ppn", "nodes", "launcher", "mpirun", "ssh", "iface", "allocator", "openmp", "env_pairs",
-          "secret_names", "env_files", "shared_fs",
-          "oversubscribe", "timeout", "partition", "time_limit", "account", "exclusive", "sbatch_args",
-          "requeue", "requeue_signal_s"}
-ROUTE = {"hostfile", "cluster_name", "head_addr", "user", "identity", "remote_python", "stage_code", "on_preemption",
-         "fetch_model", "detach"}
-OUTPUT = {"output_dir", "overwrite_output_dir", "ledger", "fmt", "quiet", "dry_run"}
-
+    from cpudist.run.where import Where
 
 def summary(r: RunResult) -> str:
     """The final line: time, throughput and metrics."""
@@ -73,27 +62,6 @@ def _train_config(opts: dict[str, Any]) -> TrainConfig:
         given[key] = str(given[key]) if given.get(key) else None
     given["text_columns"] = tuple(c.strip() for c in (opts["text_columns"] or "").split(",") if c.strip())
     return TrainConfig(**{**given, "output_dir": "", "dist_timeout_s": opts["dist_timeout"]})
-
-
-def _launch(opts: dict[str, Any], np_: int, ppn: int) -> LaunchOptions:
-    slurm = slurm_options.from_opts(opts)
-    return LaunchOptions(np_, ppn, opts["launcher"], opts["mpirun"], opts["ssh"], opts["iface"], opts["allocator"],
-                         opts["openmp"], opts["env_pairs"], opts["oversubscribe"], opts["timeout"], slurm,
-                         _secrets(opts), opts["shared_fs"])
-
-
-def _secrets(opts: dict[str, Any]) -> tuple[tuple[str, str], ...]:
-    """--env-file's pairs, then --secret's (the later wins), as data: never on a command line."""
-    from cpudist import secrets
-
-    return secrets.gather(opts["env_files"], opts["secret_names"], os.environ)
-
-
-def _route(opts: dict[str, Any]) -> Route:
-    from cpudist.run.where import Route
-
-    return Route(opts["hostfile"], opts["cluster_name"], opts["head_addr"], opts["user"], opts["identity"],
-                 opts["remote_python"], opts["stage_code"], opts["on_preemption"])
 
 
 def _check_detach(where: Where, launcher: str) -> None:
@@ -128,7 +96,7 @@ def run(ctx: click.Context, **opts: Any) -> None:
     check_sync(cfg)
     check_save(cfg)
     lora.check(cfg)
-    route = _route(opts)
+    route = to_route(opts)
     output_dir = opts["output_dir"]
     if output_dir is None and cfg.resume == "auto":
         output_dir = unfinished_run(cfg)
@@ -139,16 +107,17 @@ def run(ctx: click.Context, **opts: Any) -> None:
     remote = route.cluster is not None or route.head_addr is not None
     np_, ppn = resolve_layout(given, remote, lambda: read_cpu().physical_cores, say)
     cfg = TrainConfig(**{**cfg.__dict__, "output_dir": str(output_dir or default_output_dir(cfg, np_))})
-    launch = _launch(opts, np_, ppn or np_)
+    launch = to_launch(opts, np_, ppn or np_)
     where = where_for(route, launch.nodes, ppn is not None, launch.launcher)
     if where.head is not None and opts["fetch_model"] == "no":
         where = dataclasses.replace(where, head=dataclasses.replace(where.head, fetch_model=False))
     if opts["detach"]:
         _check_detach(where, launch.launcher)
         where = dataclasses.replace(where, detach=True)
-    request = RunRequest(cfg, launch, str(where.hostfile) if where.hostfile and where.head is None else None,
-                         shlex.join(["cpudist", *redact_env_args(sys.argv[1:])]),  # run.json, card
-                         opts["overwrite_output_dir"])
+    request = RunRequest(train=cfg, launch=launch,
+                         hostfile=str(where.hostfile) if where.hostfile and where.head is None else None,
+                         command=shlex.join(["cpudist", *redact_env_args(sys.argv[1:])]),  # run.json, card
+                         overwrite=opts["overwrite_output_dir"])
     with signals_interrupt():
         if opts["dry_run"]:
             click.echo(describe(request, where), nl=False)

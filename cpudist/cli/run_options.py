@@ -10,15 +10,12 @@ import click
 
 from cpudist.cli.defaults import config_option
 from cpudist.cli.hf_options import HEADING, SECTION, hf_options
+from cpudist.cli.launch_options import launch_options, route_options
 from cpudist.cli.lora_options import lora_options
-from cpudist.cli.options import PPN, output_options
-from cpudist.cli.slurm_options import requeue_options, slurm_options
+from cpudist.cli.options import output_options
+from cpudist.cli.slurm_options import requeue_options
 from cpudist.cloud.connect import check_store_url
 from cpudist.config import BACKENDS, LR_SCALINGS, MOMENTS, OPTIMIZERS, PRECISIONS, SAMPLERS, SAVE_MODELS
-from cpudist.errors import BadInput
-from cpudist.launch.env import AUTO_PPN_WHY, parse_env_pairs
-from cpudist.launch.spec import LAUNCHERS
-from cpudist.launch.tools import OPENMP_AUTO
 from cpudist.strategies import STRATEGIES, parse_compression
 from cpudist.train.report_to import parse_report_to
 from cpudist.train.tasks import normalize_task, task_names
@@ -31,13 +28,6 @@ def _task(ctx: click.Context, param: click.Parameter, value: str) -> str:
 
 def _complete_task(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
     return [t for t in task_names() if t.startswith(incomplete.lower())]
-
-
-def _env(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    try:
-        return parse_env_pairs(value)
-    except ValueError as e:
-        raise BadInput(f"--env {e} is not of the form KEY=VALUE", "Write it as --env NAME=value") from None
 
 
 def _s3(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -61,40 +51,15 @@ def _compression(ctx: click.Context, param: click.Parameter, value: str) -> str:
 
 OPTIONS: list[Callable[[Any], Any]] = [
     click.argument("task", callback=_task, shell_complete=_complete_task),
-    click.option("--np", "np_", type=click.IntRange(min=1), default=1, show_default=True, help="Ranks in all."),
-    click.option("--ppn", type=PPN, help="Ranks per node [default: --np, on this machine]; auto: ranks and threads "
-                 "per rank from this node's cores (" + AUTO_PPN_WHY + ")."),
-    click.option("--nodes", type=click.IntRange(min=1), help="Nodes to use: --np becomes nodes x --ppn."),
-    click.option("--hostfile", type=click.Path(path_type=Path),
-                 help="Nodes to run on, head first (run from the head) [default: this machine]."),
-    click.option("--cluster", "cluster_name", help="A cluster from `cpudist cluster up`: its nodes and price; "
-                 "run from anywhere (inputs are staged on the nodes, results come back here)."),
-    click.option("--head", "head_addr", help="With --hostfile, from outside the cluster: the address this machine "
-                 "reaches the head (first host) by."),
-    click.option("--user", help="With --head: login name on the head [default: yours]."),
-    click.option("--identity", type=click.Path(exists=True, dir_okay=False),
-                 help="With --head: private key that logs in to the head [default: the ssh-setup cluster key]."),
-    click.option("--remote-python", help="Python with cpudist on the nodes [default: /opt/cpudist/bin/python, "
-                 "python3.11, python3]."),
-    click.option("--stage-code", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True,
-                 help="Send a wheel of this cpudist to the nodes: when theirs differs (auto), always, or never."),
+    launch_options,
+    requeue_options,
+    route_options,
     click.option("--fetch-model", type=click.Choice(["yes", "no"]), default="yes", show_default=True,
                  help="With --cluster or --head: bring the run's model/ home into the local run folder "
                  "(sha256-checked), or leave it in the run folder on the head."),
     click.option("--detach", is_flag=True,
                  help="With --cluster or --head: return once the ranks are up; the run goes on under the head's "
                  "agent. `cpudist logs -f RUN` follows it and brings its result home, `cpudist stop RUN` stops it."),
-    click.option("--launcher", "--mpi", "launcher", type=click.Choice(LAUNCHERS), default="auto", show_default=True,
-                 help="auto: srun inside a Slurm allocation, else the MPI of --mpirun, else MPICH's Hydra when "
-                 "installed, else torchrun. slurm: sbatch from a login node (srun inside an allocation); torchrun "
-                 "with --hostfile: one torchrun per host over SSH."),
-    slurm_options,
-    requeue_options,
-    click.option("--mpirun", type=click.Path(dir_okay=False), help="The launcher program (mpiexec.hydra or mpirun)."),
-    click.option("--ssh", help="ssh program for the launcher [default: ~/.cpudist/cluster/ssh from ssh-setup]."),
-    click.option("--iface", help="Network interface between nodes (sets GLOO_SOCKET_IFNAME)."),
-    click.option("--allocator", type=click.Choice(["auto", "tcmalloc", "jemalloc", "none"]), default="auto",
-                 show_default=True, help="Preloaded memory allocator (auto: tcmalloc when installed)."),
     click.option("--model", default="bert-base-uncased", show_default=True,
                  help="Preset (tiny, minilm-l6, bert-base, distilbert-base, bert-large), local folder or Hub id."),
     click.option("--tokenizer", help="Tokenizer source, when not the model's."),
@@ -198,9 +163,6 @@ OPTIONS: list[Callable[[Any], Any]] = [
                  "transformers does."),
     click.option("--ipex", is_flag=True, help="Apply Intel Extension for PyTorch's optimize() (needs its matching "
                  "torch; archived upstream in 2026)."),
-    click.option("--openmp", type=click.Choice(["auto", "intel", "gnu"]), default="auto", show_default=True,
-                 help="OpenMP runtime of the ranks: Intel's libiomp5 (pip install intel-openmp) with KMP_AFFINITY/"
-                 "KMP_BLOCKTIME, or torch's own GNU one (auto: " + OPENMP_AUTO + ", the faster one measured here)."),
     click.option("--sync", type=click.Choice(STRATEGIES), default="ddp", show_default=True,
                  help="How ranks agree: ddp (buckets all-reduced in backward), allreduce (one flattened all-reduce "
                  "after it), gather-scatter (through rank 0), local-sgd (average parameters every --sync-every)."),
@@ -235,17 +197,8 @@ OPTIONS: list[Callable[[Any], Any]] = [
     click.option("--output-dir", type=click.Path(path_type=Path), help="Run folder [default: runs/<task>-...]."),
     click.option("--ledger", type=click.Path(path_type=Path),
                  help="Results ledger [default: ~/.cpudist/results.jsonl]."),
-    click.option("--env", "env_pairs", multiple=True, callback=_env,
-                 help="Extra rank variable KEY=VALUE (repeatable)."),
-    click.option("--secret", "secret_names", multiple=True, metavar="NAME",
-                 help="Pass this shell's variable NAME to every rank off every command line (a 0600 file on each "
-                      "node, read by the rank); repeatable."),
-    click.option("--env-file", "env_files", multiple=True, type=click.Path(path_type=Path, dir_okay=False),
-                 help="NAME=value lines passed to every rank as --secret does; repeatable."),
     click.option("--shared-fs", is_flag=True,
                  help="Every node sees this node's paths (NFS): run from the head without staging its inputs."),
-    click.option("--oversubscribe", is_flag=True, help="Allow more ranks per node than its cores."),
-    click.option("--timeout", type=click.FloatRange(min=1), help="Stop the job after this many seconds."),
     click.option("--dry-run", is_flag=True, help="Print the command and environment; run nothing."),
     output_options(),
     click.option("--quiet", is_flag=True, help="Only errors and the final line (rank output: ranks.log)."),

@@ -12,12 +12,8 @@ from cpudist.launch.slurm import SlurmOptions
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-NAMES = ("partition", "time_limit", "account", "exclusive", "sbatch_args")
-REQUEUE_NAMES = ("requeue", "requeue_signal_s")
-
-
 def slurm_options(command: F) -> F:
-    """Add --partition --time --account --exclusive --sbatch-arg to a command (see `to_slurm_options`)."""
+    """Add --partition --time --account --exclusive --sbatch-arg to a command (see `from_opts`)."""
     options = [
         click.option("--partition", help="--launcher slurm: the Slurm partition."),
         click.option("--time", "time_limit", help="--launcher slurm: the job's time limit (minutes, MM:SS, "
@@ -47,13 +43,8 @@ def requeue_options(command: F) -> F:
     return command
 
 
-def to_slurm_options(partition: str | None, time_limit: str | None, account: str | None, exclusive: bool,
-                     sbatch_args: tuple[str, ...], requeue: bool = False, signal_s: int = 120) -> SlurmOptions:
-    """The SlurmOptions of the values `slurm_options` added to a command."""
-    return SlurmOptions(partition, time_limit, account, exclusive, sbatch_args, requeue, signal_s)
-
-
-def from_opts(opts: dict[str, object]) -> SlurmOptions:
+def from_opts(opts: dict[str, Any]) -> SlurmOptions:
     """The SlurmOptions in a command's options (what `slurm_options` and, if given, `requeue_options` added)."""
-    return to_slurm_options(*(opts[name] for name in NAMES),  # type: ignore[arg-type]
-                            *(opts[name] for name in REQUEUE_NAMES if name in opts))
+    return SlurmOptions(partition=opts["partition"], time=opts["time_limit"], account=opts["account"],
+                        exclusive=opts["exclusive"], sbatch_args=opts["sbatch_args"],
+                        requeue=opts.get("requeue", False), signal_s=opts.get("requeue_signal_s", 120))

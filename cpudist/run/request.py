@@ -20,7 +20,7 @@ from cpudist.launch.slurm import SlurmOptions
 from cpudist.wire import stop_marker
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LaunchOptions:
     """How many ranks, where they go, and how the launcher starts them."""
 

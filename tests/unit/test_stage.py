@@ -72,7 +72,7 @@ def test_fan_out_script_names_every_host_and_folder() -> None:
 
 def test_job_request_round_trip_and_status_lines() -> None:
     cfg = TrainConfig(task="mrpc", output_dir="/r", text_columns=("a", "b"), max_steps=3)
-    launch = LaunchOptions(4, 1, "mpich", env=(("A", "1"),), timeout_s=60.0,
+    launch = LaunchOptions(np=4, ppn=1, launcher="mpich", env=(("A", "1"),), timeout_s=60.0,
                            slurm=SlurmOptions("cpu", "10", None, True, ("--mem=0",)))
     req = RunRequest(cfg, launch, "/r/hostfile.in")
     assert RunRequest.from_json(req.to_json()) == req
