@@ -123,8 +123,8 @@ class TrainConfig:
     model_s3: str | None = None  # s3://bucket/prefix: rank 0 copies the saved model there (train/model_upload.py)
     resume: str | None = None  # auto: the newest usable checkpoint, if any | a checkpoint or its folder
     resume_required: bool = False  # a recovery's part: no checkpoint found stops it, never step 0
-    model_given: str = ""  # the model as the user named it where staging moved it to a node's path (a LoRA adapter's
-    # base names it: the user loads the adapter where the model came from, not from a node's stage folder)
+    model_given: str = ""  # where staging took the model from (the launching side's absolute path): a LoRA adapter
+    # names its base there, so it loads where the model comes home, not from a node's stage folder
     run_id: str = ""  # the run's id (cpudist/run/identity.py), given by `cpudist run`; a resume keeps the run's
     imds: str = "auto"  # spot notices: auto (AWS's metadata service on EC2) | off | URL
     freeze_embeddings: bool = False  # the word-embedding table is not trained (cpudist/train/speed.py)

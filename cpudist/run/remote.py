@@ -202,7 +202,7 @@ def stage_run(head: Remote, request: RunRequest, head_spec: Head, say: Any, star
         f"{home}/{state.RUNS_DIR}/{local_dir.name}"
     head.check(f"mkdir -p {shlex.quote(run_dir)} && cat > {shlex.quote(run_dir)}/hostfile.in",
                stdin=render_hostfile(nodes).encode())
-    moved = stage.moved_fields(cfg.model, cfg.model_given, inputs, home)
+    moved = stage.moved_fields(cfg.model_given, inputs, home)
     env = request.launch.env + ((("PYTHONPATH", pythonpath),) if pythonpath else ())
     job = dataclasses.replace(request.with_train(output_dir=run_dir, **moved), hostfile=f"{run_dir}/hostfile.in",
                               launch=dataclasses.replace(request.launch, env=env))

@@ -239,10 +239,12 @@ class Counted:
             yield chunk
 
 
-def moved_fields(model: str, model_given: str, staged: Iterable[tuple[str, StageItem]], home: str) -> dict[str, str]:
-    """The config fields staging points at the nodes' copies (data_dir, model, ...); a moved model keeps the name the
-    user gave it in model_given."""
-    out = {name: it.remote_path(home) for name, it in staged}
-    if "model" in out and not model_given:
-        out["model_given"] = model
+def moved_fields(model_given: str, staged: Iterable[tuple[str, StageItem]], home: str) -> dict[str, str]:
+    """The config fields staging points at the nodes' copies (data_dir, model, ...); a moved model keeps in
+    model_given the absolute path it was staged from, so that the run's model (an adapter names its base) finds
+    it again where it comes home."""
+    items = dict(staged)
+    out = {name: it.remote_path(home) for name, it in items.items()}
+    if "model" in items and not model_given:
+        out["model_given"] = str(items["model"].local)
     return out

@@ -82,7 +82,7 @@ def stage_here(request: RunRequest, say: Callable[[str], None]) -> tuple[RunRequ
                         "or pass --shared-fs when they all see this node's paths")
     copies = sum(kind == "sent" for kind, _, _ in results)
     say(f"staged {len(items)} input(s) on {len(others)} other node(s) ({copies} copied; --shared-fs skips this)")
-    moved = stage.moved_fields(request.train.model, request.train.model_given, items, home)
+    moved = stage.moved_fields(request.train.model_given, items, home)
     return request.with_train(**moved), {"copies_to_nodes": copies, "from": "head"}
 
 

@@ -167,7 +167,7 @@ def save(model: torch.nn.Module, folder: Path, state: dict[str, Any] | None, cfg
 
         peft_config: Any = model.peft_config["default"]  # type: ignore[index]
         here = Path(resolve_model(cfg.model)).expanduser()
-        if cfg.model_given:  # staged to the nodes: the base as the user named it, not this node's stage folder
+        if cfg.model_given:  # staged to the nodes: where the launching side found it, not this node's stage copy
             peft_config.base_model_name_or_path = cfg.model_given
         elif here.is_dir():
             # where the run found it (a folder, the installed offline MiniLM): loads offline

@@ -484,3 +484,25 @@ def test_a_detached_run_leaves_no_secret_value_in_any_file(site: World) -> None:
     grep = subprocess.run(["grep", "-rlF", "-e", token, "-e", hf, *laptop], capture_output=True, text=True)
     assert grep.returncode == 1 and grep.stdout == "", grep.stdout
     assert wait_no_leftovers(site) == []
+
+
+def test_a_lora_adapter_from_the_laptop_names_its_base_where_the_model_came_home(site: World) -> None:
+    """A base folder on the laptop, named relative to where `run` was typed and staged to the head: the adapter
+    that comes home names the laptop's absolute path of it (the head trained from its stage copy), and loads on
+    the laptop offline, from another folder, with the run's class names (docs/hf.md's snippet)."""
+    from tests.integration.test_hf_migration import documented_reload
+    from tests.integration.test_lora import tiny_base
+
+    tiny_base(site.operator_path("my-bert"))  # the laptop's own: the hosts never see its home
+    r = run_from_laptop(site, "lora-home", "--model", "./my-bert", "--peft", "lora")
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    model = site.operator_path("runs/lora-home/model")
+    base = json.loads((model / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert base == "/srv/cpd-operator/my-bert"
+    site.operator_path("elsewhere").mkdir()
+    loaded = site.operator_run(["env", "-C", "/srv/cpd-operator/elsewhere", sys.executable, "-c",
+                                documented_reload(), "../runs/lora-home/model"],
+                               env={"HF_HUB_OFFLINE": "1", "HF_HOME": "/srv/cpd-operator/empty-hf"}, timeout=300)
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    said = json.loads(loaded.stdout.strip().splitlines()[-1])
+    assert said["labels"] == {"0": "not_equivalent", "1": "equivalent"}

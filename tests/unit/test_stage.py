@@ -207,3 +207,17 @@ def test_the_archive_streams_in_chunks(tmp_path: Path) -> None:
     assert len(chunks) >= 6 and max(len(c) for c in chunks) <= 2 * stage.CHUNK
     assert _receive(stage.receive_script(it.remote_dir(str(tmp_path))), b"".join(chunks)).returncode == 0
     assert Path(it.remote_dir(str(tmp_path)), "big.bin").read_bytes() == (src / "big.bin").read_bytes()
+
+
+def test_a_moved_model_keeps_the_absolute_path_it_was_staged_from(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                  ) -> None:
+    """A model named relative to where `run` was typed: model_given is that folder's absolute path (an adapter
+    names its base there, and loads where the model comes home); a model_given from an earlier staging stays."""
+    _tree(tmp_path / "my-bert", {"config.json": "{}"})
+    monkeypatch.chdir(tmp_path)
+    staged = [("model", stage.item("model", Path("my-bert"))), ("data_dir", stage.item("data", tmp_path))]
+    moved = stage.moved_fields("", staged, "/home/u")
+    assert moved["model_given"] == str(tmp_path.resolve() / "my-bert")
+    assert moved["model"].startswith("/home/u/") and moved["data_dir"].startswith("/home/u/")
+    assert "model_given" not in stage.moved_fields("/laptop/my-bert", staged, "/home/u")  # the config's stays
+    assert "model_given" not in stage.moved_fields("", staged[1:], "/home/u")
