@@ -16,6 +16,7 @@ one local SGD run holds every state local SGD and DiLoCo keep).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from pathlib import Path
@@ -139,3 +140,30 @@ def test_resume_restores_every_ranks_local_sgd_and_diloco_state(shared_data: Pat
     assert one.returncode == 2, one.stderr
     assert "holds each of 2 ranks' own" in one.stderr and "Resume with --np 2" in one.stderr
     assert not (tmp_path / "one" / "steps.jsonl").exists()
+
+
+def test_a_cosine_schedule_stopped_and_resumed_logs_the_straight_runs_rates_and_losses(shared_data: Path,
+                                                                                       tmp_path: Path) -> None:
+    """--lr-scheduler cosine with --warmup-steps, as a user stops and resumes it: every rank SIGTERMed mid-run (the
+    stop's checkpoint, exit 75), then the same command with --resume auto. Its steps.jsonl, both parts, holds the
+    straight run's learning rate at every step, exactly, and its losses."""
+    total = 24
+    cosine = ["--lr-scheduler", "cosine", "--warmup-steps", "3"]
+    straight = tmp_path / "straight"
+    r = cpudist("run", *common(shared_data, total), *cosine, "--output-dir", straight)
+    assert r.returncode == 0, r.stderr
+    lrs = [steps(straight)[n]["lr"] for n in range(1, total + 1)]
+    assert lrs[0] < lrs[1] < lrs[2] and all(a > b for a, b in itertools.pairwise(lrs[3:])), lrs  # warm-up, then decay
+    run_dir = tmp_path / "run"
+    args = [*common(shared_data, total), *cosine, "--output-dir", str(run_dir)]
+    stopped = sigterm_ranks_at(args, run_dir, 4, tmp_path)
+    assert stopped.returncode == 75, stopped.stderr
+    at = json.loads((run_dir / "preempted.json").read_text())["step"]
+    assert 4 <= at < total, at
+    resumed = cpudist("run", *args, "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming from {run_dir}/checkpoints/step-{at:06d}" in resumed.stderr
+    both = steps(run_dir)
+    assert sorted(both) == list(range(1, total + 1))
+    assert [both[n]["lr"] for n in range(1, total + 1)] == lrs
+    assert_goes_on_as(straight, run_dir, 0, total)
