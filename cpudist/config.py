@@ -15,6 +15,7 @@ from typing import Any
 
 from cpudist.errors import BadInput
 from cpudist.strategies import STRATEGIES, SyncSpec, parse_compression
+from cpudist.wire import programs
 
 POWERSGD_START_SHARE = 0.1  # PowerSGD's plain fp32 steps before it compresses: 10% of the run
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -211,7 +212,7 @@ def _decoder(hint: Any) -> Any:
 def from_argv(argv: list[str]) -> TrainConfig:
     """Parse what `to_argv` rendered back into a TrainConfig."""
     hints = typing.get_type_hints(TrainConfig)
-    parser = argparse.ArgumentParser(prog="python -m cpudist.rank")
+    parser = argparse.ArgumentParser(prog=programs.usage(programs.RANK))
     for f in dataclasses.fields(TrainConfig):
         required = _default(f) is dataclasses.MISSING
         parser.add_argument(_flag(f.name), dest=f.name, type=_decoder(hints[f.name]),

@@ -24,11 +24,11 @@ from cpudist.cloud.aws.notice import NoticeWatcher, imds_endpoint
 from cpudist.cloud.aws.objects import S3Objects
 from cpudist.config import from_argv
 from cpudist.errors import CpudistError
-from cpudist.launch.runner import LOST_PEER
 from cpudist.train.dist import discover_rank, exit_rank, shutdown_distributed
 from cpudist.train.main import Provider, run
 from cpudist.train.preempt import NoticePoller
 from cpudist.train.startup import Startup
+from cpudist.wire import exits, rank_errors
 
 
 def spot_notices(setting: str) -> NoticePoller | None:
@@ -71,20 +71,21 @@ def main(argv: list[str] | None = None) -> int:
         rank = str(info.rank)
         return run(cfg, info, AWS, startup)
     except CpudistError as e:
-        sys.stderr.write(f"[{socket.gethostname()}:{rank}] error: {e.message}\n")
+        sys.stderr.write(rank_errors.error_line(socket.gethostname(), rank, e.message))
         sys.stderr.flush()
         return e.exit_code
     except OSError as e:  # e.g. a model or tokenizer that cannot be loaded
-        sys.stderr.write(f"[{socket.gethostname()}:{rank}] error: {e}\n")
+        sys.stderr.write(rank_errors.error_line(socket.gethostname(), rank, str(e)))
         sys.stderr.flush()
-        return 1
+        return exits.FAILED
     except RuntimeError as e:
         if not lost_peer(e):
             raise  # a bug: its traceback is what a report needs
         # A peer that failed (its own error line says why) or died breaks this rank's next collective.
-        sys.stderr.write(f"[{socket.gethostname()}:{rank}] {LOST_PEER}{peer_line(e, cfg.dist_timeout_s)}\n")
+        why = peer_line(e, cfg.dist_timeout_s)
+        sys.stderr.write(rank_errors.lost_peer_line(socket.gethostname(), rank, why))
         sys.stderr.flush()
-        return 1
+        return exits.FAILED
     finally:
         shutdown_distributed()
 

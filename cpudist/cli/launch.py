@@ -24,6 +24,7 @@ from cpudist.errors import BadInput, CpudistError, JobFailed
 from cpudist.interrupts import signals_interrupt
 from cpudist.launch.env import redact_env_args
 from cpudist.results.schema import RunResult
+from cpudist.wire import names
 
 if TYPE_CHECKING:
     from cpudist.run.request import RunRequest
@@ -49,7 +50,7 @@ def summary(r: RunResult) -> str:
     speed = f", {r.train_samples_per_s:.1f} samples/s" if r.train_samples_per_s else ""
     return (f"done: {r.model} on {r.world_size} rank(s), {len(r.nodes)} node(s), "
             f"{r.threads_per_rank} thread(s) each: wall {r.wall_time_s:.1f}s{speed}, {metrics}  "
-            f"-> {r.run_dir}/result.json")
+            f"-> {r.run_dir}/{names.RESULT}")
 
 
 SECTIONS = {

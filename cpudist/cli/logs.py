@@ -11,6 +11,7 @@ import click
 from cpudist import state
 from cpudist.errors import BadInput
 from cpudist.results.ledger import read_ledger
+from cpudist.wire import exits, names
 
 if TYPE_CHECKING:
     from cpudist.run.identity import RunInfo
@@ -46,14 +47,14 @@ def _attach(ctx: click.Context, info: RunInfo) -> None:
     try:
         attach(info, Callbacks(on_event, lambda line: _emit(line + "\n"), lambda line: _emit(f"[cpudist] {line}\n")))
     except KeyboardInterrupt:
-        ctx.exit(130)  # following stopped, the run goes on
+        ctx.exit(exits.INTERRUPTED)  # following stopped, the run goes on
     except CpudistError as e:
         now = read_run(Path(info.run_dir))
         if now is None or now.state == "running":
             raise  # not the run's end: following it failed
         click.echo(f"[cpudist] run {info.id} is {now.state}: {e.what}", err=True)
         return
-    click.echo(f"[cpudist] run {info.id} is finished: {Path(info.run_dir) / 'result.json'}", err=True)
+    click.echo(f"[cpudist] run {info.id} is finished: {Path(info.run_dir) / names.RESULT}", err=True)
 
 
 @click.command()
@@ -96,6 +97,6 @@ def logs(ctx: click.Context, run: str, follow: bool, from_head: bool, user: str 
         else:
             ended = show(run_dir, _emit, follow)
     except KeyboardInterrupt:
-        ctx.exit(130)  # following stopped, the run goes on
+        ctx.exit(exits.INTERRUPTED)  # following stopped, the run goes on
     if follow and ended:
         click.echo(f"[cpudist] run {row.id} is {ended}", err=True)

@@ -9,6 +9,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from cpudist.wire import events
+
 HELD_LINES = 20  # --quiet: the rank lines shown when the job fails (all are in ranks.log)
 
 
@@ -39,8 +41,8 @@ class JobView:
             print(line, file=sys.stderr, flush=True)
 
     def on_event(self, event: dict[str, Any]) -> None:
-        kind = event.get("event")
-        if kind == "start":
+        kind = events.kind(event)
+        if kind == events.START:
             total = int(event["total"])
             if self.live and not self.quiet:
                 self.progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
@@ -52,32 +54,32 @@ class JobView:
             else:
                 done = int(event.get("step", 0))
                 self._plain(f"training: {total} steps" + (f", from step {done}" if done else ""))
-        elif kind == "progress":
+        elif kind == events.PROGRESS:
             info = f"loss {event['loss']:.4f}  {event['samples_per_s']:.1f} samples/s"
             if self.progress is not None:
                 self.progress.update(self.task_id, completed=event["step"], info=info)
             else:
                 self._plain(f"step {event['step']}/{event['total']}  {info}")
-        elif kind == "checkpoint":
+        elif kind == events.CHECKPOINT:
             self.on_line(f"[cpudist] checkpoint at step {event['step']}: {event['path']}")
-        elif kind == "preempted":
+        elif kind == events.PREEMPTED:
             self.close()
             self._plain(f"stopping at step {event['step']}: {event['reason']} on {event['host']}")
-        elif kind == "evaluated":  # during training (--eval-every): the bar goes on
+        elif kind == events.EVALUATED:  # during training (--eval-every): the bar goes on
             scores = " ".join(f"{k}={v:.4f}" for k, v in event["metrics"].items())
             if not self.quiet:
                 self.on_line(f"[cpudist] evaluation at step {event['step']}: {scores}")
-        elif kind == "model":
+        elif kind == events.MODEL:
             self._plain(f"model saved: {event['path']} (step {event['step']}, {event['bytes'] / 1e6:.1f} MB, "
                         f"{event['seconds']:.1f}s)")
-        elif kind == "model_s3":
+        elif kind == events.MODEL_S3:
             if "error" in event:  # shown even with --quiet: the copy the user asked for is missing
                 print(f"[cpudist] WARNING: the model was not copied to {event['url']}: {event['error']} (it is in the "
                       "run folder)", file=sys.stderr, flush=True)
             else:
                 self._plain(f"model copied to {event['url']} ({event['files']} files, {event['bytes'] / 1e6:.1f} MB, "
                             f"{event['seconds']:.1f}s)")
-        elif kind == "eval":
+        elif kind == events.EVAL:
             self.close()
             self._plain(f"evaluating on {event['rows']} rows")
 

@@ -37,6 +37,7 @@ from cpudist.run.request import (
 )
 from cpudist.strategies import check_sync
 from cpudist.train import lora
+from cpudist.wire import names
 
 if TYPE_CHECKING:
     from cpudist.run.where import Where
@@ -49,7 +50,7 @@ def summary(r: RunResult) -> str:
         metrics += f"; stopped early at step {early['step']}: {early['reason']}"
     return (f"done: {r.task} {r.model} on {r.world_size} rank(s), {len(r.nodes)} node(s): "
             f"train {r.train_time_s:.1f}s, {r.train_samples_per_s:.1f} samples/s, "
-            f"wall {r.wall_time_s:.1f}s, {metrics}  -> {r.run_dir}/result.json"
+            f"wall {r.wall_time_s:.1f}s, {metrics}  -> {r.run_dir}/{names.RESULT}"
             + (f", model {r.model_dir}" if r.model_dir else "")
             + (f" and {r.model_s3['url']}" if r.model_s3.get("url") and "error" not in r.model_s3 else ""))
 

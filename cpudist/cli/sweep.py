@@ -19,6 +19,7 @@ from cpudist.hostfile import read_hostfile
 from cpudist.results.ledger import read_result
 from cpudist.results.schema import RunResult
 from cpudist.run.sweep import SeriesHosts, check_series, default_sweep_dir, parse_counts, run_dirs
+from cpudist.wire import names
 
 # run's options that a series sets itself for each count, and as what run sees them: --np left to
 # follow --nodes x --ppn (run's own rule, --ppn auto included); --output-dir of the sweep holds the runs'
@@ -111,7 +112,7 @@ def sweep(ctx: click.Context, counts: tuple[int, ...], output_dir: Path | None, 
                 show_report(done, fmt, plot)
             raise _same_kind(e)(f"sweep stopped: the run on {n} node(s) failed: {e.message}") from e
         if not dry_run:
-            done.append(read_result(dirs[n] / "result.json"))
+            done.append(read_result(dirs[n] / names.RESULT))
     if done:
         show_report(done, fmt, plot)
 

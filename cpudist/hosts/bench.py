@@ -28,6 +28,7 @@ from cpudist.launch.runner import failed_host
 from cpudist.launch.spec import Launch, RunSpec
 from cpudist.launch.tools import free_port, resolve_launcher
 from cpudist.traffic import ring_factor
+from cpudist.wire import events, programs
 
 DEFAULT_SIZES = "1MB,8MB,32MB,64MB"
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -163,7 +164,7 @@ def probe_spec(probe: Probe, workdir: Path, dry_run: bool = False) -> RunSpec:
                        "List at least two nodes in the hostfile (or raise --ppn to measure one node's loopback)")
     name, path = resolve_launcher(probe.launcher, probe.mpirun)
     hosts, hostfile, ssh = cluster_hosts(probe.hostfile, (np_, probe.ppn, False), probe.ssh, workdir, name, dry_run)
-    program = ("cpudist.hosts.bench_rank", "--sizes", ",".join(map(str, probe.sizes)), "--iters", str(probe.iters),
+    program = (programs.BENCH_RANK, "--sizes", ",".join(map(str, probe.sizes)), "--iters", str(probe.iters),
                "--warmup", str(probe.warmup), "--timeout", str(probe.dist_timeout_s))
     return RunSpec(train=TrainConfig(task="hosts-bench", output_dir=str(workdir)), np=np_, ppn=probe.ppn,
                    hosts=hosts, launcher=name, launcher_path=path, python=sys.executable, master_addr=hosts[0].name,
@@ -175,7 +176,7 @@ def run_probe(probe: Probe, spec: RunSpec, launch: Launch, timeout_s: float,
               on_line: Callable[[str], None]) -> BenchResult:
     """Run the ranks to the end and return what rank 0 reported."""
     found: list[dict[str, Any]] = []
-    outcome = runner.execute(launch, os.environ, lambda e: found.append(e) if e.get("event") == "bench" else None,
+    outcome = runner.execute(launch, os.environ, lambda e: found.append(e) if events.kind(e) == events.BENCH else None,
                              on_line, timeout_s)
     if outcome.timed_out:
         raise JobFailed(f"the probe ran past --timeout {timeout_s:g}s and was stopped",

@@ -18,9 +18,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from cpudist import events
 from cpudist.cpu import read_cpu
 from cpudist.train.dist import discover_rank, exit_rank, init_distributed, shutdown_distributed
+from cpudist.wire import events, programs
 
 
 def time_size(nbytes: int, iters: int, warmup: int) -> float:
@@ -40,7 +40,7 @@ def time_size(nbytes: int, iters: int, warmup: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m cpudist.hosts.bench_rank")
+    parser = argparse.ArgumentParser(prog=programs.usage(programs.BENCH_RANK))
     parser.add_argument("--sizes", required=True, help="bytes per all-reduce, comma-separated")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     medians = [time_size(n, args.iters, args.warmup) for n in sizes]
     if info.rank == 0:
-        events.emit("bench", hosts=hosts, sizes=sizes, medians=medians, iters=args.iters, warmup=args.warmup,
+        events.emit(events.BENCH, hosts=hosts, sizes=sizes, medians=medians, iters=args.iters, warmup=args.warmup,
                     world_size=info.world_size, cpu=read_cpu().summary())
     shutdown_distributed()
 

@@ -16,6 +16,7 @@ from cpudist.hosts.probe import facts as local_facts
 from cpudist.ssh.client import Remote, Target
 from cpudist.ssh.known_hosts import KnownHosts
 from cpudist.ssh.setup import parallel
+from cpudist.wire import programs
 
 SAME_AS_HEAD = ("python", "cpudist", "torch", "transformers")
 SAME_AS_HERE = ("cpudist", "torch", "mpi")  # what the laptop's cpudist must match to launch there
@@ -80,7 +81,7 @@ def probe(host: Host, user: str | None, identity: str | None, port: int, python:
     key = identity or (str(state.local_cluster_dir() / "id_ed25519")
                        if (state.local_cluster_dir() / "id_ed25519").exists() else None)
     with Remote(Target(host.name, user, port, key), known) as remote:
-        code, out, err = remote.run(f"{shlex.quote(python)} -m cpudist.hosts.probe", timeout=60)
+        code, out, err = remote.run(f"{shlex.quote(python)} -m {programs.PROBE}", timeout=60)
     if code != 0:
         raise CpudistError(f"{host.name}: the probe failed with exit code {code}: {err.strip()[-200:]}",
                            f"Install the same Python at {python} and cpudist on every node")

@@ -14,10 +14,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cpudist import events
 from cpudist.errors import Interrupted
 from cpudist.launch.spec import Launch
 from cpudist.launch.watch import NodeWatch
+from cpudist.wire import events, rank_errors
 from cpudist.wire.checkpointing import Saving
 
 GRACE_S = 10.0  # between SIGTERM and SIGKILL of the launcher's process group
@@ -31,8 +31,6 @@ FAILED_GRACE_S = 20.0
 
 
 _LAUNCHER_BLAME = (re.compile(r"RUNNING AT (\S+)"), re.compile(r"on node (\S+?)[ ,.]"))
-_RANK_ERROR = re.compile(r"\[([^\]:\s]+)(?::\d+)?\] error: ")  # rank.py's, script_rank.py's
-LOST_PEER = "error: lost a peer rank: "  # rank.py's line for a collective broken by a peer: a consequence, not a cause
 
 
 def failed_host(lines: tuple[str, ...]) -> str | None:
@@ -44,15 +42,16 @@ def failed_host(lines: tuple[str, ...]) -> str | None:
             m = pattern.search(line)
             if m:
                 return m.group(1)
-    errors = sorted((LOST_PEER in line, m.group(1)) for line in lines if (m := _RANK_ERROR.search(line)))
+    errors = sorted((rank_errors.is_lost_peer(line), host) for line in lines
+                    if (host := rank_errors.host_of(line)))
     return errors[0][1] if errors else None
 
 
 def rank_error(lines: tuple[str, ...], host: str | None) -> str | None:
     """The rank error line that says most about a failure that began on `host`: that host's own, else the first
     that is not a lost peer, else the first."""
-    errors = [(line.strip(), m.group(1)) for line in lines if (m := _RANK_ERROR.search(line))]
-    ranked = sorted(errors, key=lambda e: (e[1] != host, LOST_PEER in e[0]))
+    errors = [(line.strip(), found) for line in lines if (found := rank_errors.host_of(line))]
+    ranked = sorted(errors, key=lambda e: (e[1] != host, rank_errors.is_lost_peer(e[0])))
     return ranked[0][0] if ranked else None
 
 
@@ -146,7 +145,7 @@ def execute(launch: Launch, base_env: Mapping[str, str], on_event: Callable[[dic
                 continue
             tail = [*tail, line][-20:]
             on_line(line)
-            if LOST_PEER in line and failing.ident is None:  # not started yet: the first such line only
+            if rank_errors.is_lost_peer(line) and failing.ident is None:  # not started yet: the first such line only
                 failing.start()
         proc.wait()
     except KeyboardInterrupt:

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cpudist import events
 from cpudist.cpu import read_cpu, read_cpu_quota, usable_cores
 from cpudist.errors import BadInput, JobFailed
 from cpudist.predict import match, outputs
@@ -21,6 +20,7 @@ from cpudist.predict.inputs import Inputs, read_file, read_split
 from cpudist.predict.source import Settings, Source, find_source
 from cpudist.train.tasks import GLUE_TASKS
 from cpudist.train.threads import pinned_threads
+from cpudist.wire import events, programs
 
 DEFAULT_BATCH = 64  # the run's default --eval-batch-size: the same batches, the same numbers
 DEFAULT_MAX_LEN = 128  # the run's default --max-seq-len
@@ -171,7 +171,7 @@ def _run_processes(p: Plan, on_rows: Callable[[int], None]) -> list[list[tuple[i
         sel = selectors.DefaultSelector()
         try:
             for rank in range(p.np):
-                argv = [sys.executable, "-m", "cpudist.predict.worker", str(request), str(rank), str(p.np),
+                argv = [sys.executable, "-m", programs.PREDICT_WORKER, str(request), str(rank), str(p.np),
                         str(folder / f"part-{rank}.json")]
                 with open(folder / f"stderr-{rank}", "w") as err:
                     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
@@ -185,7 +185,7 @@ def _run_processes(p: Plan, on_rows: Callable[[int], None]) -> list[list[tuple[i
                     if not line:
                         sel.unregister(key.fileobj)
                         open_pipes -= 1
-                    elif (event := events.parse(line)) is not None and event.get("event") == "rows":
+                    elif (event := events.parse(line)) is not None and events.kind(event) == events.ROWS:
                         on_rows(int(event["rows"]))
             for rank, proc in enumerate(procs):
                 if proc.wait() != 0:

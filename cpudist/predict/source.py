@@ -11,8 +11,8 @@ from typing import Any
 
 from cpudist.errors import BadInput
 from cpudist.train.lora import is_adapter
+from cpudist.wire import names, programs
 
-RANK_MODULE = "cpudist.rank"  # the rank program's words follow it in command.txt
 # A tokenizer's own files: without one, transformers 5 builds an empty tokenizer from config.json without a word.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model",
                    "sentencepiece.bpe.model")
@@ -49,7 +49,7 @@ class Source:
 
 
 def _is_run_folder(path: Path) -> bool:
-    return any((path / name).is_file() for name in ("result.json", "command.txt", "steps.jsonl", "run.json"))
+    return any((path / name).is_file() for name in (names.RESULT, names.COMMAND, names.STEPS, names.RUN))
 
 
 def find_source(given: Path) -> Source:
@@ -61,8 +61,8 @@ def find_source(given: Path) -> Source:
     if (path / "config.json").is_file():
         model_dir = path
         run_dir = path.parent if _is_run_folder(path.parent) else None
-    elif (path / "model" / "config.json").is_file():
-        model_dir, run_dir = path / "model", path
+    elif (path / names.MODEL / "config.json").is_file():
+        model_dir, run_dir = path / names.MODEL, path
     elif _is_run_folder(path):
         raise BadInput(f"run folder {path} has no model/ (the run did not save its model)",
                        "Re-run `cpudist run` with --save-model last (the default) to get <run>/model/, "
@@ -118,14 +118,14 @@ def label_names(model_dir: Path) -> tuple[str, ...]:
 def _rank_words(command: str) -> list[str]:
     """The rank program's own options in command.txt (the launcher's words before them dropped)."""
     for line in command.splitlines():
-        if RANK_MODULE not in line:
+        if programs.RANK not in line:
             continue
         try:
             words = shlex.split(line)
         except ValueError:
             continue
-        if RANK_MODULE in words:
-            return words[words.index(RANK_MODULE) + 1:]
+        if programs.RANK in words:  # the rank program's words follow it
+            return words[words.index(programs.RANK) + 1:]
     return []
 
 
@@ -133,14 +133,14 @@ def read_facts(run_dir: Path) -> RunFacts:
     """result.json's precision, lengths, metrics and data folder as the user gave it (command.txt names the copy the
     ranks read: a head's stage folder from a laptop), and the rank options in command.txt; missing parts stay None."""
     result: dict[str, Any] = {}
-    if (run_dir / "result.json").is_file():
+    if (run_dir / names.RESULT).is_file():
         try:
-            result = json.loads((run_dir / "result.json").read_text())
+            result = json.loads((run_dir / names.RESULT).read_text())
         except json.JSONDecodeError:
             result = {}
     cfg = None
-    if (run_dir / "command.txt").is_file():
-        words = _rank_words((run_dir / "command.txt").read_text())
+    if (run_dir / names.COMMAND).is_file():
+        words = _rank_words((run_dir / names.COMMAND).read_text())
         if words:
             from cpudist.config import from_argv  # parsing only, no torch
 

@@ -10,10 +10,10 @@ import json
 import sys
 from pathlib import Path
 
-from cpudist import events
 from cpudist.errors import CpudistError
 from cpudist.predict.infer import run_shard
 from cpudist.predict.source import Settings
+from cpudist.wire import events
 
 
 def main(argv: list[str]) -> int:
@@ -22,7 +22,7 @@ def main(argv: list[str]) -> int:
     settings = Settings(**request["settings"])
     texts = tuple(tuple(col) for col in request["texts"])
     try:
-        pairs = run_shard(texts, rank, world, settings, lambda n: events.emit("rows", rank=rank, rows=n))
+        pairs = run_shard(texts, rank, world, settings, lambda n: events.emit(events.ROWS, rank=rank, rows=n))
     except CpudistError as e:
         print(e.format_message(), file=sys.stderr)
         return e.exit_code

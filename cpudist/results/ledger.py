@@ -10,6 +10,7 @@ from pathlib import Path
 
 from cpudist.errors import BadInput
 from cpudist.results.schema import RunResult
+from cpudist.wire import names
 
 
 def append(path: Path, result: RunResult) -> None:
@@ -49,8 +50,8 @@ def load_sources(paths: Iterable[Path]) -> list[RunResult]:
     out: list[RunResult] = []
     for path in paths:
         if path.is_dir():
-            found = sorted([path / "result.json"] if (path / "result.json").is_file()
-                           else path.glob("*/result.json"))
+            found = sorted([path / names.RESULT] if (path / names.RESULT).is_file()
+                           else path.glob(f"*/{names.RESULT}"))
             if not found:
                 raise BadInput(f"no result.json in {path}", "Give a run folder, or a ledger file")
             out += [read_result(p) for p in found]

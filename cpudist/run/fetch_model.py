@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from cpudist.errors import JobFailed
-from cpudist.results.card import MODEL_DIR
 from cpudist.ssh.client import Remote
 from cpudist.train.checkpoint_meta import file_sum
 from cpudist.train.report_to import RUN_FOLDERS
+from cpudist.wire import names
 
-FROM_RANK0 = (MODEL_DIR, *RUN_FOLDERS)  # what rank 0 writes in the run folder besides result.json and steps.jsonl
+FROM_RANK0 = (names.MODEL, *RUN_FOLDERS)  # what rank 0 writes in the run folder besides result.json and steps.jsonl
 _SUMS = "find . -maxdepth 1 -type f -printf '%P\\0' | sort -z | xargs -0 -r sha256sum --"
 
 
@@ -91,33 +91,33 @@ def from_host(ssh: str, host: str, out: Path, timeout_s: float = 3600) -> list[s
     `host`'s copy of the run folder `out` (the same path there) into `out`; the names of what came."""
     remote = shlex.quote(str(out.resolve()))
     script = (f"cd {remote} && for d in {' '.join(FROM_RANK0)}; do if [ -d \"$d\" ]; then echo \"$d\"; fi; done; "
-              f"echo; if [ -d {MODEL_DIR} ]; then cd {MODEL_DIR} && {_SUMS}; fi")
+              f"echo; if [ -d {names.MODEL} ]; then cd {names.MODEL} && {_SUMS}; fi")
     listed = subprocess.run([ssh, host, script], capture_output=True, text=True, timeout=600,
                             stdin=subprocess.DEVNULL)
     present, _, sum_lines = listed.stdout.partition("\n\n")
-    names = present.split() if listed.returncode == 0 else []
-    if not names:
+    came = present.split() if listed.returncode == 0 else []
+    if not came:
         return []
     tmp = out / ".from-rank0.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        with subprocess.Popen([ssh, host, f"tar -C {remote} -cf - {' '.join(names)}"], stdout=subprocess.PIPE,
+        with subprocess.Popen([ssh, host, f"tar -C {remote} -cf - {' '.join(came)}"], stdout=subprocess.PIPE,
                               stdin=subprocess.DEVNULL) as sender:
             unpacked = subprocess.run(["tar", "-C", str(tmp), "-xf", "-"], stdin=sender.stdout, capture_output=True,
                                       timeout=timeout_s)
         if sender.returncode != 0 or unpacked.returncode != 0:
             why = unpacked.stderr.decode(errors="replace").strip()[-300:] or f"exit code {sender.returncode}"
-            raise JobFailed(f"copying {', '.join(names)} from rank 0's host {host} failed ({why})",
+            raise JobFailed(f"copying {', '.join(came)} from rank 0's host {host} failed ({why})",
                             f"They are whole on {host} in {out.resolve()}; copy them with scp -r")
-        for name, digest in _parse_sums(sum_lines, f"{host}:{out.resolve() / MODEL_DIR}").items():
-            got = file_sum(tmp / MODEL_DIR / name).sha256
+        for name, digest in _parse_sums(sum_lines, f"{host}:{out.resolve() / names.MODEL}").items():
+            got = file_sum(tmp / names.MODEL / name).sha256
             if got != digest:
                 raise JobFailed(f"model/{name} arrived from {host} damaged (sha256 {got[:12]}, {host}'s {digest[:12]})",
-                                f"The model is whole on {host} in {out.resolve() / MODEL_DIR}; copy it with scp -r")
-        for name in names:
+                                f"The model is whole on {host} in {out.resolve() / names.MODEL}; copy it with scp -r")
+        for name in came:
             shutil.rmtree(out / name, ignore_errors=True)  # an earlier part's or run's
             (tmp / name).replace(out / name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return names
+    return came

@@ -7,11 +7,11 @@ import contextlib
 import threading
 from typing import Any
 
-from cpudist import events
 from cpudist.errors import Interrupted, JobFailed
 from cpudist.run.agent import ALIVE, HEARTBEAT_S, SILENCE_S, parse_status
 from cpudist.run.request import Callbacks, RunRequest
 from cpudist.ssh.client import LINK_ERRORS, Remote
+from cpudist.wire import events
 
 STOP_GRACE_S = 40.0  # the agent's own stop takes up to the runner's SIGTERM grace (10 s) plus teardown
 

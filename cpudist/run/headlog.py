@@ -24,6 +24,7 @@ from cpudist.run.identity import RunInfo, read_run
 from cpudist.ssh.client import Remote, Target
 from cpudist.ssh.known_hosts import KnownHosts
 from cpudist.waits import wait_until
+from cpudist.wire import names
 
 HEAD_LOG_MARK = "agent-log.offset"  # in the local run folder: {"log": the head's agent log, "offset": bytes read}
 
@@ -67,7 +68,7 @@ def head_run_dir(info: RunInfo) -> str:
     """The run's folder on the head: result.json names it once the run ended, else the rule run/remote.py follows
     (<home>/.cpudist/runs/<local folder name>-<run id>, relative to the login's home here)."""
     try:
-        staged = json.loads((Path(info.run_dir) / "result.json").read_text())["staging"]["remote_run_dir"]
+        staged = json.loads((Path(info.run_dir) / names.RESULT).read_text())["staging"]["remote_run_dir"]
         return str(staged)
     except (OSError, ValueError, KeyError, TypeError):
         return f"{state.RUNS_DIR}/{Path(info.run_dir).name}-{info.id}"
@@ -77,7 +78,7 @@ def show_head(info: RunInfo, user: str | None, identity: str | None, emit: Calla
               follow: bool = False, interval_s: float = 2.0) -> str:
     """Emit the head's ranks.log of the run; with `follow`, go on while this machine's run.json says running."""
     target, known = head_target(info, user, identity)
-    path = f"{head_run_dir(info)}/ranks.log"
+    path = f"{head_run_dir(info)}/{names.RANKS_LOG}"
     offset = 0
     with Remote(target, KnownHosts(known)) as head:
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from cpudist.results.schema import RunResult
-from cpudist.run.identity import RUN_FILE, RunInfo, read_run
+from cpudist.run.identity import RunInfo, read_run
+from cpudist.wire import names
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ def run_files(folders: Iterable[Path]) -> list[Path]:
     """run.json files in run folders, folders of run folders, and sweeps' folders inside those."""
     found: list[Path] = []
     for folder in folders:
-        for pattern in (RUN_FILE, f"*/{RUN_FILE}", f"*/*/{RUN_FILE}"):
+        for pattern in (names.RUN, f"*/{names.RUN}", f"*/*/{names.RUN}"):
             found += sorted(folder.glob(pattern))
     return list(dict.fromkeys(found))
 

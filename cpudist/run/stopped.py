@@ -14,10 +14,8 @@ from typing import Any
 
 from cpudist.run.request import Callbacks
 from cpudist.train.checkpoint_meta import complete_checkpoints, step_of
+from cpudist.wire import events
 from cpudist.wire.stop_marker import Stop
-
-# rank 0's: a stop after a checkpoint (the user's, or anything else's)
-STOP_EVENTS = ("stopped", "preempted")
 
 
 class StopSeen:
@@ -28,7 +26,7 @@ class StopSeen:
 
     def wrap(self, cb: Callbacks) -> Callbacks:
         def on_event(event: dict[str, Any]) -> None:
-            if event.get("event") in STOP_EVENTS:
+            if events.kind(event) in events.STOPS:
                 self.stop = Stop.from_dict(event)
             cb.on_event(event)
 

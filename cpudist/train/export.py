@@ -16,12 +16,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cpudist.results.card import MODEL_DIR, folder_bytes, write_card
+from cpudist.results.card import folder_bytes, write_card
 from cpudist.results.schema import RunResult
 from cpudist.train import lora
 from cpudist.train.keep import Evaluations
 from cpudist.train.models import PRESETS, load_tokenizer
 from cpudist.train.setup import Job
+from cpudist.wire import names
 
 
 def hub_base(model: str) -> str | None:
@@ -54,7 +55,7 @@ def save_model(job: Job, evals: Evaluations, result: RunResult) -> RunResult:
     if cfg.save_model == "none" or cfg.task == "synthetic":  # synthetic rows are noise: nothing worth keeping
         return result
     started = time.perf_counter()
-    final, tmp = job.run_dir / MODEL_DIR, job.run_dir / (MODEL_DIR + ".tmp")
+    final, tmp = job.run_dir / names.MODEL, job.run_dir / names.aside(names.MODEL)
     shutil.rmtree(tmp, ignore_errors=True)
     model: Any = getattr(job.model, "module", job.model)  # a transformers PreTrainedModel
     label_config(model.config, job.labels, job.regression)

@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
-from cpudist import events
 from cpudist.train import trainer_choices
 from cpudist.train.evaluate import evaluate
 from cpudist.train.setup import Job
 from cpudist.train.trainer_choices import EVAL_LOSS, better
+from cpudist.wire import events
 
 
 @dataclass
@@ -72,12 +72,12 @@ class Evaluations:
         """Evaluate the model as it is now (every rank calls it), note it, keep its weights if it is the best."""
         model = getattr(job.model, "module", job.model)
         if job.info.rank == 0 and not during:
-            events.emit("eval", rows=len(job.eval_data))
+            events.emit(events.EVAL, rows=len(job.eval_data))
         metrics, phases = evaluate(model, job.eval_data, job.metrics, job.regression,
                                    job.cfg.eval_batch_size, job.bf16, job.info.rank,
                                    job.info.world_size, self.metric == EVAL_LOSS)
         if job.info.rank == 0 and during:
-            events.emit("evaluated", step=step, metrics=metrics)
+            events.emit(events.EVALUATED, step=step, metrics=metrics)
         self.note(step, metrics, sum(phases.values()), model, during)
         return metrics, phases
 

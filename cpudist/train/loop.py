@@ -13,7 +13,6 @@ from typing import Any, TextIO
 import torch
 import torch.distributed as dist
 
-from cpudist import events
 from cpudist.config import TrainConfig, effective_lr, spec_of
 from cpudist.flops import shape_of, training_flops
 from cpudist.train import last_layer, netcount, preempt, speed, sync, trainer_choices
@@ -27,6 +26,7 @@ from cpudist.train.report_to import Reporters
 from cpudist.train.sampling import batch_plan, plan_steps
 from cpudist.train.saver import Saver, Training, restore, save
 from cpudist.train.setup import Job
+from cpudist.wire import events, names
 
 WARMUP_STEPS_EXCLUDED = 3  # steady-state throughput leaves out the first steps (allocator warm-up)
 
@@ -96,7 +96,7 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
     log = _steps_log(job.run_dir, stats.steps) if rank == 0 else None
     model.train()
     if rank == 0:
-        events.emit("start", total=total, batches_per_epoch=per_epoch, step=stats.steps)
+        events.emit(events.START, total=total, batches_per_epoch=per_epoch, step=stats.steps)
     last_save, next_pos = time.monotonic(), start
     tx_start = _counted(iface, world)  # after DDP's initial broadcast: only the training's traffic
     looped = time.perf_counter()  # the loop's wall clock: step_anatomy's step time
@@ -228,7 +228,7 @@ def _agree(stop: StopRequests, saver: Saver, step: int, since_save_s: float, wor
 
 def _steps_log(run_dir: Path, resumed_at: int) -> TextIO:
     """steps.jsonl, keeping the lines of a resumed run's steps up to its checkpoint."""
-    path = run_dir / "steps.jsonl"
+    path = run_dir / names.STEPS
     kept = []
     if resumed_at and path.is_file():
         kept = [line for line in path.read_text().splitlines()

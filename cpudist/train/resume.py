@@ -23,10 +23,11 @@ from cpudist.train import checkpoint_meta as ckpt
 from cpudist.train import lora
 from cpudist.train.checkpoint_meta import CheckpointMeta
 from cpudist.train.durable import Mirror
+from cpudist.wire import names
 
 
 def checkpoint_folder(cfg: TrainConfig, run_dir: Path) -> Path:
-    return Path(cfg.checkpoint_dir).expanduser() if cfg.checkpoint_dir else run_dir / "checkpoints"
+    return Path(cfg.checkpoint_dir).expanduser() if cfg.checkpoint_dir else run_dir / names.CHECKPOINTS
 
 
 def _from_s3(cfg: TrainConfig, folder: Path, say: Callable[[str], None], mirror: Mirror | None) -> Path | None:
@@ -87,7 +88,7 @@ def pick(cfg: TrainConfig, run_dir: Path, say: Callable[[str], None], mirror: Mi
         if problem:
             raise BadInput(f"checkpoint {given} cannot be used: {problem}", "Pass an older one, or --resume auto")
         return given
-    for folder in (given / "checkpoints", given):
+    for folder in (given / names.CHECKPOINTS, given):
         found = ckpt.choose(folder, say)
         if found is not None:
             return found

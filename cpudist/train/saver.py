@@ -18,14 +18,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from cpudist import events
 from cpudist.config import TrainConfig
 from cpudist.errors import BadInput
 from cpudist.train import checkpoint
 from cpudist.train.checkpoint import Restored, gather_rngs, seed_all, set_rng_state
 from cpudist.train.checkpoint_meta import CheckpointMeta, Done, Position
 from cpudist.train.durable import Mirror, copy_or_warn
-from cpudist.wire import checkpointing
+from cpudist.wire import events
 
 if TYPE_CHECKING:
     from cpudist.train.keep import Evaluations
@@ -130,12 +129,12 @@ def save(saver: Saver, t: Training, stats: TrainStats, pos: Position, total: int
                               saver.wall_before_s + time.perf_counter() - saver.started,
                               Done(stats.steps, stats.samples, stats.tokens, stats.flops, stats.train_time_s),
                               stats.steps, run_id=cfg.run_id, best=best)
-        events.emit(checkpointing.SAVING, step=stats.steps)  # a stop waits for this checkpoint to be whole
+        events.emit(events.SAVING, step=stats.steps)  # a stop waits for this checkpoint to be whole
         path = checkpoint.write(saver.folder, state, rngs, meta, saver.keep, ranks)
         if saver.mirror is not None and (warning := copy_or_warn(saver.mirror, path, saver.keep)):
             sys.stderr.write(f"[cpudist] {warning}\n")  # one write: launchers interleave partial writes
             sys.stderr.flush()
         stats.checkpoints.append(str(path))
-        events.emit(checkpointing.SAVED, step=stats.steps, path=str(path))
+        events.emit(events.CHECKPOINT, step=stats.steps, path=str(path))
     if world > 1:
         dist.barrier()  # nobody runs ahead (or leaves) before the checkpoint is complete

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-SAVING = "saving"  # rank 0 starts writing the checkpoint of `step`
-SAVED = "checkpoint"  # ... and it is complete at `path`
+from cpudist.wire import events
 
 
 class Saving:
@@ -16,9 +15,9 @@ class Saving:
         self.step: int | None = None
 
     def see(self, event: dict[str, Any]) -> None:
-        if event.get("event") == SAVING:
+        if events.kind(event) == events.SAVING:
             self.step = int(event.get("step", 0))
-        elif event.get("event") == SAVED:
+        elif events.kind(event) == events.CHECKPOINT:
             self.step = None
 
     def busy(self) -> bool:

@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cpudist import events
 from cpudist.train.metrics import compute_metrics
+from cpudist.wire import events
 
 
 def test_glue_metrics() -> None:

@@ -1,0 +1,63 @@
+"""The ranks' events on stdout: one marked JSON line each, printed by the rank programs and read
+by the launching side (the progress bar, cpudist.log, a stop's checkpoint)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+MARKER = "@@cpudist "
+KEY = "event"
+
+# rank 0 of a training run
+START = "start"  # total, batches_per_epoch, step
+PROGRESS = "progress"  # step, total, loss, samples_per_s
+SAVING = "saving"  # step: it starts writing the checkpoint of that step
+CHECKPOINT = "checkpoint"  # step, path: ... and it is whole
+EVAL = "eval"  # rows
+EVALUATED = "evaluated"  # step, metrics
+MODEL = "model"  # path, step, bytes, seconds
+MODEL_S3 = "model_s3"  # url, files, bytes, seconds, or url, error
+DONE = "done"  # result
+STOPPED = "stopped"  # the user's stop after a checkpoint: step, checkpoint, reason, host
+PREEMPTED = "preempted"  # anything else's: the same fields
+STOPS = (STOPPED, PREEMPTED)
+# the other rank programs
+SCRIPT_RANK = "script_rank"  # a user's script's rank, before it starts: rank, host, threads, source
+ROWS = "rows"  # a predict worker: rank, rows done
+BENCH = "bench"  # hosts bench: hosts, sizes, medians, iters, warmup
+
+
+def emit(event: str, **fields: Any) -> None:
+    """Print one event line."""
+    sys.stdout.write(line(event, **fields) + "\n")
+    sys.stdout.flush()
+
+
+def line(event: str, **fields: Any) -> str:
+    """An event as the line a rank prints (without its newline)."""
+    return relay({KEY: event, **fields})
+
+
+def relay(event: dict[str, Any]) -> str:
+    """An event already parsed, as its line again (an agent passing the ranks' events on)."""
+    return MARKER + json.dumps(event)
+
+
+def parse(text: str) -> dict[str, Any] | None:
+    """The event on a line of rank output, or None for ordinary output."""
+    at = text.find(MARKER)
+    if at < 0:
+        return None
+    try:
+        value = json.loads(text[at + len(MARKER):])
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def kind(event: dict[str, Any]) -> str | None:
+    """Which event it is (one of the names above)."""
+    value = event.get(KEY)
+    return value if isinstance(value, str) else None
