@@ -1,8 +1,9 @@
 """The model card (README.md of a saved model) in the Hub's format, from the run's result.
 
-Rank 0 writes it beside the weights; the launching side writes it again once the result is whole (the command as
-typed, the launcher, the price of the nodes). huggingface_hub's ModelCard and ModelCardData write the YAML front
-matter (and its model-index of evaluation results), so the Hub and `huggingface_hub.ModelCard.load` read it.
+Rank 0 writes it once, beside the weights, with what the launching side knew before the launch (the command as
+typed, the launcher, the price of the nodes: results/launched.py), so --model-s3's copy is the run folder's.
+huggingface_hub's ModelCard and ModelCardData write the YAML front matter (and its model-index of evaluation
+results), so the Hub and `huggingface_hub.ModelCard.load` read it.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ launched with {{ r.launcher }}{% endif %})
 - time: training {{ "%.1f" % r.train_time_s }} s, wall {{ "%.1f" % r.wall_time_s }} s, started {{ r.started_at }}
 - cost: {{ cost }}
 - versions: {{ versions }}
-- run: `{{ r.run_dir }}` (result.json beside this folder)
+- run: `{{ r.run_id }}` (result.json beside this folder)
 - command:
 
 ```bash

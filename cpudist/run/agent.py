@@ -101,13 +101,14 @@ def outcome_of(req: RunRequest) -> dict[str, Any]:
 
     try:
         spec = prepare(req)
-        known = execute_here(spec, plan(spec), Callbacks(lambda e: _say(events.MARKER + json.dumps(e)), _say),
-                             req.launch.timeout_s)
+        launched = execute_here(spec, plan(spec), Callbacks(lambda e: _say(events.MARKER + json.dumps(e)), _say),
+                                req.launch.timeout_s, req.launched)
     except CpudistError as e:
         return {"status": "error", "exit_code": e.exit_code, "message": e.message}
     except KeyboardInterrupt:
         return {"status": "error", "exit_code": 1, "message": "interrupted before the ranks started"}
-    return {"status": "ok", "exit_code": 0, "output_dir": req.train.output_dir, "known": known}
+    return {"status": "ok", "exit_code": 0, "output_dir": req.train.output_dir,
+            "launched": launched.to_dict()}
 
 
 def take_request(path: Path) -> RunRequest:

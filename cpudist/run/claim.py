@@ -27,6 +27,7 @@ from cpudist.config import TrainConfig
 from cpudist.errors import BadInput
 from cpudist.launch.spec import SBATCH_FILE
 from cpudist.results.card import MODEL_DIR
+from cpudist.results.launched import LAUNCHED, RANK_REPORT
 from cpudist.run.headlog import HEAD_LOG_MARK
 from cpudist.run.identity import RUN_FILE, RunInfo, read_run
 from cpudist.run.process import Proc, alive, this_host
@@ -40,7 +41,8 @@ CHECKPOINTS = "checkpoints"
 COLLECTED = "collected"  # where `cpudist launch --collect` copies the script's outputs
 # What a run makes at the top of its folder, on any route.
 RUN_NAMES = frozenset({
-    RUN_FILE, "result.json", "result.json.tmp", "steps.jsonl", "command.txt", LOG_FILE,
+    RUN_FILE, "result.json", "result.json.tmp", RANK_REPORT, f"{RANK_REPORT}.tmp", LAUNCHED, "steps.jsonl",
+    "command.txt", LOG_FILE,
     RANKS_LOG, "hostfile", "hostfile.in", SBATCH_FILE, stop_marker.NAME, stop_marker.REQUEST,
     MODEL_DIR, f"{MODEL_DIR}.tmp", ".from-rank0.tmp", HEAD_LOG_MARK, COLLECTED, CHECKPOINTS,
     *RUN_FOLDERS})

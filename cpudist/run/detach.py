@@ -51,7 +51,6 @@ class Detached:
     report_to: bool
     ledger: str
     staging: dict[str, Any] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Detached:
@@ -65,7 +64,7 @@ class Detached:
         return Remote(self.target(), KnownHosts(Path(self.known_hosts)))
 
     def landing(self, local_dir: Path) -> Landing:
-        return Landing(self.run_dir, local_dir, self.fetch_model, self.staging, Path(self.ledger), self.extra)
+        return Landing(self.run_dir, local_dir, self.fetch_model, self.staging, Path(self.ledger))
 
 
 class HeadLog:
@@ -111,7 +110,7 @@ def interrupt_agent(head: Remote, d: Detached) -> bool:
     return rc == 0
 
 
-def start(request: RunRequest, head_spec: Head, ledger: Path, cb: Callbacks, extra: dict[str, Any],
+def start(request: RunRequest, head_spec: Head, ledger: Path, cb: Callbacks,
           ready_wait_s: float = READY_WAIT_S) -> Detached:
     """Stage, start the agent detached on the head, record it in run.json, and return once the ranks are up (the
     first progress event in its log)."""
@@ -139,7 +138,7 @@ def start(request: RunRequest, head_spec: Head, ledger: Path, cb: Callbacks, ext
         target = head_spec.target
         d = Detached(target.host, target.user, target.port, target.identity, str(head_spec.known_hosts),
                      staged.python, staged.pythonpath, staged.run_dir, int(agent["pid"]), int(agent["start"]),
-                     head_spec.fetch_model, bool(request.train.report_to), str(ledger), staged.staging, extra)
+                     head_spec.fetch_model, bool(request.train.report_to), str(ledger), staged.staging)
         info = read_run(local_dir)
         if info is not None:
             write_run(local_dir, dataclasses.replace(info, detached=dataclasses.asdict(d)))

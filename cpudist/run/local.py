@@ -7,6 +7,7 @@ laptop's agent (run/agent.py) runs on. Recording the result is the caller's (run
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from cpudist.launch import kinds
 from cpudist.launch.secret_files import hider, placed
 from cpudist.launch.spec import Launch, RunSpec, redacted
 from cpudist.launch.watch import lost_error, node_watch
+from cpudist.results.launched import Launched, write_card_part
 from cpudist.run.outcome import check, fetch_from_rank0, keep_stop
 from cpudist.run.request import Callbacks
 from cpudist.train.checkpoint_meta import clear_partial
@@ -22,19 +24,20 @@ from cpudist.train.resume import checkpoint_folder
 from cpudist.wire import stop_marker
 
 
-def execute(spec: RunSpec, launch: Launch, cb: Callbacks, timeout_s: float | None) -> dict[str, Any]:
+def execute(spec: RunSpec, launch: Launch, cb: Callbacks, timeout_s: float | None,
+            launched: Launched) -> Launched:
     """Launch the ranks (or submit them to Slurm), wait; raise the one-line error of a run that did not end well.
 
-    Returns what only the launching side knows, for the run's record (the launcher, Slurm's job id).
+    Returns `launched` with what the launch learnt (the launcher, Slurm's job id), for the run's record.
     """
     out = Path(spec.train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     # the launch as it may be shown (--env values hidden), 0600 all the same: it comes home to a laptop
     state.write_private(out / "command.txt", kinds.plan(redacted(spec)).shell() + "\n")
     stop_marker.clear(out)  # a stop of an earlier part, already resumed
-    known: dict[str, Any] = {"launcher": spec.launcher}
-    if spec.allocation is not None:
-        known["slurm_job_id"] = spec.allocation.job_id
+    launched = dataclasses.replace(launched, launcher=spec.launcher,
+                                   slurm_job_id=spec.allocation.job_id if spec.allocation else None)
+    write_card_part(out, launched)  # rank 0 renders the final card with it
     log = (out / "ranks.log").open("w")  # every rank line, also when a run elsewhere fetches it
     try:
         hide = hider(spec)  # a --secret value a rank prints shows as *** in ranks.log and here
@@ -82,8 +85,8 @@ def execute(spec: RunSpec, launch: Launch, cb: Callbacks, timeout_s: float | Non
         if lost is not None:
             raise lost_error(lost)
     if ended.slurm is not None:
-        known["slurm_job_id"] = ended.slurm.job_id
+        launched = dataclasses.replace(launched, slurm_job_id=ended.slurm.job_id)
     check(ended.outcome, out, timeout_s, ended.what, ended.slurm)
     if launch.per_host:
         fetch_from_rank0(out, spec.hosts, spec.ssh)
-    return known
+    return launched

@@ -17,7 +17,7 @@ from cpudist.launch import slurm
 from cpudist.launch.runner import FAILED_GRACE_S, Outcome, failed_host, rank_error
 from cpudist.launch.slurm import JobInfo
 from cpudist.results import ledger
-from cpudist.results.card import CARD, MODEL_DIR, folder_bytes, write_card
+from cpudist.results.launched import RANK_REPORT, Launched, read_report
 from cpudist.results.schema import RunResult
 from cpudist.wire import stop_marker
 from cpudist.wire.stop_marker import Stop
@@ -79,29 +79,21 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def given_data(cfg: TrainConfig) -> dict[str, Any]:
+def given_data(cfg: TrainConfig) -> dict[str, str]:
     """The record's `data` paths as the user gave them: the ranks name the copies they read (a head's stage folder),
     and the card should name the user's own."""
     paths = {"dir": cfg.data_dir, "train": cfg.train_file, "validation": cfg.validation_file}
-    given = {k: v for k, v in paths.items() if v}
-    return {"data": given} if given else {}
+    return {k: v for k, v in paths.items() if v}
 
 
-def record(out: Path, ledger_path: Path | None, updates: dict[str, Any]) -> RunResult:
-    """The one writer of a finished run's record: the ranks' result.json with what only the launching side knows,
-    rewritten whole (atomically) and appended to the ledger (none on a head that runs for a laptop)."""
-    result_file = out / "result.json"
-    if not result_file.is_file():
-        raise JobFailed(f"the job ended without writing {result_file}", "See the rank output above")
-    result = ledger.read_result(result_file)
-    result = result.with_updates(**{**updates, "data": {**result.data, **updates.get("data", {})}})
-    model = out / MODEL_DIR
-    # The card again, now with the command, the launcher and the price (this run's model only: not one an earlier
-    # run left in a reused folder, nor a folder the result does not name)
-    if result.model_dir == str(model.resolve()) and (model / CARD).is_file():
-        write_card(model, result)
-        result = result.with_updates(model_bytes=folder_bytes(model))
-    state.write_atomic(result_file, json.dumps(result.to_dict(), indent=2) + "\n")
+def record(out: Path, ledger_path: Path | None, launched: Launched) -> RunResult:
+    """The one writer of a finished run's result.json: rank 0's report with what only the launching side knows,
+    written once (atomically) and appended to the ledger (none on a head that runs for a laptop)."""
+    report = read_report(out)
+    if report is None:
+        raise JobFailed(f"the job ended without writing {out / RANK_REPORT}", "See the rank output above")
+    result = launched.apply(report)
+    state.write_atomic(out / "result.json", json.dumps(result.to_dict(), indent=2) + "\n")
     if ledger_path is not None:
         ledger.append(ledger_path, result)
     return result
@@ -109,20 +101,20 @@ def record(out: Path, ledger_path: Path | None, updates: dict[str, Any]) -> RunR
 
 def fetch_from_rank0(out: Path, hosts: tuple[Host, ...], ssh: str) -> None:
     """torchrun's rendezvous may put rank 0 on another host than the head: when the run folder is not shared,
-    bring rank 0's result.json and steps.jsonl from the host that has them, and its model and --report-to folders
+    bring rank 0's report and steps.jsonl from the host that has them, and its model and --report-to folders
     (run/fetch_model.from_host)."""
     from cpudist.run.fetch_model import from_host
 
-    if (out / "result.json").is_file():
+    if (out / RANK_REPORT).is_file():
         return
     for host in hosts[1:]:
         files = {}
-        for name in ("result.json", "steps.jsonl"):
+        for name in (RANK_REPORT, "steps.jsonl"):
             p = subprocess.run([ssh, host.name, f"cat {shlex.quote(str(out.resolve() / name))}"], capture_output=True,
                                timeout=120, stdin=subprocess.DEVNULL)
             if p.returncode == 0:
                 files[name] = p.stdout
-        if "result.json" in files:
+        if RANK_REPORT in files:
             for name, data in files.items():
                 (out / name).write_bytes(data)
             from_host(ssh, host.name, out)

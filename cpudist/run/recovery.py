@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
-from typing import Any
 
 from cpudist.errors import Preempted
 from cpudist.results.schema import RunResult
@@ -16,14 +16,14 @@ MAX_RECOVERIES = 3
 RECLAIM_WAIT_S = 150.0  # AWS gives two minutes' notice before it reclaims a spot instance
 
 
-def run_remote(request: RunRequest, where: Where, ledger: Path, cb: Callbacks, extra: dict[str, Any]) -> RunResult:
+def run_remote(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> RunResult:
     """A remote run; with `where.recover`, each stop replaces the lost nodes (`cluster up`) and resumes."""
     assert where.head is not None
     head, lost = where.head, list[float]()
     while True:
         try:
-            return remote.run(request, head, ledger, cb, {**extra, "recoveries": len(lost),
-                                                          "time_lost_s": round(sum(lost), 1)})
+            launched = dataclasses.replace(request.launched, recoveries=len(lost), time_lost_s=round(sum(lost), 1))
+            return remote.run(dataclasses.replace(request, launched=launched), head, ledger, cb)
         except Preempted as e:
             if not where.recover or where.cluster is None:
                 raise

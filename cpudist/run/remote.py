@@ -25,6 +25,7 @@ from cpudist.config import TrainConfig
 from cpudist.errors import BadInput, CpudistError, Interrupted, JobFailed, Preempted
 from cpudist.hostfile import Host, render_hostfile
 from cpudist.results.card import MODEL_DIR
+from cpudist.results.launched import RANK_REPORT, Launched
 from cpudist.results.schema import RunResult
 from cpudist.run import stage
 from cpudist.run.fetch_model import fetch_model
@@ -39,7 +40,7 @@ from cpudist.train.models import PRESETS, resolve_model, tokenizer_source
 from cpudist.train.report_to import RUN_FOLDERS
 from cpudist.wire import stop_marker
 
-FETCHED = ("result.json", "steps.jsonl", "command.txt", "ranks.log", "hostfile", stop_marker.NAME)
+FETCHED = (RANK_REPORT, "steps.jsonl", "command.txt", "ranks.log", "hostfile", stop_marker.NAME)
 PYTHONS = ("/opt/cpudist/bin/python", "python3.11", "python3")
 
 
@@ -227,11 +228,11 @@ def agent_command(python: str, pythonpath: str | None, args: str = "") -> str:
 
 
 def fetch_files(head: Remote, run_dir: str, local_dir: Path, report_to: bool) -> None:
-    """Bring the run's files (result, steps, rank log, stop marker, --report-to's events) from the head."""
+    """Bring the run's files (rank report, steps, rank log, stop marker, --report-to's events) from the head."""
     local_dir.mkdir(parents=True, exist_ok=True)
     stop_marker.clear(local_dir)  # an earlier part's stop
     for name in FETCHED if not head.lost else ():  # a lost head's error is the one to show
-        if not head.fetch(f"{run_dir}/{name}", local_dir / name) and name == "result.json":
+        if not head.fetch(f"{run_dir}/{name}", local_dir / name) and name == RANK_REPORT:
             (local_dir / name).unlink(missing_ok=True)  # an earlier run's, in a reused folder: not this one's
     for folder in RUN_FOLDERS if report_to and not head.lost else ():
         fetch_tree(head, f"{run_dir}/{folder}", local_dir / folder)
@@ -246,7 +247,6 @@ class Landing:
     fetch_model: bool
     staging: dict[str, Any]
     ledger: Path
-    extra: dict[str, Any]
 
 
 def conclude(head: Remote, landing: Landing, status: dict[str, Any], say: Any) -> RunResult:
@@ -267,12 +267,13 @@ def conclude(head: Remote, landing: Landing, status: dict[str, Any], say: Any) -
         cls = BadInput if status.get("exit_code") == 2 else JobFailed
         raise cls(f"on the head node: {status.get('message', 'the job failed')}")
     staging = {**landing.staging, **({"model": fetched} if fetched else {})}
-    home_model = {"model_dir": str((local_dir / MODEL_DIR).resolve())} if fetched else {}
-    return record(local_dir, landing.ledger, {**status.get("known", {}), "run_dir": str(local_dir),
-                                              "staging": staging, **home_model, **landing.extra})
+    launched = Launched.from_dict(status.get("launched", {}))  # the request's, with what the head's launch learnt
+    return record(local_dir, landing.ledger, dataclasses.replace(
+        launched, run_dir=str(local_dir), staging=staging,
+        model_dir=str((local_dir / MODEL_DIR).resolve()) if fetched else ""))
 
 
-def run(request: RunRequest, head_spec: Head, ledger_path: Path, cb: Callbacks, extra: dict[str, Any]) -> RunResult:
+def run(request: RunRequest, head_spec: Head, ledger_path: Path, cb: Callbacks) -> RunResult:
     """The whole remote run; the result as appended to this machine's ledger."""
     started = time.monotonic()
     local_dir = Path(request.train.output_dir)
@@ -284,5 +285,5 @@ def run(request: RunRequest, head_spec: Head, ledger_path: Path, cb: Callbacks, 
             status = follow(head, command, staged.job, cb)
         finally:
             fetch_files(head, staged.run_dir, local_dir, bool(request.train.report_to))
-        landing = Landing(staged.run_dir, local_dir, head_spec.fetch_model, staged.staging, ledger_path, extra)
+        landing = Landing(staged.run_dir, local_dir, head_spec.fetch_model, staged.staging, ledger_path)
         return conclude(head, landing, status, cb.on_line)

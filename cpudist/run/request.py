@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ from cpudist.config import TrainConfig, effective_lr, lr_scaling_on
 from cpudist.errors import BadInput
 from cpudist.launch.env import HIDDEN, redact_pairs
 from cpudist.launch.slurm import SlurmOptions
+from cpudist.results.launched import Launched
 from cpudist.wire import stop_marker
 
 
@@ -56,6 +57,7 @@ class RunRequest:
     hostfile: str | None = None
     command: str = ""  # the `cpudist run` command line as typed (the model card shows it)
     overwrite: bool = False  # --overwrite-output-dir: in an earlier run's place (run/claim.py)
+    launched: Launched = field(default_factory=Launched)  # what only the launching side knows (run/start.py)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -73,7 +75,8 @@ class RunRequest:
         if launch.get("slurm") is not None:
             launch["slurm"] = SlurmOptions(**{**launch["slurm"],
                                               "sbatch_args": tuple(launch["slurm"].get("sbatch_args", ()))})
-        return cls(train=TrainConfig(**train), launch=LaunchOptions(**launch), **data)
+        launched = Launched.from_dict(data.pop("launched", {}))
+        return cls(train=TrainConfig(**train), launch=LaunchOptions(**launch), launched=launched, **data)
 
     def with_train(self, **changes: Any) -> RunRequest:
         return dataclasses.replace(self, train=dataclasses.replace(self.train, **changes))

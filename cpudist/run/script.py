@@ -11,7 +11,6 @@ identity, output, fail-fast and ledger of `cpudist run`, with the user's command
 from __future__ import annotations
 
 import dataclasses
-import json
 import shlex
 import shutil
 import time
@@ -21,13 +20,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cpudist import state
 from cpudist.config import TrainConfig
 from cpudist.cpu import read_cpu
 from cpudist.errors import BadInput, CpudistError
 from cpudist.hostfile import render_hostfile
 from cpudist.launch.kinds import plan
 from cpudist.launch.spec import SBATCH_FILE, Launch, RunSpec, redacted
+from cpudist.results.launched import Launched, write_report
 from cpudist.results.schema import RunResult
 from cpudist.run import identity, local, runlog
 from cpudist.run.claim import COLLECTED, claim
@@ -130,21 +129,22 @@ def launch_script(request: RunRequest, script: Script, where: Where, ledger: Pat
     request = dataclasses.replace(request, train=identity.assign(request.train))
     claim(request.train, request.overwrite, cb.note)  # empty, its own, or told to replace a run
     cb = runlog.tee(cb, out, request.train.run_id)
-    extra = {"cluster": where.cluster, "usd_per_hour": where.usd_per_hour, "command": request.command}
+    request = dataclasses.replace(request, launched=Launched(command=request.command, cluster=where.cluster,
+                                                             usd_per_hour=where.usd_per_hour))
     if where.head is not None:
         from cpudist.run.script_remote import run_remote
 
         head = where.head
-        return tracked(request, where_name(request, where), lambda: run_remote(request, script, head, ledger, cb,
-                                                                               extra))
+        return tracked(request, where_name(request, where), lambda: run_remote(request, script, head, ledger, cb))
     spec = script_spec(request, script)
     launch = plan(spec)
     return tracked(request, where_name(request, where),
-                   lambda: record(out, ledger, {**run_ranks(request, script, (spec, launch), cb), **extra}))
+                   lambda: record(out, ledger, run_ranks(request, script, (spec, launch), cb)))
 
 
-def run_ranks(request: RunRequest, script: Script, job: tuple[RunSpec, Launch], cb: Callbacks) -> dict[str, Any]:
-    """Launch the ranks here (or from this head), collect, write result.json; what only the launching side knows."""
+def run_ranks(request: RunRequest, script: Script, job: tuple[RunSpec, Launch], cb: Callbacks) -> Launched:
+    """Launch the ranks here (or from this head), collect, write the metric file's rank report; what only the
+    launching side knows."""
     spec, launch = job
     out = Path(request.train.output_dir)
     seen: dict[int, dict[str, Any]] = {}
@@ -157,7 +157,8 @@ def run_ranks(request: RunRequest, script: Script, job: tuple[RunSpec, Launch], 
 
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     began = time.monotonic()
-    known = local.execute(spec, launch, dataclasses.replace(cb, on_event=on_event), request.launch.timeout_s)
+    launched = local.execute(spec, launch, dataclasses.replace(cb, on_event=on_event), request.launch.timeout_s,
+                             request.launched)
     wall = time.monotonic() - began
     collect(script, out, cb.note)
     given = given_metrics(script, cb.note)
@@ -167,8 +168,8 @@ def run_ranks(request: RunRequest, script: Script, job: tuple[RunSpec, Launch], 
                   tuple(int(seen[r]["threads"]) for r in sorted(seen) for _ in range(each)), wall, started_at,
                   request.train.run_id, str(out.resolve()))
     result = build(ranks, given, read_cpu().summary(), {"launcher": spec.launcher})
-    state.write_atomic(out / "result.json", json.dumps(result.to_dict(), indent=2) + "\n")
-    return known
+    write_report(out, result)
+    return launched
 
 
 def given_metrics(script: Script, note: Callable[[str], None]) -> dict[str, Any]:

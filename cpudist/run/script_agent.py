@@ -4,7 +4,7 @@
 
 As run/agent.py for the trainer (the same stdin watch: end of stdin, `stop` or a silent laptop stops every rank;
 so do SIGTERM and SIGHUP; the same status line last), with run/script.py's ranks: started from this head on the
-hostfile's nodes, result.json, --collect and the metric file in the head's run folder for the laptop to fetch.
+hostfile's nodes, the rank report, --collect and the metric file in the head's run folder for the laptop to fetch.
 """
 
 from __future__ import annotations
@@ -35,12 +35,13 @@ def outcome_of(request: RunRequest, script: Script) -> dict[str, Any]:
     try:
         spec = script_spec(request, script)
         cb = Callbacks(lambda e: _say(events.MARKER + json.dumps(e)), _say, _say)
-        known = run_ranks(request, script, (spec, plan(spec)), cb)
+        launched = run_ranks(request, script, (spec, plan(spec)), cb)
     except CpudistError as e:
         return {"status": "error", "exit_code": e.exit_code, "message": e.message}
     except KeyboardInterrupt:
         return {"status": "error", "exit_code": 1, "message": "interrupted before the ranks started"}
-    return {"status": "ok", "exit_code": 0, "output_dir": request.train.output_dir, "known": known}
+    return {"status": "ok", "exit_code": 0, "output_dir": request.train.output_dir,
+            "launched": launched.to_dict()}
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -18,7 +18,6 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from cpudist import state
 from cpudist.errors import BadInput
@@ -117,8 +116,7 @@ def describe_remote(request: RunRequest, script: Script, head_spec: Head) -> str
     return "\n".join(lines) + "\n"
 
 
-def run_remote(request: RunRequest, script: Script, head_spec: Head, ledger: Path, cb: Callbacks,
-               extra: dict[str, Any]) -> RunResult:
+def run_remote(request: RunRequest, script: Script, head_spec: Head, ledger: Path, cb: Callbacks) -> RunResult:
     """The whole remote script run; the result as appended to this machine's ledger."""
     started = time.monotonic()
     check_layout(request.launch.np, request.launch.ppn, head_spec.inside, request.launch.oversubscribe)
@@ -151,5 +149,5 @@ def run_remote(request: RunRequest, script: Script, head_spec: Head, ledger: Pat
                 remote.fetch_tree(head, f"{run_dir}/{COLLECTED}", local_dir / COLLECTED)
         staging = {**staged.staging, "script_sent_bytes": stager.sent_bytes, "script_copies": stager.copies,
                    "script_folder": items[0].remote_path(home)}
-        landing = remote.Landing(run_dir, local_dir.resolve(), False, staging, ledger, extra)
+        landing = remote.Landing(run_dir, local_dir.resolve(), False, staging, ledger)
         return remote.conclude(head, landing, status, cb.note)

@@ -1,7 +1,7 @@
 """`cpudist run --launcher slurm --detach`: a batch job runs on by itself, so detaching is leaving it; run.json's
 `detached` keeps its job id (and the ledger and record it lands with) for the commands that come back to it.
 
-    start(request, ledger, cb, extra)   submit as an attached run does; return once the ranks are up (the first
+    start(request, ledger, cb)          submit as an attached run does; return once the ranks are up (the first
                                         progress event in the job's output), run.json saying running
     attach(info, cb)                    `cpudist logs -f RUN`: the job's output from its start, across requeues, to
                                         its last end; then the result checked and recorded as an attached run's
@@ -16,7 +16,6 @@ import dataclasses
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
 from cpudist import state
 from cpudist.errors import Interrupted, JobFailed
@@ -26,6 +25,7 @@ from cpudist.launch.slurm import JobInfo
 from cpudist.launch.slurm_job import OUTPUT_POLL_S, Follower, SlurmOutcome, cancel, follow, submit
 from cpudist.launch.slurm_query import job_info
 from cpudist.launch.spec import redacted
+from cpudist.results.launched import RANK_REPORT, Launched, write_card_part
 from cpudist.results.schema import RunResult
 from cpudist.run import identity, runlog
 from cpudist.run.identity import RunInfo
@@ -41,8 +41,7 @@ READY_WAIT_S = 600.0  # a job may queue a long time; past this the detached star
 STOP_GRACE_S = 120.0  # the ranks' checkpoint and exit after SIGTERM, before scancel
 
 
-def start(request: RunRequest, ledger: Path, cb: Callbacks, extra: dict[str, Any],
-          ready_wait_s: float = READY_WAIT_S) -> None:
+def start(request: RunRequest, ledger: Path, cb: Callbacks, ready_wait_s: float = READY_WAIT_S) -> None:
     """Submit the job, record it in run.json and return once its ranks are up; the job goes on by itself."""
     spec = prepare(request)  # refuses a fresh run into another run's checkpoints before run.json is touched
     launch = kinds.plan(spec)
@@ -50,13 +49,15 @@ def start(request: RunRequest, ledger: Path, cb: Callbacks, extra: dict[str, Any
     out.mkdir(parents=True, exist_ok=True)
     state.write_private(out / "command.txt", kinds.plan(redacted(spec)).shell() + "\n")
     stop_marker.clear(out)
+    launched = dataclasses.replace(request.launched, launcher=spec.launcher)
+    write_card_part(out, launched)
     info = identity.begin(request.train, "slurm", request.command)
     job_id, left = "", None
     try:
         left = secret_files.left_for_job(spec)  # the job outlives this command: so does the file, until its end
         job_id = submit(launch, out, cb.on_line)
         identity.write_run(out, dataclasses.replace(info, detached={
-            "slurm_job_id": job_id, "ledger": str(ledger), "extra": extra, SECRETS_KEY: left}))
+            "slurm_job_id": job_id, "ledger": str(ledger), "launched": launched.to_dict(), SECRETS_KEY: left}))
         follower = Follower(job_id, out / f"slurm-{job_id}.out", cb.on_event, cb.on_line, cb.on_line)
         ended = wait_until(lambda: follower.poll() or (True if follower.events else None),
                            f"the ranks of Slurm job {job_id} to start", ready_wait_s, OUTPUT_POLL_S)
@@ -78,18 +79,18 @@ def start(request: RunRequest, ledger: Path, cb: Callbacks, extra: dict[str, Any
     if isinstance(ended, JobInfo):  # it ended before its ranks said anything: land it now, its error is this one's
         last = tuple(follower.last)
         secret_files.removed(left)
-        settle(out, lambda: _land(out, ledger, extra, SlurmOutcome(ended, False, last), False))
+        settle(out, lambda: _land(out, ledger, launched, SlurmOutcome(ended, False, last), False))
 
 
-def _land(out: Path, ledger: Path, extra: dict[str, Any], followed: SlurmOutcome, stopped: bool) -> RunResult:
+def _land(out: Path, ledger: Path, launched: Launched, followed: SlurmOutcome, stopped: bool) -> RunResult:
     """The ended job's result checked and recorded (the same checks as an attached run's, run/outcome.py)."""
     job_id = followed.info.job_id
-    if stopped and not (followed.info.state == "COMPLETED" and (out / "result.json").is_file()):
+    if stopped and not (followed.info.state == "COMPLETED" and (out / RANK_REPORT).is_file()):
         raise Interrupted(f"stopped: Slurm job {job_id} ended {followed.info.state}",
                           "Re-run the command to start over")
     code = 0 if followed.info.state == "COMPLETED" else 1
     check(Outcome(code, followed.timed_out, followed.last_lines), out, None, "launcher", followed.info)
-    return record(out, ledger, {"launcher": "slurm", "slurm_job_id": job_id, **extra})
+    return record(out, ledger, dataclasses.replace(launched, slurm_job_id=job_id))
 
 
 def signal_ranks(job_id: str) -> None:
@@ -124,6 +125,6 @@ def attach(info: RunInfo, cb: Callbacks, stop_first: bool = False, timeout_s: fl
         cb.on_line(f"[cpudist] the ranks did not stop within {time.monotonic() - started:.0f}s of SIGTERM: "
                    f"Slurm job {job_id} was cancelled")
     ledger = Path(str(info.detached.get("ledger") or state.ledger_path()))
-    extra = dict(info.detached.get("extra") or {})
-    return settle(out, lambda: _land(out, ledger, extra, dataclasses.replace(followed, timed_out=False),
+    launched = Launched.from_dict(info.detached.get("launched") or {"launcher": "slurm"})
+    return settle(out, lambda: _land(out, ledger, launched, dataclasses.replace(followed, timed_out=False),
                                      stop_first))

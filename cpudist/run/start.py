@@ -11,13 +11,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from cpudist import state
 from cpudist.errors import Interrupted, Preempted
 from cpudist.hostfile import render_hostfile
 from cpudist.launch.kinds import plan
 from cpudist.launch.spec import SBATCH_FILE, check_layout, redacted
+from cpudist.results.launched import Launched
 from cpudist.results.schema import RunResult
 from cpudist.run import identity, local, recovery, runlog
 from cpudist.run.claim import claim
@@ -42,36 +42,37 @@ def start(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> Run
     claim(request.train, request.overwrite, cb.note)  # empty, its own, or told to replace a run
     cb = runlog.tee(cb, Path(request.train.output_dir), request.train.run_id)  # for `cpudist logs` elsewhere
     cb = (seen := StopSeen()).wrap(cb)  # the user's stop leaves no marker: its checkpoint is in rank 0's event
-    extra: dict[str, Any] = {"cluster": where.cluster, "usd_per_hour": where.usd_per_hour, "command": request.command,
-                             **given_data(request.train)}  # before staging moves the paths to the nodes' copies
+    request = dataclasses.replace(request, launched=Launched(  # before staging moves the paths to the nodes' copies
+        command=request.command, cluster=where.cluster, usd_per_hour=where.usd_per_hour,
+        data=given_data(request.train)))
     note = lr_note(request.train, request.launch.np)
     if where.head is not None:
         check_layout(request.launch.np, request.launch.ppn, where.head.inside, request.launch.oversubscribe)
         if note:
             cb.note(note)
         if where.detach:
-            _detached(request, where, ledger, cb, extra)
+            _detached(request, where, ledger, cb)
             return None
         return tracked(request, where_name(request, where),
-                       lambda: recovery.run_remote(request, where, ledger, cb, extra), seen)
+                       lambda: recovery.run_remote(request, where, ledger, cb), seen)
     if where.detach:  # a Slurm batch job (the only detached run from here: cli/run.py)
         from cpudist.run import slurm_detach
 
-        slurm_detach.start(request, ledger, cb, extra)
+        slurm_detach.start(request, ledger, cb)
         return None
     if where.hostfile is not None:  # on the head itself: its inputs to the other nodes (run/stage_here.py)
         request, staging = stage_here(request, cb.on_line)
-        extra = {**extra, **({"staging": staging} if staging else {})}
+        request = dataclasses.replace(request, launched=dataclasses.replace(request.launched, staging=staging))
     spec = prepare(request)  # refuses a fresh run into another run's checkpoints before run.json is touched
     launch = plan(spec)
     if note:
         cb.note(note)
     out = Path(request.train.output_dir)
     return tracked(request, where_name(request, where), lambda: record(
-        out, ledger, {**local.execute(spec, launch, cb, request.launch.timeout_s), **extra}), seen)
+        out, ledger, local.execute(spec, launch, cb, request.launch.timeout_s, request.launched)), seen)
 
 
-def _detached(request: RunRequest, where: Where, ledger: Path, cb: Callbacks, extra: dict[str, Any]) -> None:
+def _detached(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> None:
     """--detach: run.json says running (with the head's agent in it) once the ranks are up; failed if they do not
     start."""
     from cpudist.run import detach
@@ -80,7 +81,7 @@ def _detached(request: RunRequest, where: Where, ledger: Path, cb: Callbacks, ex
     out = Path(request.train.output_dir)
     identity.begin(request.train, where_name(request, where), request.command)
     try:
-        detach.start(request, where.head, ledger, cb, extra)
+        detach.start(request, where.head, ledger, cb)
     except BaseException as e:
         identity.mark(out, "interrupted" if isinstance(e, KeyboardInterrupt | Interrupted) else "failed",
                       message=getattr(e, "message", None) or str(e) or type(e).__name__)

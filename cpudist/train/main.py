@@ -1,4 +1,4 @@
-"""One rank's whole part of a run: set up, resume, train, evaluate, and (on rank 0) write result.json.
+"""One rank's whole part of a run: set up, resume, train, evaluate, and (on rank 0) write the rank report.
 
 The entry point (cpudist/rank.py, `python -m cpudist.rank`) parses the TrainConfig, finds the rank and
 hands in what the rank reaches of its cloud provider (a Provider: the checkpoint mirror's object store,
@@ -8,7 +8,6 @@ the spot-notice poller); this module and the rest of cpudist/train know only tho
 from __future__ import annotations
 
 import dataclasses
-import json
 import socket
 import sys
 import time
@@ -26,6 +25,7 @@ from cpudist import events
 from cpudist.config import TrainConfig, effective_lr, resolved_compression
 from cpudist.errors import BadInput
 from cpudist.objects import ObjectStore
+from cpudist.results import launched
 from cpudist.train import checkpoint, model_upload, preempt, report_to, resume
 from cpudist.train.checkpoint import Restored
 from cpudist.train.checkpoint_meta import clear_partial
@@ -88,7 +88,7 @@ def _warn(line: str) -> None:
 
 
 def run(cfg: TrainConfig, info: RankInfo, provider: Provider, startup: Startup | None = None) -> int:
-    """Set up, train, evaluate and (on rank 0) write result.json; the exit code. `startup` holds the phases timed
+    """Set up, train, evaluate and (on rank 0) write the rank report; the exit code. `startup` holds the phases timed
     before this call (Startup.at_entry)."""
     started, started_at = time.perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
     report_to.check_installed(cfg.report_to, cfg.mlflow_uri)  # on every rank, before any collective: all stop alike
@@ -167,7 +167,7 @@ def _saver(cfg: TrainConfig, run_dir: Path, restored: Restored | None, started: 
 def _finish(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict[str, float], saver: Saver,
             started_at: str, restored: Restored | None, evals: Evaluations, model_store: ObjectStore | None) -> None:
     """Gather every rank's host and memory; on rank 0 save the model (and copy it to --model-s3's store) and
-    write result.json; leave together."""
+    write its report (run/outcome.record makes result.json of it); leave together."""
     info = job.info
     clock = stats.strategy.clock if stats.strategy else None
     mine = {"host": socket.gethostname(), "peak_rss_mb": peak_rss_mb(), "tx_bytes": stats.tx_bytes,
@@ -180,7 +180,7 @@ def _finish(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict
         dist.all_gather_object(rank_info, mine)
     if info.rank == 0:
         result = build_result(job, stats, metrics, phases, saver, started_at, rank_info, restored)
-        result = save_model(job, evals, result)
+        result = save_model(job, evals, launched.read_card_part(job.run_dir).apply(result))  # the final card
         if result.model_dir:
             events.emit("model", path=result.model_dir, step=result.model_step, bytes=result.model_bytes,
                         seconds=round(result.model_save_s or 0.0, 2))
@@ -188,10 +188,7 @@ def _finish(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict
                 copied = model_upload.upload(model_store, Path(result.model_dir), result.run_id)
                 result = dataclasses.replace(result, model_s3=copied)
                 events.emit("model_s3", **copied)
-        tmp = job.run_dir / "result.json.tmp"
-        tmp.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
-        tmp.replace(job.run_dir / "result.json")
-        events.emit("done", result=str(job.run_dir / "result.json"))
+        events.emit("done", result=str(launched.write_report(job.run_dir, result)))
     if info.world_size > 1:
         # Leave together: a rank tearing down gloo while a peer still talks to it can abort the
         # peer ("terminate called without an active exception").

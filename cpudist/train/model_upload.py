@@ -2,8 +2,8 @@
 
 Layout: `<prefix>/<run id>/model/<file>` for every file of the model folder, then `SHA256SUMS` (sha256sum's
 format, one line per file) last: a folder whose SHA256SUMS is there is whole, and every file can be checked
-against it (`aws s3 cp --recursive` then `sha256sum -c SHA256SUMS`). The card (README.md) is the rank's: the
-launching side adds the command, launcher and price to the run folder's copy afterwards. A failed copy is one
+against it (`aws s3 cp --recursive` then `sha256sum -c SHA256SUMS`). The card (README.md) is the run folder's,
+final when rank 0 writes it. A failed copy is one
 warning line and a `model_s3.error` in result.json: the model stays in the run folder, and the run does not fail
 after training.
 """

@@ -59,8 +59,8 @@ def test_the_model_lands_in_s3_whole_checkable_and_loadable(shared_data: Path, s
     assert f"and s3://{bucket}/{prefix}" in r.stdout and "model copied to" in r.stderr
     local = {p.relative_to(tmp_path / "run" / "model").as_posix(): p
              for p in (tmp_path / "run" / "model").rglob("*") if p.is_file()}
-    # Everything came back, SHA256SUMS (sha256sum's format) names each file with its digest, and every file but
-    # the card is byte for byte the run folder's (the launching side adds the command and price to its card after).
+    # Everything came back, SHA256SUMS (sha256sum's format) names each file with its digest, and every file, the
+    # card too, is byte for byte the run folder's: rank 0 writes the final card once, the command in it.
     home = tmp_path / "downloaded"
     objects = s3.list_objects_v2(Bucket=bucket, Prefix=prefix + "/")["Contents"]
     for key in (o["Key"] for o in objects):
@@ -72,8 +72,10 @@ def test_the_model_lands_in_s3_whole_checkable_and_loadable(shared_data: Path, s
                                                                      if not o["Key"].endswith("/SHA256SUMS"))
     for rel, path in local.items():
         assert sums[rel] == sha256(home / rel), rel
-        assert rel == "README.md" or sha256(path) == sums[rel], rel
-    assert (home / "README.md").read_text().startswith("---") and "mrpc" in (home / "README.md").read_text()
+        assert sha256(path) == sums[rel], rel
+    card = (home / "README.md").read_text()
+    assert card.startswith("---") and "mrpc" in card and f"--model-s3 s3://{bucket}/team/" in card, card[-800:]
+    assert card == (tmp_path / "run" / "model" / "README.md").read_text()
     from transformers import AutoModelForSequenceClassification
 
     model = AutoModelForSequenceClassification.from_pretrained(home)

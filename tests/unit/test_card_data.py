@@ -1,16 +1,16 @@
 """The card's task and data: GLUE's own spelling of each task, and the data as the user gave it (the ranks read
-a staged copy), written again by the launching side's record."""
+a staged copy), which the launching side hands rank 0 before the card is written."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 from huggingface_hub import ModelCard
 
 from cpudist.config import TrainConfig
-from cpudist.results.card import CARD, MODEL_DIR, render_card
+from cpudist.results.card import render_card
+from cpudist.results.launched import Launched, write_report
 from cpudist.run.outcome import given_data, record
 from cpudist.train.setup import data_source
 from tests.unit.test_results import result
@@ -33,15 +33,13 @@ def test_each_glue_task_is_spelled_as_glue_spells_it(task: str, spelled: str) ->
 
 def test_the_record_names_the_users_data_not_the_staged_copy(tmp_path: Path) -> None:
     staged = {"source": "glue-tsv", "dir": "/root/.cpudist/stage/data-1a2b", "name": "STS-B", "train_rows": 7}
-    model = tmp_path / MODEL_DIR
-    model.mkdir()
-    (model / CARD).write_text("the ranks' card\n")
-    r = result(1, 10.0, task="stsb", data=staged, model_dir=str(model.resolve()))
-    (tmp_path / "result.json").write_text(json.dumps(r.to_dict()))
-    user = TrainConfig(task="stsb", output_dir="r", data_dir="glue/STS-B")
-    done = record(tmp_path, None, given_data(user))
+    r = result(1, 10.0, task="stsb", data=staged)
+    write_report(tmp_path, r)
+    launched = Launched(data=given_data(TrainConfig(task="stsb", output_dir="r", data_dir="glue/STS-B")))
+    done = record(tmp_path, None, launched)
     assert done.data == {**staged, "dir": "glue/STS-B"}
-    assert "- Data: GLUE STS-B in GLUE's TSV layout from `glue/STS-B`" in (model / CARD).read_text()
+    card = render_card(launched.card_part().apply(r))  # what rank 0 renders, the launch's part in hand
+    assert "- Data: GLUE STS-B in GLUE's TSV layout from `glue/STS-B`" in card
     custom = TrainConfig(task="custom", output_dir="r", train_file="mine/train.csv", validation_file="mine/dev.csv")
-    assert given_data(custom) == {"data": {"train": "mine/train.csv", "validation": "mine/dev.csv"}}
+    assert given_data(custom) == {"train": "mine/train.csv", "validation": "mine/dev.csv"}
     assert given_data(TrainConfig(task="mrpc", output_dir="r")) == {}  # the Hub's: nothing of the user's to name

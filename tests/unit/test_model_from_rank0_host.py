@@ -1,5 +1,5 @@
 """torchrun across a hostfile with rank 0 off the head and no shared run folder: the model (sha256-checked) and
---report-to's folders come home from rank 0's host with result.json (run/outcome.fetch_from_rank0,
+--report-to's folders come home from rank 0's host with its rank report (run/outcome.fetch_from_rank0,
 run/fetch_model.from_host).
 
 The launcher's --ssh here is a real program that gives each "host" its own copy of the run folder at the same path
@@ -44,7 +44,7 @@ def _cluster(tmp_path: Path) -> tuple[Path, Path, str]:
     (rank0 / "tensorboard" / "events.out.tfevents.1").write_bytes(b"\0events")
     (rank0 / "mlruns" / "1" / "abc" / "artifacts").mkdir(parents=True)  # empty: MLflow needs it there
     (rank0 / "mlruns" / "1" / "abc" / "meta.yaml").write_text("run_id: abc\n")
-    (rank0 / "result.json").write_text('{"run_id": "r1"}\n')
+    (rank0 / "rank_report.json").write_text('{"run_id": "r1"}\n')
     (rank0 / "steps.jsonl").write_text('{"step": 1}\n')
     (views / "node-c").mkdir(parents=True)  # the third host has nothing of it
     return out, rank0, str(ssh)
@@ -59,13 +59,14 @@ def test_rank0s_model_and_reports_come_home(tmp_path: Path) -> None:
     (out / "model").mkdir()
     (out / "model" / "stale.bin").write_text("an earlier run's")  # replaced whole, not merged
     fetch_from_rank0(out, (Host("node-a"), Host("node-c"), Host("node-b")), ssh)
-    assert (out / "result.json").read_text() == '{"run_id": "r1"}\n' and (out / "steps.jsonl").is_file()
+    assert (out / "rank_report.json").read_text() == '{"run_id": "r1"}\n' and (out / "steps.jsonl").is_file()
     assert sorted(p.name for p in (out / "model").iterdir()) == ["config.json", "model.safetensors"]
     assert _sha(out / "model" / "model.safetensors") == _sha(rank0 / "model" / "model.safetensors")
     assert (out / "tensorboard" / "events.out.tfevents.1").read_bytes() == b"\0events"
     mlflow_run = out / "mlruns" / "1" / "abc"
     assert (mlflow_run / "artifacts").is_dir() and (mlflow_run / "meta.yaml").is_file()
-    assert sorted(p.name for p in out.iterdir()) == ["mlruns", "model", "result.json", "steps.jsonl", "tensorboard"]
+    assert sorted(p.name for p in out.iterdir()) == ["mlruns", "model", "rank_report.json", "steps.jsonl",
+                                                     "tensorboard"]
 
 
 def test_a_model_damaged_on_the_way_is_refused(tmp_path: Path) -> None:

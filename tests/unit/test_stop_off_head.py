@@ -14,6 +14,7 @@ from cpudist.config import TrainConfig
 from cpudist.errors import JobFailed, Preempted
 from cpudist.events import MARKER as EVENT
 from cpudist.launch.spec import Launch
+from cpudist.results.launched import Launched
 from cpudist.run import local
 from cpudist.run.prepare import prepare
 from cpudist.run.request import Callbacks, LaunchOptions, RunRequest
@@ -32,7 +33,7 @@ def _run(tmp_path: Path, launch: Launch) -> list[dict[str, object]]:
     out = tmp_path / "out"
     spec = prepare(RunRequest(TrainConfig("synthetic", str(out), model="tiny"), LaunchOptions(np=1)))
     seen: list[dict[str, object]] = []
-    local.execute(spec, launch, Callbacks(seen.append, lambda line: None), 60)
+    local.execute(spec, launch, Callbacks(seen.append, lambda line: None), 60, Launched())
     return seen
 
 
