@@ -13,7 +13,6 @@ from typing import Any
 
 from cpudist.results.schema import RunResult
 
-MODEL_DIR = "model"  # where rank 0 saves the model in the run folder (train/export.py)
 CARD = "README.md"
 GLUE_DATASET = "nyu-mll/glue"
 

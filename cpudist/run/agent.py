@@ -24,10 +24,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from cpudist import events
 from cpudist.errors import CpudistError
 from cpudist.run.request import Callbacks, RunRequest
 from cpudist.state import write_atomic
+from cpudist.wire import events, exits
 
 STATUS = "@@cpudist-agent "
 ALIVE = "alive"  # the laptop's heartbeat line, sent every HEARTBEAT_S
@@ -101,13 +101,13 @@ def outcome_of(req: RunRequest) -> dict[str, Any]:
 
     try:
         spec = prepare(req)
-        launched = execute_here(spec, plan(spec), Callbacks(lambda e: _say(events.MARKER + json.dumps(e)), _say),
+        launched = execute_here(spec, plan(spec), Callbacks(lambda e: _say(events.relay(e)), _say),
                                 req.launch.timeout_s, req.launched)
     except CpudistError as e:
         return {"status": "error", "exit_code": e.exit_code, "message": e.message}
     except KeyboardInterrupt:
-        return {"status": "error", "exit_code": 1, "message": "interrupted before the ranks started"}
-    return {"status": "ok", "exit_code": 0, "output_dir": req.train.output_dir,
+        return {"status": "error", "exit_code": exits.FAILED, "message": "interrupted before the ranks started"}
+    return {"status": "ok", "exit_code": exits.OK, "output_dir": req.train.output_dir,
             "launched": launched.to_dict()}
 
 
@@ -132,7 +132,8 @@ def detached(run_dir: str) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     me = this_process()
     write_atomic(folder / PID_FILE, json.dumps({"pid": me.pid, "start": me.start, "host": me.host}) + "\n")
-    status: dict[str, Any] = {"status": "error", "exit_code": 1, "message": "the agent ended without a status"}
+    status: dict[str, Any] = {"status": "error", "exit_code": exits.FAILED,
+                              "message": "the agent ended without a status"}
     try:
         status = outcome_of(take_request(folder / REQUEST_FILE))
     finally:

@@ -22,6 +22,7 @@ from cpudist.run.remote import conclude, fetch_files
 from cpudist.run.request import Callbacks
 from cpudist.run.start import settle
 from cpudist.waits import wait_until
+from cpudist.wire import names
 
 
 def _detached(info: RunInfo) -> Detached:
@@ -33,7 +34,7 @@ def _detached(info: RunInfo) -> Detached:
 def _held(out: Path) -> list[str]:
     """The lines of the run's cpudist.log as they are now."""
     try:
-        return (out / runlog.LOG_FILE).read_text(errors="replace").splitlines()
+        return (out / names.LOG).read_text(errors="replace").splitlines()
     except OSError:
         return []
 

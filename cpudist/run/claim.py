@@ -26,25 +26,22 @@ from pathlib import Path
 from cpudist.config import TrainConfig
 from cpudist.errors import BadInput
 from cpudist.launch.spec import SBATCH_FILE
-from cpudist.results.card import MODEL_DIR
 from cpudist.results.launched import LAUNCHED, RANK_REPORT
 from cpudist.run.headlog import HEAD_LOG_MARK
-from cpudist.run.identity import RUN_FILE, RunInfo, read_run
+from cpudist.run.identity import RunInfo, read_run
 from cpudist.run.process import Proc, alive, this_host
-from cpudist.run.runlog import LOG_FILE, RANKS_LOG
 from cpudist.train import checkpoint_meta as ckpt
 from cpudist.train.report_to import RUN_FOLDERS
 from cpudist.train.resume import check_fresh, checkpoint_folder
-from cpudist.wire import stop_marker
+from cpudist.wire import names, stop_marker
 
-CHECKPOINTS = "checkpoints"
 COLLECTED = "collected"  # where `cpudist launch --collect` copies the script's outputs
 # What a run makes at the top of its folder, on any route.
 RUN_NAMES = frozenset({
-    RUN_FILE, "result.json", "result.json.tmp", RANK_REPORT, f"{RANK_REPORT}.tmp", LAUNCHED, "steps.jsonl",
-    "command.txt", LOG_FILE,
-    RANKS_LOG, "hostfile", "hostfile.in", SBATCH_FILE, stop_marker.NAME, stop_marker.REQUEST,
-    MODEL_DIR, f"{MODEL_DIR}.tmp", ".from-rank0.tmp", HEAD_LOG_MARK, COLLECTED, CHECKPOINTS,
+    names.RUN, names.RESULT, names.aside(names.RESULT), RANK_REPORT, f"{RANK_REPORT}.tmp", LAUNCHED, names.STEPS,
+    names.COMMAND, names.LOG,
+    names.RANKS_LOG, names.HOSTFILE, "hostfile.in", SBATCH_FILE, stop_marker.NAME, stop_marker.REQUEST,
+    names.MODEL, names.aside(names.MODEL), ".from-rank0.tmp", HEAD_LOG_MARK, COLLECTED, names.CHECKPOINTS,
     *RUN_FOLDERS})
 ENDED_SLACK_S = 5.0  # an earlier run's file is at most this much younger than its end (seconds)
 
@@ -63,7 +60,7 @@ def claim(cfg: TrainConfig, overwrite: bool, say: Callable[[str], None]) -> None
                        f"Stop it first (`cpudist stop {earlier.id}`), or give this run another "
                        "--output-dir")
     theirs = _made_by(earlier, out, entries)
-    clash = [n for n in entries if n in RUN_NAMES and n != CHECKPOINTS and n not in theirs]
+    clash = [n for n in entries if n in RUN_NAMES and n != names.CHECKPOINTS and n not in theirs]
     if clash:
         raise BadInput(f"--output-dir {out} holds {', '.join(clash)}, which this run would write "
                        "over and no earlier run made there",
@@ -117,7 +114,7 @@ def _made_by(earlier: RunInfo | None, out: Path, entries: list[str]) -> list[str
     if earlier is None:
         return []
     ended = _timestamp(earlier.ended_at)
-    return [n for n in entries if n in RUN_NAMES and n != CHECKPOINTS
+    return [n for n in entries if n in RUN_NAMES and n != names.CHECKPOINTS
             and (ended is None or os.lstat(out / n).st_mtime <= ended + ENDED_SLACK_S)]
 
 

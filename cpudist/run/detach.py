@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cpudist import events
 from cpudist.errors import Interrupted, JobFailed
 from cpudist.run.agent import LOG_FILE, PID_FILE, REQUEST_FILE, STATUS_FILE, parse_status
 from cpudist.run.headlog import HEAD_LOG_MARK, read_mark, write_mark
@@ -29,6 +28,7 @@ from cpudist.run.where import Head
 from cpudist.ssh.client import Remote, Target
 from cpudist.ssh.known_hosts import KnownHosts
 from cpudist.waits import TimedOut, wait_until
+from cpudist.wire import events
 
 READY_WAIT_S = 600.0  # staging is done by then: this is the launcher's start and the model's load on the nodes
 

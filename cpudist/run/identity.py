@@ -26,8 +26,8 @@ from cpudist.run.process import this_process
 from cpudist.train import checkpoint_meta as ckpt
 from cpudist.train.durable import runs_in
 from cpudist.train.resume import checkpoint_folder
+from cpudist.wire import names
 
-RUN_FILE = "run.json"
 STATES = ("running", "finished", "failed", "interrupted", "preempted")
 
 
@@ -67,22 +67,22 @@ class RunInfo:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunInfo:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 def read_run(out: Path) -> RunInfo | None:
     """The run.json of run folder `out`, or None when there is none (or it cannot be read, or
     its id is not one)."""
     try:
-        info = RunInfo.from_dict(json.loads((out / RUN_FILE).read_text()))
+        info = RunInfo.from_dict(json.loads((out / names.RUN).read_text()))
     except (OSError, ValueError, TypeError):
         return None
     return info if state.is_run_id(info.id) else None
 
 
 def write_run(out: Path, info: RunInfo) -> None:
-    state.write_atomic(out / RUN_FILE, json.dumps(info.to_dict(), indent=2) + "\n")
+    state.write_atomic(out / names.RUN, json.dumps(info.to_dict(), indent=2) + "\n")
 
 
 def begin(cfg: TrainConfig, where: str, command: str = "") -> RunInfo:
@@ -133,7 +133,7 @@ def _continued(cfg: TrainConfig) -> str | None:
     else:
         given = Path(cfg.resume or "").expanduser()
         candidates = [given] if ckpt.step_of(given.name) is not None else (
-            ckpt.complete_checkpoints(given / "checkpoints") or ckpt.complete_checkpoints(given))[:1]
+            ckpt.complete_checkpoints(given / names.CHECKPOINTS) or ckpt.complete_checkpoints(given))[:1]
         # A checkpoint of another folder starts a run of its own (a branch); one of this folder goes on with it.
         candidates = [p for p in candidates if p.parent.resolve() == folder.resolve()]
     for path in candidates:
@@ -152,11 +152,11 @@ def _from_copy(cfg: TrainConfig) -> str | None:
 
     store = open_store(cfg.checkpoint_s3 or "")
     mine = dataclasses.asdict(cfg)
-    for run_id, names in sorted(runs_in(store).items(), reverse=True):  # ids sort by start time
+    for run_id, steps in sorted(runs_in(store).items(), reverse=True):  # ids sort by start time
         if not state.is_run_id(run_id):
             continue  # not a run's folder
         with tempfile.TemporaryDirectory() as tmp:
-            store.get(f"{run_id}/{names[-1]}/{ckpt.META}", Path(tmp) / ckpt.META)
+            store.get(f"{run_id}/{steps[-1]}/{ckpt.META}", Path(tmp) / ckpt.META)
             try:
                 meta = ckpt.read_meta(Path(tmp))
             except (OSError, ValueError, CpudistError):

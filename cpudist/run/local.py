@@ -21,7 +21,7 @@ from cpudist.run.outcome import check, fetch_from_rank0, keep_stop
 from cpudist.run.request import Callbacks
 from cpudist.train.checkpoint_meta import clear_partial
 from cpudist.train.resume import checkpoint_folder
-from cpudist.wire import stop_marker
+from cpudist.wire import events, names, stop_marker
 
 
 def execute(spec: RunSpec, launch: Launch, cb: Callbacks, timeout_s: float | None,
@@ -33,12 +33,12 @@ def execute(spec: RunSpec, launch: Launch, cb: Callbacks, timeout_s: float | Non
     out = Path(spec.train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     # the launch as it may be shown (--env values hidden), 0600 all the same: it comes home to a laptop
-    state.write_private(out / "command.txt", kinds.plan(redacted(spec)).shell() + "\n")
+    state.write_private(out / names.COMMAND, kinds.plan(redacted(spec)).shell() + "\n")
     stop_marker.clear(out)  # a stop of an earlier part, already resumed
     launched = dataclasses.replace(launched, launcher=spec.launcher,
                                    slurm_job_id=spec.allocation.job_id if spec.allocation else None)
     write_card_part(out, launched)  # rank 0 renders the final card with it
-    log = (out / "ranks.log").open("w")  # every rank line, also when a run elsewhere fetches it
+    log = (out / names.RANKS_LOG).open("w")  # every rank line, also when a run elsewhere fetches it
     try:
         hide = hider(spec)  # a --secret value a rank prints shows as *** in ranks.log and here
         unwritten: list[OSError] = []
@@ -51,7 +51,7 @@ def execute(spec: RunSpec, launch: Launch, cb: Callbacks, timeout_s: float | Non
                 log.flush()
             except OSError as e:  # a full disk: the ranks' lines still reach the screen, and the run its end
                 unwritten.append(e)
-                cb.on_line(f"[cpudist] warning: {out / 'ranks.log'} is no longer written: {e.strerror or e}")
+                cb.on_line(f"[cpudist] warning: {out / names.RANKS_LOG} is no longer written: {e.strerror or e}")
 
         def on_line(line: str) -> None:
             to_log(line)
@@ -61,7 +61,7 @@ def execute(spec: RunSpec, launch: Launch, cb: Callbacks, timeout_s: float | Non
         stops: list[dict[str, Any]] = []
 
         def on_event(event: dict[str, Any]) -> None:
-            if event.get("event") == "preempted":
+            if events.kind(event) == events.PREEMPTED:
                 stops.append(event)
             cb.on_event(event)
 

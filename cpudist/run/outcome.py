@@ -19,7 +19,7 @@ from cpudist.launch.slurm import JobInfo
 from cpudist.results import ledger
 from cpudist.results.launched import RANK_REPORT, Launched, read_report
 from cpudist.results.schema import RunResult
-from cpudist.wire import stop_marker
+from cpudist.wire import names, stop_marker
 from cpudist.wire.stop_marker import Stop
 
 
@@ -93,7 +93,7 @@ def record(out: Path, ledger_path: Path | None, launched: Launched) -> RunResult
     if report is None:
         raise JobFailed(f"the job ended without writing {out / RANK_REPORT}", "See the rank output above")
     result = launched.apply(report)
-    state.write_atomic(out / "result.json", json.dumps(result.to_dict(), indent=2) + "\n")
+    state.write_atomic(out / names.RESULT, json.dumps(result.to_dict(), indent=2) + "\n")
     if ledger_path is not None:
         ledger.append(ledger_path, result)
     return result
@@ -109,7 +109,7 @@ def fetch_from_rank0(out: Path, hosts: tuple[Host, ...], ssh: str) -> None:
         return
     for host in hosts[1:]:
         files = {}
-        for name in (RANK_REPORT, "steps.jsonl"):
+        for name in (RANK_REPORT, names.STEPS):
             p = subprocess.run([ssh, host.name, f"cat {shlex.quote(str(out.resolve() / name))}"], capture_output=True,
                                timeout=120, stdin=subprocess.DEVNULL)
             if p.returncode == 0:

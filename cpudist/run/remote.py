@@ -24,7 +24,6 @@ from cpudist import state
 from cpudist.config import TrainConfig
 from cpudist.errors import BadInput, CpudistError, Interrupted, JobFailed, Preempted
 from cpudist.hostfile import Host, render_hostfile
-from cpudist.results.card import MODEL_DIR
 from cpudist.results.launched import RANK_REPORT, Launched
 from cpudist.results.schema import RunResult
 from cpudist.run import stage
@@ -38,9 +37,9 @@ from cpudist.ssh.client import Remote
 from cpudist.ssh.known_hosts import KnownHosts
 from cpudist.train.models import PRESETS, resolve_model, tokenizer_source
 from cpudist.train.report_to import RUN_FOLDERS
-from cpudist.wire import stop_marker
+from cpudist.wire import exits, names, programs, stop_marker
 
-FETCHED = (RANK_REPORT, "steps.jsonl", "command.txt", "ranks.log", "hostfile", stop_marker.NAME)
+FETCHED = (RANK_REPORT, names.STEPS, names.COMMAND, names.RANKS_LOG, names.HOSTFILE, stop_marker.NAME)
 PYTHONS = ("/opt/cpudist/bin/python", "python3.11", "python3")
 
 
@@ -224,7 +223,7 @@ def python_words(python: str, pythonpath: str | None) -> str:
 
 def agent_command(python: str, pythonpath: str | None, args: str = "") -> str:
     """The shell words that run the agent on the head."""
-    return f"{python_words(python, pythonpath)} -m cpudist.run.agent{args}"
+    return f"{python_words(python, pythonpath)} -m {programs.AGENT}{args}"
 
 
 def fetch_files(head: Remote, run_dir: str, local_dir: Path, report_to: bool) -> None:
@@ -253,7 +252,7 @@ def conclude(head: Remote, landing: Landing, status: dict[str, Any], say: Any) -
     """After fetch_files: the model home (when asked and the run went well), the agent's error as ours, or the run
     recorded in the run folder and the ledger."""
     local_dir = landing.local_dir
-    fetched = (fetch_model(head, f"{landing.run_dir}/{MODEL_DIR}", local_dir / MODEL_DIR, say)
+    fetched = (fetch_model(head, f"{landing.run_dir}/{names.MODEL}", local_dir / names.MODEL, say)
                if landing.fetch_model and status.get("status") == "ok" else {})
     stop = stop_marker.read(local_dir)
     if status.get("exit_code") == Preempted.exit_code and stop is not None:
@@ -264,13 +263,13 @@ def conclude(head: Remote, landing: Landing, status: dict[str, Any], say: Any) -
         raise Interrupted(f"on the head node: {status.get('message', 'interrupted')}",
                           "Re-run the command to start over")
     if status.get("status") != "ok":
-        cls = BadInput if status.get("exit_code") == 2 else JobFailed
+        cls = BadInput if status.get("exit_code") == exits.BAD_INPUT else JobFailed
         raise cls(f"on the head node: {status.get('message', 'the job failed')}")
     staging = {**landing.staging, **({"model": fetched} if fetched else {})}
     launched = Launched.from_dict(status.get("launched", {}))  # the request's, with what the head's launch learnt
     return record(local_dir, landing.ledger, dataclasses.replace(
         launched, run_dir=str(local_dir), staging=staging,
-        model_dir=str((local_dir / MODEL_DIR).resolve()) if fetched else ""))
+        model_dir=str((local_dir / names.MODEL).resolve()) if fetched else ""))
 
 
 def run(request: RunRequest, head_spec: Head, ledger_path: Path, cb: Callbacks) -> RunResult:

@@ -18,7 +18,7 @@ from cpudist.errors import BadInput
 from cpudist.launch.env import HIDDEN, redact_pairs
 from cpudist.launch.slurm import SlurmOptions
 from cpudist.results.launched import Launched
-from cpudist.wire import stop_marker
+from cpudist.wire import names, stop_marker
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,7 +108,8 @@ def unfinished_run(cfg: TrainConfig) -> Path | None:
     """The newest run folder of this task and model that stopped before its result (for --resume auto)."""
     model = Path(cfg.model).name or cfg.model.replace("/", "-")
     found = [p for p in Path("runs").glob(f"{cfg.task}-{model}-np*-*")
-             if not (p / "result.json").exists() and (stop_marker.exists(p) or any(p.glob("checkpoints/step-*")))]
+             if not (p / names.RESULT).exists()
+             and (stop_marker.exists(p) or any(p.glob(f"{names.CHECKPOINTS}/step-*")))]
     return max(found, key=lambda p: p.stat().st_mtime, default=None)
 
 

@@ -20,32 +20,30 @@ from typing import Any
 from cpudist.run.identity import read_run
 from cpudist.run.request import Callbacks
 from cpudist.waits import wait_until
-
-LOG_FILE = "cpudist.log"
-RANKS_LOG = "ranks.log"
+from cpudist.wire import events, names
 
 
 def event_text(event: dict[str, Any]) -> str | None:
     """An event of rank 0 as the line a terminal without a progress bar shows (None: nothing to show)."""
-    kind = event.get("event")
-    if kind == "start":
+    kind = events.kind(event)
+    if kind == events.START:
         done = int(event.get("step", 0))
         return f"training: {int(event['total'])} steps" + (f", from step {done}" if done else "")
-    if kind == "progress":
+    if kind == events.PROGRESS:
         return (f"step {event['step']}/{event['total']}  loss {event['loss']:.4f}  "
                 f"{event['samples_per_s']:.1f} samples/s")
-    if kind == "checkpoint":
+    if kind == events.CHECKPOINT:
         return f"checkpoint at step {event['step']}: {event['path']}"
-    if kind == "preempted":
+    if kind == events.PREEMPTED:
         return f"stopping at step {event['step']}: {event['reason']} on {event['host']}"
-    if kind == "evaluated":
+    if kind == events.EVALUATED:
         return f"evaluation at step {event['step']}: " + " ".join(f"{k}={v:.4f}" for k, v in event["metrics"].items())
-    if kind == "model":
+    if kind == events.MODEL:
         return f"model saved: {event['path']} (step {event['step']})"
-    if kind == "model_s3":
+    if kind == events.MODEL_S3:
         return (f"WARNING: the model was not copied to {event['url']}: {event['error']}" if "error" in event
                 else f"model copied to {event['url']}")
-    if kind == "eval":
+    if kind == events.EVAL:
         return f"evaluating on {event['rows']} rows"
     return None
 
@@ -71,7 +69,7 @@ class _Writer:
 def tee(cb: Callbacks, out: Path, run_id: str) -> Callbacks:
     """Callbacks that also write every line and event (as text) to <out>/cpudist.log."""
     earlier = read_run(out)
-    log = _Writer(out / LOG_FILE, fresh=earlier is None or earlier.id != run_id)
+    log = _Writer(out / names.LOG, fresh=earlier is None or earlier.id != run_id)
 
     def on_event(event: dict[str, Any]) -> None:
         text = event_text(event)
@@ -92,13 +90,13 @@ def tee(cb: Callbacks, out: Path, run_id: str) -> Callbacks:
 
 def append(out: Path, line: str) -> None:
     """One more line at the end of the run's log (how the run ended, written once the ranks are gone)."""
-    _Writer(out / LOG_FILE, fresh=False).write(line)
+    _Writer(out / names.LOG, fresh=False).write(line)
 
 
 def log_of(run_dir: Path) -> Path:
     """The file `cpudist logs` shows: cpudist.log, else (a run from before it) ranks.log."""
-    ours = run_dir / LOG_FILE
-    return ours if ours.is_file() or not (run_dir / RANKS_LOG).is_file() else run_dir / RANKS_LOG
+    ours = run_dir / names.LOG
+    return ours if ours.is_file() or not (run_dir / names.RANKS_LOG).is_file() else run_dir / names.RANKS_LOG
 
 
 def show(run_dir: Path, emit: Callable[[str], None], follow: bool = False, interval_s: float = 0.5) -> str:

@@ -33,13 +33,12 @@ from cpudist.run.claim import COLLECTED, claim
 from cpudist.run.outcome import record
 from cpudist.run.prepare import check_env, check_ledger, make_output_dir, resolve
 from cpudist.run.request import Callbacks, RunRequest, default_output_dir
-from cpudist.run.script_rank import EVENT, per_node_argv
+from cpudist.run.script_rank import per_node_argv
 from cpudist.run.script_result import TASK, Ranks, build, read_metrics, script_label
 from cpudist.run.start import tracked, where_name
 from cpudist.run.where import Where
 from cpudist.train.dist import RankInfo
-
-RANK_MODULE = "cpudist.run.script_rank"
+from cpudist.wire import events, programs
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,7 @@ def rank_program(script: Script, run_dir: Path) -> tuple[str, ...]:
     copy: tuple[str, ...] = ("--copy-of", script.copy_of) if script.copy_of else ()
     copy += ("--per-node", str(script.per_node)) if script.per_node else ()
     where = ("--workdir", str(script.folder)) if script.workdir is not None else ()
-    return (RANK_MODULE, "--run-dir", str(run_dir.resolve()), *copy, *where, "--", *script.command)
+    return (programs.SCRIPT_RANK, "--run-dir", str(run_dir.resolve()), *copy, *where, "--", *script.command)
 
 
 def script_spec(request: RunRequest, script: Script, dry_run: bool = False) -> RunSpec:
@@ -150,7 +149,7 @@ def run_ranks(request: RunRequest, script: Script, job: tuple[RunSpec, Launch], 
     seen: dict[int, dict[str, Any]] = {}
 
     def on_event(event: dict[str, Any]) -> None:
-        if event.get("event") == EVENT:  # each rank's host and threads, before its script starts
+        if events.kind(event) == events.SCRIPT_RANK:  # each rank's host and threads, before its script starts
             seen[int(event["rank"])] = event
         else:
             cb.on_event(event)

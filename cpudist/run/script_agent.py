@@ -4,22 +4,21 @@
 
 As run/agent.py for the trainer (the same stdin watch: end of stdin, `stop` or a silent laptop stops every rank;
 so do SIGTERM and SIGHUP; the same status line last), with run/script.py's ranks: started from this head on the
-hostfile's nodes, the rank report, --collect and the metric file in the head's run folder for the laptop to fetch.
+hostfile's nodes, result.json, --collect and the metric file in the head's run folder for the laptop to fetch.
 """
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 import threading
 from typing import Any
 
-from cpudist import events
 from cpudist.errors import CpudistError
 from cpudist.run import agent
 from cpudist.run.request import Callbacks, RunRequest
 from cpudist.run.script import Script
+from cpudist.wire import events, exits
 
 
 def _say(line: str) -> None:
@@ -34,13 +33,13 @@ def outcome_of(request: RunRequest, script: Script) -> dict[str, Any]:
 
     try:
         spec = script_spec(request, script)
-        cb = Callbacks(lambda e: _say(events.MARKER + json.dumps(e)), _say, _say)
+        cb = Callbacks(lambda e: _say(events.relay(e)), _say, _say)
         launched = run_ranks(request, script, (spec, plan(spec)), cb)
     except CpudistError as e:
         return {"status": "error", "exit_code": e.exit_code, "message": e.message}
     except KeyboardInterrupt:
-        return {"status": "error", "exit_code": 1, "message": "interrupted before the ranks started"}
-    return {"status": "ok", "exit_code": 0, "output_dir": request.train.output_dir,
+        return {"status": "error", "exit_code": exits.FAILED, "message": "interrupted before the ranks started"}
+    return {"status": "ok", "exit_code": exits.OK, "output_dir": request.train.output_dir,
             "launched": launched.to_dict()}
 
 

@@ -22,21 +22,21 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
-from cpudist import events, secrets
+from cpudist import secrets
 from cpudist.errors import BadInput, CpudistError
 from cpudist.run.rank_lines import LineRelay, tag
 from cpudist.train.dist import RankInfo, discover_rank
 from cpudist.train.threads import my_share, pinned_threads, threads_for
+from cpudist.wire import events, exits, programs, rank_errors
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
-EVENT = "script_rank"  # the event line every rank prints before the script starts
 STAGE_MARKS = (".complete", ".manifest")  # run/stage.py's files in a staged folder: not the script's
 ACCELERATE_MODULE = "accelerate.commands.launch"  # `accelerate launch`, under the rank's own Python
 # accelerate launch's options that --per-node sets from cpudist's layout
 ACCELERATE_SET = ("--num_machines", "--machine_rank", "--main_process_ip", "--main_process_port", "--num_processes")
 # --per-node: what a node's torchrun (or Accelerate) starts as each worker, before the script: this module again,
 # tagging the worker's lines with its RANK (the workers share one stdout)
-WORKER = ("cpudist.run.script_rank", "--relay")
+WORKER = (programs.SCRIPT_RANK, "--relay")
 
 
 def torchrun_env(info: RankInfo) -> dict[str, str]:
@@ -144,7 +144,8 @@ def worker(command: list[str]) -> int:
     try:
         return relay(command, dict(os.environ), None, tag(socket.gethostname(), rank))
     except OSError as e:
-        sys.stderr.write(f"[{socket.gethostname()}:{rank}] error: cannot start {command[0]}: {e.strerror}\n")
+        sys.stderr.write(rank_errors.error_line(socket.gethostname(), rank,
+                                                f"cannot start {command[0]}: {e.strerror}"))
         return 127
 
 
@@ -158,9 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         words = words[2:]
     command = words[1:] if words[:1] == ["--"] else words
     if not command:
-        sys.stderr.write("usage: python -m cpudist.run.script_rank [--run-dir DIR] [--copy-of SRC] [--workdir DIR] "
-                         "-- COMMAND ...\n")
-        return 2
+        sys.stderr.write(f"usage: {programs.usage(programs.SCRIPT_RANK)} [--run-dir DIR] [--copy-of SRC] "
+                         "[--workdir DIR] -- COMMAND ...\n")
+        return exits.BAD_INPUT
     run_dir = options.get("--run-dir", "")
     try:
         secrets.load_into(os.environ)  # --secret/--env-file: from the node's 0600 file, never from argv
@@ -175,19 +176,20 @@ def main(argv: list[str] | None = None) -> int:
         if "--copy-of" in options:
             copy_folder(options["--copy-of"], options.get("--workdir") or os.getcwd(), run_dir)
     except CpudistError as e:
-        sys.stderr.write(f"[{socket.gethostname()}] error: {e.message}\n")
+        sys.stderr.write(rank_errors.error_line(socket.gethostname(), None, e.message))
         return e.exit_code
-    events.emit(EVENT, rank=info.rank, host=socket.gethostname(), threads=threads, source=info.source)
+    events.emit(events.SCRIPT_RANK, rank=info.rank, host=socket.gethostname(), threads=threads, source=info.source)
     try:
         # --per-node: torchrun's workers tag their own lines (WORKER); its own lines are the node's
         code = relay(argv_, env, options.get("--workdir"), b"" if per_node else tag(socket.gethostname(), info.rank))
     except OSError as e:
-        sys.stderr.write(f"[{socket.gethostname()}:{info.rank}] error: cannot start {argv_[0]}"
-                         f"{' in ' + options['--workdir'] if '--workdir' in options else ''}: {e.strerror}\n")
+        where = f" in {options['--workdir']}" if "--workdir" in options else ""
+        sys.stderr.write(rank_errors.error_line(socket.gethostname(), info.rank,
+                                                f"cannot start {argv_[0]}{where}: {e.strerror}"))
         code = 127
     if code != 0:
-        sys.stderr.write(f"[{socket.gethostname()}:{info.rank}] error: `{' '.join(command)}` exited with code {code} "
-                         f"on rank {info.rank}\n")
+        sys.stderr.write(rank_errors.error_line(socket.gethostname(), info.rank,
+                                                f"`{' '.join(command)}` exited with code {code} on rank {info.rank}"))
         sys.stderr.flush()
         if info.source == "PMI_RANK":
             # Hydra (MPICH, Intel MPI) waits for the other ranks after one exits with an error code, but cleans

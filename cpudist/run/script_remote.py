@@ -30,10 +30,10 @@ from cpudist.run.script import COLLECTED, Script, check_script
 from cpudist.run.where import Head
 from cpudist.ssh.client import Remote
 from cpudist.ssh.known_hosts import KnownHosts
+from cpudist.wire import programs
 
 SNAPSHOT = "script"  # the local run folder's copy of the script's folder, as staged
 WORK = "work"  # the run's working folder on every node, under the head's run folder
-AGENT = "cpudist.run.script_agent"
 SKIPPED = (".git", "__pycache__", ".venv", "venv")
 
 
@@ -110,7 +110,8 @@ def describe_remote(request: RunRequest, script: Script, head_spec: Head) -> str
              *(f"# stage {path} -> ~/{state.STAGE_DIR}/<sha256>/ on every node (the command's `{given}` too)"
                for given, path in staged_paths(script)),
              f"# nodes (as they reach each other): {' '.join(h.name for h in nodes)}",
-             f"# on the head: python -m {AGENT}; every node copies the staged folder into the run's {WORK}/, and "
+             f"# on the head: {programs.usage(programs.SCRIPT_AGENT)}; every node copies the staged folder "
+             f"into the run's {WORK}/, and "
              f"{request.launch.np} rank(s) run `{shlex.join(script.command)}` there",
              *(f"# then: {p} -> {Path(request.train.output_dir) / COLLECTED}/ here" for p in script.collect)]
     return "\n".join(lines) + "\n"
@@ -140,7 +141,7 @@ def run_remote(request: RunRequest, script: Script, head_spec: Head, ledger: Pat
         job = ScriptJob(**{f.name: getattr(staged.job, f.name) for f in dataclasses.fields(RunRequest)},
                         script=head_script(script, items[0].remote_path(home), run_dir, paths))
         cb.note(f"running `{shlex.join(job.script.command)}` in {job.script.workdir} on every node")
-        command = f"cd && exec {remote.python_words(staged.python, staged.pythonpath)} -m {AGENT}"
+        command = f"cd && exec {remote.python_words(staged.python, staged.pythonpath)} -m {programs.SCRIPT_AGENT}"
         try:
             status = follow(head, command, job, cb)
         finally:

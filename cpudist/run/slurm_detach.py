@@ -34,7 +34,7 @@ from cpudist.run.prepare import prepare
 from cpudist.run.request import Callbacks, RunRequest
 from cpudist.run.start import settle
 from cpudist.waits import TimedOut, wait_until
-from cpudist.wire import stop_marker
+from cpudist.wire import names, stop_marker
 
 SECRETS_KEY = "secrets_file"  # run.json's `detached`: the job's secrets file on this machine, until it ended
 READY_WAIT_S = 600.0  # a job may queue a long time; past this the detached start gives up and cancels it
@@ -47,7 +47,7 @@ def start(request: RunRequest, ledger: Path, cb: Callbacks, ready_wait_s: float 
     launch = kinds.plan(spec)
     out = Path(request.train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    state.write_private(out / "command.txt", kinds.plan(redacted(spec)).shell() + "\n")
+    state.write_private(out / names.COMMAND, kinds.plan(redacted(spec)).shell() + "\n")
     stop_marker.clear(out)
     launched = dataclasses.replace(request.launched, launcher=spec.launcher)
     write_card_part(out, launched)
@@ -111,7 +111,7 @@ def attach(info: RunInfo, cb: Callbacks, stop_first: bool = False, timeout_s: fl
     if stop_first:
         signal_ranks(job_id)
     started = time.monotonic()
-    with (out / "ranks.log").open("w") as log:  # every rank line, as an attached run writes it
+    with (out / names.RANKS_LOG).open("w") as log:  # every rank line, as an attached run writes it
 
         def on_line(line: str) -> None:
             log.write(line + "\n")

@@ -29,7 +29,7 @@ from cpudist.run.stage_here import stage_here, staging_plan
 from cpudist.run.stopped import StopSeen, after_stop, hint
 from cpudist.run.where import Head, Where
 from cpudist.train.resume import checkpoint_folder
-from cpudist.wire import stop_marker
+from cpudist.wire import programs, stop_marker
 from cpudist.wire.stop_marker import Stop
 
 
@@ -172,8 +172,8 @@ def _describe_remote(request: RunRequest, head: Head, detach: bool = False) -> s
     lines += [f"# stage {what} ({name}) {path} -> ~/{state.STAGE_DIR}/<sha256>/ on the head, {then}"
               for name, what, path in local_inputs(request.train)]
     lines += [f"# nodes (as they reach each other): {' '.join(h.name for h in nodes)}",
-              "# on the head: python -m cpudist.run.agent, with this request on stdin (--env values shown as ***)"
-              if not detach else "# --detach: on the head, setsid nohup python -m cpudist.run.agent --detached "
+              f"# on the head: {programs.usage(programs.AGENT)}, with this request on stdin (--env values shown as ***)"
+              if not detach else f"# --detach: on the head, setsid nohup {programs.usage(programs.AGENT)} --detached "
               "<run dir>, this request in <run dir>/agent.request.json (--env values shown as ***); this command "
               "returns once the ranks are up", shown.to_json()]
     return "\n".join(lines) + "\n"

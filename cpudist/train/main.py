@@ -21,7 +21,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from cpudist import events
 from cpudist.config import TrainConfig, effective_lr, resolved_compression
 from cpudist.errors import BadInput
 from cpudist.objects import ObjectStore
@@ -40,7 +39,7 @@ from cpudist.train.saver import Saver
 from cpudist.train.setup import Job, setup
 from cpudist.train.startup import Startup
 from cpudist.train.store_watch import StoreWatch
-from cpudist.wire import stop_marker
+from cpudist.wire import events, exits, programs, stop_marker
 
 
 @dataclass(frozen=True)
@@ -57,7 +56,7 @@ def _mirror(cfg: TrainConfig, provider: Provider) -> Mirror | None:
         return None
     if provider.store is None:
         raise BadInput(f"--checkpoint-s3 {cfg.checkpoint_s3}: this rank has no object store to copy checkpoints to",
-                       "Start ranks with `python -m cpudist.rank` (as `cpudist run` does)")
+                       f"Start ranks with `{programs.usage(programs.RANK)}` (as `cpudist run` does)")
     return Mirror(provider.store(cfg.checkpoint_s3), cfg.run_id)
 
 
@@ -182,13 +181,13 @@ def _finish(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict
         result = build_result(job, stats, metrics, phases, saver, started_at, rank_info, restored)
         result = save_model(job, evals, launched.read_card_part(job.run_dir).apply(result))  # the final card
         if result.model_dir:
-            events.emit("model", path=result.model_dir, step=result.model_step, bytes=result.model_bytes,
+            events.emit(events.MODEL, path=result.model_dir, step=result.model_step, bytes=result.model_bytes,
                         seconds=round(result.model_save_s or 0.0, 2))
             if model_store is not None:
                 copied = model_upload.upload(model_store, Path(result.model_dir), result.run_id)
                 result = dataclasses.replace(result, model_s3=copied)
-                events.emit("model_s3", **copied)
-        events.emit("done", result=str(launched.write_report(job.run_dir, result)))
+                events.emit(events.MODEL_S3, **copied)
+        events.emit(events.DONE, result=str(launched.write_report(job.run_dir, result)))
     if info.world_size > 1:
         # Leave together: a rank tearing down gloo while a peer still talks to it can abort the
         # peer ("terminate called without an active exception").
@@ -196,7 +195,7 @@ def _finish(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict
 
 
 def _stopped(job: Job, stats: TrainStats, info: RankInfo) -> int:
-    """The ranks stopped early after a checkpoint: say where, leave together with EXIT_PREEMPTED."""
+    """The ranks stopped early after a checkpoint: say where, leave together with exits.PREEMPTED."""
     reasons: list[Any] = [(socket.gethostname(), stats.stopped)]
     if info.world_size > 1:
         reasons = [None] * info.world_size
@@ -205,11 +204,11 @@ def _stopped(job: Job, stats: TrainStats, info: RankInfo) -> int:
         host, why = preempt.stop_reason(reasons)
         if stop_marker.asked(job.run_dir):  # the user's stop: resumable all the same, but nothing was preempted
             stop = stop_marker.Stop(stats.steps, stats.checkpoints[-1], preempt.USER, host)
-            events.emit("stopped", **stop.to_dict())
+            events.emit(events.STOPPED, **stop.to_dict())
         else:
             stop = stop_marker.Stop(stats.steps, stats.checkpoints[-1], why or "SIGTERM", host)
             stop_marker.write(job.run_dir, stop)
-            events.emit("preempted", **stop.to_dict())
+            events.emit(events.PREEMPTED, **stop.to_dict())
     if info.world_size > 1:
         dist.barrier()
-    return preempt.EXIT_PREEMPTED
+    return exits.PREEMPTED

@@ -2,7 +2,7 @@
 interruption: cpudist/cloud/aws/notice.py polls for it, handed in by cpudist/rank.py as a NoticePoller).
 
 A signal handler only sets a flag; the loop asks at each step boundary, all ranks agree over one
-all-reduce, write a checkpoint and leave with EXIT_PREEMPTED, so the launcher and `cpudist run`
+all-reduce, write a checkpoint and leave with wire.exits.PREEMPTED, so the launcher and `cpudist run`
 can tell "stopped to be resumed" from "failed".
 """
 
@@ -11,9 +11,6 @@ from __future__ import annotations
 import signal
 from types import FrameType
 from typing import Any, Protocol
-
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped on purpose, resume to go on
-
 
 NOTICE = "spot interruption notice"
 PEER = "a peer rank was asked to stop"

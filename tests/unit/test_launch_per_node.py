@@ -13,10 +13,10 @@ from click.testing import CliRunner
 from cpudist.cli.main import cli
 from cpudist.errors import CpudistError
 from cpudist.run.script_rank import check_accelerate, per_node_argv
+from cpudist.train.dist import RankInfo
 
 # what each worker of a node's torchrun runs before the script: the wrapper that tags its lines with its rank
 WORKER = ["-m", "cpudist.run.script_rank", "--relay"]
-from cpudist.train.dist import RankInfo
 
 
 def test_each_nodes_torchrun_takes_its_place_and_the_rendezvous_from_the_launcher() -> None:

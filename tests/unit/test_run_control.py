@@ -20,7 +20,8 @@ from cpudist.run.control import find_run
 from cpudist.run.identity import RunInfo, read_run, write_run
 from cpudist.run.process import start_ticks, this_host
 from cpudist.run.request import Callbacks
-from cpudist.run.runlog import LOG_FILE, show, tee
+from cpudist.run.runlog import show, tee
+from cpudist.wire import names
 
 CPUDIST = [sys.executable, "-m", "cpudist.cli"]
 
@@ -106,18 +107,18 @@ def test_the_log_tees_lines_and_events_and_a_new_run_starts_it_afresh(tmp_path: 
     shown: list[object] = []
     running(tmp_path / "r", "20261126-100000-ffffff", 1, 1)
     out = tmp_path / "r"
-    (out / LOG_FILE).write_text("an older run's line\n")
+    (out / names.LOG).write_text("an older run's line\n")
     cb = tee(Callbacks(shown.append, shown.append, shown.append), out, "20261126-100000-ffffff")
     cb.on_line("[vm:0] rank 0/1 ready")
     cb.on_event({"event": "progress", "step": 2, "total": 9, "loss": 0.5, "samples_per_s": 10.0})
     cb.on_event({"event": "checkpoint", "step": 2, "path": "ck/step-000002"})
-    text = (out / LOG_FILE).read_text()
+    text = (out / names.LOG).read_text()
     assert text == ("an older run's line\n[vm:0] rank 0/1 ready\n[cpudist] step 2/9  loss 0.5000  10.0 samples/s\n"
                     "[cpudist] checkpoint at step 2: ck/step-000002\n")  # same id: a resume's part appends
     assert len(shown) == 3  # and the terminal still gets all of it
     fresh = tee(Callbacks(shown.append, shown.append), out, "20261126-110000-000000")
     fresh.note("a new run")
-    assert (out / LOG_FILE).read_text() == "[cpudist] a new run\n"
+    assert (out / names.LOG).read_text() == "[cpudist] a new run\n"
     got: list[str] = []
     assert show(out, got.append, follow=False) == "running"  # without -f it returns with the log so far
     assert "".join(got) == "[cpudist] a new run\n"
@@ -126,12 +127,12 @@ def test_the_log_tees_lines_and_events_and_a_new_run_starts_it_afresh(tmp_path: 
 def test_logs_follow_ends_with_the_run_and_ctrl_c_exits_130_quietly(tmp_path: Path,
                                                                   sleeper: subprocess.Popen[bytes]) -> None:
     out = running(tmp_path / "r", "20261126-100000-abcdef", sleeper.pid, start_ticks(sleeper.pid) or 0)
-    (out / LOG_FILE).write_text("first\n")
+    (out / names.LOG).write_text("first\n")
     follow = subprocess.Popen([*CPUDIST, "logs", "-f", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True)
     try:
         assert follow.stdout is not None and follow.stdout.readline() == "first\n"
-        with (out / LOG_FILE).open("a") as f:
+        with (out / names.LOG).open("a") as f:
             f.write("second\n")
         assert follow.stdout.readline() == "second\n"
         info = read_run(out)

@@ -12,13 +12,13 @@ import pytest
 
 from cpudist.config import TrainConfig
 from cpudist.errors import JobFailed, Preempted
-from cpudist.events import MARKER as EVENT
 from cpudist.launch.spec import Launch
 from cpudist.results.launched import Launched
 from cpudist.run import local
 from cpudist.run.prepare import prepare
 from cpudist.run.request import Callbacks, LaunchOptions, RunRequest
-from cpudist.train.preempt import EXIT_PREEMPTED
+from cpudist.wire.events import MARKER as EVENT
+from cpudist.wire.exits import PREEMPTED as EXIT_PREEMPTED
 from cpudist.wire.stop_marker import NAME as MARKER
 
 
