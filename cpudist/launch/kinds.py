@@ -68,7 +68,8 @@ def execute(launch: Launch, out: Path, streams: Streams, timeout_s: float | None
             watch: NodeWatch | None = None) -> Ended:
     """Run a launch of any shape to its end; `watch` (not for Slurm's) stops it when a node is lost."""
     if launch.script is not None:
-        followed = slurm_job.submit_and_follow(launch, out, streams.on_event, streams.on_line, streams.say, timeout_s)
+        followed = slurm_job.submit_and_follow(launch, out, streams.on_event, streams.on_line, streams.say, timeout_s,
+                                               streams.on_stop)
         code = 0 if followed.info.state == "COMPLETED" else 1
         return Ended(runner.Outcome(code, followed.timed_out, followed.last_lines), "launcher", followed.info)
     if launch.per_host:

@@ -183,12 +183,15 @@ def cancel(job_id: str) -> None:
 
 def submit_and_follow(launch: Launch, out: Path, on_event: Callable[[dict[str, Any]], None],
                       on_line: Callable[[str], None], say: Callable[[str], None],
-                      timeout_s: float | None = None) -> SlurmOutcome:
-    """Write the batch script into the run folder, submit it, follow it to its end; Ctrl-C cancels it."""
+                      timeout_s: float | None = None, on_stop: Callable[[], None] | None = None) -> SlurmOutcome:
+    """Write the batch script into the run folder, submit it, follow it to its end; Ctrl-C cancels it (after
+    `on_stop`, the user's stop said to the ranks, which then leave no preemption marker)."""
     job_id = submit(launch, out, say)
     try:
         return follow(job_id, out / f"slurm-{job_id}.out", on_event, on_line, say, timeout_s)
     except KeyboardInterrupt:
+        if on_stop is not None:
+            on_stop()
         cancel(job_id)
         raise Interrupted(f"interrupted: Slurm job {job_id} was cancelled (scancel)",
                           "Re-run the command to start over") from None

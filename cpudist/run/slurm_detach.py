@@ -33,6 +33,7 @@ from cpudist.run.outcome import check, record
 from cpudist.run.prepare import prepare
 from cpudist.run.request import Callbacks, RunRequest
 from cpudist.run.start import settle
+from cpudist.run.stopped import StopSeen
 from cpudist.waits import TimedOut, wait_until
 from cpudist.wire import names, stop_marker
 
@@ -86,8 +87,7 @@ def _land(out: Path, ledger: Path, launched: Launched, followed: SlurmOutcome, s
     """The ended job's result checked and recorded (the same checks as an attached run's, run/outcome.py)."""
     job_id = followed.info.job_id
     if stopped and not (followed.info.state == "COMPLETED" and (out / RANK_REPORT).is_file()):
-        raise Interrupted(f"stopped: Slurm job {job_id} ended {followed.info.state}",
-                          "Re-run the command to start over")
+        raise Interrupted(f"stopped (Slurm job {job_id})", "Re-run the command to start over")
     code = 0 if followed.info.state == "COMPLETED" else 1
     check(Outcome(code, followed.timed_out, followed.last_lines), out, None, "launcher", followed.info)
     return record(out, ledger, dataclasses.replace(launched, slurm_job_id=job_id))
@@ -108,7 +108,9 @@ def attach(info: RunInfo, cb: Callbacks, stop_first: bool = False, timeout_s: fl
     job_id = str(info.detached["slurm_job_id"])
     out = Path(info.run_dir)
     cb = runlog.tee(cb, out, info.id)
+    cb = (seen := StopSeen()).wrap(cb)  # the user's stop leaves no marker: its checkpoint is in rank 0's event
     if stop_first:
+        stop_marker.ask(out)  # the user's stop: rank 0 leaves no preemption marker (Slurm would requeue on one)
         signal_ranks(job_id)
     started = time.monotonic()
     with (out / names.RANKS_LOG).open("w") as log:  # every rank line, as an attached run writes it
@@ -127,4 +129,4 @@ def attach(info: RunInfo, cb: Callbacks, stop_first: bool = False, timeout_s: fl
     ledger = Path(str(info.detached.get("ledger") or state.ledger_path()))
     launched = Launched.from_dict(info.detached.get("launched") or {"launcher": "slurm"})
     return settle(out, lambda: _land(out, ledger, launched, dataclasses.replace(followed, timed_out=False),
-                                     stop_first))
+                                     stop_first), seen, out / names.CHECKPOINTS)

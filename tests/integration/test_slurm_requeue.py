@@ -161,8 +161,10 @@ def test_stop_checkpoints_then_cancels(slurm: SlurmCluster, shared_data: Path, t
     run_id, job_id = detached_run(slurm, shared_data, out, env, "--epochs", "50")
     r = slurm.run(0, [*CPUDIST, "stop", str(out)], cwd=str(tmp_path), timeout=300, env=env)
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
-    assert f"run {run_id} stopped, run.json says interrupted: the ranks stopped at step " in r.stdout, r.stdout
+    assert f"run {run_id} stopped, run.json says interrupted: stopped (Slurm job {job_id}); the ranks stopped at " \
+           "step " in r.stdout, r.stdout
     assert f"--resume auto --output-dir {out}" in r.stdout, r.stdout
+    assert "(the user's stop on " in r.stdout and not (out / "preempted.json").exists(), r.stdout  # not a preemption
     info = json.loads((out / "run.json").read_text())
     assert info["state"] == "interrupted", info
     assert list((out / "checkpoints").glob("step-*")), list(out.iterdir())
