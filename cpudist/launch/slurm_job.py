@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cpudist import state
-from cpudist.errors import BadInput, Interrupted, JobFailed
+from cpudist.errors import BadInput, CpudistError, Interrupted, JobFailed
 from cpudist.hostfile import Host
 from cpudist.interrupts import shielded
 from cpudist.launch import slurm
@@ -147,9 +147,10 @@ class Follower:
 
 
 def follow(job_id: str, output: Path, on_event: Callable[[dict[str, Any]], None], on_line: Callable[[str], None],
-           say: Callable[[str], None], timeout_s: float | None = None) -> SlurmOutcome:
+           say: Callable[[str], None], timeout_s: float | None = None,
+           follower: Follower | None = None) -> SlurmOutcome:
     """Stream the job's output and state changes until it ends; past `timeout_s`, cancel it."""
-    follower = Follower(job_id, output, on_event, on_line, say)
+    follower = follower or Follower(job_id, output, on_event, on_line, say)
     deadline = time.monotonic() + timeout_s if timeout_s else None
     timed_out = False
     while True:
@@ -187,12 +188,17 @@ def submit_and_follow(launch: Launch, out: Path, on_event: Callable[[dict[str, A
     """Write the batch script into the run folder, submit it, follow it to its end; Ctrl-C cancels it (after
     `on_stop`, the user's stop said to the ranks, which then leave no preemption marker)."""
     job_id = submit(launch, out, say)
+    output = out / f"slurm-{job_id}.out"
+    follower = Follower(job_id, output, on_event, on_line, say)
     try:
-        return follow(job_id, out / f"slurm-{job_id}.out", on_event, on_line, say, timeout_s)
+        return follow(job_id, output, on_event, on_line, say, timeout_s, follower)
     except KeyboardInterrupt:
         if on_stop is not None:
             on_stop()
         cancel(job_id)
+        with shielded(lambda: None), contextlib.suppress(CpudistError):  # the ranks' last lines: their stop event
+            follower.next_poll = 0.0
+            follower.poll()
         raise Interrupted(f"interrupted: Slurm job {job_id} was cancelled (scancel)",
                           "Re-run the command to start over") from None
 
