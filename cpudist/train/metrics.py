@@ -58,9 +58,11 @@ def pearson(x: np.ndarray, y: np.ndarray) -> float:
     if len(x) < 2:
         return float("nan")
     xm, ym = x - x.mean(), y - y.mean()
-    nx, ny = np.linalg.norm(xm), np.linalg.norm(ym)
-    if nx == 0 or ny == 0 or x.max() == x.min() or y.max() == y.min():
+    sx, sy = np.abs(xm).max(), np.abs(ym).max()
+    if sx == 0 or sy == 0 or x.max() == x.min() or y.max() == y.min():
         return float("nan")
+    xm, ym = xm / sx, ym / sy  # scaled first, as scipy does: tiny spreads would underflow when squared
+    nx, ny = np.linalg.norm(xm), np.linalg.norm(ym)
     return float(np.clip(np.dot(xm / nx, ym / ny), -1.0, 1.0))
 
 

@@ -22,7 +22,6 @@ ALLOWED = {
     ("launch/spec.py", programs.RANK),
     ("launch/torchrun.py", programs.TETHER),
     ("launch/tether.py", "usage: python -m cpudist.launch.tether [--from-secrets NAME,...] -- COMMAND [ARGS...]\n"),
-    ("results/launched.py", names.RESULT),
 }
 
 
