@@ -15,7 +15,7 @@ from cpudist.cli.launch_options import connect_options
 from cpudist.cli.options import output_options
 from cpudist.errors import CpudistError
 from cpudist.hostfile import check_resolvable, read_hostfile, render_hostfile
-from cpudist.hosts.bench import DEFAULT_SIZES, BenchResult, Probe, human, parse_sizes, probe_spec, run_probe, save
+from cpudist.hosts.bench import DEFAULT_SIZES, BenchResult, human, parse_sizes, run_probe, save
 from cpudist.hosts.doctor import doctor as run_doctor
 from cpudist.hosts.doctor import usable_text
 from cpudist.launch.kinds import plan as plan_launch
@@ -166,15 +166,23 @@ def bench(hostfile: Path, ppn: int, sizes: tuple[int, ...], iters: int, warmup: 
     Bus bandwidth is bytes x 2(N-1)/N / time, as nccl-tests define it: the rate each node's link
     carried. The result goes to ~/.cpudist/bench/<hostfile>-<time>.json.
     """
-    probe = Probe(hostfile=hostfile, ppn=ppn, sizes=sizes, iters=iters, warmup=warmup, launcher=launcher,
-                  mpirun=mpirun, ssh=ssh, iface=iface)
+    from cpudist.config import TrainConfig
+    from cpudist.run.payloads import spec_of
+    from cpudist.run.request import LaunchOptions, RunRequest
+    from cpudist.wire.payload import Probe
+
+    np_ = len(read_hostfile(hostfile)) * ppn
     with tempfile.TemporaryDirectory(prefix="cpudist-bench-") as workdir:
-        spec = probe_spec(probe, Path(workdir), dry_run)
+        request = RunRequest(train=TrainConfig(task="hosts-bench", output_dir=workdir), hostfile=str(hostfile),
+                             launch=LaunchOptions(np=np_, ppn=ppn, launcher=launcher, mpirun=mpirun, ssh=ssh,
+                                                  iface=iface),
+                             payload=Probe(sizes=sizes, iters=iters, warmup=warmup))
+        spec = spec_of(request, dry_run)
         launch = plan_launch(spec)
         if dry_run:
             _print_launch(spec, launch)
             return
-        result = run_probe(probe, spec, launch, timeout, lambda line: click.echo(line, err=True))
+        result = run_probe(str(hostfile), spec, launch, timeout, lambda line: click.echo(line, err=True))
     path = save(result)
     if fmt == "json":
         click.echo(json.dumps({**result.to_dict(), "path": str(path)}, indent=2))

@@ -28,7 +28,6 @@ from cpudist.wire import names
 
 if TYPE_CHECKING:
     from cpudist.run.request import RunRequest
-    from cpudist.run.script import Script
     from cpudist.run.sweep import SeriesHosts
     from cpudist.run.where import Where
 
@@ -113,21 +112,23 @@ def launch(ctx: click.Context, command: tuple[str, ...], **opts: Any) -> None:
         if opts["sweep"]:
             _sweep(command, opts, np_given)
             return
-        request, script, where = _request(command, opts, np_given, opts["nodes"], opts["output_dir"])
+        request, where = _request(command, opts, np_given, opts["nodes"], opts["output_dir"])
         if opts["dry_run"]:
-            click.echo(_describe(request, script, where), nl=False)
+            click.echo(_describe(request, where), nl=False)
             return
-        result = _launch_one(request, script, where, opts)
+        result = _launch_one(request, where, opts)
     click.echo(json.dumps(result.to_dict(), indent=2) if opts["fmt"] == "json" else summary(result))
 
 
 def _request(command: tuple[str, ...], opts: dict[str, Any], np_given: bool, nodes: int | None,
-             output_dir: Path | None) -> tuple[RunRequest, Script, Where]:
-    """The options as one run's request, script and route (a sweep's run: its node count and folder)."""
+             output_dir: Path | None) -> tuple[RunRequest, Where]:
+    """The options as one run's request (the script its payload) and route (a sweep's run: its node count and
+    folder)."""
     from cpudist.cpu import read_cpu
     from cpudist.run.request import Layout, RunRequest, resolve_layout
-    from cpudist.run.script import Script, script_config
+    from cpudist.run.script import script_config
     from cpudist.run.where import where_for
+    from cpudist.wire.payload import Script
 
     route = to_route(opts)
     remote = route.cluster is not None or route.head_addr is not None
@@ -149,7 +150,7 @@ def _request(command: tuple[str, ...], opts: dict[str, Any], np_given: bool, nod
     hostfile = str(where.hostfile) if where.hostfile and where.head is None else None
     command_line = shlex.join(["cpudist", *redact_env_args(sys.argv[1:])])
     return (RunRequest(train=cfg, launch=launch_opts, hostfile=hostfile, command=command_line,
-                       overwrite=opts["overwrite_output_dir"]), script, where)
+                       overwrite=opts["overwrite_output_dir"], payload=script), where)
 
 
 def _check_accelerate(command: tuple[str, ...], per_node: bool) -> None:
@@ -164,23 +165,23 @@ def _check_accelerate(command: tuple[str, ...], per_node: bool) -> None:
     check_accelerate(command)
 
 
-def _describe(request: RunRequest, script: Script, where: Where) -> str:
-    from cpudist.run.script import describe_script
-    from cpudist.run.script_remote import describe_remote
+def _describe(request: RunRequest, where: Where) -> str:
+    from cpudist.run.start import describe
 
-    return describe_remote(request, script, where.head) if where.head is not None else describe_script(request,
-                                                                                                        script)
+    return describe(request, where)
 
 
-def _launch_one(request: RunRequest, script: Script, where: Where, opts: dict[str, Any]) -> RunResult:
+def _launch_one(request: RunRequest, where: Where, opts: dict[str, Any]) -> RunResult:
     from cpudist.cli.progress import JobView
     from cpudist.run.request import Callbacks
-    from cpudist.run.script import launch_script
+    from cpudist.run.start import start
 
     view = JobView(quiet=opts["quiet"])
     cb = Callbacks(view.on_event, view.on_line, (lambda line: None) if opts["quiet"] else _say)
     try:
-        return launch_script(request, script, where, opts["ledger"] or state.ledger_path(), cb)
+        result = start(request, where, opts["ledger"] or state.ledger_path(), cb)
+        assert result is not None  # `cpudist launch` has no --detach
+        return result
     except JobFailed:
         view.show_held()  # --quiet: the rank lines the error points at
         raise
@@ -203,14 +204,14 @@ def _sweep(command: tuple[str, ...], opts: dict[str, Any], np_given: bool) -> No
     dirs = run_dirs(opts["output_dir"] or default_sweep_dir(TASK, script_label(command)), counts)
     done: list[RunResult] = []
     for i, n in enumerate(counts, 1):
-        request, script, where = _request(command, opts, False, n, dirs[n])
+        request, where = _request(command, opts, False, n, dirs[n])
         say = f"sweep {i}/{len(counts)}: {n} node(s), --ppn {request.launch.ppn} -> {dirs[n]}"
         if opts["dry_run"]:
-            click.echo(f"# {say}\n{_describe(request, script, where)}", nl=False)
+            click.echo(f"# {say}\n{_describe(request, where)}", nl=False)
             continue
         _say(say)
         try:
-            done.append(_launch_one(request, script, where, opts))
+            done.append(_launch_one(request, where, opts))
         except CpudistError as e:
             if done:
                 show_report(done, "json" if opts["fmt"] == "json" else "table", None)

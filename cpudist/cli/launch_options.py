@@ -109,7 +109,7 @@ def to_launch(opts: dict[str, Any], np: int, ppn: int) -> LaunchOptions:
     return LaunchOptions(np=np, ppn=ppn, launcher=opts["launcher"], mpirun=opts["mpirun"], ssh=opts["ssh"],
                          iface=opts["iface"], allocator=opts["allocator"], openmp=opts["openmp"],
                          env=opts["env_pairs"], oversubscribe=opts["oversubscribe"], timeout_s=opts["timeout"],
-                         slurm=slurm_from_opts(opts), shared_fs=opts.get("shared_fs", False),
+                         batch=slurm_from_opts(opts), shared_fs=opts.get("shared_fs", False),
                          # --env-file's pairs, then --secret's (the later wins), as data: never on a command line
                          secrets=secrets.gather(opts["env_files"], opts["secret_names"], os.environ))
 

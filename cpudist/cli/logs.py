@@ -14,13 +14,13 @@ from cpudist.results.ledger import read_ledger
 from cpudist.wire import exits, names
 
 if TYPE_CHECKING:
-    from cpudist.run.identity import RunInfo
-    from cpudist.run.listing import RunRow
+    from cpudist.run.life.identity import RunInfo
+    from cpudist.run.life.listing import RunRow
 
 
 def run_arg(text: str) -> RunRow:
     """RUN (an id, a unique prefix of one, or a run folder) as `cpudist runs` lists it (./runs and the ledger)."""
-    from cpudist.run.control import find_run
+    from cpudist.run.life.control import find_run
 
     ledger_path = state.ledger_path()
     return find_run(text, (Path("runs"),), read_ledger(ledger_path) if ledger_path.is_file() else [])
@@ -34,10 +34,10 @@ def _emit(text: str) -> None:
 def _attach(ctx: click.Context, info: RunInfo) -> None:
     """`logs -f` of a detached run: its head's log until it ends, then its files home and the run recorded."""
     from cpudist.errors import CpudistError
-    from cpudist.run.attach import attach
-    from cpudist.run.identity import read_run
+    from cpudist.run.life.attach import attach
+    from cpudist.run.life.identity import read_run
+    from cpudist.run.life.runlog import event_text
     from cpudist.run.request import Callbacks
-    from cpudist.run.runlog import event_text
 
     def on_event(event: dict[str, Any]) -> None:
         text = event_text(event)
@@ -74,8 +74,8 @@ def logs(ctx: click.Context, run: str, follow: bool, from_head: bool, user: str 
 
     Example: cpudist logs -f 20261126-101502
     """
-    from cpudist.run.identity import read_run
-    from cpudist.run.runlog import show
+    from cpudist.run.life.identity import read_run
+    from cpudist.run.life.runlog import show
 
     row = run_arg(run)
     run_dir = Path(row.run_dir)
@@ -91,7 +91,7 @@ def logs(ctx: click.Context, run: str, follow: bool, from_head: bool, user: str 
         raise BadInput(f"run {row.id} has no run.json in {run_dir}", "`cpudist logs` without --head shows its log")
     try:
         if info is not None:
-            from cpudist.run.headlog import show_head  # paramiko: only on this path
+            from cpudist.run.life.headlog import show_head  # paramiko: only on this path
 
             ended = show_head(info, user, identity, _emit, follow)
         else:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shlex
 import sys
 from dataclasses import fields
@@ -26,6 +25,8 @@ from cpudist.cpu import read_cpu
 from cpudist.errors import BadInput, Interrupted, JobFailed, Preempted
 from cpudist.interrupts import signals_interrupt
 from cpudist.launch.env import redact_env_args
+from cpudist.launch.kinds import batch_of, scheduled
+from cpudist.launch.tools import in_allocation
 from cpudist.results.schema import RunResult
 from cpudist.run.request import (
     Callbacks,
@@ -66,9 +67,10 @@ def _train_config(opts: dict[str, Any]) -> TrainConfig:
 
 
 def _check_detach(where: Where, launcher: str) -> None:
-    """--detach's rules: a run from outside the cluster or a Slurm batch job, without --on-preemption resume."""
-    if where.head is None and launcher == "slurm" and not os.environ.get("SLURM_JOB_ID"):
-        return  # a batch job runs on by itself (run/slurm_detach.py); srun inside an allocation is this process
+    """--detach's rules: a run from outside the cluster or a scheduler's batch job, without --on-preemption
+    resume."""
+    if where.head is None and scheduled(launcher) and not in_allocation():
+        return  # a batch job runs on by itself (run/life/batch_detach.py); inside an allocation it is this process
     if where.head is None:
         raise BadInput("--detach is for runs on a cluster from outside it (--cluster or --head): a run here or from "
                        "a hostfile is this process", "Start it under nohup, tmux or screen instead")
@@ -135,11 +137,12 @@ def run(ctx: click.Context, **opts: Any) -> None:
         finally:
             view.close()
     if result is None:  # --detach
-        from cpudist.run.identity import read_run
+        from cpudist.run.life.identity import read_run
 
         info = read_run(Path(request.train.output_dir))
         run_id = info.id if info is not None else request.train.output_dir
-        goes_on = "as a Slurm batch job" if info is not None and info.where == "slurm" else "on its head"
+        goes_on = (f"as a {batch_of(info.where).label} batch job" if info is not None and scheduled(info.where)
+                   else "on its head")
         click.echo(f"detached: run {run_id} goes on {goes_on}; follow it (and bring its result home): "
                    f"cpudist logs -f {run_id}; stop it: cpudist stop {run_id}")
         return

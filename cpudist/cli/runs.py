@@ -12,7 +12,7 @@ from rich.table import Table
 from cpudist import state
 from cpudist.cli.options import output_options
 from cpudist.results.ledger import read_ledger
-from cpudist.run.listing import RunRow, duration_text, list_runs, metric_text
+from cpudist.run.life.listing import RunRow, duration_text, list_runs, metric_text
 
 COLUMNS = ("id", "task", "model", "where", "state", "start", "duration", "metric")
 

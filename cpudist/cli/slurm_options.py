@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 import click
 
-from cpudist.launch.slurm import SlurmOptions
+from cpudist.launch.batch import BatchOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -43,8 +43,8 @@ def requeue_options(command: F) -> F:
     return command
 
 
-def from_opts(opts: dict[str, Any]) -> SlurmOptions:
-    """The SlurmOptions in a command's options (what `slurm_options` and, if given, `requeue_options` added)."""
-    return SlurmOptions(partition=opts["partition"], time=opts["time_limit"], account=opts["account"],
+def from_opts(opts: dict[str, Any]) -> BatchOptions:
+    """The BatchOptions in a command's options (what `slurm_options` and, if given, `requeue_options` added)."""
+    return BatchOptions(partition=opts["partition"], time=opts["time_limit"], account=opts["account"],
                         exclusive=opts["exclusive"], sbatch_args=opts["sbatch_args"],
                         requeue=opts.get("requeue", False), signal_s=opts.get("requeue_signal_s", 120))

@@ -19,7 +19,7 @@ def stop(run: str, wait_s: float) -> None:
 
     Example: cpudist stop 20261126-101502
     """
-    from cpudist.run.control import stop as stop_run
+    from cpudist.run.life.control import stop as stop_run
 
     stopped = stop_run(run_arg(run), wait_s)
     info, checkpoint = stopped.info, stopped.checkpoint

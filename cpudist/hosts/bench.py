@@ -1,9 +1,9 @@
 """`cpudist hosts bench`: an all-reduce probe of the links between a hostfile's nodes, kept for `cpudist plan`.
 
-The ranks start through the same launcher machinery as training (launch/kinds.py, launch/runner.py)
-and run `python -m cpudist.hosts.bench_rank`. Bandwidths follow nccl-tests: algorithm bandwidth =
-bytes / time, bus bandwidth = algorithm bandwidth x 2(N-1)/N, which for a ring all-reduce is the
-rate each node's link carried. Results go to `$CPUDIST_HOME/bench/<hostfile>-<time>.json`.
+The ranks start from the same launch spec as training (run/payloads.py, its Probe payload: the launcher, nodes
+and rendezvous of run/prepare.resolve) and run `python -m cpudist.hosts.bench_rank`. Bandwidths follow nccl-tests:
+algorithm bandwidth = bytes / time, bus bandwidth = algorithm bandwidth x 2(N-1)/N, which for a ring all-reduce is
+the rate each node's link carried. Results go to `$CPUDIST_HOME/bench/<hostfile>-<time>.json`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -19,16 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from cpudist import state
-from cpudist.config import TrainConfig
-from cpudist.cpu import read_cpu
 from cpudist.errors import BadInput, JobFailed
 from cpudist.launch import runner
-from cpudist.launch.nodes import cluster_hosts
 from cpudist.launch.runner import failed_host
 from cpudist.launch.spec import Launch, RunSpec
-from cpudist.launch.tools import free_port, resolve_launcher
 from cpudist.traffic import ring_factor
-from cpudist.wire import events, programs
+from cpudist.wire import events
 
 DEFAULT_SIZES = "1MB,8MB,32MB,64MB"
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -137,42 +132,7 @@ def newest_bench() -> Path | None:
     return max(found, key=lambda p: p.stat().st_mtime, default=None)
 
 
-@dataclass(frozen=True)
-class Probe:
-    """What to measure, on which nodes, with which launcher."""
-
-    hostfile: Path
-    ppn: int = 1
-    sizes: tuple[int, ...] = parse_sizes(DEFAULT_SIZES)
-    iters: int = 10
-    warmup: int = 2
-    launcher: str = "auto"
-    mpirun: str | None = None
-    ssh: str | None = None
-    iface: str | None = None
-    dist_timeout_s: int = 120
-
-
-def probe_spec(probe: Probe, workdir: Path, dry_run: bool = False) -> RunSpec:
-    """The launch spec of a probe on every node of the hostfile (checked; a dry run writes and probes nothing)."""
-    from cpudist.hostfile import read_hostfile
-
-    hosts = read_hostfile(probe.hostfile)
-    np_ = len(hosts) * probe.ppn
-    if np_ < 2:
-        raise BadInput(f"{probe.hostfile} names one host and --ppn is 1: nothing to all-reduce with",
-                       "List at least two nodes in the hostfile (or raise --ppn to measure one node's loopback)")
-    name, path = resolve_launcher(probe.launcher, probe.mpirun)
-    hosts, hostfile, ssh = cluster_hosts(probe.hostfile, (np_, probe.ppn, False), probe.ssh, workdir, name, dry_run)
-    program = (programs.BENCH_RANK, "--sizes", ",".join(map(str, probe.sizes)), "--iters", str(probe.iters),
-               "--warmup", str(probe.warmup), "--timeout", str(probe.dist_timeout_s))
-    return RunSpec(train=TrainConfig(task="hosts-bench", output_dir=str(workdir)), np=np_, ppn=probe.ppn,
-                   hosts=hosts, launcher=name, launcher_path=path, python=sys.executable, master_addr=hosts[0].name,
-                   master_port=free_port(), physical_cores=read_cpu().physical_cores, hostfile=hostfile, ssh=ssh,
-                   as_root=os.geteuid() == 0, iface=probe.iface, program=program)
-
-
-def run_probe(probe: Probe, spec: RunSpec, launch: Launch, timeout_s: float,
+def run_probe(hostfile: str, spec: RunSpec, launch: Launch, timeout_s: float,
               on_line: Callable[[str], None]) -> BenchResult:
     """Run the ranks to the end and return what rank 0 reported."""
     found: list[dict[str, Any]] = []
@@ -186,6 +146,6 @@ def run_probe(probe: Probe, spec: RunSpec, launch: Launch, timeout_s: float,
         raise JobFailed(f"the probe failed{' on ' + host if host else ''} (launcher exit code {outcome.returncode})",
                         "See the rank output above; `cpudist hosts doctor --hostfile ...` checks every node")
     e = found[-1]
-    return BenchResult(str(probe.hostfile), tuple(e["hosts"]), int(e["world_size"]), spec.ppn, spec.launcher,
+    return BenchResult(hostfile, tuple(e["hosts"]), int(e["world_size"]), spec.ppn, spec.launcher,
                        int(e["iters"]), int(e["warmup"]), datetime.now().isoformat(timespec="seconds"),
                        points(e["sizes"], e["medians"], int(e["world_size"])), dict(e["cpu"]))

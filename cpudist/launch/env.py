@@ -17,9 +17,9 @@ SHOWN = (*THREAD_VARIABLES, "PYTHONPATH")
 HIDDEN = "***"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EnvSpec:
-    """What decides a node's rank environment."""
+    """What decides a node's rank environment (keywords only: fourteen fields read alike)."""
 
     physical_cores: int
     ppn: int

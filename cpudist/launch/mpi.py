@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cpudist.launch.kind import Direct
 from cpudist.launch.spec import Launch, RunSpec, inherited, trainer_argv
 
 
@@ -44,7 +45,7 @@ def openmpi_argv(spec: RunSpec, env: dict[str, str]) -> list[str]:
 
 
 @dataclass(frozen=True)
-class Hydra:
+class Hydra(Direct):
     """MPICH's or Intel MPI's Hydra: one command; it starts every node's ranks over ssh."""
 
     name: str  # mpich | impi
@@ -54,7 +55,7 @@ class Hydra:
 
 
 @dataclass(frozen=True)
-class OpenMPI:
+class OpenMPI(Direct):
     """Open MPI's mpirun: one command, `--map-by ppr:P:node`."""
 
     name: str = "openmpi"

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from cpudist.launch.batch import BatchOptions
 from cpudist.secrets import SECRETS_ENV, remove_command
 from cpudist.slurm_counts import expand_counts as expand_counts  # parsed where the ranks read it
 from cpudist.wire import stop_marker
@@ -31,19 +32,6 @@ HINTS = {
     "OUT_OF_MEMORY": "Ask for more memory (--sbatch-arg=--mem=0 takes a node's all) or lower --batch-size",
     "PREEMPTED": "A higher-priority job took the nodes: re-run (with checkpoints: --resume auto)",
 }
-
-
-@dataclass(frozen=True)
-class SlurmOptions:
-    """What `cpudist run --launcher slurm` asks Slurm for, besides nodes and ranks per node."""
-
-    partition: str | None = None
-    time: str | None = None  # Slurm's time format: minutes, MM:SS, HH:MM:SS, D-HH:MM
-    account: str | None = None
-    exclusive: bool = False
-    sbatch_args: tuple[str, ...] = ()  # passed as they are, one `#SBATCH` line each
-    requeue: bool = False  # USR1 `signal_s` before the time limit: the ranks checkpoint, the job is requeued
-    signal_s: int = 120  # Slurm sends it within about a minute of this (its timer's resolution)
 
 
 @dataclass(frozen=True)
@@ -112,7 +100,7 @@ class BatchJob:
     output: str  # Slurm's --output pattern (%j: the job id)
     command: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
-    options: SlurmOptions = SlurmOptions()
+    options: BatchOptions = field(default_factory=BatchOptions)
     label: bool = True  # srun --label (off where the ranks' program tags its own lines)
     from_file: tuple[str, ...] = ()  # variables exported from the run's secrets file (launch/spec.py: filed_env)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -21,10 +22,13 @@ from cpudist import state
 from cpudist.errors import BadInput, CpudistError, Interrupted, JobFailed
 from cpudist.hostfile import Host
 from cpudist.interrupts import shielded
-from cpudist.launch import slurm
-from cpudist.launch.slurm import Allocation, JobInfo, SlurmOptions, expand_counts
+from cpudist.launch import runner, slurm
+from cpudist.launch.batch import BatchOptions
+from cpudist.launch.kind import Direct, Ended, JobWatch, Placement, Streams
+from cpudist.launch.slurm import Allocation, JobInfo, expand_counts
 from cpudist.launch.slurm_query import final_info, job_info
 from cpudist.launch.spec import SBATCH_FILE, Launch, RunSpec, filed_env, trainer_argv
+from cpudist.launch.watch import NodeWatch
 from cpudist.waits import TimedOut, wait_until
 from cpudist.wire import events
 
@@ -214,10 +218,10 @@ def batch_or_step(spec: RunSpec, env: dict[str, str]) -> Launch:
         cpus = max(1, alloc.cpus_per_node // spec.ppn)
         return Launch(tuple(slurm.srun_argv(spec.np, spec.ppn, trainer_argv(spec), cpus, not spec.own_tags)), env)
     out = Path(spec.cwd, spec.train.output_dir)  # absolute: the script may be submitted from elsewhere
-    options = spec.slurm or SlurmOptions()
+    options = spec.batch or BatchOptions()
     if options.requeue and spec.train.resume is None and not spec.program:
         # a requeued job runs this script again: its ranks go on from the run's newest checkpoint (of this run id
-        # only, run/identity.py), and the first start, finding none, starts from step 0
+        # only, run/life/identity.py), and the first start, finding none, starts from step 0
         spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, resume="auto"))
     from_file = tuple(k for k, _ in filed_env(spec))  # --env values: from the secrets file
     job = slurm.BatchJob(f"cpudist-{spec.train.task}", spec.np, spec.ppn, spec.cwd, str(out / "slurm-%j.out"),
@@ -231,6 +235,67 @@ class Slurm:
     """Slurm: srun inside an allocation, else a batch script that sbatch submits (and cpudist follows)."""
 
     name: str = "slurm"
+    scheduled = True
+    label = "Slurm"  # as the user writes it
+
+    def placed(self, hostfile: Path | None, nodes: int) -> Placement:
+        check_options(hostfile)
+        allocation = current_allocation(os.environ)
+        hosts, master = slurm_hosts(allocation, nodes)
+        return Placement(hosts, master, allocation)
 
     def build(self, spec: RunSpec, env: dict[str, str]) -> Launch:
         return batch_or_step(spec, env)
+
+    def execute(self, launch: Launch, out: Path, streams: Streams, timeout_s: float | None,
+                watch: NodeWatch | None) -> Ended:
+        """srun inside an allocation runs here like any launcher; a batch script is submitted and followed, and a
+        job Slurm ended badly (time limit, a node's failure) gets Slurm's verdict."""
+        if launch.script is None:
+            return Direct().execute(launch, out, streams, timeout_s, watch)
+        followed = submit_and_follow(launch, out, streams.on_event, streams.on_line, streams.say, timeout_s,
+                                     streams.on_stop)
+        return _ended(followed, out)
+
+    # A submitted job outlives this process: `cpudist run --detach` leaves it, `logs -f`/`stop` come back to it
+    # (run/life/batch_detach.py).
+
+    def job_name(self, job_id: str) -> str:
+        return f"Slurm job {job_id}"
+
+    submit = staticmethod(submit)
+    cancel = staticmethod(cancel)
+
+    def watch(self, job_id: str, out: Path, streams: Streams) -> Follower:
+        """The job's output and state, one `poll()` at a time (its `events` count the progress lines seen)."""
+        return Follower(job_id, out / f"slurm-{job_id}.out", streams.on_event, streams.on_line, streams.say)
+
+    def ended_early(self, watch: JobWatch) -> Ended:
+        """How a watched job ended (its poll returned its end before any progress line)."""
+        assert isinstance(watch, Follower) and watch.info is not None
+        return _ended(SlurmOutcome(watch.info, False, tuple(watch.last)), watch.tail.path.parent)
+
+    def follow(self, job_id: str, out: Path, streams: Streams, timeout_s: float | None) -> Ended:
+        """Follow the job's output from its start to its last end (across requeues); past `timeout_s`, cancel it."""
+        followed = follow(job_id, out / f"slurm-{job_id}.out", streams.on_event, streams.on_line, streams.say,
+                          timeout_s)
+        return _ended(followed, out)
+
+    def signal_ranks(self, job_id: str) -> None:
+        """SIGTERM to the job's steps (its ranks), not to the batch script (no requeue): they checkpoint and stop.
+        A pending job (queued, or requeued and held) has no ranks to save anything: it is cancelled at once."""
+        info = job_info(job_id)
+        pending = info is not None and info.state == "PENDING"
+        argv = ["scancel", job_id] if pending else ["scancel", "--signal=TERM", job_id]
+        subprocess.run(argv, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+def _ended(followed: SlurmOutcome, out: Path) -> Ended:
+    """A followed job's end as any launch's: exit 0 when COMPLETED, and Slurm's verdict when it ended the job."""
+    info = followed.info
+    outcome = runner.Outcome(0 if info.state == "COMPLETED" else 1, followed.timed_out, followed.last_lines)
+    verdict = None
+    if info.state not in ("COMPLETED", "UNKNOWN"):
+        detail = runner.rank_error(outcome.last_lines, runner.failed_host(outcome.last_lines))
+        verdict = slurm.failure(info, str(out / f"slurm-{info.job_id}.out"), detail)
+    return Ended(outcome, "launcher", info.job_id, verdict)

@@ -11,8 +11,9 @@ from pathlib import Path
 from cpudist.config import TrainConfig, to_argv
 from cpudist.errors import BadInput
 from cpudist.hostfile import Host
+from cpudist.launch.batch import BatchOptions
 from cpudist.launch.env import HIDDEN, SHOWN, EnvSpec, node_env, redact_pairs
-from cpudist.launch.slurm import Allocation, SlurmOptions
+from cpudist.launch.slurm import Allocation
 from cpudist.secrets import file_for
 
 LAUNCHERS = ("auto", "mpich", "impi", "openmpi", "slurm", "torchrun")
@@ -45,7 +46,7 @@ class RunSpec:
     program: tuple[str, ...] = ()  # the rank module and its arguments (`python -m ...`); empty: the trainer
     own_tags: bool = False  # the program tags each of its lines with its rank: the launcher adds none
     cwd: str = "."  # where the ranks run (and relative paths resolve) on every node
-    slurm: SlurmOptions | None = None  # --launcher slurm: what to ask Slurm for
+    batch: BatchOptions | None = None  # --launcher slurm: what to ask Slurm for
     allocation: Allocation | None = None  # --launcher slurm inside an allocation: srun there, not sbatch
     started_at: float | None = None  # Unix time the command started this run (None: a dry run shows no clock)
     secrets: tuple[tuple[str, str], ...] = ()  # --secret/--env-file: to the ranks by a 0600 file, never argv
@@ -106,9 +107,11 @@ def rank_env(spec: RunSpec) -> dict[str, str]:
 
 
 def _env_spec(spec: RunSpec, overrides: tuple[tuple[str, str], ...]) -> EnvSpec:
-    return EnvSpec(spec.physical_cores, spec.ppn, spec.train.backend, spec.master_addr, spec.master_port,
-                   spec.hub_offline, overrides, spec.launcher, spec.iface, spec.allocator, spec.iomp,
-                   spec.started_at, file_for(spec.secrets_name) if file_pairs(spec) else None)
+    return EnvSpec(physical_cores=spec.physical_cores, ppn=spec.ppn, backend=spec.train.backend,
+                   master_addr=spec.master_addr, master_port=spec.master_port, hub_offline=spec.hub_offline,
+                   overrides=overrides, launcher=spec.launcher, iface=spec.iface, allocator=spec.allocator,
+                   iomp=spec.iomp, started_at=spec.started_at,
+                   secrets_file=file_for(spec.secrets_name) if file_pairs(spec) else None)
 
 
 def filed_env(spec: RunSpec) -> tuple[tuple[str, str], ...]:

@@ -48,10 +48,16 @@ def _candidates(name: str) -> list[str]:
     return [p for p in found if p and Path(p).is_file()]
 
 
-def resolve_launcher(name: str, path: str | None = None, in_allocation: bool = False) -> tuple[str, str]:
-    """(launcher, program path). `auto`: srun inside a Slurm allocation, else the MPI given by --mpirun, else
-    MPICH's Hydra, else torchrun."""
-    if name == "slurm" or (name == "auto" and in_allocation and path is None and find_program("srun")):
+def in_allocation() -> bool:
+    """Whether this process runs inside a scheduler's allocation (salloc, a batch script: SLURM_JOB_ID is set)."""
+    return bool(os.environ.get("SLURM_JOB_ID"))
+
+
+def resolve_launcher(name: str, path: str | None = None, no_hostfile: bool = False) -> tuple[str, str]:
+    """(launcher, program path). `auto`: srun inside a Slurm allocation (without a hostfile), else the MPI given by
+    --mpirun, else MPICH's Hydra, else torchrun."""
+    inside = no_hostfile and in_allocation() and path is None
+    if name == "slurm" or (name == "auto" and inside and find_program("srun")):
         for program in ("srun", "sbatch", "scontrol"):
             if find_program(program) is None:
                 raise BadInput(f"--launcher slurm needs Slurm's {program}, which is not on PATH",

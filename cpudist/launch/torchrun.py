@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cpudist.errors import BadInput
+from cpudist.launch.kind import Direct
 from cpudist.launch.spec import Launch, RunSpec, filed_env, rank_module
 
 # Set by torchrun itself for every worker: passing ours would only mislead a reader of the command.
@@ -80,7 +81,7 @@ def hosts_launch(spec: RunSpec, env: dict[str, str], nodes: int) -> Launch:
 
 
 @dataclass(frozen=True)
-class Torchrun:
+class Torchrun(Direct):
     """torchrun: one agent on this machine, or one per host of a hostfile (started over ssh, under a tether)."""
 
     name: str = "torchrun"

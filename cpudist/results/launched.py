@@ -1,7 +1,7 @@
 """What only the launching side knows of a run, and rank 0's report: the two halves of result.json.
 
 `Launched` is built once where the run starts (run/start.py), before staging moves the user's paths to the nodes'
-copies, and grows as the launch learns more (the launcher, Slurm's job id, the staging, the model fetched home).
+copies, and grows as the launch learns more (the launcher, a scheduler's job id, the staging, the model fetched home).
 Its card part is known before the ranks start: the launch leaves it in the run folder (LAUNCHED), where rank 0
 reads it, so the model card rank 0 writes (and --model-s3 copies) is the final one. Rank 0 writes its report
 (RANK_REPORT); run/outcome.record alone merges the two into result.json.
@@ -20,6 +20,7 @@ from cpudist.results.schema import RunResult
 LAUNCHED = "launched.json"  # the card part, in the run folder while the ranks run
 RANK_REPORT = "rank_report.json"  # rank 0's RunResult (a script's from its metric file), before the outcome's merge
 CARD_FIELDS = ("command", "cluster", "usd_per_hour", "data", "launcher")
+RESULT_NAMES = {"job_id": "slurm_job_id"}  # a field that result.json (and every ledger) names otherwise
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class Launched:
     usd_per_hour: float | None = None  # the price of the nodes (the card's cost)
     data: dict[str, str] = field(default_factory=dict)  # the user's data paths as given, not the nodes' copies
     launcher: str = ""
-    slurm_job_id: str | None = None
+    job_id: str | None = None  # a scheduler's job (result.json: slurm_job_id)
     recoveries: int = 0  # --on-preemption resume
     time_lost_s: float = 0.0
     staging: dict[str, Any] = field(default_factory=dict)  # what a run from outside the cluster sent
@@ -53,7 +54,7 @@ class Launched:
     def apply(self, r: RunResult) -> RunResult:
         """Rank 0's result with what this side knows (the user's data paths over the copies the ranks read)."""
         default = Launched()
-        changes = {k: v for k, v in self.to_dict().items() if v != getattr(default, k)}
+        changes = {RESULT_NAMES.get(k, k): v for k, v in self.to_dict().items() if v != getattr(default, k)}
         return r.with_updates(**{**changes, "data": {**r.data, **self.data}})
 
 

@@ -1,4 +1,5 @@
-"""The head-node side of a run started elsewhere: `python -m cpudist.run.agent`, spec on stdin.
+"""The head-node side of a run started elsewhere: `python -m cpudist.run.agent`, spec on stdin, for every payload
+(the trainer, a user's script: run/payloads.py).
 
 The laptop sends one JSON line (a RunRequest), keeps stdin open while it watches, and reads rank
 output and progress events from stdout. End of stdin (Ctrl-C on the laptop, or a lost connection)
@@ -96,13 +97,11 @@ def execute(req: RunRequest) -> int:
 def outcome_of(req: RunRequest) -> dict[str, Any]:
     """The run's status (the fields of the agent's status line)."""
     from cpudist.launch.kinds import plan
-    from cpudist.run.local import execute as execute_here
-    from cpudist.run.prepare import prepare
+    from cpudist.run.payloads import run_here, spec_of
 
     try:
-        spec = prepare(req)
-        launched = execute_here(spec, plan(spec), Callbacks(lambda e: _say(events.relay(e)), _say),
-                                req.launch.timeout_s, req.launched)
+        spec = spec_of(req)
+        launched = run_here(req, spec, plan(spec), Callbacks(lambda e: _say(events.relay(e)), _say, _say))
     except CpudistError as e:
         return {"status": "error", "exit_code": e.exit_code, "message": e.message}
     except KeyboardInterrupt:
@@ -125,7 +124,7 @@ def take_request(path: Path) -> RunRequest:
 
 def detached(run_dir: str) -> int:
     """The agent of a detached run: request from, pid and status to files in `run_dir` (see the module's doc)."""
-    from cpudist.run.process import this_process
+    from cpudist.run.life.process import this_process
 
     folder = Path(run_dir)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job of sh starts with SIGINT ignored

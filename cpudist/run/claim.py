@@ -12,7 +12,7 @@ earlier one. No file that a run did not make is ever written over or removed.
       else                                the earlier run's files go; every other file stays
 
 The earlier run keeps its ledger line; `cpudist logs`/`stop` of its id say that its folder holds
-another run now (run/control.py).
+another run now (run/life/control.py).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from cpudist.config import TrainConfig
 from cpudist.errors import BadInput
 from cpudist.launch.spec import SBATCH_FILE
 from cpudist.results.launched import LAUNCHED, RANK_REPORT
-from cpudist.run.headlog import HEAD_LOG_MARK
-from cpudist.run.identity import RunInfo, read_run
-from cpudist.run.process import Proc, alive, this_host
+from cpudist.run.life.headlog import HEAD_LOG_MARK
+from cpudist.run.life.identity import RunInfo, read_run
+from cpudist.run.life.process import Proc, alive, this_host
 from cpudist.train import checkpoint_meta as ckpt
 from cpudist.train.report_to import RUN_FOLDERS
 from cpudist.train.resume import check_fresh, checkpoint_folder

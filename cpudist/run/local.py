@@ -1,6 +1,6 @@
 """A run whose ranks start from this machine: launch, follow, and how it ended.
 
-This machine is the cluster, the head of a hostfile's nodes, a Slurm login node, or the head that a
+This machine is the cluster, the head of a hostfile's nodes, a scheduler's login node, or the head that a
 laptop's agent (run/agent.py) runs on. Recording the result is the caller's (run/outcome.record).
 """
 
@@ -13,6 +13,7 @@ from typing import Any
 
 from cpudist import state
 from cpudist.launch import kinds
+from cpudist.launch.kind import Streams
 from cpudist.launch.secret_files import hider, placed
 from cpudist.launch.spec import Launch, RunSpec, redacted
 from cpudist.launch.watch import lost_error, node_watch
@@ -26,17 +27,19 @@ from cpudist.wire import events, names, stop_marker
 
 def execute(spec: RunSpec, launch: Launch, cb: Callbacks, timeout_s: float | None,
             launched: Launched) -> Launched:
-    """Launch the ranks (or submit them to Slurm), wait; raise the one-line error of a run that did not end well.
+    """Launch the ranks (or submit them to a scheduler), wait; raise the one-line error of a run that did not end
+    well.
 
-    Returns `launched` with what the launch learnt (the launcher, Slurm's job id), for the run's record.
+    Returns `launched` with what the launch learnt (the launcher, the scheduler's job id), for the run's record.
     """
     out = Path(spec.train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     # the launch as it may be shown (--env values hidden), 0600 all the same: it comes home to a laptop
     state.write_private(out / names.COMMAND, kinds.plan(redacted(spec)).shell() + "\n")
     stop_marker.clear(out)  # a stop of an earlier part, already resumed
+    kind = kinds.kind_of(spec.launcher)
     launched = dataclasses.replace(launched, launcher=spec.launcher,
-                                   slurm_job_id=spec.allocation.job_id if spec.allocation else None)
+                                   job_id=spec.allocation.job_id if spec.allocation else None)
     write_card_part(out, launched)  # rank 0 renders the final card with it
     log = (out / names.RANKS_LOG).open("w")  # every rank line, also when a run elsewhere fetches it
     try:
@@ -57,7 +60,7 @@ def execute(spec: RunSpec, launch: Launch, cb: Callbacks, timeout_s: float | Non
             to_log(line)
             cb.on_line(hide(line))
 
-        watch = None if launch.script is not None else node_watch(spec)
+        watch = None if launch.script is not None else node_watch(spec)  # a submitted job's nodes: not ours
         stops: list[dict[str, Any]] = []
 
         def on_event(event: dict[str, Any]) -> None:
@@ -66,9 +69,9 @@ def execute(spec: RunSpec, launch: Launch, cb: Callbacks, timeout_s: float | Non
             cb.on_event(event)
 
         with placed(spec):  # --secret/--env-file: the 0600 file on every node while the ranks run
-            streams = kinds.Streams(on_event, on_line, to_log, lambda line: cb.on_line(hide(line)),
-                                    on_stop=lambda: stop_marker.ask(out))  # rank 0 then leaves no marker
-            ended = kinds.execute(launch, out, streams, timeout_s, watch)
+            streams = Streams(on_event, on_line, to_log, lambda line: cb.on_line(hide(line)),
+                              on_stop=lambda: stop_marker.ask(out))  # rank 0 then leaves no marker
+            ended = kind.execute(launch, out, streams, timeout_s, watch)
     finally:
         with contextlib.suppress(OSError):  # what a full disk kept in the buffer is lost, not the run's end
             log.close()
@@ -84,9 +87,9 @@ def execute(spec: RunSpec, launch: Launch, cb: Callbacks, timeout_s: float | Non
         lost = watch.lost or watch.check_now()
         if lost is not None:
             raise lost_error(lost)
-    if ended.slurm is not None:
-        launched = dataclasses.replace(launched, slurm_job_id=ended.slurm.job_id)
-    check(ended.outcome, out, timeout_s, ended.what, ended.slurm)
+    if ended.job_id is not None:
+        launched = dataclasses.replace(launched, job_id=ended.job_id)
+    check(ended.outcome, out, timeout_s, ended.what, ended.verdict)
     if launch.per_host:
         fetch_from_rank0(out, spec.hosts, spec.ssh)
     return launched

@@ -13,9 +13,7 @@ from cpudist import state
 from cpudist.config import TrainConfig
 from cpudist.errors import JobFailed, Preempted
 from cpudist.hostfile import Host
-from cpudist.launch import slurm
 from cpudist.launch.runner import FAILED_GRACE_S, Outcome, failed_host, rank_error
-from cpudist.launch.slurm import JobInfo
 from cpudist.results import ledger
 from cpudist.results.launched import RANK_REPORT, Launched, read_report
 from cpudist.results.schema import RunResult
@@ -30,8 +28,10 @@ def keep_stop(out: Path, event: dict[str, Any]) -> None:
         stop_marker.write(out, Stop.from_dict(event))
 
 
-def check(outcome: Outcome, out: Path, timeout_s: float | None, what: str, slurm_info: JobInfo | None = None) -> None:
-    """Raise the one-line error of a job that did not end well: --timeout, Slurm's state, a stop, a failure."""
+def check(outcome: Outcome, out: Path, timeout_s: float | None, what: str,
+          verdict: tuple[str, str] | None = None) -> None:
+    """Raise the one-line error of a job that did not end well: --timeout, a scheduler's verdict (launch/kind.Ended),
+    a stop, a failure."""
     if outcome.timed_out:
         raise JobFailed(f"the job ran past --timeout {timeout_s:g}s and was stopped",
                         "Raise --timeout, or lower --max-steps/--epochs")
@@ -40,9 +40,8 @@ def check(outcome: Outcome, out: Path, timeout_s: float | None, what: str, slurm
     resume = f"--resume auto --output-dir {out}"
     host = outcome.failed_host or failed_host(outcome.last_lines)
     last = rank_error(outcome.last_lines, host)  # the trainer's own line
-    if slurm_info is not None and slurm_info.state not in ("COMPLETED", "UNKNOWN"):
-        # Slurm's verdict first (TIMEOUT, NODE_FAIL, ...): the ranks' own stop is a consequence of it.
-        message, hint = slurm.failure(slurm_info, str(out / f"slurm-{slurm_info.job_id}.out"), last)
+    if verdict is not None:  # the scheduler's first (a time limit, a node's failure): the ranks' stop follows it
+        message, hint = verdict
         raise JobFailed(message, f"{hint}. {saved[0].upper()}{saved[1:]}: {resume} goes on" if stop else hint)
     # A host's launcher died of a signal (128 + its number); 255 is ssh's own code for a connection that failed.
     killed = outcome.failed_host is not None and 128 < outcome.returncode < 128 + signal.NSIG

@@ -14,8 +14,8 @@ from cpudist.config import TrainConfig
 from cpudist.cpu import read_cpu
 from cpudist.errors import BadInput
 from cpudist.hostfile import local_hosts
-from cpudist.launch import slurm_job
 from cpudist.launch.env import THREAD_VARIABLES
+from cpudist.launch.kinds import kind_of
 from cpudist.launch.nodes import cluster_hosts, rendezvous_address
 from cpudist.launch.spec import RunSpec
 from cpudist.launch.tools import free_port, pick_allocator, pick_openmp, resolve_launcher
@@ -111,7 +111,7 @@ def preflight(cfg: TrainConfig) -> bool:
 
 
 def prepare(request: RunRequest, dry_run: bool = False) -> RunSpec:
-    """A checked RunSpec: this machine as the cluster, the nodes of a hostfile, or Slurm's."""
+    """A checked RunSpec: this machine as the cluster, the nodes of a hostfile, or a scheduler's."""
     cfg, opts = request.train, request.launch
     check_env(opts.env)
     hub_offline = preflight(cfg)
@@ -124,14 +124,13 @@ def resolve(request: RunRequest, hub_offline: bool = False, dry_run: bool = Fals
     cfg, opts = request.train, request.launch
     cpu = read_cpu()
     hostfile = Path(request.hostfile) if request.hostfile else None
-    in_allocation = bool(os.environ.get("SLURM_JOB_ID")) and hostfile is None
-    name, path = resolve_launcher(opts.launcher, opts.mpirun, in_allocation)
+    name, path = resolve_launcher(opts.launcher, opts.mpirun, hostfile is None)
+    kind = kind_of(name)
     hosts, rendered, ssh = local_hosts(cpu.logical_cpus), None, "ssh"
     master, allocation = "127.0.0.1", None
-    if name == "slurm":
-        slurm_job.check_options(hostfile)
-        allocation = slurm_job.current_allocation(os.environ)
-        hosts, master = slurm_job.slurm_hosts(allocation, opts.nodes)
+    placed = kind.placed(hostfile, opts.nodes)
+    if placed is not None:  # a scheduler's nodes
+        hosts, master, allocation = placed.hosts, placed.master, placed.allocation
     elif hostfile is not None:
         hosts, rendered, ssh = cluster_hosts(hostfile, (opts.np, opts.ppn, opts.oversubscribe), opts.ssh,
                                              Path(cfg.output_dir), name, dry_run)
@@ -141,6 +140,6 @@ def resolve(request: RunRequest, hub_offline: bool = False, dry_run: bool = Fals
                    physical_cores=cpu.physical_cores, hub_offline=hub_offline, env_overrides=opts.env,
                    oversubscribe=opts.oversubscribe, hostfile=rendered, ssh=ssh, as_root=os.geteuid() == 0,
                    iface=opts.iface, allocator=pick_allocator(opts.allocator),
-                   iomp=pick_openmp(opts.openmp), cwd=os.getcwd(), slurm=opts.slurm if name == "slurm" else None,
+                   iomp=pick_openmp(opts.openmp), cwd=os.getcwd(), batch=opts.batch if kind.scheduled else None,
                    allocation=allocation, started_at=None if dry_run else time.time(),
                    secrets=opts.secrets)

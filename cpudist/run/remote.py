@@ -21,32 +21,34 @@ from typing import Any
 
 import cpudist
 from cpudist import state
-from cpudist.config import TrainConfig
 from cpudist.errors import BadInput, CpudistError, Interrupted, JobFailed, Preempted
 from cpudist.hostfile import Host, render_hostfile
 from cpudist.results.launched import RANK_REPORT, Launched
 from cpudist.results.schema import RunResult
-from cpudist.run import stage
+from cpudist.run import script_remote, stage
+from cpudist.run.claim import COLLECTED
 from cpudist.run.fetch_model import fetch_model
 from cpudist.run.follow import follow
 from cpudist.run.outcome import record
 from cpudist.run.request import Callbacks, RunRequest
-from cpudist.run.script_result import TASK as SCRIPT_TASK
 from cpudist.run.where import Head
 from cpudist.ssh.client import Remote
 from cpudist.ssh.known_hosts import KnownHosts
 from cpudist.train.models import PRESETS, resolve_model, tokenizer_source
 from cpudist.train.report_to import RUN_FOLDERS
 from cpudist.wire import exits, names, programs, stop_marker
+from cpudist.wire.payload import Script
 
 FETCHED = (RANK_REPORT, names.STEPS, names.COMMAND, names.RANKS_LOG, names.HOSTFILE, stop_marker.NAME)
 PYTHONS = ("/opt/cpudist/bin/python", "python3.11", "python3")
 
 
-def local_inputs(cfg: TrainConfig) -> list[tuple[str, str, Path]]:
-    """(field, what, local path) of every input the ranks read from this machine's disk."""
-    if cfg.task == SCRIPT_TASK:
-        return []  # a user's script: its folder and --stage paths are staged by run/script_remote.py
+def local_inputs(request: RunRequest) -> list[tuple[str, str, Path]]:
+    """(field, what, local path) of every input the trainer's ranks read from this machine's disk (a script's
+    folder and --stage paths: run/script_remote.py)."""
+    cfg = request.train
+    if isinstance(request.payload, Script):
+        return []
     found = []
     for name, what in (("data_dir", "data"), ("train_file", "data"), ("validation_file", "data")):
         value = getattr(cfg, name)
@@ -109,42 +111,7 @@ def build_wheel(folder: Path) -> Path:
     return wheels[-1]
 
 
-class Stager:
-    """Puts items on the head once, then on every other node from the head."""
-
-    def __init__(self, head: Remote, home: str, others: tuple[Host, ...], say: Any) -> None:
-        self.head, self.home, self.others, self.say = head, home, others, say
-        self.sent_bytes = 0
-        self.copies = 0
-
-    def _missing_on_head(self, items: list[stage.StageItem]) -> list[stage.StageItem]:
-        absent = set(self.head.check(stage.missing_script(i.remote_dir(self.home) for i in items)).splitlines())
-        return [i for i in items if i.remote_dir(self.home) in absent]
-
-    def put(self, items: list[stage.StageItem]) -> None:
-        for it in self._missing_on_head(items):
-            self.say(f"staging {it.what} {it.local} ({it.size / 1e6:.1f} MB) on the head")
-            sent = stage.Counted(stage.tar_chunks(it))  # streamed: never the whole archive in memory
-            self.head.check(stage.receive_script(it.remote_dir(self.home)), stdin=sent, timeout=3600)
-            self.sent_bytes += sent.bytes
-
-    def fan_out(self, items: list[stage.StageItem]) -> None:
-        if not self.others or not items:
-            return
-        ssh = f"{self.home}/{state.CLUSTER_DIR}/ssh"
-        script = stage.fan_out_script([i.remote_dir(self.home) for i in items], [h.name for h in self.others], ssh)
-        out = self.head.check(script, timeout=3600)
-        results = [line.split(" ", 2) for line in out.splitlines() if line.count(" ") >= 2]
-        failed = [host for kind, host, _ in results if kind == "fail"]
-        if failed:
-            raise JobFailed(f"copying the staged inputs from the head to {', '.join(sorted(set(failed)))} failed",
-                            "Check that the nodes reach each other (`cpudist hosts doctor`) and have free disk")
-        self.copies += sum(kind == "sent" for kind, _, _ in results)
-        if self.copies:
-            self.say(f"copied {self.copies} staged item(s) from the head to the other nodes")
-
-
-def _stage_code(head: Remote, python: str, stager: Stager, mode: str, wheels: Path) -> str | None:
+def _stage_code(head: Remote, python: str, stager: stage.Stager, mode: str, wheels: Path) -> str | None:
     """The PYTHONPATH under which the nodes run this machine's cpudist, when theirs differs."""
     if mode == "never":
         return None
@@ -191,10 +158,10 @@ def stage_run(head: Remote, request: RunRequest, head_spec: Head, say: Any, star
     connect_s = round(time.monotonic() - started, 2)  # result.json's startup: the laptop's phases
     python = _find_python(head, head_spec.python)
     nodes = head_spec.inside[: request.launch.nodes]
-    stager = Stager(head, home, copied_to(request, nodes), say)
+    stager = stage.Stager(head, home, copied_to(request, nodes), say)
     pythonpath = _stage_code(head, python, stager, head_spec.stage_code, state.wheels_dir())
     inputs = [(name, stage.item(what, path, stage.TOKENIZER_FILES if name == "tokenizer" else ()))
-              for name, what, path in local_inputs(cfg)]
+              for name, what, path in local_inputs(request)]
     stager.put([it for _, it in inputs])
     stager.fan_out([it for _, it in inputs])
     # One folder per run (its id): runs from folders of the same name (a sweep's nodesN) never share one.
@@ -206,12 +173,17 @@ def stage_run(head: Remote, request: RunRequest, head_spec: Head, say: Any, star
     env = request.launch.env + ((("PYTHONPATH", pythonpath),) if pythonpath else ())
     job = dataclasses.replace(request.with_train(output_dir=run_dir, **moved), hostfile=f"{run_dir}/hostfile.in",
                               launch=dataclasses.replace(request.launch, env=env))
+    extra: dict[str, Any] = {}
+    if isinstance(request.payload, Script):  # its folder and --stage paths, the command rewritten to their copies
+        script, extra = script_remote.stage_script(stage.Stager(head, home, stager.others, say), request.payload,
+                                                   Path(cfg.output_dir), run_dir)
+        job = dataclasses.replace(job, payload=script)
     staging_s = round(time.monotonic() - started, 1)
     say(f"launching on {head_spec.target.host} ({len(nodes)} node(s)); staging took {staging_s}s, "
         f"sent {stager.sent_bytes / 1e6:.1f} MB")
     staging = {"sent_to_head_bytes": stager.sent_bytes, "copies_to_nodes": stager.copies, "remote_run_dir": run_dir,
                "head": head_spec.target.host, "code": "wheel" if pythonpath else "node's own", "seconds": staging_s,
-               "connect_s": connect_s, "stage_s": round(staging_s - connect_s, 2)}
+               "connect_s": connect_s, "stage_s": round(staging_s - connect_s, 2), **extra}
     return Staged(run_dir, job, python, pythonpath, staging)
 
 
@@ -226,14 +198,22 @@ def agent_command(python: str, pythonpath: str | None, args: str = "") -> str:
     return f"{python_words(python, pythonpath)} -m {programs.AGENT}{args}"
 
 
-def fetch_files(head: Remote, run_dir: str, local_dir: Path, report_to: bool) -> None:
-    """Bring the run's files (rank report, steps, rank log, stop marker, --report-to's events) from the head."""
+def fetched_folders(request: RunRequest) -> tuple[str, ...]:
+    """The folders of the head's run folder that come home whole: --report-to's, a script's --collect outputs."""
+    if isinstance(request.payload, Script):
+        return (COLLECTED,) if request.payload.collect else ()
+    return RUN_FOLDERS if request.train.report_to else ()
+
+
+def fetch_files(head: Remote, run_dir: str, local_dir: Path, folders: tuple[str, ...]) -> None:
+    """Bring the run's files (rank report, steps, rank log, stop marker) and `folders` (fetched_folders) from the
+    head."""
     local_dir.mkdir(parents=True, exist_ok=True)
     stop_marker.clear(local_dir)  # an earlier part's stop
     for name in FETCHED if not head.lost else ():  # a lost head's error is the one to show
         if not head.fetch(f"{run_dir}/{name}", local_dir / name) and name == RANK_REPORT:
             (local_dir / name).unlink(missing_ok=True)  # an earlier run's, in a reused folder: not this one's
-    for folder in RUN_FOLDERS if report_to and not head.lost else ():
+    for folder in folders if not head.lost else ():
         fetch_tree(head, f"{run_dir}/{folder}", local_dir / folder)
 
 
@@ -276,6 +256,8 @@ def run(request: RunRequest, head_spec: Head, ledger_path: Path, cb: Callbacks) 
     """The whole remote run; the result as appended to this machine's ledger."""
     started = time.monotonic()
     local_dir = Path(request.train.output_dir)
+    if isinstance(request.payload, Script):
+        script_remote.check(request.payload)  # before connecting
     with Remote(head_spec.target, KnownHosts(head_spec.known_hosts)) as head:
         staged = stage_run(head, request, head_spec, cb.on_line, started)
         # From the home folder: Hydra starts every rank in the launcher's folder, which must exist on all nodes.
@@ -283,6 +265,7 @@ def run(request: RunRequest, head_spec: Head, ledger_path: Path, cb: Callbacks) 
         try:
             status = follow(head, command, staged.job, cb)
         finally:
-            fetch_files(head, staged.run_dir, local_dir, bool(request.train.report_to))
-        landing = Landing(staged.run_dir, local_dir, head_spec.fetch_model, staged.staging, ledger_path)
+            fetch_files(head, staged.run_dir, local_dir, fetched_folders(request))
+        fetch = head_spec.fetch_model and not isinstance(request.payload, Script)
+        landing = Landing(staged.run_dir, local_dir.resolve(), fetch, staged.staging, ledger_path)
         return conclude(head, landing, status, cb.on_line)

@@ -15,10 +15,11 @@ from typing import Any
 
 from cpudist.config import TrainConfig, effective_lr, lr_scaling_on
 from cpudist.errors import BadInput
+from cpudist.launch.batch import BatchOptions
 from cpudist.launch.env import HIDDEN, redact_pairs
-from cpudist.launch.slurm import SlurmOptions
 from cpudist.results.launched import Launched
-from cpudist.wire import names, stop_marker
+from cpudist.wire import names, payload, stop_marker
+from cpudist.wire.payload import Payload, Trainer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,7 +37,7 @@ class LaunchOptions:
     env: tuple[tuple[str, str], ...] = ()
     oversubscribe: bool = False
     timeout_s: float | None = None
-    slurm: SlurmOptions | None = None
+    batch: BatchOptions | None = None
     secrets: tuple[tuple[str, str], ...] = ()  # --secret/--env-file values: data only (cpudist/secrets.py)
     shared_fs: bool = False  # --shared-fs: every node sees the launching node's paths; nothing is staged
 
@@ -47,7 +48,8 @@ class LaunchOptions:
 
 @dataclass(frozen=True)
 class RunRequest:
-    """A run: the trainer's config, the launch, and the nodes (a hostfile, head first) or None for this machine.
+    """A run: its config (the trainer's; for another payload, the run folder and name), the launch, the nodes (a
+    hostfile, head first) or None for this machine, and what the ranks run (wire/payload.py).
 
     Every path in it is a path on the machine that launches the ranks.
     """
@@ -58,9 +60,10 @@ class RunRequest:
     command: str = ""  # the `cpudist run` command line as typed (the model card shows it)
     overwrite: bool = False  # --overwrite-output-dir: in an earlier run's place (run/claim.py)
     launched: Launched = field(default_factory=Launched)  # what only the launching side knows (run/start.py)
+    payload: Payload = field(default_factory=Trainer)
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
+        return json.dumps({**dataclasses.asdict(self), "payload": payload.to_dict(self.payload)})
 
     @classmethod
     def from_json(cls, text: str) -> RunRequest:
@@ -72,11 +75,13 @@ class RunRequest:
         launch = data.pop("launch")
         launch["env"] = tuple(tuple(p) for p in launch.get("env", ()))
         launch["secrets"] = tuple(tuple(p) for p in launch.get("secrets", ()))
-        if launch.get("slurm") is not None:
-            launch["slurm"] = SlurmOptions(**{**launch["slurm"],
-                                              "sbatch_args": tuple(launch["slurm"].get("sbatch_args", ()))})
+        if launch.get("batch") is not None:
+            launch["batch"] = BatchOptions(**{**launch["batch"],
+                                              "sbatch_args": tuple(launch["batch"].get("sbatch_args", ()))})
         launched = Launched.from_dict(data.pop("launched", {}))
-        return cls(train=TrainConfig(**train), launch=LaunchOptions(**launch), launched=launched, **data)
+        ranks_run = payload.from_dict(data.pop("payload", {}))
+        return cls(train=TrainConfig(**train), launch=LaunchOptions(**launch), launched=launched, payload=ranks_run,
+                   **data)
 
     def with_train(self, **changes: Any) -> RunRequest:
         return dataclasses.replace(self, train=dataclasses.replace(self.train, **changes))
@@ -147,9 +152,10 @@ def resolve_layout(given: Layout, remote: bool, physical_cores: Callable[[], int
     return np_, None if ppn is None else int(ppn)
 
 
-def lr_note(cfg: TrainConfig, np_: int) -> str | None:
-    """Before a multi-rank run: what the global batch did to the learning rate (--lr-scaling, auto by default)."""
-    if np_ < 2 or cfg.task == "script":  # a script's learning rate is its own
+def lr_note(cfg: TrainConfig, np_: int, ranks_run: Payload | None = None) -> str | None:
+    """Before a multi-rank run of the trainer: what the global batch did to the learning rate (--lr-scaling, auto by
+    default). A script's learning rate is its own."""
+    if np_ < 2 or not isinstance(ranks_run or Trainer(), Trainer):
         return None
     batch = cfg.batch_size * cfg.grad_accum
     grew = f"{np_} ranks x batch {batch} = global batch {np_ * batch}"

@@ -1,11 +1,11 @@
 """A user's own training script as a cpudist run (`cpudist launch -- COMMAND ...`): the launchers, run folder,
 identity, output, fail-fast and ledger of `cpudist run`, with the user's command in place of the trainer.
 
-    request (run/request.py: launch options, a TrainConfig naming the run) + Script
+    request (run/request.py: launch options, a TrainConfig naming the run, the Script payload) -> run/start.py
       -> script_spec: the RunSpec of run/prepare.resolve, its rank program `python -m cpudist.run.script_rank
          --run-dir DIR [--workdir DIR] -- COMMAND` (run/script_rank.py sets torchrun's variables and threads)
-      -> plan (launch/kinds.py) -> local.execute (here, a hostfile's nodes from their head)
-      -> collect outputs -> script_result.build -> outcome.record (result.json, ledger)
+      -> plan (launch/kinds.py) -> run_ranks: local.execute (here, a hostfile's nodes from their head)
+      -> collect outputs -> script_result.build -> the rank report -> outcome.record (result.json, ledger)
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import shlex
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -27,35 +26,15 @@ from cpudist.hostfile import render_hostfile
 from cpudist.launch.kinds import plan
 from cpudist.launch.spec import SBATCH_FILE, Launch, RunSpec, redacted
 from cpudist.results.launched import Launched, write_report
-from cpudist.results.schema import RunResult
-from cpudist.run import identity, local, runlog
-from cpudist.run.claim import COLLECTED, claim
-from cpudist.run.outcome import record
-from cpudist.run.prepare import check_env, check_ledger, make_output_dir, resolve
+from cpudist.run import local
+from cpudist.run.claim import COLLECTED
+from cpudist.run.prepare import check_env, resolve
 from cpudist.run.request import Callbacks, RunRequest, default_output_dir
 from cpudist.run.script_rank import per_node_argv
 from cpudist.run.script_result import TASK, Ranks, build, read_metrics, script_label
-from cpudist.run.start import tracked, where_name
-from cpudist.run.where import Where
 from cpudist.train.dist import RankInfo
-from cpudist.wire import events, programs
-
-
-@dataclass(frozen=True)
-class Script:
-    """The user's command and what cpudist does around it."""
-
-    command: tuple[str, ...]
-    workdir: str | None = None  # where every rank runs it [default: the current folder]
-    metric_file: str | None = None  # JSON rank 0 writes: merged into the run's record (run/script_result.py)
-    collect: tuple[str, ...] = ()  # outputs (under workdir) copied into the run folder afterwards
-    stage: tuple[str, ...] = ()  # more files/folders put on every node (from a laptop: run/script_remote.py)
-    copy_of: str | None = None  # on a node: the staged folder every node copies into workdir before its ranks start
-    per_node: int = 0  # --per-node: one torchrun per node with this many workers (0: the launcher starts every rank)
-
-    @property
-    def folder(self) -> Path:
-        return Path(self.workdir or ".").resolve()
+from cpudist.wire import events
+from cpudist.wire.payload import Script
 
 
 def script_config(script: Script, output_dir: str | None, np_: int) -> TrainConfig:
@@ -76,26 +55,18 @@ def check_script(script: Script) -> None:
                        "Give the script's path from the working folder (--workdir, default the current one)")
 
 
-def rank_program(script: Script, run_dir: Path) -> tuple[str, ...]:
-    """What every rank runs after `python -m`: the wrapper, then the user's command."""
-    copy: tuple[str, ...] = ("--copy-of", script.copy_of) if script.copy_of else ()
-    copy += ("--per-node", str(script.per_node)) if script.per_node else ()
-    where = ("--workdir", str(script.folder)) if script.workdir is not None else ()
-    return (programs.SCRIPT_RANK, "--run-dir", str(run_dir.resolve()), *copy, *where, "--", *script.command)
-
-
 def script_spec(request: RunRequest, script: Script, dry_run: bool = False) -> RunSpec:
     """The launch of the script's ranks: the trainer's launcher, nodes and rank variables, the script's program."""
     check_env(request.launch.env)
     check_script(script)
     spec = resolve(request, dry_run=dry_run)
     # the launcher's folder (Hydra starts the ranks in it on every node): a staged copy's source exists on all
-    return dataclasses.replace(spec, program=rank_program(script, Path(request.train.output_dir)),
+    return dataclasses.replace(spec, program=script.program(request.train.output_dir),
                                cwd=script.copy_of or str(script.folder), own_tags=True)  # run/rank_lines.py
 
 
 def describe_script(request: RunRequest, script: Script) -> str:
-    """What `launch_script` would do, as text (`--dry-run`): nothing is written or started."""
+    """What a script run here would do, as text (`--dry-run`): nothing is written or started."""
     spec = redacted(script_spec(request, script, dry_run=True))
     launch = plan(spec)
     if launch.script is not None:  # Slurm outside an allocation: the batch script, which srun's ranks run
@@ -118,27 +89,6 @@ def describe_script(request: RunRequest, script: Script) -> str:
         lines.append(f"# then: metrics from {script.folder / script.metric_file}")
     lines += [f"# then: {script.folder / p} -> {Path(request.train.output_dir) / COLLECTED}/" for p in script.collect]
     return "\n".join([*lines, "# command", launch.shell()]) + "\n"
-
-
-def launch_script(request: RunRequest, script: Script, where: Where, ledger: Path, cb: Callbacks) -> RunResult:
-    """Run the script on every rank as a cpudist run (id, run.json, logs, fail-fast) and record it."""
-    check_ledger(ledger)
-    out = Path(request.train.output_dir)
-    make_output_dir(out)
-    request = dataclasses.replace(request, train=identity.assign(request.train))
-    claim(request.train, request.overwrite, cb.note)  # empty, its own, or told to replace a run
-    cb = runlog.tee(cb, out, request.train.run_id)
-    request = dataclasses.replace(request, launched=Launched(command=request.command, cluster=where.cluster,
-                                                             usd_per_hour=where.usd_per_hour))
-    if where.head is not None:
-        from cpudist.run.script_remote import run_remote
-
-        head = where.head
-        return tracked(request, where_name(request, where), lambda: run_remote(request, script, head, ledger, cb))
-    spec = script_spec(request, script)
-    launch = plan(spec)
-    return tracked(request, where_name(request, where),
-                   lambda: record(out, ledger, run_ranks(request, script, (spec, launch), cb)))
 
 
 def run_ranks(request: RunRequest, script: Script, job: tuple[RunSpec, Launch], cb: Callbacks) -> Launched:

@@ -26,7 +26,7 @@ from cpudist import secrets
 from cpudist.errors import BadInput, CpudistError
 from cpudist.run.rank_lines import LineRelay, tag
 from cpudist.train.dist import RankInfo, discover_rank
-from cpudist.train.threads import my_share, pinned_threads, threads_for
+from cpudist.train.threads import allotted_cpus, my_share, pinned_threads, threads_for
 from cpudist.wire import events, exits, programs, rank_errors
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
@@ -61,13 +61,12 @@ def torchrun_env(info: RankInfo) -> dict[str, str]:
 def rank_threads(env: Mapping[str, str], info: RankInfo) -> int:
     """This rank's compute threads: a pinned count (--env OMP_NUM_THREADS), else its node's usable cores shared
     among the node's ranks within this rank's own affinity mask and cgroup quota (no collective: the script
-    has not joined a process group yet), at most Slurm's CPUs per task."""
+    has not joined a process group yet), at most a scheduler's CPUs per task."""
     pinned = pinned_threads(env)
     if pinned is not None:
         return pinned
     mine = my_share()
-    allotted = env.get("SLURM_CPUS_PER_TASK", "")
-    return threads_for(mine, [mine] * info.local_world_size, int(allotted) if allotted.isdigit() else None)
+    return threads_for(mine, [mine] * info.local_world_size, allotted_cpus(env))
 
 
 def script_env(env: Mapping[str, str], info: RankInfo, threads: int, run_dir: str) -> dict[str, str]:

@@ -1,54 +1,37 @@
 """A user's script on a cluster from outside it (`cpudist launch --cluster NAME | --head ADDR`): `run`'s remote
-route (run/remote.py) with the script's folder and every `--stage PATH` staged in place of the trainer's inputs.
+route (run/remote.py), which stages the script's folder and every `--stage PATH` here in place of the trainer's
+inputs.
 
     laptop: snapshot the script's folder into <run folder>/script/ (the record of what ran; no .git, __pycache__ or
             the folder of runs), stage it and each --stage PATH on the head and fan them out (content-hashed:
             nothing is sent twice), the command's words naming a staged path rewritten to the nodes' path
-    head:   python -m cpudist.run.script_agent (request and script on stdin): every node copies the staged folder
-            into the run's own working folder, the ranks start there, --collect and the metric file are read there
+    head:   python -m cpudist.run.agent (the request, its Script payload rewritten, on stdin): every node copies the
+            staged folder into the run's own working folder, the ranks start there, --collect and the metric file
+            are read there
     laptop: output streamed, Ctrl-C stops every rank; result.json, ranks.log and collected/ come home; the ledger
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import shlex
 import shutil
-import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cpudist import state
 from cpudist.errors import BadInput
 from cpudist.launch.spec import check_layout
-from cpudist.results.schema import RunResult
-from cpudist.run import remote, stage
-from cpudist.run.follow import follow
-from cpudist.run.request import Callbacks, RunRequest
-from cpudist.run.script import COLLECTED, Script, check_script
+from cpudist.run import stage
+from cpudist.run.claim import COLLECTED
+from cpudist.run.request import RunRequest
+from cpudist.run.script import check_script
 from cpudist.run.where import Head
-from cpudist.ssh.client import Remote
-from cpudist.ssh.known_hosts import KnownHosts
 from cpudist.wire import programs
+from cpudist.wire.payload import Script
 
 SNAPSHOT = "script"  # the local run folder's copy of the script's folder, as staged
 WORK = "work"  # the run's working folder on every node, under the head's run folder
 SKIPPED = (".git", "__pycache__", ".venv", "venv")
-
-
-@dataclass(frozen=True)
-class ScriptJob(RunRequest):
-    """The request the head's script agent reads (one JSON line): a RunRequest and the script as the head runs it."""
-
-    script: Script = dataclasses.field(default_factory=lambda: Script(()))
-
-    @classmethod
-    def parse(cls, text: str) -> tuple[RunRequest, Script]:
-        data = json.loads(text)
-        given = data.pop("script")
-        script = Script(**{**given, **{k: tuple(given[k]) for k in ("command", "collect", "stage")}})
-        return RunRequest.from_json(json.dumps(data)), script
 
 
 def snapshot(folder: Path, out: Path) -> Path:
@@ -110,45 +93,31 @@ def describe_remote(request: RunRequest, script: Script, head_spec: Head) -> str
              *(f"# stage {path} -> ~/{state.STAGE_DIR}/<sha256>/ on every node (the command's `{given}` too)"
                for given, path in staged_paths(script)),
              f"# nodes (as they reach each other): {' '.join(h.name for h in nodes)}",
-             f"# on the head: {programs.usage(programs.SCRIPT_AGENT)}; every node copies the staged folder "
+             f"# on the head: {programs.usage(programs.AGENT)}; every node copies the staged folder "
              f"into the run's {WORK}/, and "
              f"{request.launch.np} rank(s) run `{shlex.join(script.command)}` there",
              *(f"# then: {p} -> {Path(request.train.output_dir) / COLLECTED}/ here" for p in script.collect)]
     return "\n".join(lines) + "\n"
 
 
-def run_remote(request: RunRequest, script: Script, head_spec: Head, ledger: Path, cb: Callbacks) -> RunResult:
-    """The whole remote script run; the result as appended to this machine's ledger."""
-    started = time.monotonic()
-    check_layout(request.launch.np, request.launch.ppn, head_spec.inside, request.launch.oversubscribe)
+def check(script: Script) -> None:
+    """Refuse, before connecting, a script file, working folder or --stage path that is not here."""
     check_script(script)
-    local_dir = Path(request.train.output_dir)
+    staged_paths(script)
+
+
+def stage_script(stager: stage.Stager, script: Script, local_dir: Path, run_dir: str) -> tuple[Script, dict[str, Any]]:
+    """Snapshot the script's folder into the run folder, put it and every --stage path on the head and the nodes;
+    the script as the head runs it, and result.json's staging fields of its own."""
     extras = staged_paths(script)
     folder = snapshot(script.folder, local_dir)
-    with Remote(head_spec.target, KnownHosts(head_spec.known_hosts)) as head:
-        # run's staging of the code and hostfile (a script run has no trainer inputs: remote.local_inputs); the
-        # script's folder and --stage paths are ours to stage
-        staged = remote.stage_run(head, request, head_spec, cb.note, started)
-        home = head.check('printf %s "$HOME"').strip()
-        stager = remote.Stager(head, home, head_spec.inside[: request.launch.nodes][1:], cb.note)
-        items = [stage.item("script folder", folder), *(stage.item("staged", p) for _, p in extras)]
-        stager.put(items)
-        stager.fan_out(items)
-        paths = {}
-        for (given, path), it in zip(extras, items[1:], strict=True):
-            paths[given] = paths[str(path)] = it.remote_path(home)
-        run_dir = staged.run_dir
-        job = ScriptJob(**{f.name: getattr(staged.job, f.name) for f in dataclasses.fields(RunRequest)},
-                        script=head_script(script, items[0].remote_path(home), run_dir, paths))
-        cb.note(f"running `{shlex.join(job.script.command)}` in {job.script.workdir} on every node")
-        command = f"cd && exec {remote.python_words(staged.python, staged.pythonpath)} -m {programs.SCRIPT_AGENT}"
-        try:
-            status = follow(head, command, job, cb)
-        finally:
-            remote.fetch_files(head, run_dir, local_dir, False)
-            if not head.lost and script.collect:
-                remote.fetch_tree(head, f"{run_dir}/{COLLECTED}", local_dir / COLLECTED)
-        staging = {**staged.staging, "script_sent_bytes": stager.sent_bytes, "script_copies": stager.copies,
-                   "script_folder": items[0].remote_path(home)}
-        landing = remote.Landing(run_dir, local_dir.resolve(), False, staging, ledger)
-        return remote.conclude(head, landing, status, cb.note)
+    items = [stage.item("script folder", folder), *(stage.item("staged", p) for _, p in extras)]
+    stager.put(items)
+    stager.fan_out(items)
+    paths = {}
+    for (given, path), it in zip(extras, items[1:], strict=True):
+        paths[given] = paths[str(path)] = it.remote_path(stager.home)
+    on_head = head_script(script, items[0].remote_path(stager.home), run_dir, paths)
+    stager.say(f"running `{shlex.join(on_head.command)}` in {on_head.workdir} on every node")
+    return on_head, {"script_sent_bytes": stager.sent_bytes, "script_copies": stager.copies,
+                     "script_folder": items[0].remote_path(stager.home)}

@@ -23,10 +23,13 @@ import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import cpudist
 from cpudist import state
-from cpudist.errors import BadInput
+from cpudist.errors import BadInput, JobFailed
+from cpudist.hostfile import Host
+from cpudist.ssh.client import Remote
 
 COMPLETE = ".complete"
 MANIFEST = ".manifest"
@@ -248,3 +251,38 @@ def moved_fields(model_given: str, staged: Iterable[tuple[str, StageItem]], home
     if "model" in items and not model_given:
         out["model_given"] = str(items["model"].local)
     return out
+
+
+class Stager:
+    """Puts items on the head once, then on every other node from the head."""
+
+    def __init__(self, head: Remote, home: str, others: tuple[Host, ...], say: Any) -> None:
+        self.head, self.home, self.others, self.say = head, home, others, say
+        self.sent_bytes = 0
+        self.copies = 0
+
+    def _missing_on_head(self, items: list[StageItem]) -> list[StageItem]:
+        absent = set(self.head.check(missing_script(i.remote_dir(self.home) for i in items)).splitlines())
+        return [i for i in items if i.remote_dir(self.home) in absent]
+
+    def put(self, items: list[StageItem]) -> None:
+        for it in self._missing_on_head(items):
+            self.say(f"staging {it.what} {it.local} ({it.size / 1e6:.1f} MB) on the head")
+            sent = Counted(tar_chunks(it))  # streamed: never the whole archive in memory
+            self.head.check(receive_script(it.remote_dir(self.home)), stdin=sent, timeout=3600)
+            self.sent_bytes += sent.bytes
+
+    def fan_out(self, items: list[StageItem]) -> None:
+        if not self.others or not items:
+            return
+        ssh = f"{self.home}/{state.CLUSTER_DIR}/ssh"
+        script = fan_out_script([i.remote_dir(self.home) for i in items], [h.name for h in self.others], ssh)
+        out = self.head.check(script, timeout=3600)
+        results = [line.split(" ", 2) for line in out.splitlines() if line.count(" ") >= 2]
+        failed = [host for kind, host, _ in results if kind == "fail"]
+        if failed:
+            raise JobFailed(f"copying the staged inputs from the head to {', '.join(sorted(set(failed)))} failed",
+                            "Check that the nodes reach each other (`cpudist hosts doctor`) and have free disk")
+        self.copies += sum(kind == "sent" for kind, _, _ in results)
+        if self.copies:
+            self.say(f"copied {self.copies} staged item(s) from the head to the other nodes")

@@ -16,6 +16,7 @@ from typing import Any
 from cpudist import state
 from cpudist.errors import BadInput, CpudistError, JobFailed
 from cpudist.hostfile import check_resolvable, read_hostfile
+from cpudist.launch.kinds import scheduled
 from cpudist.launch.spec import check_layout
 from cpudist.launch.tools import is_this_machine
 from cpudist.run import stage
@@ -48,15 +49,16 @@ def _receive_here(it: stage.StageItem, home: str) -> None:
 
 def stage_here(request: RunRequest, say: Callable[[str], None]) -> tuple[RunRequest, dict[str, Any]]:
     """The request with its local inputs at their staged paths, once every other node of the run has them; the
-    request unchanged on one machine, under Slurm, with --shared-fs, or without local inputs."""
-    if request.hostfile is None or request.launch.launcher == "slurm" or request.launch.shared_fs:
+    request unchanged on one machine, under a scheduler (its nodes share the files), with --shared-fs, or without
+    local inputs."""
+    if request.hostfile is None or scheduled(request.launch.launcher) or request.launch.shared_fs:
         return request, {}
     every = read_hostfile(Path(request.hostfile))
     check_layout(request.launch.np, request.launch.ppn, every, request.launch.oversubscribe)  # its error first
     hosts = every[: request.launch.nodes]
     others = [h.name for h in hosts[1:] if not is_this_machine(h.name)]
     try:
-        inputs = local_inputs(request.train)
+        inputs = local_inputs(request)
     except BadInput:  # a path that does not exist: prepare's check says so, as for any run
         return request, {}
     if not others or not inputs or not is_this_machine(hosts[0].name):  # not the head: prepare says so
@@ -88,12 +90,12 @@ def stage_here(request: RunRequest, say: Callable[[str], None]) -> tuple[RunRequ
 
 def staging_plan(request: RunRequest) -> list[str]:
     """--dry-run's lines for what stage_here would stage (nothing is hashed, copied or probed)."""
-    if request.hostfile is None or request.launch.launcher == "slurm" or request.launch.shared_fs:
+    if request.hostfile is None or scheduled(request.launch.launcher) or request.launch.shared_fs:
         return []
     hosts = read_hostfile(Path(request.hostfile))[: request.launch.nodes]
     others = [h.name for h in hosts[1:] if not is_this_machine(h.name)]
     try:
-        inputs = local_inputs(request.train) if others else []
+        inputs = local_inputs(request) if others else []
     except BadInput:
         return []
     return [f"# stage {what} ({name}) {path} -> ~/{state.STAGE_DIR}/<sha256>/ here, then on {', '.join(others)} "

@@ -1,7 +1,8 @@
-"""One run, in order: where it goes, what would happen (dry run), or run it and record it.
+"""One run, in order: where it goes, what would happen (dry run), or run it and record it; for every payload
+(the trainer, a user's script: wire/payload.py).
 
     request (run/request.py) + where (run/where.py)
-      here | hostfile | Slurm:  prepare (run/prepare.py) -> plan (launch/kinds.py) -> local.execute -> outcome.record
+      here | hostfile | a scheduler: payloads.spec_of -> plan (launch/kinds.py) -> payloads.run_here -> outcome.record
       head over SSH:            recovery.run_remote -> remote.run (stage, agent on the head, follow, fetch)
                                 -> outcome.record
 """
@@ -15,14 +16,15 @@ from pathlib import Path
 from cpudist import state
 from cpudist.errors import Interrupted, Preempted
 from cpudist.hostfile import render_hostfile
-from cpudist.launch.kinds import plan
+from cpudist.launch.kinds import plan, scheduled
 from cpudist.launch.spec import SBATCH_FILE, check_layout, redacted
 from cpudist.results.launched import Launched
 from cpudist.results.schema import RunResult
-from cpudist.run import identity, local, recovery, runlog
+from cpudist.run import payloads, recovery, script, script_remote
 from cpudist.run.claim import claim
+from cpudist.run.life import identity, runlog
 from cpudist.run.outcome import given_data, record
-from cpudist.run.prepare import check_ledger, make_output_dir, prepare
+from cpudist.run.prepare import check_ledger, make_output_dir
 from cpudist.run.remote import copied_to, local_inputs
 from cpudist.run.request import Callbacks, RunRequest, lr_note
 from cpudist.run.stage_here import stage_here, staging_plan
@@ -30,11 +32,12 @@ from cpudist.run.stopped import StopSeen, after_stop, hint
 from cpudist.run.where import Head, Where
 from cpudist.train.resume import checkpoint_folder
 from cpudist.wire import programs, stop_marker
+from cpudist.wire.payload import Script
 from cpudist.wire.stop_marker import Stop
 
 
 def start(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> RunResult | None:
-    """Run it wherever it goes (with its id, run/identity.py), and record the result in its run folder and the
+    """Run it wherever it goes (with its id, run/life/identity.py), and record the result in its run folder and the
     ledger; run.json follows its state. None: detached (--detach), the run goes on on its head."""
     check_ledger(ledger)  # before training: a result that cannot reach the ledger would be lost
     make_output_dir(Path(request.train.output_dir))
@@ -45,7 +48,7 @@ def start(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> Run
     request = dataclasses.replace(request, launched=Launched(  # before staging moves the paths to the nodes' copies
         command=request.command, cluster=where.cluster, usd_per_hour=where.usd_per_hour,
         data=given_data(request.train)))
-    note = lr_note(request.train, request.launch.np)
+    note = lr_note(request.train, request.launch.np, request.payload)
     if where.head is not None:
         check_layout(request.launch.np, request.launch.ppn, where.head.inside, request.launch.oversubscribe)
         if note:
@@ -55,27 +58,28 @@ def start(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> Run
             return None
         return tracked(request, where_name(request, where),
                        lambda: recovery.run_remote(request, where, ledger, cb), seen)
-    if where.detach:  # a Slurm batch job (the only detached run from here: cli/run.py)
-        from cpudist.run import slurm_detach
+    if where.detach:  # a scheduler's batch job (the only detached run from here: cli/run.py)
+        from cpudist.run.life import batch_detach
 
-        slurm_detach.start(request, ledger, cb)
+        batch_detach.start(request, ledger, cb)
         return None
     if where.hostfile is not None:  # on the head itself: its inputs to the other nodes (run/stage_here.py)
         request, staging = stage_here(request, cb.on_line)
         request = dataclasses.replace(request, launched=dataclasses.replace(request.launched, staging=staging))
-    spec = prepare(request)  # refuses a fresh run into another run's checkpoints before run.json is touched
+    spec = payloads.spec_of(request)  # refuses a fresh run into another run's checkpoints before run.json is touched
     launch = plan(spec)
     if note:
         cb.note(note)
     out = Path(request.train.output_dir)
     return tracked(request, where_name(request, where), lambda: record(
-        out, ledger, local.execute(spec, launch, cb, request.launch.timeout_s, request.launched)), seen)
+        out, ledger, payloads.run_here(request, spec, launch, cb)), seen)
+
 
 
 def _detached(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> None:
     """--detach: run.json says running (with the head's agent in it) once the ranks are up; failed if they do not
     start."""
-    from cpudist.run import detach
+    from cpudist.run.life import detach
 
     assert where.head is not None
     out = Path(request.train.output_dir)
@@ -89,14 +93,14 @@ def _detached(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) ->
 
 
 def where_name(request: RunRequest, where: Where) -> str:
-    """run.json's `where`: cluster:NAME, head:HOST, hostfile:PATH, slurm or here."""
+    """run.json's `where`: cluster:NAME, head:HOST, hostfile:PATH, a scheduler's name (slurm) or here."""
     if where.cluster:
         return f"cluster:{where.cluster}"
     if where.head is not None:
         return f"head:{where.head.target.host}"
     if where.hostfile is not None:
         return f"hostfile:{where.hostfile}"
-    return "slurm" if request.launch.launcher == "slurm" else "here"
+    return request.launch.launcher if scheduled(request.launch.launcher) else "here"
 
 
 def tracked(request: RunRequest, where: str, run: Callable[[], RunResult],
@@ -137,15 +141,19 @@ def _ended(out: Path, run_state: str, message: str, resume: str = "") -> None:
 
 def describe(request: RunRequest, where: Where) -> str:
     """What `start` would do, as text to print (`--dry-run`): nothing is written, started or connected to."""
-    note = lr_note(request.train, request.launch.np)
+    note = lr_note(request.train, request.launch.np, request.payload)
     return (f"# {note}\n" if note else "") + _describe(request, where)
 
 
 def _describe(request: RunRequest, where: Where) -> str:
+    if isinstance(request.payload, Script):
+        if where.head is not None:
+            return script_remote.describe_remote(request, request.payload, where.head)
+        return script.describe_script(request, request.payload)
     if where.head is not None:
         check_layout(request.launch.np, request.launch.ppn, where.head.inside, request.launch.oversubscribe)
         return _describe_remote(request, where.head, where.detach)
-    spec = redacted(prepare(request, dry_run=True))  # --env values shown as ***
+    spec = redacted(payloads.spec_of(request, dry_run=True))  # --env values shown as ***
     launch = plan(spec)
     if launch.script is not None:
         return (f"# {Path(request.train.output_dir) / SBATCH_FILE} (written and submitted with `{launch.shell()}`)\n"
@@ -170,7 +178,7 @@ def _describe_remote(request: RunRequest, head: Head, detach: bool = False) -> s
             else "the only copy (--shared-fs: the nodes read it there)" if request.launch.shared_fs
             else "then on no other node")
     lines += [f"# stage {what} ({name}) {path} -> ~/{state.STAGE_DIR}/<sha256>/ on the head, {then}"
-              for name, what, path in local_inputs(request.train)]
+              for name, what, path in local_inputs(request)]
     lines += [f"# nodes (as they reach each other): {' '.join(h.name for h in nodes)}",
               f"# on the head: {programs.usage(programs.AGENT)}, with this request on stdin (--env values shown as ***)"
               if not detach else f"# --detach: on the head, setsid nohup {programs.usage(programs.AGENT)} --detached "

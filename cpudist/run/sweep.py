@@ -12,6 +12,7 @@ from datetime import datetime
 from pathlib import Path
 
 from cpudist.errors import BadInput
+from cpudist.launch.kinds import scheduled
 
 
 def parse_counts(text: str) -> tuple[int, ...]:
@@ -50,9 +51,9 @@ def check_series(counts: Sequence[int], ppn: int | str | None, where: SeriesHost
     if where.hosts is not None and max(counts) > where.hosts:
         raise BadInput(f"--nodes {max(counts)} is more than the {where.hosts} host(s) of {source}",
                        f"Give counts up to {where.hosts}, or add hosts")
-    if where.hosts is None and where.launcher != "slurm" and max(counts) > 1:
+    if where.hosts is None and not scheduled(where.launcher) and max(counts) > 1:
         raise BadInput(f"--nodes {max(counts)} needs more than this machine",
-                       "Give --hostfile H (run from its head), --cluster NAME, or --launcher slurm")
+                       "Give --hostfile H (run from its head), --cluster NAME, or a scheduler's --launcher")
 
 
 def default_sweep_dir(task: str, model: str) -> Path:

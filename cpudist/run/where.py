@@ -14,6 +14,7 @@ from pathlib import Path
 from cpudist import state
 from cpudist.errors import BadInput
 from cpudist.hostfile import Host, read_hostfile
+from cpudist.launch.kinds import scheduled
 from cpudist.launch.tools import is_this_machine
 from cpudist.ssh.client import Target
 
@@ -53,7 +54,7 @@ class Where:
     cluster: str | None = None
     usd_per_hour: float | None = None
     recover: bool = False  # --on-preemption resume: replace reclaimed nodes with `cluster up` and go on
-    detach: bool = False  # --detach: return once the ranks are up, the agent on the head goes on (run/detach.py)
+    detach: bool = False  # --detach: return once the ranks are up, the agent on the head goes on (run/life/detach.py)
 
     @property
     def kind(self) -> str:
@@ -75,9 +76,9 @@ def where_for(route: Route, nodes: int, ppn_given: bool, launcher: str) -> Where
                            "Pass --hostfile H --head ADDRESS")
         head = onprem_head(route.hostfile, route.head_addr, route.user, route.identity, route.remote_python,
                            route.stage_code)
-    if head is not None and launcher == "slurm":
-        raise BadInput("--launcher slurm runs from the cluster's login node, not through --head/--cluster",
-                       "ssh to the login node and run `cpudist run ... --launcher slurm` there")
+    if head is not None and scheduled(launcher):
+        raise BadInput(f"--launcher {launcher} runs from the cluster's login node, not through --head/--cluster",
+                       f"ssh to the login node and run `cpudist run ... --launcher {launcher}` there")
     if head is not None and route.on_preemption == "resume" and route.cluster is None:
         raise BadInput("--on-preemption resume needs --cluster (it replaces lost nodes with `cluster up`)",
                        "Use --cluster NAME, or resume by hand with --resume auto")

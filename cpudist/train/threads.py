@@ -68,5 +68,10 @@ def rank_threads(env: Mapping[str, str], world_size: int) -> int:
         gathered: list[object] = [None] * world_size
         dist.all_gather_object(gathered, mine)
         everyone = [s for s in gathered if isinstance(s, CpuShare)]
+    return threads_for(mine, everyone, allotted_cpus(env))
+
+
+def allotted_cpus(env: Mapping[str, str]) -> int | None:
+    """The CPUs a scheduler gave each task (Slurm's --cpus-per-task), if it said."""
     allotted = env.get("SLURM_CPUS_PER_TASK", "")
-    return threads_for(mine, everyone, int(allotted) if allotted.isdigit() else None)
+    return int(allotted) if allotted.isdigit() else None

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cpudist.launch.slurm import BatchJob, SlurmOptions, sbatch_script
+from cpudist.launch.batch import BatchOptions
+from cpudist.launch.slurm import BatchJob, sbatch_script
 from cpudist.wire.stop_marker import NAME as STOP_MARKER
 from tests.harness import netns
 from tests.harness import slurm as slurm_harness
@@ -44,7 +45,7 @@ def test_a_preempted_job_that_saved_a_checkpoint_is_requeued(slurm: SlurmCluster
     rank.write_text(RANK % (tmp_path / STOP_MARKER))
     script = tmp_path / "job.sbatch"
     script.write_text(sbatch_script(BatchJob("preempted", 1, 1, str(tmp_path), str(tmp_path / "slurm-%j.out"),
-                                             ("bash", str(rank)), (), SlurmOptions(requeue=True, exclusive=True))))
+                                             ("bash", str(rank)), (), BatchOptions(requeue=True, exclusive=True))))
     job_id = slurm.run(0, ["sbatch", "--parsable", str(script)]).stdout.strip().split(";")[0]
     out = tmp_path / f"slurm-{job_id}.out"
     urgent = ""

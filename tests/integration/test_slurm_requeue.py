@@ -75,7 +75,7 @@ def detached_run(slurm: SlurmCluster, data: Path, out: Path, env: dict[str, str]
     info = json.loads((out / "run.json").read_text())
     assert info["state"] == "running" and info["where"] == "slurm", info
     assert f"detached: run {info['id']} goes on as a Slurm batch job" in r.stdout, r.stdout
-    return info["id"], info["detached"]["slurm_job_id"]
+    return info["id"], info["detached"]["job_id"]
 
 
 def term_pending(pid: int) -> bool:

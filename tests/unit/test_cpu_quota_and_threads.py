@@ -29,6 +29,12 @@ V1 = """12:cpuset:/
 """
 
 
+def env_spec(cores: int, ppn: int, backend: str, **more: object) -> EnvSpec:
+    """A node's rank environment inputs on host h0 (keywords: EnvSpec takes no positions)."""
+    return EnvSpec(physical_cores=cores, ppn=ppn, backend=backend, master_addr="h0", master_port=1,
+                   hub_offline=False, **more)  # type: ignore[arg-type]
+
+
 def test_cgroup_paths_of_v1_and_v2() -> None:
     paths = parse_cgroup_paths(V1)
     assert paths["cpu"] == paths["cpuacct"] == "/slurm/uid_0/job_7"
@@ -96,8 +102,8 @@ def test_a_pinned_count_wins() -> None:
 
 
 def test_launcher_env_lets_ranks_decide_unless_pinned() -> None:
-    assert node_env(EnvSpec(8, 2, "gloo", "h0", 1, False))["CPUDIST_THREADS"] == "auto"
-    env = node_env(EnvSpec(8, 2, "gloo", "h0", 1, False, overrides=(("OMP_NUM_THREADS", "3"),)))
+    assert node_env(env_spec(8, 2, "gloo"))["CPUDIST_THREADS"] == "auto"
+    env = node_env(env_spec(8, 2, "gloo", overrides=(("OMP_NUM_THREADS", "3"),)))
     assert env["CPUDIST_THREADS"] == env["OMP_NUM_THREADS"] == "3"
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from cpudist.cli.main import cli
-from cpudist.run.detach import Detached
-from cpudist.run.identity import RunInfo, read_run, write_run
+from cpudist.run.life.detach import Detached
+from cpudist.run.life.identity import RunInfo, read_run, write_run
 
 
 def test_detach_without_a_head_is_refused_in_one_line(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The mark of how much of a detached run's head log its local cpudist.log holds (run/headlog.py): the next
+"""The mark of how much of a detached run's head log its local cpudist.log holds (run/life/headlog.py): the next
 follower (`logs -f`) reads on from there. The following itself: test_remote_onprem's detached-run test."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cpudist.run.headlog import HEAD_LOG_MARK, read_mark, write_mark
+from cpudist.run.life.headlog import HEAD_LOG_MARK, read_mark, write_mark
 
 LOG = "/root/.cpudist/runs/r-20261126-171500-ab12/agent.log"
 

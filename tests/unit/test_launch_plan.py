@@ -10,6 +10,12 @@ from cpudist.launch.kinds import plan
 from cpudist.launch.spec import RunSpec, check_layout
 
 
+def env_spec(cores: int, ppn: int, backend: str, **more: object) -> EnvSpec:
+    """A node's rank environment inputs on host h0 (keywords: EnvSpec takes no positions)."""
+    return EnvSpec(physical_cores=cores, ppn=ppn, backend=backend, master_addr="h0", master_port=1,
+                   hub_offline=False, **more)  # type: ignore[arg-type]
+
+
 def spec(np: int = 2, ppn: int = 2, launcher: str = "mpich", **kw: object) -> RunSpec:
     cfg = TrainConfig(task="mrpc", output_dir="/tmp/run", model="tiny", max_steps=5)
     base = {"train": cfg, "np": np, "ppn": ppn, "hosts": local_hosts(4), "launcher": launcher,
@@ -22,9 +28,9 @@ def test_threads_split_among_ranks_of_a_node() -> None:
     env = node_env(EnvSpec(physical_cores=8, ppn=2, backend="gloo", master_addr="h0", master_port=1,
                            hub_offline=True, overrides=(("OMP_NUM_THREADS", "3"), ("FOO", "bar"))))
     assert env["OMP_NUM_THREADS"] == "3" and env["FOO"] == "bar" and env["HF_HUB_OFFLINE"] == "1"
-    env = node_env(EnvSpec(8, 2, "ccl", "h0", 1, False))
+    env = node_env(env_spec(8, 2, "ccl"))
     assert env["OMP_NUM_THREADS"] == "4" and "HF_HUB_OFFLINE" not in env and env["CCL_WORKER_COUNT"] == "1"
-    assert node_env(EnvSpec(2, 4, "gloo", "h0", 1, False))["OMP_NUM_THREADS"] == "1"
+    assert node_env(env_spec(2, 4, "gloo"))["OMP_NUM_THREADS"] == "1"
 
 
 def test_env_pairs() -> None:

@@ -153,7 +153,8 @@ def test_bad_input_is_one_line_before_anything_starts(tmp_path: Path, monkeypatc
 
 
 def test_collect_copies_outputs_and_a_missing_output_or_metric_file_is_a_note(tmp_path: Path) -> None:
-    from cpudist.run.script import Script, collect, given_metrics
+    from cpudist.run.script import collect, given_metrics
+    from cpudist.wire.payload import Script
 
     work, out = tmp_path / "work", tmp_path / "run"
     (work / "outputs" / "deep").mkdir(parents=True)

@@ -12,9 +12,9 @@ from click.testing import CliRunner
 from cpudist.cli.main import cli
 from cpudist.config import TrainConfig
 from cpudist.run.request import LaunchOptions, RunRequest
-from cpudist.run.script import Script
 from cpudist.run.script_rank import copy_folder
-from cpudist.run.script_remote import ScriptJob, rewrite, snapshot
+from cpudist.run.script_remote import rewrite, snapshot
+from cpudist.wire.payload import Probe, Script, Trainer
 
 
 def test_the_snapshot_leaves_out_the_runs_folder_version_control_and_caches(tmp_path: Path) -> None:
@@ -38,13 +38,14 @@ def test_words_naming_a_staged_path_become_the_nodes_path() -> None:
         ("train.py", "/n/stage/1/x.csv", "--file=/n/stage/1/x.csv", "--other=data", "x.csv")
 
 
-def test_the_heads_job_round_trips_through_json() -> None:
-    request = RunRequest(TrainConfig(task="script", output_dir="/h/runs/r", model="train.py --lr 1"),
-                         LaunchOptions(np=2, ppn=1, env=(("A", "b"),)), "/h/runs/r/hostfile.in", "cpudist launch ...")
-    script = Script(("train.py", "--lr", "1"), "/h/runs/r/work", "m.json", ("outputs",), (), "/h/stage/abc")
-    fields = {f: getattr(request, f) for f in ("train", "launch", "hostfile", "command")}
-    back, back_script = ScriptJob.parse(ScriptJob(**fields, script=script).to_json())
-    assert (back, back_script) == (request, script)
+def test_the_heads_job_round_trips_through_json_with_each_payload() -> None:
+    """The one agent reads every payload from the request's JSON line (no second agent, no sentinel task)."""
+    script = Script(("train.py", "--lr", "1"), "/h/runs/r/work", "m.json", ("outputs",), (), "/h/stage/abc", 2)
+    for payload in (script, Trainer(), Probe(sizes=(4, 8), iters=3, warmup=1)):
+        request = RunRequest(TrainConfig(task="script", output_dir="/h/runs/r", model="train.py --lr 1"),
+                             LaunchOptions(np=2, ppn=1, env=(("A", "b"),)), "/h/runs/r/hostfile.in",
+                             "cpudist launch ...", payload=payload)
+        assert RunRequest.from_json(request.to_json()) == request
 
 
 def test_each_node_copies_the_staged_folder_once_without_stagings_marks(tmp_path: Path) -> None:
@@ -69,7 +70,7 @@ def test_dry_run_from_outside_says_what_is_staged_and_where_it_runs(tmp_path: Pa
     r = CliRunner().invoke(cli, ["launch", "--np", "2", "--ppn", "1", "--hostfile", "hosts", "--head", "10.0.0.9",
                                  "--stage", "data.csv", "--collect", "outputs", "--dry-run", "--", "train.py"])
     assert r.exit_code == 0, r.output
-    assert "ssh 10.0.0.9" in r.output and "python -m cpudist.run.script_agent" in r.output
+    assert "ssh 10.0.0.9" in r.output and "python -m cpudist.run.agent" in r.output
     assert f"# stage {tmp_path / 'data.csv'}" in r.output and "then on n1" in r.output
     assert "outputs ->" in r.output and not Path("runs").exists()
     here = CliRunner().invoke(cli, ["launch", "--np", "2", "--stage", "data.csv", "--dry-run", "--", "train.py"])
@@ -108,4 +109,6 @@ def test_runs_staging_finds_no_trainer_inputs_in_a_script_run(tmp_path: Path, mo
     (tmp_path / "train.py").write_text("print(1)\n")
     (tmp_path / "tool").mkdir()
     for command in (("train.py",), ("tool",), ("sentence-transformers/all-MiniLM-L6-v2",)):
-        assert local_inputs(script_config(Script(command), str(tmp_path / "run"), 2)) == []
+        script = Script(command)
+        cfg = script_config(script, str(tmp_path / "run"), 2)
+        assert local_inputs(RunRequest(cfg, LaunchOptions(), payload=script)) == []

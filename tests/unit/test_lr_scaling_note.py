@@ -9,6 +9,7 @@ import pytest
 
 from cpudist.config import TrainConfig, effective_lr
 from cpudist.run.request import lr_note
+from cpudist.wire.payload import Script
 
 BASE = TrainConfig(task="mrpc", output_dir="o", batch_size=32, lr=5e-5)
 
@@ -39,4 +40,4 @@ def test_unscaled_says_what_it_costs_and_a_script_or_synthetic_run_is_left_alone
     none = dataclasses.replace(BASE, lr_scaling="none")
     assert "1/4 of one rank's optimizer steps per epoch at the same --lr 5e-05" in (lr_note(none, 4) or "")
     assert lr_note(dataclasses.replace(none, task="synthetic"), 4) is None  # no accuracy to lose
-    assert lr_note(dataclasses.replace(BASE, task="script"), 4) is None  # the script's lr is its own
+    assert lr_note(BASE, 4, Script(("train.py",))) is None  # the script's lr is its own

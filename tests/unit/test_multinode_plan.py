@@ -16,6 +16,12 @@ from cpudist.ssh.keys import generate_key, ssh_config, ssh_wrapper
 HOSTS = tuple(Host(f"n{i}") for i in range(4))
 
 
+def env_spec(cores: int, ppn: int, backend: str, **more: object) -> EnvSpec:
+    """A node's rank environment inputs on host h0 (keywords: EnvSpec takes no positions)."""
+    return EnvSpec(physical_cores=cores, ppn=ppn, backend=backend, master_addr="h0", master_port=1,
+                   hub_offline=False, **more)  # type: ignore[arg-type]
+
+
 def spec(launcher: str, **kw: object) -> RunSpec:
     base: dict[str, object] = dict(
         train=TrainConfig(task="mrpc", output_dir="/r", model="tiny"), np=8, ppn=2, hosts=HOSTS,
@@ -76,7 +82,7 @@ def test_env_for_cluster_features() -> None:
     assert env["LD_PRELOAD"] == "/usr/lib/libtcmalloc.so.4:/py/lib/libiomp5.so"
     assert env["KMP_BLOCKTIME"] == "1" and "KMP_AFFINITY" in env
     assert env["CCL_WORKER_AFFINITY"] == "7,15" and env["CCL_ATL_TRANSPORT"] == "mpi"
-    plain = node_env(EnvSpec(16, 2, "gloo", "n0", 1, False))
+    plain = node_env(env_spec(16, 2, "gloo"))
     assert not {"LD_PRELOAD", "KMP_AFFINITY", "CCL_WORKER_COUNT", "I_MPI_PIN_DOMAIN"} & set(plain)
 
 

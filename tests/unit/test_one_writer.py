@@ -56,7 +56,7 @@ def test_record_merges_the_launching_side_into_the_rank_report_and_writes_result
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "README.md").write_text("rank 0's card\n")
     launched = Launched(command="cpudist run mrpc --np 2", cluster="c1", usd_per_hour=0.5,
-                        data={"dir": "glue/MRPC"}, launcher="mpich", slurm_job_id="7", recoveries=1,
+                        data={"dir": "glue/MRPC"}, launcher="mpich", job_id="7", recoveries=1,
                         run_dir="/laptop/run", staging={"head": "h"})
     ledger = tmp_path / "ledger.jsonl"
     r = record(tmp_path, ledger, launched)

@@ -64,7 +64,12 @@ def test_bench_dry_run_prints_the_launch_and_bad_input_is_one_line(tmp_path: Pat
     hostfile.write_text("localhost\n127.0.0.2\n")
     dry = cpudist("hosts", "bench", "--hostfile", hostfile, "--sizes", "1MB,8MB", "--iters", "3", "--dry-run")
     assert dry.exit_code == 0, dry.output
-    assert "-np 2 -ppn 1" in dry.output and "MASTER_ADDR=localhost" in dry.output
+    assert "-np 2 -ppn 1" in dry.output
+    # the head names itself by a loopback name: the address toward the next node, as for a training run on the same
+    # hostfile (the probe's spec comes from the same resolve: run/payloads.py)
+    assert "MASTER_ADDR=127.0.0.1" in dry.output and "MASTER_ADDR=localhost" not in dry.output
+    run = cpudist("run", "synthetic", "--model", "tiny", "--hostfile", hostfile, "--np", "2", "--ppn", "1", "--dry-run")
+    assert run.exit_code == 0 and "MASTER_ADDR=127.0.0.1" in run.output, run.output
     assert "-m cpudist.hosts.bench_rank --sizes 1000000,8000000 --iters 3" in dry.output
     (tmp_path / "one").write_text("localhost\n")
     one = cpudist("hosts", "bench", "--hostfile", tmp_path / "one")

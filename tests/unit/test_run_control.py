@@ -16,11 +16,11 @@ from click.testing import CliRunner
 
 from cpudist.cli.main import cli
 from cpudist.errors import BadInput
-from cpudist.run.control import find_run
-from cpudist.run.identity import RunInfo, read_run, write_run
-from cpudist.run.process import start_ticks, this_host
+from cpudist.run.life.control import find_run
+from cpudist.run.life.identity import RunInfo, read_run, write_run
+from cpudist.run.life.process import start_ticks, this_host
+from cpudist.run.life.runlog import show, tee
 from cpudist.run.request import Callbacks
-from cpudist.run.runlog import show, tee
 from cpudist.wire import names
 
 CPUDIST = [sys.executable, "-m", "cpudist.cli"]

@@ -1,4 +1,4 @@
-"""A run's identity (run/identity.py) and the checkpoint code that honours it: rotation, choice, set-aside and
+"""A run's identity (run/life/identity.py) and the checkpoint code that honours it: rotation, choice, set-aside and
 the fresh-run refusal consider only the run's own checkpoints (issue 22, part 4); a run folder holds
 one run (run/claim.py); a run id read from a file is never a path."""
 
@@ -19,8 +19,8 @@ import torch
 from cpudist import state
 from cpudist.config import TrainConfig
 from cpudist.errors import BadInput
-from cpudist.run import identity
 from cpudist.run.claim import claim
+from cpudist.run.life import identity
 from cpudist.train import checkpoint, resume
 from cpudist.train import checkpoint_meta as ckpt
 from cpudist.train.checkpoint_meta import CheckpointMeta, Done, Position

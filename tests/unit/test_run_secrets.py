@@ -19,8 +19,8 @@ from cpudist.config import TrainConfig
 from cpudist.errors import BadInput
 from cpudist.hostfile import Host
 from cpudist.launch import secret_files
+from cpudist.launch.batch import BatchOptions
 from cpudist.launch.kinds import plan
-from cpudist.launch.slurm import SlurmOptions
 from cpudist.launch.spec import RunSpec, file_pairs, redacted
 from cpudist.run.request import LaunchOptions, RunRequest
 
@@ -39,7 +39,7 @@ def spec(launcher: str, **kw: object) -> RunSpec:
 @pytest.mark.parametrize("launcher", ["mpich", "impi", "openmpi", "torchrun", "slurm"])
 def test_no_launcher_puts_a_secret_on_a_line_or_in_its_script(launcher: str) -> None:
     """Hydra's -genv, Open MPI's -x, torchrun's per-host ssh lines and job.sbatch carry the file's path only."""
-    extra = {"slurm": SlurmOptions("cpu", "10", None, True, ()), "hostfile": None} if launcher == "slurm" else {}
+    extra = {"batch": BatchOptions("cpu", "10", None, True, ()), "hostfile": None} if launcher == "slurm" else {}
     launch = plan(spec(launcher, **extra))
     shown = " ".join([*launch.argv, launch.shell(), launch.script or "", json.dumps(launch.rank_env)])
     assert SECRET not in shown and "HF_TOKEN" not in shown
@@ -172,8 +172,8 @@ def test_a_batch_script_holds_no_value_and_its_end_removes_the_secrets_file(tmp_
     when it requeued the job (the next start reads it again). Run by bash, with Slurm's commands faked."""
     monkeypatch.setenv("HOME", str(tmp_path))
     out, key = tmp_path / "out", "wandb-7d1e0c4b"
-    options = SlurmOptions("cpu", "10", None, False, (), requeue=requeue)
-    s = spec("slurm", slurm=options, hostfile=None, train=TrainConfig(task="synthetic", output_dir=str(out),
+    options = BatchOptions("cpu", "10", None, False, (), requeue=requeue)
+    s = spec("slurm", batch=options, hostfile=None, train=TrainConfig(task="synthetic", output_dir=str(out),
                                                                       run_id="r1"),
              env_overrides=(("WANDB_API_KEY", key), ("OMP_NUM_THREADS", "2")))
     script = plan(s).script
@@ -203,7 +203,7 @@ def test_a_batch_script_keeps_the_secrets_file_for_a_requeue_that_slurm_started(
     end runs its trap, so the file stays for the next start; that start's own end (its count
     unchanged) removes it."""
     monkeypatch.setenv("HOME", str(tmp_path))
-    s = spec("slurm", slurm=SlurmOptions("cpu", "10", None, False, ()), hostfile=None)
+    s = spec("slurm", batch=BatchOptions("cpu", "10", None, False, ()), hostfile=None)
     script = plan(s).script
     assert script is not None
     bin_dir = tmp_path / "bin"

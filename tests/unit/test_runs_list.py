@@ -13,9 +13,9 @@ from click.testing import CliRunner, Result
 from cpudist.cli.main import cli
 from cpudist.config import TrainConfig
 from cpudist.results import ledger
-from cpudist.run import identity
-from cpudist.run.identity import RunInfo
-from cpudist.run.listing import duration_text, list_runs
+from cpudist.run.life import identity
+from cpudist.run.life.identity import RunInfo
+from cpudist.run.life.listing import duration_text, list_runs
 from tests.unit.test_planner import run as a_result
 
 

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 from cpudist.config import TrainConfig, from_argv
 from cpudist.errors import BadInput
 from cpudist.hostfile import Host
+from cpudist.launch.batch import BatchOptions
 from cpudist.launch.kinds import plan
-from cpudist.launch.slurm import Allocation, JobInfo, SlurmOptions, expand_counts, failure, parse_job
+from cpudist.launch.slurm import Allocation, JobInfo, expand_counts, failure, parse_job
 from cpudist.launch.spec import RunSpec
 from cpudist.train.dist import discover_rank
 
@@ -23,7 +24,7 @@ def spec(np: int = 4, ppn: int = 2, **kw: object) -> RunSpec:
         hosts=tuple(Host(f"slurm-node-{i}") for i in range(np // ppn)), launcher="slurm",
         launcher_path="/usr/bin/srun", python="/py/bin/python", master_addr="", master_port=29500,
         physical_cores=8, cwd="/home/u/work",
-        slurm=SlurmOptions(partition="cpu", time="00:30:00", account="proj", exclusive=True,
+        batch=BatchOptions(partition="cpu", time="00:30:00", account="proj", exclusive=True,
                            sbatch_args=("--mem=0", "--constraint=icelake")))
     base.update(kw)
     return RunSpec(**base)  # type: ignore[arg-type]

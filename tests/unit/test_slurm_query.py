@@ -13,8 +13,8 @@ from cpudist.config import TrainConfig, from_argv
 from cpudist.errors import JobFailed
 from cpudist.hostfile import Host
 from cpudist.launch import slurm_query
+from cpudist.launch.batch import BatchOptions
 from cpudist.launch.kinds import plan
-from cpudist.launch.slurm import SlurmOptions
 from cpudist.launch.slurm_query import final_info, job_info, parse_sacct
 from cpudist.launch.spec import RunSpec
 from cpudist.wire.stop_marker import NAME as MARKER
@@ -124,7 +124,7 @@ def test_requeue_script() -> None:
     spec = RunSpec(train=TrainConfig(task="mrpc", output_dir="runs/r1", model="tiny", run_id="20261126-1"), np=2,
                    ppn=1, hosts=(Host("slurm-node-0"), Host("slurm-node-1")), launcher="slurm",
                    launcher_path="/usr/bin/srun", python="/py/bin/python", master_addr="", master_port=29500,
-                   physical_cores=8, cwd="/home/u", slurm=SlurmOptions(time="10", requeue=True, signal_s=180))
+                   physical_cores=8, cwd="/home/u", batch=BatchOptions(time="10", requeue=True, signal_s=180))
     script = plan(spec).script
     assert script is not None
     lines = script.splitlines()

@@ -10,7 +10,7 @@ import pytest
 
 from cpudist.config import TrainConfig
 from cpudist.errors import BadInput
-from cpudist.launch.slurm import SlurmOptions
+from cpudist.launch.batch import BatchOptions
 from cpudist.run import stage
 from cpudist.run.agent import parse_status, status_line
 from cpudist.run.request import LaunchOptions, RunRequest
@@ -73,7 +73,7 @@ def test_fan_out_script_names_every_host_and_folder() -> None:
 def test_job_request_round_trip_and_status_lines() -> None:
     cfg = TrainConfig(task="mrpc", output_dir="/r", text_columns=("a", "b"), max_steps=3)
     launch = LaunchOptions(np=4, ppn=1, launcher="mpich", env=(("A", "1"),), timeout_s=60.0,
-                           slurm=SlurmOptions("cpu", "10", None, True, ("--mem=0",)))
+                           batch=BatchOptions("cpu", "10", None, True, ("--mem=0",)))
     req = RunRequest(cfg, launch, "/r/hostfile.in")
     assert RunRequest.from_json(req.to_json()) == req
     assert parse_status(status_line(status="ok", output_dir="/r")) == {"status": "ok", "output_dir": "/r"}

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cpudist.run.identity import read_run
+from cpudist.run.life.identity import read_run
 from cpudist.run.request import Callbacks
 from cpudist.waits import wait_until
 from cpudist.wire import events, names

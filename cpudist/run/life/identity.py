@@ -22,7 +22,7 @@ from typing import Any
 from cpudist import state
 from cpudist.config import TrainConfig
 from cpudist.errors import CpudistError
-from cpudist.run.process import this_process
+from cpudist.run.life.process import this_process
 from cpudist.train import checkpoint_meta as ckpt
 from cpudist.train.durable import runs_in
 from cpudist.train.resume import checkpoint_folder
@@ -59,8 +59,8 @@ class RunInfo:
     command: str = ""  # the `cpudist run` command line (for the resume command `cpudist stop` prints)
     pid: int = 0  # the launching `cpudist run` process (`cpudist stop` signals it), on host, started at pid_start
     host: str = ""
-    pid_start: int = 0  # its start in clock ticks after boot (run/process.py): a reused PID never matches
-    detached: dict[str, Any] = field(default_factory=dict)  # `run --detach`: its head and agent (run/detach.py)
+    pid_start: int = 0  # its start in clock ticks after boot (run/life/process.py): a reused PID never matches
+    detached: dict[str, Any] = field(default_factory=dict)  # `run --detach`: its head and agent (run/life/detach.py)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -1,6 +1,6 @@
 """A run found by its id or folder, and stopped from another shell (`cpudist logs`, `cpudist stop`).
 
-    find_run("20261126-1015")   an id, a unique prefix of one, or a run folder -> its row (run/listing.py)
+    find_run("20261126-1015")   an id, a unique prefix of one, or a run folder -> its row (run/life/listing.py)
     stop(info)                  SIGINT to the launching `cpudist run` (only if it is still that process, on this
                                 host): the ranks checkpoint when the run checkpoints, run.json says interrupted
 """
@@ -14,9 +14,9 @@ from pathlib import Path
 
 from cpudist.errors import BadInput, JobFailed
 from cpudist.results.schema import RunResult
-from cpudist.run.identity import RunInfo, read_run
-from cpudist.run.listing import RunRow, list_runs, row_of_info
-from cpudist.run.process import Proc, alive, interrupt, this_host
+from cpudist.run.life.identity import RunInfo, read_run
+from cpudist.run.life.listing import RunRow, list_runs, row_of_info
+from cpudist.run.life.process import Proc, alive, interrupt, this_host
 from cpudist.run.stopped import resume_command
 from cpudist.waits import TimedOut, wait_until
 from cpudist.wire import stop_marker
@@ -115,7 +115,7 @@ def stop(row: RunRow, wait_s: float = STOP_WAIT_S, interval_s: float = 1.0) -> S
 def _stop_detached(info: RunInfo, wait_s: float) -> Stopped:
     """A `run --detach`'s agent interrupted on its head; its end brought home and recorded as `logs -f` does."""
     from cpudist.errors import CpudistError
-    from cpudist.run.attach import attach
+    from cpudist.run.life.attach import attach
     from cpudist.run.request import Callbacks
 
     out = Path(info.run_dir)

@@ -1,7 +1,7 @@
-"""Coming back to a detached run (run/detach.py) from any shell on the machine that started it.
+"""Coming back to a detached run (run/life/detach.py) from any shell on the machine that started it.
 
     attach(info, cb)   `cpudist logs -f RUN`: the run's cpudist.log so far, then the head's agent log from where
-                       that ends (run/headlog's mark) until the agent's status file appears, then the run's files
+                       that ends (run/life/headlog's mark) until the agent's status file appears, then the run's files
                        and model home and the run recorded, as a remote run's end
     stop(info)         `cpudist stop RUN`: the agent on the head interrupted (its PID and start time checked there),
                        which stops every rank (after a checkpoint when the run checkpoints); then attach, quietly
@@ -14,13 +14,14 @@ from pathlib import Path
 
 from cpudist.errors import BadInput
 from cpudist.results.schema import RunResult
-from cpudist.run import runlog
-from cpudist.run.detach import Detached, HeadLog, interrupt_agent
-from cpudist.run.headlog import HEAD_LOG_MARK
-from cpudist.run.identity import RunInfo
+from cpudist.run.life import runlog
+from cpudist.run.life.detach import Detached, HeadLog, interrupt_agent
+from cpudist.run.life.headlog import HEAD_LOG_MARK
+from cpudist.run.life.identity import RunInfo
 from cpudist.run.remote import conclude, fetch_files
 from cpudist.run.request import Callbacks
 from cpudist.run.start import settle
+from cpudist.train.report_to import RUN_FOLDERS
 from cpudist.waits import wait_until
 from cpudist.wire import names
 
@@ -44,10 +45,10 @@ def attach(info: RunInfo, cb: Callbacks, interval_s: float = 1.0, stop_first: bo
     """Follow the detached run to its end (the agent's status file), bring it home and record it: run.json says
     finished, failed, interrupted or preempted, the ledger has it when it finished. With `stop_first`, interrupt
     the agent before following."""
-    if "slurm_job_id" in info.detached:  # a Slurm batch job (run/slurm_detach.py), not an agent on a head
-        from cpudist.run import slurm_detach
+    from cpudist.run.life import batch_detach
 
-        return slurm_detach.attach(info, cb, stop_first, min(timeout_s, slurm_detach.STOP_GRACE_S))
+    if batch_detach.is_batch(info):  # a scheduler's batch job, not an agent on a head
+        return batch_detach.attach(info, cb, stop_first, min(timeout_s, batch_detach.STOP_GRACE_S))
     d = _detached(info)
     out = Path(info.run_dir)
     shown = cb
@@ -64,7 +65,7 @@ def attach(info: RunInfo, cb: Callbacks, interval_s: float = 1.0, stop_first: bo
         status = wait_until(log.poll, f"the end of run {info.id} on {d.host}", timeout_s, interval_s)
 
         def land() -> RunResult:
-            fetch_files(head, d.run_dir, out, d.report_to)
+            fetch_files(head, d.run_dir, out, RUN_FOLDERS if d.report_to else ())
             return conclude(head, d.landing(out), status, cb.on_line)
 
         return settle(out, land)

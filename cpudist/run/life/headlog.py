@@ -20,7 +20,7 @@ from pathlib import Path
 
 from cpudist import state
 from cpudist.errors import BadInput
-from cpudist.run.identity import RunInfo, read_run
+from cpudist.run.life.identity import RunInfo, read_run
 from cpudist.ssh.client import Remote, Target
 from cpudist.ssh.known_hosts import KnownHosts
 from cpudist.waits import wait_until

@@ -15,8 +15,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from cpudist.launch.kinds import scheduled
 from cpudist.results.schema import RunResult
-from cpudist.run.identity import RunInfo, read_run
+from cpudist.run.life.identity import RunInfo, read_run
 from cpudist.wire import names
 
 
@@ -60,7 +61,7 @@ def row_of_info(info: RunInfo, now: datetime) -> RunRow:
 
 def row_of_result(result: RunResult) -> RunRow:
     """A ledger line (a finished run) as a row."""
-    where = f"cluster:{result.cluster}" if result.cluster else "slurm" if result.slurm_job_id else "here"
+    where = f"cluster:{result.cluster}" if result.cluster else result.launcher if scheduled(result.launcher) else "here"
     return RunRow(result.run_id, result.task, result.model, where, "finished", result.started_at,
                   result.wall_time_s, dict(result.metrics), result.run_dir)
 

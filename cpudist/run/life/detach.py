@@ -1,10 +1,10 @@
 """`cpudist run --detach` from outside the cluster: stage as a remote run does, start the agent on the head in a
 session of its own (setsid, nohup), wait for the ranks to be up, and leave; run.json keeps what it takes to come
-back (`cpudist logs -f`, run/attach.py) or stop it (`cpudist stop`).
+back (`cpudist logs -f`, run/life/attach.py) or stop it (`cpudist stop`).
 
     <head run dir>/agent.request.json   the request; the agent leaves it with its --env and secret values as ***
     <head run dir>/agent.log            the agent's output: rank lines and progress events
-    <head run dir>/agent.pid            the agent's PID and start time (the guard of run/process.py)
+    <head run dir>/agent.pid            the agent's PID and start time (the guard of run/life/process.py)
     <head run dir>/agent.status         its final status line: its presence says the run ended
 """
 
@@ -20,8 +20,8 @@ from typing import Any
 
 from cpudist.errors import Interrupted, JobFailed
 from cpudist.run.agent import LOG_FILE, PID_FILE, REQUEST_FILE, STATUS_FILE, parse_status
-from cpudist.run.headlog import HEAD_LOG_MARK, read_mark, write_mark
-from cpudist.run.identity import read_run, write_run
+from cpudist.run.life.headlog import HEAD_LOG_MARK, read_mark, write_mark
+from cpudist.run.life.identity import read_run, write_run
 from cpudist.run.remote import Landing, agent_command, python_words, stage_run
 from cpudist.run.request import Callbacks, RunRequest
 from cpudist.run.where import Head
@@ -46,7 +46,7 @@ class Detached:
     pythonpath: str | None
     run_dir: str  # on the head
     agent_pid: int
-    agent_start: int  # clock ticks after the head's boot (run/process.py)
+    agent_start: int  # clock ticks after the head's boot (run/life/process.py)
     fetch_model: bool
     report_to: bool
     ledger: str
@@ -98,8 +98,8 @@ class HeadLog:
 
 def interrupt_agent(head: Remote, d: Detached) -> bool:
     """SIGINT (SIGTERM where it ignores SIGINT) to the agent on the head, only if its PID is still that agent
-    (run/process.interrupt, run there); False when it is gone."""
-    code = ("import sys\nfrom cpudist.run.process import Proc, interrupt\n"
+    (run/life/process.interrupt, run there); False when it is gone."""
+    code = ("import sys\nfrom cpudist.run.life.process import Proc, interrupt\n"
             "try:\n    interrupt(Proc(int(sys.argv[1]), '', int(sys.argv[2])))\n"
             "except ProcessLookupError:\n    sys.exit(3)\n")
     rc, _, err = head.run(f"{python_words(d.python, d.pythonpath)} -c {shlex.quote(code)} {d.agent_pid} "
