@@ -17,8 +17,9 @@ over 107 samples/s). Target per task: the
 median over --target-seeds (3) of 1 host's final dev accuracy (lr 5e-5, 10% warm-up), minus 0.5 point.
 
 Arms at 2 and 4 hosts: cpudist's defaults (what `cpudist run` picks across nodes: ddp, word-embedding rows, a bf16
-wire, lr 5e-5 x the hosts), the levers (ddp with lr 1e-4 x the hosts, with and without a bf16 wire or the dense
-embedding, local SGD K=8 with both AdamW moments averaged) and the peer arm: benchmarks/tta_hf.py, a
+wire, lr 5e-5 x the hosts), the levers (the global batch kept: 32 / hosts per host at 1 host's lr and steps; lr x
+sqrt(hosts); ddp with lr 1e-4 x the hosts, with and without a bf16 wire or the dense embedding, local SGD K=8 with
+both AdamW moments averaged) and the peer arm: benchmarks/tta_hf.py, a
 Trainer script with the CPU settings of benchmarks/hf_trainer.py (bf16 autocast where the CPU has it,
 group_by_length, gloo), torchrun started by hand on the head and over ssh on the other hosts, lr 5e-5 x the
 processes (Accelerate's guide for a larger global batch). `summary[task]`: `speedup_to_target_4_hosts` (1 host's
@@ -77,6 +78,7 @@ BF16_WIRE = ("--grad-compression", "bf16")
 X2N = ("--lr", "1e-4", "--lr-scaling", "linear")
 DENSE = ("--embedding-sync", "dense")  # DDP all-reduces all of the word embedding (cpudist before rows)
 DEFAULTS = "cpudist defaults"  # what `cpudist run` picks: ddp, embedding rows, bf16 wire across nodes, lr x N
+KEPT = "defaults global batch kept"
 ARMS: dict[str, tuple[str, ...]] = {
     DEFAULTS: (),
     "ddp lr x2N": X2N,
@@ -84,7 +86,11 @@ ARMS: dict[str, tuple[str, ...]] = {
     "ddp bf16 wire dense-emb lr x2N": (*X2N, *BF16_WIRE, *DENSE),
     "local-sgd:8+mv+bf16 lr x2N": ("--sync", "local-sgd", "--sync-every", "8", "--average-moments", "both",
                                    *BF16_WIRE, *X2N),
+    # the global batch kept: BATCH / hosts per host, 1 host's optimizer steps and lr (item 4's first lever)
+    KEPT: ("--lr-scaling", "none"),
+    "defaults lr sqrtN": ("--lr-scaling", "sqrt"),  # BATCH per host, lr x sqrt(hosts)
 }
+PER_HOST_BATCH = {KEPT: lambda hosts: BATCH // hosts}  # an arm's per-host batch, where not BATCH
 QUICK_ARMS = [DEFAULTS, HF]
 PLAN_ARMS = [DEFAULTS, HF, "ddp bf16 wire lr x2N", "local-sgd:8+mv+bf16 lr x2N"]  # the levers left to measure
 QUICK_LINK_GBPS = 1.0  # --quick shapes the links to this instead of calibrating (its numbers answer nothing)
@@ -154,7 +160,8 @@ def cells_of(a: argparse.Namespace, tasks: list[str], arms: list[str]) -> list[C
 
 
 def job_of(cell: Cell, plan: dict[str, Any]) -> dict[str, Any]:
-    return {"task": cell.task, "data": TASKS[cell.task]["data"], "model": MODEL, "batch": BATCH, "lr": LR,
+    batch = PER_HOST_BATCH.get(cell.arm, lambda hosts: BATCH)(cell.hosts)
+    return {"task": cell.task, "data": TASKS[cell.task]["data"], "model": MODEL, "batch": batch, "lr": LR,
             "hosts": cell.hosts, "seed": cell.seed, "budget": plan["budget"], "eval_every": plan["eval_every"]}
 
 
