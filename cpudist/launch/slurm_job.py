@@ -257,8 +257,7 @@ class Slurm:
                                      streams.on_stop)
         return _ended(followed, out)
 
-    # A submitted job outlives this process: `cpudist run --detach` leaves it, `logs -f`/`stop` come back to it
-    # (run/life/batch_detach.py).
+    # A submitted job outlives this process: --detach leaves it, `logs -f`/`stop` come back (run/life/batch_detach)
 
     def job_name(self, job_id: str) -> str:
         return f"Slurm job {job_id}"

@@ -22,9 +22,7 @@ from typing import Any
 from cpudist.config import TrainConfig
 from cpudist.cpu import read_cpu
 from cpudist.errors import BadInput, CpudistError
-from cpudist.hostfile import render_hostfile
-from cpudist.launch.kinds import plan
-from cpudist.launch.spec import SBATCH_FILE, Launch, RunSpec, redacted
+from cpudist.launch.spec import Launch, RunSpec
 from cpudist.results.launched import Launched, write_report
 from cpudist.run import local
 from cpudist.run.claim import COLLECTED
@@ -65,30 +63,21 @@ def script_spec(request: RunRequest, script: Script, dry_run: bool = False) -> R
                                cwd=script.copy_of or str(script.folder), own_tags=True)  # run/rank_lines.py
 
 
-def describe_script(request: RunRequest, script: Script) -> str:
-    """What a script run here would do, as text (`--dry-run`): nothing is written or started."""
-    spec = redacted(script_spec(request, script, dry_run=True))
-    launch = plan(spec)
-    if launch.script is not None:  # Slurm outside an allocation: the batch script, which srun's ranks run
-        return (f"# {Path(request.train.output_dir) / SBATCH_FILE} (written and submitted with `{launch.shell()}`)\n"
-                f"{launch.script}")
-    lines = [f"# run folder {request.train.output_dir} (run.json, cpudist.log, ranks.log, result.json)",
+def plan_lines(request: RunRequest, script: Script, spec: RunSpec, launch: Launch) -> tuple[list[str], list[str]]:
+    """A script run's own --dry-run lines: before the ranks' environment, and after the hostfile."""
+    first = [f"# run folder {request.train.output_dir} (run.json, cpudist.log, ranks.log, result.json)",
              f"# every node: one process, starting {script.per_node} worker(s) of `{' '.join(script.command)}` in "
              f"{script.folder} (below)" if script.per_node else
-             f"# every rank: torchrun's variables, then `{' '.join(script.command)}` in {script.folder}",
-             "# environment of every rank", *(f"export {k}={v}" for k, v in launch.rank_env.items())]
-    if spec.hostfile and not launch.per_host:
-        lines += [f"# hostfile {spec.hostfile} (written when the run starts)",
-                  render_hostfile(spec.hosts[: request.launch.nodes],
-                                  "openmpi" if spec.launcher == "openmpi" else "hydra", spec.ppn).rstrip("\n")]
+             f"# every rank: torchrun's variables, then `{' '.join(script.command)}` in {script.folder}"]
+    then = []
     for i in range(spec.np if script.per_node else 0):  # what the launcher's one process per node starts there
         node = per_node_argv(list(script.command), spec.python, RankInfo(i, spec.np, 0, 1, "node"), script.per_node,
                              launch.rank_env)
-        lines.append(f"# node {i} ({spec.hosts[i].name}) runs {shlex.join(node)}")
+        then.append(f"# node {i} ({spec.hosts[i].name}) runs {shlex.join(node)}")
     if script.metric_file:
-        lines.append(f"# then: metrics from {script.folder / script.metric_file}")
-    lines += [f"# then: {script.folder / p} -> {Path(request.train.output_dir) / COLLECTED}/" for p in script.collect]
-    return "\n".join([*lines, "# command", launch.shell()]) + "\n"
+        then.append(f"# then: metrics from {script.folder / script.metric_file}")
+    then += [f"# then: {script.folder / p} -> {Path(request.train.output_dir) / COLLECTED}/" for p in script.collect]
+    return first, then
 
 
 def run_ranks(request: RunRequest, script: Script, job: tuple[RunSpec, Launch], cb: Callbacks) -> Launched:

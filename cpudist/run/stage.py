@@ -23,13 +23,12 @@ import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import cpudist
 from cpudist import state
 from cpudist.errors import BadInput, JobFailed
 from cpudist.hostfile import Host
-from cpudist.ssh.client import Remote
 
 COMPLETE = ".complete"
 MANIFEST = ".manifest"
@@ -253,11 +252,18 @@ def moved_fields(model_given: str, staged: Iterable[tuple[str, StageItem]], home
     return out
 
 
-class Stager:
-    """Puts items on the head once, then on every other node from the head."""
+class Shell(Protocol):
+    """Where staged items land first: the head over SSH (ssh/client.Remote), or this machine (run/stage_here.py)."""
 
-    def __init__(self, head: Remote, home: str, others: tuple[Host, ...], say: Any) -> None:
+    def check(self, command: str, stdin: Iterable[bytes] | None = None, timeout: float = 120) -> str: ...
+
+
+class Stager:
+    """Puts items on the head once, then on every other node from the head (over `ssh`: the cluster's wrapper)."""
+
+    def __init__(self, head: Shell, home: str, others: tuple[Host, ...], say: Any, ssh: str | None = None) -> None:
         self.head, self.home, self.others, self.say = head, home, others, say
+        self.ssh = ssh or f"{home}/{state.CLUSTER_DIR}/ssh"
         self.sent_bytes = 0
         self.copies = 0
 
@@ -275,14 +281,14 @@ class Stager:
     def fan_out(self, items: list[StageItem]) -> None:
         if not self.others or not items:
             return
-        ssh = f"{self.home}/{state.CLUSTER_DIR}/ssh"
-        script = fan_out_script([i.remote_dir(self.home) for i in items], [h.name for h in self.others], ssh)
+        script = fan_out_script([i.remote_dir(self.home) for i in items], [h.name for h in self.others], self.ssh)
         out = self.head.check(script, timeout=3600)
         results = [line.split(" ", 2) for line in out.splitlines() if line.count(" ") >= 2]
-        failed = [host for kind, host, _ in results if kind == "fail"]
-        if failed:
-            raise JobFailed(f"copying the staged inputs from the head to {', '.join(sorted(set(failed)))} failed",
-                            "Check that the nodes reach each other (`cpudist hosts doctor`) and have free disk")
+        failed = sorted({host for kind, host, _ in results if kind == "fail"})
+        if failed or len(results) != len(items) * len(self.others):
+            raise JobFailed(f"copying the staged inputs from the head to {', '.join(failed) or 'the other nodes'} "
+                            "failed", "Check that the nodes reach each other (`cpudist hosts doctor`) and have free "
+                            "disk, or pass --shared-fs when they all see the head's paths")
         self.copies += sum(kind == "sent" for kind, _, _ in results)
         if self.copies:
             self.say(f"copied {self.copies} staged item(s) from the head to the other nodes")

@@ -9,12 +9,12 @@ nodes see this machine's paths already, and nothing is staged.
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from cpudist import state
-from cpudist.errors import BadInput, CpudistError, JobFailed
+from cpudist.errors import BadInput, CpudistError
 from cpudist.hostfile import check_resolvable, read_hostfile
 from cpudist.launch.kinds import scheduled
 from cpudist.launch.spec import check_layout
@@ -25,26 +25,23 @@ from cpudist.run.request import RunRequest
 from cpudist.ssh.reach import check_reachable
 
 
-def _sh(script: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+class Here:
+    """This machine as the head that items are staged on (stage.Shell): its shell, the item streamed to stdin."""
 
-
-def _receive_here(it: stage.StageItem, home: str) -> None:
-    """Unpack the item into its staging folder on this machine, streamed through the same receive script."""
-    p = subprocess.Popen(["sh", "-c", stage.receive_script(it.remote_dir(home))], stdin=subprocess.PIPE,
-                         stderr=subprocess.PIPE)
-    assert p.stdin is not None and p.stderr is not None
-    try:
-        for chunk in stage.tar_chunks(it):
-            p.stdin.write(chunk)
-        p.stdin.close()
-    except BrokenPipeError:
-        pass  # the script ended early: its exit code and stderr say why
-    err = p.stderr.read().decode()
-    if p.wait() != 0:
-        raise CpudistError(f"staging {it.local} in {it.remote_dir(home)} failed: {err.strip()[-300:]}",
-                           "Check the free disk in your home folder, then re-run")
+    def check(self, command: str, stdin: Iterable[bytes] | None = None, timeout: float = 3600) -> str:
+        p = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+        assert p.stdin is not None
+        try:
+            for chunk in stdin or ():
+                p.stdin.write(chunk)
+        except BrokenPipeError:
+            pass  # the script ended early: its exit code and stderr say why
+        out, err = p.communicate(timeout=timeout)
+        if p.returncode != 0:
+            raise CpudistError(f"`{command[:60]}...` failed here: {err.decode().strip()[-300:]}",
+                               "Check the free disk in your home folder, then re-run")
+        return out.decode()
 
 
 def stage_here(request: RunRequest, say: Callable[[str], None]) -> tuple[RunRequest, dict[str, Any]]:
@@ -70,19 +67,10 @@ def stage_here(request: RunRequest, say: Callable[[str], None]) -> tuple[RunRequ
     home = state.node_home()
     items = [(name, stage.item(what, path, stage.TOKENIZER_FILES if name == "tokenizer" else ()))
              for name, what, path in inputs]
-    dirs = [it.remote_dir(home) for _, it in items]
-    missing = set(_sh(stage.missing_script(dirs), 600).stdout.splitlines())
-    for _, it in items:
-        if it.remote_dir(home) in missing:
-            _receive_here(it, home)
-    out = _sh(stage.fan_out_script(dirs, others, ssh)).stdout
-    results = [line.split(" ", 2) for line in out.splitlines() if line.count(" ") >= 2]
-    failed = sorted({host for kind, host, _ in results if kind == "fail"})
-    if failed or len(results) != len(dirs) * len(others):
-        raise JobFailed(f"copying the run's inputs from this node to {', '.join(failed) or 'the other nodes'} "
-                        "failed", "Check that the nodes reach each other (`cpudist hosts doctor`) and have free disk, "
-                        "or pass --shared-fs when they all see this node's paths")
-    copies = sum(kind == "sent" for kind, _, _ in results)
+    stager = stage.Stager(Here(), home, tuple(h for h in hosts[1:] if h.name in others), say, ssh)
+    stager.put([it for _, it in items])
+    stager.fan_out([it for _, it in items])
+    copies = stager.copies
     say(f"staged {len(items)} input(s) on {len(others)} other node(s) ({copies} copied; --shared-fs skips this)")
     moved = stage.moved_fields(request.train.model_given, items, home)
     return request.with_train(**moved), {"copies_to_nodes": copies, "from": "head"}

@@ -146,10 +146,8 @@ def describe(request: RunRequest, where: Where) -> str:
 
 
 def _describe(request: RunRequest, where: Where) -> str:
-    if isinstance(request.payload, Script):
-        if where.head is not None:
-            return script_remote.describe_remote(request, request.payload, where.head)
-        return script.describe_script(request, request.payload)
+    if where.head is not None and isinstance(request.payload, Script):
+        return script_remote.describe_remote(request, request.payload, where.head)
     if where.head is not None:
         check_layout(request.launch.np, request.launch.ppn, where.head.inside, request.launch.oversubscribe)
         return _describe_remote(request, where.head, where.detach)
@@ -158,12 +156,14 @@ def _describe(request: RunRequest, where: Where) -> str:
     if launch.script is not None:
         return (f"# {Path(request.train.output_dir) / SBATCH_FILE} (written and submitted with `{launch.shell()}`)\n"
                 f"{launch.script}")
-    lines = ["# environment of every rank", *(f"export {k}={v}" for k, v in launch.rank_env.items())]
+    first, then = (script.plan_lines(request, request.payload, spec, launch) if isinstance(request.payload, Script)
+                   else ([], staging_plan(request)))  # a trainer's run from the head: its inputs to the nodes first
+    lines = [*first, "# environment of every rank", *(f"export {k}={v}" for k, v in launch.rank_env.items())]
     if spec.hostfile and not launch.per_host:  # torchrun across hosts runs one command per host instead
         used = spec.hosts[: request.launch.nodes]
         lines += [f"# hostfile {spec.hostfile} (written when the run starts)",
                   render_hostfile(used, "openmpi" if spec.launcher == "openmpi" else "hydra", spec.ppn).rstrip("\n")]
-    lines += staging_plan(request)  # a run from the head: its inputs to the other nodes first
+    lines += then
     return "\n".join([*lines, "# command", launch.shell()]) + "\n"
 
 

@@ -58,7 +58,7 @@ def test_every_kind_is_one_object_and_the_scheduler_is_a_batch_kind() -> None:
         assert kind.scheduled == (not isinstance(kind, Direct))
     batch = [name for name, kind in kinds.KINDS.items() if kind.scheduled]
     assert batch == ["slurm"] and kinds.batch_of("slurm") is kinds.KINDS["slurm"]
-    assert all(callable(getattr(kinds.batch_of(n), m)) for n in batch for m in Batch.__dict__ if not m.startswith("_"))
+    assert all(hasattr(kinds.batch_of(n), m) for n in batch for m in Batch.__dict__ if not m.startswith("_"))
     with pytest.raises(BadInput, match="--detach has nothing to leave running"):
         kinds.batch_of("torchrun")
 
