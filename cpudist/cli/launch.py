@@ -17,6 +17,7 @@ import click
 from click.core import ParameterSource
 
 from cpudist import state
+from cpudist.cli.batch_options import batch_sections
 from cpudist.cli.launch_options import launch_options, route_options, to_launch, to_route
 from cpudist.cli.options import SectionedCommand, output_options
 from cpudist.cli.overwrite_option import overwrite_option
@@ -58,7 +59,7 @@ SECTIONS = {
                                                                "remote_python", "stage_code", "stage"),
     "The script": ("workdir", "metric_file", "collect"),
     "Launch": ("mpirun", "ssh", "iface", "allocator", "openmp", "env_pairs", "secret_names", "env_files", "timeout"),
-    "Slurm (--launcher slurm)": ("partition", "time_limit", "account", "exclusive", "sbatch_args"),
+    **batch_sections(trainer=False),
     "Output": ("output_dir", "overwrite_output_dir", "sweep", "ledger", "fmt", "quiet", "dry_run"),
 }
 
@@ -222,7 +223,7 @@ def _sweep(command: tuple[str, ...], opts: dict[str, Any], np_given: bool) -> No
 
 
 def _series_hosts(opts: dict[str, Any]) -> SeriesHosts:
-    """What the options offer to run on, and how many hosts that is (None: this machine, or Slurm's)."""
+    """What the options offer to run on, and how many hosts that is (None: this machine, or a scheduler's)."""
     from cpudist.hostfile import read_hostfile
     from cpudist.run.sweep import SeriesHosts
 

@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from cpudist.cli.batch_options import batch_options
 from cpudist.cli.options import PPN
-from cpudist.cli.slurm_options import from_opts as slurm_from_opts
-from cpudist.cli.slurm_options import slurm_options
 from cpudist.errors import BadInput
+from cpudist.launch import batch
 from cpudist.launch.env import AUTO_PPN_WHY, parse_env_pairs
+from cpudist.launch.kinds import KINDS, batches
 from cpudist.launch.spec import LAUNCHERS
 from cpudist.launch.tools import OPENMP_AUTO
 
@@ -50,18 +51,23 @@ def connect_options(command: F) -> F:
     ], command)
 
 
+def _launcher_help() -> str:
+    inside = " or ".join(f"{kind.label}'s" for kind in batches())
+    kinds = "; ".join(f"{kind.name}: {kind.about}" for kind in KINDS.values() if kind.about)
+    return (f"auto: inside {inside} allocation, its own launcher, else the MPI of --mpirun, else MPICH's Hydra when "
+            f"installed, else torchrun. {kinds}.")
+
+
 def launch_options(command: F) -> F:
-    """Add the options `to_launch` reads: rank counts, the launcher (Slurm's too), the ranks' environment."""
+    """Add the options `to_launch` reads: rank counts, the launcher (a scheduler's too), the ranks' environment."""
     return _add([
         click.option("--np", "np_", type=click.IntRange(min=1), default=1, show_default=True, help="Ranks in all."),
         click.option("--ppn", type=PPN, help="Ranks per node [default: --np, on this machine]; auto: ranks and "
                      "threads per rank from this node's cores (" + AUTO_PPN_WHY + ")."),
         click.option("--nodes", type=click.IntRange(min=1), help="Nodes to use: --np becomes nodes x --ppn."),
         click.option("--launcher", "--mpi", "launcher", type=click.Choice(LAUNCHERS), default="auto",
-                     show_default=True, help="auto: srun inside a Slurm allocation, else the MPI of --mpirun, else "
-                     "MPICH's Hydra when installed, else torchrun. slurm: sbatch from a login node (srun inside an "
-                     "allocation); torchrun with --hostfile: one torchrun per host over SSH."),
-        slurm_options,
+                     show_default=True, help=_launcher_help()),
+        batch_options(),
         connect_options,
         click.option("--allocator", type=click.Choice(["auto", "tcmalloc", "jemalloc", "none"]), default="auto",
                      show_default=True, help="Preloaded memory allocator (auto: tcmalloc when installed)."),
@@ -109,7 +115,7 @@ def to_launch(opts: dict[str, Any], np: int, ppn: int) -> LaunchOptions:
     return LaunchOptions(np=np, ppn=ppn, launcher=opts["launcher"], mpirun=opts["mpirun"], ssh=opts["ssh"],
                          iface=opts["iface"], allocator=opts["allocator"], openmp=opts["openmp"],
                          env=opts["env_pairs"], oversubscribe=opts["oversubscribe"], timeout_s=opts["timeout"],
-                         batch=slurm_from_opts(opts), shared_fs=opts.get("shared_fs", False),
+                         batch=batch.from_values(opts), shared_fs=opts.get("shared_fs", False),
                          # --env-file's pairs, then --secret's (the later wins), as data: never on a command line
                          secrets=secrets.gather(opts["env_files"], opts["secret_names"], os.environ))
 

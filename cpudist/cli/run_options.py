@@ -8,12 +8,12 @@ from typing import Any
 
 import click
 
+from cpudist.cli.batch_options import batch_options, batch_sections
 from cpudist.cli.defaults import config_option
 from cpudist.cli.hf_options import HEADING, SECTION, hf_options
 from cpudist.cli.launch_options import launch_options, route_options
 from cpudist.cli.lora_options import lora_options
 from cpudist.cli.options import output_options
-from cpudist.cli.slurm_options import requeue_options
 from cpudist.cloud.connect import check_store_url
 from cpudist.config import BACKENDS, LR_SCALINGS, MOMENTS, OPTIMIZERS, PRECISIONS, SAMPLERS, SAVE_MODELS
 from cpudist.strategies import STRATEGIES, parse_compression
@@ -52,7 +52,7 @@ def _compression(ctx: click.Context, param: click.Parameter, value: str) -> str:
 OPTIONS: list[Callable[[Any], Any]] = [
     click.argument("task", callback=_task, shell_complete=_complete_task),
     launch_options,
-    requeue_options,
+    batch_options(trainer_only=True),
     route_options,
     click.option("--fetch-model", type=click.Choice(["yes", "no"]), default="yes", show_default=True,
                  help="With --cluster or --head: bring the run's model/ home into the local run folder "
@@ -111,7 +111,7 @@ OPTIONS: list[Callable[[Any], Any]] = [
                  "pipeline('text-classification', model=...): last: as trained (local SGD/DiLoCo: the ranks' "
                  "average, as evaluated); best: the best evaluation's by --metric-for-best-model "
                  "(with --eval-strategy; HF's load_best_model_at_end); none. From a laptop it "
-                 "comes home too (--fetch-model); Slurm: in the run folder on the shared "
+                 "comes home too (--fetch-model); a scheduler's run: in the run folder on the shared "
                  "filesystem. Task synthetic saves none."),
     click.option("--model-s3", callback=_s3,
                  help="s3://bucket/prefix: rank 0 also copies the saved model to <prefix>/<run id>/model/, SHA256SUMS "
@@ -235,7 +235,6 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "From outside the cluster (AWS cluster or on-prem head)": ("cluster_name", "head_addr", "user", "identity",
                                                                "remote_python", "stage_code", "fetch_model",
                                                                "detach"),
-    "Slurm (--launcher slurm)": ("partition", "time_limit", "account", "exclusive", "sbatch_args", "requeue",
-                                 "requeue_signal_s"),
+    **batch_sections(trainer=True),
     "Output": ("output_dir", "overwrite_output_dir", "ledger", "fmt", "quiet", "dry_run", "config"),
 }

@@ -5,6 +5,7 @@
     execute(launch, ...)     run it to its end (a scheduler's job: submit and follow it) -> Ended
     scheduled                a scheduler picks the nodes, which see the launching node's files (nothing is
                              staged), and its job outlives this process (--detach leaves it running)
+    about                    one line for `--launcher`'s help (empty: its name says it)
 
 run/ reads only this protocol (launch/kinds.KINDS holds one object per name); adding a scheduler is one module
 with such an object and one row of KINDS (docs/ARCHITECTURE.md).
@@ -20,6 +21,7 @@ from typing import Any, Protocol
 
 from cpudist.hostfile import Host
 from cpudist.launch import runner
+from cpudist.launch.batch import Flag
 from cpudist.launch.spec import Launch, RunSpec
 from cpudist.launch.watch import NodeWatch
 
@@ -63,6 +65,9 @@ class Kind(Protocol):
     @property
     def scheduled(self) -> bool: ...
 
+    @property
+    def about(self) -> str: ...
+
     def placed(self, hostfile: Path | None, nodes: int) -> Placement | None: ...
 
     def build(self, spec: RunSpec, env: dict[str, str]) -> Launch: ...
@@ -86,6 +91,9 @@ class Batch(Kind, Protocol):
     @property
     def label(self) -> str: ...  # its name as people write it (Slurm)
 
+    @property
+    def flags(self) -> tuple[Flag, ...]: ...  # what the CLI offers for BatchOptions (launch/batch.py)
+
     def job_name(self, job_id: str) -> str: ...
 
     def submit(self, launch: Launch, out: Path, say: Callable[[str], None]) -> str: ...
@@ -105,6 +113,7 @@ class Direct:
     """A kind that starts the ranks itself (MPI, torchrun): nodes from a hostfile or this machine, run here."""
 
     scheduled = False
+    about = ""
 
     def placed(self, hostfile: Path | None, nodes: int) -> Placement | None:
         return None

@@ -29,10 +29,15 @@ def kind_of(name: str) -> Kind:
 def batch_of(name: str) -> Batch:
     """The kind of a launcher whose jobs outlive this process (--detach leaves them), or a one-line refusal."""
     kind = kind_of(name)
-    if not all(hasattr(kind, m) for m in ("submit", "watch", "follow", "cancel", "signal_ranks")):
+    if not kind.scheduled:
         raise BadInput(f"--launcher {name} runs its ranks under this process: --detach has nothing to leave running",
                        "Detach from outside the cluster (--cluster/--head), or keep this shell open (tmux)")
     return cast(Batch, kind)
+
+
+def batches() -> tuple[Batch, ...]:
+    """The kinds whose jobs a scheduler runs (their flags are the CLI's submission options)."""
+    return tuple(cast(Batch, kind) for kind in KINDS.values() if kind.scheduled)
 
 
 def scheduled(name: str) -> bool:
@@ -42,5 +47,5 @@ def scheduled(name: str) -> bool:
 
 def plan(spec: RunSpec) -> Launch:
     """The launch of a spec, after checking that its ranks fit its hosts."""
-    check_layout(spec.np, spec.ppn, spec.hosts, spec.oversubscribe)
+    check_layout(spec.np, spec.ppn, spec.hosts, spec.launch.oversubscribe)
     return kind_of(spec.launcher).build(spec, rank_env(spec))

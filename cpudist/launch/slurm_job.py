@@ -23,7 +23,7 @@ from cpudist.errors import BadInput, CpudistError, Interrupted, JobFailed
 from cpudist.hostfile import Host
 from cpudist.interrupts import shielded
 from cpudist.launch import runner, slurm
-from cpudist.launch.batch import BatchOptions
+from cpudist.launch.batch import SLURM_FLAGS, BatchOptions
 from cpudist.launch.kind import Direct, Ended, JobWatch, Placement, Streams
 from cpudist.launch.slurm import Allocation, JobInfo, expand_counts
 from cpudist.launch.slurm_query import final_info, job_info
@@ -62,21 +62,6 @@ def current_allocation(env: Mapping[str, str]) -> Allocation | None:
     except ValueError:
         cpus = 1
     return Allocation(job_id, nodes, cpus)
-
-
-def slurm_hosts(allocation: Allocation | None, nodes: int) -> tuple[tuple[Host, ...], str]:
-    """(hosts, rendezvous address) of a Slurm run: the allocation's nodes, or placeholders until sbatch
-    picks them (the script then takes the first node's name)."""
-    if allocation is not None:
-        return tuple(Host(n) for n in allocation.nodes), allocation.nodes[0]
-    return tuple(Host(f"slurm-node-{i}") for i in range(nodes)), ""
-
-
-def check_options(hostfile: Path | None) -> None:
-    """Slurm chooses the nodes: a hostfile has no place in a Slurm run."""
-    if hostfile is not None:
-        raise BadInput("--launcher slurm takes its nodes from Slurm, not from --hostfile",
-                       "Drop --hostfile (ask for --nodes N --ppn P), or use another --launcher")
 
 
 class _Tail:
@@ -218,7 +203,7 @@ def batch_or_step(spec: RunSpec, env: dict[str, str]) -> Launch:
         cpus = max(1, alloc.cpus_per_node // spec.ppn)
         return Launch(tuple(slurm.srun_argv(spec.np, spec.ppn, trainer_argv(spec), cpus, not spec.own_tags)), env)
     out = Path(spec.cwd, spec.train.output_dir)  # absolute: the script may be submitted from elsewhere
-    options = spec.batch or BatchOptions()
+    options = spec.launch.batch or BatchOptions()
     if options.requeue and spec.train.resume is None and not spec.program:
         # a requeued job runs this script again: its ranks go on from the run's newest checkpoint (of this run id
         # only, run/life/identity.py), and the first start, finding none, starts from step 0
@@ -237,12 +222,18 @@ class Slurm:
     name: str = "slurm"
     scheduled = True
     label = "Slurm"  # as the user writes it
+    about = "sbatch from a login node (srun inside an allocation)"
+    flags = SLURM_FLAGS
 
     def placed(self, hostfile: Path | None, nodes: int) -> Placement:
-        check_options(hostfile)
+        """The allocation's nodes, or placeholders until sbatch picks them (the script then takes the first's)."""
+        if hostfile is not None:
+            raise BadInput("--launcher slurm takes its nodes from Slurm, not from --hostfile",
+                           "Drop --hostfile (ask for --nodes N --ppn P), or use another --launcher")
         allocation = current_allocation(os.environ)
-        hosts, master = slurm_hosts(allocation, nodes)
-        return Placement(hosts, master, allocation)
+        if allocation is not None:
+            return Placement(tuple(Host(n) for n in allocation.nodes), allocation.nodes[0], allocation)
+        return Placement(tuple(Host(f"slurm-node-{i}") for i in range(nodes)), "", None)
 
     def build(self, spec: RunSpec, env: dict[str, str]) -> Launch:
         return batch_or_step(spec, env)

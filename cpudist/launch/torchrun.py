@@ -85,6 +85,7 @@ class Torchrun(Direct):
     """torchrun: one agent on this machine, or one per host of a hostfile (started over ssh, under a tether)."""
 
     name: str = "torchrun"
+    about = "with --hostfile: one torchrun per host over SSH"
 
     def build(self, spec: RunSpec, env: dict[str, str]) -> Launch:
         nodes = max(1, spec.np // spec.ppn)

@@ -1,7 +1,7 @@
 """One launch path for every payload, and a launcher kind as one object, read from the code with ast:
 
-- run/ names no scheduler: what differs between launchers is asked of their kind (launch/kind.py), so a new
-  scheduler is one module and one row of launch/kinds.KINDS;
+- run/ and cli/ name no scheduler: what differs between launchers is asked of their kind (launch/kind.py), its
+  flags included, so a new scheduler is one module and one row of launch/kinds.KINDS;
 - every payload crosses to a head in the one request, read by the one agent (no second agent program);
 - the probe of `cpudist hosts bench` gets its launch spec from the same resolve as a training run.
 """
@@ -12,8 +12,10 @@ import ast
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 import cpudist
+from cpudist.cli.main import cli
 from cpudist.config import TrainConfig
 from cpudist.errors import BadInput
 from cpudist.launch import kinds
@@ -46,10 +48,35 @@ def _code_words(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-def test_run_names_no_scheduler() -> None:
-    said = [f"{path.relative_to(PACKAGE)}:{line}: {word!r}" for path in sorted((PACKAGE / "run").rglob("*.py"))
+@pytest.mark.parametrize("room", ["run", "cli"])
+def test_run_and_cli_name_no_scheduler(room: str) -> None:
+    said = [f"{path.relative_to(PACKAGE)}:{line}: {word!r}" for path in sorted((PACKAGE / room).rglob("*.py"))
             for line, word in _code_words(path) if "slurm" in word.lower()]
     assert said == []
+
+
+def test_a_schedulers_flags_are_its_kinds_and_fill_its_options(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every flag a scheduler kind declares reaches the batch script through `cpudist run`; `launch` (a user's
+    script, which does not checkpoint) is offered only those that are not the trainer's."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        monkeypatch.delenv(name, raising=False)
+    runner = CliRunner()
+    given = ["--partition", "cpu", "--time", "30", "--account", "proj", "--exclusive", "--sbatch-arg=--mem=0",
+             "--requeue", "--requeue-signal", "90"]
+    out = runner.invoke(cli, ["run", "synthetic", "--model", "tiny", "--launcher", "slurm", "--nodes", "2",
+                              "--ppn", "1", *given, "--dry-run"])
+    assert out.exit_code == 0, out.output
+    for line in ("--partition=cpu", "--time=30", "--account=proj", "--exclusive", "--mem=0",
+                 "--signal=B:USR1@90", "--requeue"):
+        assert f"#SBATCH {line}\n" in out.output, line
+    flags = [f.name for kind in kinds.batches() for f in kind.flags]
+    assert set(flags) >= {"--partition", "--requeue"} and len(flags) == len(set(flags))
+    helped = runner.invoke(cli, ["run", "--help"]).output
+    assert "Slurm (--launcher slurm)" in helped and "--requeue-signal" in helped
+    refused = runner.invoke(cli, ["launch", "--launcher", "slurm", "--requeue", "--dry-run", "--", "true"])
+    assert refused.exit_code == 2 and "--requeue: not an option of cpudist launch" in refused.output
 
 
 def test_every_kind_is_one_object_and_the_scheduler_is_a_batch_kind() -> None:
