@@ -33,7 +33,7 @@ def openmpi_argv(spec: RunSpec, env: dict[str, str]) -> list[str]:
         argv.append("--allow-run-as-root")  # Open MPI refuses root unless told; only then
     argv += ["-np", str(spec.np), "--map-by", f"ppr:{spec.ppn}:node"]
     argv += [] if spec.own_tags else ["--output", "tag-detailed"]
-    if spec.oversubscribe:
+    if spec.launch.oversubscribe:
         argv += ["--oversubscribe"]
     if spec.hostfile:
         argv += ["--hostfile", spec.hostfile, "--prtemca", "plm_ssh_agent", spec.ssh]

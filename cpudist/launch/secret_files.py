@@ -85,7 +85,7 @@ MIN_HIDDEN = 6  # shorter values (a thread count, a flag) would hide every such 
 def hider(spec: RunSpec) -> Callable[[str], str]:
     """What rank output goes through before a log or a screen: each secret value of MIN_HIDDEN characters or more
     replaced by ***."""
-    values = sorted({v for _, v in spec.secrets if len(v) >= MIN_HIDDEN}, key=len, reverse=True)
+    values = sorted({v for _, v in spec.launch.secrets if len(v) >= MIN_HIDDEN}, key=len, reverse=True)
 
     def hide(line: str) -> str:
         for value in values:

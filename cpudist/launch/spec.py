@@ -20,13 +20,41 @@ LAUNCHERS = ("auto", "mpich", "impi", "openmpi", "slurm", "torchrun")
 SBATCH_FILE = "job.sbatch"  # the batch script's name in the run folder
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
+class LaunchOptions:
+    """How many ranks, where they go, and how the launcher starts them: as the user asked."""
+
+    np: int = 1
+    ppn: int = 1
+    launcher: str = "auto"  # auto | mpich | impi | openmpi | slurm | torchrun
+    mpirun: str | None = None  # the launcher program, when not the one found
+    ssh: str | None = None  # default: the cluster key's wrapper from `hosts ssh-setup`, else ssh
+    iface: str | None = None
+    allocator: str = "auto"
+    openmp: str = "auto"
+    env: tuple[tuple[str, str], ...] = ()
+    oversubscribe: bool = False
+    timeout_s: float | None = None
+    batch: BatchOptions | None = None
+    secrets: tuple[tuple[str, str], ...] = ()  # --secret/--env-file values: data only (cpudist/secrets.py)
+    shared_fs: bool = False  # --shared-fs: every node sees the launching node's paths; nothing is staged
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.np // self.ppn)
+
+    def shown(self) -> LaunchOptions:
+        """As it may be shown or kept: --env values (but the thread counts) and secrets as ***."""
+        hidden = tuple((k, HIDDEN) for k, _ in self.secrets)
+        return dataclasses.replace(self, env=redact_pairs(self.env), secrets=hidden)
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunSpec:
-    """One job: what to train, on how many ranks, where, with which launcher."""
+    """One job: what to train, the launch as asked, and what was resolved of it (launcher, nodes, rendezvous)."""
 
     train: TrainConfig
-    np: int
-    ppn: int
+    launch: LaunchOptions
     hosts: tuple[Host, ...]
     launcher: str  # resolved: mpich | impi | openmpi | slurm | torchrun
     launcher_path: str  # mpiexec.hydra / mpirun / srun; unused for torchrun
@@ -35,21 +63,24 @@ class RunSpec:
     master_port: int
     physical_cores: int
     hub_offline: bool = False
-    env_overrides: tuple[tuple[str, str], ...] = ()
-    oversubscribe: bool = False
     hostfile: str | None = None  # rendered hostfile of the nodes in use; None: this machine only
     ssh: str = "ssh"  # the ssh program the launcher uses to reach other nodes
     as_root: bool = False
-    iface: str | None = None
     allocator: str | None = None
     iomp: str | None = None
     program: tuple[str, ...] = ()  # the rank module and its arguments (`python -m ...`); empty: the trainer
     own_tags: bool = False  # the program tags each of its lines with its rank: the launcher adds none
     cwd: str = "."  # where the ranks run (and relative paths resolve) on every node
-    batch: BatchOptions | None = None  # --launcher slurm: what to ask Slurm for
     allocation: Allocation | None = None  # --launcher slurm inside an allocation: srun there, not sbatch
     started_at: float | None = None  # Unix time the command started this run (None: a dry run shows no clock)
-    secrets: tuple[tuple[str, str], ...] = ()  # --secret/--env-file: to the ranks by a 0600 file, never argv
+
+    @property
+    def np(self) -> int:
+        return self.launch.np
+
+    @property
+    def ppn(self) -> int:
+        return self.launch.ppn
 
     @property
     def secrets_name(self) -> str:
@@ -103,13 +134,13 @@ def trainer_argv(spec: RunSpec) -> list[str]:
 
 
 def rank_env(spec: RunSpec) -> dict[str, str]:
-    return node_env(_env_spec(spec, spec.env_overrides))
+    return node_env(_env_spec(spec, spec.launch.env))
 
 
 def _env_spec(spec: RunSpec, overrides: tuple[tuple[str, str], ...]) -> EnvSpec:
     return EnvSpec(physical_cores=spec.physical_cores, ppn=spec.ppn, backend=spec.train.backend,
                    master_addr=spec.master_addr, master_port=spec.master_port, hub_offline=spec.hub_offline,
-                   overrides=overrides, launcher=spec.launcher, iface=spec.iface, allocator=spec.allocator,
+                   overrides=overrides, launcher=spec.launcher, iface=spec.launch.iface, allocator=spec.allocator,
                    iomp=spec.iomp, started_at=spec.started_at,
                    secrets_file=file_for(spec.secrets_name) if file_pairs(spec) else None)
 
@@ -123,12 +154,12 @@ def filed_env(spec: RunSpec) -> tuple[tuple[str, str], ...]:
     per_host = spec.launcher == "torchrun" and spec.hostfile is not None
     if not (batch or per_host):
         return ()
-    return tuple((k, v) for k, v in spec.env_overrides if k not in SHOWN)
+    return tuple((k, v) for k, v in spec.launch.env if k not in SHOWN)
 
 
 def file_pairs(spec: RunSpec) -> tuple[tuple[str, str], ...]:
     """What the run's secrets file on each node holds: --secret/--env-file values, filed_env's."""
-    return spec.secrets + filed_env(spec)
+    return spec.launch.secrets + filed_env(spec)
 
 
 def inherited(spec: RunSpec) -> frozenset[str]:
@@ -136,10 +167,9 @@ def inherited(spec: RunSpec) -> frozenset[str]:
     environment (runner.execute sets it), as Hydra passes its whole environment and Open MPI's `-x NAME` the named
     ones. Variables cpudist sets itself stay on the command line, where the user's value must win over theirs."""
     own = node_env(_env_spec(spec, ()))
-    return frozenset(k for k, _ in spec.env_overrides if k not in own and k not in SHOWN)
+    return frozenset(k for k, _ in spec.launch.env if k not in own and k not in SHOWN)
 
 
 def redacted(spec: RunSpec) -> RunSpec:
     """The spec as it may be shown (command.txt, --dry-run): --env values hidden but for the thread counts."""
-    return dataclasses.replace(spec, env_overrides=redact_pairs(spec.env_overrides),
-                               secrets=tuple((k, HIDDEN) for k, _ in spec.secrets))
+    return dataclasses.replace(spec, launch=spec.launch.shown())

@@ -135,11 +135,8 @@ def resolve(request: RunRequest, hub_offline: bool = False, dry_run: bool = Fals
         hosts, rendered, ssh = cluster_hosts(hostfile, (opts.np, opts.ppn, opts.oversubscribe), opts.ssh,
                                              Path(cfg.output_dir), name, dry_run)
         master = rendezvous_address(hosts[: opts.nodes])
-    return RunSpec(train=cfg, np=opts.np, ppn=opts.ppn, hosts=hosts, launcher=name, launcher_path=path,
-                   python=sys.executable, master_addr=master, master_port=free_port(),
-                   physical_cores=cpu.physical_cores, hub_offline=hub_offline, env_overrides=opts.env,
-                   oversubscribe=opts.oversubscribe, hostfile=rendered, ssh=ssh, as_root=os.geteuid() == 0,
-                   iface=opts.iface, allocator=pick_allocator(opts.allocator),
-                   iomp=pick_openmp(opts.openmp), cwd=os.getcwd(), batch=opts.batch if kind.scheduled else None,
-                   allocation=allocation, started_at=None if dry_run else time.time(),
-                   secrets=opts.secrets)
+    return RunSpec(train=cfg, launch=opts, hosts=hosts, launcher=name, launcher_path=path, python=sys.executable,
+                   master_addr=master, master_port=free_port(), physical_cores=cpu.physical_cores,
+                   hub_offline=hub_offline, hostfile=rendered, ssh=ssh, as_root=os.geteuid() == 0,
+                   allocator=pick_allocator(opts.allocator), iomp=pick_openmp(opts.openmp), cwd=os.getcwd(),
+                   allocation=allocation, started_at=None if dry_run else time.time())

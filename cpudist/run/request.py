@@ -16,34 +16,10 @@ from typing import Any
 from cpudist.config import TrainConfig, effective_lr, lr_scaling_on
 from cpudist.errors import BadInput
 from cpudist.launch.batch import BatchOptions
-from cpudist.launch.env import HIDDEN, redact_pairs
+from cpudist.launch.spec import LaunchOptions
 from cpudist.results.launched import Launched
 from cpudist.wire import names, payload, stop_marker
 from cpudist.wire.payload import Payload, Trainer
-
-
-@dataclass(frozen=True, kw_only=True)
-class LaunchOptions:
-    """How many ranks, where they go, and how the launcher starts them."""
-
-    np: int = 1
-    ppn: int = 1
-    launcher: str = "auto"  # auto | mpich | impi | openmpi | slurm | torchrun
-    mpirun: str | None = None  # the launcher program, when not the one found
-    ssh: str | None = None  # default: the cluster key's wrapper from `hosts ssh-setup`, else ssh
-    iface: str | None = None
-    allocator: str = "auto"
-    openmp: str = "auto"
-    env: tuple[tuple[str, str], ...] = ()
-    oversubscribe: bool = False
-    timeout_s: float | None = None
-    batch: BatchOptions | None = None
-    secrets: tuple[tuple[str, str], ...] = ()  # --secret/--env-file values: data only (cpudist/secrets.py)
-    shared_fs: bool = False  # --shared-fs: every node sees the launching node's paths; nothing is staged
-
-    @property
-    def nodes(self) -> int:
-        return max(1, self.np // self.ppn)
 
 
 @dataclass(frozen=True)
@@ -88,9 +64,7 @@ class RunRequest:
 
     def shown(self) -> RunRequest:
         """The request as it may be shown or kept: --env values (but the thread counts) and secrets as ***."""
-        hidden = tuple((k, HIDDEN) for k, _ in self.launch.secrets)
-        return dataclasses.replace(self, launch=dataclasses.replace(
-            self.launch, env=redact_pairs(self.launch.env), secrets=hidden))
+        return dataclasses.replace(self, launch=self.launch.shown())
 
 
 @dataclass(frozen=True)
@@ -163,8 +137,8 @@ def lr_note(cfg: TrainConfig, np_: int, ranks_run: Payload | None = None) -> str
     if scaling == "none":
         if cfg.task == "synthetic":
             return None
-        return (f"{grew}: 1/{np_} of one rank's optimizer steps per epoch at the same --lr {cfg.lr:g}. At 4 ranks on "
-                "MRPC that cost 8.6 accuracy points: --lr-scaling auto scales the lr with the batch")
+        return (f"{grew}: 1/{np_} of one rank's optimizer steps per epoch at the same --lr {cfg.lr:g}, which can "
+                "cost accuracy: --lr-scaling auto scales the lr with the batch")
     how = f"x {np_}" if scaling == "linear" else f"x sqrt({np_})"
     lora = "for LoRA " if cfg.peft == "lora" else ""
     chose = f"auto: {scaling} {lora}on more than one rank" if cfg.lr_scaling == "auto" else scaling

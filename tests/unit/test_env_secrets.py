@@ -7,6 +7,7 @@ from cpudist.hostfile import Host, local_hosts
 from cpudist.launch.env import redact_env_args, redact_pairs
 from cpudist.launch.kinds import plan
 from cpudist.launch.spec import RunSpec, inherited, redacted
+from tests.unit.specs import run_spec
 
 SECRET = "hunter2"
 
@@ -15,8 +16,8 @@ def spec(launcher: str, **kw: object) -> RunSpec:
     base = dict(train=TrainConfig(task="synthetic", output_dir="out"), np=2, ppn=2, hosts=local_hosts(4),
                 launcher=launcher, launcher_path=f"/bin/{launcher}", python="/usr/bin/python3", master_addr="127.0.0.1",
                 master_port=29500, physical_cores=4,
-                env_overrides=(("HF_TOKEN", SECRET), ("OMP_NUM_THREADS", "1"), ("KMP_BLOCKTIME", "7")))
-    return RunSpec(**{**base, **kw})  # type: ignore[arg-type]
+                env=(("HF_TOKEN", SECRET), ("OMP_NUM_THREADS", "1"), ("KMP_BLOCKTIME", "7")))
+    return run_spec(**{**base, **kw})
 
 
 def test_user_variables_pass_by_inheritance_own_ones_on_the_line() -> None:

@@ -8,6 +8,7 @@ from cpudist.hostfile import Host, local_hosts
 from cpudist.launch.env import EnvSpec, node_env, parse_env_pairs
 from cpudist.launch.kinds import plan
 from cpudist.launch.spec import RunSpec, check_layout
+from tests.unit.specs import run_spec
 
 
 def env_spec(cores: int, ppn: int, backend: str, **more: object) -> EnvSpec:
@@ -21,7 +22,7 @@ def spec(np: int = 2, ppn: int = 2, launcher: str = "mpich", **kw: object) -> Ru
     base = {"train": cfg, "np": np, "ppn": ppn, "hosts": local_hosts(4), "launcher": launcher,
             "launcher_path": "/opt/mpi/bin/mpiexec.hydra", "python": "/usr/bin/python3",
             "master_addr": "127.0.0.1", "master_port": 29500, "physical_cores": 8}
-    return RunSpec(**{**base, **kw})  # type: ignore[arg-type]
+    return run_spec(**{**base, **kw})
 
 
 def test_threads_split_among_ranks_of_a_node() -> None:

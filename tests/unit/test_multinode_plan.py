@@ -12,6 +12,7 @@ from cpudist.launch.kinds import plan
 from cpudist.launch.runner import failed_host, rank_error
 from cpudist.launch.spec import RunSpec
 from cpudist.ssh.keys import generate_key, ssh_config, ssh_wrapper
+from tests.unit.specs import run_spec
 
 HOSTS = tuple(Host(f"n{i}") for i in range(4))
 
@@ -28,7 +29,7 @@ def spec(launcher: str, **kw: object) -> RunSpec:
         launcher=launcher, launcher_path="/mpi/bin/launcher", python="/py/bin/python", master_addr="n0",
         master_port=29500, physical_cores=16, hostfile="/r/hostfile", ssh="/home/u/.cpudist/cluster/ssh")
     base.update(kw)
-    return RunSpec(**base)  # type: ignore[arg-type]
+    return run_spec(**base)
 
 
 def genv(argv: tuple[str, ...]) -> dict[str, str]:

@@ -23,6 +23,7 @@ from cpudist.launch.batch import BatchOptions
 from cpudist.launch.kinds import plan
 from cpudist.launch.spec import RunSpec, file_pairs, redacted
 from cpudist.run.request import LaunchOptions, RunRequest
+from tests.unit.specs import run_spec
 
 SECRET = "tok-6f1c2e9a"
 HOSTS = (Host("10.0.0.1", 2), Host("10.0.0.2", 2))
@@ -33,7 +34,7 @@ def spec(launcher: str, **kw: object) -> RunSpec:
                 launcher=launcher, launcher_path=f"/bin/{launcher}", python="/usr/bin/python3", master_addr="10.0.0.1",
                 master_port=29500, physical_cores=4, hostfile="/r/hostfile", ssh="/h/.cpudist/cluster/ssh",
                 secrets=(("HF_TOKEN", SECRET),))
-    return RunSpec(**{**base, **kw})  # type: ignore[arg-type]
+    return run_spec(**{**base, **kw})
 
 
 @pytest.mark.parametrize("launcher", ["mpich", "impi", "openmpi", "torchrun", "slurm"])
@@ -45,7 +46,7 @@ def test_no_launcher_puts_a_secret_on_a_line_or_in_its_script(launcher: str) -> 
     assert SECRET not in shown and "HF_TOKEN" not in shown
     assert launch.rank_env[secrets.SECRETS_ENV] == "~/.cpudist/secrets/r1.json"
     assert "~/.cpudist/secrets/r1.json" in shown  # every rank is told where its node's file is
-    assert SECRET not in json.dumps(redacted(spec(launcher)).secrets)
+    assert SECRET not in json.dumps(redacted(spec(launcher)).launch.secrets)
 
 
 def test_without_secrets_no_file_is_named() -> None:
@@ -175,7 +176,7 @@ def test_a_batch_script_holds_no_value_and_its_end_removes_the_secrets_file(tmp_
     options = BatchOptions("cpu", "10", None, False, (), requeue=requeue)
     s = spec("slurm", batch=options, hostfile=None, train=TrainConfig(task="synthetic", output_dir=str(out),
                                                                       run_id="r1"),
-             env_overrides=(("WANDB_API_KEY", key), ("OMP_NUM_THREADS", "2")))
+             env=(("WANDB_API_KEY", key), ("OMP_NUM_THREADS", "2")))
     script = plan(s).script
     assert script is not None and SECRET not in script and key not in script
     assert "export OMP_NUM_THREADS=2" in script.splitlines()  # a thread count stays shown
@@ -230,7 +231,7 @@ def test_torchrun_hosts_take_env_values_from_the_secrets_file(tmp_path: Path) ->
     values and shows the thread count; the file holds the values, and the tether starts its command
     with them in its environment."""
     s = spec("torchrun",
-             env_overrides=(("WANDB_API_KEY", "wandb-2b7e51"), ("OMP_NUM_THREADS", "2")))
+             env=(("WANDB_API_KEY", "wandb-2b7e51"), ("OMP_NUM_THREADS", "2")))
     launch = plan(s)
     assert "wandb-2b7e51" not in launch.shell() and SECRET not in launch.shell()
     for _, argv in launch.per_host:

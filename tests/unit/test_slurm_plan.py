@@ -16,6 +16,7 @@ from cpudist.launch.kinds import plan
 from cpudist.launch.slurm import Allocation, JobInfo, expand_counts, failure, parse_job
 from cpudist.launch.spec import RunSpec
 from cpudist.train.dist import discover_rank
+from tests.unit.specs import run_spec
 
 
 def spec(np: int = 4, ppn: int = 2, **kw: object) -> RunSpec:
@@ -27,7 +28,7 @@ def spec(np: int = 4, ppn: int = 2, **kw: object) -> RunSpec:
         batch=BatchOptions(partition="cpu", time="00:30:00", account="proj", exclusive=True,
                            sbatch_args=("--mem=0", "--constraint=icelake")))
     base.update(kw)
-    return RunSpec(**base)  # type: ignore[arg-type]
+    return run_spec(**base)
 
 
 def test_batch_script() -> None:

@@ -16,8 +16,8 @@ from cpudist.launch import slurm_query
 from cpudist.launch.batch import BatchOptions
 from cpudist.launch.kinds import plan
 from cpudist.launch.slurm_query import final_info, job_info, parse_sacct
-from cpudist.launch.spec import RunSpec
 from cpudist.wire.stop_marker import NAME as MARKER
+from tests.unit.specs import run_spec
 
 RUNNING = ("JobId=42 JobName=cpudist-mrpc UserId=root(0) JobState=RUNNING Reason=None Dependency=(null) "
            "RunTime=00:00:07 TimeLimit=UNLIMITED NodeList=n0 ExitCode=0:0")
@@ -121,7 +121,7 @@ def test_a_record_sacct_has_not_got_yet_is_asked_for_again_when_nothing_else_kno
     assert final_info("43", None, lag_s=0.2).state == "UNKNOWN"  # never recorded: the lag has an end
 
 def test_requeue_script() -> None:
-    spec = RunSpec(train=TrainConfig(task="mrpc", output_dir="runs/r1", model="tiny", run_id="20261126-1"), np=2,
+    spec = run_spec(train=TrainConfig(task="mrpc", output_dir="runs/r1", model="tiny", run_id="20261126-1"), np=2,
                    ppn=1, hosts=(Host("slurm-node-0"), Host("slurm-node-1")), launcher="slurm",
                    launcher_path="/usr/bin/srun", python="/py/bin/python", master_addr="", master_port=29500,
                    physical_cores=8, cwd="/home/u", batch=BatchOptions(time="10", requeue=True, signal_s=180))
