@@ -25,6 +25,19 @@ from cpudist.train.resume import checkpoint_folder
 from cpudist.wire import events, names, stop_marker
 
 
+def begin(spec: RunSpec, launched: Launched) -> tuple[Path, Launched]:
+    """The run folder readied for a launch (a submitted job's too): its command, no stale stop, the card's part."""
+    out = Path(spec.train.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    # the launch as it may be shown (--env values hidden), 0600 all the same: it comes home to a laptop
+    state.write_private(out / names.COMMAND, kinds.plan(redacted(spec)).shell() + "\n")
+    stop_marker.clear(out)  # a stop of an earlier part, already resumed
+    launched = dataclasses.replace(launched, launcher=spec.launcher,
+                                   job_id=spec.allocation.job_id if spec.allocation else None)
+    write_card_part(out, launched)  # rank 0 renders the final card with it
+    return out, launched
+
+
 def execute(spec: RunSpec, launch: Launch, cb: Callbacks, timeout_s: float | None,
             launched: Launched) -> Launched:
     """Launch the ranks (or submit them to a scheduler), wait; raise the one-line error of a run that did not end
@@ -32,15 +45,8 @@ def execute(spec: RunSpec, launch: Launch, cb: Callbacks, timeout_s: float | Non
 
     Returns `launched` with what the launch learnt (the launcher, the scheduler's job id), for the run's record.
     """
-    out = Path(spec.train.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    # the launch as it may be shown (--env values hidden), 0600 all the same: it comes home to a laptop
-    state.write_private(out / names.COMMAND, kinds.plan(redacted(spec)).shell() + "\n")
-    stop_marker.clear(out)  # a stop of an earlier part, already resumed
+    out, launched = begin(spec, launched)
     kind = kinds.kind_of(spec.launcher)
-    launched = dataclasses.replace(launched, launcher=spec.launcher,
-                                   job_id=spec.allocation.job_id if spec.allocation else None)
-    write_card_part(out, launched)  # rank 0 renders the final card with it
     log = (out / names.RANKS_LOG).open("w")  # every rank line, also when a run elsewhere fetches it
     try:
         hide = hider(spec)  # a --secret value a rank prints shows as *** in ranks.log and here

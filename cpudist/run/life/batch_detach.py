@@ -21,11 +21,11 @@ from cpudist import state
 from cpudist.errors import Interrupted, JobFailed
 from cpudist.launch import kinds, secret_files
 from cpudist.launch.kind import Ended, Streams
-from cpudist.launch.spec import redacted
-from cpudist.results.launched import RANK_REPORT, Launched, write_card_part
+from cpudist.results.launched import RANK_REPORT, Launched
 from cpudist.results.schema import RunResult
 from cpudist.run.life import identity, runlog
 from cpudist.run.life.identity import RunInfo
+from cpudist.run.local import begin
 from cpudist.run.outcome import check, record
 from cpudist.run.prepare import prepare
 from cpudist.run.request import Callbacks, RunRequest
@@ -50,12 +50,7 @@ def start(request: RunRequest, ledger: Path, cb: Callbacks, ready_wait_s: float 
     spec = prepare(request)  # refuses a fresh run into another run's checkpoints before run.json is touched
     kind = kinds.batch_of(spec.launcher)
     launch = kinds.plan(spec)
-    out = Path(request.train.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    state.write_private(out / names.COMMAND, kinds.plan(redacted(spec)).shell() + "\n")
-    stop_marker.clear(out)
-    launched = dataclasses.replace(request.launched, launcher=spec.launcher)
-    write_card_part(out, launched)
+    out, launched = begin(spec, request.launched)
     info = identity.begin(request.train, spec.launcher, request.command)
     job_id, left = "", None
     try:
