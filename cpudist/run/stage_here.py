@@ -8,7 +8,9 @@ nodes see this machine's paths already, and nothing is staged.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -29,19 +31,20 @@ class Here:
     """This machine as the head that items are staged on (stage.Shell): its shell, the item streamed to stdin."""
 
     def check(self, command: str, stdin: Iterable[bytes] | None = None, timeout: float = 3600) -> str:
-        p = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE)
-        assert p.stdin is not None
-        try:
-            for chunk in stdin or ():
-                p.stdin.write(chunk)
-        except BrokenPipeError:
-            pass  # the script ended early: its exit code and stderr say why
-        out, err = p.communicate(timeout=timeout)
-        if p.returncode != 0:
-            raise CpudistError(f"`{command[:60]}...` failed here: {err.decode().strip()[-300:]}",
-                               "Check the free disk in your home folder, then re-run")
-        return out.decode()
+        """The command's stdout; its output goes to files, so a chatty command never blocks the item's stream."""
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            p = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stdout=out, stderr=err, bufsize=0)
+            assert p.stdin is not None
+            with contextlib.suppress(BrokenPipeError):  # an early end: its exit code and stderr say why
+                for chunk in stdin or ():
+                    p.stdin.write(chunk)
+            p.stdin.close()
+            p.wait(timeout=timeout)
+            out.seek(0), err.seek(0)
+            if p.returncode != 0:
+                raise CpudistError(f"`{command[:60]}...` failed here: {err.read().decode().strip()[-300:]}",
+                                   "Check the free disk in your home folder, then re-run")
+            return out.read().decode()
 
 
 def stage_here(request: RunRequest, say: Callable[[str], None]) -> tuple[RunRequest, dict[str, Any]]:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from cpudist.cli.main import cli
+from cpudist.errors import CpudistError
+from cpudist.run.stage_here import Here
 
 
 def _dry_run(tmp_path: Path, shared_data: Path, *extra: str) -> str:
@@ -24,3 +28,17 @@ def test_dry_run_from_the_head_names_what_it_would_stage(tmp_path: Path, shared_
            "192.0.2.1" in out
     assert not (tmp_path / "out").exists()
     assert "# stage" not in _dry_run(tmp_path, shared_data, "--shared-fs")
+
+
+def test_the_heads_shell_takes_a_large_item_from_a_command_that_talks_first() -> None:
+    """A command that writes more than a pipe holds (64 KiB) to stderr and stdout before it reads its stdin: with
+    its output on pipes nobody reads while the item streams in, both sides would wait for ever."""
+    item = [b"x" * 65536] * 32  # 2 MiB
+    said: list[str] = []
+    worker = threading.Thread(target=lambda: said.append(Here().check(
+        "head -c 300000 /dev/zero >&2; head -c 200000 /dev/zero | tr '\\0' y; wc -c", item, timeout=120)))
+    worker.start()
+    worker.join(120)
+    assert not worker.is_alive() and said[0].endswith(f"{65536 * 32}\n") and said[0].startswith("y" * 200000)
+    with pytest.raises(CpudistError, match="failed here: no room"):
+        Here().check("echo no room >&2; exit 1", [b"z" * 200000])
