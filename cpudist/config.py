@@ -59,8 +59,7 @@ def effective_lr(cfg: TrainConfig, world: int) -> float:
     linear: Goyal et al.'s rule (batch k times larger, learning rate k times larger, with warm-up);
     sqrt: the gentler rule often used with Adam. Local SGD as well: each rank steps on its own batch, but the
     average of the ranks' steps is what the model keeps, which moves it as far as one step on the global batch
-    (4 ranks, MRPC, 3 epochs: 69.9% unscaled (one seed), 77.1% at x4, 77.9% at x8 against 79.4% on 1 rank, medians of
-    benchmarks/results/accuracy-scaling.md).
+    (what each rule costs in accuracy: benchmarks/README.md).
     """
     ranks = cfg.lr_world or world
     scaling = resolved_scaling(cfg.lr_scaling, ranks, cfg.peft)
