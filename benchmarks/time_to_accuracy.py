@@ -19,13 +19,14 @@ median over --target-seeds (3) of 1 host's final dev accuracy (lr 5e-5, 10% warm
 Arms at 2 and 4 hosts: cpudist's defaults (what `cpudist run` picks across nodes: ddp, word-embedding rows, a bf16
 wire, lr 5e-5 x the hosts), the levers (the global batch kept: 32 / hosts per host at 1 host's lr and steps; lr x
 sqrt(hosts); ddp with lr 1e-4 x the hosts, with and without a bf16 wire or the dense embedding, local SGD K=8 with
-both AdamW moments averaged) and the peer arm: benchmarks/tta_hf.py, a
-Trainer script with the CPU settings of benchmarks/hf_trainer.py (bf16 autocast where the CPU has it,
-group_by_length, gloo), torchrun started by hand on the head and over ssh on the other hosts, lr 5e-5 x the
-processes (Accelerate's guide for a larger global batch). `summary[task]`: `speedup_to_target_4_hosts` (1 host's
-median time over the best cpudist arm's at 4 hosts; a seed that never reaches the target counts as never: the
-median is over reached runs only if more than half reached) and `speedup_vs_hf_4_hosts` (HF's 4-host median
-over that arm's). Goals: >= 3.3x and >= 2x. Each cell's `step_anatomy`: where rank 0's step goes.
+both AdamW moments averaged) and the peer arm: benchmarks/tta_hf.py, a Trainer script with the CPU settings of
+benchmarks/hf_trainer.py (bf16 autocast where the CPU has it, group_by_length, gloo), torchrun started by hand on
+the head and over ssh on the other hosts, lr 5e-5 x the processes (Accelerate's guide for a larger global batch);
+and the same script started by `cpudist launch` on the head (`hf trainer+cpudist launch`), which sets each rank's
+threads, allocator and rendezvous. `summary[task]`: `speedup_to_target_4_hosts` (1 host's median time over the best
+cpudist arm's at 4 hosts; a seed that never reaches the target counts as never: the median is over reached runs
+only if more than half reached) and `speedup_vs_hf_4_hosts` (HF's 4-host median over that arm's). Goals: >= 3.3x
+and >= 2x. Each cell's `step_anatomy`: where rank 0's step goes.
 
 The link is calibrated to OUR node on the task, not to the blog's work: cpudist trains real rows (dynamic
 padding, the CPU's default precision), so a node finishes a sample several times sooner than the blog's fp32
@@ -64,8 +65,8 @@ from miniature import (
     ssh_setup,
 )
 from tta_ledger import Cell, Ledger, code_hash, machine, total_s
-from tta_runs import cpudist_run, hf_run
-from tta_summary import BASE, HF, markdown, summarize
+from tta_runs import cpudist_run, hf_launch_run, hf_run
+from tta_summary import BASE, HF, HF_LAUNCH, PEERS, markdown, summarize
 
 GLUE = ROOT.parent / "shared" / "data" / "glue"
 MODEL, MODEL_PRESET = "sentence-transformers/all-MiniLM-L6-v2", "minilm-l6"  # pretrained; the same shape, random
@@ -91,12 +92,13 @@ ARMS: dict[str, tuple[str, ...]] = {
     "defaults lr sqrtN": ("--lr-scaling", "sqrt"),  # BATCH per host, lr x sqrt(hosts)
 }
 PER_HOST_BATCH = {KEPT: lambda hosts: BATCH // hosts}  # an arm's per-host batch, where not BATCH
-QUICK_ARMS = [DEFAULTS, HF]
+QUICK_ARMS = [DEFAULTS, HF, HF_LAUNCH]
 PLAN_ARMS = [DEFAULTS, HF, "ddp bf16 wire lr x2N", "local-sgd:8+mv+bf16 lr x2N"]  # the levers left to measure
 QUICK_LINK_GBPS = 1.0  # --quick shapes the links to this instead of calibrating (its numbers answer nothing)
 HF_HOW = ("benchmarks/tta_hf.py (HF Trainer: bf16 autocast where the CPU has it, group_by_length, gloo, "
           f"lr {LR} x the processes as Accelerate's guide says for a larger global batch), started by torchrun by "
-          "hand on the head and over the cluster's ssh on the other hosts (the command is in each run)")
+          "hand on the head and over the cluster's ssh on the other hosts, or by `cpudist launch` on the head (the "
+          "command is in each run)")
 
 
 def speed(cluster: Any, work: Path, lock: Path | None, args: list[str], steps: int) -> float:
@@ -170,6 +172,8 @@ def run_cell(cluster: Any, work: Path, a: argparse.Namespace, cell: Cell, plan: 
     job = job_of(cell, plan)
     if cell.arm == HF:
         return hf_run(cluster, work, a.lock_each, job, rows)
+    if cell.arm == HF_LAUNCH:
+        return hf_launch_run(cluster, work, a.lock_each, job, rows)
     return cpudist_run(cluster, work, a.lock_each, job, ARMS.get(cell.arm, ()), rows)
 
 
@@ -197,7 +201,7 @@ def write_results(a: argparse.Namespace, name: str, command: str, ledger: Ledger
            "plan": {t: {"budget": plans[t]["budget"], "eval_every": plans[t]["eval_every"]} for t in tasks},
            "settings": {"quick": a.quick, "tasks": tasks, "arms": arms, "batch": BATCH, "lr": LR, "model": MODEL},
            "calibrations": {t: ledger.calibration(t) or {"link_gbps": 0.0} for t in tasks},
-           "summary": {t: summarize(runs[t], [arm for arm in arms if arm != HF]) for t in tasks}, "runs": runs}
+           "summary": {t: summarize(runs[t], [arm for arm in arms if arm not in PEERS]) for t in tasks}, "runs": runs}
     out = a.results_dir / name
     out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(res) + "\n")
@@ -209,7 +213,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="every task and the peer arm in miniature (1 seed, 4 hosts, "
                     f"{QUICK['budget']} samples, {QUICK_LINK_GBPS:g} Gbit/s uncalibrated): minutes; answers nothing")
     ap.add_argument("--tasks", help=f"of: {', '.join(TASKS)} [default: all]")
-    ap.add_argument("--arms", help=f"of: {', '.join([*ARMS, HF])} [default: {', '.join(PLAN_ARMS)}; --quick: "
+    ap.add_argument("--arms", help=f"of: {', '.join([*ARMS, *PEERS])} [default: {', '.join(PLAN_ARMS)}; --quick: "
                     f"{', '.join(QUICK_ARMS)}]")
     ap.add_argument("--target-seeds", help="1-host runs setting the target [default: 42,43,44; --quick: 42]")
     ap.add_argument("--seeds", help="seeds of each arm at 2 and 4 hosts [default: 42,43,44; --quick: 42]")
@@ -239,8 +243,9 @@ def main() -> None:
         return
     tasks = a.tasks.split(",") if a.tasks else list(TASKS)
     arms = a.arms.split(",") if a.arms else (QUICK_ARMS if a.quick else PLAN_ARMS)
-    if unknown := [x for x in arms if x not in ARMS and x != HF] + [t for t in tasks if t not in TASKS]:
-        raise SystemExit(f"unknown arms or tasks {unknown}: arms {', '.join([*ARMS, HF])}; tasks {', '.join(TASKS)}")
+    if unknown := [x for x in arms if x not in ARMS and x not in PEERS] + [t for t in tasks if t not in TASKS]:
+        raise SystemExit(f"unknown arms or tasks {unknown}: arms {', '.join([*ARMS, *PEERS])}; "
+                         f"tasks {', '.join(TASKS)}")
     train_rows = a.train_rows or (QUICK["rows"] if a.quick else None)
     rows = ["--max-train-samples", str(train_rows), "--max-eval-samples", str(max(1, train_rows // 4))] \
         if train_rows else []

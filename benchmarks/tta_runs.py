@@ -1,4 +1,5 @@
-"""One run of benchmarks/time_to_accuracy.py: `cpudist run` on host 0, or HF Trainer under torchrun by hand.
+"""One run of benchmarks/time_to_accuracy.py: `cpudist run` on host 0, or HF Trainer under torchrun by hand or
+under `cpudist launch`.
 
 Both are timed alike: from the launch of the command on host 0 to the end of each evaluation (the hosts share
 this machine's clock), the evaluations every fixed number of samples, on the same hosts, link and ballast.
@@ -61,15 +62,19 @@ def hf_lr(base: str, hosts: int) -> float:
     return float(base) * hosts
 
 
+def hf_args(job: dict[str, Any], out: Path, rows: list[str]) -> list[str]:
+    """The HF Trainer script and its arguments for the job (its result in OUT/result.json)."""
+    hosts, batch = job["hosts"], job["batch"]
+    return [str(HF_SCRIPT), "--task", job["task"], "--data-dir", str(job["data"]), "--model", job["model"],
+            "--batch-size", str(batch), "--lr", f"{hf_lr(job['lr'], hosts):g}",
+            "--max-steps", str(steps_of(job["budget"], batch, hosts)),
+            "--eval-steps", str(steps_of(job["eval_every"], batch, hosts)),
+            "--seed", str(job["seed"]), "--out", str(out / "result.json"), *rows]
+
+
 def hf_script(cluster: Any, job: dict[str, Any], out: Path, rows: list[str]) -> str:
     """What a user types on the head: torchrun there and, over the cluster's ssh, on every other host."""
-    hosts, batch = job["hosts"], job["batch"]
-    script = [str(HF_SCRIPT), "--task", job["task"], "--data-dir", str(job["data"]),
-              "--model", job["model"], "--batch-size", str(batch),
-              "--lr", f"{hf_lr(job['lr'], hosts):g}",
-              "--max-steps", str(steps_of(job["budget"], batch, hosts)),
-              "--eval-steps", str(steps_of(job["eval_every"], batch, hosts)),
-              "--seed", str(job["seed"]), "--out", str(out / "result.json"), *rows]
+    hosts, script = job["hosts"], hf_args(job, out, rows)
 
     def torchrun(i: int) -> str:
         return "HF_HUB_OFFLINE=1 " + shlex.join([
@@ -98,3 +103,23 @@ def hf_run(cluster: Any, work: Path, lock: Path | None, job: dict[str, Any], row
     return {**r, "hosts": job["hosts"], "seed": job["seed"], "evaluations": evaluations(r["evaluations"], launched),
             "command": script, "launcher": "torchrun by hand on the head"}
 
+
+
+def hf_launch_run(cluster: Any, work: Path, lock: Path | None, job: dict[str, Any],
+                  rows: list[str]) -> dict[str, Any]:
+    """The same HF Trainer script started by `cpudist launch` on the head (cpudist sets each rank's threads,
+    allocator and rendezvous); its time to each evaluation."""
+    hosts = job["hosts"]
+    out = Path(tempfile.mkdtemp(dir=work, prefix="hfl-"))
+    args = ["launch", "--hostfile", str(cluster.hostfile), "--nodes", str(hosts), "--ppn", "1",
+            "--env", "HF_HUB_OFFLINE=1", "--output-dir", str(out / "launch"), "--quiet", "--",
+            sys.executable, *hf_args(job, out, rows)]
+    launched = time.time()
+    try:
+        on_head(cluster, args, lock, timeout=4 * 3600, used=hosts)
+    except RuntimeError as e:
+        print(f"# failed: {e}", file=sys.stderr, flush=True)
+        return {"error": str(e)[-600:], "seed": job["seed"], "hosts": hosts}
+    r = json.loads((out / "result.json").read_text())
+    return {**r, "hosts": hosts, "seed": job["seed"], "evaluations": evaluations(r["evaluations"], launched),
+            "command": "cpudist " + shlex.join(args), "launcher": "cpudist launch on the head"}

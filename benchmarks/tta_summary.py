@@ -7,6 +7,8 @@ from typing import Any
 
 BASE = "1 host"
 HF = "hf trainer+torchrun lr xN"
+HF_LAUNCH = "hf trainer+cpudist launch lr xN"  # the same script, started by `cpudist launch`
+PEERS = (HF, HF_LAUNCH)  # arms that are not `cpudist run`
 GOAL, GOAL_VS_HF = 3.3, 2.0
 PARTS = ("compute_s", "sync_cpu_s", "wire_s", "wait_s", "eval_s")
 
