@@ -47,7 +47,7 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
 
 
 def test_an_unreachable_accounting_database_costs_no_retries(slurm: SlurmCluster) -> None:
-    job = slurm.run(0, ["sbatch", "--parsable", "--wrap", "true"]).stdout.strip().split(";")[0]
+    job = slurm.run(0, ["sbatch", "--parsable", "-o", "/dev/null", "--wrap", "true"]).stdout.strip().split(";")[0]
     assert job.isdigit(), job
     wait_until(lambda: "JobState=COMPLETED" in slurm.run(0, ["scontrol", "show", "job", "-o", job]).stdout or None,
                f"Slurm job {job} to complete", 60, 0.5)
