@@ -33,16 +33,19 @@ class Flag:
 
     @property
     def dest(self) -> str:
-        """The flag's parameter name: batch_<field>, apart from every other option's."""
-        return f"batch_{self.field}"
+        """The flag's parameter name, apart from every other option's."""
+        return dest_of(self.field)
+
+
+def dest_of(field: str) -> str:
+    return f"batch_{field}"
 
 
 def from_values(values: dict[str, Any]) -> BatchOptions:
     """The BatchOptions of a command's parameters (the `dest` of each flag it offers; others keep their default)."""
-    given: dict[str, Any] = {f.name: values[f"batch_{f.name}"] for f in dataclasses.fields(BatchOptions)
-                             if f"batch_{f.name}" in values}
-    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in given.items()}
-    return BatchOptions(**fields)
+    given: dict[str, Any] = {f.name: values[dest_of(f.name)] for f in dataclasses.fields(BatchOptions)
+                             if dest_of(f.name) in values}
+    return BatchOptions(**given)
 
 
 SLURM_FLAGS = (
