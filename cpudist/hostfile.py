@@ -14,6 +14,7 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cpudist.errors import BadInput
 
@@ -27,6 +28,23 @@ class Host:
 
     name: str
     slots: int | None = None
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """A run's nodes, head first, read once from where they were listed (`source`: that hostfile, for messages)."""
+
+    hosts: tuple[Host, ...]
+    source: str
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Nodes:
+        return cls(tuple(Host(**h) for h in data["hosts"]), data["source"])
+
+
+def read_nodes(path: Path) -> Nodes:
+    """The nodes of a hostfile on this machine."""
+    return Nodes(read_hostfile(path), str(path))
 
 
 def local_hosts(slots: int) -> tuple[Host, ...]:

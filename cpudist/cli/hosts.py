@@ -14,7 +14,7 @@ from cpudist import state
 from cpudist.cli.launch_options import connect_options
 from cpudist.cli.options import output_options
 from cpudist.errors import CpudistError
-from cpudist.hostfile import check_resolvable, read_hostfile, render_hostfile
+from cpudist.hostfile import check_resolvable, read_hostfile, read_nodes, render_hostfile
 from cpudist.hosts.bench import DEFAULT_SIZES, BenchResult, human, parse_sizes, run_probe, save
 from cpudist.hosts.doctor import doctor as run_doctor
 from cpudist.hosts.doctor import usable_text
@@ -171,9 +171,10 @@ def bench(hostfile: Path, ppn: int, sizes: tuple[int, ...], iters: int, warmup: 
     from cpudist.run.request import LaunchOptions, RunRequest
     from cpudist.wire.payload import Probe
 
-    np_ = len(read_hostfile(hostfile)) * ppn
+    listed = read_nodes(hostfile)
+    np_ = len(listed.hosts) * ppn
     with tempfile.TemporaryDirectory(prefix="cpudist-bench-") as workdir:
-        request = RunRequest(train=TrainConfig(task="hosts-bench", output_dir=workdir), hostfile=str(hostfile),
+        request = RunRequest(train=TrainConfig(task="hosts-bench", output_dir=workdir), nodes=listed,
                              launch=LaunchOptions(np=np_, ppn=ppn, launcher=launcher, mpirun=mpirun, ssh=ssh,
                                                   iface=iface),
                              payload=Probe(sizes=sizes, iters=iters, warmup=warmup))

@@ -29,7 +29,6 @@ from cpudist.wire import names
 
 if TYPE_CHECKING:
     from cpudist.run.request import RunRequest
-    from cpudist.run.sweep import SeriesHosts
     from cpudist.run.where import Where
 
 
@@ -148,9 +147,8 @@ def _request(command: tuple[str, ...], opts: dict[str, Any], np_given: bool, nod
     launch_opts = to_launch(opts, launched, each)
     cfg = script_config(script, str(output_dir) if output_dir else None, np_)
     where = where_for(route, launch_opts.nodes, ppn is not None, launch_opts.launcher)
-    hostfile = str(where.hostfile) if where.hostfile and where.head is None else None
     command_line = shlex.join(["cpudist", *redact_env_args(sys.argv[1:])])
-    return (RunRequest(train=cfg, launch=launch_opts, hostfile=hostfile, command=command_line,
+    return (RunRequest(train=cfg, launch=launch_opts, nodes=where.nodes, command=command_line,
                        overwrite=opts["overwrite_output_dir"], payload=script), where)
 
 
@@ -195,13 +193,13 @@ def _sweep(command: tuple[str, ...], opts: dict[str, Any], np_given: bool) -> No
     then the speedup report of exactly these runs, as `cpudist sweep` does for the trainer."""
     from cpudist.cli.report import show_report
     from cpudist.run.script_result import TASK, script_label
-    from cpudist.run.sweep import check_series, default_sweep_dir, run_dirs
+    from cpudist.run.sweep import check_series, default_sweep_dir, run_dirs, series_hosts
 
     counts = opts["sweep"]
     if np_given or opts["nodes"] is not None:
         raise BadInput("--sweep sets the node count of each run: --np and --nodes do not go with it",
                        "Give --ppn (ranks per node) and --sweep 1,2,4")
-    check_series(counts, opts["ppn"], _series_hosts(opts))
+    check_series(counts, opts["ppn"], series_hosts(opts["hostfile"], opts["cluster_name"], opts["launcher"]))
     dirs = run_dirs(opts["output_dir"] or default_sweep_dir(TASK, script_label(command)), counts)
     done: list[RunResult] = []
     for i, n in enumerate(counts, 1):
@@ -220,24 +218,6 @@ def _sweep(command: tuple[str, ...], opts: dict[str, Any], np_given: bool) -> No
         _say(summary(done[-1]))
     if done:
         show_report(done, "json" if opts["fmt"] == "json" else "table", None)
-
-
-def _series_hosts(opts: dict[str, Any]) -> SeriesHosts:
-    """What the options offer to run on, and how many hosts that is (None: this machine, or a scheduler's)."""
-    from cpudist.hostfile import read_hostfile
-    from cpudist.run.sweep import SeriesHosts
-
-    hosts = None
-    if opts["cluster_name"] is not None:
-        from cpudist.cloud.record import load_record
-
-        record = load_record(opts["cluster_name"])
-        if record is None:
-            raise BadInput(f"no local record of cluster {opts['cluster_name']}", "Run `cpudist cluster up` first")
-        hosts = len(record.nodes)
-    elif opts["hostfile"] is not None:
-        hosts = len(read_hostfile(opts["hostfile"]))
-    return SeriesHosts(opts["hostfile"], opts["cluster_name"], opts["launcher"], hosts)
 
 
 def _say(line: str) -> None:

@@ -117,8 +117,7 @@ def run(ctx: click.Context, **opts: Any) -> None:
     if opts["detach"]:
         _check_detach(where, launch.launcher)
         where = dataclasses.replace(where, detach=True)
-    request = RunRequest(train=cfg, launch=launch,
-                         hostfile=str(where.hostfile) if where.hostfile and where.head is None else None,
+    request = RunRequest(train=cfg, launch=launch, nodes=where.nodes,
                          command=shlex.join(["cpudist", *redact_env_args(sys.argv[1:])]),  # run.json, card
                          overwrite=opts["overwrite_output_dir"])
     with signals_interrupt():

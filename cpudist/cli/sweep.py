@@ -15,10 +15,9 @@ from cpudist.cli.report import format_option, plot_option, show_report
 from cpudist.cli.run import run
 from cpudist.cli.run_options import SECTIONS
 from cpudist.errors import BadInput, CpudistError, JobFailed, Preempted
-from cpudist.hostfile import read_hostfile
 from cpudist.results.ledger import read_result
 from cpudist.results.schema import RunResult
-from cpudist.run.sweep import SeriesHosts, check_series, default_sweep_dir, parse_counts, run_dirs
+from cpudist.run.sweep import check_series, default_sweep_dir, parse_counts, run_dirs, series_hosts
 from cpudist.wire import names
 
 # run's options that a series sets itself for each count, and as what run sees them: --np left to
@@ -34,23 +33,6 @@ class _Counts(click.ParamType):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, ...]:
         return value if isinstance(value, tuple) else parse_counts(str(value))
-
-
-def _where(opts: dict[str, Any]) -> SeriesHosts:
-    """What the user's options offer to run on, and how many hosts that is."""
-    hostfile, cluster = opts["hostfile"], opts["cluster_name"]
-    hosts = None
-    if cluster is not None:
-        from cpudist.cloud.record import load_record
-
-        record = load_record(cluster)
-        if record is None:
-            raise BadInput(f"no local record of cluster {cluster}",
-                           "Run `cpudist cluster up` first, or pass --hostfile")
-        hosts = len(record.nodes)
-    elif hostfile is not None:
-        hosts = len(read_hostfile(hostfile))
-    return SeriesHosts(hostfile, cluster, opts["launcher"], hosts)
 
 
 def _invoke_run(ctx: click.Context, opts: dict[str, Any], per_run: dict[str, Any]) -> None:
@@ -93,7 +75,7 @@ def sweep(ctx: click.Context, counts: tuple[int, ...], output_dir: Path | None, 
 
     Your own training script instead of TASK: cpudist launch --sweep 1,2,4 --ppn 1 --cluster c -- train.py
     """
-    check_series(counts, opts["ppn"], _where(opts))
+    check_series(counts, opts["ppn"], series_hosts(opts["hostfile"], opts["cluster_name"], opts["launcher"]))
     if counts[0] != 1:
         click.echo(f"[cpudist] no 1-node run in --nodes: speedup is against {counts[0]} nodes", err=True)
     dirs = run_dirs(output_dir or default_sweep_dir(opts["task"], opts["model"]), counts)

@@ -1,6 +1,6 @@
 """What a launcher kind is: one object that places the ranks, builds the launch, runs it and judges its end.
 
-    placed(hostfile, nodes)  the nodes a scheduler gives (None: a hostfile's, or this machine's)
+    placed(listed, nodes)    the nodes a scheduler gives (None: a hostfile's, or this machine's)
     build(spec, env)         the Launch: one command, one per host, or a batch script to submit
     execute(launch, ...)     run it to its end (a scheduler's job: submit and follow it) -> Ended
     scheduled                a scheduler picks the nodes, which see the launching node's files (nothing is
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from cpudist.hostfile import Host
+from cpudist.hostfile import Host, Nodes
 from cpudist.launch import runner
 from cpudist.launch.batch import Flag
 from cpudist.launch.spec import Launch, RunSpec
@@ -68,7 +68,7 @@ class Kind(Protocol):
     @property
     def about(self) -> str: ...
 
-    def placed(self, hostfile: Path | None, nodes: int) -> Placement | None: ...
+    def placed(self, listed: Nodes | None, nodes: int) -> Placement | None: ...
 
     def build(self, spec: RunSpec, env: dict[str, str]) -> Launch: ...
 
@@ -115,7 +115,7 @@ class Direct:
     scheduled = False
     about = ""
 
-    def placed(self, hostfile: Path | None, nodes: int) -> Placement | None:
+    def placed(self, listed: Nodes | None, nodes: int) -> Placement | None:
         return None
 
     def execute(self, launch: Launch, out: Path, streams: Streams, timeout_s: float | None,

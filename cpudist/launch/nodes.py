@@ -8,24 +8,24 @@ from pathlib import Path
 
 from cpudist import state
 from cpudist.errors import BadInput
-from cpudist.hostfile import Host, check_resolvable, read_hostfile, render_hostfile
+from cpudist.hostfile import Host, Nodes, check_resolvable, render_hostfile
 from cpudist.launch.spec import check_layout
 from cpudist.launch.tools import is_this_machine
 from cpudist.ssh.reach import check_reachable
 
 
-def cluster_hosts(hostfile: Path, layout: tuple[int, int, bool], ssh: str | None, out_dir: Path, launcher: str,
+def cluster_hosts(listed: Nodes, layout: tuple[int, int, bool], ssh: str | None, out_dir: Path, launcher: str,
                   dry_run: bool) -> tuple[tuple[Host, ...], str, str]:
     """(hosts, rendered hostfile, ssh) of a job on a hostfile's nodes; a dry run writes and probes nothing.
 
     `layout` is (np, ppn, oversubscribe); the launcher's ssh is `ssh`, else the cluster key's wrapper, else ssh.
     """
     np, ppn, oversubscribe = layout
-    hosts = read_hostfile(hostfile)
+    hosts = listed.hosts
     check_layout(np, ppn, hosts, oversubscribe)  # before any probe: the real error first
     check_resolvable(hosts)
     if not is_this_machine(hosts[0].name):
-        raise BadInput(f"run cpudist on the head node: {hosts[0].name}, the first host of {hostfile}",
+        raise BadInput(f"run cpudist on the head node: {hosts[0].name}, the first host of {listed.source}",
                        f"e.g. `ssh {hosts[0].name} cpudist run ...`, or pass --head ADDRESS to run from here")
     cluster_ssh = state.local_cluster_dir() / "ssh"
     ssh = ssh or (str(cluster_ssh) if cluster_ssh.is_file() else "ssh")

@@ -20,7 +20,7 @@ from typing import Any
 
 from cpudist import state
 from cpudist.errors import BadInput, CpudistError, Interrupted, JobFailed
-from cpudist.hostfile import Host
+from cpudist.hostfile import Host, Nodes
 from cpudist.interrupts import shielded
 from cpudist.launch import runner, slurm
 from cpudist.launch.batch import SLURM_FLAGS, BatchOptions
@@ -225,9 +225,9 @@ class Slurm:
     about = "sbatch from a login node (srun inside an allocation)"
     flags = SLURM_FLAGS
 
-    def placed(self, hostfile: Path | None, nodes: int) -> Placement:
+    def placed(self, listed: Nodes | None, nodes: int) -> Placement:
         """The allocation's nodes, or placeholders until sbatch picks them (the script then takes the first's)."""
-        if hostfile is not None:
+        if listed is not None:
             raise BadInput("--launcher slurm takes its nodes from Slurm, not from --hostfile",
                            "Drop --hostfile (ask for --nodes N --ppn P), or use another --launcher")
         allocation = current_allocation(os.environ)

@@ -40,7 +40,7 @@ COLLECTED = "collected"  # where `cpudist launch --collect` copies the script's 
 RUN_NAMES = frozenset({
     names.RUN, names.RESULT, names.aside(names.RESULT), RANK_REPORT, f"{RANK_REPORT}.tmp", LAUNCHED, names.STEPS,
     names.COMMAND, names.LOG,
-    names.RANKS_LOG, names.HOSTFILE, "hostfile.in", SBATCH_FILE, stop_marker.NAME, stop_marker.REQUEST,
+    names.RANKS_LOG, names.HOSTFILE, SBATCH_FILE, stop_marker.NAME, stop_marker.REQUEST,
     names.MODEL, names.aside(names.MODEL), ".from-rank0.tmp", HEAD_LOG_MARK, COLLECTED, names.CHECKPOINTS,
     *RUN_FOLDERS})
 ENDED_SLACK_S = 5.0  # an earlier run's file is at most this much younger than its end (seconds)

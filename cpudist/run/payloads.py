@@ -27,7 +27,8 @@ def spec_of(request: RunRequest, dry_run: bool = False) -> RunSpec:
         return script.script_spec(request, p, dry_run)
     if isinstance(p, Probe):
         if request.launch.np < 2:
-            raise BadInput(f"{request.hostfile} names one host and --ppn is 1: nothing to all-reduce with",
+            source = request.nodes.source if request.nodes else "the hostfile"
+            raise BadInput(f"{source} names one host and --ppn is 1: nothing to all-reduce with",
                            "List at least two nodes in the hostfile (or raise --ppn to measure one node's loopback)")
         spec = resolve(request, dry_run=dry_run)
         return dataclasses.replace(spec, program=p.program(request.train.output_dir))

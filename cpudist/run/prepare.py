@@ -123,16 +123,15 @@ def resolve(request: RunRequest, hub_offline: bool = False, dry_run: bool = Fals
     """The launcher, nodes and rendezvous of a request, whatever its ranks run (the trainer, a user's script)."""
     cfg, opts = request.train, request.launch
     cpu = read_cpu()
-    hostfile = Path(request.hostfile) if request.hostfile else None
-    name, path = resolve_launcher(opts.launcher, opts.mpirun, hostfile is None)
+    name, path = resolve_launcher(opts.launcher, opts.mpirun, request.nodes is None)
     kind = kind_of(name)
     hosts, rendered, ssh = local_hosts(cpu.logical_cpus), None, "ssh"
     master, allocation = "127.0.0.1", None
-    placed = kind.placed(hostfile, opts.nodes)
+    placed = kind.placed(request.nodes, opts.nodes)
     if placed is not None:  # a scheduler's nodes
         hosts, master, allocation = placed.hosts, placed.master, placed.allocation
-    elif hostfile is not None:
-        hosts, rendered, ssh = cluster_hosts(hostfile, (opts.np, opts.ppn, opts.oversubscribe), opts.ssh,
+    elif request.nodes is not None:
+        hosts, rendered, ssh = cluster_hosts(request.nodes, (opts.np, opts.ppn, opts.oversubscribe), opts.ssh,
                                              Path(cfg.output_dir), name, dry_run)
         master = rendezvous_address(hosts[: opts.nodes])
     return RunSpec(train=cfg, launch=opts, hosts=hosts, launcher=name, launcher_path=path, python=sys.executable,

@@ -22,7 +22,7 @@ from typing import Any
 import cpudist
 from cpudist import state
 from cpudist.errors import BadInput, CpudistError, Interrupted, JobFailed, Preempted
-from cpudist.hostfile import Host, render_hostfile
+from cpudist.hostfile import Host, Nodes
 from cpudist.results.launched import RANK_REPORT, Launched
 from cpudist.results.schema import RunResult
 from cpudist.run import script_remote, stage
@@ -151,13 +151,14 @@ def copied_to(request: RunRequest, nodes: Sequence[Host]) -> tuple[Host, ...]:
 
 
 def stage_run(head: Remote, request: RunRequest, head_spec: Head, say: Any, started: float) -> Staged:
-    """Connect-side preparation of a remote run: find the head's Python, stage code and inputs, write the hostfile."""
+    """Connect-side preparation of a remote run: find the head's Python, stage code and inputs; the job the head
+    runs (its paths, its nodes)."""
     cfg = request.train
     local_dir = Path(cfg.output_dir)
     home = head.check('printf %s "$HOME"').strip()
     connect_s = round(time.monotonic() - started, 2)  # result.json's startup: the laptop's phases
     python = _find_python(head, head_spec.python)
-    nodes = head_spec.inside[: request.launch.nodes]
+    nodes = head_spec.inside.hosts[: request.launch.nodes]
     stager = stage.Stager(head, home, copied_to(request, nodes), say)
     pythonpath = _stage_code(head, python, stager, head_spec.stage_code, state.wheels_dir())
     inputs = [(name, stage.item(what, path, stage.TOKENIZER_FILES if name == "tokenizer" else ()))
@@ -167,11 +168,11 @@ def stage_run(head: Remote, request: RunRequest, head_spec: Head, say: Any, star
     # One folder per run (its id): runs from folders of the same name (a sweep's nodesN) never share one.
     run_dir = f"{home}/{state.RUNS_DIR}/{local_dir.name}-{cfg.run_id}" if cfg.run_id else \
         f"{home}/{state.RUNS_DIR}/{local_dir.name}"
-    head.check(f"mkdir -p {shlex.quote(run_dir)} && cat > {shlex.quote(run_dir)}/hostfile.in",
-               stdin=render_hostfile(nodes).encode())
+    head.check(f"mkdir -p {shlex.quote(run_dir)}")
     moved = stage.moved_fields(cfg.model_given, inputs, home)
     env = request.launch.env + ((("PYTHONPATH", pythonpath),) if pythonpath else ())
-    job = dataclasses.replace(request.with_train(output_dir=run_dir, **moved), hostfile=f"{run_dir}/hostfile.in",
+    job = dataclasses.replace(request.with_train(output_dir=run_dir, **moved),
+                              nodes=Nodes(tuple(nodes), head_spec.inside.source),
                               launch=dataclasses.replace(request.launch, env=env))
     extra: dict[str, Any] = {}
     if isinstance(request.payload, Script):  # its folder and --stage paths, the command rewritten to their copies

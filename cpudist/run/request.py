@@ -15,6 +15,7 @@ from typing import Any
 
 from cpudist.config import TrainConfig, effective_lr, lr_scaling_on
 from cpudist.errors import BadInput
+from cpudist.hostfile import Nodes
 from cpudist.launch.batch import BatchOptions
 from cpudist.launch.spec import LaunchOptions
 from cpudist.results.launched import Launched
@@ -24,15 +25,15 @@ from cpudist.wire.payload import Payload, Trainer
 
 @dataclass(frozen=True)
 class RunRequest:
-    """A run: its config (the trainer's; for another payload, the run folder and name), the launch, the nodes (a
-    hostfile, head first) or None for this machine, and what the ranks run (wire/payload.py).
+    """A run: its config (the trainer's; for another payload, the run folder and name), the launch, the nodes (head
+    first, as read from a hostfile once) or None for this machine, and what the ranks run (wire/payload.py).
 
     Every path in it is a path on the machine that launches the ranks.
     """
 
     train: TrainConfig
     launch: LaunchOptions
-    hostfile: str | None = None
+    nodes: Nodes | None = None
     command: str = ""  # the `cpudist run` command line as typed (the model card shows it)
     overwrite: bool = False  # --overwrite-output-dir: in an earlier run's place (run/claim.py)
     launched: Launched = field(default_factory=Launched)  # what only the launching side knows (run/start.py)
@@ -56,8 +57,9 @@ class RunRequest:
                                               "sbatch_args": tuple(launch["batch"].get("sbatch_args", ()))})
         launched = Launched.from_dict(data.pop("launched", {}))
         ranks_run = payload.from_dict(data.pop("payload", {}))
+        listed = data.pop("nodes", None)
         return cls(train=TrainConfig(**train), launch=LaunchOptions(**launch), launched=launched, payload=ranks_run,
-                   **data)
+                   nodes=Nodes.from_dict(listed) if listed else None, **data)
 
     def with_train(self, **changes: Any) -> RunRequest:
         return dataclasses.replace(self, train=dataclasses.replace(self.train, **changes))

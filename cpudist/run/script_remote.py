@@ -82,9 +82,9 @@ def head_script(script: Script, folder: str, run_dir: str, paths: dict[str, str]
 
 def describe_remote(request: RunRequest, script: Script, head_spec: Head) -> str:
     """What run_remote would do, as text (`--dry-run`): nothing is copied, connected to or started."""
-    check_layout(request.launch.np, request.launch.ppn, head_spec.inside, request.launch.oversubscribe)
+    check_layout(request.launch.np, request.launch.ppn, head_spec.inside.hosts, request.launch.oversubscribe)
     check_script(script)
-    nodes = head_spec.inside[: request.launch.nodes]
+    nodes = head_spec.inside.hosts[: request.launch.nodes]
     user = f"{head_spec.target.user}@" if head_spec.target.user else ""
     others = ", ".join(h.name for h in nodes[1:]) or "no other node"
     lines = [f"# from this machine: ssh {user}{head_spec.target.host} (port {head_spec.target.port})",

@@ -12,12 +12,11 @@ import contextlib
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 from cpudist import state
 from cpudist.errors import BadInput, CpudistError
-from cpudist.hostfile import check_resolvable, read_hostfile
+from cpudist.hostfile import check_resolvable
 from cpudist.launch.kinds import scheduled
 from cpudist.launch.spec import check_layout
 from cpudist.launch.tools import is_this_machine
@@ -51,9 +50,9 @@ def stage_here(request: RunRequest, say: Callable[[str], None]) -> tuple[RunRequ
     """The request with its local inputs at their staged paths, once every other node of the run has them; the
     request unchanged on one machine, under a scheduler (its nodes share the files), with --shared-fs, or without
     local inputs."""
-    if request.hostfile is None or scheduled(request.launch.launcher) or request.launch.shared_fs:
+    if request.nodes is None or scheduled(request.launch.launcher) or request.launch.shared_fs:
         return request, {}
-    every = read_hostfile(Path(request.hostfile))
+    every = request.nodes.hosts
     check_layout(request.launch.np, request.launch.ppn, every, request.launch.oversubscribe)  # its error first
     hosts = every[: request.launch.nodes]
     others = [h.name for h in hosts[1:] if not is_this_machine(h.name)]
@@ -81,9 +80,9 @@ def stage_here(request: RunRequest, say: Callable[[str], None]) -> tuple[RunRequ
 
 def staging_plan(request: RunRequest) -> list[str]:
     """--dry-run's lines for what stage_here would stage (nothing is hashed, copied or probed)."""
-    if request.hostfile is None or scheduled(request.launch.launcher) or request.launch.shared_fs:
+    if request.nodes is None or scheduled(request.launch.launcher) or request.launch.shared_fs:
         return []
-    hosts = read_hostfile(Path(request.hostfile))[: request.launch.nodes]
+    hosts = request.nodes.hosts[: request.launch.nodes]
     others = [h.name for h in hosts[1:] if not is_this_machine(h.name)]
     try:
         inputs = local_inputs(request) if others else []

@@ -50,7 +50,7 @@ def start(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> Run
         data=given_data(request.train)))
     note = lr_note(request.train, request.launch.np, request.payload)
     if where.head is not None:
-        check_layout(request.launch.np, request.launch.ppn, where.head.inside, request.launch.oversubscribe)
+        check_layout(request.launch.np, request.launch.ppn, where.head.inside.hosts, request.launch.oversubscribe)
         if note:
             cb.note(note)
         if where.detach:
@@ -63,7 +63,7 @@ def start(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> Run
 
         batch_detach.start(request, ledger, cb)
         return None
-    if where.hostfile is not None:  # on the head itself: its inputs to the other nodes (run/stage_here.py)
+    if where.nodes is not None:  # on the head itself: its inputs to the other nodes (run/stage_here.py)
         request, staging = stage_here(request, cb.on_line)
         request = dataclasses.replace(request, launched=dataclasses.replace(request.launched, staging=staging))
     spec = payloads.spec_of(request)  # refuses a fresh run into another run's checkpoints before run.json is touched
@@ -98,8 +98,8 @@ def where_name(request: RunRequest, where: Where) -> str:
         return f"cluster:{where.cluster}"
     if where.head is not None:
         return f"head:{where.head.target.host}"
-    if where.hostfile is not None:
-        return f"hostfile:{where.hostfile}"
+    if where.nodes is not None:
+        return f"hostfile:{where.nodes.source}"
     return request.launch.launcher if scheduled(request.launch.launcher) else "here"
 
 
@@ -149,7 +149,7 @@ def _describe(request: RunRequest, where: Where) -> str:
     if where.head is not None and isinstance(request.payload, Script):
         return script_remote.describe_remote(request, request.payload, where.head)
     if where.head is not None:
-        check_layout(request.launch.np, request.launch.ppn, where.head.inside, request.launch.oversubscribe)
+        check_layout(request.launch.np, request.launch.ppn, where.head.inside.hosts, request.launch.oversubscribe)
         return _describe_remote(request, where.head, where.detach)
     spec = redacted(payloads.spec_of(request, dry_run=True))  # --env values shown as ***
     launch = plan(spec)
@@ -168,7 +168,7 @@ def _describe(request: RunRequest, where: Where) -> str:
 
 
 def _describe_remote(request: RunRequest, head: Head, detach: bool = False) -> str:
-    nodes = head.inside[: request.launch.nodes]
+    nodes = head.inside.hosts[: request.launch.nodes]
     shown = request.shown()
     user = f"{head.target.user}@" if head.target.user else ""
     lines = [f"# from this machine: ssh {user}{head.target.host} (port {head.target.port}, host keys pinned in "

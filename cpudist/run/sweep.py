@@ -12,6 +12,7 @@ from datetime import datetime
 from pathlib import Path
 
 from cpudist.errors import BadInput
+from cpudist.hostfile import read_hostfile
 from cpudist.launch.kinds import scheduled
 
 
@@ -40,6 +41,22 @@ class SeriesHosts:
     cluster: str | None
     launcher: str
     hosts: int | None
+
+
+def series_hosts(hostfile: Path | None, cluster: str | None, launcher: str) -> SeriesHosts:
+    """What the user's options offer to run on, and how many hosts that is."""
+    hosts = None
+    if cluster is not None:
+        from cpudist.cloud.record import load_record
+
+        record = load_record(cluster)
+        if record is None:
+            raise BadInput(f"no local record of cluster {cluster}",
+                           "Run `cpudist cluster up` first, or pass --hostfile")
+        hosts = len(record.nodes)
+    elif hostfile is not None:
+        hosts = len(read_hostfile(hostfile))
+    return SeriesHosts(hostfile, cluster, launcher, hosts)
 
 
 def check_series(counts: Sequence[int], ppn: int | str | None, where: SeriesHosts) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from cpudist import state
 from cpudist.errors import BadInput
-from cpudist.hostfile import Host, read_hostfile
+from cpudist.hostfile import Host, Nodes, read_nodes
 from cpudist.launch.kinds import scheduled
 from cpudist.launch.tools import is_this_machine
 from cpudist.ssh.client import Target
@@ -25,7 +25,7 @@ class Head:
 
     target: Target
     known_hosts: Path
-    inside: tuple[Host, ...]  # every node as the others reach it (private addresses), head first
+    inside: Nodes  # every node as the others reach it (private addresses), head first
     python: str | None = None  # the head's Python that has cpudist; None: look for one
     stage_code: str = "auto"  # auto: when the head's cpudist differs from ours | always | never
     fetch_model: bool = True  # bring the run's model/ home (--fetch-model)
@@ -50,7 +50,7 @@ class Where:
     """Where the ranks start: here, a hostfile's nodes from their head, or a head over SSH."""
 
     head: Head | None = None
-    hostfile: Path | None = None
+    nodes: Nodes | None = None  # a hostfile's, read once, when this machine is their head (else head.inside)
     cluster: str | None = None
     usd_per_hour: float | None = None
     recover: bool = False  # --on-preemption resume: replace reclaimed nodes with `cluster up` and go on
@@ -58,7 +58,7 @@ class Where:
 
     @property
     def kind(self) -> str:
-        return "head" if self.head is not None else "hostfile" if self.hostfile is not None else "here"
+        return "head" if self.head is not None else "hostfile" if self.nodes is not None else "here"
 
 
 def where_for(route: Route, nodes: int, ppn_given: bool, launcher: str) -> Where:
@@ -66,15 +66,16 @@ def where_for(route: Route, nodes: int, ppn_given: bool, launcher: str) -> Where
     if not ppn_given and (route.hostfile is not None or route.cluster is not None):
         raise BadInput("--hostfile/--cluster need --ppn (ranks per node)",
                        "e.g. --np 4 --ppn 1 for one rank on each of 4 nodes")
-    head, hostfile, price = None, route.hostfile, None
+    head, price = None, None
+    listed = read_nodes(route.hostfile) if route.hostfile is not None else None
     if route.cluster is not None:
-        head, cluster_hostfile, price = cluster_target(route.cluster, nodes, route.remote_python, route.stage_code)
-        hostfile = hostfile or cluster_hostfile
+        head, cluster_nodes, price = cluster_target(route.cluster, nodes, route.remote_python, route.stage_code)
+        listed = listed or cluster_nodes
     elif route.head_addr is not None:
-        if route.hostfile is None:
+        if listed is None:
             raise BadInput("--head needs --hostfile (the nodes as they name each other, head first)",
                            "Pass --hostfile H --head ADDRESS")
-        head = onprem_head(route.hostfile, route.head_addr, route.user, route.identity, route.remote_python,
+        head = onprem_head(listed, route.head_addr, route.user, route.identity, route.remote_python,
                            route.stage_code)
     if head is not None and scheduled(launcher):
         raise BadInput(f"--launcher {launcher} runs from the cluster's login node, not through --head/--cluster",
@@ -83,12 +84,13 @@ def where_for(route: Route, nodes: int, ppn_given: bool, launcher: str) -> Where
         raise BadInput("--on-preemption resume needs --cluster (it replaces lost nodes with `cluster up`)",
                        "Use --cluster NAME, or resume by hand with --resume auto")
     recover = head is not None and route.on_preemption == "resume"
-    return Where(head, hostfile, route.cluster, price, recover)
+    return Where(head, None if head is not None else listed, route.cluster, price, recover)
 
 
 def cluster_target(name: str, nodes: int, python: str | None,
-                   stage_code: str) -> tuple[Head | None, Path, float | None]:
-    """(head to reach when this machine is outside the cluster, else None; hostfile; USD per hour of `nodes`)."""
+                   stage_code: str) -> tuple[Head | None, Nodes | None, float | None]:
+    """(head to reach when this machine is outside the cluster, else None; the nodes when this machine is the
+    head, else None; USD per hour of `nodes`)."""
     from cpudist.cloud.record import load_record
 
     record = load_record(name)
@@ -96,19 +98,18 @@ def cluster_target(name: str, nodes: int, python: str | None,
         raise BadInput(f"no local record of cluster {name}", "Run `cpudist cluster up` first, or pass --hostfile")
     price = record.usd_per_hour(nodes)
     if is_this_machine(record.nodes[0].private_ip):
-        return None, Path(record.hostfile), price  # on the head itself: launch here, as with --hostfile
+        return None, read_nodes(Path(record.hostfile)), price  # on the head itself: as with --hostfile
     target = Target(record.address(0), record.user, record.ssh_port, record.private_key)
-    inside = tuple(Host(n.private_ip) for n in record.nodes)
-    return Head(target, Path(record.known_hosts), inside, python, stage_code), Path(record.hostfile), price
+    inside = Nodes(tuple(Host(n.private_ip) for n in record.nodes), f"cluster {name}'s record")
+    return Head(target, Path(record.known_hosts), inside, python, stage_code), None, price
 
 
-def onprem_head(hostfile: Path, address: str, user: str | None, identity: str | None, python: str | None,
+def onprem_head(listed: Nodes, address: str, user: str | None, identity: str | None, python: str | None,
                 stage_code: str) -> Head:
-    """An on-prem cluster seen from outside: the hostfile as nodes name each other, the head by `address`."""
-    hosts = read_hostfile(hostfile)
+    """An on-prem cluster seen from outside: the hostfile's nodes as they name each other, the head by `address`."""
     folder = state.local_cluster_dir()
     key = identity or (str(folder / "id_ed25519") if (folder / "id_ed25519").is_file() else None)
-    return Head(Target(address, user, 22, key), folder / "known_hosts", hosts, python, stage_code)
+    return Head(Target(address, user, 22, key), folder / "known_hosts", listed, python, stage_code)
 
 
 def recover_cluster(name: str, nodes: int, head: Head, wait_gone_s: float, say: Callable[[str], None]) -> Head:

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from cpudist.cli.main import cli
 from cpudist.config import TrainConfig
+from cpudist.hostfile import Host, Nodes
 from cpudist.run.request import LaunchOptions, RunRequest
 from cpudist.run.script_rank import copy_folder
 from cpudist.run.script_remote import rewrite, snapshot
@@ -43,7 +44,8 @@ def test_the_heads_job_round_trips_through_json_with_each_payload() -> None:
     script = Script(("train.py", "--lr", "1"), "/h/runs/r/work", "m.json", ("outputs",), (), "/h/stage/abc", 2)
     for payload in (script, Trainer(), Probe(sizes=(4, 8), iters=3, warmup=1)):
         request = RunRequest(TrainConfig(task="script", output_dir="/h/runs/r", model="train.py --lr 1"),
-                             LaunchOptions(np=2, ppn=1, env=(("A", "b"),)), "/h/runs/r/hostfile.in",
+                             LaunchOptions(np=2, ppn=1, env=(("A", "b"),)),
+                             Nodes((Host("10.0.0.2"), Host("10.0.0.3", 2)), "the nodes of 10.0.0.9"),
                              "cpudist launch ...", payload=payload)
         assert RunRequest.from_json(request.to_json()) == request
 

@@ -10,6 +10,7 @@ import pytest
 
 from cpudist.config import TrainConfig
 from cpudist.errors import BadInput
+from cpudist.hostfile import Host, Nodes
 from cpudist.launch.batch import BatchOptions
 from cpudist.run import stage
 from cpudist.run.agent import parse_status, status_line
@@ -74,7 +75,7 @@ def test_job_request_round_trip_and_status_lines() -> None:
     cfg = TrainConfig(task="mrpc", output_dir="/r", text_columns=("a", "b"), max_steps=3)
     launch = LaunchOptions(np=4, ppn=1, launcher="mpich", env=(("A", "1"),), timeout_s=60.0,
                            batch=BatchOptions("cpu", "10", None, True, ("--mem=0",)))
-    req = RunRequest(cfg, launch, "/r/hostfile.in")
+    req = RunRequest(cfg, launch, Nodes((Host("n0"), Host("n1", 4)), "hosts"))
     assert RunRequest.from_json(req.to_json()) == req
     assert parse_status(status_line(status="ok", output_dir="/r")) == {"status": "ok", "output_dir": "/r"}
     assert parse_status("[host:0] ordinary rank output") is None
