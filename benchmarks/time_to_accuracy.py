@@ -223,7 +223,7 @@ def write_results(a: argparse.Namespace, name: str, command: str, ledger: Ledger
            "plan": {t: {"budget": plans[t]["budget"], "eval_every": plans[t]["eval_every"]} for t in tasks},
            "settings": {"quick": a.quick, "tasks": tasks, "arms": arms, "batch": BATCH, "lr": LR, "model": MODEL},
            "calibrations": {t: ledger.calibration(t) or {"link_gbps": 0.0} for t in tasks},
-           "summary": {t: summarize(runs[t], [arm for arm in arms if arm not in PEERS]) for t in tasks}, "runs": runs}
+           "summary": {t: summarize(runs[t], list(ARMS)) for t in tasks}, "runs": runs}
     out = a.results_dir / name
     out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(res) + "\n")
