@@ -101,8 +101,10 @@ def task_markdown(task: str, s: dict[str, Any], cal: dict[str, Any], spec: dict[
             lines.append(f"| {arm} | {hosts} | {a['step_s']:.3f} | " + " | ".join(f"{a[k]:.3f}" for k in PARTS)
                          + f" | {a['sum_s']:.3f} |")
     sp, vs = s["speedup_to_target_4_hosts"], s["speedup_vs_hf_4_hosts"]
-    partial = "" if s.get("best_of_full_seeds", True) else f", fewer than {FULL_SEEDS} seeds: no verdict yet"
-    lines += ["", f"4 hosts, best arm of {FULL_SEEDS} seeds ({s['best_arm']}{partial}): "
+    best = s["best_arm"] or "no arm reached the target"
+    partial = "" if s.get("best_of_full_seeds", True) or not s["best_arm"] else \
+        f", fewer than {FULL_SEEDS} seeds: no verdict yet"
+    lines += ["", f"4 hosts, best arm of {FULL_SEEDS} seeds ({best}{partial}): "
               f"{'-' if sp is None else f'{sp:.2f}x'} sooner than 1 host "
               f"(goal {GOAL}x: {'met' if s['met'] else 'not met'}); against HF Trainer + torchrun on the same 4 "
               f"hosts: {'-' if vs is None else f'{vs:.2f}x'} (goal {GOAL_VS_HF}x: "
