@@ -3,8 +3,9 @@
     python benchmarks/hf_trainer.py --mode best --data-dir ../shared/data/glue/MRPC --model PATH --epochs 3
     python benchmarks/hf_trainer.py --mode blog ...   # fp32, every row padded to 128 (run_glue.py's way)
 
-Prints one JSON line: steady samples/s and steady tokens/s (first steps excluded; tokens: the batches' real,
-unpadded tokens, as cpudist's steps.jsonl counts them), train time, peak RSS, dev metrics.
+Prints one JSON line: steady samples/s and steady tokens/s (first steps excluded; tokens: the
+batches' real, unpadded tokens, as cpudist's steps.jsonl counts them), train time, peak RSS, dev
+metrics.
 """
 
 from __future__ import annotations
@@ -49,9 +50,9 @@ class StepClock(TrainerCallback):
 
 
 class Counted:
-    """A collator that notes each training batch's real (attention-mask) tokens, in the order Trainer asks for them:
-    samples/s alone compares different batches when two samplers order rows by length differently (Trainer's
-    group_by_length puts its longest batches first)."""
+    """A collator that notes each training batch's real (attention-mask) tokens, in the order
+    Trainer asks for them: samples/s alone compares different batches when two samplers order rows
+    by length differently (Trainer's group_by_length puts its longest batches first)."""
 
     def __init__(self, collate: Any) -> None:
         self.collate, self.tokens = collate, list[int]()
@@ -88,7 +89,8 @@ def main() -> None:
     ap.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
                     help="best mode: auto is bf16 where the CPU has it (blog mode is always fp32)")
     ap.add_argument("--gradient-checkpointing", action="store_true",
-                    help="TrainingArguments(activation_checkpointing=True): Trainer's activation checkpointing")
+                    help="TrainingArguments(activation_checkpointing=True): Trainer's activation "
+                         "checkpointing")
     a = ap.parse_args()
     torch.manual_seed(a.seed)
     data = load_glue_tsv("mrpc", Path(a.data_dir))
@@ -113,10 +115,12 @@ def main() -> None:
         args = TrainingArguments(
             output_dir=out, per_device_train_batch_size=a.batch_size, per_device_eval_batch_size=64,
             learning_rate=a.lr, num_train_epochs=a.epochs, max_steps=a.max_steps, warmup_steps=0.1,
-            weight_decay=0.01, use_cpu=True, bf16=bf16, seed=a.seed, report_to=[], save_strategy="no",
+            weight_decay=0.01, use_cpu=True, bf16=bf16, seed=a.seed, report_to=[],
+            save_strategy="no",
             eval_strategy="no", logging_strategy="no", dataloader_num_workers=0,
             train_sampling_strategy="group_by_length" if best else "random",
-            activation_checkpointing=a.gradient_checkpointing)  # gradient_checkpointing: deprecated in 5.x
+            # gradient_checkpointing: deprecated in 5.x
+            activation_checkpointing=a.gradient_checkpointing)
         clock = StepClock()
         collator = Counted(DataCollatorWithPadding(tok) if best else default_data_collator)
         trainer = Trainer(model=model, args=args, train_dataset=train_ds, data_collator=collator,
@@ -126,8 +130,10 @@ def main() -> None:
         train_time = time.perf_counter() - start
         steps = len(clock.ends)
         steady = (steps - WARMUP) * a.batch_size / (clock.ends[-1] - clock.ends[WARMUP - 1])
-        # The training batches are the first `steps` the collator made (evaluation, if any, comes after)
-        steady_tokens = sum(collator.tokens[WARMUP:steps]) / (clock.ends[-1] - clock.ends[WARMUP - 1])
+        # The training batches are the first `steps` the collator made (evaluation, if any, comes
+        # after)
+        steady_tokens = sum(collator.tokens[WARMUP:steps]) / (clock.ends[-1]
+                                                              - clock.ends[WARMUP - 1])
         metrics = {}
         eval_time = 0.0
         if not a.no_eval:
@@ -135,19 +141,25 @@ def main() -> None:
             pred = trainer.predict(dev_ds)
             eval_time = time.perf_counter() - started
             # With group_by_length, Trainer evaluates in length-grouped order too (transformers 5's
-            # _get_eval_sampler): predictions come back in that order, so score them against the label_ids
-            # predict returns beside them, never against the file's order (that read ~0.61 on MRPC dev).
+            # _get_eval_sampler): predictions come back in that order, so score them against the
+            # label_ids predict returns beside them, never against the file's order (that read ~0.61
+            # on MRPC dev).
             labels = np.asarray(pred.label_ids)
-            logits = pred.predictions[0] if isinstance(pred.predictions, tuple) else pred.predictions
+            logits = pred.predictions[0] if isinstance(pred.predictions,
+                                                       tuple) else pred.predictions
             guess = logits.argmax(-1)
-            metrics = {"accuracy": float(accuracy_score(labels, guess)), "f1": float(f1_score(labels, guess))}
-    samples = min(steps * a.batch_size, len(train_ds) * max(1, int(np.ceil(a.epochs)))) if a.max_steps < 0 \
+            metrics = {"accuracy": float(accuracy_score(labels, guess)),
+                       "f1": float(f1_score(labels, guess))}
+    samples = min(steps * a.batch_size, len(train_ds)
+                  * max(1, int(np.ceil(a.epochs)))) if a.max_steps < 0 \
         else steps * a.batch_size
-    print(json.dumps({"arm": f"hf_{a.mode}", "steps": steps, "precision": "bf16" if bf16 else "fp32",
+    print(json.dumps({"arm": f"hf_{a.mode}", "steps": steps, "precision": "bf16" if bf16
+                      else "fp32",
                       "steady_samples_per_s": steady, "steady_tokens_per_s": steady_tokens,
                       "train_time_s": train_time,
                       "train_samples_per_s": samples / train_time, "eval_time_s": eval_time,
-                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux: KiB
+                      # Linux: KiB
+                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "metrics": metrics}))
 
 

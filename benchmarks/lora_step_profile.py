@@ -1,15 +1,16 @@
-"""Where a LoRA step's time goes beside full fine-tuning's: one BERT step (32 rows x 56 tokens, transformers + peft,
-fused AdamW), median of 7 alternated steps, then torch.profiler's top operators of each arm.
+"""Where a LoRA step's time goes beside full fine-tuning's: one BERT step (32 rows x 56 tokens,
+transformers + peft, fused AdamW), median of 7 alternated steps, then torch.profiler's top operators
+of each arm.
 
     python benchmarks/lora_step_profile.py > benchmarks/results/lora-step-profile-<cpu kind>.txt
     python benchmarks/lora_step_profile.py --preset bert-base --precision bf16 --threads 4 --fast-dropout
 
-Defaults: the MiniLM-sized preset in fp32 on 2 threads with torch's own dropout. `--precision bf16` trains under
-bf16 autocast as cpudist's loop does; `--fast-dropout` swaps every dropout (the adapters' included) for cpudist's
-(`cpudist.train.dropout.install`, `cpudist run`'s default).
+Defaults: the MiniLM-sized preset in fp32 on 2 threads with torch's own dropout. `--precision bf16`
+trains under bf16 autocast as cpudist's loop does; `--fast-dropout` swaps every dropout (the
+adapters' included) for cpudist's (`cpudist.train.dropout.install`, `cpudist run`'s default).
 
-Arms: full fine-tuning; LoRA r 8 on every Linear (cpudist's default targets) with adapter dropout 0.1 (torch's own
-dropout here, not cpudist's --fast-dropout) and with dropout 0.
+Arms: full fine-tuning; LoRA r 8 on every Linear (cpudist's default targets) with adapter dropout
+0.1 (torch's own dropout here, not cpudist's --fast-dropout) and with dropout 0.
 """
 
 from __future__ import annotations
@@ -25,12 +26,15 @@ from transformers import BertConfig, BertForSequenceClassification
 
 from cpudist.cpu import read_cpu
 
-PRESETS = {"minilm": BertConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536),
+PRESETS = {"minilm": BertConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+                                intermediate_size=1536),
            "bert-base": BertConfig()}
-ARMS = {"full": None, "lora": 0.1, "lora-dropout-0": 0.0}  # the adapters' dropout, None: no adapters
+# the adapters' dropout, None: no adapters
+ARMS = {"full": None, "lora": 0.1, "lora-dropout-0": 0.0}
 
 
-def make(config: BertConfig, dropout: float | None, fast: bool) -> tuple[Any, torch.optim.Optimizer]:
+def make(config: BertConfig, dropout: float | None, fast: bool) -> tuple[Any,
+                                                                         torch.optim.Optimizer]:
     torch.manual_seed(0)
     model: Any = BertForSequenceClassification(config)
     if dropout is not None:
@@ -46,7 +50,8 @@ def make(config: BertConfig, dropout: float | None, fast: bool) -> tuple[Any, to
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="minilm")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--threads", type=int, default=2)
@@ -54,8 +59,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cpu = read_cpu()
-    print(f"CPU: {cpu.model} ({cpu.kind}); torch {torch.__version__}; {args.threads} threads; {args.preset}, "
-          f"{args.precision}, {'cpudist' if args.fast_dropout else 'torch'} dropout")
+    print(f"CPU: {cpu.model} ({cpu.kind}); torch {torch.__version__}; {args.threads} threads; "
+          f"{args.preset}, {args.precision}, {'cpudist' if args.fast_dropout else 'torch'} dropout")
     x, y = torch.randint(1000, 20000, (32, 56)), torch.randint(0, 2, (32,))
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16")
 
@@ -66,7 +71,8 @@ def main() -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    models = {arm: make(PRESETS[args.preset], dropout, args.fast_dropout) for arm, dropout in ARMS.items()}
+    models = {arm: make(PRESETS[args.preset], dropout, args.fast_dropout) for arm,
+              dropout in ARMS.items()}
     for model, opt in models.values():
         for _ in range(3):
             step(model, opt)
@@ -77,8 +83,8 @@ def main() -> None:
             step(model, opt)
             times[arm].append(time.perf_counter() - t)
     for arm, ts in times.items():
-        print(f"{arm}: {statistics.median(ts) * 1000:.0f} ms a step (median of 7; {min(ts) * 1000:.0f}-"
-              f"{max(ts) * 1000:.0f})")
+        print(f"{arm}: {statistics.median(ts) * 1000:.0f} ms a step (median of 7; "
+              f"{min(ts) * 1000:.0f}-{max(ts) * 1000:.0f})")
     for arm in models:
         with torch.profiler.profile() as prof:
             step(*models[arm])

@@ -40,7 +40,8 @@ BATCH, MAX_LEN = 32, 128
 
 @dataclass(frozen=True)
 class Arm:
-    """One training run: which trainer, and the settings where it departs from that trainer's defaults."""
+    """One training run: which trainer, and the settings where it departs from that trainer's
+    defaults."""
 
     name: str
     trainer: str  # "cpudist" or "hf"
@@ -56,7 +57,8 @@ ARMS = (
     Arm("cpudist warmup=0", "cpudist", {"warmup-ratio": 0}),
     Arm("cpudist weight_decay=0", "cpudist", {"weight-decay": 0}),
     Arm("cpudist sampler=random", "cpudist", {"sampler": "random"}),
-    Arm("cpudist as hf but no clip", "cpudist", {"warmup-ratio": 0, "weight-decay": 0, "sampler": "random"}),
+    Arm("cpudist as hf but no clip", "cpudist",
+        {"warmup-ratio": 0, "weight-decay": 0, "sampler": "random"}),
     Arm("hf max_grad_norm=0 (no clip)", "hf", {"max_grad_norm": 0.0}),
     Arm("hf warmup=0.1", "hf", {"warmup_steps": 0.1}),
     Arm("hf as cpudist", "hf", {"max_grad_norm": 0.0, "warmup_steps": 0.1, "weight_decay": 0.01,
@@ -96,7 +98,8 @@ def build_proxy(dest: Path, train_rows: int, seed: int) -> dict[str, Any]:
     write_stsb(dev, dest / "STS-B" / "dev.tsv")
     scores = [s for _, _, s in train]
     return {"source": str(MRPC), "train_rows": len(train), "dev_rows": len(dev),
-            "train_score_mean": statistics.fmean(scores), "train_score_variance": statistics.pvariance(scores),
+            "train_score_mean": statistics.fmean(scores),
+            "train_score_variance": statistics.pvariance(scores),
             "train_score_mean_square": statistics.fmean(x * x for x in scores),
             "formula": "score = 2.5 * MRPC label + 2.5 * word-set Jaccard(sentence1, sentence2)"}
 
@@ -115,27 +118,32 @@ def child_env() -> dict[str, str]:
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
 
 
-def cpudist_argv(arm: Arm, data: Path, model: str, plan: dict[str, Any], seed: int, out: Path) -> list[str]:
-    base = {"task": "stsb", "data-dir": str(data), "model": model, "epochs": plan["epochs"], "lr": plan["lr"],
+def cpudist_argv(arm: Arm, data: Path, model: str, plan: dict[str, Any], seed: int,
+                 out: Path) -> list[str]:
+    base = {"task": "stsb", "data-dir": str(data), "model": model, "epochs": plan["epochs"],
+            "lr": plan["lr"],
             "batch-size": BATCH, "max-seq-len": MAX_LEN, "seed": seed, "output-dir": str(out),
             "log-every": 1, **arm.overrides}
     return [sys.executable, "-m", "cpudist.rank", *[f"--{k}={v}" for k, v in base.items()]]
 
 
-def run_cpudist(arm: Arm, data: Path, model: str, plan: dict[str, Any], seed: int, tmp: Path) -> dict[str, Any]:
+def run_cpudist(arm: Arm, data: Path, model: str, plan: dict[str, Any], seed: int,
+                tmp: Path) -> dict[str, Any]:
     out = tmp / "cpudist-run"
     cmd = cpudist_argv(arm, data, model, plan, seed, out)
     print("$", shlex.join(cmd), file=sys.stderr, flush=True)
     subprocess.run(cmd, check=True, env=child_env(), stdout=subprocess.DEVNULL)
     result = json.loads((out / "result.json").read_text())
     steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
-    return {"metrics": result["metrics"], "losses": [s["loss"] for s in steps], "lrs": [s["lr"] for s in steps],
+    return {"metrics": result["metrics"], "losses": [s["loss"] for s in steps],
+            "lrs": [s["lr"] for s in steps],
             "train_time_s": result["train_time_s"],
             "precision": result["precision"], "command": shlex.join(cmd)}
 
 
 def run_hf(arm: Arm, data: Path, model: str, plan: dict[str, Any], seed: int) -> dict[str, Any]:
-    spec = {"data": str(data), "model": model, "plan": plan, "seed": seed, "overrides": arm.overrides}
+    spec = {"data": str(data), "model": model, "plan": plan, "seed": seed,
+            "overrides": arm.overrides}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--hf-arm", json.dumps(spec)]
     print("$", shlex.join(cmd), file=sys.stderr, flush=True)
     out = subprocess.run(cmd, check=True, env=child_env(), stdout=subprocess.PIPE, text=True).stdout
@@ -143,7 +151,8 @@ def run_hf(arm: Arm, data: Path, model: str, plan: dict[str, Any], seed: int) ->
 
 
 def hf_arm(spec: dict[str, Any]) -> dict[str, Any]:
-    """Train with HF Trainer in this process, set up as cpudist sets up its run (child of run_hf)."""
+    """Train with HF Trainer in this process, set up as cpudist sets up its run (child of
+    run_hf)."""
     import numpy as np
     import torch
     from transformers import (
@@ -164,7 +173,8 @@ def hf_arm(spec: dict[str, Any]) -> dict[str, Any]:
 
     def rows(split: Any) -> list[dict[str, Any]]:
         enc = tok(*split.texts, truncation=True, max_length=MAX_LEN)
-        return [{**{k: enc[k][i] for k in enc}, "labels": float(y)} for i, y in enumerate(split.labels)]
+        return [{**{k: enc[k][i] for k in enc}, "labels": float(y)} for i,
+                y in enumerate(split.labels)]
 
     losses: list[float] = []
     lrs: list[float] = []  # logged after each step: shows the warmup the arm really had
@@ -176,13 +186,17 @@ def hf_arm(spec: dict[str, Any]) -> dict[str, Any]:
                 lrs.append(float(logs.get("learning_rate", 0.0)))
 
     torch.manual_seed(spec["seed"])  # as cpudist does right before build_model: the same head init
-    model = AutoModelForSequenceClassification.from_pretrained(resolve_model(spec["model"]), num_labels=1,
+    model = AutoModelForSequenceClassification.from_pretrained(resolve_model(spec["model"]),
+                                                               num_labels=1,
                                                                problem_type="regression")
     bf16 = read_cpu().has_bf16  # cpudist's precision "auto"
     with tempfile.TemporaryDirectory() as out:
-        args = TrainingArguments(output_dir=out, per_device_train_batch_size=BATCH, per_device_eval_batch_size=64,
-                                 learning_rate=spec["plan"]["lr"], num_train_epochs=spec["plan"]["epochs"],
-                                 use_cpu=True, bf16=bf16, seed=spec["seed"], report_to=[], save_strategy="no",
+        args = TrainingArguments(output_dir=out, per_device_train_batch_size=BATCH,
+                                 per_device_eval_batch_size=64,
+                                 learning_rate=spec["plan"]["lr"],
+                                 num_train_epochs=spec["plan"]["epochs"],
+                                 use_cpu=True, bf16=bf16, seed=spec["seed"], report_to=[],
+                                 save_strategy="no",
                                  eval_strategy="no", logging_strategy="steps", logging_steps=1,
                                  dataloader_num_workers=0, disable_tqdm=True, **spec["overrides"])
         trainer = Trainer(model=model, args=args, train_dataset=rows(data.train),
@@ -191,22 +205,25 @@ def hf_arm(spec: dict[str, Any]) -> dict[str, Any]:
         trainer.train()
         train_time = time.perf_counter() - start
         out = trainer.predict(rows(data.validation))
-    # group_by_length reorders evaluation too (transformers 5): score against the label_ids that come back
-    # with the predictions, in their order, not against the file's
-    metrics = compute_metrics(("pearson", "spearmanr"), np.asarray(out.predictions, dtype=np.float64).reshape(-1),
+    # group_by_length reorders evaluation too (transformers 5): score against the label_ids that
+    # come back with the predictions, in their order, not against the file's
+    metrics = compute_metrics(("pearson", "spearmanr"),
+                              np.asarray(out.predictions, dtype=np.float64).reshape(-1),
                               np.asarray(out.label_ids, dtype=np.float64).reshape(-1))
     return {"metrics": metrics, "losses": losses, "lrs": lrs, "train_time_s": train_time,
             "precision": "bf16" if bf16 else "fp32"}
 
 
 def summarize(run: dict[str, Any]) -> dict[str, Any]:
-    """Metrics, last-step loss and the mean loss of the last tenth of the steps (one step is noisy)."""
+    """Metrics, last-step loss and the mean loss of the last tenth of the steps (one step is
+    noisy)."""
     losses = run["losses"]
     tail = losses[-max(1, len(losses) // 10):]
     return {"pearson": run["metrics"]["pearson"], "spearmanr": run["metrics"]["spearmanr"],
             "final_loss": losses[-1], "tail_loss": statistics.fmean(tail), "steps": len(losses),
             "first_lrs": run["lrs"][:3],
-            "train_time_s": run["train_time_s"], "precision": run["precision"], "command": run["command"]}
+            "train_time_s": run["train_time_s"], "precision": run["precision"],
+            "command": run["command"]}
 
 
 def cpu_model() -> str:
@@ -220,7 +237,8 @@ def versions() -> dict[str, str]:
     import torch
     import transformers
 
-    return {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__}
+    return {"python": sys.version.split()[0], "torch": torch.__version__,
+            "transformers": transformers.__version__}
 
 
 def table(runs: list[dict[str, Any]], plan: str) -> list[str]:
@@ -231,15 +249,15 @@ def table(runs: list[dict[str, Any]], plan: str) -> list[str]:
     def seeds(rs: list[dict[str, Any]]) -> str:
         return ", ".join(f"{r['seed']}: {r['pearson']:.4f}" for r in rs)
 
-    lines = ["| arm | Pearson | Spearman | tail loss | last loss | Pearson - cpudist | per seed (Pearson) |",
+    lines = ["| arm | Pearson | Spearman | tail loss | last loss | Pearson - cpudist | per seed "
+             "(Pearson) |",
              "|---|---|---|---|---|---|---|"]
     for n in names:
         rs = [r for r in mine if r["arm"] == n]
-        lines.append(f"| {n} | {mean[n]:.4f} | {statistics.fmean(r['spearmanr'] for r in rs):.4f} | "
-                     f"{statistics.fmean(r['tail_loss'] for r in rs):.3f} | "
+        lines.append(f"| {n} | {mean[n]:.4f} | {statistics.fmean(r['spearmanr'] for r in rs):.4f} "
+                     f"| {statistics.fmean(r['tail_loss'] for r in rs):.3f} | "
                      f"{statistics.fmean(r['final_loss'] for r in rs):.3f} | "
-                     f"{mean[n] - mean.get('cpudist', mean[n]):+.4f} | "
-                     f"{seeds(rs)} |")
+                     f"{mean[n] - mean.get('cpudist', mean[n]):+.4f} | {seeds(rs)} |")
     return lines
 
 
@@ -247,26 +265,32 @@ def markdown(res: dict[str, Any]) -> str:
     p = res["proxy"]
     lines = ["# Regression parity with HF Trainer (STS-B PROXY built from MRPC, not STS-B)", "",
              f"Made by: `{res['command']}`", "",
-             f"CPU: {res['cpu_model']}; {res['versions']}; model {res['model']}; batch {BATCH}, max length "
-             f"{MAX_LEN}, precision {res['runs'][0]['precision']} in both arms; same classifier init.", "",
-             f"Proxy data: {p['formula']}; {p['train_rows']} train rows (seeded sample of MRPC train), "
-             f"{p['dev_rows']} dev rows (MRPC dev); train score mean {p['train_score_mean']:.2f}, "
-             f"variance {p['train_score_variance']:.2f} (the MSE of always predicting the mean); the MSE of "
-             f"predicting 0, where a fresh regression head starts, is {p['train_score_mean_square']:.2f}.", "",
-             "Tail loss: mean training MSE over the last tenth of the steps. Arms change one default at a "
+             f"CPU: {res['cpu_model']}; {res['versions']}; model {res['model']}; batch {BATCH}, "
+             f"max length {MAX_LEN}, precision {res['runs'][0]['precision']} in both arms; same "
+             "classifier init.", "",
+             f"Proxy data: {p['formula']}; {p['train_rows']} train rows (seeded sample of MRPC "
+             f"train), {p['dev_rows']} dev rows (MRPC dev); train score mean "
+             f"{p['train_score_mean']:.2f}, variance {p['train_score_variance']:.2f} (the MSE of "
+             "always predicting the mean); the MSE of predicting 0, where a fresh regression head "
+             f"starts, is {p['train_score_mean_square']:.2f}.", "",
+             "Tail loss: mean training MSE over the last tenth of the steps. Arms change one "
+             "default at a "
              "time (cpudist: warmup 0.1, weight decay 0.01, no clipping, length-grouped batches; "
              "HF: warmup 0, weight decay 0, max_grad_norm 1.0, random batches).", ""]
     for plan, spec in PLANS.items():
         if any(r["plan"] == plan for r in res["runs"]):
-            lines += [f"## lr {spec['lr']}, {spec['epochs']} epoch(s)", "", *table(res["runs"], plan), ""]
+            lines += [f"## lr {spec['lr']}, {spec['epochs']} epoch(s)", "",
+                      *table(res["runs"], plan), ""]
     return "\n".join(lines)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--plans", default="short", help="comma list of: " + ", ".join(PLANS))
     ap.add_argument("--seeds", default="42")
-    ap.add_argument("--arms", help="comma list of arm numbers (0-based) for plan short; default all")
+    ap.add_argument("--arms",
+                    help="comma list of arm numbers (0-based) for plan short; default all")
     ap.add_argument("--long-arms", default="0,1", help="arm numbers for plan long (3 epochs: slow)")
     ap.add_argument("--train-rows", type=int, default=1600)
     ap.add_argument("--model", default=MINILM)
@@ -286,20 +310,26 @@ def main() -> None:
             for seed in (int(s) for s in a.seeds.split(",")):
                 for arm in arms[plan]:
                     if arm.trainer == "cpudist":
-                        run = run_cpudist(arm, tmp / "data", a.model, PLANS[plan], seed, tmp / f"{len(runs)}")
+                        run = run_cpudist(arm, tmp / "data", a.model, PLANS[plan], seed,
+                                          tmp / f"{len(runs)}")
                     else:
                         run = run_hf(arm, tmp / "data", a.model, PLANS[plan], seed)
                     row = {"plan": plan, "seed": seed, "arm": arm.name, "trainer": arm.trainer,
                            "overrides": arm.overrides, **summarize(run)}
                     runs.append(row)
-                    print(json.dumps({k: row[k] for k in ("plan", "seed", "arm", "pearson", "spearmanr",
-                                                          "tail_loss", "final_loss", "first_lrs")}), flush=True)
+                    print(json.dumps({k: row[k]
+                                      for k in ("plan", "seed", "arm", "pearson", "spearmanr",
+                                                "tail_loss", "final_loss", "first_lrs")}),
+                          flush=True)
                     res = {"command": "HF_HUB_OFFLINE=1 python benchmarks/regression_parity.py "
                                       + shlex.join(sys.argv[1:]),
-                           "cpu_model": cpu_model(), "versions": versions(), "model": a.model, "proxy": proxy,
-                           "plans": PLANS, "arms": {p: [asdict(x) for x in xs] for p, xs in arms.items()},
+                           "cpu_model": cpu_model(), "versions": versions(), "model": a.model,
+                           "proxy": proxy,
+                           "plans": PLANS,
+                           "arms": {p: [asdict(x) for x in xs] for p, xs in arms.items()},
                            "runs": runs}
-                    write_results(res, a.tag)  # after every run: an interrupted run keeps what it measured
+                    # after every run: an interrupted run keeps what it measured
+                    write_results(res, a.tag)
     print(markdown(res))
 
 

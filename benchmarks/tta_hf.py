@@ -1,15 +1,17 @@
-"""The peer arm of benchmarks/time_to_accuracy.py: a user's HF Trainer script, started by torchrun on every host.
+"""The peer arm of benchmarks/time_to_accuracy.py: a user's HF Trainer script, started by torchrun
+on every host.
 
     torchrun --nnodes 4 --nproc-per-node 1 --node-rank I --master-addr HEAD --master-port 29641 \
         benchmarks/tta_hf.py --task sst2 --data-dir ../shared/data/glue/SST-2 --model MODEL --batch-size 32 \
         --lr 2e-4 --max-steps 375 --eval-steps 31 --seed 42 --out result.json
 
-Trainer's best CPU settings, as benchmarks/hf_trainer.py uses them on one node: bf16 autocast where the CPU has
-it, length-grouped batches (`train_sampling_strategy="group_by_length"`), dynamic padding, gloo between hosts.
-The learning rate is the caller's (time_to_accuracy.py scales it by the processes, as Accelerate's guide
-"Comparing performance across distributed setups" says to for a larger global batch). Evaluation every
-`--eval-steps` optimizer steps (Trainer's `eval_strategy="steps"`, sharded over the ranks) and once at the end;
-rank 0 writes each one's end on the wall clock, so the caller times launch to accuracy as it does for cpudist.
+Trainer's best CPU settings, as benchmarks/hf_trainer.py uses them on one node: bf16 autocast where
+the CPU has it, length-grouped batches (`train_sampling_strategy="group_by_length"`), dynamic
+padding, gloo between hosts. The learning rate is the caller's (time_to_accuracy.py scales it by the
+processes, as Accelerate's guide "Comparing performance across distributed setups" says to for a
+larger global batch). Evaluation every `--eval-steps` optimizer steps (Trainer's
+`eval_strategy="steps"`, sharded over the ranks) and once at the end; rank 0 writes each one's end
+on the wall clock, so the caller times launch to accuracy as it does for cpudist.
 """
 
 from __future__ import annotations
@@ -49,14 +51,17 @@ class Rows(torch.utils.data.Dataset):
 
 
 class Evaluated(TrainerCallback):
-    """Each evaluation's step, accuracy, duration and end (Unix seconds: the hosts share the caller's clock)."""
+    """Each evaluation's step, accuracy, duration and end (Unix seconds: the hosts share the
+    caller's clock)."""
 
     def __init__(self) -> None:
         self.seen: list[dict[str, Any]] = []
 
-    def on_evaluate(self, args, state, control, metrics=None, **kwargs):  # type: ignore[no-untyped-def]
+    def on_evaluate(self, args, state, control, metrics=None,
+                    **kwargs):  # type: ignore[no-untyped-def]
         m = metrics or {}
-        self.seen.append({"step": state.global_step, "metrics": {"accuracy": m.get("eval_accuracy")},
+        self.seen.append({"step": state.global_step,
+                          "metrics": {"accuracy": m.get("eval_accuracy")},
                           "seconds": m.get("eval_runtime"), "at": round(time.time(), 3)})
 
 
@@ -91,10 +96,12 @@ def main() -> None:
         output_dir=str(Path(a.out).parent / "hf"), per_device_train_batch_size=a.batch_size,
         per_device_eval_batch_size=64, learning_rate=a.lr, max_steps=a.max_steps, warmup_steps=0.1,
         weight_decay=0.01, use_cpu=True, bf16=read_cpu().has_bf16, ddp_backend="gloo", seed=a.seed,
-        report_to=[], save_strategy="no", eval_strategy="steps", eval_steps=a.eval_steps, logging_strategy="no",
+        report_to=[], save_strategy="no", eval_strategy="steps", eval_steps=a.eval_steps,
+        logging_strategy="no",
         dataloader_num_workers=0, train_sampling_strategy="group_by_length")
     trainer = Trainer(model=model, args=args, train_dataset=train_ds, eval_dataset=dev_ds,
-                      data_collator=DataCollatorWithPadding(tok), compute_metrics=accuracy, callbacks=[clock])
+                      data_collator=DataCollatorWithPadding(tok), compute_metrics=accuracy,
+                      callbacks=[clock])
     out = trainer.train()
     if not clock.seen or clock.seen[-1]["step"] != out.global_step:
         trainer.evaluate()  # the final model's, as cpudist's last evaluation
@@ -102,7 +109,8 @@ def main() -> None:
         Path(a.out).write_text(json.dumps({
             "steps": out.global_step, "train_time_s": out.metrics.get("train_runtime"),
             "train_samples_per_s": out.metrics.get("train_samples_per_second"),
-            "world_size": int(os.environ.get("WORLD_SIZE", "1")), "threads_per_rank": torch.get_num_threads(),
+            "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+            "threads_per_rank": torch.get_num_threads(),
             "precision": "bf16" if args.bf16 else "fp32", "lr": a.lr,
             "metrics": clock.seen[-1]["metrics"], "evaluations": clock.seen}) + "\n")
 

@@ -1,11 +1,13 @@
-"""The time-to-accuracy ledger: one JSON line per finished run, so the plan is gathered in stretches.
+"""The time-to-accuracy ledger: one JSON line per finished run, so the plan is gathered in
+stretches.
 
-A line is skipped on a re-run when its key matches: (task, arm, hosts, seed, PROTOCOL, the CPU kind). PROTOCOL
-names how this benchmark measures (budgets, targets, schedule, hosts, the arms' meaning) and is bumped by hand when
-that changes, so a fix to a message or a new arm keeps what was measured; each line also records its commit and a
-hash of the benchmark's files (`code`), so a result names exactly what produced every run in it. Calibrations are
-lines too (kind "calibration"): every arm of a task uses the first one this protocol made on this CPU kind, so arms
-gathered in different sessions compare on one link.
+A line is skipped on a re-run when its key matches: (task, arm, hosts, seed, PROTOCOL, the CPU
+kind). PROTOCOL names how this benchmark measures (budgets, targets, schedule, hosts, the arms'
+meaning) and is bumped by hand when that changes, so a fix to a message or a new arm keeps what was
+measured; each line also records its commit and a hash of the benchmark's files (`code`), so a
+result names exactly what produced every run in it. Calibrations are lines too (kind "calibration"):
+every arm of a task uses the first one this protocol made on this CPU kind, so arms gathered in
+different sessions compare on one link.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from typing import Any
 from cpudist.cpu import read_cpu
 
 HERE = Path(__file__).resolve().parent
-CODE_FILES = ("time_to_accuracy.py", "tta_ledger.py", "tta_hf.py", "tta_runs.py", "tta_summary.py", "miniature.py")
+CODE_FILES = ("time_to_accuracy.py", "tta_ledger.py", "tta_hf.py", "tta_runs.py", "tta_summary.py",
+              "miniature.py")
 CPU_FLAGS = ("amx_bf16", "avx512_bf16", "avx2")
-PROTOCOL = "tta-2"  # bump when what a run measures changes (budgets, targets, evaluation schedule, layout)
+# bump when what a run measures changes (budgets, targets, evaluation schedule, layout)
+PROTOCOL = "tta-2"
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,8 @@ def code_hash() -> str:
 
 def machine() -> dict[str, Any]:
     """The commit, and the CPU kind with the flags that decide it."""
-    head = subprocess.run(["git", "-C", str(HERE), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    head = subprocess.run(["git", "-C", str(HERE), "rev-parse", "HEAD"], capture_output=True,
+                          text=True).stdout
     cpu = read_cpu()
     return {"commit": head.strip() or None, "cpu_kind": cpu.kind, "cpu_model": cpu.model,
             "cpu_flags": {f: f in cpu.flags for f in CPU_FLAGS}}
@@ -65,7 +70,8 @@ class Ledger:
 
     def mine(self) -> list[dict[str, Any]]:
         """The lines this protocol wrote on this CPU kind."""
-        return [x for x in self.lines if x.get("protocol") == PROTOCOL and x.get("cpu_kind") == self.cpu_kind]
+        return [x for x in self.lines if x.get("protocol") == PROTOCOL
+                and x.get("cpu_kind") == self.cpu_kind]
 
     def done(self, cell: Cell) -> dict[str, Any] | None:
         return next((x for x in self.mine() if x.get("kind") == "run" and _cell(x) == cell), None)
@@ -75,7 +81,8 @@ class Ledger:
                      and x["task"] == task), None)
 
     def runs(self, task: str) -> dict[str, list[dict[str, Any]]]:
-        """This protocol's runs of a task on this CPU kind, by cell ('ARM@HOSTS'), seeds in order."""
+        """This protocol's runs of a task on this CPU kind, by cell ('ARM@HOSTS'), seeds in
+        order."""
         out: dict[str, list[dict[str, Any]]] = {}
         for x in sorted((x for x in self.mine() if x.get("kind") == "run" and x["task"] == task),
                         key=lambda x: x["seed"]):
@@ -94,19 +101,23 @@ def _cell(x: dict[str, Any]) -> Cell:
     return Cell(x["task"], x["arm"], int(x["hosts"]), int(x["seed"]))
 
 
-def estimate_s(cell: Cell, ledger: Ledger, budget: int, eval_every: int, base_sps: float | None) -> float:
-    """Seconds the run should take: the median of this protocol's runs of the same arm and hosts on this CPU kind,
-    else the budget at the task's 1-host speed (the calibration's) times 0.7 per added host, plus start and
-    evaluation."""
-    seen = sorted(float(x["elapsed_s"]) for x in ledger.mine() if x.get("kind") == "run" and x["task"] == cell.task
+def estimate_s(cell: Cell, ledger: Ledger, budget: int, eval_every: int, base_sps: float
+               | None) -> float:
+    """Seconds the run should take: the median of this protocol's runs of the same arm and hosts on
+    this CPU kind, else the budget at the task's 1-host speed (the calibration's) times 0.7 per
+    added host, plus start and evaluation."""
+    seen = sorted(float(x["elapsed_s"]) for x in ledger.mine() if x.get("kind") == "run"
+                  and x["task"] == cell.task
                   and x["arm"] == cell.arm and x["hosts"] == cell.hosts and "elapsed_s" in x)
     if seen:
         return seen[len(seen) // 2]
-    sps = (base_sps or 30.0) * (1 + 0.7 * (cell.hosts - 1))  # 30 samples/s: MiniLM on a half-core host, roughly
+    # 30 samples/s: MiniLM on a half-core host, roughly
+    sps = (base_sps or 30.0) * (1 + 0.7 * (cell.hosts - 1))
     return 60.0 + budget / sps + 5.0 * (budget // eval_every)
 
 
 def total_s(cells: Iterable[Cell], ledger: Ledger, plan: dict[str, dict[str, int]],
             speeds: dict[str, float | None]) -> float:
-    return sum(estimate_s(c, ledger, plan[c.task]["budget"], plan[c.task]["eval_every"], speeds.get(c.task))
+    return sum(estimate_s(c, ledger, plan[c.task]["budget"], plan[c.task]["eval_every"],
+                          speeds.get(c.task))
                for c in cells)

@@ -1,4 +1,5 @@
-"""The summary and the markdown of benchmarks/time_to_accuracy.py, computed from its ledger's runs."""
+"""The summary and the markdown of benchmarks/time_to_accuracy.py, computed from its ledger's
+runs."""
 
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ PARTS = ("compute_s", "sync_cpu_s", "wire_s", "wait_s", "eval_s")
 
 
 def time_to(run: dict[str, Any], target: float) -> float | None:
-    """Seconds from launch to the first evaluation at or above the target (None: never, or the run failed)."""
+    """Seconds from launch to the first evaluation at or above the target (None: never, or the run
+    failed)."""
     return next((e["after_s"] for e in run.get("evaluations", []) if e["accuracy"] >= target), None)
 
 
 def median_time(times: list[float | None]) -> float | None:
-    """The median over seeds, a never-reached seed counting as longer than any: none when half or more never did."""
+    """The median over seeds, a never-reached seed counting as longer than any: none when half or
+    more never did."""
     reached = sorted(t for t in times if t is not None)
     if not times or len(reached) * 2 <= len(times):
         return None
@@ -45,14 +48,18 @@ def summarize(runs: dict[str, list[dict[str, Any]]], arms: list[str]) -> dict[st
     cells = {}
     for cell, rs in runs.items():
         times = [time_to(r, target) for r in rs] if target is not None else []
-        cells[cell] = {"seeds": [r["seed"] for r in rs], "times_s": times, "median_s": median_time(times),
+        cells[cell] = {"seeds": [r["seed"] for r in rs], "times_s": times,
+                       "median_s": median_time(times),
                        "final_accuracy": [r.get("metrics", {}).get("accuracy") for r in rs],
-                       "errors": [r["error"] for r in rs if "error" in r], "step_anatomy": anatomy(rs)}
+                       "errors": [r["error"] for r in rs if "error" in r],
+                       "step_anatomy": anatomy(rs)}
     base = cells.get(f"{BASE}@1", {}).get("median_s")
     speedups = {arm: base / cells[f"{arm}@4"]["median_s"] for arm in arms
                 if f"{arm}@4" in cells and base and cells[f"{arm}@4"]["median_s"]}
-    # the verdict is a median of >= 3 seeds: an arm with fewer is shown, not crowned (unless no arm has 3)
-    counted = {arm: v for arm, v in speedups.items() if len(cells[f"{arm}@4"]["seeds"]) >= FULL_SEEDS}
+    # the verdict is a median of >= 3 seeds: an arm with fewer is shown, not crowned (unless no arm
+    # has 3)
+    counted = {arm: v for arm, v in speedups.items()
+               if len(cells[f"{arm}@4"]["seeds"]) >= FULL_SEEDS}
     full = counted or speedups
     best = max(full, key=lambda arm: full[arm]) if full else None
     hf = cells.get(f"{HF}@4", {}).get("median_s")
@@ -63,62 +70,77 @@ def summarize(runs: dict[str, list[dict[str, Any]]], arms: list[str]) -> dict[st
             "speedup_to_target_4_hosts": speedups.get(best) if best else None, "best_arm": best,
             "speedups_4_hosts": speedups, "best_of_full_seeds": bool(counted),
             "goal": GOAL, "met": bool(best and speedups[best] >= GOAL),
-            # HF's 4-host median time to target over the best cpudist arm's (None: either never reached it)
-            "speedup_vs_hf_4_hosts": vs_hf, "goal_vs_hf": GOAL_VS_HF, "met_vs_hf": bool(vs_hf and vs_hf >= GOAL_VS_HF)}
+            # HF's 4-host median time to target over the best cpudist arm's (None: either never
+            # reached it)
+            "speedup_vs_hf_4_hosts": vs_hf, "goal_vs_hf": GOAL_VS_HF,
+            "met_vs_hf": bool(vs_hf and vs_hf >= GOAL_VS_HF)}
 
 
-def _times_row(arm: str, hosts: str, c: dict[str, Any], done: list[dict[str, Any]], base: float | None) -> str:
+def _times_row(arm: str, hosts: str, c: dict[str, Any], done: list[dict[str, Any]], base: float
+               | None) -> str:
     med = c["median_s"]
     sp = f"{base / med:.2f}x" if base and med else "-"
     times = " / ".join("never" if t is None else f"{t:.0f}" for t in c["times_s"])
     acc = " / ".join("-" if v is None else f"{100 * v:.1f}" for v in c["final_accuracy"])
     end = statistics.median(r["evaluations"][-1]["after_s"] for r in done) if done else None
     sps = statistics.median(r["train_samples_per_s"] or 0.0 for r in done) if done else None
-    return (f"| {arm} | {hosts} | {','.join(map(str, c['seeds']))} | {times} | {'-' if med is None else f'{med:.0f}'} "
-            f"| {sp} | {acc} | {'-' if end is None else f'{end:.0f}'} | {'-' if sps is None else f'{sps:.1f}'} |")
+    return (f"| {arm} | {hosts} | {','.join(map(str, c['seeds']))} | {times} | "
+            f"{'-' if med is None else f'{med:.0f}'} | {sp} | {acc} | "
+            f"{'-' if end is None else f'{end:.0f}'} | {'-' if sps is None else f'{sps:.1f}'} |")
 
 
 def task_markdown(task: str, s: dict[str, Any], cal: dict[str, Any], spec: dict[str, Any],
                   runs: dict[str, list[dict[str, Any]]]) -> list[str]:
-    lines = [f"## {task}", "", f"Budget {spec['budget']} samples a run, evaluated every {spec['eval_every']} samples; "
-             f"link {cal['link_gbps']:.3f} Gbit/s (`{cal.get('tbf', '?')}`; {cal.get('how', 'calibrated')}).", "",
-             f"Target: {s['target']:.4f} (1-host final accuracy {s['one_host_final_accuracy']} median - 0.5 pt)"
+    lines = [f"## {task}", "",
+             f"Budget {spec['budget']} samples a run, evaluated every {spec['eval_every']} "
+             f"samples; link {cal['link_gbps']:.3f} Gbit/s (`{cal.get('tbf', '?')}`; "
+             f"{cal.get('how', 'calibrated')}).", "",
+             f"Target: {s['target']:.4f} (1-host final accuracy {s['one_host_final_accuracy']} "
+             "median - 0.5 pt)"
              if s["target"] is not None else "Target: none (no 1-host run yet)", "",
-             "| arm | hosts | seeds | time to target per seed (s) | median (s) | speedup vs 1 host | final acc "
+             "| arm | hosts | seeds | time to target per seed (s) | median (s) | speedup vs 1 host "
+             "| final acc "
              "| launch to the last evaluation, median (s) | train samples/s, median |",
              "|---|---|---|---|---|---|---|---|---|"]
     base = s["cells"].get(f"{BASE}@1", {}).get("median_s")
     for cell, c in s["cells"].items():
         arm, hosts = cell.rsplit("@", 1)
-        lines.append(_times_row(arm, hosts, c, [r for r in runs[cell] if r.get("evaluations")], base))
-    lines += ["", "Where rank 0's step goes (seconds per step, median over seeds; cpudist/train/anatomy.py):", "",
-              "| arm | hosts | step | compute | sync CPU | wire not hidden | wait for slowest | evaluation | sum |",
+        lines.append(_times_row(arm, hosts, c, [r for r in runs[cell] if r.get("evaluations")],
+                                base))
+    lines += ["",
+              "Where rank 0's step goes (seconds per step, median over seeds; "
+              "cpudist/train/anatomy.py):", "",
+              "| arm | hosts | step | compute | sync CPU | wire not hidden | wait for slowest | "
+              "evaluation | sum |",
               "|---|---|---|---|---|---|---|---|---|"]
     for cell, c in s["cells"].items():
         a = c["step_anatomy"]
         if a:
             arm, hosts = cell.rsplit("@", 1)
-            lines.append(f"| {arm} | {hosts} | {a['step_s']:.3f} | " + " | ".join(f"{a[k]:.3f}" for k in PARTS)
+            lines.append(f"| {arm} | {hosts} | {a['step_s']:.3f} | "
+                         + " | ".join(f"{a[k]:.3f}" for k in PARTS)
                          + f" | {a['sum_s']:.3f} |")
     sp, vs = s["speedup_to_target_4_hosts"], s["speedup_vs_hf_4_hosts"]
     best = s["best_arm"] or "no arm reached the target"
     partial = "" if s.get("best_of_full_seeds", True) or not s["best_arm"] else \
         f", fewer than {FULL_SEEDS} seeds: no verdict yet"
     lines += ["", f"4 hosts, best arm of {FULL_SEEDS} seeds ({best}{partial}): "
-              f"{'-' if sp is None else f'{sp:.2f}x'} sooner than 1 host "
-              f"(goal {GOAL}x: {'met' if s['met'] else 'not met'}); against HF Trainer + torchrun on the same 4 "
+              f"{'-' if sp is None else f'{sp:.2f}x'} sooner than 1 host (goal {GOAL}x: "
+              f"{'met' if s['met'] else 'not met'}); against HF Trainer + torchrun on the same 4 "
               f"hosts: {'-' if vs is None else f'{vs:.2f}x'} (goal {GOAL_VS_HF}x: "
               f"{'met' if s['met_vs_hf'] else 'not met'}).", ""]
     return lines
 
 
 def markdown(res: dict[str, Any]) -> str:
-    lines = [f"# Time to accuracy on the miniature cluster ({res['cpu_kind']})", "", f"`{res['command']}`", "",
-             f"CPU: {res['cpu_model']} (flags {res['cpu_flags']}); commit {res['commit']}, benchmark code "
-             f"{res['code']}. Hosts: {res['cluster_text']}", "",
+    lines = [f"# Time to accuracy on the miniature cluster ({res['cpu_kind']})", "",
+             f"`{res['command']}`", "",
+             f"CPU: {res['cpu_model']} (flags {res['cpu_flags']}); commit {res['commit']}, "
+             f"benchmark code {res['code']}. Hosts: {res['cluster_text']}", "",
              f"Peer arm: {res['hf_how']}", ""]
     for task, s in res["summary"].items():
-        lines += task_markdown(task, s, res["calibrations"][task], res["plan"][task], res["runs"][task])
-    lines += ["The last two columns time the whole run (every arm trains the same budget): its speed apart from "
-              "when its accuracy first crosses the target.", ""]
+        lines += task_markdown(task, s, res["calibrations"][task], res["plan"][task],
+                               res["runs"][task])
+    lines += ["The last two columns time the whole run (every arm trains the same budget): its "
+              "speed apart from when its accuracy first crosses the target.", ""]
     return "\n".join(lines)

@@ -28,11 +28,13 @@ SAVE_MODELS = ("last", "best", "none")
 
 
 def lr_scaling_on(cfg: TrainConfig, world: int) -> str:
-    """What --lr-scaling does on `world` ranks: auto is none on one rank; on more, linear, or sqrt for LoRA.
+    """What --lr-scaling does on `world` ranks: auto is none on one rank; on more, linear, or sqrt
+    for LoRA.
 
-    A multi-rank run grows the global batch and takes 1/world of one rank's optimizer steps, so an unscaled lr
-    loses accuracy (benchmarks/results/accuracy-scaling.md); LoRA keeps more of it with sqrt. A resume on another
-    rank count keeps the checkpoint's global batch, so it scales by the rank count that wrote it (cfg.lr_world).
+    A multi-rank run grows the global batch and takes 1/world of one rank's optimizer steps, so an
+    unscaled lr loses accuracy (benchmarks/results/accuracy-scaling.md); LoRA keeps more of it with
+    sqrt. A resume on another rank count keeps the checkpoint's global batch, so it scales by the
+    rank count that wrote it (cfg.lr_world).
     """
     return resolved_scaling(cfg.lr_scaling, cfg.lr_world or world, cfg.peft)
 
@@ -45,9 +47,9 @@ def resolved_scaling(lr_scaling: str, ranks: int, peft: str = "none") -> str:
 
 
 def resolved_compression(text: str, sync: str, across_nodes: bool) -> str:
-    """--grad-compression with auto made what it does: bf16 for ddp when the ranks span more than one node, else
-    none. Across nodes the wire is what a step waits for (benchmarks/results/time-to-accuracy-*.md); within one
-    node the bytes cost little."""
+    """--grad-compression with auto made what it does: bf16 for ddp when the ranks span more than
+    one node, else none. Across nodes the wire is what a step waits for
+    (benchmarks/results/time-to-accuracy-*.md); within one node the bytes cost little."""
     if text != "auto":
         return text
     return "bf16" if sync == "ddp" and across_nodes else "none"
@@ -57,9 +59,9 @@ def effective_lr(cfg: TrainConfig, world: int) -> float:
     """--lr for one rank's batch, scaled to the global batch of `world` ranks as --lr-scaling asks.
 
     linear: Goyal et al.'s rule (batch k times larger, learning rate k times larger, with warm-up);
-    sqrt: the gentler rule often used with Adam. Local SGD as well: each rank steps on its own batch, but the
-    average of the ranks' steps is what the model keeps, which moves it as far as one step on the global batch
-    (what each rule costs in accuracy: benchmarks/README.md).
+    sqrt: the gentler rule often used with Adam. Local SGD as well: each rank steps on its own
+    batch, but the average of the ranks' steps is what the model keeps, which moves it as far as one
+    step on the global batch (what each rule costs in accuracy: benchmarks/README.md).
     """
     ranks = cfg.lr_world or world
     scaling = resolved_scaling(cfg.lr_scaling, ranks, cfg.peft)
@@ -99,7 +101,8 @@ class TrainConfig:
     max_eval_samples: int | None = None
     synthetic_samples: int = 2048
     do_eval: bool = True
-    eval_every: int | None = None  # optimizer steps between evaluations during training (HF's eval_steps)
+    # optimizer steps between evaluations during training (HF's eval_steps)
+    eval_every: int | None = None
     # HF Trainer's choices under its names (cpudist/train/trainer_choices.py)
     eval_strategy: str = "auto"  # auto (steps with eval_every, else no) | steps | epoch | no
     save_strategy: str = "steps"  # steps (checkpoint_every) | epoch | eval (at evaluations) | no
@@ -109,54 +112,75 @@ class TrainConfig:
     early_stopping_threshold: float = 0.0  # an improvement counts when larger than this
     lr_scheduler: str = "linear"  # transformers' get_scheduler name
     warmup_steps: int | None = None  # wins over warmup_ratio when given
-    save_model: str = "last"  # last | best | none: the weights rank 0 writes to <output_dir>/model (train/export.py)
-    report_to: tuple[str, ...] = ()  # tensorboard, mlflow: rank 0 writes step metrics, evaluations (train/report_to.py)
-    mlflow_uri: str | None = None  # --report-to mlflow's tracking URI (default: <output_dir>/mlruns, a file store)
+    # last | best | none: the weights rank 0 writes to <output_dir>/model (train/export.py)
+    save_model: str = "last"
+    # tensorboard, mlflow: rank 0 writes step metrics, evaluations (train/report_to.py)
+    report_to: tuple[str, ...] = ()
+    # --report-to mlflow's tracking URI (default: <output_dir>/mlruns, a file store)
+    mlflow_uri: str | None = None
     log_every: int = 10
     dist_timeout_s: int = 300
     max_grad_norm: float = 1.0  # like HF Trainer; 0 turns clipping off
     checkpoint_every: int | None = None  # optimizer steps between checkpoints
-    checkpoint_every_min: float | None = None  # minutes between checkpoints (rank 0's clock decides)
+    # minutes between checkpoints (rank 0's clock decides)
+    checkpoint_every_min: float | None = None
     checkpoint_dir: str | None = None  # default: <output_dir>/checkpoints
     keep_checkpoints: int = 2
     checkpoint_s3: str | None = None  # s3://bucket/prefix: a durable copy of every checkpoint
-    model_s3: str | None = None  # s3://bucket/prefix: rank 0 copies the saved model there (train/model_upload.py)
-    resume: str | None = None  # auto: the newest usable checkpoint, if any | a checkpoint or its folder
+    # s3://bucket/prefix: rank 0 copies the saved model there (train/model_upload.py)
+    model_s3: str | None = None
+    # auto: the newest usable checkpoint, if any | a checkpoint or its folder
+    resume: str | None = None
     resume_required: bool = False  # a recovery's part: no checkpoint found stops it, never step 0
-    model_given: str = ""  # where staging took the model from (the launching side's absolute path): a LoRA adapter
+    # where staging took the model from (the launching side's absolute path): a LoRA adapter
+    model_given: str = ""
     # names its base there, so it loads where the model comes home, not from a node's stage folder
-    run_id: str = ""  # the run's id (cpudist/run/identity.py), given by `cpudist run`; a resume keeps the run's
+    # the run's id (cpudist/run/identity.py), given by `cpudist run`; a resume keeps the run's
+    run_id: str = ""
     imds: str = "auto"  # spot notices: auto (AWS's metadata service on EC2) | off | URL
-    freeze_embeddings: bool = False  # the word-embedding table is not trained (cpudist/train/speed.py)
-    gradient_checkpointing: bool = False  # activations recomputed in backward, not kept (cpudist/train/speed.py)
+    # the word-embedding table is not trained (cpudist/train/speed.py)
+    freeze_embeddings: bool = False
+    # activations recomputed in backward, not kept (cpudist/train/speed.py)
+    gradient_checkpointing: bool = False
     compile: bool = False  # torch.compile, batches padded to a few static lengths
     ipex: bool = False  # Intel Extension for PyTorch's optimize(), when installed
-    fast_dropout: bool = True  # dropout masks from 16-bit lanes of 64-bit draws (cpudist/train/dropout.py)
-    first_token_last_layer: bool = True  # the last layer computes [CLS] only (cpudist/train/last_layer.py)
-    # --peft lora: adapters on the attention, the head in full, all else frozen (cpudist/train/lora.py)
+    # dropout masks from 16-bit lanes of 64-bit draws (cpudist/train/dropout.py)
+    fast_dropout: bool = True
+    # the last layer computes [CLS] only (cpudist/train/last_layer.py)
+    first_token_last_layer: bool = True
+    # --peft lora: adapters on the attention, the head in full, all else frozen
+    # (cpudist/train/lora.py)
     peft: str = "none"  # none | lora
     lora_r: int = 8
     lora_alpha: float = 16.0
-    # none on the adapters' input, as peft's own default: a mask per adapted Linear costs a large share of a step
-    # and accuracy did not need it (benchmarks/results/lora-step-profile-*.txt)
+    # none on the adapters' input, as peft's own default: a mask per adapted Linear costs a large
+    # share of a step and accuracy did not need it (benchmarks/results/lora-step-profile-*.txt)
     lora_dropout: float = 0.0
     lora_targets: tuple[str, ...] = ()  # empty: every Linear of the family's layers (train/lora.py)
-    lora_modules_to_save: tuple[str, ...] = ()  # trained in full beside the classifier; empty: the family's head
-    merge_lora: bool = False  # save the adapters merged into a plain model instead of the adapter alone
-    lr_scaling: str = "auto"  # auto | none | linear | sqrt: --lr times world size (or its root), every sync
-    lr_world: int = 0  # a resume on another rank count: the rank count that wrote the checkpoint (0: this run's)
-    optimizer: str = "adamw"  # sgd: plain SGD (no momentum), linear in the gradient: for teaching and checks
-    # Gradient sync: SyncSpec's knobs, under the same names (cpudist/strategies.py, cpudist/train/sync.py)
+    # trained in full beside the classifier; empty: the family's head
+    lora_modules_to_save: tuple[str, ...] = ()
+    # save the adapters merged into a plain model instead of the adapter alone
+    merge_lora: bool = False
+    # auto | none | linear | sqrt: --lr times world size (or its root), every sync
+    lr_scaling: str = "auto"
+    # a resume on another rank count: the rank count that wrote the checkpoint (0: this run's)
+    lr_world: int = 0
+    # sgd: plain SGD (no momentum), linear in the gradient: for teaching and checks
+    optimizer: str = "adamw"
+    # Gradient sync: SyncSpec's knobs, under the same names (cpudist/strategies.py,
+    # cpudist/train/sync.py)
     sync: str = "ddp"  # ddp | allreduce | gather-scatter | local-sgd
     bucket_cap_mb: float = 25.0  # DDP's buckets; local SGD's averaging buckets
-    # ddp: auto | none | bf16 | fp16 | powersgd[:RANK] (auto: bf16 across nodes, resolved_compression); local-sgd:
-    # auto (none) | none | bf16
+    # ddp: auto | none | bf16 | fp16 | powersgd[:RANK] (auto: bf16 across nodes,
+    # resolved_compression); local-sgd: auto (none) | none | bf16
     grad_compression: str = "auto"
-    embedding_sync: str = "rows"  # ddp: rows (only the word embedding's rows a step touched) | dense
+    # ddp: rows (only the word embedding's rows a step touched) | dense
+    embedding_sync: str = "rows"
     sync_every: int = 8  # local-sgd: steps between parameter averages (K)
     local_sgd_warmup: int = 0  # local-sgd: synchronous (gradient-averaging) steps first
     outer_optimizer: str = "none"  # local-sgd: none | nesterov (DiLoCo)
-    average_moments: str = "none"  # local-sgd: none | first | second | both (AdamW's moments averaged too)
+    # local-sgd: none | first | second | both (AdamW's moments averaged too)
+    average_moments: str = "none"
     second_moment_every: int = 1  # local-sgd: the second moment joins only every J-th average
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
@@ -222,19 +246,23 @@ def from_argv(argv: list[str]) -> TrainConfig:
 def check_save(cfg: TrainConfig) -> None:
     """--save-model best and --eval-every: refused where they cannot mean what they say."""
     if cfg.save_model not in SAVE_MODELS:
-        raise BadInput(f"--save-model {cfg.save_model}: unknown", f"Use one of: {', '.join(SAVE_MODELS)}")
+        raise BadInput(f"--save-model {cfg.save_model}: unknown",
+                       f"Use one of: {', '.join(SAVE_MODELS)}")
     if cfg.model_s3 and cfg.save_model == "none":
         raise BadInput("--model-s3 copies the saved model, and --save-model none saves none",
                        "Drop --model-s3, or pick --save-model last or best")
     if not cfg.do_eval and (cfg.save_model == "best" or cfg.eval_every):
         what = "--save-model best" if cfg.save_model == "best" else "--eval-every"
-        raise BadInput(f"{what} needs evaluations, and --no-eval turns them off", f"Drop --no-eval or {what}")
+        raise BadInput(f"{what} needs evaluations, and --no-eval turns them off",
+                       f"Drop --no-eval or {what}")
     if cfg.eval_every and cfg.sync == "local-sgd" and (cfg.eval_every % cfg.sync_every
                                                        or cfg.local_sgd_warmup % cfg.sync_every):
-        # Between averages every rank holds its own model: an evaluation there would score a mix of them.
-        raise BadInput(f"--eval-every {cfg.eval_every} with --sync local-sgd evaluates between parameter averages, "
-                       "where the ranks' models differ",
-                       f"Give --eval-every a multiple of --sync-every {cfg.sync_every} (and --local-sgd-warmup too)")
+        # Between averages every rank holds its own model: an evaluation there would score a mix of
+        # them.
+        raise BadInput(f"--eval-every {cfg.eval_every} with --sync local-sgd evaluates between "
+                       "parameter averages, where the ranks' models differ",
+                       f"Give --eval-every a multiple of --sync-every {cfg.sync_every} (and "
+                       "--local-sgd-warmup too)")
 
 
 def spec_of(cfg: TrainConfig, total_steps: int) -> SyncSpec:
@@ -242,8 +270,11 @@ def spec_of(cfg: TrainConfig, total_steps: int) -> SyncSpec:
     if cfg.sync not in STRATEGIES:
         raise BadInput(f"--sync {cfg.sync}: unknown", f"Use one of: {', '.join(STRATEGIES)}")
     # a rank resolved auto already (train/main.py knows the nodes); elsewhere, as on one node
-    compression, rank = parse_compression(resolved_compression(cfg.grad_compression, cfg.sync, False))
+    compression, rank = parse_compression(resolved_compression(cfg.grad_compression, cfg.sync,
+                                                               False))
     start = max(2, round(POWERSGD_START_SHARE * total_steps))
-    same = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(SyncSpec) if hasattr(cfg, f.name)}
-    return SyncSpec(**{**same, "grad_compression": compression, "powersgd_rank": rank, "powersgd_start": start,
+    same = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(SyncSpec)
+            if hasattr(cfg, f.name)}
+    return SyncSpec(**{**same, "grad_compression": compression, "powersgd_rank": rank,
+                       "powersgd_start": start,
                        "local_sgd_warmup": cfg.local_sgd_warmup if cfg.sync == "local-sgd" else 0})

@@ -1,5 +1,5 @@
-"""What this CPU offers: model, vector extensions, physical cores, and how many of them this process may
-use (affinity mask, cgroup CPU quota): parsed from text, then read."""
+"""What this CPU offers: model, vector extensions, physical cores, and how many of them this process
+may use (affinity mask, cgroup CPU quota): parsed from text, then read."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ class CpuInfo:
     flags: frozenset[str]
     logical_cpus: int
     physical_cores: int
-    core_ids: frozenset[str] = field(default=frozenset(), compare=False)  # "socket:core" of each core counted
+    # "socket:core" of each core counted
+    core_ids: frozenset[str] = field(default=frozenset(), compare=False)
 
     @property
     def has_bf16(self) -> bool:
@@ -29,8 +30,10 @@ class CpuInfo:
 
     @property
     def kind(self) -> str:
-        """The class of CPU that decides the fast path: amx-bf16, avx512-bf16, avx512, avx2 or other."""
-        for flag, name in (("amx_bf16", "amx-bf16"), ("avx512_bf16", "avx512-bf16"), ("avx512f", "avx512"),
+        """The class of CPU that decides the fast path: amx-bf16, avx512-bf16, avx512, avx2 or
+        other."""
+        for flag, name in (("amx_bf16", "amx-bf16"), ("avx512_bf16", "avx512-bf16"),
+                           ("avx512f", "avx512"),
                            ("avx2", "avx2")):
             if flag in self.flags:
                 return name
@@ -57,7 +60,8 @@ def parse_cpuinfo(text: str, allowed: set[int] | None = None) -> CpuInfo:
         model = fields.get("model name", model)
         flags = frozenset(fields.get("flags", "").split()) or flags
         cores.add((fields.get("physical id", "0"), fields.get("core id", str(cpu))))
-    return CpuInfo(model, flags, logical, max(1, len(cores)), frozenset(f"{s}:{c}" for s, c in cores))
+    return CpuInfo(model, flags, logical, max(1, len(cores)),
+                   frozenset(f"{s}:{c}" for s, c in cores))
 
 
 def _kv(line: str) -> tuple[str, str]:
@@ -87,7 +91,8 @@ def parse_cgroup_paths(text: str) -> dict[str, str]:
 
 
 def parse_cfs_quota(quota_us: str, period_us: str) -> float | None:
-    """Cores allowed by cgroup v1's cpu.cfs_quota_us / cpu.cfs_period_us; None when unlimited (-1)."""
+    """Cores allowed by cgroup v1's cpu.cfs_quota_us / cpu.cfs_period_us; None when unlimited
+    (-1)."""
     quota, period = int(quota_us.strip()), int(period_us.strip())
     return None if quota <= 0 or period <= 0 else quota / period
 
@@ -104,7 +109,8 @@ def _quota_at(folder: Path) -> float | None:
     try:
         if (folder / "cpu.max").is_file():
             return parse_cpu_max((folder / "cpu.max").read_text())
-        return parse_cfs_quota((folder / "cpu.cfs_quota_us").read_text(), (folder / "cpu.cfs_period_us").read_text())
+        return parse_cfs_quota((folder / "cpu.cfs_quota_us").read_text(),
+                               (folder / "cpu.cfs_period_us").read_text())
     except (OSError, ValueError):
         return None
 
@@ -128,7 +134,8 @@ def quota_folders(paths: Mapping[str, str], root: Path = Path("/sys/fs/cgroup"))
 
 
 def read_cpu_quota() -> float | None:
-    """The tightest CPU quota (in cores) over this process's cgroup and its ancestors; None: no limit."""
+    """The tightest CPU quota (in cores) over this process's cgroup and its ancestors; None: no
+    limit."""
     try:
         paths = parse_cgroup_paths(Path("/proc/self/cgroup").read_text())
     except OSError:
@@ -138,8 +145,8 @@ def read_cpu_quota() -> float | None:
 
 
 def usable_cores(physical_cores: int, quota: float | None) -> int:
-    """Cores a process can keep busy: those in its affinity mask, no more than its quota (rounded up, at
-    least 1: a 0.5-core quota still runs one thread)."""
+    """Cores a process can keep busy: those in its affinity mask, no more than its quota (rounded
+    up, at least 1: a 0.5-core quota still runs one thread)."""
     if quota is None:
         return physical_cores
     return max(1, min(physical_cores, math.ceil(quota - 1e-9)))

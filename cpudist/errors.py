@@ -15,7 +15,8 @@ class CpudistError(click.ClickException):
     def __init__(self, message: str, hint: str | None = None) -> None:
         text = message if hint is None else f"{message}. {hint}"
         super().__init__(text)
-        self.what = message  # without the hint: for callers that act on the error instead of printing it
+        # without the hint: for callers that act on the error instead of printing it
+        self.what = message
 
 
 class BadInput(CpudistError):
@@ -31,13 +32,14 @@ class JobFailed(CpudistError):
 
 
 class Interrupted(JobFailed):
-    """The user stopped the job (Ctrl-C, SIGTERM, a hang-up) and every rank was stopped: exit code 130, as a shell
-    reports a command ended by SIGINT."""
+    """The user stopped the job (Ctrl-C, SIGTERM, a hang-up) and every rank was stopped: exit code
+    130, as a shell reports a command ended by SIGINT."""
 
     exit_code = exits.INTERRUPTED
 
 
 class Preempted(JobFailed):
-    """The ranks stopped on purpose (SIGTERM, spot notice) after saving a checkpoint: exit code 75."""
+    """The ranks stopped on purpose (SIGTERM, spot notice) after saving a checkpoint: exit code
+    75."""
 
     exit_code = exits.PREEMPTED

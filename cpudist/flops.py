@@ -1,11 +1,11 @@
 """Model FLOPs of training a BERT-family encoder, and this CPU's peak, for MFU.
 
-Training FLOPs of one sequence of l real tokens (padding excluded), after Kaplan et al. and the
-PaLM MFU definition: 3 x forward, forward = 2 x N x l for the weight matmuls (N: parameters
-outside the embeddings) + 4 x L x h x l^2 for attention scores and their weighted sum. When the last layer
-computes the first token only (cpudist/train/last_layer.py), the work it skips is not counted: its weights other
-than keys and values meet 1 token instead of l, and its attention has 1 query instead of l.
-Peak FLOP/s = cores x clock x FLOP per cycle of the vector units: 2 FMA pipes x lanes x 2.
+Training FLOPs of one sequence of l real tokens (padding excluded), after Kaplan et al. and the PaLM
+MFU definition: 3 x forward, forward = 2 x N x l for the weight matmuls (N: parameters outside the
+embeddings) + 4 x L x h x l^2 for attention scores and their weighted sum. When the last layer
+computes the first token only (cpudist/train/last_layer.py), the work it skips is not counted: its
+weights other than keys and values meet 1 token instead of l, and its attention has 1 query instead
+of l. Peak FLOP/s = cores x clock x FLOP per cycle of the vector units: 2 FMA pipes x lanes x 2.
 """
 
 from __future__ import annotations
@@ -26,14 +26,17 @@ class ModelShape:
     non_embedding_params: int
     layers: int
     hidden: int
-    first_token_only_params: int = 0  # the last layer's weights that meet only the first token (0: every token)
+    # the last layer's weights that meet only the first token (0: every token)
+    first_token_only_params: int = 0
 
 
 def training_flops(shape: ModelShape, lengths: Iterable[int]) -> float:
     """FLOPs of one forward+backward pass over sequences of these real lengths."""
     skipped = shape.first_token_only_params
-    return float(sum(3 * (2 * shape.non_embedding_params * n + 4 * shape.layers * shape.hidden * n * n
-                          - (2 * skipped * (n - 1) + 4 * shape.hidden * (n * n - n) if skipped else 0))
+    return float(sum(3
+                     * (2 * shape.non_embedding_params * n + 4 * shape.layers * shape.hidden * n * n
+                        - (2 * skipped * (n - 1) + 4 * shape.hidden * (n * n - n) if skipped
+                           else 0))
                      for n in lengths))
 
 
@@ -57,7 +60,8 @@ class Peak:
 
 
 def peak_flops(cpu: CpuInfo, cores: int, ghz: float) -> Peak:
-    """cores x GHz x FLOP/cycle; bf16 doubles it only with native bf16 dot products (AVX512-BF16/AMX)."""
+    """cores x GHz x FLOP/cycle; bf16 doubles it only with native bf16 dot products
+    (AVX512-BF16/AMX)."""
     flag, lanes, pipes = next(v for v in VECTOR_UNITS if not v[0] or v[0] in cpu.flags)
     per_cycle = pipes * lanes * 2  # an FMA is 2 FLOPs
     fp32 = cores * ghz * 1e9 * per_cycle
@@ -67,8 +71,8 @@ def peak_flops(cpu: CpuInfo, cores: int, ghz: float) -> Peak:
         bf16, note = 2 * fp32, "AVX512-BF16: 2x the fp32 FMA rate"
     else:
         bf16, note = fp32, "no native bf16: bf16 runs at (at best) the fp32 rate"
-    how = (f"{cores} cores x {ghz:.3f} GHz x {per_cycle} fp32 FLOP/cycle ({pipes} FMA pipes x {lanes} lanes "
-           f"of {flag or 'SSE'} x 2); {note}")
+    how = (f"{cores} cores x {ghz:.3f} GHz x {per_cycle} fp32 FLOP/cycle ({pipes} FMA pipes x "
+           f"{lanes} lanes of {flag or 'SSE'} x 2); {note}")
     return Peak(fp32, bf16, how)
 
 

@@ -32,7 +32,8 @@ class Host:
 
 @dataclass(frozen=True)
 class Nodes:
-    """A run's nodes, head first, read once from where they were listed (`source`: that hostfile, for messages)."""
+    """A run's nodes, head first, read once from where they were listed (`source`: that hostfile,
+    for messages)."""
 
     hosts: tuple[Host, ...]
     source: str
@@ -54,7 +55,8 @@ def local_hosts(slots: int) -> tuple[Host, ...]:
 
 def _slots(text: str, where: str) -> int:
     if not text.isdigit() or int(text) < 1:
-        raise BadInput(f"bad slot count '{text}' at {where}", "Slots must be a whole number of at least 1")
+        raise BadInput(f"bad slot count '{text}' at {where}",
+                       "Slots must be a whole number of at least 1")
     return int(text)
 
 
@@ -64,7 +66,8 @@ def _parse_line(line: str, where: str) -> Host:
     for extra in tokens[1:]:
         key, sep, value = extra.partition("=")
         if not sep:
-            raise BadInput(f"unexpected '{extra}' at {where}", "Write `host`, `host:slots` or `host slots=N`")
+            raise BadInput(f"unexpected '{extra}' at {where}",
+                           "Write `host`, `host:slots` or `host slots=N`")
         if key == "slots":
             slots = _slots(value, where)
         # Open MPI's other keys (max_slots=...) do not change where our ranks go.
@@ -72,12 +75,14 @@ def _parse_line(line: str, where: str) -> Host:
         name, _, count = name.partition(":")
         slots = _slots(count, where)
     if not _NAME.match(name):
-        raise BadInput(f"'{name}' at {where} is not a host name or IPv4 address", "Fix that line of the hostfile")
+        raise BadInput(f"'{name}' at {where} is not a host name or IPv4 address",
+                       "Fix that line of the hostfile")
     return Host(name, slots)
 
 
 def parse_hostfile(text: str, source: str = "hostfile") -> tuple[Host, ...]:
-    """Hosts in file order; comments, blank lines, duplicates and bad slots are handled or refused."""
+    """Hosts in file order; comments, blank lines, duplicates and bad slots are handled or
+    refused."""
     hosts: list[Host] = []
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
@@ -96,7 +101,8 @@ def parse_hostfile(text: str, source: str = "hostfile") -> tuple[Host, ...]:
 def read_hostfile(path: Path) -> tuple[Host, ...]:
     """Parse a hostfile from disk."""
     if not path.is_file():
-        raise BadInput(f"hostfile not found: {path}", "Check --hostfile (or write one: see hostfiles/)")
+        raise BadInput(f"hostfile not found: {path}",
+                       "Check --hostfile (or write one: see hostfiles/)")
     return parse_hostfile(path.read_text(), str(path))
 
 

@@ -1,7 +1,8 @@
-"""SIGTERM and SIGHUP as Ctrl-C: a killed or hung-up command cleans up the way an interrupted one does.
+"""SIGTERM and SIGHUP as Ctrl-C: a killed or hung-up command cleans up the way an interrupted one
+does.
 
-A signal the command was started with ignored stays ignored: `nohup` ignores SIGHUP, a shell's `&` without job
-control ignores SIGINT, and the user meant the command to outlive those.
+A signal the command was started with ignored stays ignored: `nohup` ignores SIGHUP, a shell's `&`
+without job control ignores SIGINT, and the user meant the command to outlive those.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ from typing import Any
 
 def _heeded() -> list[int]:
     """SIGINT, SIGTERM and SIGHUP, less those this process was started ignoring (nohup's SIGHUP)."""
-    return [sig for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if signal.getsignal(sig) != signal.SIG_IGN]
+    return [sig for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+            if signal.getsignal(sig) != signal.SIG_IGN]
 
 
 class Interrupts:
-    """Whether a stop signal arrived in the block: remembered even where the raised KeyboardInterrupt was
-    swallowed (a signal handled inside a `__del__` or a library's broad except only prints a warning)."""
+    """Whether a stop signal arrived in the block: remembered even where the raised
+    KeyboardInterrupt was swallowed (a signal handled inside a `__del__` or a library's broad except
+    only prints a warning)."""
 
     def __init__(self) -> None:
         self.received: int | None = None
@@ -48,7 +51,8 @@ def signals_interrupt() -> Iterator[Interrupts]:
 
 @contextmanager
 def shielded(on_interrupt: Callable[[], None]) -> Iterator[None]:
-    """Within the block (a cleanup), Ctrl-C, SIGTERM and SIGHUP only call `on_interrupt`: it runs to the end."""
+    """Within the block (a cleanup), Ctrl-C, SIGTERM and SIGHUP only call `on_interrupt`: it runs to
+    the end."""
     previous = {sig: signal.signal(sig, lambda signum, frame: on_interrupt()) for sig in _heeded()}
     try:
         yield

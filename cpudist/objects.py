@@ -14,7 +14,8 @@ from cpudist.errors import BadInput, CpudistError
 
 
 class StoreError(CpudistError):
-    """An object store call failed; `code` keeps the provider's error code (the mirror says what it was doing)."""
+    """An object store call failed; `code` keeps the provider's error code (the mirror says what it
+    was doing)."""
 
     def __init__(self, message: str, hint: str | None = None, code: str = "") -> None:
         super().__init__(message, hint)
@@ -22,7 +23,8 @@ class StoreError(CpudistError):
 
 
 class StoreBadSetup(StoreError, BadInput):
-    """The store refused the credentials (missing, unknown, wrong secret): the user's setup, exit code 2."""
+    """The store refused the credentials (missing, unknown, wrong secret): the user's setup, exit
+    code 2."""
 
 
 class ObjectStore(Protocol):
@@ -47,6 +49,7 @@ class ObjectStore(Protocol):
         ...
 
     def probe(self, timeout_s: float) -> None:
-        """One cheap call that the store answers now (no retries, given up after about `timeout_s`); StoreError
-        naming the endpoint when it does not. The run's watch of the store calls it (train/store_watch.py)."""
+        """One cheap call that the store answers now (no retries, given up after about `timeout_s`);
+        StoreError naming the endpoint when it does not. The run's watch of the store calls it
+        (train/store_watch.py)."""
         ...

@@ -17,7 +17,8 @@ import sys
 
 from cpudist import secrets, state
 
-# Inductor (--compile) fixes its cache folder when torch is imported: the user's, kept across runs and reboots.
+# Inductor (--compile) fixes its cache folder when torch is imported: the user's, kept across runs
+# and reboots.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(state.inductor_dir()))
 
 from cpudist.cloud.aws.notice import NoticeWatcher, imds_endpoint
@@ -32,31 +33,37 @@ from cpudist.wire import exits, rank_errors
 
 
 def spot_notices(setting: str) -> NoticePoller | None:
-    """The poller of EC2's spot notices for --imds (auto: on EC2 only; off: none; else the URL given)."""
+    """The poller of EC2's spot notices for --imds (auto: on EC2 only; off: none; else the URL
+    given)."""
     endpoint = imds_endpoint(setting)
     return NoticeWatcher(endpoint) if endpoint else None
 
 
 AWS = Provider(store=S3Objects, notices=spot_notices)
-PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Socket Timeout")
-PEER_SILENT = "Timed out waiting"  # gloo's words when a peer sent nothing for the group's timeout (--dist-timeout)
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+             "Socket Timeout")
+# gloo's words when a peer sent nothing for the group's timeout (--dist-timeout)
+PEER_SILENT = "Timed out waiting"
 
 
 def lost_peer(error: RuntimeError) -> bool:
-    """Whether a collective failed because a peer rank is gone or silent (torch's DistError, or gloo's transport
-    error or timeout)."""
+    """Whether a collective failed because a peer rank is gone or silent (torch's DistError, or
+    gloo's transport error or timeout)."""
     import torch.distributed as dist
 
     text = str(error)
-    return isinstance(error, dist.DistError) or any(words in text for words in (*PEER_GONE, PEER_SILENT))
+    return isinstance(error, dist.DistError) or any(words in text
+                                                    for words in (*PEER_GONE, PEER_SILENT))
 
 
 def peer_line(error: RuntimeError, timeout_s: int) -> str:
-    """What follows LOST_PEER on the rank's error line: a silent peer said as such, else gloo's first line."""
+    """What follows LOST_PEER on the rank's error line: a silent peer said as such, else gloo's
+    first line."""
     text = str(error)
     if PEER_SILENT not in text:
         return text.splitlines()[0]
-    said = text[text.find(PEER_SILENT):].splitlines()[0]  # gloo's own words, without the callback wrappers
+    # gloo's own words, without the callback wrappers
+    said = text[text.find(PEER_SILENT):].splitlines()[0]
     return f"no answer within --dist-timeout {timeout_s}s (a rank that hangs, or a frozen host or link): {said}"
 
 
@@ -66,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = from_argv(sys.argv[1:] if argv is None else argv)
     rank = "?"
     try:
-        secrets.load_into(os.environ)  # --secret/--env-file: from the node's 0600 file, never from argv
+        # --secret/--env-file: from the node's 0600 file, never from argv
+        secrets.load_into(os.environ)
         info = discover_rank(os.environ)
         rank = str(info.rank)
         return run(cfg, info, AWS, startup)
@@ -81,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:
         if not lost_peer(e):
             raise  # a bug: its traceback is what a report needs
-        # A peer that failed (its own error line says why) or died breaks this rank's next collective.
+        # A peer that failed (its own error line says why) or died breaks this rank's next
+        # collective.
         why = peer_line(e, cfg.dist_timeout_s)
         sys.stderr.write(rank_errors.lost_peer_line(socket.gethostname(), rank, why))
         sys.stderr.flush()

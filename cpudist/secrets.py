@@ -2,16 +2,16 @@
 
     cpudist run mrpc --secret HF_TOKEN --env-file ~/.config/wandb.env --hostfile H --np 2 --ppn 1 ...
 
-The values travel as data only: in the request on the agent's stdin (a run from outside the cluster), then
-into a 0600 file `~/.cpudist/secrets/<run>.json` on every node of the run (over ssh's stdin), whose path alone
-(`CPUDIST_SECRETS`) is in the ranks' environment. The rank entry (cpudist/rank.py) reads it into its own
-environment before anything else, so `ps`, command.txt, job.sbatch and torchrun's per-host commands show the
-path, never a value. The files go when the launch ends. With Slurm the file is written on the submitting
-machine only: the nodes read it through the shared home that Slurm clusters mount; a batch script (job.sbatch,
-which outlives the run) exports the --env values from it too, naming them only, and removes it
-when the job ends (a job Slurm requeues keeps it for its next start). torchrun's per-host lines
-name the --env values in the same way, and each host's tether (launch/tether.py) exports them
-from the file.
+The values travel as data only: in the request on the agent's stdin (a run from outside the
+cluster), then into a 0600 file `~/.cpudist/secrets/<run>.json` on every node of the run (over ssh's
+stdin), whose path alone (`CPUDIST_SECRETS`) is in the ranks' environment. The rank entry
+(cpudist/rank.py) reads it into its own environment before anything else, so `ps`, command.txt,
+job.sbatch and torchrun's per-host commands show the path, never a value. The files go when the
+launch ends. With Slurm the file is written on the submitting machine only: the nodes read it
+through the shared home that Slurm clusters mount; a batch script (job.sbatch, which outlives the
+run) exports the --env values from it too, naming them only, and removes it when the job ends (a job
+Slurm requeues keeps it for its next start). torchrun's per-host lines name the --env values in the
+same way, and each host's tether (launch/tether.py) exports them from the file.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from pathlib import Path
 from cpudist import state
 from cpudist.errors import BadInput
 
-SECRETS_ENV = "CPUDIST_SECRETS"  # the ranks' variable: where their node's secrets file is ("~/..." as written)
+# the ranks' variable: where their node's secrets file is ("~/..." as written)
+SECRETS_ENV = "CPUDIST_SECRETS"
 FOLDER = str(state.SECRETS_DIR)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -33,11 +34,13 @@ Pairs = tuple[tuple[str, str], ...]
 
 
 def from_environment(names: tuple[str, ...], environ: Mapping[str, str]) -> Pairs:
-    """--secret NAME: each value from this machine's environment; a name that is not set is one line."""
+    """--secret NAME: each value from this machine's environment; a name that is not set is one
+    line."""
     out = []
     for name in names:
         if not _NAME.fullmatch(name):
-            raise BadInput(f"--secret {name}: not a variable name", "Pass the variable's name: --secret HF_TOKEN")
+            raise BadInput(f"--secret {name}: not a variable name",
+                           "Pass the variable's name: --secret HF_TOKEN")
         if name not in environ:
             raise BadInput(f"--secret {name}: {name} is not set in this shell's environment",
                            f"export {name}=... first (or put it in a file for --env-file)")
@@ -46,11 +49,13 @@ def from_environment(names: tuple[str, ...], environ: Mapping[str, str]) -> Pair
 
 
 def parse_env_file(path: Path) -> Pairs:
-    """--env-file: `NAME=value` lines (`export ` allowed, `#` comments, one pair of surrounding quotes removed)."""
+    """--env-file: `NAME=value` lines (`export ` allowed, `#` comments, one pair of surrounding
+    quotes removed)."""
     try:
         text = path.read_text()
     except OSError as e:
-        raise BadInput(f"--env-file {path}: {e.strerror}", "Pass a readable file of NAME=value lines") from None
+        raise BadInput(f"--env-file {path}: {e.strerror}",
+                       "Pass a readable file of NAME=value lines") from None
     out = []
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
@@ -68,13 +73,15 @@ def parse_env_file(path: Path) -> Pairs:
     return tuple(out)
 
 
-def gather(env_files: tuple[Path, ...], names: tuple[str, ...], environ: Mapping[str, str]) -> Pairs:
+def gather(env_files: tuple[Path, ...], names: tuple[str, ...],
+           environ: Mapping[str, str]) -> Pairs:
     """--env-file's pairs, then --secret's (the later wins), as data: never on a command line."""
     return tuple(p for f in env_files for p in parse_env_file(f)) + from_environment(names, environ)
 
 
 def file_for(run: str) -> str:
-    """The secrets file of a run on every node, as the ranks' CPUDIST_SECRETS says it (under each node's home)."""
+    """The secrets file of a run on every node, as the ranks' CPUDIST_SECRETS says it (under each
+    node's home)."""
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", run) or "run"
     return f"~/{FOLDER}/{safe}.json"
 
@@ -84,7 +91,8 @@ def render(pairs: Pairs) -> str:
 
 
 def write_here(where: str, pairs: Pairs) -> Path:
-    """The secrets file on this machine: created 0600 (never readable by others, not even for a moment)."""
+    """The secrets file on this machine: created 0600 (never readable by others, not even for a
+    moment)."""
     path = Path(where).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -95,7 +103,8 @@ def write_here(where: str, pairs: Pairs) -> Path:
 
 
 def write_command(where: str) -> str:
-    """Shell (run on a node over ssh, the JSON on its stdin) that writes the node's secrets file, 0600."""
+    """Shell (run on a node over ssh, the JSON on its stdin) that writes the node's secrets file,
+    0600."""
     rel = where.removeprefix("~/")
     return f"umask 077 && mkdir -p \"$HOME/{FOLDER}\" && cat > \"$HOME/{rel}\""
 

@@ -1,5 +1,6 @@
-"""Slurm's compressed per-node count lists (SLURM_TASKS_PER_NODE, SLURM_JOB_CPUS_PER_NODE): read by the
-launching side (cpudist/launch/slurm*.py) and by each rank (cpudist/train/dist.py), so a leaf."""
+"""Slurm's compressed per-node count lists (SLURM_TASKS_PER_NODE, SLURM_JOB_CPUS_PER_NODE): read by
+the launching side (cpudist/launch/slurm*.py) and by each rank (cpudist/train/dist.py), so a
+leaf."""
 
 from __future__ import annotations
 

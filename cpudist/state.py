@@ -1,10 +1,10 @@
-"""cpudist's state, in one place: every local path (all under the home folder, `CPUDIST_HOME`) and the names
-cpudist uses on the nodes.
+"""cpudist's state, in one place: every local path (all under the home folder, `CPUDIST_HOME`) and
+the names cpudist uses on the nodes.
 
-Two different things share the name ~/.cpudist: the home folder of the machine cpudist runs on (the laptop,
-or the head when a run starts there), which `CPUDIST_HOME` moves, and the folders a node keeps under its
-login's home (the cluster key from ssh-setup, staged data, a remote run's folder), whose names below are
-relative to that node's home and never follow a local setting.
+Two different things share the name ~/.cpudist: the home folder of the machine cpudist runs on (the
+laptop, or the head when a run starts there), which `CPUDIST_HOME` moves, and the folders a node
+keeps under its login's home (the cluster key from ssh-setup, staged data, a remote run's folder),
+whose names below are relative to that node's home and never follow a local setting.
 
 Files are written whole or not at all (a temporary file in the same folder, then a rename), keys
 with mode 0600 from the first byte. Nothing here touches anything outside the home folder.
@@ -28,16 +28,20 @@ RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # new_run_id's, older
 
 # On a node, relative to its login's home ("~/" in a shell there):
 NODE_DIR = Path(".cpudist")
-CLUSTER_DIR = NODE_DIR / "cluster"  # the cluster key, known_hosts, ssh_config and the launchers' ssh (ssh-setup)
-STAGE_DIR = NODE_DIR / "stage"  # data, model and code staged for a run, one folder per content digest
+# the cluster key, known_hosts, ssh_config and the launchers' ssh (ssh-setup)
+CLUSTER_DIR = NODE_DIR / "cluster"
+# data, model and code staged for a run, one folder per content digest
+STAGE_DIR = NODE_DIR / "stage"
 RUNS_DIR = NODE_DIR / "runs"  # on the head: the folder of a run started from another machine
-UPLOAD_DIR = NODE_DIR / "upload"  # on an image builder: this cpudist's wheel (ami/bootstrap.sh waits for it)
-SECRETS_DIR = NODE_DIR / "secrets"  # on each node of a run: its --secret/--env-file values, 0600, while it runs
+# on an image builder: this cpudist's wheel (ami/bootstrap.sh waits for it)
+UPLOAD_DIR = NODE_DIR / "upload"
+# on each node of a run: its --secret/--env-file values, 0600, while it runs
+SECRETS_DIR = NODE_DIR / "secrets"
 
 
 def node_home() -> str:
-    """This machine's login home as a node ("~" there, not CPUDIST_HOME): where the node-side folders above live
-    (a run started on the head stages into it)."""
+    """This machine's login home as a node ("~" there, not CPUDIST_HOME): where the node-side
+    folders above live (a run started on the head stages into it)."""
     return str(Path.home())
 
 
@@ -66,12 +70,14 @@ def inductor_dir() -> Path:
     return home() / "inductor"
 
 
-# Every rank's environment: the Unix time the `cpudist` command started its run (cpudist/train/startup.py).
+# Every rank's environment: the Unix time the `cpudist` command started its run
+# (cpudist/train/startup.py).
 STARTED_AT_ENV = "CPUDIST_COMMAND_STARTED_AT"
 
 
 def token_cache_dir() -> Path:
-    """Tokenized splits a rank keeps for the next run with the same rows and tokenizer (train/token_cache.py)."""
+    """Tokenized splits a rank keeps for the next run with the same rows and tokenizer
+    (train/token_cache.py)."""
     return home() / "cache" / "tokens"
 
 
@@ -86,10 +92,12 @@ def images_dir() -> Path:
 
 
 def local_cluster_dir() -> Path:
-    """This machine's on-prem cluster folder (the key, pinned host keys, the launchers' ssh): `home()/cluster`.
+    """This machine's on-prem cluster folder (the key, pinned host keys, the launchers' ssh):
+    `home()/cluster`.
 
-    Before CPUDIST_HOME was honoured here it was always ~/.cpudist/cluster, which is also where ssh-setup installs
-    the key on every node, this machine included when it is one: when only that folder holds a key, it is used.
+    Before CPUDIST_HOME was honoured here it was always ~/.cpudist/cluster, which is also where
+    ssh-setup installs the key on every node, this machine included when it is one: when only that
+    folder holds a key, it is used.
     """
     mine, as_node = home() / "cluster", Path.home() / CLUSTER_DIR
     if not (mine / "id_ed25519").is_file() and (as_node / "id_ed25519").is_file():
@@ -98,7 +106,8 @@ def local_cluster_dir() -> Path:
 
 
 def check_cluster_name(name: str) -> str:
-    """A cluster name is also a folder and a tag value: lower-case letters, digits and '-', at most 40."""
+    """A cluster name is also a folder and a tag value: lower-case letters, digits and '-', at most
+    40."""
     if not CLUSTER_NAME.match(name or ""):
         raise BadInput(f"cluster name {name!r} is not allowed",
                        "Use 1 to 40 lower-case letters, digits and '-', e.g. --name team-a")

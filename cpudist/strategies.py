@@ -1,9 +1,11 @@
-"""The sync strategies as data: one row per `--sync`, read by the traffic model (cpudist/traffic.py), the
-planner (cpudist/results/planner.py), the option checks (check_sync) and, through its name, the trainer.
+"""The sync strategies as data: one row per `--sync`, read by the traffic model
+(cpudist/traffic.py), the planner (cpudist/results/planner.py), the option checks (check_sync) and,
+through its name, the trainer.
 
-A new strategy is one Strategy class in cpudist/train/sync.py (how ranks exchange) and one row in TABLE
-(its knobs, its label, whether DDP-style overlap hides its traffic, its accuracy risk, its traffic plan).
-A SyncSpec names its knobs as TrainConfig does; result.json records it as `sync_options`.
+A new strategy is one Strategy class in cpudist/train/sync.py (how ranks exchange) and one row in
+TABLE (its knobs, its label, whether DDP-style overlap hides its traffic, its accuracy risk, its
+traffic plan). A SyncSpec names its knobs as TrainConfig does; result.json records it as
+`sync_options`.
 """
 
 from __future__ import annotations
@@ -18,37 +20,46 @@ from cpudist.errors import BadInput
 
 COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
 RING, GATHER_SCATTER = "ring", "gather-scatter"  # the collectives a strategy's exchanges use
-SHARED = ("bucket_cap_mb",)  # knobs every strategy accepts (DDP's buckets, local SGD's; the others ignore it)
+# knobs every strategy accepts (DDP's buckets, local SGD's; the others ignore it)
+SHARED = ("bucket_cap_mb",)
 # What result.json's sync_options called the knobs before they took TrainConfig's names.
-OLD_NAMES = {"strategy": "sync", "compression": "grad_compression", "warmup_steps": "local_sgd_warmup",
+OLD_NAMES = {"strategy": "sync", "compression": "grad_compression",
+             "warmup_steps": "local_sgd_warmup",
              "outer": "outer_optimizer", "moments": "average_moments"}
-NOT_GIVEN = {"grad_compression": ("none",)}  # besides a knob's default, values that ask nothing of a strategy
+# besides a knob's default, values that ask nothing of a strategy
+NOT_GIVEN = {"grad_compression": ("none",)}
 RISKS = {  # what a strategy does to the optimization, as the plan's recommendation states it
     "bf16": "gradients are rounded to bf16 before averaging (a small change; check the metric once)",
-    "powersgd": "PowerSGD averages a low-rank approximation of the gradients (error feedback keeps the "
+    "powersgd": "PowerSGD averages a low-rank approximation of the gradients (error feedback keeps "
+                "the "
                 "rest for later): it changes the optimization, so compare the metric with a ddp run",
-    "local-sgd": "local SGD lets every rank take {k} steps on its own between model averages: it changes "
-                 "the optimization, so compare the metric with a ddp run",
+    "local-sgd": "local SGD lets every rank take {k} steps on its own between model averages: it "
+                 "changes the optimization, so compare the metric with a ddp run",
 }
 
 
 @dataclass(frozen=True)
 class SyncSpec:
-    """How the ranks agree on the model: the strategy and its knobs, named as TrainConfig names them."""
+    """How the ranks agree on the model: the strategy and its knobs, named as TrainConfig names
+    them."""
 
     sync: str = "ddp"
-    grad_compression: str = "none"  # ddp: none | bf16 | fp16 | powersgd; local-sgd: none | bf16 (without :RANK)
+    # ddp: none | bf16 | fp16 | powersgd; local-sgd: none | bf16 (without :RANK)
+    grad_compression: str = "none"
     powersgd_rank: int = 1
     powersgd_start: int = 2  # steps of plain fp32 all-reduce before PowerSGD compresses
     bucket_cap_mb: float = 25.0
-    embedding_sync: str = "rows"  # ddp: rows (the word embedding's touched rows only, after backward) | dense
+    # ddp: rows (the word embedding's touched rows only, after backward) | dense
+    embedding_sync: str = "rows"
     sync_every: int = 1  # local-sgd: K, steps between parameter averages
     local_sgd_warmup: int = 0  # local-sgd: synchronous (gradient-averaging) steps first
     outer_optimizer: str = "none"  # local-sgd: none | nesterov (DiLoCo's outer optimizer)
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
-    average_moments: str = "none"  # local-sgd: AdamW's moments averaged with the parameters: none|first|second|both
-    second_moment_every: int = 1  # local-sgd: the second moment joins every J-th average only (it moves slowly)
+    # local-sgd: AdamW's moments averaged with the parameters: none|first|second|both
+    average_moments: str = "none"
+    # local-sgd: the second moment joins every J-th average only (it moves slowly)
+    second_moment_every: int = 1
 
     @property
     def row(self) -> Sync:
@@ -66,17 +77,19 @@ class Phase:
     """A stretch of a run's traffic plan: `count` exchanges of the same payload."""
 
     count: float  # exchanges in the run
-    compression: str = "none"  # how the payload crosses: none (fp32 gradients), bf16, fp16, powersgd
+    # how the payload crosses: none (fp32 gradients), bf16, fp16, powersgd
+    compression: str = "none"
     powersgd_rank: int = 1
-    copies: int = 1  # payloads of the gradients' size per exchange (local SGD: the parameters, then a moment)
+    # payloads of the gradients' size per exchange (local SGD: the parameters, then a moment)
+    copies: int = 1
     calls: float = 1.0  # collective calls per exchange, per bucket when `per_bucket`
     per_bucket: bool = True
 
 
 @dataclass(frozen=True)
 class Sync:
-    """One `--sync` strategy, as the planner, the traffic model and the option checks see it (its code:
-    the Strategy class of the same name in cpudist/train/sync.py)."""
+    """One `--sync` strategy, as the planner, the traffic model and the option checks see it (its
+    code: the Strategy class of the same name in cpudist/train/sync.py)."""
 
     name: str
     knobs: tuple[str, ...]  # TrainConfig knobs it takes, besides --sync and SHARED ones
@@ -86,18 +99,22 @@ class Sync:
     label: Callable[[SyncSpec], str]
     risk: Callable[[SyncSpec], str]  # what it changes in the optimization ('' for exact averaging)
     plan: Callable[[SyncSpec, int], tuple[Phase, ...]]  # the exchanges of a run of that many steps
-    from_label: Callable[[str], SyncSpec | None]  # the spec of one of its labels (None: not its label)
+    # the spec of one of its labels (None: not its label)
+    from_label: Callable[[str], SyncSpec | None]
     check: Callable[[Any], None] = lambda cfg: None  # refuses knob values it cannot run with
 
 
-DENSE_TAG = "+dense-emb"  # a ddp label's tag for --embedding-sync dense (rows, the default, has none)
+# a ddp label's tag for --embedding-sync dense (rows, the default, has none)
+DENSE_TAG = "+dense-emb"
 
 
 def _ddp_label(s: SyncSpec) -> str:
-    dense = DENSE_TAG if s.embedding_sync == "dense" and s.grad_compression != "powersgd" else ""  # same bytes
+    # same bytes
+    dense = DENSE_TAG if s.embedding_sync == "dense" and s.grad_compression != "powersgd" else ""
     if s.grad_compression == "none":
         return "ddp" + dense
-    return f"ddp+{s.grad_compression}" + (f":{s.powersgd_rank}" if s.grad_compression == "powersgd" else "") + dense
+    return f"ddp+{s.grad_compression}" + (f":{s.powersgd_rank}" if s.grad_compression == "powersgd"
+                                          else "") + dense
 
 
 def _ddp_risk(s: SyncSpec) -> str:
@@ -107,7 +124,8 @@ def _ddp_risk(s: SyncSpec) -> str:
 
 
 def _ddp_plan(s: SyncSpec, steps: int) -> tuple[Phase, ...]:
-    if s.grad_compression == "powersgd":  # fp32 steps first, then three calls a bucket (vectors, P, Q)
+    # fp32 steps first, then three calls a bucket (vectors, P, Q)
+    if s.grad_compression == "powersgd":
         start = min(s.powersgd_start, steps)
         return Phase(start), Phase(steps - start, "powersgd", s.powersgd_rank, calls=3)
     return (Phase(steps, s.grad_compression),)
@@ -120,7 +138,8 @@ def _ddp_from_label(label: str) -> SyncSpec | None:
         return SyncSpec(embedding_sync=embedding)
     if not name.startswith("ddp+"):
         return None
-    return SyncSpec(grad_compression=name[4:], powersgd_rank=int(knob or 1), embedding_sync=embedding)
+    return SyncSpec(grad_compression=name[4:], powersgd_rank=int(knob or 1),
+                    embedding_sync=embedding)
 
 
 MOMENT_TAGS = {"none": "", "first": "+m", "second": "+v", "both": "+mv"}
@@ -128,7 +147,8 @@ MOMENT_TAGS = {"none": "", "first": "+m", "second": "+v", "both": "+mv"}
 
 def _local_label(s: SyncSpec) -> str:
     moments = MOMENT_TAGS[s.average_moments]
-    if s.second_moment_every > 1 and s.average_moments in ("second", "both"):  # +m+v/2: v every other average
+    # +m+v/2: v every other average
+    if s.second_moment_every > 1 and s.average_moments in ("second", "both"):
         moments = ("+m" if s.average_moments == "both" else "") + f"+v/{s.second_moment_every}"
     wire = "" if s.grad_compression == "none" else f"+{s.grad_compression}"
     return f"{'diloco' if s.outer_optimizer == 'nesterov' else 'local-sgd'}:{s.sync_every}{moments}{wire}"
@@ -136,9 +156,11 @@ def _local_label(s: SyncSpec) -> str:
 
 def _local_plan(s: SyncSpec, steps: int) -> tuple[Phase, ...]:
     warm = min(s.local_sgd_warmup, steps)
-    averages = math.ceil((steps - warm) / max(1, s.sync_every))  # the last one at the end of training
-    # the parameters (or, on a 16-bit wire, their changes) and the moments averaged with them in the same
-    # buckets; the second moment only with every J-th average (the i-th average takes it when J divides i)
+    # the last one at the end of training
+    averages = math.ceil((steps - warm) / max(1, s.sync_every))
+    # the parameters (or, on a 16-bit wire, their changes) and the moments averaged with them in the
+    # same buckets; the second moment only with every J-th average (the i-th average takes it when J
+    # divides i)
     first, second = s.average_moments in ("first", "both"), s.average_moments in ("second", "both")
     return (Phase(warm), Phase(averages, s.grad_compression, copies=1 + first),
             Phase(averages // s.second_moment_every, s.grad_compression, copies=second, calls=0))
@@ -158,7 +180,8 @@ def _local_from_label(label: str) -> SyncSpec | None:
             second, every = True, int(tag[2:] or 1)
         else:
             wire = tag
-    moments = {(False, False): "none", (True, False): "first", (False, True): "second", (True, True): "both"}
+    moments = {(False, False): "none", (True, False): "first", (False, True): "second",
+               (True, True): "both"}
     return SyncSpec(sync="local-sgd", grad_compression=wire, sync_every=int(k or 1),
                     average_moments=moments[first, second], second_moment_every=every,
                     outer_optimizer="nesterov" if name == "diloco" else "none")
@@ -166,64 +189,79 @@ def _local_from_label(label: str) -> SyncSpec | None:
 
 def _local_check(cfg: Any) -> None:
     if cfg.grad_compression not in ("auto", "none", "bf16"):
-        raise BadInput(f"--grad-compression {cfg.grad_compression}: local SGD averages in fp32 (none) or bf16",
-                       "Use --grad-compression bf16 with --sync local-sgd, or --sync ddp for PowerSGD")
+        raise BadInput(f"--grad-compression {cfg.grad_compression}: local SGD averages in fp32 "
+                       "(none) or bf16",
+                       "Use --grad-compression bf16 with --sync local-sgd, or --sync ddp for "
+                       "PowerSGD")
     if cfg.second_moment_every > 1 and cfg.average_moments not in ("second", "both"):
-        raise BadInput(f"--second-moment-every {cfg.second_moment_every}: the second moment is not averaged "
-                       f"(--average-moments {cfg.average_moments})",
+        raise BadInput(f"--second-moment-every {cfg.second_moment_every}: the second moment is not "
+                       f"averaged (--average-moments {cfg.average_moments})",
                        "Add --average-moments both (or second), or drop --second-moment-every")
 
 
 def _plain(name: str, collective: str, calls: float) -> Sync:
-    """A strategy without knobs whose exchange is one flattened payload of fp32 gradients per step."""
+    """A strategy without knobs whose exchange is one flattened payload of fp32 gradients per
+    step."""
     return Sync(name=name, knobs=(), collective=collective, hides=False, cpu_by_compression=False,
                 label=lambda s: name, risk=lambda s: "",
                 plan=lambda s, steps: (Phase(steps, calls=calls, per_bucket=False),),
-                from_label=lambda label: SyncSpec(sync=name) if label.partition(":")[0] == name else None)
+                from_label=lambda label: SyncSpec(sync=name) if label.partition(":")[0] == name
+                else None)
 
 
-LOCAL_KNOBS = ("sync_every", "local_sgd_warmup", "outer_optimizer", "outer_lr", "outer_momentum", "average_moments",
+LOCAL_KNOBS = ("sync_every", "local_sgd_warmup", "outer_optimizer", "outer_lr", "outer_momentum",
+               "average_moments",
                "second_moment_every")
 TABLE: dict[str, Sync] = {s.name: s for s in (
-    # DistributedDataParallel: buckets all-reduced during backward through a comm hook (fp32, bf16, fp16, PowerSGD)
+    # DistributedDataParallel: buckets all-reduced during backward through a comm hook (fp32, bf16,
+    # fp16, PowerSGD)
     Sync(name="ddp", knobs=("grad_compression", "embedding_sync"), collective=RING, hides=True,
-         cpu_by_compression=True, label=_ddp_label, risk=_ddp_risk, plan=_ddp_plan, from_label=_ddp_from_label),
+         cpu_by_compression=True, label=_ddp_label, risk=_ddp_risk, plan=_ddp_plan,
+         from_label=_ddp_from_label),
     # after backward, one all-reduce of every gradient flattened (the teaching baseline)
     _plain("allreduce", RING, 1.0),
     # rank 0 gathers every gradient, averages, scatters the mean back: one gather and one scatter
     _plain("gather-scatter", GATHER_SCATTER, 2.0),
-    # each rank steps alone, parameters averaged every K steps (bucketed) after synchronous warm-up steps;
-    # with an outer Nesterov optimizer it is DiLoCo
+    # each rank steps alone, parameters averaged every K steps (bucketed) after synchronous warm-up
+    # steps; with an outer Nesterov optimizer it is DiLoCo
     Sync(name="local-sgd", knobs=("grad_compression", *LOCAL_KNOBS), collective=RING, hides=False,
-         cpu_by_compression=False, label=_local_label, risk=lambda s: RISKS["local-sgd"].format(k=s.sync_every),
+         cpu_by_compression=False, label=_local_label,
+         risk=lambda s: RISKS["local-sgd"].format(k=s.sync_every),
          plan=_local_plan, from_label=_local_from_label, check=_local_check),
 )}
 STRATEGIES = tuple(TABLE)
 
 
 def parse_compression(text: str) -> tuple[str, int]:
-    """`powersgd:2` -> ("powersgd", 2); `bf16` -> ("bf16", 1); `auto` -> ("auto", 1) (the rank resolves it:
-    config.resolved_compression); a bad value is one-line BadInput."""
+    """`powersgd:2` -> ("powersgd", 2); `bf16` -> ("bf16", 1); `auto` -> ("auto", 1) (the rank
+    resolves it: config.resolved_compression); a bad value is one-line BadInput."""
     name, _, rank = text.partition(":")
     if text == "auto":
         return text, 1
-    if name not in COMPRESSIONS or (rank and (name != "powersgd" or not rank.isdigit() or int(rank) < 1)):
-        raise BadInput(f"--grad-compression {text}: not one of auto, none, bf16, fp16, powersgd[:RANK]",
+    if name not in COMPRESSIONS or (rank
+                                    and (name != "powersgd" or not rank.isdigit()
+                                         or int(rank) < 1)):
+        raise BadInput(f"--grad-compression {text}: not one of auto, none, bf16, fp16, "
+                       "powersgd[:RANK]",
                        "e.g. --grad-compression bf16, or powersgd:2 for a rank-2 PowerSGD")
     return name, int(rank or 1)
 
 
 def parse_label(label: str) -> SyncSpec:
-    """SyncSpec of a table label; unknown labels are DDP (what runs before sync strategies recorded)."""
-    return next((spec for row in TABLE.values() if (spec := row.from_label(label)) is not None), SyncSpec())
+    """SyncSpec of a table label; unknown labels are DDP (what runs before sync strategies
+    recorded)."""
+    return next((spec for row in TABLE.values() if (spec := row.from_label(label)) is not None),
+                SyncSpec())
 
 
 def from_record(options: Mapping[str, Any], label: str) -> SyncSpec:
-    """The sync a result.json recorded: its `sync_options` under their names of any cpudist version, else its label."""
+    """The sync a result.json recorded: its `sync_options` under their names of any cpudist version,
+    else its label."""
     named = {OLD_NAMES.get(k, k): v for k, v in options.items()}
     if "sync" not in named:
         return parse_label(label)
-    if named["sync"] == "ddp" and named.get("grad_compression") != "powersgd":  # recorded before rows existed:
+    # recorded before rows existed:
+    if named["sync"] == "ddp" and named.get("grad_compression") != "powersgd":
         named.setdefault("embedding_sync", "dense")  # DDP all-reduced all of the word embedding
     fields = {f.name for f in dataclasses.fields(SyncSpec)}
     return SyncSpec(**{k: v for k, v in named.items() if k in fields})
@@ -232,7 +270,8 @@ def from_record(options: Mapping[str, Any], label: str) -> SyncSpec:
 def check_sync(cfg: Any) -> None:
     """Knobs of one strategy given with another are mistakes: say so before anything starts.
 
-    `cfg`: a TrainConfig (any dataclass with its knob fields); a knob counts as given when it is not its default.
+    `cfg`: a TrainConfig (any dataclass with its knob fields); a knob counts as given when it is not
+    its default.
     """
     row = TABLE.get(cfg.sync)
     if row is None:
@@ -240,11 +279,13 @@ def check_sync(cfg: Any) -> None:
     defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
     unset = {k: (v, *NOT_GIVEN.get(k, ())) for k, v in defaults.items()}
     every = {k for r in TABLE.values() for k in r.knobs}
-    # the most specific knob first: one that a single strategy takes says best which --sync was meant
+    # the most specific knob first: one that a single strategy takes says best which --sync was
+    # meant
     for knob in sorted(every, key=lambda k: (sum(k in r.knobs for r in TABLE.values()), _order(k))):
         if knob in row.knobs or getattr(cfg, knob) in unset[knob]:
             continue
-        flag, takers = "--" + knob.replace("_", "-"), [r.name for r in TABLE.values() if knob in r.knobs]
+        flag, takers = "--" + knob.replace("_", "-"), [r.name for r in TABLE.values()
+                                                       if knob in r.knobs]
         hint = (f"Add --sync {takers[0]}, or drop {flag}" if len(takers) == 1
                 else f"Use --sync {takers[0]} (or {', '.join(takers[1:])}) with it, or drop {flag}")
         raise BadInput(f"{flag} applies to --sync {' and '.join(takers)}, not {row.name}", hint)

@@ -1,7 +1,7 @@
 """What a gradient sync puts on the wire: bytes per rank and per node, for each strategy.
 
-Pure arithmetic over the shapes of the trained parameters and each strategy's traffic plan (its row in
-cpudist/strategies.py); the trainer records it beside what the network interfaces counted, and
+Pure arithmetic over the shapes of the trained parameters and each strategy's traffic plan (its row
+in cpudist/strategies.py); the trainer records it beside what the network interfaces counted, and
 `cpudist plan` predicts step times from it.
 
 - A ring all-reduce (gloo's, and what DDP, `allreduce` and local SGD's averaging use) has every rank
@@ -28,7 +28,8 @@ POWERSGD_MIN_COMPRESSION_RATE = 2  # torch's PowerSGDState default
 
 
 def powersgd_values(shape: Sequence[int], rank: int) -> int:
-    """Values PowerSGD sends for one gradient of this shape (its P and Q, or the tensor uncompressed)."""
+    """Values PowerSGD sends for one gradient of this shape (its P and Q, or the tensor
+    uncompressed)."""
     numel = math.prod(shape)
     if len(shape) < 2:
         return numel
@@ -39,7 +40,8 @@ def powersgd_values(shape: Sequence[int], rank: int) -> int:
 
 
 def payload_bytes(shapes: Sequence[Sequence[int]], compression: str = "none", rank: int = 1) -> int:
-    """Bytes of one gradient exchange (what a single rank contributes), before the algorithm's factor."""
+    """Bytes of one gradient exchange (what a single rank contributes), before the algorithm's
+    factor."""
     if compression == "powersgd":
         return FP32 * sum(powersgd_values(s, rank) for s in shapes)
     numel = sum(math.prod(s) for s in shapes)
@@ -56,7 +58,8 @@ class Traffic:
     """Expected bytes per optimizer step, averaged over the run's steps."""
 
     rank_send: float  # what the busiest rank sends
-    node_tx: tuple[float, ...]  # what each node's interface sends to other nodes (zeros on one node)
+    # what each node's interface sends to other nodes (zeros on one node)
+    node_tx: tuple[float, ...]
     exchanges: float  # collective exchanges of the full payload per step (0.125 for local SGD K=8)
 
     @property
@@ -76,12 +79,14 @@ def _exchange(collective: str, payload: float, world: int, ppn: int) -> tuple[fl
     return ring, [ring if nodes > 1 else 0.0] * nodes
 
 
-def expected_traffic(sync: SyncSpec, shapes: Sequence[Sequence[int]], world: int, ppn: int, steps: int,
+def expected_traffic(sync: SyncSpec, shapes: Sequence[Sequence[int]], world: int, ppn: int,
+                     steps: int,
                      step_bytes: int = 0) -> Traffic:
     """Bytes per optimizer step of a run of `steps` steps with this sync, averaged over its steps.
 
-    `step_bytes`: a payload all-reduced as it is every step besides the gradients (ddp's touched-row mask of
-    the word embedding, one byte a row: the embedding itself is then in `shapes` as the rows it sent).
+    `step_bytes`: a payload all-reduced as it is every step besides the gradients (ddp's touched-row
+    mask of the word embedding, one byte a row: the embedding itself is then in `shapes` as the rows
+    it sent).
     """
     steps = max(1, steps)
     grads = payload_bytes(shapes)
@@ -100,6 +105,7 @@ DDP_FIRST_BUCKET_MB = 1.0  # DDP fills a small first bucket, so the first all-re
 
 
 def buckets(shapes: Sequence[Sequence[int]], cap_mb: float) -> int:
-    """About how many buckets DDP makes of these fp32 gradients (for the per-bucket latency of the plan)."""
+    """About how many buckets DDP makes of these fp32 gradients (for the per-bucket latency of the
+    plan)."""
     rest = payload_bytes(shapes) - DDP_FIRST_BUCKET_MB * 1024 * 1024
     return 1 + max(0, math.ceil(rest / (cap_mb * 1024 * 1024)))

@@ -1,4 +1,5 @@
-"""Checks of user input that many commands share: each returns the value or raises a one-line BadInput."""
+"""Checks of user input that many commands share: each returns the value or raises a one-line
+BadInput."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ def check_ssh_cidr(value: str, allow_anywhere: bool = False) -> str:
                        "Write it as ADDRESS/PREFIX, e.g. 203.0.113.7/32 (your public address)") from None
     if net.prefixlen < MIN_PREFIX[net.version] and not allow_anywhere:
         raise BadInput(f"--ssh-cidr {net} would let SSH in from {net.num_addresses:,} addresses",
-                       f"Use your own address (/32) or at most a /{MIN_PREFIX[net.version]}, or pass "
-                       "--allow-ssh-from-anywhere if you really mean it")
+                       f"Use your own address (/32) or at most a /{MIN_PREFIX[net.version]}, or "
+                       "pass --allow-ssh-from-anywhere if you really mean it")
     return str(net)
 
 

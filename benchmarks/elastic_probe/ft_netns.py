@@ -1,5 +1,6 @@
-"""torchft across 3 namespace hosts: the Lighthouse on host 0, one replica per host; host 2's link is
-dropped silently (`ip link set dev eth0 down` in its namespace, no RST to anyone) and raised later.
+"""torchft across 3 namespace hosts: the Lighthouse on host 0, one replica per host; host 2's link
+is dropped silently (`ip link set dev eth0 down` in its namespace, no RST to anyone) and raised
+later.
 
     cd /work/main && /tmp/ftvenv/bin/python /tmp/probe46/ft_netns.py --down-at 8 --up-at 30 --out ns1
 

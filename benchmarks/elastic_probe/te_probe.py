@@ -24,7 +24,8 @@ OUT = Path(os.environ.get("PROBE_OUT", "/tmp/probe46"))  # logs and runs go here
 
 def agent(node, args, run):
     env = dict(os.environ, PROBE_NODE=str(node), CKPT_EVERY=str(args.ckpt_every))
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", f"{args.min_nodes}:{args.nodes}",
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes",
+            f"{args.min_nodes}:{args.nodes}",
             "--nproc-per-node", "1", "--rdzv-backend", "c10d",
             "--rdzv-endpoint", "127.0.0.1:29400", "--rdzv-id", "probe46",
             "--max-restarts", "10", "--monitor-interval", "0.5", "--local-addr", "127.0.0.1"]

@@ -1,4 +1,5 @@
-"""The submission options of every scheduler kind (launch/kinds.batches()), as each kind declares them."""
+"""The submission options of every scheduler kind (launch/kinds.batches()), as each kind declares
+them."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _flags(trainer_only: bool) -> dict[Flag, str]:
-    """Each flag offered once, with the first kind that declares it (--launcher NAME in its help)."""
+    """Each flag offered once, with the first kind that declares it (--launcher NAME in its
+    help)."""
     found: dict[Flag, str] = {}
     for kind in batches():
         for flag in kind.flags:
@@ -31,13 +33,15 @@ def _option(flag: Flag, kind: str) -> Callable[[Any], Any]:
         return click.option(flag.name, flag.dest, multiple=True, help=text)
     if flag.shape == "seconds":
         default = getattr(BatchOptions(), flag.field)
-        return click.option(flag.name, flag.dest, type=click.IntRange(min=60), default=default, show_default=True,
+        return click.option(flag.name, flag.dest, type=click.IntRange(min=60), default=default,
+                            show_default=True,
                             help=text)
     return click.option(flag.name, flag.dest, help=text)
 
 
 def batch_options(trainer_only: bool = False) -> Callable[[F], F]:
-    """Add the scheduler kinds' flags to a command: those of every run, or those only a trainer's run takes."""
+    """Add the scheduler kinds' flags to a command: those of every run, or those only a trainer's
+    run takes."""
 
     def add(command: F) -> F:
         for flag, kind in reversed(_flags(trainer_only).items()):

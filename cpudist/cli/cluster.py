@@ -40,7 +40,8 @@ def say(text: str) -> None:
 
 
 def _caller_cidr() -> str:
-    """This machine's public address as a /32, for the SSH rule; no guess when it cannot be found."""
+    """This machine's public address as a /32, for the SSH rule; no guess when it cannot be
+    found."""
     try:
         with urllib.request.urlopen("https://checkip.amazonaws.com", timeout=3) as r:
             return r.read().decode().strip() + "/32"
@@ -62,7 +63,8 @@ def _imds(ctx: click.Context, param: click.Parameter, value: str) -> str:
 
 
 def _max_price(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """A positive number of dollars (EC2 takes it as a string; 'abc' or -5 would fail only at launch)."""
+    """A positive number of dollars (EC2 takes it as a string; 'abc' or -5 would fail only at
+    launch)."""
     if value is None:
         return None
     try:
@@ -70,7 +72,8 @@ def _max_price(ctx: click.Context, param: click.Parameter, value: str | None) ->
     except ValueError:
         ok = False
     if not ok:
-        raise BadInput(f"--max-price {value!r} is not a positive price", "Pass dollars per hour, e.g. --max-price 0.85")
+        raise BadInput(f"--max-price {value!r} is not a positive price",
+                       "Pass dollars per hour, e.g. --max-price 0.85")
     return value
 
 
@@ -79,22 +82,27 @@ name_option = click.option("--name", default="cpudist", show_default=True, callb
 
 
 def region_option(f: Any) -> Any:
-    f = click.option("--profile", help="AWS profile [default: AWS_PROFILE, else boto3's default chain]; a "
-                                       "cluster's record keeps it (made with none: the default chain, whatever "
-                                       "AWS_PROFILE says later).")(f)
-    f = click.option("--endpoint-url", callback=_endpoint, help="EC2-compatible endpoint [default: boto3's "
-                                                                "settings, AWS_ENDPOINT_URL(_EC2)].")(f)
-    return click.option("--region", help="AWS region [default: the profile's, AWS_DEFAULT_REGION, else "
-                                          "us-east-1]; a cluster's record keeps it.")(f)
+    f = click.option("--profile",
+                     help="AWS profile [default: AWS_PROFILE, else boto3's default chain]; a "
+                          "cluster's record keeps it (made with none: the default chain, whatever "
+                          "AWS_PROFILE says later).")(f)
+    f = click.option("--endpoint-url", callback=_endpoint,
+                     help="EC2-compatible endpoint [default: boto3's "
+                          "settings, AWS_ENDPOINT_URL(_EC2)].")(f)
+    return click.option("--region",
+                        help="AWS region [default: the profile's, AWS_DEFAULT_REGION, else "
+                              "us-east-1]; a cluster's record keeps it.")(f)
 
 
-def cluster_place(name: str, region: str | None, endpoint_url: str | None, profile: str | None) -> Place:
-    """Where cluster `name` lives: its record's region, endpoint and profile (whatever the environment says
-    now), else the options'. An option that contradicts the record is refused."""
+def cluster_place(name: str, region: str | None, endpoint_url: str | None, profile: str
+                  | None) -> Place:
+    """Where cluster `name` lives: its record's region, endpoint and profile (whatever the
+    environment says now), else the options'. An option that contradicts the record is refused."""
     record: ClusterRecord | None = load_record(name)
     if record is None:
         return Place(region, endpoint_url, profile)
-    asked = {"--region": (region, record.region), "--endpoint-url": (endpoint_url, record.endpoint_url),
+    asked = {"--region": (region, record.region),
+             "--endpoint-url": (endpoint_url, record.endpoint_url),
              "--profile": (profile, record.profile)}
     clash = [f"{opt} {given} (recorded: {kept or 'none'})" for opt, (given, kept) in asked.items()
              if given is not None and given != kept]
@@ -115,56 +123,72 @@ def cluster() -> None:
 @click.option("--nodes", type=click.IntRange(min=1), required=True,
               help="Instances in the cluster (node 0 is the head).")
 @region_option
-@click.option("--instance-type", default="c6i.16xlarge", show_default=True, help="EC2 instance type of every node.")
-@click.option("--image", help="AMI to boot [default: the newest from `cpudist ami build` for this version; "
-                               "built first when there is none].")
-@click.option("--spot/--on-demand", default=True, show_default=True, help="Spot instances (cheaper, reclaimable "
+@click.option("--instance-type", default="c6i.16xlarge", show_default=True,
+              help="EC2 instance type of every node.")
+@click.option("--image",
+              help="AMI to boot [default: the newest from `cpudist ami build` for this version; "
+                    "built first when there is none].")
+@click.option("--spot/--on-demand", default=True, show_default=True,
+              help="Spot instances (cheaper, reclaimable "
               "with two minutes' notice) or on-demand.")
-@click.option("--max-price", callback=_max_price, help="Highest spot price per hour in USD, e.g. 0.85 [default: "
-                                                        "the on-demand price].")
-@click.option("--on-demand-fallback", is_flag=True, help="Launch on-demand when spot capacity is refused.")
+@click.option("--max-price", callback=_max_price,
+              help="Highest spot price per hour in USD, e.g. 0.85 [default: "
+                    "the on-demand price].")
+@click.option("--on-demand-fallback", is_flag=True,
+              help="Launch on-demand when spot capacity is refused.")
 @click.option("--ssh-cidr", help="Who may SSH in [default: your public address/32].")
-@click.option("--allow-ssh-from-anywhere", is_flag=True, help="Accept an --ssh-cidr wider than /16 (or 0.0.0.0/0).")
+@click.option("--allow-ssh-from-anywhere", is_flag=True,
+              help="Accept an --ssh-cidr wider than /16 (or 0.0.0.0/0).")
 @click.option("--key-name", help="Your existing key pair [default: cpudist makes one].")
 @click.option("--identity", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Private key of --key-name.")
 @click.option("--subnet", help="Subnet for every node [default: the default VPC's first].")
 @click.option("--placement-group/--no-placement-group", default=True, show_default=True,
-              help="Put the nodes in a `cluster` placement group (one rack: the fastest links between them).")
+              help="Put the nodes in a `cluster` placement group (one rack: the fastest links "
+                   "between them).")
 @click.option("--user", default="ubuntu", show_default=True, help="Login name of the image.")
-@click.option("--connect", type=click.Choice(["public", "private"]), default="public", show_default=True,
+@click.option("--connect", type=click.Choice(["public", "private"]), default="public",
+              show_default=True,
               help="Reach nodes by public address, or private (from a bastion inside the VPC).")
-@click.option("--clone-from-first", is_flag=True, help="Configure node 0, image it, launch the rest from it.")
+@click.option("--clone-from-first", is_flag=True,
+              help="Configure node 0, image it, launch the rest from it.")
 @click.option("--setup-script", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Script run on node 0 before it is imaged (with --clone-from-first).")
 @click.option("--ssh/--no-ssh", default=True, show_default=True,
               help="Wait for SSH and set up password-less SSH between nodes.")
-@click.option("--keep-on-failure", is_flag=True, help="Leave what a failed run created, for debugging.")
+@click.option("--keep-on-failure", is_flag=True,
+              help="Leave what a failed run created, for debugging.")
 @click.option("--boot-timeout", type=click.FloatRange(min=1), default=900, show_default=True,
               help="Seconds to wait for the nodes (and an image builder) to run and answer SSH.")
 @click.option("--yes", is_flag=True, help="Do not ask before spending money.")
-@click.option("--dry-run", is_flag=True, help="Show the price and what would be made; make nothing.")
+@click.option("--dry-run", is_flag=True,
+              help="Show the price and what would be made; make nothing.")
 def up(name: str, nodes: int, region: str | None, endpoint_url: str | None, profile: str | None,
-       ssh_cidr: str | None, yes: bool, dry_run: bool, boot_timeout: float, ssh: bool, allow_ssh_from_anywhere: bool,
+       ssh_cidr: str | None, yes: bool, dry_run: bool, boot_timeout: float, ssh: bool,
+       allow_ssh_from_anywhere: bool,
        **opts: Any) -> None:
     """Provision NODES identical instances, tagged cpudist:cluster=NAME, and print the hostfile."""
     cidr = check_ssh_cidr(ssh_cidr, allow_ssh_from_anywhere) if ssh_cidr else _caller_cidr()
     cloud = connect(cluster_place(name, region, endpoint_url, profile))
     region = cloud.place.region
-    spec = ClusterSpec(name=name, nodes=nodes, region=region, ssh_cidr=cidr, endpoint_url=cloud.place.endpoint_url,
+    spec = ClusterSpec(name=name, nodes=nodes, region=region, ssh_cidr=cidr,
+                       endpoint_url=cloud.place.endpoint_url,
                        profile=cloud.place.profile, boot_timeout_s=boot_timeout, ssh=ssh, **opts)
     price = price_of(cloud, spec)
     per_node = "unknown" if price.usd_per_hour is None else f"${price.usd_per_hour:.4g}/h"
     total = price.total(nodes)
-    say(f"{nodes} x {spec.instance_type} {'spot' if spec.spot else 'on-demand'} in {region}: {per_node} per node"
+    say(f"{nodes} x {spec.instance_type} {'spot' if spec.spot else 'on-demand'} in {region}: "
+        f"{per_node} per node"
         + (f", ${total:.2f}/h in all" if total is not None else "") + f" ({price.source})")
     if dry_run:
-        say(f"would ensure key pair, security group (SSH from {spec.ssh_cidr}; all traffic inside), "
-            f"{'placement group, ' if spec.placement_group else ''}{nodes} instance(s) of {spec.image}")
+        say(f"would ensure key pair, security group (SSH from {spec.ssh_cidr}; all traffic "
+            f"inside), {'placement group, ' if spec.placement_group else ''}{nodes} instance(s) of "
+            f"{spec.image}")
         return
     if not yes:
         if not sys.stdin.isatty():
-            raise BadInput("not asking for confirmation without a terminal", "Pass --yes to go ahead")
+            raise BadInput("not asking for confirmation without a terminal",
+                           "Pass --yes to go ahead")
         click.confirm("Launch these instances?", abort=True, err=True)
     try:  # an image build too: Ctrl-C in it ends in the line below, not click's bare "Aborted!"
         if spec.image is None:
@@ -173,7 +197,8 @@ def up(name: str, nodes: int, region: str | None, endpoint_url: str | None, prof
     except KeyboardInterrupt:
         if spec.keep_on_failure:
             raise CpudistError("interrupted: what this run created was kept (--keep-on-failure)",
-                               f"Re-run `cpudist cluster up` to go on, or `cpudist cluster down --name {name}`"
+                               "Re-run `cpudist cluster up` to go on, or `cpudist cluster down "
+                               f"--name {name}`"
                                ) from None
         raise CpudistError("interrupted: what this run created was removed",
                            "Re-run `cpudist cluster up` to start again") from None
@@ -193,11 +218,12 @@ def default_image(cloud: Provider, spec: ClusterSpec, yes: bool) -> str:
         return found
     bake_price = cloud.on_demand("c6i.large").usd_per_hour
     cost = "unknown" if bake_price is None else f"about ${bake_price * BAKE_MINUTES / 60:.2f}"
-    say(f"no image for cpudist {__version__} yet: building one first (about {BAKE_MINUTES} min, {cost}; "
-        "see ami/README.md), then launching the cluster")
+    say(f"no image for cpudist {__version__} yet: building one first (about {BAKE_MINUTES} min, "
+        f"{cost}; see ami/README.md), then launching the cluster")
     if not yes:
         if not sys.stdin.isatty():
-            raise BadInput("not asking for confirmation without a terminal", "Pass --yes, or --image AMI")
+            raise BadInput("not asking for confirmation without a terminal",
+                           "Pass --yes, or --image AMI")
         click.confirm("Build the image?", abort=True, err=True)
     base = cloud.base_image()
     wanted = BakeSpec(f"cpudist-{__version__.replace('.', '-')}", base, ssh_cidr=spec.ssh_cidr,
@@ -219,28 +245,33 @@ def default_image(cloud: Provider, spec: ClusterSpec, yes: bool) -> str:
 @click.option("--imds-endpoint", "imds", default="auto", show_default=True, callback=_imds,
               help="Instance metadata service asked which instance this machine is (down "
               "refuses to run on a node of the cluster): auto (AWS's, on EC2 only), off, or a URL.")
-def down(name: str, region: str | None, endpoint_url: str | None, profile: str | None, keep_image: bool, yes: bool,
+def down(name: str, region: str | None, endpoint_url: str | None, profile: str | None,
+         keep_image: bool, yes: bool,
          dry_run: bool, imds: str) -> None:
     """Remove every resource tagged with the cluster, its local record and keys (from outside)."""
     cloud = connect(cluster_place(name, region, endpoint_url, profile))
     inv = cloud.inventory(name)
     found = dataclasses.asdict(inv)
     images = [] if keep_image else found["images"]
-    listed = [*inv.instances, *inv.security_groups, *filter(None, (inv.placement_group, inv.key_pair)), *images]
+    listed = [*inv.instances, *inv.security_groups,
+              *filter(None, (inv.placement_group, inv.key_pair)), *images]
     local = state.cluster_dir(name)
     say(f"cluster {name}: " + (", ".join(listed) if listed else "nothing in AWS")
         + (f"; local record {local}" if local.exists() else ""))
     if dry_run:
-        click.echo(json.dumps({**found, "images": images, "local": str(local) if local.exists() else None}))
+        click.echo(json.dumps({**found, "images": images, "local": str(local) if local.exists()
+                               else None}))
         return
     if not listed and not local.exists():
-        raise BadInput(f"there is no cluster {name} in {cloud.place.region} nor a local record of it",
+        raise BadInput(f"there is no cluster {name} in {cloud.place.region} nor a local record of "
+                       "it",
                        "Check --name and --region (`cpudist cluster list`)")
     here = this_node(cloud, imds, say)
     check_outside(name, inv.instances, here)
     if not yes:
         if not sys.stdin.isatty():
-            raise BadInput("not asking for confirmation without a terminal", "Pass --yes to go ahead")
+            raise BadInput("not asking for confirmation without a terminal",
+                           "Pass --yes to go ahead")
         click.confirm("Remove all of this?", abort=True, err=True)
     with signals_interrupt():
         removed = remove_cluster(cloud, name, keep_image, say, here)
@@ -258,26 +289,33 @@ def _uptime(launch_time: str) -> str:
 @name_option
 @region_option
 @output_options()
-def status(name: str, region: str | None, endpoint_url: str | None, profile: str | None, fmt: str) -> None:
-    """Nodes, states, private and public addresses, spot or on-demand, price, uptime and cost so far."""
+def status(name: str, region: str | None, endpoint_url: str | None, profile: str | None,
+           fmt: str) -> None:
+    """Nodes, states, private and public addresses, spot or on-demand, price, uptime and cost so
+    far."""
     cloud = connect(cluster_place(name, region, endpoint_url, profile))
     nodes = cloud.nodes(name, role=None)
     record = load_record(name)
     if not nodes and record is None:
-        raise BadInput(f"there is no cluster {name} in {cloud.place.region} nor a local record of it",
+        raise BadInput(f"there is no cluster {name} in {cloud.place.region} nor a local record of "
+                       "it",
                        "Check --name and --region (`cpudist cluster list`)")
     prices = {n.instance_id: n.usd_per_hour for n in record.nodes} if record else {}
     cost = cost_so_far(nodes, record)
     if fmt == "json":
         rows = [{**n.__dict__, "usd_per_hour": prices.get(n.instance_id)} for n in nodes]
-        click.echo(json.dumps({"name": name, "nodes": rows, "cost_so_far_usd": cost}, default=str, indent=2))
+        click.echo(json.dumps({"name": name, "nodes": rows, "cost_so_far_usd": cost}, default=str,
+                              indent=2))
         return
-    table = Table("node", "instance", "state", "private", "public", "market", "$/h", "uptime", title=f"cluster {name}")
+    table = Table("node", "instance", "state", "private", "public", "market", "$/h", "uptime",
+                  title=f"cluster {name}")
     for n in nodes:
         price = prices.get(n.instance_id)
-        table.add_row(str(n.index), n.instance_id, n.state, n.private_ip or "-", n.public_ip or "-", n.lifecycle,
+        table.add_row(str(n.index), n.instance_id, n.state, n.private_ip or "-", n.public_ip or "-",
+                      n.lifecycle,
                       "-" if price is None else f"{price:.4g}", _uptime(n.launch_time))
-    # Piped, rich would fit the table to 80 columns and cut instance ids and addresses: give it room instead.
+    # Piped, rich would fit the table to 80 columns and cut instance ids and addresses: give it room
+    # instead.
     Console(width=None if sys.stdout.isatty() else 200).print(table)
     click.echo(f"cost so far: {'unknown' if cost is None else f'${cost:.2f}'}")
 
@@ -285,7 +323,8 @@ def status(name: str, region: str | None, endpoint_url: str | None, profile: str
 @cluster.command("list")
 @region_option
 def list_clusters(region: str | None, endpoint_url: str | None, profile: str | None) -> None:
-    """Clusters with live instances in the region, and local records (counted where each was made)."""
+    """Clusters with live instances in the region, and local records (counted where each was
+    made)."""
     local = {p.name for p in state.clusters_dir().glob("*") if (p / "record.json").exists()}
     places = {connect(Place(region, endpoint_url, profile)).place}
     places |= {r.place for r in map(load_record, sorted(local)) if r is not None}

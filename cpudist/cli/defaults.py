@@ -1,4 +1,5 @@
-"""Option defaults from TOML: the user's config file, and `--config FILE` of run, sweep and cluster up.
+"""Option defaults from TOML: the user's config file, and `--config FILE` of run, sweep and cluster
+up.
 
 A file holds one table per command (`[run]`, `[sweep]`, `[cluster.up]`, ...) whose keys are the
 options' long names (`max-steps = 100`, `np = 4`, `json = true`); the command line always wins.
@@ -21,7 +22,8 @@ ENV = "CPUDIST_CONFIG"
 
 
 def config_path() -> Path:
-    """$CPUDIST_CONFIG, else config.toml in the platform's config folder (~/.config/cpudist on Linux)."""
+    """$CPUDIST_CONFIG, else config.toml in the platform's config folder (~/.config/cpudist on
+    Linux)."""
     given = os.environ.get(ENV)
     return Path(given).expanduser() if given else Path(click.get_app_dir("cpudist")) / "config.toml"
 
@@ -30,15 +32,18 @@ def read_toml(path: Path) -> dict[str, Any]:
     try:
         return tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise BadInput(f"cannot read {path}: {e}", "Give a TOML file, e.g. examples/cluster.toml") from None
+        raise BadInput(f"cannot read {path}: {e}",
+                       "Give a TOML file, e.g. examples/cluster.toml") from None
 
 
 def user_defaults() -> dict[str, Any]:
-    """The user's config file as click's nested default_map (untranslated until a command is loaded)."""
+    """The user's config file as click's nested default_map (untranslated until a command is
+    loaded)."""
     path = config_path()
     if not path.is_file():
         if os.environ.get(ENV):
-            raise BadInput(f"${ENV} names {path}, which does not exist", f"Create it, or unset {ENV}")
+            raise BadInput(f"${ENV} names {path}, which does not exist",
+                           f"Create it, or unset {ENV}")
         return {}
     return {"__source__": str(path), **read_toml(path)}
 
@@ -62,7 +67,8 @@ def translate(command: click.Command, table: dict[str, Any], source: str) -> dic
                 names[flag.lstrip("-").replace("_", "-")] = p.name
     mapped = {}
     for key, value in table.items():
-        if isinstance(value, dict):  # another command's table ([sweep] in a file read for run): not ours
+        # another command's table ([sweep] in a file read for run): not ours
+        if isinstance(value, dict):
             continue
         name = names.get(key.replace("_", "-"))
         if name is None:
@@ -81,13 +87,14 @@ def apply_user_defaults(ctx: click.Context, name: str, command: click.Command) -
     source = str(ctx.default_map.get("__source__", config_path()))
     table = ctx.default_map[name]
     if not isinstance(table, dict):
-        raise BadInput(f"{source}: {name} = ... must be a table [{name}]", f"Write the options under [{name}]")
+        raise BadInput(f"{source}: {name} = ... must be a table [{name}]",
+                       f"Write the options under [{name}]")
     ctx.default_map[name] = translate(command, table, source)
 
 
 def config_option(f: Any) -> Any:
-    """`--config FILE`: TOML defaults for this command: its table ([run], [sweep], [cluster.up] or [cluster])
-    as far as the file has it, else the file's top level."""
+    """`--config FILE`: TOML defaults for this command: its table ([run], [sweep], [cluster.up] or
+    [cluster]) as far as the file has it, else the file's top level."""
 
     def load(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
         if value is not None:
@@ -95,10 +102,13 @@ def config_option(f: Any) -> Any:
             for part in ctx.command_path.split()[1:]:
                 if isinstance(table.get(part), dict):
                     table = table[part]
-            ctx.default_map = {**(ctx.default_map or {}), **translate(ctx.command, table, str(value))}
+            ctx.default_map = {**(ctx.default_map or {}),
+                               **translate(ctx.command, table, str(value))}
         return value
 
-    return click.option("--config", type=click.Path(exists=True, dir_okay=False, path_type=Path), callback=load,
+    return click.option("--config", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                        callback=load,
                         is_eager=True, expose_value=False,
-                        help="TOML file of option defaults (its [command] table, or top-level keys); the command "
+                        help="TOML file of option defaults (its [command] table, or top-level "
+                             "keys); the command "
                         "line wins.")(f)

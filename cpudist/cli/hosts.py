@@ -28,7 +28,8 @@ hostfile_option = click.option("--hostfile", type=click.Path(path_type=Path), re
                                help="One host per line, the head node first.")
 user_option = click.option("--user", help="Login name on the nodes [default: yours].")
 identity_option = click.option("--identity", type=click.Path(exists=True, dir_okay=False),
-                               help="Private key that logs in to every node [default: ssh-agent, ~/.ssh].")
+                               help="Private key that logs in to every node [default: ssh-agent, "
+                                    "~/.ssh].")
 port_option = click.option("--port", type=click.IntRange(1, 65535), default=22, show_default=True,
                            help="SSH port of every node.")
 
@@ -48,9 +49,11 @@ def hosts() -> None:
 @user_option
 @identity_option
 @port_option
-@click.option("--dry-run", is_flag=True, help="Show the nodes, the key and the files it would install; connect to "
+@click.option("--dry-run", is_flag=True,
+              help="Show the nodes, the key and the files it would install; connect to "
               "nothing and write nothing.")
-def ssh_setup(hostfile: Path, user: str | None, identity: str | None, port: int, dry_run: bool) -> None:
+def ssh_setup(hostfile: Path, user: str | None, identity: str | None, port: int,
+              dry_run: bool) -> None:
     """Install one cluster key so every node can ssh to every other node (host keys pinned)."""
     nodes = read_hostfile(hostfile)
     check_resolvable(nodes)
@@ -65,9 +68,12 @@ def ssh_setup(hostfile: Path, user: str | None, identity: str | None, port: int,
     console().print(table)
     broken = [r for r in results if r.fails]
     if broken:
-        raise CpudistError(f"{broken[0].host} cannot ssh to {', '.join(broken[0].fails)} with the cluster key",
-                           "Check sshd on those nodes (AuthorizedKeysFile, firewall), then re-run ssh-setup")
-    click.echo(f"ok: {len(nodes)} nodes reach each other; launchers use {state.local_cluster_dir()}/ssh")
+        raise CpudistError(f"{broken[0].host} cannot ssh to {', '.join(broken[0].fails)} with the "
+                           "cluster key",
+                           "Check sshd on those nodes (AuthorizedKeysFile, firewall), then re-run "
+                           "ssh-setup")
+    click.echo(f"ok: {len(nodes)} nodes reach each other; launchers use "
+               f"{state.local_cluster_dir()}/ssh")
 
 
 @hosts.command()
@@ -80,15 +86,17 @@ def ssh_setup(hostfile: Path, user: str | None, identity: str | None, port: int,
 @output_options()
 def doctor(hostfile: Path, user: str | None, identity: str | None, port: int, launcher_program: str,
            fmt: str) -> None:
-    """Check every node against the head: SSH, versions, CPU features, cores, usable cores (affinity mask and
-    cgroup quota: what its ranks size their threads by), memory, launcher."""
+    """Check every node against the head: SSH, versions, CPU features, cores, usable cores (affinity
+    mask and cgroup quota: what its ranks size their threads by), memory, launcher."""
     nodes = read_hostfile(hostfile)
     reports = run_doctor(nodes, user, identity, port, launcher_program)
     if fmt == "json":
-        click.echo(json.dumps([{"host": r.host, "ok": r.ok, "problems": r.problems, "facts": r.facts}
+        click.echo(json.dumps([{"host": r.host, "ok": r.ok, "problems": r.problems,
+                                "facts": r.facts}
                                for r in reports], indent=2))
     else:
-        table = Table("node", "python", "cpudist", "torch", "mpi", "cpu", "bf16", "cores", "usable", "free GiB",
+        table = Table("node", "python", "cpudist", "torch", "mpi", "cpu", "bf16", "cores", "usable",
+                      "free GiB",
                       "launcher", "verdict")
         for r in reports:
             f = r.facts
@@ -102,16 +110,19 @@ def doctor(hostfile: Path, user: str | None, identity: str | None, port: int, la
         console().print(table)
     bad = [r for r in reports if not r.ok]
     if bad:
-        raise CpudistError(f"{len(bad)} of {len(reports)} nodes differ from the head or are not ready "
-                           f"({', '.join(r.host for r in bad)})", "Fix what the table says, then re-run doctor")
+        raise CpudistError(f"{len(bad)} of {len(reports)} nodes differ from the head or are not "
+                           f"ready ({', '.join(r.host for r in bad)})",
+                           "Fix what the table says, then re-run doctor")
 
 
 @hosts.command()
 @click.argument("host")
 def forget(host: str) -> None:
-    """Drop HOST's pinned host key (after a deliberate reinstall), so ssh-setup can pin the new one."""
+    """Drop HOST's pinned host key (after a deliberate reinstall), so ssh-setup can pin the new
+    one."""
     if KnownHosts(state.local_cluster_dir() / "known_hosts").forget(host):
-        click.echo(f"forgot the host key of {host}; run `cpudist hosts ssh-setup` to pin the new one")
+        click.echo(f"forgot the host key of {host}; run `cpudist hosts ssh-setup` to pin the new "
+                   "one")
     else:
         click.echo(f"no pinned key for {host}")
 
@@ -125,7 +136,8 @@ def _print_launch(spec: RunSpec, launch: Launch) -> None:
     for key, value in launch.rank_env.items():
         click.echo(f"export {key}={value}")
     click.echo(f"# hostfile {spec.hostfile} (written when the probe starts)")
-    click.echo(render_hostfile(spec.hosts[: spec.np // spec.ppn], "openmpi" if spec.launcher == "openmpi" else "hydra",
+    click.echo(render_hostfile(spec.hosts[: spec.np // spec.ppn], "openmpi"
+                               if spec.launcher == "openmpi" else "hydra",
                                spec.ppn), nl=False)
     click.echo("# command")
     click.echo(launch.shell())
@@ -136,23 +148,29 @@ def _print_bench(result: BenchResult, path: Path) -> None:
                   title=f"gloo all-reduce, {result.world_size} ranks on {len(result.nodes)} nodes "
                         f"(median of {result.iters})", title_justify="left")
     for p in result.points:
-        table.add_row(human(p.bytes), f"{p.median_s * 1000:.2f}", f"{p.algbw_gbps:.3f}", f"{p.busbw_gbps:.3f}")
+        table.add_row(human(p.bytes), f"{p.median_s * 1000:.2f}", f"{p.algbw_gbps:.3f}",
+                      f"{p.busbw_gbps:.3f}")
     console().print(table)
     click.echo(f"nodes: {' '.join(result.nodes)}; saved {path}; `cpudist plan` takes the link rate "
-               f"{result.link_gbps:.3f} Gbit/s from it (bus bandwidth at {human(result.points[-1].bytes)})")
+               f"{result.link_gbps:.3f} Gbit/s from it (bus bandwidth at "
+               f"{human(result.points[-1].bytes)})")
 
 
 @hosts.command()
 @hostfile_option
-@click.option("--ppn", type=click.IntRange(min=1), default=1, show_default=True, help="Ranks per node.")
+@click.option("--ppn", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Ranks per node.")
 @click.option("--sizes", default=DEFAULT_SIZES, show_default=True, callback=_sizes,
-              help="Bytes per all-reduce (fp32), comma-separated: KB/MB/GB are powers of 10, KiB/MiB/GiB of 2.")
+              help="Bytes per all-reduce (fp32), comma-separated: KB/MB/GB are powers of 10, "
+                   "KiB/MiB/GiB of 2.")
 @click.option("--iters", type=click.IntRange(min=1), default=10, show_default=True,
               help="Timed all-reduces per size (the median is kept).")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
               help="Untimed all-reduces per size before the timed ones.")
-@click.option("--launcher", "--mpi", "launcher", type=click.Choice([x for x in LAUNCHERS if x != "torchrun"]),
-              default="auto", show_default=True, help="auto: the MPI of --mpirun, else MPICH's Hydra.")
+@click.option("--launcher", "--mpi", "launcher",
+              type=click.Choice([x for x in LAUNCHERS if x != "torchrun"]),
+              default="auto", show_default=True,
+              help="auto: the MPI of --mpirun, else MPICH's Hydra.")
 @connect_options
 @click.option("--timeout", type=click.FloatRange(min=1), default=600, show_default=True,
               help="Stop the probe after this many seconds.")
@@ -174,8 +192,10 @@ def bench(hostfile: Path, ppn: int, sizes: tuple[int, ...], iters: int, warmup: 
     listed = read_nodes(hostfile)
     np_ = len(listed.hosts) * ppn
     with tempfile.TemporaryDirectory(prefix="cpudist-bench-") as workdir:
-        request = RunRequest(train=TrainConfig(task="hosts-bench", output_dir=workdir), nodes=listed,
-                             launch=LaunchOptions(np=np_, ppn=ppn, launcher=launcher, mpirun=mpirun, ssh=ssh,
+        request = RunRequest(train=TrainConfig(task="hosts-bench", output_dir=workdir),
+                             nodes=listed,
+                             launch=LaunchOptions(np=np_, ppn=ppn, launcher=launcher, mpirun=mpirun,
+                                                  ssh=ssh,
                                                   iface=iface),
                              payload=Probe(sizes=sizes, iters=iters, warmup=warmup))
         spec = spec_of(request, dry_run)
@@ -183,7 +203,8 @@ def bench(hostfile: Path, ppn: int, sizes: tuple[int, ...], iters: int, warmup: 
         if dry_run:
             _print_launch(spec, launch)
             return
-        result = run_probe(str(hostfile), spec, launch, timeout, lambda line: click.echo(line, err=True))
+        result = run_probe(str(hostfile), spec, launch, timeout,
+                           lambda line: click.echo(line, err=True))
     path = save(result)
     if fmt == "json":
         click.echo(json.dumps({**result.to_dict(), "path": str(path)}, indent=2))

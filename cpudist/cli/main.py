@@ -21,23 +21,32 @@ from cpudist.errors import BadInput, CpudistError
 # name -> (module, attribute, one-line help shown by `cpudist --help` without importing the module)
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "run": ("cpudist.cli.run", "run", "Fine-tune on TASK with --np ranks, here or on a cluster."),
-    "launch": ("cpudist.cli.launch", "launch", "Your own training script on --np ranks, as a cpudist run."),
-    "sweep": ("cpudist.cli.sweep", "sweep", "The same run at each node count, then its speedup report."),
-    "predict": ("cpudist.cli.predict", "predict", "Predictions of a trained model on a file or a GLUE split."),
-    "runs": ("cpudist.cli.runs", "runs", "Every run with its id, state, start, duration and metric."),
+    "launch": ("cpudist.cli.launch", "launch",
+               "Your own training script on --np ranks, as a cpudist run."),
+    "sweep": ("cpudist.cli.sweep", "sweep",
+              "The same run at each node count, then its speedup report."),
+    "predict": ("cpudist.cli.predict", "predict",
+                "Predictions of a trained model on a file or a GLUE split."),
+    "runs": ("cpudist.cli.runs", "runs",
+             "Every run with its id, state, start, duration and metric."),
     "logs": ("cpudist.cli.logs", "logs", "A run's output so far, or followed (-f) until it ends."),
-    "stop": ("cpudist.cli.stop", "stop", "Stop a running run from another shell (it checkpoints first)."),
+    "stop": ("cpudist.cli.stop", "stop",
+             "Stop a running run from another shell (it checkpoints first)."),
     "report": ("cpudist.cli.report", "report", "Speedup and efficiency of comparable runs."),
-    "plan": ("cpudist.cli.plan", "plan", "Step time, speedup and cost at N nodes, before renting them."),
-    "hosts": ("cpudist.cli.hosts", "hosts", "Prepare and check the nodes of an on-prem or cloud cluster."),
-    "cluster": ("cpudist.cli.cluster", "cluster", "Provision a cluster of CPU instances on AWS, and remove it."),
+    "plan": ("cpudist.cli.plan", "plan",
+             "Step time, speedup and cost at N nodes, before renting them."),
+    "hosts": ("cpudist.cli.hosts", "hosts",
+              "Prepare and check the nodes of an on-prem or cloud cluster."),
+    "cluster": ("cpudist.cli.cluster", "cluster",
+                "Provision a cluster of CPU instances on AWS, and remove it."),
     "ami": ("cpudist.cli.ami", "ami", "Images for cluster nodes."),
 }
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
 
 
 class Root(click.Group):
-    """Lazily loaded commands; every error is one line (ours, with a traceback under --debug, and click's own)."""
+    """Lazily loaded commands; every error is one line (ours, with a traceback under --debug, and
+    click's own)."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
@@ -51,13 +60,15 @@ class Root(click.Group):
         return command
 
     def shell_complete(self, ctx: click.Context, incomplete: str) -> list[CompletionItem]:
-        """Command names from COMMANDS (click's own would import every command for its help line)."""
+        """Command names from COMMANDS (click's own would import every command for its help
+        line)."""
         names = [CompletionItem(name, help=summary) for name, (_, _, summary) in COMMANDS.items()
                  if name.startswith(incomplete)]
         return [*names, *click.Command.shell_complete(self, ctx, incomplete)]
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        """The command list from COMMANDS' one-liners: `cpudist --help` imports no command module."""
+        """The command list from COMMANDS' one-liners: `cpudist --help` imports no command
+        module."""
         with formatter.section("Commands"):
             formatter.write_dl([(name, summary) for name, (_, _, summary) in COMMANDS.items()])
 
@@ -82,8 +93,8 @@ def cli(debug: bool) -> None:
 
     Defaults for any command's options can live in a TOML file (`cpudist <command> --help` shows the
     options): $CPUDIST_CONFIG, else config.toml in the platform's config folder
-    (~/.config/cpudist/config.toml on Linux), one table per command: [run], [sweep], [cluster.up], ...
-    The command line wins over the file; `run` and `sweep` also take --config FILE.
+    (~/.config/cpudist/config.toml on Linux), one table per command: [run], [sweep], [cluster.up],
+    ... The command line wins over the file; `run` and `sweep` also take --config FILE.
     """
 
 

@@ -13,13 +13,15 @@ from typing import Any
 import click
 
 
-def output_options(formats: Sequence[str] = ("text", "json"), default: str = "text") -> Callable[[Any], Any]:
+def output_options(formats: Sequence[str] = ("text", "json"),
+                   default: str = "text") -> Callable[[Any], Any]:
     """`--format {formats}` and its shorthand `--json`, both into the parameter `fmt`."""
 
     def decorate(f: Any) -> Any:
         f = click.option("--json", "fmt", flag_value="json", help="Same as --format json.")(f)
         shown = ", ".join(formats)
-        return click.option("--format", "fmt", type=click.Choice(formats), default=default, show_default=True,
+        return click.option("--format", "fmt", type=click.Choice(formats), default=default,
+                            show_default=True,
                             help=f"Output: {shown}.")(f)
 
     return decorate
@@ -30,7 +32,8 @@ class _Ppn(click.ParamType):
 
     name = "N|auto"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | str:
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context
+                | None) -> int | str:
         if value == "auto" or (isinstance(value, int) and value >= 1):
             return value
         if isinstance(value, str) and value.isdigit() and int(value) >= 1:
@@ -42,12 +45,14 @@ PPN = _Ppn()
 
 
 class SectionedCommand(click.Command):
-    """A command whose --help lists options under headings: `sections` maps a heading to parameter names.
+    """A command whose --help lists options under headings: `sections` maps a heading to parameter
+    names.
 
     Options not named in any section are listed last, under "Other options".
     """
 
-    def __init__(self, *args: Any, sections: dict[str, Sequence[str]] | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, sections: dict[str, Sequence[str]] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.sections = sections or {}
 
@@ -56,8 +61,10 @@ class SectionedCommand(click.Command):
                 if isinstance(p, click.Option) and (record := p.get_help_record(ctx)) is not None]
         placed: set[str | None] = set()
         for heading, names in self.sections.items():
-            fresh = [n for n in names if n not in placed]  # a name listed under an earlier heading stays there
-            records = [record for n in fresh for name, record in rows if name == n]  # --format and --json share one
+            # a name listed under an earlier heading stays there
+            fresh = [n for n in names if n not in placed]
+            # --format and --json share one
+            records = [record for n in fresh for name, record in rows if name == n]
             placed.update(fresh)
             if records:
                 with formatter.section(heading):

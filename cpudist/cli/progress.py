@@ -15,8 +15,8 @@ HELD_LINES = 20  # --quiet: the rank lines shown when the job fails (all are in 
 
 
 class JobView:
-    """Renders events and rank lines on stderr: a live bar on a terminal, plain lines elsewhere; `quiet`: nothing,
-    unless the job fails (then its last rank lines, before the error)."""
+    """Renders events and rank lines on stderr: a live bar on a terminal, plain lines elsewhere;
+    `quiet`: nothing, unless the job fails (then its last rank lines, before the error)."""
 
     def __init__(self, quiet: bool = False) -> None:
         self.console = Console(stderr=True)
@@ -70,15 +70,15 @@ class JobView:
             if not self.quiet:
                 self.on_line(f"[cpudist] evaluation at step {event['step']}: {scores}")
         elif kind == events.MODEL:
-            self._plain(f"model saved: {event['path']} (step {event['step']}, {event['bytes'] / 1e6:.1f} MB, "
-                        f"{event['seconds']:.1f}s)")
+            self._plain(f"model saved: {event['path']} (step {event['step']}, "
+                        f"{event['bytes'] / 1e6:.1f} MB, {event['seconds']:.1f}s)")
         elif kind == events.MODEL_S3:
             if "error" in event:  # shown even with --quiet: the copy the user asked for is missing
-                print(f"[cpudist] WARNING: the model was not copied to {event['url']}: {event['error']} (it is in the "
-                      "run folder)", file=sys.stderr, flush=True)
+                print(f"[cpudist] WARNING: the model was not copied to {event['url']}: "
+                      f"{event['error']} (it is in the run folder)", file=sys.stderr, flush=True)
             else:
-                self._plain(f"model copied to {event['url']} ({event['files']} files, {event['bytes'] / 1e6:.1f} MB, "
-                            f"{event['seconds']:.1f}s)")
+                self._plain(f"model copied to {event['url']} ({event['files']} files, "
+                            f"{event['bytes'] / 1e6:.1f} MB, {event['seconds']:.1f}s)")
         elif kind == events.EVAL:
             self.close()
             self._plain(f"evaluating on {event['rows']} rows")

@@ -16,7 +16,14 @@ from cpudist.errors import BadInput
 from cpudist.results import anatomy as steps
 from cpudist.results.ledger import load_sources
 from cpudist.results.render import notes, render_csv, render_json, render_markdown
-from cpudist.results.report import COLUMNS, FLAG_NOTE, TRAFFIC_COLUMNS, ScalingRow, groups_of, scaling_rows
+from cpudist.results.report import (
+    COLUMNS,
+    FLAG_NOTE,
+    TRAFFIC_COLUMNS,
+    ScalingRow,
+    groups_of,
+    scaling_rows,
+)
 from cpudist.results.schema import RunResult
 from cpudist.results.select import RunFilter, find_run, parse_since, select
 
@@ -28,7 +35,8 @@ format_option = output_options(FORMATS, "table")
 
 def plot_option(f: click.decorators.FC) -> click.decorators.FC:
     return click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
-                        help="Also draw speedup and efficiency against what varied (ranks on one node, else nodes), "
+                        help="Also draw speedup and efficiency against what varied (ranks on one "
+                             "node, else nodes), "
                         "one line per group with the ideal, to this file (.png, .svg, .pdf).")(f)
 
 
@@ -38,12 +46,18 @@ def _tasks(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -
 
 @click.command()
 @click.argument("sources", nargs=-1, type=click.Path(path_type=Path))
-@click.option("--task", "tasks", multiple=True, callback=_tasks, help="Only runs of this task (repeat, or a,b).")
-@click.option("--since", help="Only runs started at or after this UTC date or time (2026-11-24, 2026-11-24T10:00), "
+@click.option("--task", "tasks", multiple=True, callback=_tasks,
+              help="Only runs of this task (repeat, or a,b).")
+@click.option("--since",
+              help="Only runs started at or after this UTC date or time (2026-11-24, "
+                   "2026-11-24T10:00), "
               "or within this age (7d, 12h, 30m).")
-@click.option("--last", type=click.IntRange(min=1), help="Only the N newest runs (after the other filters).")
-@click.option("--run", "run_ids", multiple=True, help="Only this run: an id or a unique prefix of one (repeat).")
-@click.option("--baseline", help="Speedups of its group against this run (an id or a unique prefix) "
+@click.option("--last", type=click.IntRange(min=1),
+              help="Only the N newest runs (after the other filters).")
+@click.option("--run", "run_ids", multiple=True,
+              help="Only this run: an id or a unique prefix of one (repeat).")
+@click.option("--baseline",
+              help="Speedups of its group against this run (an id or a unique prefix) "
               "[default: the fewest nodes, then ranks, of each group; the median of its repeats].")
 @click.option("--anatomy", is_flag=True,
               help="Also say where a step went on rank 0: compute, the sync's CPU work, wire time "
@@ -53,15 +67,16 @@ def _tasks(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -
 def report(sources: tuple[Path, ...], tasks: tuple[str, ...], since: str | None, last: int | None,
            run_ids: tuple[str, ...], baseline: str | None, anatomy: bool, fmt: str,
            plot: Path | None) -> None:
-    """Speedup and efficiency of each configuration against its group's baseline, from ledgers or run folders.
+    """Speedup and efficiency of each configuration against its group's baseline, from ledgers or
+    run folders.
 
-    SOURCES default to the ledger (~/.cpudist/results.jsonl). Runs that differ only in their nodes and
-    ranks form a group; repeats of one configuration are one row (median, n, the range of their
-    speedups). Speedup is the ratio of training throughput (samples/s) to the group's baseline, which
-    every group names with the reason; a speedup beyond what the added ranks allow is flagged (!) with
-    its likely cause. Runs that timed their gradient sync get a second table: the bytes expected between
-    nodes per step and those the interfaces counted (! when they differ by more than 10%), the share of
-    training spent waiting for communication, and the bus bandwidth.
+    SOURCES default to the ledger (~/.cpudist/results.jsonl). Runs that differ only in their nodes
+    and ranks form a group; repeats of one configuration are one row (median, n, the range of their
+    speedups). Speedup is the ratio of training throughput (samples/s) to the group's baseline,
+    which every group names with the reason; a speedup beyond what the added ranks allow is flagged
+    (!) with its likely cause. Runs that timed their gradient sync get a second table: the bytes
+    expected between nodes per step and those the interfaces counted (! when they differ by more
+    than 10%), the share of training spent waiting for communication, and the bus bandwidth.
     """
     loaded = load_sources(sources or (state.ledger_path(),))
     if not loaded:
@@ -126,7 +141,8 @@ def _print_tables(rows: Sequence[ScalingRow],
         for line in notes(mine):
             console.print(line, markup=False, highlight=False)
         if any(r.has_traffic for r in mine):
-            traffic = Table(*TRAFFIC_COLUMNS, title="gradient sync and traffic", title_justify="left")
+            traffic = Table(*TRAFFIC_COLUMNS, title="gradient sync and traffic",
+                            title_justify="left")
             for r in mine:
                 traffic.add_row(*r.traffic_cells(), style="bold red" if r.traffic_flagged else None)
             console.print(traffic)

@@ -53,7 +53,8 @@ def summary(r: RunResult) -> str:
             f"train {r.train_time_s:.1f}s, {r.train_samples_per_s:.1f} samples/s, "
             f"wall {r.wall_time_s:.1f}s, {metrics}  -> {r.run_dir}/{names.RESULT}"
             + (f", model {r.model_dir}" if r.model_dir else "")
-            + (f" and {r.model_s3['url']}" if r.model_s3.get("url") and "error" not in r.model_s3 else ""))
+            + (f" and {r.model_s3['url']}" if r.model_s3.get("url") and "error" not in r.model_s3
+               else ""))
 
 
 def _train_config(opts: dict[str, Any]) -> TrainConfig:
@@ -62,20 +63,25 @@ def _train_config(opts: dict[str, Any]) -> TrainConfig:
     given = {k: v for k, v in opts.items() if k in names}
     for key in ("data_dir", "train_file", "validation_file"):
         given[key] = str(given[key]) if given.get(key) else None
-    given["text_columns"] = tuple(c.strip() for c in (opts["text_columns"] or "").split(",") if c.strip())
+    given["text_columns"] = tuple(c.strip() for c in (opts["text_columns"] or "").split(",")
+                                  if c.strip())
     return TrainConfig(**{**given, "output_dir": "", "dist_timeout_s": opts["dist_timeout"]})
 
 
 def _check_detach(where: Where, launcher: str) -> None:
-    """--detach's rules: a run from outside the cluster or a scheduler's batch job, without --on-preemption
-    resume."""
+    """--detach's rules: a run from outside the cluster or a scheduler's batch job, without
+    --on-preemption resume."""
     if where.head is None and scheduled(launcher) and not in_allocation():
-        return  # a batch job runs on by itself (run/life/batch_detach.py); inside an allocation it is this process
+        # a batch job runs on by itself (run/life/batch_detach.py); inside an allocation it is this
+        # process
+        return
     if where.head is None:
-        raise BadInput("--detach is for runs on a cluster from outside it (--cluster or --head): a run here or from "
+        raise BadInput("--detach is for runs on a cluster from outside it (--cluster or --head): a "
+                       "run here or from "
                        "a hostfile is this process", "Start it under nohup, tmux or screen instead")
     if where.recover:
-        raise BadInput("--detach and --on-preemption resume do not go together (the laptop replaces lost nodes)",
+        raise BadInput("--detach and --on-preemption resume do not go together (the laptop "
+                       "replaces lost nodes)",
                        "Drop one of them")
 
 
@@ -92,7 +98,8 @@ def run(ctx: click.Context, **opts: Any) -> None:
 
     Example: cpudist run mrpc --np 2 --data-dir glue/MRPC --model tiny --max-steps 5
     """
-    from cpudist.run.start import describe, start  # torch, paramiko, boto3 behind it: not for --help
+    # torch, paramiko, boto3 behind it: not for --help
+    from cpudist.run.start import describe, start
     from cpudist.run.where import where_for
 
     cfg = with_hf_defaults(_train_config(opts), ctx, say)
@@ -109,7 +116,8 @@ def run(ctx: click.Context, **opts: Any) -> None:
                    ctx.get_parameter_source("np_") is not ParameterSource.DEFAULT)
     remote = route.cluster is not None or route.head_addr is not None
     np_, ppn = resolve_layout(given, remote, lambda: read_cpu().physical_cores, say)
-    cfg = TrainConfig(**{**cfg.__dict__, "output_dir": str(output_dir or default_output_dir(cfg, np_))})
+    cfg = TrainConfig(**{**cfg.__dict__,
+                         "output_dir": str(output_dir or default_output_dir(cfg, np_))})
     launch = to_launch(opts, np_, ppn or np_)
     where = where_for(route, launch.nodes, ppn is not None, launch.launcher)
     if where.head is not None and opts["fetch_model"] == "no":
@@ -118,7 +126,8 @@ def run(ctx: click.Context, **opts: Any) -> None:
         _check_detach(where, launch.launcher)
         where = dataclasses.replace(where, detach=True)
     request = RunRequest(train=cfg, launch=launch, nodes=where.nodes,
-                         command=shlex.join(["cpudist", *redact_env_args(sys.argv[1:])]),  # run.json, card
+                         # run.json, card
+                         command=shlex.join(["cpudist", *redact_env_args(sys.argv[1:])]),
                          overwrite=opts["overwrite_output_dir"])
     with signals_interrupt():
         if opts["dry_run"]:
@@ -140,9 +149,10 @@ def run(ctx: click.Context, **opts: Any) -> None:
 
         info = read_run(Path(request.train.output_dir))
         run_id = info.id if info is not None else request.train.output_dir
-        goes_on = (f"as a {batch_of(info.where).label} batch job" if info is not None and scheduled(info.where)
+        goes_on = (f"as a {batch_of(info.where).label} batch job" if info is not None
+                   and scheduled(info.where)
                    else "on its head")
-        click.echo(f"detached: run {run_id} goes on {goes_on}; follow it (and bring its result home): "
-                   f"cpudist logs -f {run_id}; stop it: cpudist stop {run_id}")
+        click.echo(f"detached: run {run_id} goes on {goes_on}; follow it (and bring its result "
+                   f"home): cpudist logs -f {run_id}; stop it: cpudist stop {run_id}")
         return
     click.echo(json.dumps(result.to_dict(), indent=2) if opts["fmt"] == "json" else summary(result))

@@ -1,4 +1,5 @@
-"""`cpudist runs`: every run this machine knows of, in whatever state, from the run folders and the ledger."""
+"""`cpudist runs`: every run this machine knows of, in whatever state, from the run folders and the
+ledger."""
 
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ def cells(row: RunRow) -> tuple[str, ...]:
 def runs(folders: tuple[Path, ...], ledger: Path | None, fmt: str) -> None:
     """List runs: id, task, model, where, state, start, duration and metric.
 
-    FOLDERS (default: ./runs) hold run folders; each one's run.json says its state (running, finished,
-    failed, interrupted, preempted). Finished runs of the ledger without a run folder here are listed too.
+    FOLDERS (default: ./runs) hold run folders; each one's run.json says its state (running,
+    finished, failed, interrupted, preempted). Finished runs of the ledger without a run folder here
+    are listed too.
 
     Example: cpudist runs --json
     """

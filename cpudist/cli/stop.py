@@ -1,4 +1,5 @@
-"""`cpudist stop RUN`: interrupt a run from another shell; it checkpoints first when it checkpoints."""
+"""`cpudist stop RUN`: interrupt a run from another shell; it checkpoints first when it
+checkpoints."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from cpudist.cli.logs import run_arg
 def stop(run: str, wait_s: float) -> None:
     """Stop a running run: its `cpudist run` gets SIGINT, as from Ctrl-C in its terminal.
 
-    RUN is a run id (or a unique prefix of one) or a run folder. The ranks save a checkpoint first when the run
-    checkpoints (--checkpoint-every); the resume command is printed. Only a run started on this machine.
+    RUN is a run id (or a unique prefix of one) or a run folder. The ranks save a checkpoint first
+    when the run checkpoints (--checkpoint-every); the resume command is printed. Only a run started
+    on this machine.
 
     Example: cpudist stop 20261126-101502
     """
@@ -27,8 +29,10 @@ def stop(run: str, wait_s: float) -> None:
     click.echo(f"run {info.id} stopped, run.json says {info.state}" + (f": {said}" if said else ""))
     if resume := stopped.resume_command():
         click.echo(f"resume: {resume}")
-    elif info.task == "script":  # `cpudist launch`: the script's own checkpoints, if any, are its business
+    # `cpudist launch`: the script's own checkpoints, if any, are its business
+    elif info.task == "script":
         click.echo("[cpudist] run the command again to start over", err=True)
     else:
-        click.echo("[cpudist] it left no checkpoint: run it again to start over (--checkpoint-every N saves one)",
+        click.echo("[cpudist] it left no checkpoint: run it again to start over "
+                   "(--checkpoint-every N saves one)",
                    err=True)

@@ -1,9 +1,9 @@
 """A cluster as `cpudist cluster up` is asked for it, its price and its cost so far.
 
-The lifecycle is three modules over the provider's verbs: cloud/up.py (get-or-create every piece, roll
-back on failure), cloud/down.py (remove everything tagged with the cluster) and cloud/recover.py (replace
-reclaimed spot nodes). State lives in the cloud (tags); the local record (cloud/record.py) only caches
-what is needed to reach the nodes.
+The lifecycle is three modules over the provider's verbs: cloud/up.py (get-or-create every piece,
+roll back on failure), cloud/down.py (remove everything tagged with the cluster) and
+cloud/recover.py (replace reclaimed spot nodes). State lives in the cloud (tags); the local record
+(cloud/record.py) only caches what is needed to reach the nodes.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ class ClusterSpec:
         return Place(self.region, self.endpoint_url, self.profile)
 
 
-def cost_so_far(nodes: list[Node], record: ClusterRecord | None, now: datetime | None = None) -> float | None:
+def cost_so_far(nodes: list[Node], record: ClusterRecord | None, now: datetime
+                | None = None) -> float | None:
     """Dollars spent by the live nodes since they launched, each at its own price."""
     if record is None:
         return None
@@ -64,7 +65,8 @@ def cost_so_far(nodes: list[Node], record: ClusterRecord | None, now: datetime |
         price = prices.get(n.instance_id)
         if price is None or not n.launch_time:
             return None
-        total += max(0.0, (now - datetime.fromisoformat(n.launch_time)).total_seconds()) / 3600 * price
+        total += max(0.0,
+                     (now - datetime.fromisoformat(n.launch_time)).total_seconds()) / 3600 * price
     return round(total, 4)
 
 
@@ -77,7 +79,8 @@ def spec_of(record: ClusterRecord) -> ClusterSpec:
     """What `up` was asked for, from the record it wrote."""
     if not record.spec:
         raise CpudistError(f"the record of cluster {record.name} predates recovery",
-                           f"Run `cpudist cluster up --name {record.name} ...` once more to refresh it")
+                           f"Run `cpudist cluster up --name {record.name} ...` once more to "
+                           "refresh it")
     data = dict(record.spec)
     for key in ("identity", "setup_script"):
         data[key] = Path(data[key]) if data.get(key) else None

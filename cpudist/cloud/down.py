@@ -1,7 +1,7 @@
 """`cluster down`: remove everything tagged with the cluster, and this machine's record of it.
 
-Only what carries the cluster's tag is removed: a user's own key pair, group or placement group under
-the name `cpudist-NAME` is left alone (the provider checks the tag before each removal).
+Only what carries the cluster's tag is removed: a user's own key pair, group or placement group
+under the name `cpudist-NAME` is left alone (the provider checks the tag before each removal).
 
 It never runs on one of the cluster's own nodes: it would terminate the machine it runs on
 first, and the group and key (removable only once every instance is gone) would stay behind.

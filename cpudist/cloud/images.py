@@ -24,7 +24,8 @@ from cpudist.interrupts import shielded, signals_interrupt
 
 Say = Callable[[str], None]
 RESULT = re.compile(r"cpudist-bootstrap: (OK|FAILED at step (\S+).*)")
-BAKE_MINUTES = 15  # measured on nothing yet: the bootstrap's downloads dominate (torch CPU is ~200 MB)
+# measured on nothing yet: the bootstrap's downloads dominate (torch CPU is ~200 MB)
+BAKE_MINUTES = 15
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,8 @@ def recipe_dir() -> Path:
     for folder in (package.parent / "ami", package / "_ami"):
         if (folder / "bootstrap.sh").is_file():
             return folder
-    raise CpudistError("the image recipe (ami/bootstrap.sh) is missing from this cpudist installation",
+    raise CpudistError("the image recipe (ami/bootstrap.sh) is missing from this cpudist "
+                       "installation",
                        "Reinstall cpudist from its wheel or source tree")
 
 
@@ -61,7 +63,8 @@ def bootstrap_result(console: str) -> tuple[bool, str | None]:
     return False, None
 
 
-def _upload(node: str, spec: BakeSpec, key: Path, wheel: Path, known: Path, ssh: NodeAccess) -> None:
+def _upload(node: str, spec: BakeSpec, key: Path, wheel: Path, known: Path,
+            ssh: NodeAccess) -> None:
     with ssh.login(node, spec.user, 22, key, known) as builder:
         builder.check(f"mkdir -p ~/{state.UPLOAD_DIR}")
         home = builder.check('printf %s "$HOME"').strip()
@@ -75,8 +78,8 @@ def _cleanup(cloud: Provider, owner: str, run_id: str, name: str, keep_image: bo
 
 
 def bake(cloud: Provider, spec: BakeSpec, wheel: Path, ssh: NodeAccess, say: Say) -> str:
-    """Build the image with `wheel` (this cpudist) inside; its id. Nothing but the image is left, and
-    nothing at all on failure. SSH to the builder goes through `ssh`, from the caller."""
+    """Build the image with `wheel` (this cpudist) inside; its id. Nothing but the image is left,
+    and nothing at all on failure. SSH to the builder goes through `ssh`, from the caller."""
     run_id, owner, folder = uuid.uuid4().hex[:12], f"image-{spec.name}", state.image_dir(spec.name)
     script = (recipe_dir() / "bootstrap.sh").read_text()
     image: str | None = None
@@ -85,13 +88,15 @@ def bake(cloud: Provider, spec: BakeSpec, wheel: Path, ssh: NodeAccess, say: Say
             subnet = cloud.subnet(spec.subnet)
             key = cloud.key_pair(KeyRequest(owner, folder, run_id, ssh.new_key))
             group = cloud.security_group(owner, subnet.vpc_id, spec.ssh_cidr, run_id)
-            builder = cloud.builder(owner, spec.base_image, spec.instance_type, subnet, script, key.name, group,
+            builder = cloud.builder(owner, spec.base_image, spec.instance_type, subnet, script,
+                                    key.name, group,
                                     run_id)
-            say(f"builder {builder.instance_id} is booting from {spec.base_image}; uploading {wheel.name} when it "
-                "answers SSH")
+            say(f"builder {builder.instance_id} is booting from {spec.base_image}; uploading "
+                f"{wheel.name} when it answers SSH")
             boot_s = spec.boot_timeout_s or spec.timeout_s
             builder = cloud.wait([builder.instance_id], "running", boot_s)[0]
-            reach = address(builder.private_ip, builder.public_ip, spec.connect, f"builder {builder.instance_id}",
+            reach = address(builder.private_ip, builder.public_ip, spec.connect,
+                            f"builder {builder.instance_id}",
                             "Use a subnet that assigns public addresses, or --connect private")
             ssh.wait_banner(reach, 22, boot_s)
             _upload(reach, spec, key.private_key, wheel, folder / "known_hosts", ssh)
@@ -99,10 +104,12 @@ def bake(cloud: Provider, spec: BakeSpec, wheel: Path, ssh: NodeAccess, say: Say
             cloud.wait([builder.instance_id], "stopped", spec.timeout_s)
             ok, step = bootstrap_result(cloud.console(builder.instance_id))
             if not ok:
-                raise CpudistError(f"the image bootstrap failed at step {step or 'unknown (no result on the console)'}",
-                                   f"See ami/README.md for what step {step} does; fix it and re-run "
-                                   "`cpudist ami build`")
-            made = cloud.image(builder.instance_id, owner, spec.name, run_id, version=cpudist.__version__, image="base")
+                raise CpudistError("the image bootstrap failed at step "
+                                   f"{step or 'unknown (no result on the console)'}",
+                                   f"See ami/README.md for what step {step} does; fix it and "
+                                   "re-run `cpudist ami build`")
+            made = cloud.image(builder.instance_id, owner, spec.name, run_id,
+                               version=cpudist.__version__, image="base")
             signals.check()  # a Ctrl-C swallowed on the way removes the image too
             image = made
     finally:

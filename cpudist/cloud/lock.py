@@ -1,8 +1,10 @@
-"""One `cluster up`, `down` or recovery of a name at a time on this machine: a second is refused in one line.
+"""One `cluster up`, `down` or recovery of a name at a time on this machine: a second is refused in
+one line.
 
-Two `up` of one name at once would each import a key pair or adopt the other's, and leave a private key that
-matches no node. The lock is an flock on a file beside the clusters' folders (not inside one: a rollback
-removes that folder), released by the kernel when its holder exits, however it exits.
+Two `up` of one name at once would each import a key pair or adopt the other's, and leave a private
+key that matches no node. The lock is an flock on a file beside the clusters' folders (not inside
+one: a rollback removes that folder), released by the kernel when its holder exits, however it
+exits.
 """
 
 from __future__ import annotations

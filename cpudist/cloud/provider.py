@@ -10,9 +10,9 @@
     prices     price (spot from the market, else on-demand), on_demand
     images     newest_image (the newest `ami build` image of a version), base_image (the OS to bake on)
 
-cloud/aws/provider.py (Ec2) is the one implementation; `cpudist.cloud.connect` makes one for a `Place`.
-cli/ and run/ reach a cloud through these verbs only (tests/unit/test_layers.py checks that they import
-nothing from cloud/aws). The records passed between the verbs are provider-neutral.
+cloud/aws/provider.py (Ec2) is the one implementation; `cpudist.cloud.connect` makes one for a
+`Place`. cli/ and run/ reach a cloud through these verbs only (tests/unit/test_layers.py checks that
+they import nothing from cloud/aws). The records passed between the verbs are provider-neutral.
 """
 
 from __future__ import annotations
@@ -25,13 +25,15 @@ from typing import Protocol
 
 @dataclass(frozen=True)
 class Place:
-    """Where a cloud's resources live and which credentials reach them: recorded with a cluster, so every
-    later command talks to the same account, region and endpoint whatever the environment says then."""
+    """Where a cloud's resources live and which credentials reach them: recorded with a cluster, so
+    every later command talks to the same account, region and endpoint whatever the environment says
+    then."""
 
     region: str | None = None  # None: the profile's, AWS_DEFAULT_REGION, else us-east-1
     endpoint_url: str | None = None  # None: the environment's (AWS_ENDPOINT_URL), else AWS itself
     profile: str | None = None  # None: AWS_PROFILE, else boto3's default chain
-    pinned: bool = False  # resolved (a record's): the environment's region, endpoint and profile no longer count
+    # resolved (a record's): the environment's region, endpoint and profile no longer count
+    pinned: bool = False
 
 
 @dataclass(frozen=True)
@@ -88,8 +90,8 @@ class KeyInfo:
 
 @dataclass(frozen=True)
 class KeyRequest:
-    """The key pair a cluster (or a bake) asks for: the user's (`key_name` + `identity`), or one cpudist makes
-    with `new_key(comment) -> (private, public)` and keeps in `folder`."""
+    """The key pair a cluster (or a bake) asks for: the user's (`key_name` + `identity`), or one
+    cpudist makes with `new_key(comment) -> (private, public)` and keeps in `folder`."""
 
     owner: str
     folder: Path
@@ -122,12 +124,14 @@ class Inventory:
 
     def listed(self) -> list[str]:
         """Every resource, in the order `down` removes them."""
-        return [*self.instances, *self.security_groups, *filter(None, (self.placement_group, self.key_pair)),
+        return [*self.instances, *self.security_groups,
+                *filter(None, (self.placement_group, self.key_pair)),
                 *self.images]
 
 
 class Provider(Protocol):
-    """A cloud's verbs (over its own client); every resource it makes carries its owner's and run's tags."""
+    """A cloud's verbs (over its own client); every resource it makes carries its owner's and run's
+    tags."""
 
     @property
     def place(self) -> Place:
@@ -146,8 +150,8 @@ class Provider(Protocol):
         """Terminate the instances and wait until they are."""
 
     def number(self, cluster: str, instance_id: str, index: int) -> None:
-        """Give a cluster's instance its node index (one launched without it: a kill or a failure right after
-        the launch)."""
+        """Give a cluster's instance its node index (one launched without it: a kill or a failure
+        right after the launch)."""
 
     def start(self, ids: list[str]) -> None:
         """Start stopped instances."""
@@ -169,7 +173,8 @@ class Provider(Protocol):
     def foreign(self, cluster: str, group_id: str) -> list[str]:
         """Live instances in the cluster's security group that are not the cluster's."""
 
-    def builder(self, owner: str, image_id: str, instance_type: str, subnet: Subnet, user_data: str, key: str,
+    def builder(self, owner: str, image_id: str, instance_type: str, subnet: Subnet, user_data: str,
+                key: str,
                 group: str, run_id: str) -> Node:
         """A throw-away on-demand instance that runs `user_data` (an image bake)."""
 
@@ -177,7 +182,8 @@ class Provider(Protocol):
         """The instance's console output."""
 
     def image(self, instance_id: str, owner: str, name: str, run_id: str, **tags: str) -> str:
-        """An image of `instance_id`, tagged with `owner`, `run_id` and `tags`; its id once available."""
+        """An image of `instance_id`, tagged with `owner`, `run_id` and `tags`; its id once
+        available."""
 
     def subnet(self, subnet_id: str | None) -> Subnet:
         """The given subnet, else the default network's first."""
@@ -186,7 +192,8 @@ class Provider(Protocol):
         """The user's key pair, or the owner's (get-or-create)."""
 
     def security_group(self, owner: str, vpc_id: str, ssh_cidr: str, run_id: str) -> str:
-        """The owner's group (get-or-create): SSH from `ssh_cidr`, all traffic from itself, nothing else."""
+        """The owner's group (get-or-create): SSH from `ssh_cidr`, all traffic from itself, nothing
+        else."""
 
     def placement_group(self, owner: str, run_id: str) -> str:
         """The owner's placement group (get-or-create), strategy `cluster`."""
@@ -195,7 +202,8 @@ class Provider(Protocol):
         """What carries the owner's tag (and the run's, when given)."""
 
     def remove(self, owner: str, run_id: str | None = None, images: bool = True) -> Inventory:
-        """Remove what carries the owner's tag (and the run's, when given); instances first. What was removed."""
+        """Remove what carries the owner's tag (and the run's, when given); instances first. What
+        was removed."""
 
     def price(self, instance_type: str, spot: bool, zone: str | None) -> Price:
         """The hourly price: spot from the market when `spot` (and known), else on-demand."""

@@ -1,4 +1,5 @@
-"""The local record of a cluster: how this machine reaches its nodes, how they reach each other, the price.
+"""The local record of a cluster: how this machine reaches its nodes, how they reach each other, the
+price.
 
 State lives in the cloud (tags); the record under ~/.cpudist/clusters/NAME only caches what is
 needed to reach the nodes. Written whole (atomically) by `cluster up`, removed by `cluster down`.
@@ -47,12 +48,14 @@ class ClusterRecord:
     hostfile: str  # private addresses, head first: the hostfile used between nodes
     price_source: str
     created_at: str
-    spec: dict[str, Any] = field(default_factory=dict)  # what `up` was asked for: a recovery converges to it
+    # what `up` was asked for: a recovery converges to it
+    spec: dict[str, Any] = field(default_factory=dict)
     profile: str | None = None  # the AWS profile it was made with (None: the default chain)
 
     @property
     def place(self) -> Place:
-        """Where the cluster lives, as `up` resolved it: later commands use it whatever the environment says."""
+        """Where the cluster lives, as `up` resolved it: later commands use it whatever the
+        environment says."""
         return Place(self.region, self.endpoint_url, self.profile, pinned=True)
 
     def address(self, i: int) -> str:
@@ -64,7 +67,8 @@ class ClusterRecord:
     def usd_per_hour(self, nodes: int) -> float | None:
         """The price of the first `nodes` nodes, per hour; None when any price is unknown."""
         prices = [n.usd_per_hour for n in self.nodes[:nodes]]
-        return None if any(p is None for p in prices) else round(sum(p for p in prices if p is not None), 6)
+        return None if any(p is None
+                           for p in prices) else round(sum(p for p in prices if p is not None), 6)
 
     @property
     def private_addresses(self) -> list[str]:
@@ -89,4 +93,5 @@ def load_record(name: str) -> ClusterRecord | None:
 
 
 def save_record(record: ClusterRecord) -> None:
-    state.write_atomic(record_path(record.name), json.dumps(dataclasses.asdict(record), indent=2) + "\n")
+    state.write_atomic(record_path(record.name), json.dumps(dataclasses.asdict(record), indent=2)
+                       + "\n")

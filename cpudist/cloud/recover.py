@@ -1,4 +1,5 @@
-"""After a spot notice: wait for the reclaimed node to go, then converge like `cluster up` (replace it)."""
+"""After a spot notice: wait for the reclaimed node to go, then converge like `cluster up` (replace
+it)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from cpudist.errors import CpudistError
 from cpudist.waits import wait_until
 
 
-def recover(cloud: Provider, record: ClusterRecord, wait_gone_s: float, ssh: NodeAccess, say: Say) -> ClusterRecord:
+def recover(cloud: Provider, record: ClusterRecord, wait_gone_s: float, ssh: NodeAccess,
+            say: Say) -> ClusterRecord:
     """Wait (up to `wait_gone_s`) for a node to go, then converge like `up` (replace it) over `ssh`.
     `cloud` is the record's place (`connect(record.place)`): where the cluster was made."""
     spec = spec_of(record)
@@ -26,5 +28,6 @@ def recover(cloud: Provider, record: ClusterRecord, wait_gone_s: float, ssh: Nod
         lost = wait_until(gone, "a reclaimed node to go", wait_gone_s, interval_s=2.0)
         say(f"node(s) {', '.join(lost)} of cluster {record.name} are gone: replacing them")
     except CpudistError:
-        say(f"every node of cluster {record.name} is still running after {wait_gone_s:g}s: resuming on them")
+        say(f"every node of cluster {record.name} is still running after {wait_gone_s:g}s: "
+            "resuming on them")
     return up(cloud, spec, price_of(cloud, spec), ssh, say)

@@ -1,9 +1,11 @@
-"""`cpudist hosts bench`: an all-reduce probe of the links between a hostfile's nodes, kept for `cpudist plan`.
+"""`cpudist hosts bench`: an all-reduce probe of the links between a hostfile's nodes, kept for
+`cpudist plan`.
 
-The ranks start from the same launch spec as training (run/payloads.py, its Probe payload: the launcher, nodes
-and rendezvous of run/prepare.resolve) and run `python -m cpudist.hosts.bench_rank`. Bandwidths follow nccl-tests:
-algorithm bandwidth = bytes / time, bus bandwidth = algorithm bandwidth x 2(N-1)/N, which for a ring all-reduce is
-the rate each node's link carried. Results go to `$CPUDIST_HOME/bench/<hostfile>-<time>.json`.
+The ranks start from the same launch spec as training (run/payloads.py, its Probe payload: the
+launcher, nodes and rendezvous of run/prepare.resolve) and run `python -m cpudist.hosts.bench_rank`.
+Bandwidths follow nccl-tests: algorithm bandwidth = bytes / time, bus bandwidth = algorithm
+bandwidth x 2(N-1)/N, which for a ring all-reduce is the rate each node's link carried. Results go
+to `$CPUDIST_HOME/bench/<hostfile>-<time>.json`.
 """
 
 from __future__ import annotations
@@ -26,12 +28,14 @@ from cpudist.traffic import ring_factor
 from cpudist.wire import events
 
 DEFAULT_SIZES = "1MB,8MB,32MB,64MB"
-UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20,
+         "gib": 2**30}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 
 def parse_sizes(text: str) -> tuple[int, ...]:
-    """Byte counts from `1MB,8MB,512KiB,4096` (MB = 10^6 bytes, MiB = 2^20), multiples of 4 (fp32)."""
+    """Byte counts from `1MB,8MB,512KiB,4096` (MB = 10^6 bytes, MiB = 2^20), multiples of 4
+    (fp32)."""
     sizes = []
     for part in text.split(","):
         m = _SIZE.match(part)
@@ -45,7 +49,8 @@ def parse_sizes(text: str) -> tuple[int, ...]:
 
 def human(nbytes: int) -> str:
     """64MB, 512KiB, 1000B: the shortest exact name of a size."""
-    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3), ("GiB", 2**30), ("MiB", 2**20),
+                        ("KiB", 2**10)):
         if nbytes >= scale and nbytes % scale == 0:
             return f"{nbytes // scale}{unit}"
     return f"{nbytes}B"
@@ -99,7 +104,8 @@ class BenchResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BenchResult:
-        return cls(data["hostfile"], tuple(data["rank_hosts"]), int(data["world_size"]), int(data["ppn"]),
+        return cls(data["hostfile"], tuple(data["rank_hosts"]), int(data["world_size"]),
+                   int(data["ppn"]),
                    data["launcher"], int(data["iters"]), int(data["warmup"]), data["created_at"],
                    tuple(BenchPoint(**p) for p in data["points"]), dict(data.get("cpu", {})))
 
@@ -117,7 +123,8 @@ def read_bench(path: Path) -> BenchResult:
     try:
         result = BenchResult.from_dict(json.loads(path.read_text()))
     except FileNotFoundError:
-        raise BadInput(f"no bench result at {path}", "Run `cpudist hosts bench --hostfile H` on the head") from None
+        raise BadInput(f"no bench result at {path}",
+                       "Run `cpudist hosts bench --hostfile H` on the head") from None
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise BadInput(f"{path} is not a `cpudist hosts bench` result ({e})",
                        f"Pass a file from {state.bench_dir()}/") from None
@@ -136,16 +143,20 @@ def run_probe(hostfile: str, spec: RunSpec, launch: Launch, timeout_s: float,
               on_line: Callable[[str], None]) -> BenchResult:
     """Run the ranks to the end and return what rank 0 reported."""
     found: list[dict[str, Any]] = []
-    outcome = runner.execute(launch, os.environ, lambda e: found.append(e) if events.kind(e) == events.BENCH else None,
+    outcome = runner.execute(launch, os.environ, lambda e: found.append(e)
+                             if events.kind(e) == events.BENCH else None,
                              on_line, timeout_s)
     if outcome.timed_out:
         raise JobFailed(f"the probe ran past --timeout {timeout_s:g}s and was stopped",
                         "Raise --timeout, or measure fewer/smaller --sizes or fewer --iters")
     if outcome.returncode != 0 or not found:
         host = failed_host(outcome.last_lines)
-        raise JobFailed(f"the probe failed{' on ' + host if host else ''} (launcher exit code {outcome.returncode})",
-                        "See the rank output above; `cpudist hosts doctor --hostfile ...` checks every node")
+        raise JobFailed(f"the probe failed{' on ' + host if host else ''} (launcher exit code "
+                        f"{outcome.returncode})",
+                        "See the rank output above; `cpudist hosts doctor --hostfile ...` checks "
+                        "every node")
     e = found[-1]
     return BenchResult(hostfile, tuple(e["hosts"]), int(e["world_size"]), spec.ppn, spec.launcher,
-                       int(e["iters"]), int(e["warmup"]), datetime.now().isoformat(timespec="seconds"),
+                       int(e["iters"]), int(e["warmup"]),
+                       datetime.now().isoformat(timespec="seconds"),
                        points(e["sizes"], e["medians"], int(e["world_size"])), dict(e["cpu"]))

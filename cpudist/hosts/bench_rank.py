@@ -1,4 +1,5 @@
-"""Rank program of `cpudist hosts bench`: gloo all-reduce of fp32 tensors, the median time of each size.
+"""Rank program of `cpudist hosts bench`: gloo all-reduce of fp32 tensors, the median time of each
+size.
 
     mpiexec.hydra -launcher ssh -f HOSTFILE -np 2 -ppn 1 -genv MASTER_ADDR head -genv MASTER_PORT 29500 \\
         python -m cpudist.hosts.bench_rank --sizes 1000000,64000000 --iters 10 --warmup 2
@@ -24,7 +25,8 @@ from cpudist.wire import events, programs
 
 
 def time_size(nbytes: int, iters: int, warmup: int) -> float:
-    """Median seconds of one all-reduce of `nbytes` of fp32, over `iters` timed calls after `warmup`."""
+    """Median seconds of one all-reduce of `nbytes` of fp32, over `iters` timed calls after
+    `warmup`."""
     # The values do not matter to gloo; zeros never overflow to inf over repeated sums.
     tensor = torch.zeros(max(1, nbytes // 4), dtype=torch.float32)
     for _ in range(warmup):
@@ -44,7 +46,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", required=True, help="bytes per all-reduce, comma-separated")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--timeout", type=int, default=300, help="seconds before a missing peer fails")
+    parser.add_argument("--timeout", type=int, default=300,
+                        help="seconds before a missing peer fails")
     args = parser.parse_args(argv)
     info = discover_rank(os.environ)
     init_distributed(info, "gloo", os.environ, args.timeout)
@@ -53,7 +56,8 @@ def main(argv: list[str] | None = None) -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     medians = [time_size(n, args.iters, args.warmup) for n in sizes]
     if info.rank == 0:
-        events.emit(events.BENCH, hosts=hosts, sizes=sizes, medians=medians, iters=args.iters, warmup=args.warmup,
+        events.emit(events.BENCH, hosts=hosts, sizes=sizes, medians=medians, iters=args.iters,
+                    warmup=args.warmup,
                     world_size=info.world_size, cpu=read_cpu().summary())
     shutdown_distributed()
 

@@ -42,8 +42,8 @@ def _flags(f: dict[str, Any]) -> set[str]:
 
 def compare(head: dict[str, Any], node: dict[str, Any], launcher: str | None,
             here: dict[str, Any] | None = None) -> tuple[str, ...]:
-    """What differs from the head (versions, CPU features, cores) or from this machine (cpudist, torch,
-    MPI), or is missing (the launcher)."""
+    """What differs from the head (versions, CPU features, cores) or from this machine (cpudist,
+    torch, MPI), or is missing (the launcher)."""
     problems = [f"{key} {node.get(key)} != head's {head.get(key)}"
                 for key in SAME_AS_HEAD if node.get(key) != head.get(key)]
     problems += [f"{key} {node.get(key)} != this machine's {here.get(key)}"
@@ -56,7 +56,8 @@ def compare(head: dict[str, Any], node: dict[str, Any], launcher: str | None,
     if cores != head_cores:
         problems.append(f"{cores} physical cores != head's {head_cores}")
     usable, head_usable = node.get("usable_cores"), head.get("usable_cores")
-    if usable != head_usable:  # a cpuset or CPU quota: its ranks run fewer threads, and the ring waits for them
+    # a cpuset or CPU quota: its ranks run fewer threads, and the ring waits for them
+    if usable != head_usable:
         problems.append(f"{usable} usable cores != head's {head_usable}{quota_note(node)}")
     if launcher and not node.get("launchers", {}).get(launcher):
         problems.append(f"{launcher} not found")
@@ -75,7 +76,8 @@ def usable_text(facts: dict[str, Any]) -> str:
     return "-" if usable is None else f"{usable}{quota_note(facts)}"
 
 
-def probe(host: Host, user: str | None, identity: str | None, port: int, python: str) -> dict[str, Any]:
+def probe(host: Host, user: str | None, identity: str | None, port: int, python: str) -> dict[str,
+                                                                                              Any]:
     """Run the probe module on a node with the head's Python path."""
     known = KnownHosts(state.local_cluster_dir() / "known_hosts")
     key = identity or (str(state.local_cluster_dir() / "id_ed25519")
@@ -83,7 +85,8 @@ def probe(host: Host, user: str | None, identity: str | None, port: int, python:
     with Remote(Target(host.name, user, port, key), known) as remote:
         code, out, err = remote.run(f"{shlex.quote(python)} -m {programs.PROBE}", timeout=60)
     if code != 0:
-        raise CpudistError(f"{host.name}: the probe failed with exit code {code}: {err.strip()[-200:]}",
+        raise CpudistError(f"{host.name}: the probe failed with exit code {code}: "
+                           f"{err.strip()[-200:]}",
                            f"Install the same Python at {python} and cpudist on every node")
     data: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return data
@@ -107,7 +110,8 @@ def doctor(hosts: Sequence[Host], user: str | None, identity: str | None, port: 
         if "error" in f:
             reports.append(NodeReport(h.name, f, (f["error"],)))
         elif "error" in head:
-            reports.append(NodeReport(h.name, f, ("head node unreachable: nothing to compare with",)))
+            reports.append(NodeReport(h.name, f,
+                                      ("head node unreachable: nothing to compare with",)))
         else:
             reports.append(NodeReport(h.name, f, compare(head, f, launcher, here)))
     return reports

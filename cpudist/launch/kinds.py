@@ -1,7 +1,8 @@
 """Every launcher kind by name (the one table), and the launch of a spec.
 
-A kind is one object (launch/kind.Kind): it places the ranks (a scheduler's nodes), builds the Launch, runs it and
-judges its end. A new kind (PBS, Kubernetes, Ray, ...) is one module with such an object and one row of KINDS.
+A kind is one object (launch/kind.Kind): it places the ranks (a scheduler's nodes), builds the
+Launch, runs it and judges its end. A new kind (PBS, Kubernetes, Ray, ...) is one module with such
+an object and one row of KINDS.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from cpudist.launch.slurm_job import Slurm
 from cpudist.launch.spec import LAUNCHERS, Launch, RunSpec, check_layout, rank_env
 from cpudist.launch.torchrun import Torchrun
 
-KINDS: dict[str, Kind] = {k.name: k for k in (Hydra("mpich"), Hydra("impi"), OpenMPI(), Torchrun(), Slurm())}
+KINDS: dict[str, Kind] = {k.name: k
+                          for k in (Hydra("mpich"), Hydra("impi"), OpenMPI(), Torchrun(), Slurm())}
 
 
 def kind_of(name: str) -> Kind:
@@ -27,11 +29,14 @@ def kind_of(name: str) -> Kind:
 
 
 def batch_of(name: str) -> Batch:
-    """The kind of a launcher whose jobs outlive this process (--detach leaves them), or a one-line refusal."""
+    """The kind of a launcher whose jobs outlive this process (--detach leaves them), or a one-line
+    refusal."""
     kind = kind_of(name)
     if not kind.scheduled:
-        raise BadInput(f"--launcher {name} runs its ranks under this process: --detach has nothing to leave running",
-                       "Detach from outside the cluster (--cluster/--head), or keep this shell open (tmux)")
+        raise BadInput(f"--launcher {name} runs its ranks under this process: --detach has nothing "
+                       "to leave running",
+                       "Detach from outside the cluster (--cluster/--head), or keep this shell "
+                       "open (tmux)")
     return cast(Batch, kind)
 
 
@@ -41,7 +46,8 @@ def batches() -> tuple[Batch, ...]:
 
 
 def scheduled(name: str) -> bool:
-    """Whether a launcher (as given: `auto` is not) is a scheduler's: it picks the nodes, no hostfile."""
+    """Whether a launcher (as given: `auto` is not) is a scheduler's: it picks the nodes, no
+    hostfile."""
     return name in KINDS and KINDS[name].scheduled
 
 

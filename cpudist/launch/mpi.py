@@ -9,7 +9,8 @@ from cpudist.launch.spec import Launch, RunSpec, inherited, trainer_argv
 
 
 def hydra_argv(spec: RunSpec, env: dict[str, str]) -> list[str]:
-    """MPICH's or Intel MPI's Hydra: `mpiexec.hydra -f H -np N -ppn P -genv K V ... python -m cpudist.rank`.
+    """MPICH's or Intel MPI's Hydra: `mpiexec.hydra -f H -np N -ppn P -genv K V ... python -m
+    cpudist.rank`.
 
     The two differ only in how they name the ssh bootstrap: -launcher (MPICH), -bootstrap (Intel).
     """
@@ -18,7 +19,8 @@ def hydra_argv(spec: RunSpec, env: dict[str, str]) -> list[str]:
         flag = "-bootstrap" if spec.launcher == "impi" else "-launcher"
         argv += [flag, "ssh", f"{flag}-exec", spec.ssh, "-f", spec.hostfile]
     argv += ["-np", str(spec.np), "-ppn", str(spec.ppn)]
-    argv += [] if spec.own_tags else ["-prepend-pattern", "[%h:%r] "]  # each line with its host and rank
+    # each line with its host and rank
+    argv += [] if spec.own_tags else ["-prepend-pattern", "[%h:%r] "]
     hidden = inherited(spec)  # Hydra passes its own environment to every rank, also across hosts
     for key, value in env.items():
         if key not in hidden:
@@ -39,7 +41,8 @@ def openmpi_argv(spec: RunSpec, env: dict[str, str]) -> list[str]:
         argv += ["--hostfile", spec.hostfile, "--prtemca", "plm_ssh_agent", spec.ssh]
     hidden = inherited(spec)
     for key, value in env.items():
-        argv += ["-x", key if key in hidden else f"{key}={value}"]  # -x NAME: the value of mpirun's environment
+        # -x NAME: the value of mpirun's environment
+        argv += ["-x", key if key in hidden else f"{key}={value}"]
     return argv + trainer_argv(spec)
 
 

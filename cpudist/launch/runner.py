@@ -1,4 +1,5 @@
-"""The one place that spawns ranks: run the launcher (or one per host), stream its output, stop it cleanly."""
+"""The one place that spawns ranks: run the launcher (or one per host), stream its output, stop it
+cleanly."""
 
 from __future__ import annotations
 
@@ -21,12 +22,13 @@ from cpudist.wire import events, rank_errors
 from cpudist.wire.checkpointing import Saving
 
 GRACE_S = 10.0  # between SIGTERM and SIGKILL of the launcher's process group
-# ... longer while rank 0 writes a checkpoint (its `saving` event without the `checkpoint` one yet), up to this
-# long after the SIGTERM: a stop lets the checkpoint being written be whole.
+# ... longer while rank 0 writes a checkpoint (its `saving` event without the `checkpoint` one yet),
+# up to this long after the SIGTERM: a stop lets the checkpoint being written be whole.
 CHECKPOINT_GRACE_S = 300.0
-# After a rank said it lost a peer (gone, or silent for --dist-timeout): the launcher's own time to end the job.
-# Hydra left a job up for as long as a hung rank lived (a stopped rank: 10 minutes, then killed by hand); past
-# this grace the launcher's process group is stopped (SIGTERM, GRACE_S, SIGKILL), whatever it waits for.
+# After a rank said it lost a peer (gone, or silent for --dist-timeout): the launcher's own time to
+# end the job. Hydra left a job up for as long as a hung rank lived (a stopped rank: 10 minutes,
+# then killed by hand); past this grace the launcher's process group is stopped (SIGTERM, GRACE_S,
+# SIGKILL), whatever it waits for.
 FAILED_GRACE_S = 20.0
 
 
@@ -34,9 +36,9 @@ _LAUNCHER_BLAME = (re.compile(r"RUNNING AT (\S+)"), re.compile(r"on node (\S+?)[
 
 
 def failed_host(lines: tuple[str, ...]) -> str | None:
-    """The host where the failure began: the launcher's blame (Hydra: RUNNING AT h; Open MPI: on node h), else a
-    rank's own error line, else a rank that only lost a peer (its line comes first when the peer died silently,
-    killed or cut off, yet the peer is where it began)."""
+    """The host where the failure began: the launcher's blame (Hydra: RUNNING AT h; Open MPI: on
+    node h), else a rank's own error line, else a rank that only lost a peer (its line comes first
+    when the peer died silently, killed or cut off, yet the peer is where it began)."""
     for pattern in _LAUNCHER_BLAME:
         for line in lines:
             m = pattern.search(line)
@@ -48,8 +50,8 @@ def failed_host(lines: tuple[str, ...]) -> str | None:
 
 
 def rank_error(lines: tuple[str, ...], host: str | None) -> str | None:
-    """The rank error line that says most about a failure that began on `host`: that host's own, else the first
-    that is not a lost peer, else the first."""
+    """The rank error line that says most about a failure that began on `host`: that host's own,
+    else the first that is not a lost peer, else the first."""
     errors = [(line.strip(), found) for line in lines if (found := rank_errors.host_of(line))]
     ranked = sorted(errors, key=lambda e: (e[1] != host, rank_errors.is_lost_peer(e[0])))
     return ranked[0][0] if ranked else None
@@ -63,7 +65,8 @@ class Outcome:
     timed_out: bool
     last_lines: tuple[str, ...]
     failed_host: str | None = None  # with one launcher per host: the first that failed
-    gave_up: bool = False  # stopped by cpudist FAILED_GRACE_S after a rank lost its peer (the launcher still ran)
+    # stopped by cpudist FAILED_GRACE_S after a rank lost its peer (the launcher still ran)
+    gave_up: bool = False
 
 
 def _group_alive(pgid: int) -> bool:
@@ -77,9 +80,10 @@ def _group_alive(pgid: int) -> bool:
 
 
 def _stop(proc: subprocess.Popen[str], saving: Saving | None = None) -> None:
-    """Terminate the launcher's whole process group (ours: it was started in a new session): SIGTERM, then SIGKILL
-    to whatever of the group still lives after GRACE_S (CHECKPOINT_GRACE_S while `saving` says a checkpoint is being
-    written), the launcher or not (a rank that ignores SIGTERM or is stopped outlives a launcher that exits on it)."""
+    """Terminate the launcher's whole process group (ours: it was started in a new session):
+    SIGTERM, then SIGKILL to whatever of the group still lives after GRACE_S (CHECKPOINT_GRACE_S
+    while `saving` says a checkpoint is being written), the launcher or not (a rank that ignores
+    SIGTERM or is stopped outlives a launcher that exits on it)."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -100,10 +104,12 @@ def _stop(proc: subprocess.Popen[str], saving: Saving | None = None) -> None:
 
 
 def execute(launch: Launch, base_env: Mapping[str, str], on_event: Callable[[dict[str, Any]], None],
-            on_line: Callable[[str], None], timeout_s: float | None = None, watch: NodeWatch | None = None,
+            on_line: Callable[[str], None], timeout_s: float | None = None, watch: NodeWatch
+            | None = None,
             on_stop: Callable[[], None] | None = None) -> Outcome:
-    """Run the launch to the end, passing events and other output lines to the callbacks; a node that `watch`
-    finds lost stops it (its `lost` says which). On Ctrl-C, `on_stop` is called before the ranks get SIGTERM."""
+    """Run the launch to the end, passing events and other output lines to the callbacks; a node
+    that `watch` finds lost stops it (its `lost` says which). On Ctrl-C, `on_stop` is called before
+    the ranks get SIGTERM."""
     proc = subprocess.Popen(list(launch.argv), env={**base_env, **launch.rank_env},
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
@@ -145,14 +151,16 @@ def execute(launch: Launch, base_env: Mapping[str, str], on_event: Callable[[dic
                 continue
             tail = [*tail, line][-20:]
             on_line(line)
-            if rank_errors.is_lost_peer(line) and failing.ident is None:  # not started yet: the first such line only
+            # not started yet: the first such line only
+            if rank_errors.is_lost_peer(line) and failing.ident is None:
                 failing.start()
         proc.wait()
     except KeyboardInterrupt:
         if on_stop is not None:
             on_stop()
         _stop_reading(proc, saving, lambda line: None if passed_event(line) else on_line(line))
-        raise Interrupted("interrupted: all ranks were stopped", "Re-run the command to start over") from None
+        raise Interrupted("interrupted: all ranks were stopped",
+                          "Re-run the command to start over") from None
     finally:
         if timer:
             timer.cancel()
@@ -164,9 +172,10 @@ def execute(launch: Launch, base_env: Mapping[str, str], on_event: Callable[[dic
     return Outcome(proc.returncode, expired.is_set(), tuple(tail), gave_up=gave_up.is_set())
 
 
-def _stop_reading(proc: subprocess.Popen[str], saving: Saving, to_callbacks: Callable[[str], None]) -> None:
-    """Stop the launcher's group while its last lines (the checkpoint being saved, the ranks' stop) still reach the
-    callbacks; a second Ctrl-C kills the group at once."""
+def _stop_reading(proc: subprocess.Popen[str], saving: Saving,
+                  to_callbacks: Callable[[str], None]) -> None:
+    """Stop the launcher's group while its last lines (the checkpoint being saved, the ranks' stop)
+    still reach the callbacks; a second Ctrl-C kills the group at once."""
     assert proc.stdout is not None
     stdout = proc.stdout
 
@@ -182,10 +191,12 @@ def _stop_reading(proc: subprocess.Popen[str], saving: Saving, to_callbacks: Cal
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    reader.join(timeout=5.0)  # what the pipe still holds; a process outside the group may keep it open
+    # what the pipe still holds; a process outside the group may keep it open
+    reader.join(timeout=5.0)
 
 
-HOSTS_GRACE_S = 20.0  # after stdin closes, each host's tether stops its tree (SIGTERM, 5 s, SIGKILL)
+# after stdin closes, each host's tether stops its tree (SIGTERM, 5 s, SIGKILL)
+HOSTS_GRACE_S = 20.0
 
 
 class _Hosts:
@@ -197,7 +208,8 @@ class _Hosts:
         self.stopping_since: float | None = None
         for host, argv in launch.per_host:
             self.procs[host] = subprocess.Popen(list(argv), env=dict(env), stdin=subprocess.PIPE,
-                                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                text=True,
                                                 bufsize=1, start_new_session=True)
             threading.Thread(target=self._pump, args=(host,), daemon=True).start()
 
@@ -218,21 +230,24 @@ class _Hosts:
                     proc.stdin.close()
 
     def overdue(self) -> None:
-        """Past the grace after stop(): kill what still runs here (the far ends see their session end)."""
+        """Past the grace after stop(): kill what still runs here (the far ends see their session
+        end)."""
         if self.stopping_since is not None and time.monotonic() - self.stopping_since > HOSTS_GRACE_S:
             for proc in self.procs.values():
                 if proc.poll() is None:
                     _stop(proc)
 
 
-def execute_hosts(launch: Launch, base_env: Mapping[str, str], on_event: Callable[[dict[str, Any]], None],
+def execute_hosts(launch: Launch, base_env: Mapping[str, str],
+                  on_event: Callable[[dict[str, Any]], None],
                   on_line: Callable[[str], None], timeout_s: float | None = None,
                   on_late_line: Callable[[str], None] | None = None, watch: NodeWatch | None = None,
                   on_stop: Callable[[], None] | None = None) -> Outcome:
-    """Run one launcher per host, lines prefixed `[host]`; the first to fail (or Ctrl-C) stops the rest.
+    """Run one launcher per host, lines prefixed `[host]`; the first to fail (or Ctrl-C) stops the
+    rest.
 
-    What the other hosts print while they stop (torchrun's tracebacks of its SIGTERM) goes to `on_late_line`
-    (the run's log) rather than `on_line`, so the failure stays in view.
+    What the other hosts print while they stop (torchrun's tracebacks of its SIGTERM) goes to
+    `on_late_line` (the run's log) rather than `on_line`, so the failure stays in view.
     """
     hosts = _Hosts(launch, base_env)
     if watch is not None:
@@ -256,7 +271,8 @@ def execute_hosts(launch: Launch, base_env: Mapping[str, str], on_event: Callabl
                     running.discard(host)
                     code = hosts.procs[host].wait()
                     if code != 0 and failed is None and hosts.stopping_since is None:
-                        failed = (host, code)  # the first failure is the cause; the others follow from it
+                        # the first failure is the cause; the others follow from it
+                        failed = (host, code)
                         hosts.stop()
                     continue
                 event = events.parse(line)
@@ -280,6 +296,8 @@ def execute_hosts(launch: Launch, base_env: Mapping[str, str], on_event: Callabl
             if proc.poll() is None:  # any other way out must not leave a host's agent running
                 _stop(proc)
     if interrupted:
-        raise Interrupted("interrupted: all ranks were stopped on every host", "Re-run the command to start over")
-    code = failed[1] if failed else max((p.returncode for p in hosts.procs.values()), key=abs, default=0)
+        raise Interrupted("interrupted: all ranks were stopped on every host",
+                          "Re-run the command to start over")
+    code = failed[1] if failed else max((p.returncode for p in hosts.procs.values()), key=abs,
+                                        default=0)
     return Outcome(code, expired, tuple(tail), failed[0] if failed else None)

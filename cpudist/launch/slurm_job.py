@@ -1,9 +1,9 @@
 """Slurm's side of a run: the allocation we are in, submitting the batch script, following the job.
 
 The commands (`sbatch`, `scontrol`, `scancel`) run where cpudist runs: a login node, or inside an
-allocation. The job's state comes from `scontrol show job -o` while it runs and from `sacct` once it ended where
-the site has accounting (launch/slurm_query.py: both retried through a busy slurmctld), its output from the file
-the script names (`slurm-<job>.out` in the run folder), read as it grows.
+allocation. The job's state comes from `scontrol show job -o` while it runs and from `sacct` once it
+ended where the site has accounting (launch/slurm_query.py: both retried through a busy slurmctld),
+its output from the file the script names (`slurm-<job>.out` in the run folder), read as it grows.
 """
 
 from __future__ import annotations
@@ -40,13 +40,15 @@ CANCEL_WAIT_S = 60.0  # after scancel: the ranks get SIGTERM, then SIGKILL after
 def _run(argv: list[str], timeout_s: float = 60) -> str:
     """A Slurm command's stdout; its failure is a JobFailed that quotes Slurm's own words."""
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
+                           stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise JobFailed(f"`{' '.join(argv[:3])}` did not run: {e}", "Check that Slurm's commands work here "
-                        "(`sinfo`)") from None
+        raise JobFailed(f"`{' '.join(argv[:3])}` did not run: {e}",
+                        "Check that Slurm's commands work here (`sinfo`)") from None
     if p.returncode != 0:
         raise JobFailed(f"`{' '.join(argv[:3])}` failed: {p.stderr.strip() or p.stdout.strip()}",
-                        "Check the Slurm options (--partition, --time, --account, --sbatch-arg) and `sinfo`")
+                        "Check the Slurm options (--partition, --time, --account, --sbatch-arg) "
+                        "and `sinfo`")
     return p.stdout
 
 
@@ -65,7 +67,8 @@ def current_allocation(env: Mapping[str, str]) -> Allocation | None:
 
 
 class _Tail:
-    """The lines appended to a file since the last read (the job's output, as slurmstepd writes it)."""
+    """The lines appended to a file since the last read (the job's output, as slurmstepd writes
+    it)."""
 
     def __init__(self, path: Path) -> None:
         self.path, self.pos, self.partial = path, 0, ""
@@ -94,9 +97,10 @@ class SlurmOutcome:
 
 
 class Follower:
-    """A job's output and state changes passed on, one poll at a time, until it ends. Its output file is read from
-    the start (`cpudist logs -f` after a detached start shows it all); a requeued job appends to it
-    (--open-mode=append), so the follow goes on across restarts until the job's last end."""
+    """A job's output and state changes passed on, one poll at a time, until it ends. Its output
+    file is read from the start (`cpudist logs -f` after a detached start shows it all); a requeued
+    job appends to it (--open-mode=append), so the follow goes on across restarts until the job's
+    last end."""
 
     def __init__(self, job_id: str, output: Path, on_event: Callable[[dict[str, Any]], None],
                  on_line: Callable[[str], None], say: Callable[[str], None]) -> None:
@@ -106,7 +110,8 @@ class Follower:
         self.info: JobInfo | None = None
 
     def _state(self) -> JobInfo | None:
-        """slurmctld's word every POLL_S (None in between); how the job ended once it ended (slurm_query)."""
+        """slurmctld's word every POLL_S (None in between); how the job ended once it ended
+        (slurm_query)."""
         if time.monotonic() < self.next_poll:
             return None
         self.next_poll = time.monotonic() + POLL_S
@@ -135,7 +140,8 @@ class Follower:
         return info if done else None
 
 
-def follow(job_id: str, output: Path, on_event: Callable[[dict[str, Any]], None], on_line: Callable[[str], None],
+def follow(job_id: str, output: Path, on_event: Callable[[dict[str, Any]], None],
+           on_line: Callable[[str], None],
            say: Callable[[str], None], timeout_s: float | None = None,
            follower: Follower | None = None) -> SlurmOutcome:
     """Stream the job's output and state changes until it ends; past `timeout_s`, cancel it."""
@@ -156,26 +162,32 @@ def submit(launch: Launch, out: Path, say: Callable[[str], None]) -> str:
     """Write the batch script into the run folder and submit it; the job's id."""
     assert launch.script is not None
     script = out / SBATCH_FILE
-    state.write_private(script, launch.script)  # it exports the --env values (tokens): the user's eyes only
+    # it exports the --env values (tokens): the user's eyes only
+    state.write_private(script, launch.script)
     job_id = _run(list(launch.argv)).strip().split(";")[0]  # --parsable: "id" or "id;cluster"
     say(f"[cpudist] submitted Slurm job {job_id} ({script}); output: {out / f'slurm-{job_id}.out'}")
     return job_id
 
 
 def cancel(job_id: str) -> None:
-    """scancel the job and wait (at most CANCEL_WAIT_S) for its end; a second Ctrl-C meanwhile is held back."""
+    """scancel the job and wait (at most CANCEL_WAIT_S) for its end; a second Ctrl-C meanwhile is
+    held back."""
     with shielded(lambda: None):  # a second Ctrl-C must not leave the job running
-        subprocess.run(["scancel", job_id], capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
-        with contextlib.suppress(TimedOut, JobFailed):  # the caller's error says it was cancelled either way
+        subprocess.run(["scancel", job_id], capture_output=True, timeout=60,
+                       stdin=subprocess.DEVNULL)
+        # the caller's error says it was cancelled either way
+        with contextlib.suppress(TimedOut, JobFailed):
             wait_until(lambda: (job_info(job_id) or JobInfo(job_id, "COMPLETED")).ended or None,
                        f"Slurm job {job_id} to end", CANCEL_WAIT_S, OUTPUT_POLL_S)
 
 
 def submit_and_follow(launch: Launch, out: Path, on_event: Callable[[dict[str, Any]], None],
                       on_line: Callable[[str], None], say: Callable[[str], None],
-                      timeout_s: float | None = None, on_stop: Callable[[], None] | None = None) -> SlurmOutcome:
-    """Write the batch script into the run folder, submit it, follow it to its end; Ctrl-C cancels it (after
-    `on_stop`, the user's stop said to the ranks, which then leave no preemption marker)."""
+                      timeout_s: float | None = None, on_stop: Callable[[], None]
+                      | None = None) -> SlurmOutcome:
+    """Write the batch script into the run folder, submit it, follow it to its end; Ctrl-C cancels
+    it (after `on_stop`, the user's stop said to the ranks, which then leave no preemption
+    marker)."""
     job_id = submit(launch, out, say)
     output = out / f"slurm-{job_id}.out"
     follower = Follower(job_id, output, on_event, on_line, say)
@@ -185,7 +197,8 @@ def submit_and_follow(launch: Launch, out: Path, on_event: Callable[[dict[str, A
         if on_stop is not None:
             on_stop()
         cancel(job_id)
-        with shielded(lambda: None), contextlib.suppress(CpudistError):  # the ranks' last lines: their stop event
+        # the ranks' last lines: their stop event
+        with shielded(lambda: None), contextlib.suppress(CpudistError):
             follower.next_poll = 0.0
             follower.poll()
         raise Interrupted(f"interrupted: Slurm job {job_id} was cancelled (scancel)",
@@ -193,31 +206,40 @@ def submit_and_follow(launch: Launch, out: Path, on_event: Callable[[dict[str, A
 
 
 def batch_or_step(spec: RunSpec, env: dict[str, str]) -> Launch:
-    """srun inside an allocation (each rank its node's share of the CPUs); else an sbatch script to submit."""
+    """srun inside an allocation (each rank its node's share of the CPUs); else an sbatch script to
+    submit."""
     if spec.allocation is not None:
         alloc = spec.allocation
         if spec.np // spec.ppn > len(alloc.nodes):
-            raise BadInput(f"--np {spec.np} with --ppn {spec.ppn} needs {spec.np // spec.ppn} nodes but the "
-                           f"allocation (job {alloc.job_id}) has {len(alloc.nodes)}",
-                           f"Use at most --nodes {len(alloc.nodes)}, or allocate more (salloc -N ...)")
+            raise BadInput(f"--np {spec.np} with --ppn {spec.ppn} needs {spec.np // spec.ppn} "
+                           f"nodes but the allocation (job {alloc.job_id}) has {len(alloc.nodes)}",
+                           f"Use at most --nodes {len(alloc.nodes)}, or allocate more (salloc -N "
+                           "...)")
         cpus = max(1, alloc.cpus_per_node // spec.ppn)
-        return Launch(tuple(slurm.srun_argv(spec.np, spec.ppn, trainer_argv(spec), cpus, not spec.own_tags)), env)
-    out = Path(spec.cwd, spec.train.output_dir)  # absolute: the script may be submitted from elsewhere
+        return Launch(tuple(slurm.srun_argv(spec.np, spec.ppn, trainer_argv(spec), cpus,
+                                            not spec.own_tags)), env)
+    # absolute: the script may be submitted from elsewhere
+    out = Path(spec.cwd, spec.train.output_dir)
     options = spec.launch.batch or BatchOptions()
     if options.requeue and spec.train.resume is None and not spec.program:
-        # a requeued job runs this script again: its ranks go on from the run's newest checkpoint (of this run id
-        # only, run/life/identity.py), and the first start, finding none, starts from step 0
+        # a requeued job runs this script again: its ranks go on from the run's newest checkpoint
+        # (of this run id only, run/life/identity.py), and the first start, finding none, starts
+        # from step 0
         spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, resume="auto"))
     from_file = tuple(k for k, _ in filed_env(spec))  # --env values: from the secrets file
-    job = slurm.BatchJob(f"cpudist-{spec.train.task}", spec.np, spec.ppn, spec.cwd, str(out / "slurm-%j.out"),
-                         tuple(trainer_argv(spec)), tuple((k, v) for k, v in env.items() if k not in from_file),
+    job = slurm.BatchJob(f"cpudist-{spec.train.task}", spec.np, spec.ppn, spec.cwd,
+                         str(out / "slurm-%j.out"),
+                         tuple(trainer_argv(spec)),
+                         tuple((k, v) for k, v in env.items() if k not in from_file),
                          options, label=not spec.own_tags, from_file=from_file)
-    return Launch(("sbatch", "--parsable", str(out / SBATCH_FILE)), env, script=slurm.sbatch_script(job))
+    return Launch(("sbatch", "--parsable", str(out / SBATCH_FILE)), env,
+                  script=slurm.sbatch_script(job))
 
 
 @dataclass(frozen=True)
 class Slurm:
-    """Slurm: srun inside an allocation, else a batch script that sbatch submits (and cpudist follows)."""
+    """Slurm: srun inside an allocation, else a batch script that sbatch submits (and cpudist
+    follows)."""
 
     name: str = "slurm"
     scheduled = True
@@ -226,13 +248,15 @@ class Slurm:
     flags = SLURM_FLAGS
 
     def placed(self, listed: Nodes | None, nodes: int) -> Placement:
-        """The allocation's nodes, or placeholders until sbatch picks them (the script then takes the first's)."""
+        """The allocation's nodes, or placeholders until sbatch picks them (the script then takes
+        the first's)."""
         if listed is not None:
             raise BadInput("--launcher slurm takes its nodes from Slurm, not from --hostfile",
                            "Drop --hostfile (ask for --nodes N --ppn P), or use another --launcher")
         allocation = current_allocation(os.environ)
         if allocation is not None:
-            return Placement(tuple(Host(n) for n in allocation.nodes), allocation.nodes[0], allocation)
+            return Placement(tuple(Host(n) for n in allocation.nodes), allocation.nodes[0],
+                             allocation)
         return Placement(tuple(Host(f"slurm-node-{i}") for i in range(nodes)), "", None)
 
     def build(self, spec: RunSpec, env: dict[str, str]) -> Launch:
@@ -240,15 +264,18 @@ class Slurm:
 
     def execute(self, launch: Launch, out: Path, streams: Streams, timeout_s: float | None,
                 watch: NodeWatch | None) -> Ended:
-        """srun inside an allocation runs here like any launcher; a batch script is submitted and followed, and a
-        job Slurm ended badly (time limit, a node's failure) gets Slurm's verdict."""
+        """srun inside an allocation runs here like any launcher; a batch script is submitted and
+        followed, and a job Slurm ended badly (time limit, a node's failure) gets Slurm's
+        verdict."""
         if launch.script is None:
             return Direct().execute(launch, out, streams, timeout_s, watch)
-        followed = submit_and_follow(launch, out, streams.on_event, streams.on_line, streams.say, timeout_s,
+        followed = submit_and_follow(launch, out, streams.on_event, streams.on_line, streams.say,
+                                     timeout_s,
                                      streams.on_stop)
         return _ended(followed, out)
 
-    # A submitted job outlives this process: --detach leaves it, `logs -f`/`stop` come back (run/life/batch_detach)
+    # A submitted job outlives this process: --detach leaves it, `logs -f`/`stop` come back
+    # (run/life/batch_detach)
 
     def job_name(self, job_id: str) -> str:
         return f"Slurm job {job_id}"
@@ -257,8 +284,10 @@ class Slurm:
     cancel = staticmethod(cancel)
 
     def watch(self, job_id: str, out: Path, streams: Streams) -> Follower:
-        """The job's output and state, one `poll()` at a time (its `events` count the progress lines seen)."""
-        return Follower(job_id, out / f"slurm-{job_id}.out", streams.on_event, streams.on_line, streams.say)
+        """The job's output and state, one `poll()` at a time (its `events` count the progress lines
+        seen)."""
+        return Follower(job_id, out / f"slurm-{job_id}.out", streams.on_event, streams.on_line,
+                        streams.say)
 
     def ended_early(self, watch: JobWatch) -> Ended:
         """How a watched job ended (its poll returned its end before any progress line)."""
@@ -266,14 +295,17 @@ class Slurm:
         return _ended(SlurmOutcome(watch.info, False, tuple(watch.last)), watch.tail.path.parent)
 
     def follow(self, job_id: str, out: Path, streams: Streams, timeout_s: float | None) -> Ended:
-        """Follow the job's output from its start to its last end (across requeues); past `timeout_s`, cancel it."""
-        followed = follow(job_id, out / f"slurm-{job_id}.out", streams.on_event, streams.on_line, streams.say,
+        """Follow the job's output from its start to its last end (across requeues); past
+        `timeout_s`, cancel it."""
+        followed = follow(job_id, out / f"slurm-{job_id}.out", streams.on_event, streams.on_line,
+                          streams.say,
                           timeout_s)
         return _ended(followed, out)
 
     def signal_ranks(self, job_id: str) -> None:
-        """SIGTERM to the job's steps (its ranks), not to the batch script (no requeue): they checkpoint and stop.
-        A pending job (queued, or requeued and held) has no ranks to save anything: it is cancelled at once."""
+        """SIGTERM to the job's steps (its ranks), not to the batch script (no requeue): they
+        checkpoint and stop. A pending job (queued, or requeued and held) has no ranks to save
+        anything: it is cancelled at once."""
         info = job_info(job_id)
         pending = info is not None and info.state == "PENDING"
         argv = ["scancel", job_id] if pending else ["scancel", "--signal=TERM", job_id]
@@ -281,9 +313,11 @@ class Slurm:
 
 
 def _ended(followed: SlurmOutcome, out: Path) -> Ended:
-    """A followed job's end as any launch's: exit 0 when COMPLETED, and Slurm's verdict when it ended the job."""
+    """A followed job's end as any launch's: exit 0 when COMPLETED, and Slurm's verdict when it
+    ended the job."""
     info = followed.info
-    outcome = runner.Outcome(0 if info.state == "COMPLETED" else 1, followed.timed_out, followed.last_lines)
+    outcome = runner.Outcome(0 if info.state == "COMPLETED" else 1, followed.timed_out,
+                             followed.last_lines)
     verdict = None
     if info.state not in ("COMPLETED", "UNKNOWN"):
         detail = runner.rank_error(outcome.last_lines, runner.failed_host(outcome.last_lines))

@@ -1,5 +1,5 @@
-"""A launch as data: the resolved run (RunSpec), the command and variables it becomes (Launch), and what every
-launcher kind shares (the rank program, the rank environment, the layout check)."""
+"""A launch as data: the resolved run (RunSpec), the command and variables it becomes (Launch), and
+what every launcher kind shares (the rank program, the rank environment, the layout check)."""
 
 from __future__ import annotations
 
@@ -36,8 +36,10 @@ class LaunchOptions:
     oversubscribe: bool = False
     timeout_s: float | None = None
     batch: BatchOptions | None = None
-    secrets: tuple[tuple[str, str], ...] = ()  # --secret/--env-file values: data only (cpudist/secrets.py)
-    shared_fs: bool = False  # --shared-fs: every node sees the launching node's paths; nothing is staged
+    # --secret/--env-file values: data only (cpudist/secrets.py)
+    secrets: tuple[tuple[str, str], ...] = ()
+    # --shared-fs: every node sees the launching node's paths; nothing is staged
+    shared_fs: bool = False
 
     @property
     def nodes(self) -> int:
@@ -51,7 +53,8 @@ class LaunchOptions:
 
 @dataclass(frozen=True, kw_only=True)
 class RunSpec:
-    """One job: what to train, the launch as asked, and what was resolved of it (launcher, nodes, rendezvous)."""
+    """One job: what to train, the launch as asked, and what was resolved of it (launcher, nodes,
+    rendezvous)."""
 
     train: TrainConfig
     launch: LaunchOptions
@@ -68,11 +71,15 @@ class RunSpec:
     as_root: bool = False
     allocator: str | None = None
     iomp: str | None = None
-    program: tuple[str, ...] = ()  # the rank module and its arguments (`python -m ...`); empty: the trainer
-    own_tags: bool = False  # the program tags each of its lines with its rank: the launcher adds none
+    # the rank module and its arguments (`python -m ...`); empty: the trainer
+    program: tuple[str, ...] = ()
+    # the program tags each of its lines with its rank: the launcher adds none
+    own_tags: bool = False
     cwd: str = "."  # where the ranks run (and relative paths resolve) on every node
-    allocation: Allocation | None = None  # --launcher slurm inside an allocation: srun there, not sbatch
-    started_at: float | None = None  # Unix time the command started this run (None: a dry run shows no clock)
+    # --launcher slurm inside an allocation: srun there, not sbatch
+    allocation: Allocation | None = None
+    # Unix time the command started this run (None: a dry run shows no clock)
+    started_at: float | None = None
 
     @property
     def np(self) -> int:
@@ -94,7 +101,8 @@ class Launch:
 
     argv: tuple[str, ...]
     rank_env: dict[str, str]
-    per_host: tuple[tuple[str, tuple[str, ...]], ...] = ()  # torchrun across hosts: (host, argv) each
+    # torchrun across hosts: (host, argv) each
+    per_host: tuple[tuple[str, tuple[str, ...]], ...] = ()
     script: str | None = None  # Slurm outside an allocation: the batch script that `argv` submits
 
     def shell(self) -> str:
@@ -115,7 +123,8 @@ def check_layout(np: int, ppn: int, hosts: tuple[Host, ...], oversubscribe: bool
     if nodes > len(hosts):
         raise BadInput(f"--np {np} with --ppn {ppn} needs {nodes} nodes but {len(hosts)} "
                        f"{'is' if len(hosts) == 1 else 'are'} available",
-                       f"Use at most --np {ppn * len(hosts)}, raise --ppn, or add hosts (--hostfile)")
+                       f"Use at most --np {ppn * len(hosts)}, raise --ppn, or add hosts "
+                       "(--hostfile)")
     short = [h for h in hosts[:nodes] if h.slots is not None and h.slots < ppn]
     if short and not oversubscribe:
         h = short[0]
@@ -125,7 +134,8 @@ def check_layout(np: int, ppn: int, hosts: tuple[Host, ...], oversubscribe: bool
 
 
 def rank_module(spec: RunSpec) -> list[str]:
-    """What every rank runs after `python -m`: the trainer with its job, or another program (hosts bench)."""
+    """What every rank runs after `python -m`: the trainer with its job, or another program (hosts
+    bench)."""
     return list(spec.program) if spec.program else ["cpudist.rank", *to_argv(spec.train)]
 
 
@@ -139,8 +149,10 @@ def rank_env(spec: RunSpec) -> dict[str, str]:
 
 def _env_spec(spec: RunSpec, overrides: tuple[tuple[str, str], ...]) -> EnvSpec:
     return EnvSpec(physical_cores=spec.physical_cores, ppn=spec.ppn, backend=spec.train.backend,
-                   master_addr=spec.master_addr, master_port=spec.master_port, hub_offline=spec.hub_offline,
-                   overrides=overrides, launcher=spec.launcher, iface=spec.launch.iface, allocator=spec.allocator,
+                   master_addr=spec.master_addr, master_port=spec.master_port,
+                   hub_offline=spec.hub_offline,
+                   overrides=overrides, launcher=spec.launcher, iface=spec.launch.iface,
+                   allocator=spec.allocator,
                    iomp=spec.iomp, started_at=spec.started_at,
                    secrets_file=file_for(spec.secrets_name) if file_pairs(spec) else None)
 
@@ -163,13 +175,15 @@ def file_pairs(spec: RunSpec) -> tuple[tuple[str, str], ...]:
 
 
 def inherited(spec: RunSpec) -> frozenset[str]:
-    """--env variables that reach the ranks off every command line (not in `ps`): from the launcher's own
-    environment (runner.execute sets it), as Hydra passes its whole environment and Open MPI's `-x NAME` the named
-    ones. Variables cpudist sets itself stay on the command line, where the user's value must win over theirs."""
+    """--env variables that reach the ranks off every command line (not in `ps`): from the
+    launcher's own environment (runner.execute sets it), as Hydra passes its whole environment and
+    Open MPI's `-x NAME` the named ones. Variables cpudist sets itself stay on the command line,
+    where the user's value must win over theirs."""
     own = node_env(_env_spec(spec, ()))
     return frozenset(k for k, _ in spec.launch.env if k not in own and k not in SHOWN)
 
 
 def redacted(spec: RunSpec) -> RunSpec:
-    """The spec as it may be shown (command.txt, --dry-run): --env values hidden but for the thread counts."""
+    """The spec as it may be shown (command.txt, --dry-run): --env values hidden but for the thread
+    counts."""
     return dataclasses.replace(spec, launch=spec.launch.shown())

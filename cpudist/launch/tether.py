@@ -1,10 +1,11 @@
 """Run a command that dies with its caller: `python -m cpudist.launch.tether -- COMMAND ...`.
 
-For processes started over SSH without a terminal (torchrun on each host, launch/torchrun.py): when stdin
-ends (the ssh client was stopped or lost), or on SIGTERM/SIGHUP/SIGINT, the command and everything it
-started is stopped (SIGTERM, then SIGKILL after a grace), also processes that left its process group
-(torchrun starts each rank in a session of its own) or lost their parent (a killed torchrun's ranks):
-the tether is their child subreaper, so they stay below it. It exits with the command's code.
+For processes started over SSH without a terminal (torchrun on each host, launch/torchrun.py): when
+stdin ends (the ssh client was stopped or lost), or on SIGTERM/SIGHUP/SIGINT, the command and
+everything it started is stopped (SIGTERM, then SIGKILL after a grace), also processes that left its
+process group (torchrun starts each rank in a session of its own) or lost their parent (a killed
+torchrun's ranks): the tether is their child subreaper, so they stay below it. It exits with the
+command's code.
 
     python -m cpudist.launch.tether --from-secrets HF_TOKEN,LD_PRELOAD -- torchrun ...
 

@@ -49,26 +49,30 @@ def _candidates(name: str) -> list[str]:
 
 
 def in_allocation() -> bool:
-    """Whether this process runs inside a scheduler's allocation (salloc, a batch script: SLURM_JOB_ID is set)."""
+    """Whether this process runs inside a scheduler's allocation (salloc, a batch script:
+    SLURM_JOB_ID is set)."""
     return bool(os.environ.get("SLURM_JOB_ID"))
 
 
-def resolve_launcher(name: str, path: str | None = None, no_hostfile: bool = False) -> tuple[str, str]:
-    """(launcher, program path). `auto`: srun inside a Slurm allocation (without a hostfile), else the MPI given by
-    --mpirun, else MPICH's Hydra, else torchrun."""
+def resolve_launcher(name: str, path: str | None = None, no_hostfile: bool = False) -> tuple[str,
+                                                                                             str]:
+    """(launcher, program path). `auto`: srun inside a Slurm allocation (without a hostfile), else
+    the MPI given by --mpirun, else MPICH's Hydra, else torchrun."""
     inside = no_hostfile and in_allocation() and path is None
     if name == "slurm" or (name == "auto" and inside and find_program("srun")):
         for program in ("srun", "sbatch", "scontrol"):
             if find_program(program) is None:
                 raise BadInput(f"--launcher slurm needs Slurm's {program}, which is not on PATH",
-                               "Run cpudist on a login node of the cluster (or load its Slurm module)")
+                               "Run cpudist on a login node of the cluster (or load its Slurm "
+                               "module)")
         return "slurm", str(find_program("srun"))
     if path is not None:
         if not Path(path).is_file():
             raise BadInput(f"--mpirun {path} does not exist", "Point it at mpiexec.hydra or mpirun")
         flavor = mpi_flavor(path)
         if flavor == "unknown" or name not in ("auto", flavor):
-            raise BadInput(f"{path} is {'not a known MPI launcher' if flavor == 'unknown' else flavor}, "
+            raise BadInput(f"{path} is "
+                           f"{'not a known MPI launcher' if flavor == 'unknown' else flavor}, "
                            f"not {name}", "Pick the matching --launcher, or another --mpirun")
         return flavor, path
     if name == "torchrun":
@@ -79,7 +83,8 @@ def resolve_launcher(name: str, path: str | None = None, no_hostfile: bool = Fal
                 return flavor, candidate
     if name == "auto":
         return "torchrun", sys.executable
-    raise BadInput(f"no {name} launcher found", f"Install it ({INSTALL_HINTS[name]}) and pass --mpirun PATH")
+    raise BadInput(f"no {name} launcher found",
+                   f"Install it ({INSTALL_HINTS[name]}) and pass --mpirun PATH")
 
 
 def free_port() -> int:
@@ -107,7 +112,8 @@ def is_this_machine(name: str) -> bool:
 
 def find_library(names: tuple[str, ...]) -> str | None:
     """The first of these shared libraries found in the usual folders (for LD_PRELOAD)."""
-    folders = [Path(sys.prefix) / "lib", Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib64"), Path("/usr/lib"),
+    folders = [Path(sys.prefix) / "lib", Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib64"),
+               Path("/usr/lib"),
                Path("/usr/local/lib")]
     for folder in folders:
         for name in names:
@@ -120,13 +126,14 @@ ALLOCATORS = {"tcmalloc": ("libtcmalloc.so.4", "libtcmalloc_minimal.so.4", "libt
               "jemalloc": ("libjemalloc.so.2", "libjemalloc.so")}
 
 
-# Measured (benchmarks/README.md, "Levers"): tcmalloc matched or beat glibc's malloc, jemalloc lost 12-16%,
-# so auto preloads tcmalloc when installed and never falls back to jemalloc.
+# Measured (benchmarks/README.md, "Levers"): tcmalloc matched or beat glibc's malloc, jemalloc lost
+# 12-16%, so auto preloads tcmalloc when installed and never falls back to jemalloc.
 ALLOCATOR_AUTO = ("tcmalloc",)
 
 
 def pick_allocator(name: str) -> str | None:
-    """Path of the allocator to preload: `auto` takes tcmalloc when installed, else glibc's malloc."""
+    """Path of the allocator to preload: `auto` takes tcmalloc when installed, else glibc's
+    malloc."""
     if name == "none":
         return None
     for kind in ALLOCATOR_AUTO if name == "auto" else (name,):
@@ -134,7 +141,8 @@ def pick_allocator(name: str) -> str | None:
         if found:
             return found
     if name != "auto":
-        raise BadInput(f"{name} is not installed", f"Install it (apt-get install lib{name}...) or use --allocator auto")
+        raise BadInput(f"{name} is not installed",
+                       f"Install it (apt-get install lib{name}...) or use --allocator auto")
     return None
 
 
@@ -152,5 +160,6 @@ def pick_openmp(name: str) -> str | None:
     found = find_library(IOMP)
     if found is None:
         raise BadInput("--openmp intel: libiomp5.so is not installed",
-                       "pip install intel-openmp (into the Python that runs cpudist), or use --openmp gnu")
+                       "pip install intel-openmp (into the Python that runs cpudist), or use "
+                       "--openmp gnu")
     return found

@@ -2,15 +2,16 @@
 
     cpudist run mrpc --launcher torchrun --hostfile hosts --np 4 --ppn 1 --dry-run   # the command of each host
 
-The zero-MPI path: every host of the hostfile runs `torchrun --nnodes N --nproc-per-node P --rdzv-backend c10d
---rdzv-endpoint HEAD:PORT`, the head (the first host, where cpudist runs) hosting the rendezvous. Each agent
-runs under `python -m cpudist.launch.tether`, which takes the agent and its ranks down when its SSH session
-ends, so stopping the local ssh (a failed host, Ctrl-C) leaves nothing behind (launch/runner.py).
---env values other than the thread counts are not on these lines (ssh's command line is in `ps` on
-both ends): the tether exports them by name from the run's secrets file (launch/spec.py: filed_env).
-c10d numbers the hosts in the order of their --local-addr names, so rank 0 (and result.json) may be on
-another host than the head: cpudist fetches the result, the model and --report-to's folders from there when the run
-folder is not shared (run/outcome.fetch_from_rank0).
+The zero-MPI path: every host of the hostfile runs `torchrun --nnodes N --nproc-per-node P
+--rdzv-backend c10d --rdzv-endpoint HEAD:PORT`, the head (the first host, where cpudist runs)
+hosting the rendezvous. Each agent runs under `python -m cpudist.launch.tether`, which takes the
+agent and its ranks down when its SSH session ends, so stopping the local ssh (a failed host,
+Ctrl-C) leaves nothing behind (launch/runner.py). --env values other than the thread counts are not
+on these lines (ssh's command line is in `ps` on both ends): the tether exports them by name from
+the run's secrets file (launch/spec.py: filed_env). c10d numbers the hosts in the order of their
+--local-addr names, so rank 0 (and result.json) may be on another host than the head: cpudist
+fetches the result, the model and --report-to's folders from there when the run folder is not shared
+(run/outcome.fetch_from_rank0).
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ OWN_VARIABLES = ("MASTER_ADDR", "MASTER_PORT")
 
 def torchrun_argv(python: str, nnodes: int, ppn: int, endpoint: str, run_id: str, local_addr: str,
                   module: Sequence[str]) -> list[str]:
-    """One host's agent: --ppn ranks of `python -m MODULE ARGS...`, joining the c10d rendezvous at `endpoint`."""
-    return [python, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc-per-node", str(ppn),
+    """One host's agent: --ppn ranks of `python -m MODULE ARGS...`, joining the c10d rendezvous at
+    `endpoint`."""
+    return [python, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc-per-node",
+            str(ppn),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id,
             "--local-addr", local_addr, "--max-restarts", "0", "-m", *module]
 
@@ -49,10 +52,12 @@ def host_line(python: str, cwd: str, env: dict[str, str], agent: Sequence[str],
     return f"cd {shlex.quote(cwd)} && exec env {variables} {agent_line}"
 
 
-def host_commands(hosts: Sequence[str], ssh: str, python: str, cwd: str, env: dict[str, str], ppn: int,
+def host_commands(hosts: Sequence[str], ssh: str, python: str, cwd: str, env: dict[str, str],
+                  ppn: int,
                   port: int, run_id: str, module: Sequence[str],
                   from_file: Sequence[str] = ()) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """(host, argv) for every host: the head's runs here under `sh -c`, the others' through `ssh HOST`."""
+    """(host, argv) for every host: the head's runs here under `sh -c`, the others' through `ssh
+    HOST`."""
     endpoint = f"{hosts[0]}:{port}"
     commands = []
     for i, host in enumerate(hosts):
@@ -75,14 +80,16 @@ def hosts_launch(spec: RunSpec, env: dict[str, str], nodes: int) -> Launch:
     hosts = [h.name for h in spec.hosts[:nodes]]
     run_id = Path(spec.train.output_dir).name or "cpudist"
     from_file = tuple(k for k, _ in filed_env(spec))  # off the ssh lines: from the secrets file
-    commands = host_commands(hosts, spec.ssh, spec.python, spec.cwd, env, spec.ppn, spec.master_port,
+    commands = host_commands(hosts, spec.ssh, spec.python, spec.cwd, env, spec.ppn,
+                             spec.master_port,
                              run_id, rank_module(spec), from_file)
     return Launch(commands[0][1], env, per_host=commands)
 
 
 @dataclass(frozen=True)
 class Torchrun(Direct):
-    """torchrun: one agent on this machine, or one per host of a hostfile (started over ssh, under a tether)."""
+    """torchrun: one agent on this machine, or one per host of a hostfile (started over ssh, under a
+    tether)."""
 
     name: str = "torchrun"
     about = "with --hostfile: one torchrun per host over SSH"
@@ -93,5 +100,6 @@ class Torchrun(Direct):
             return hosts_launch(spec, env, nodes)
         if nodes > 1:
             raise BadInput("torchrun on more than one node needs the nodes: a hostfile",
-                           "Pass --hostfile H (head first; `cpudist hosts ssh-setup` once), or --launcher slurm")
+                           "Pass --hostfile H (head first; `cpudist hosts ssh-setup` once), or "
+                           "--launcher slurm")
         return Launch(tuple(local_argv(spec)), env)

@@ -1,4 +1,5 @@
-"""The rows to predict: a user file read as `cpudist run` reads custom data, or a GLUE split in GLUE's layout."""
+"""The rows to predict: a user file read as `cpudist run` reads custom data, or a GLUE split in
+GLUE's layout."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from cpudist.train.data import (
 from cpudist.train.tasks import GLUE_DIR_NAMES, GLUE_TASKS
 
 SPLITS = ("dev", "test")
-# GLUE's test files: the id column run_glue.py's submission rows are numbered by (QQP calls it `id`), and the
-# text columns by name (CoLA's train and dev files have no header, its test file does).
+# GLUE's test files: the id column run_glue.py's submission rows are numbered by (QQP calls it
+# `id`), and the text columns by name (CoLA's train and dev files have no header, its test file
+# does).
 TEST_ID_COLUMN = {"qqp": "id"}
 TEST_TEXT = {"cola": ("sentence",)}
 TEST_FILE = {"mnli": "test_matched.tsv"}
@@ -29,7 +31,8 @@ TEST_FILE = {"mnli": "test_matched.tsv"}
 
 @dataclass(frozen=True)
 class Inputs:
-    """Rows to predict: one tuple per text column; labels and metric names when the split has them."""
+    """Rows to predict: one tuple per text column; labels and metric names when the split has
+    them."""
 
     path: Path
     texts: tuple[tuple[str, ...], ...]
@@ -46,11 +49,13 @@ class Inputs:
         if n is None or n >= len(self):
             return self
         labels = self.labels[:n] if self.labels is not None else None
-        return Inputs(self.path, tuple(c[:n] for c in self.texts), self.ids[:n], labels, self.metrics, self.task)
+        return Inputs(self.path, tuple(c[:n] for c in self.texts), self.ids[:n], labels,
+                      self.metrics, self.task)
 
 
 def metric_names(names: tuple[str, ...], task: str | None) -> tuple[str, ...]:
-    """What `cpudist run` reports for this task: GLUE's own metrics, else custom data's by the kind of label."""
+    """What `cpudist run` reports for this task: GLUE's own metrics, else custom data's by the kind
+    of label."""
     if task in GLUE_TASKS:
         return GLUE_TASKS[task].metrics
     if not names:
@@ -58,7 +63,8 @@ def metric_names(names: tuple[str, ...], task: str | None) -> tuple[str, ...]:
     return ("accuracy", "f1") if len(names) == 2 else ("accuracy", "f1_macro")
 
 
-def _label_ids(path: Path, rows: Sequence[Row], raw: Sequence[str], names: tuple[str, ...]) -> tuple[float, ...]:
+def _label_ids(path: Path, rows: Sequence[Row], raw: Sequence[str],
+               names: tuple[str, ...]) -> tuple[float, ...]:
     """Class names (the model's id2label) or class ids as numbers; scores for regression."""
     if not names:
         return _labels_to_ids(path, rows, raw, names)
@@ -72,10 +78,11 @@ def _label_ids(path: Path, rows: Sequence[Row], raw: Sequence[str], names: tuple
 
 def read_file(path: Path, text_columns: Sequence[str], label_column: str | None = None,
               names: tuple[str, ...] = (), task: str | None = None) -> Inputs:
-    """A csv, tsv, `;`-separated txt, json or jsonl file: the named text columns of every row, and its labels to
-    score against when a label column is named."""
+    """A csv, tsv, `;`-separated txt, json or jsonl file: the named text columns of every row, and
+    its labels to score against when a label column is named."""
     if not 1 <= len(text_columns) <= 2:
-        raise BadInput(f"{len(text_columns)} text columns given", "Name one or two with --text-columns a[,b]")
+        raise BadInput(f"{len(text_columns)} text columns given",
+                       "Name one or two with --text-columns a[,b]")
     columns, rows = _read_records(path)
     if not rows:
         raise BadInput(f"{path} has no data rows", "Give a file with a header and at least one row")
@@ -90,12 +97,15 @@ def read_file(path: Path, text_columns: Sequence[str], label_column: str | None 
 
 
 def split_file(task: str, split: str, data_dir: Path) -> Path:
-    """The TSV of a GLUE split in DATA_DIR or DATA_DIR/<GLUE name>, as GLUE's download script lays it out."""
+    """The TSV of a GLUE split in DATA_DIR or DATA_DIR/<GLUE name>, as GLUE's download script lays
+    it out."""
     if task not in GLUE_TASKS:
-        raise BadInput(f"--split needs a GLUE task, not '{task}'", f"Pass --task, one of: {', '.join(GLUE_TASKS)}")
+        raise BadInput(f"--split needs a GLUE task, not '{task}'",
+                       f"Pass --task, one of: {', '.join(GLUE_TASKS)}")
     if split not in SPLITS:
         raise BadInput(f"unknown split '{split}'", f"Use one of: {', '.join(SPLITS)}")
-    name = GLUE_TASKS[task].tsv.validation_file if split == "dev" else TEST_FILE.get(task, "test.tsv")
+    name = GLUE_TASKS[task].tsv.validation_file if split == "dev" else TEST_FILE.get(task,
+                                                                                     "test.tsv")
     for folder in (data_dir, data_dir / GLUE_DIR_NAMES[task]):
         if (folder / name).is_file():
             return folder / name
@@ -104,17 +114,21 @@ def split_file(task: str, split: str, data_dir: Path) -> Path:
 
 
 def read_split(task: str, split: str, data_dir: Path) -> Inputs:
-    """A GLUE split: dev with its labels (to score), test with its index column (for the submission file)."""
+    """A GLUE split: dev with its labels (to score), test with its index column (for the submission
+    file)."""
     spec = GLUE_TASKS[task]
     path = split_file(task, split, data_dir)
     if split == "dev":
         columns, rows = read_table(path, "\t", header=spec.tsv.header)
-        part: Split = _split_from_table(path, columns, rows, spec.tsv.text, spec.tsv.label, spec.labels)
-        return Inputs(path, part.texts, tuple(str(i) for i in range(len(part))), part.labels, spec.metrics, task)
+        part: Split = _split_from_table(path, columns, rows, spec.tsv.text, spec.tsv.label,
+                                        spec.labels)
+        return Inputs(path, part.texts, tuple(str(i) for i in range(len(part))), part.labels,
+                      spec.metrics, task)
     columns, rows = read_table(path, "\t")
     text = TEST_TEXT.get(task, tuple(str(c) for c in spec.tsv.text))
     if not rows:
-        raise BadInput(f"{path} has no data rows", "Give the GLUE test file with its header and rows")
+        raise BadInput(f"{path} has no data rows",
+                       "Give the GLUE test file with its header and rows")
     indices = [_column_index(path, columns, c, "text") for c in text]
     id_column = TEST_ID_COLUMN.get(task, "index")
     if id_column not in columns:

@@ -1,4 +1,5 @@
-"""A predict job: plan it from the request (files only, no torch), describe it, or run it on --np processes."""
+"""A predict job: plan it from the request (files only, no torch), describe it, or run it on --np
+processes."""
 
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ class PredictRequest:
     max_seq_len: int | None = None
     batch_size: int | None = None
     np: int = 1
-    max_rows: int | None = None  # the first N rows only; for the dev split of a run, the run's --max-eval-samples
+    # the first N rows only; for the dev split of a run, the run's --max-eval-samples
+    max_rows: int | None = None
     label_column: str | None = None  # --file's labels, to score the predictions against
 
 
@@ -76,7 +78,8 @@ def _precision(req: PredictRequest, source: Source) -> tuple[str, str]:
     if req.precision is not None:
         return req.precision, "--precision"
     ran = source.facts.precision
-    if ran and ran != "fp32":  # bf16 keeps 8 bits of a score: enough for the run's metric, not for scores
+    # bf16 keeps 8 bits of a score: enough for the run's metric, not for scores
+    if ran and ran != "fp32":
         return "fp32", f"the default; the run computed in {ran}: --precision {ran} gives its own numbers"
     return "fp32", "the default; --precision to change"
 
@@ -93,12 +96,14 @@ def _inputs(req: PredictRequest, source: Source) -> Inputs:
     facts = source.facts
     if (req.file is None) == (req.split is None):
         raise BadInput("give either --file or --split" if req.file else "nothing to predict",
-                       "Pass --file F (csv, tsv, txt, json, jsonl), or --split dev|test with --task and --data-dir")
+                       "Pass --file F (csv, tsv, txt, json, jsonl), or --split dev|test with "
+                       "--task and --data-dir")
     if req.file is not None:
         task = req.task or facts.task
         task_text = GLUE_TASKS[task].tsv.text if task in GLUE_TASKS else ()
         named = tuple(c for c in task_text if isinstance(c, str))
-        return read_file(req.file, req.text_columns or facts.text_columns or named or ("text",), req.label_column,
+        return read_file(req.file, req.text_columns or facts.text_columns or named or ("text",),
+                         req.label_column,
                          source.label_names, task)
     task = req.task or facts.task
     data_dir = req.data_dir or (Path(facts.data_dir) if facts.data_dir else None)
@@ -125,27 +130,32 @@ def plan(req: PredictRequest) -> Plan:
     if req.np < 1:
         raise BadInput(f"--np {req.np}", "Use 1 or more processes")
     source = find_source(req.model_or_run)
-    match.check(source, req.task or source.facts.task)  # before the rows: a mismatch says so, not a label error
+    # before the rows: a mismatch says so, not a label error
+    match.check(source, req.task or source.facts.task)
     inputs = _inputs(req, source).head(req.max_rows)
     precision, why = _precision(req, source)
     facts = source.facts
-    settings = Settings(str(source.model_dir), precision, req.max_seq_len or facts.max_seq_len or DEFAULT_MAX_LEN,
+    settings = Settings(str(source.model_dir), precision, req.max_seq_len or facts.max_seq_len
+                        or DEFAULT_MAX_LEN,
                         req.batch_size or facts.eval_batch_size or DEFAULT_BATCH, _threads(req.np))
     output = _output(req, source, inputs)
     fmt = outputs.pick_format(str(output) if output else None, req.fmt, req.split is not None)
     if fmt == "glue":
-        outputs.glue_labels(inputs.task, source.label_names)  # refuses a model of another task now, not later
+        # refuses a model of another task now, not later
+        outputs.glue_labels(inputs.task, source.label_names)
     return Plan(source, inputs, settings, why, req.np, output, fmt)
 
 
 def describe(p: Plan) -> str:
     """The dry run: what would be read and written, and how."""
     s = p.settings
-    lines = [f"model:     {s.model_dir}" + (f" (run {p.source.run_dir})" if p.source.run_dir else ""),
+    lines = [f"model:     {s.model_dir}"
+             + (f" (run {p.source.run_dir})" if p.source.run_dir else ""),
              f"labels:    {', '.join(p.source.label_names) or 'a value (regression)'}",
-             f"rows:      {len(p.inputs)} from {p.inputs.path}" + (" (with labels: scored)" if p.inputs.labels else ""),
-             f"compute:   {s.precision} ({p.precision_from}), max {s.max_seq_len} tokens, batches of {s.batch_size}, "
-             f"{p.np} process(es) x {s.threads} thread(s)",
+             f"rows:      {len(p.inputs)} from {p.inputs.path}"
+             + (" (with labels: scored)" if p.inputs.labels else ""),
+             f"compute:   {s.precision} ({p.precision_from}), max {s.max_seq_len} tokens, batches "
+             f"of {s.batch_size}, {p.np} process(es) x {s.threads} thread(s)",
              f"output:    {p.output or 'stdout'} ({p.fmt})"]
     return "\n".join(lines) + "\n"
 
@@ -155,26 +165,31 @@ def _gather(parts: list[list[tuple[int, list[float]]]], rows: int) -> list[list[
     by_row = {i: logits for part in parts for i, logits in part}
     returned = sum(len(p) for p in parts)
     if len(by_row) != rows or returned != rows:
-        raise JobFailed(f"the predict processes returned {returned} predictions for {len(by_row)} of {rows} rows",
+        raise JobFailed(f"the predict processes returned {returned} predictions for {len(by_row)} "
+                        f"of {rows} rows",
                         "Re-run with --np 1")
     return [by_row[i] for i in range(rows)]
 
 
 def _run_processes(p: Plan, on_rows: Callable[[int], None]) -> list[list[tuple[int, list[float]]]]:
-    """N worker processes, each with its share of the rows and threads; their parts in rank order."""
+    """N worker processes, each with its share of the rows and threads; their parts in rank
+    order."""
     with tempfile.TemporaryDirectory(prefix="cpudist-predict-") as tmp:
         folder = Path(tmp)
         request = folder / "request.json"
         request.write_text(json.dumps({"settings": p.settings.__dict__, "texts": p.inputs.texts}))
-        env = {**os.environ, "OMP_NUM_THREADS": str(p.settings.threads), "TOKENIZERS_PARALLELISM": "false"}
+        env = {**os.environ, "OMP_NUM_THREADS": str(p.settings.threads),
+               "TOKENIZERS_PARALLELISM": "false"}
         procs = []
         sel = selectors.DefaultSelector()
         try:
             for rank in range(p.np):
-                argv = [sys.executable, "-m", programs.PREDICT_WORKER, str(request), str(rank), str(p.np),
+                argv = [sys.executable, "-m", programs.PREDICT_WORKER, str(request), str(rank),
+                        str(p.np),
                         str(folder / f"part-{rank}.json")]
                 with open(folder / f"stderr-{rank}", "w") as err:
-                    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+                    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True,
+                                            env=env)
                 procs.append(proc)
                 assert proc.stdout is not None
                 sel.register(proc.stdout, selectors.EVENT_READ)
@@ -185,14 +200,18 @@ def _run_processes(p: Plan, on_rows: Callable[[int], None]) -> list[list[tuple[i
                     if not line:
                         sel.unregister(key.fileobj)
                         open_pipes -= 1
-                    elif (event := events.parse(line)) is not None and events.kind(event) == events.ROWS:
+                    elif (event := events.parse(line)) is not None and events.kind(
+                        event) == events.ROWS:
                         on_rows(int(event["rows"]))
             for rank, proc in enumerate(procs):
                 if proc.wait() != 0:
-                    said = (folder / f"stderr-{rank}").read_text().strip().splitlines() or ["(nothing on stderr)"]
+                    said = (folder / f"stderr-{rank}").read_text().strip().splitlines() or [
+                        "(nothing on stderr)"]
                     error = BadInput if proc.returncode == BadInput.exit_code else JobFailed
-                    raise error(f"predict process {rank} of {p.np} failed (exit {proc.returncode}): {said[-1]}",
-                                "Fix what it names; --np 1 runs in this process and shows the whole error")
+                    raise error(f"predict process {rank} of {p.np} failed (exit "
+                                f"{proc.returncode}): {said[-1]}",
+                                "Fix what it names; --np 1 runs in this process and shows the "
+                                "whole error")
         finally:
             for proc in procs:
                 if proc.poll() is None:
@@ -202,7 +221,8 @@ def _run_processes(p: Plan, on_rows: Callable[[int], None]) -> list[list[tuple[i
 
 
 def execute(p: Plan, on_rows: Callable[[int], None] = lambda n: None) -> Outcome:
-    """Predict every row (in this process for --np 1), write the output, score rows that have labels."""
+    """Predict every row (in this process for --np 1), write the output, score rows that have
+    labels."""
     started = time.perf_counter()
     if p.np == 1:
         from cpudist.predict.infer import run_shard  # torch: only when predicting
@@ -212,7 +232,8 @@ def execute(p: Plan, on_rows: Callable[[int], None] = lambda n: None) -> Outcome
         parts = _run_processes(p, on_rows)
     logits = _gather(parts, len(p.inputs))
     names = p.source.label_names
-    text = outputs.render(outputs.predictions(logits, names), p.inputs.ids, p.fmt, names, p.inputs.task)
+    text = outputs.render(outputs.predictions(logits, names), p.inputs.ids, p.fmt, names,
+                          p.inputs.task)
     if p.output is not None:
         outputs.write(text, p.output)
     metrics: dict[str, float] = {}
@@ -223,4 +244,5 @@ def execute(p: Plan, on_rows: Callable[[int], None] = lambda n: None) -> Outcome
 
         predicted = np.array(outputs.class_ids(logits, p.source.is_regression))
         metrics = compute_metrics(p.inputs.metrics, predicted, np.array(p.inputs.labels))
-    return Outcome(len(p.inputs), p.output, None if p.output else text, metrics, time.perf_counter() - started)
+    return Outcome(len(p.inputs), p.output, None if p.output else text, metrics,
+                   time.perf_counter() - started)

@@ -1,4 +1,5 @@
-"""Predictions as records (label, score per class; value for regression) and the files they go to."""
+"""Predictions as records (label, score per class; value for regression) and the files they go
+to."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ SUFFIXES = {".jsonl": "jsonl", ".csv": "csv", ".json": "json", ".tsv": "glue", "
 
 @dataclass(frozen=True)
 class Prediction:
-    """One row's prediction: the class (by the highest logit) and each class's probability, or a value."""
+    """One row's prediction: the class (by the highest logit) and each class's probability, or a
+    value."""
 
     label: str | None
     scores: dict[str, float]
@@ -33,7 +35,8 @@ class Prediction:
 
 
 def predictions(logits: Sequence[Sequence[float]], names: tuple[str, ...]) -> list[Prediction]:
-    """Rows of logits -> predictions; the label is the argmax of the logits, as the run's evaluation takes it."""
+    """Rows of logits -> predictions; the label is the argmax of the logits, as the run's evaluation
+    takes it."""
     out = []
     for row in logits:
         if not names:
@@ -42,8 +45,10 @@ def predictions(logits: Sequence[Sequence[float]], names: tuple[str, ...]) -> li
         top = max(row)
         exp = [math.exp(x - top) for x in row]
         total = sum(exp)
-        best = max(range(len(row)), key=row.__getitem__)  # the first of equal maxima, as torch.argmax
-        out.append(Prediction(names[best], {n: e / total for n, e in zip(names, exp, strict=True)}, None, best))
+        # the first of equal maxima, as torch.argmax
+        best = max(range(len(row)), key=row.__getitem__)
+        out.append(Prediction(names[best], {n: e / total for n, e in zip(names, exp, strict=True)},
+                              None, best))
     return out
 
 
@@ -55,7 +60,8 @@ def class_ids(logits: Sequence[Sequence[float]], regression: bool) -> list[float
 
 
 def pick_format(output: str | None, fmt: str | None, glue_split: bool) -> str:
-    """--format when given, else from --output's suffix, else glue for a GLUE split and jsonl otherwise."""
+    """--format when given, else from --output's suffix, else glue for a GLUE split and jsonl
+    otherwise."""
     if fmt is not None:
         return fmt
     if output and output != "-":
@@ -72,7 +78,8 @@ def glue_labels(task: str | None, names: tuple[str, ...]) -> tuple[str, ...]:
     if task in GLUE_TASKS:
         wanted = GLUE_TASKS[task].labels
         if len(wanted) != len(names):
-            raise BadInput(f"the model has {len(names) or 1} output(s); GLUE's {task} has {len(wanted) or 1}",
+            raise BadInput(f"the model has {len(names) or 1} output(s); GLUE's {task} has "
+                           f"{len(wanted) or 1}",
                            "Give a model trained on that task, or --format jsonl for its own labels")
         return wanted
     return names
@@ -98,7 +105,8 @@ def render(preds: Sequence[Prediction], ids: Sequence[str], fmt: str, names: tup
     writer = csv.writer(buf, lineterminator="\n")
     if names:
         writer.writerow(["label", "score", *(f"score:{n}" for n in names)])
-        writer.writerows([p.label, p.scores[p.label or ""], *(p.scores[n] for n in names)] for p in preds)
+        writer.writerows([p.label, p.scores[p.label or ""], *(p.scores[n] for n in names)]
+                         for p in preds)
     else:
         writer.writerow(["value"])
         writer.writerows([p.value] for p in preds)
@@ -106,7 +114,8 @@ def render(preds: Sequence[Prediction], ids: Sequence[str], fmt: str, names: tup
 
 
 def write(text: str, output: Path) -> None:
-    """Write the whole file at once (a file named .tmp, then renamed), so no reader sees half of it."""
+    """Write the whole file at once (a file named .tmp, then renamed), so no reader sees half of
+    it."""
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(output.name + ".tmp")
     tmp.write_text(text)

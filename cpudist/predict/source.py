@@ -1,4 +1,5 @@
-"""Where the model is, what its run recorded (precision, lengths, data), how to compute: files only, no torch."""
+"""Where the model is, what its run recorded (precision, lengths, data), how to compute: files only,
+no torch."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from cpudist.errors import BadInput
 from cpudist.train.lora import is_adapter
 from cpudist.wire import names, programs
 
-# A tokenizer's own files: without one, transformers 5 builds an empty tokenizer from config.json without a word.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model",
+# A tokenizer's own files: without one, transformers 5 builds an empty tokenizer from config.json
+# without a word.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
+                   "spiece.model",
                    "sentencepiece.bpe.model")
 HEAD = "ForSequenceClassification"  # the architecture's suffix of a model with a classifier head
 
@@ -36,7 +39,8 @@ class RunFacts:
 
 @dataclass(frozen=True)
 class Source:
-    """A model folder (saved with save_pretrained), its run folder when it has one, and its labels."""
+    """A model folder (saved with save_pretrained), its run folder when it has one, and its
+    labels."""
 
     model_dir: Path
     run_dir: Path | None
@@ -49,7 +53,8 @@ class Source:
 
 
 def _is_run_folder(path: Path) -> bool:
-    return any((path / name).is_file() for name in (names.RESULT, names.COMMAND, names.STEPS, names.RUN))
+    return any((path / name).is_file()
+               for name in (names.RESULT, names.COMMAND, names.STEPS, names.RUN))
 
 
 def find_source(given: Path) -> Source:
@@ -65,20 +70,22 @@ def find_source(given: Path) -> Source:
         model_dir, run_dir = path / names.MODEL, path
     elif _is_run_folder(path):
         raise BadInput(f"run folder {path} has no model/ (the run did not save its model)",
-                       "Re-run `cpudist run` with --save-model last (the default) to get <run>/model/, "
-                       "or give a folder saved with save_pretrained()")
+                       "Re-run `cpudist run` with --save-model last (the default) to get "
+                       "<run>/model/, or give a folder saved with save_pretrained()")
     else:
         raise BadInput(f"{path} holds no model: no config.json there or in {path / 'model'}",
                        "Give a folder saved with save_pretrained() or a run folder of `cpudist run`")
     if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
         raise BadInput(f"no tokenizer in {model_dir} (none of {', '.join(TOKENIZER_FILES)})",
                        "Save the tokenizer beside the model: tokenizer.save_pretrained(folder)")
-    facts = read_facts(run_dir) if run_dir else RunFacts(card_task(model_dir), precision=card_precision(model_dir))
+    facts = read_facts(run_dir) if run_dir else RunFacts(card_task(model_dir),
+                                                         precision=card_precision(model_dir))
     return Source(model_dir, run_dir, facts, label_names(model_dir))
 
 
 def card_precision(model_dir: Path) -> str | None:
-    """The precision a model card of cpudist names (`precision bf16`), for a model folder away from its run."""
+    """The precision a model card of cpudist names (`precision bf16`), for a model folder away from
+    its run."""
     card = model_dir / "README.md"
     if not card.is_file():
         return None
@@ -87,7 +94,8 @@ def card_precision(model_dir: Path) -> str | None:
 
 
 def card_task(model_dir: Path) -> str | None:
-    """The task a model card of cpudist names (`- Task: `mrpc``), for a model folder away from its run."""
+    """The task a model card of cpudist names (`- Task: `mrpc``), for a model folder away from its
+    run."""
     card = model_dir / "README.md"
     if not card.is_file():
         return None
@@ -103,11 +111,13 @@ def label_names(model_dir: Path) -> tuple[str, ...]:
         raise BadInput(f"cannot read {model_dir / 'config.json'}: {e}",
                        "Save the model again with save_pretrained()") from None
     heads = [str(a) for a in config.get("architectures") or ()]
-    # AutoModelForSequenceClassification would add a random head (an adapter's config keeps its base's name)
+    # AutoModelForSequenceClassification would add a random head (an adapter's config keeps its
+    # base's name)
     if heads and not any(a.endswith(HEAD) for a in heads) and not is_adapter(model_dir):
-        raise BadInput(f"{model_dir} holds a base model ({', '.join(heads)}) without a classification head: "
-                       "it was never fine-tuned to classify",
-                       f"Fine-tune it first (cpudist run TASK --model {model_dir}), then predict with that run")
+        raise BadInput(f"{model_dir} holds a base model ({', '.join(heads)}) without a "
+                       "classification head: it was never fine-tuned to classify",
+                       f"Fine-tune it first (cpudist run TASK --model {model_dir}), then predict "
+                       "with that run")
     id2label: dict[str, str] = config.get("id2label") or {}
     count = int(config.get("num_labels") or len(id2label) or 2)
     if config.get("problem_type") == "regression" or count == 1:
@@ -130,8 +140,9 @@ def _rank_words(command: str) -> list[str]:
 
 
 def read_facts(run_dir: Path) -> RunFacts:
-    """result.json's precision, lengths, metrics and data folder as the user gave it (command.txt names the copy the
-    ranks read: a head's stage folder from a laptop), and the rank options in command.txt; missing parts stay None."""
+    """result.json's precision, lengths, metrics and data folder as the user gave it (command.txt
+    names the copy the ranks read: a head's stage folder from a laptop), and the rank options in
+    command.txt; missing parts stay None."""
     result: dict[str, Any] = {}
     if (run_dir / names.RESULT).is_file():
         try:
@@ -146,7 +157,8 @@ def read_facts(run_dir: Path) -> RunFacts:
 
             try:
                 cfg = from_argv(words)
-            except SystemExit:  # argparse's way to refuse: a command of another version; use result.json alone
+            # argparse's way to refuse: a command of another version; use result.json alone
+            except SystemExit:
                 cfg = None
     return RunFacts(
         task=result.get("task") or (cfg.task if cfg else None),

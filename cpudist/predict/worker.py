@@ -1,7 +1,9 @@
-"""One `cpudist predict --np N` process: `python -m cpudist.predict.worker REQUEST.json RANK WORLD OUT.json`.
+"""One `cpudist predict --np N` process: `python -m cpudist.predict.worker REQUEST.json RANK WORLD
+OUT.json`.
 
-REQUEST holds the settings and every row's texts; this process predicts rows RANK, RANK+WORLD, ... and writes
-[[row, logits], ...] to OUT (renamed into place when complete). Progress goes to stdout as event lines.
+REQUEST holds the settings and every row's texts; this process predicts rows RANK, RANK+WORLD, ...
+and writes [[row, logits], ...] to OUT (renamed into place when complete). Progress goes to stdout
+as event lines.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ def main(argv: list[str]) -> int:
     settings = Settings(**request["settings"])
     texts = tuple(tuple(col) for col in request["texts"])
     try:
-        pairs = run_shard(texts, rank, world, settings, lambda n: events.emit(events.ROWS, rank=rank, rows=n))
+        pairs = run_shard(texts, rank, world, settings,
+                          lambda n: events.emit(events.ROWS, rank=rank, rows=n))
     except CpudistError as e:
         print(e.format_message(), file=sys.stderr)
         return e.exit_code

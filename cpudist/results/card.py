@@ -1,9 +1,9 @@
 """The model card (README.md of a saved model) in the Hub's format, from the run's result.
 
-Rank 0 writes it once, beside the weights, with what the launching side knew before the launch (the command as
-typed, the launcher, the price of the nodes: results/launched.py), so --model-s3's copy is the run folder's.
-huggingface_hub's ModelCard and ModelCardData write the YAML front matter (and its model-index of evaluation
-results), so the Hub and `huggingface_hub.ModelCard.load` read it.
+Rank 0 writes it once, beside the weights, with what the launching side knew before the launch (the
+command as typed, the launcher, the price of the nodes: results/launched.py), so --model-s3's copy
+is the run folder's. huggingface_hub's ModelCard and ModelCardData write the YAML front matter (and
+its model-index of evaluation results), so the Hub and `huggingface_hub.ModelCard.load` read it.
 """
 
 from __future__ import annotations
@@ -92,7 +92,8 @@ def _labels(r: RunResult) -> list[str]:
 
 
 def _glue(r: RunResult) -> str:
-    """The GLUE task as GLUE spells it (STS-B, CoLA), which the ranks record; an older record's in capitals."""
+    """The GLUE task as GLUE spells it (STS-B, CoLA), which the ranks record; an older record's in
+    capitals."""
     return f"GLUE {r.data.get('name') or r.task.upper()}"
 
 
@@ -117,7 +118,8 @@ def _schedule(r: RunResult) -> str:
 
 
 def card_data(r: RunResult) -> Any:
-    """The front matter: what the Hub indexes (library, pipeline, datasets, metrics, base model, results)."""
+    """The front matter: what the Hub indexes (library, pipeline, datasets, metrics, base model,
+    results)."""
     from huggingface_hub import EvalResult, ModelCardData
 
     glue = r.data.get("source") in ("glue-tsv", "hub")
@@ -127,9 +129,11 @@ def card_data(r: RunResult) -> Any:
                           metric_value=round(v, 4), dataset_config=r.task if glue else None,
                           dataset_split="validation") for k, v in r.metrics.items()]
     return ModelCardData(library_name="transformers", pipeline_tag="text-classification",
-                         tags=["text-classification", "cpudist", *(["glue", r.task] if glue else [])],
+                         tags=["text-classification", "cpudist",
+                               *(["glue", r.task] if glue else [])],
                          datasets=[dataset] if dataset else None, metrics=list(r.metrics) or None,
-                         base_model=r.base_model, model_name=model_name(r), eval_results=results or None)
+                         base_model=r.base_model, model_name=model_name(r), eval_results=results
+                         or None)
 
 
 def model_name(r: RunResult) -> str:
@@ -153,14 +157,16 @@ def render_card(r: RunResult) -> str:
     cost = f"${r.cost_usd:.4f} (${r.usd_per_hour:.3f}/h for the nodes)" if r.cost_usd is not None else "not known"
     card = ModelCard.from_template(
         card_data(r), template_str=TEMPLATE, r=r, name=model_name(r),
-        origin=f"`{base}`" if base else f"`{r.model}` (random initial weights of a preset, or a local folder)",
+        origin=f"`{base}`" if base
+        else f"`{r.model}` (random initial weights of a preset, or a local folder)",
         task_text=_glue(r) if r.data.get("source") in ("glue-tsv", "hub") else f"{r.task} data",
         kind="regression, one score" if not labels else f"{len(labels)}-class classification",
         labels=", ".join(f"{i}: {n}" for i, n in enumerate(labels)), data_text=_data_text(r),
         saved_text=saved + ".", metric_names=list(r.metrics), cost=cost, schedule=_schedule(r),
         length=f"{r.epochs:g} epochs" if r.epochs is not None else f"--max-steps {r.max_steps}",
         versions=", ".join(f"{k} {v}" for k, v in r.versions.items()),
-        command=r.command or "(not known where the card was written: see command.txt for the ranks' command)")
+        command=r.command
+        or "(not known where the card was written: see command.txt for the ranks' command)")
     return str(card)
 
 

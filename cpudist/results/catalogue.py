@@ -1,4 +1,5 @@
-"""What `cpudist plan` compares and recommends: the strategies, their accuracy risk, the choice among them."""
+"""What `cpudist plan` compares and recommends: the strategies, their accuracy risk, the choice
+among them."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ from dataclasses import dataclass
 from cpudist.results.planner import Prediction, risk_of
 from cpudist.strategies import SyncSpec
 
-NEAR = 0.02  # choices within 2% of the fastest count as as fast: then prefer exact gradients and fewer nodes
+# choices within 2% of the fastest count as as fast: then prefer exact gradients and fewer nodes
+NEAR = 0.02
 
 
 def strategies(powersgd_rank: int = 2, local_sgd_k: int = 8) -> tuple[SyncSpec, ...]:
     """The strategies a plan compares."""
     return (SyncSpec(), SyncSpec(grad_compression="bf16"),
-            SyncSpec(grad_compression="powersgd", powersgd_rank=powersgd_rank), SyncSpec("allreduce"),
+            SyncSpec(grad_compression="powersgd", powersgd_rank=powersgd_rank),
+            SyncSpec("allreduce"),
             SyncSpec("gather-scatter"), SyncSpec("local-sgd", sync_every=local_sgd_k))
 
 
@@ -35,16 +38,18 @@ class Recommendation:
 def recommend(rows: Sequence[Prediction]) -> Recommendation:
     """The fastest choice; within NEAR of it, exact gradients first, then fewer nodes."""
     best = min(p.time_s for p in rows)
-    pick = min((p for p in rows if p.time_s <= best * (1 + NEAR)), key=lambda p: (risk_level(p), p.nodes, p.time_s))
+    pick = min((p for p in rows if p.time_s <= best * (1 + NEAR)),
+               key=lambda p: (risk_level(p), p.nodes, p.time_s))
     exact = min((p for p in rows if not p.risk), key=lambda p: (p.time_s, p.nodes))
     if pick.nodes == 1:
         other = min((p for p in rows if p.nodes > 1), key=lambda p: p.time_s, default=None)
-        why = (f"the best of more nodes, {other.sync} at {other.nodes} nodes, reaches only {other.speedup:.2f}x"
+        why = (f"the best of more nodes, {other.sync} at {other.nodes} nodes, reaches only "
+               f"{other.speedup:.2f}x"
                if other else "no other node count was asked for")
         return Recommendation(pick, f"recommend: stay on 1 node ({why})", exact)
     cost = "" if pick.cost_usd is None else f", ${pick.cost_usd:.2f}"
-    head = (f"recommend: {pick.nodes} nodes with {pick.sync}: {pick.speedup:.2f}x the 1-node throughput "
-            f"({pick.efficiency:.0%} efficiency), {duration(pick.time_s)}{cost}")
+    head = (f"recommend: {pick.nodes} nodes with {pick.sync}: {pick.speedup:.2f}x the 1-node "
+            f"throughput ({pick.efficiency:.0%} efficiency), {duration(pick.time_s)}{cost}")
     batch = f"the global batch grows {pick.nodes}x (same per-rank batch): the learning rate may need retuning"
     if risk_level(pick) == 0:
         return Recommendation(pick, f"{head}; exact gradient averaging, but {batch}", exact)

@@ -1,4 +1,5 @@
-"""A speedup the added ranks cannot give: when the report flags one, and its likely cause, read from the runs."""
+"""A speedup the added ranks cannot give: when the report flags one, and its likely cause, read from
+the runs."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from collections.abc import Sequence
 
 from cpudist.results.schema import RunResult
 
-TOLERANCE = 0.10  # efficiency above 100% + this is beyond what the added ranks allow (noise stays under it)
-SHORT_STEPS = 20  # fewer optimizer steps than this: the first steps' warm-up weighs on the mean rate
+# efficiency above 100% + this is beyond what the added ranks allow (noise stays under it)
+TOLERANCE = 0.10
+# fewer optimizer steps than this: the first steps' warm-up weighs on the mean rate
+SHORT_STEPS = 20
 CHECK = "!"
 
 
@@ -25,7 +28,8 @@ def _threads_per_node(r: RunResult) -> int:
 
 
 def _steady_ratio(runs: Sequence[RunResult]) -> float:
-    """Median of steady samples/s (past the first steps) over mean samples/s: > 1 when warm-up dragged the mean."""
+    """Median of steady samples/s (past the first steps) over mean samples/s: > 1 when warm-up
+    dragged the mean."""
     ratios = [r.steady_samples_per_s / r.train_samples_per_s for r in runs
               if r.train_samples_per_s > 0 and r.steady_samples_per_s > 0]
     return statistics.median(ratios) if ratios else 1.0
@@ -42,7 +46,8 @@ def _warm_up(runs: Sequence[RunResult], base: Sequence[RunResult], ranks: float)
     if base_ratio > ratio * (1 + TOLERANCE):
         return f"the baseline's warm-up: its steady rate is {base_ratio:.2f}x its mean over {steps} steps{on_steady}"
     if steps < SHORT_STEPS:
-        return (f"a short run dominated by warm-up: {steps} steps, where thread pools, the allocator and the first "
+        return (f"a short run dominated by warm-up: {steps} steps, where thread pools, the "
+                "allocator and the first "
                 f"kernels weigh on the mean{on_steady}; run --max-steps 50 or more")
     return None
 
@@ -51,24 +56,28 @@ def _other_causes(runs: Sequence[RunResult], base: Sequence[RunResult]) -> list[
     causes = []
     mine, theirs = max(map(_threads_per_node, runs)), min(map(_threads_per_node, base))
     if theirs and mine > theirs:
-        causes.append(f"the baseline used fewer threads per node ({theirs}) than this run ({mine}): more cores, "
+        causes.append(f"the baseline used fewer threads per node ({theirs}) than this run "
+                      f"({mine}): more cores, "
                       "not only more ranks (check OMP_NUM_THREADS in --env, or taskset)")
     cpus = {str(r.cpu.get("model", "")) for r in (*runs, *base)} - {""}
     if len(cpus) > 1:
         causes.append(f"the runs ran on different CPUs ({', '.join(sorted(cpus))})")
     rates = [r.train_samples_per_s for r in base]
     if len(rates) > 1 and min(rates) > 0 and max(rates) / min(rates) > 1 + TOLERANCE:
-        causes.append(f"the baseline's repeats differ by {max(rates) / min(rates) - 1:.0%}: a noisy machine")
+        causes.append(f"the baseline's repeats differ by {max(rates) / min(rates) - 1:.0%}: a "
+                      "noisy machine")
     return causes
 
 
-def likely_cause(runs: Sequence[RunResult], base: Sequence[RunResult], efficiency: float, ranks: float) -> str:
-    """Why a configuration shows more speedup than `ranks` times the baseline's ranks allow ('' when it does not)."""
+def likely_cause(runs: Sequence[RunResult], base: Sequence[RunResult], efficiency: float,
+                 ranks: float) -> str:
+    """Why a configuration shows more speedup than `ranks` times the baseline's ranks allow ('' when
+    it does not)."""
     if not beyond_ideal(efficiency):
         return ""
     causes = [c for c in (_warm_up(runs, base, ranks), *_other_causes(runs, base)) if c]
     if not causes:
-        causes = ["a slowed baseline (another load on the machine while it ran, a cold page cache, a first "
-                  "import): rerun it, alternating with this configuration"]
+        causes = ["a slowed baseline (another load on the machine while it ran, a cold page "
+                  "cache, a first import): rerun it, alternating with this configuration"]
     return (f"efficiency {efficiency:.0%} is beyond what {ranks:g}x the ranks allow; likely "
             + "; or ".join(causes))

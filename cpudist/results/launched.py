@@ -1,10 +1,11 @@
 """What only the launching side knows of a run, and rank 0's report: the two halves of result.json.
 
-`Launched` is built once where the run starts (run/start.py), before staging moves the user's paths to the nodes'
-copies, and grows as the launch learns more (the launcher, a scheduler's job id, the staging, the model fetched home).
-Its card part is known before the ranks start: the launch leaves it in the run folder (LAUNCHED), where rank 0
-reads it, so the model card rank 0 writes (and --model-s3 copies) is the final one. Rank 0 writes its report
-(RANK_REPORT); run/outcome.record alone merges the two into result.json.
+`Launched` is built once where the run starts (run/start.py), before staging moves the user's paths
+to the nodes' copies, and grows as the launch learns more (the launcher, a scheduler's job id, the
+staging, the model fetched home). Its card part is known before the ranks start: the launch leaves
+it in the run folder (LAUNCHED), where rank 0 reads it, so the model card rank 0 writes (and
+--model-s3 copies) is the final one. Rank 0 writes its report (RANK_REPORT); run/outcome.record
+alone merges the two into result.json.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from typing import Any
 from cpudist.results.schema import RunResult
 
 LAUNCHED = "launched.json"  # the card part, in the run folder while the ranks run
-RANK_REPORT = "rank_report.json"  # rank 0's RunResult (a script's from its metric file), before the outcome's merge
+# rank 0's RunResult (a script's from its metric file), before the outcome's merge
+RANK_REPORT = "rank_report.json"
 CARD_FIELDS = ("command", "cluster", "usd_per_hour", "data", "launcher")
-RESULT_NAMES = {"job_id": "slurm_job_id"}  # a field that result.json (and every ledger) names otherwise
+# a field that result.json (and every ledger) names otherwise
+RESULT_NAMES = {"job_id": "slurm_job_id"}
 
 
 @dataclass(frozen=True)
@@ -30,13 +33,16 @@ class Launched:
     command: str = ""  # the `cpudist run` command line, as typed (the card shows it)
     cluster: str | None = None
     usd_per_hour: float | None = None  # the price of the nodes (the card's cost)
-    data: dict[str, str] = field(default_factory=dict)  # the user's data paths as given, not the nodes' copies
+    # the user's data paths as given, not the nodes' copies
+    data: dict[str, str] = field(default_factory=dict)
     launcher: str = ""
     job_id: str | None = None  # a scheduler's job (result.json: slurm_job_id)
     recoveries: int = 0  # --on-preemption resume
     time_lost_s: float = 0.0
-    staging: dict[str, Any] = field(default_factory=dict)  # what a run from outside the cluster sent
-    run_dir: str = ""  # where the run is recorded, when not where the ranks wrote (a laptop's folder)
+    # what a run from outside the cluster sent
+    staging: dict[str, Any] = field(default_factory=dict)
+    # where the run is recorded, when not where the ranks wrote (a laptop's folder)
+    run_dir: str = ""
     model_dir: str = ""  # the model fetched home, when it was
 
     def to_dict(self) -> dict[str, Any]:
@@ -52,9 +58,11 @@ class Launched:
         return Launched(**{k: getattr(self, k) for k in CARD_FIELDS})
 
     def apply(self, r: RunResult) -> RunResult:
-        """Rank 0's result with what this side knows (the user's data paths over the copies the ranks read)."""
+        """Rank 0's result with what this side knows (the user's data paths over the copies the
+        ranks read)."""
         default = Launched()
-        changes = {RESULT_NAMES.get(k, k): v for k, v in self.to_dict().items() if v != getattr(default, k)}
+        changes = {RESULT_NAMES.get(k, k): v for k, v in self.to_dict().items()
+                   if v != getattr(default, k)}
         return r.with_updates(**{**changes, "data": {**r.data, **self.data}})
 
 
@@ -65,7 +73,8 @@ def write_card_part(out: Path, launched: Launched) -> None:
 
 
 def read_card_part(run_dir: Path) -> Launched:
-    """The card part rank 0 renders the card with (empty when the launch left none: rank 0 on another host)."""
+    """The card part rank 0 renders the card with (empty when the launch left none: rank 0 on
+    another host)."""
     try:
         return Launched.from_dict(json.loads((run_dir / LAUNCHED).read_text()))
     except (OSError, ValueError):

@@ -1,4 +1,5 @@
-"""Predict step time, speedup and cost at N nodes from a measured 1-node run; check it against measured runs.
+"""Predict step time, speedup and cost at N nodes from a measured 1-node run; check it against
+measured runs.
 
 The model (pure arithmetic; `cpudist plan` prints its inputs beside its answers):
 
@@ -6,17 +7,17 @@ The model (pure arithmetic; `cpudist plan` prints its inputs beside its answers)
   so all of its time counts as compute (with several ranks on the node it includes their
   intra-node sync, which the model keeps at N nodes).
 - N nodes run the same ranks per node and the same per-rank batch: N times the samples per step.
-- Communication per step: t_m = wire bytes / link rate + latency x collectives, where the wire
-  bytes are those of the busiest node's interface (cpudist/traffic.py, from the run's
-  `param_shapes`): a ring all-reduce (DDP, `allreduce`, local SGD's averages) sends 2(W-1)/W of the
-  payload on every node's link; gather-scatter moves (W - ppn) copies into the head and as many out
-  again, one after the other (the mean needs every gradient first), so twice that over the head's
-  link; local SGD averages every K steps (1/K per step, after its synchronous warm-up); bf16 halves
-  the payload; PowerSGD sends its low-rank factors after its fp32 start steps. Collectives per step:
-  DDP's buckets (`traffic.buckets`); PowerSGD three per bucket (uncompressed tensors, P, Q);
-  `allreduce` one (every gradient flattened); gather-scatter two (a gather, a scatter); local SGD
-  one bucket set per average. The link rate is `--link-gbps`, or the bus bandwidth `cpudist hosts bench` measured at
-  its largest size.
+- Communication per step: t_m = wire bytes / link rate + latency x collectives, where the wire bytes
+  are those of the busiest node's interface (cpudist/traffic.py, from the run's `param_shapes`): a
+  ring all-reduce (DDP, `allreduce`, local SGD's averages) sends 2(W-1)/W of the payload on every
+  node's link; gather-scatter moves (W - ppn) copies into the head and as many out again, one after
+  the other (the mean needs every gradient first), so twice that over the head's link; local SGD
+  averages every K steps (1/K per step, after its synchronous warm-up); bf16 halves the payload;
+  PowerSGD sends its low-rank factors after its fp32 start steps. Collectives per step: DDP's
+  buckets (`traffic.buckets`); PowerSGD three per bucket (uncompressed tensors, P, Q); `allreduce`
+  one (every gradient flattened); gather-scatter two (a gather, a scatter); local SGD one bucket set
+  per average. The link rate is `--link-gbps`, or the bus bandwidth `cpudist hosts bench` measured
+  at its largest size.
 - Overlap: DDP (with or without a compression hook) all-reduces buckets while backward still runs
   and hides a share f of t_m. f = 1 - exposed_comm_s / comm_time_s of measured multi-node DDP runs
   (their median) when the sources hold any, else 0 (conservative). Explicit strategies (allreduce,
@@ -25,19 +26,20 @@ The model (pure arithmetic; `cpudist plan` prints its inputs beside its answers)
   = N t_c / step time; efficiency = speedup / N. Time to finish = steps x step time, the steps
   being those that cover the same samples as the measured run (or what --steps/--epochs ask for);
   cost = N x price per node-hour x that time.
-- Sync CPU: gloo's copies and reductions, the kernel's TCP work and PowerSGD's products take CPU time
-  from the node's compute, which a 1-node run cannot show (on the miniature cluster's half-core
-  nodes, 10% of a 2-node DDP step with the link unshaped). Where the sources hold measured multi-node
-  runs, the model adds c x wire bytes per step, c (seconds per byte on the busiest link) being the
-  median over those runs of (measured step - the step above) / their wire bytes, runs on the same
-  CPU model with the same threads per rank (those of the strategy's own kind where there are any: a
-  gather-scatter moves bytes without summing them, PowerSGD adds matrix products); without them c = 0
-  and the plan says so. `validate` fits c without the run it checks, as it does f.
+- Sync CPU: gloo's copies and reductions, the kernel's TCP work and PowerSGD's products take CPU
+  time from the node's compute, which a 1-node run cannot show (on the miniature cluster's half-core
+  nodes, 10% of a 2-node DDP step with the link unshaped). Where the sources hold measured
+  multi-node runs, the model adds c x wire bytes per step, c (seconds per byte on the busiest link)
+  being the median over those runs of (measured step - the step above) / their wire bytes, runs on
+  the same CPU model with the same threads per rank (those of the strategy's own kind where there
+  are any: a gather-scatter moves bytes without summing them, PowerSGD adds matrix products);
+  without them c = 0 and the plan says so. `validate` fits c without the run it checks, as it does
+  f.
 - Step time at N nodes, all told: t_c + (1 - f) t_m + c x wire bytes.
 
 This module is the model; cpudist/results/catalogue.py holds the strategies a plan compares and the
-recommendation among them, cpudist/results/validation.py the fits of f and c from measured runs and the
-check of the model against them.
+recommendation among them, cpudist/results/validation.py the fits of f and c from measured runs and
+the check of the model against them.
 """
 
 from __future__ import annotations
@@ -77,7 +79,8 @@ class Baseline:
     samples: int
     steps: int
     shapes: tuple[tuple[int, ...], ...]
-    shapes_known: bool  # False: only the gradient's size is known (one flat tensor; PowerSGD cannot be priced)
+    # False: only the gradient's size is known (one flat tensor; PowerSGD cannot be priced)
+    shapes_known: bool
     usd_per_node_hour: float | None
     dataset_samples: float | None  # samples per epoch, when the run trained by epochs
 
@@ -85,41 +88,49 @@ class Baseline:
 def baseline_of(r: RunResult) -> Baseline:
     """The model's inputs from a 1-node run; a run that lacks them is an error that says why."""
     if len(r.nodes) > 1:
-        raise BadInput(f"run {r.run_id or '?'} ran on {len(r.nodes)} nodes", "Plan from a 1-node run")
+        raise BadInput(f"run {r.run_id or '?'} ran on {len(r.nodes)} nodes",
+                       "Plan from a 1-node run")
     if r.steps < 1 or r.train_time_s <= 0:
-        raise BadInput(f"run {r.run_id or '?'} recorded no training steps", "Plan from a run that trained")
+        raise BadInput(f"run {r.run_id or '?'} recorded no training steps",
+                       "Plan from a run that trained")
     # Older results only have the ring bytes of their ranks, 2(W-1)/W of the fp32 gradient.
-    grad = r.grad_bytes or (round(r.comm_bytes_per_step / ring_factor(r.world_size)) if r.world_size > 1 else 0)
+    grad = r.grad_bytes or (round(r.comm_bytes_per_step / ring_factor(r.world_size))
+                            if r.world_size > 1 else 0)
     flat: tuple[tuple[int, ...], ...] = ((grad // 4,),) if grad else ()
     shapes = r.param_shapes or flat
     if not shapes:
-        raise BadInput(f"run {r.run_id or '?'} has no parameter shapes or gradient size in its result.json "
-                       "(written by an older cpudist)", "Re-run it with this cpudist, then plan from that run")
+        raise BadInput(f"run {r.run_id or '?'} has no parameter shapes or gradient size in its "
+                       "result.json (written by an older cpudist)",
+                       "Re-run it with this cpudist, then plan from that run")
     epochs = r.epochs if r.epochs else None
-    return Baseline(r.run_id, r.train_time_s / r.steps, r.ppn, r.global_batch_size, r.train_samples, r.steps,
+    return Baseline(r.run_id, r.train_time_s / r.steps, r.ppn, r.global_batch_size, r.train_samples,
+                    r.steps,
                     tuple(tuple(s) for s in shapes), bool(r.param_shapes),
                     r.usd_per_hour / max(1, len(r.nodes)) if r.usd_per_hour is not None else None,
                     r.train_samples / epochs if epochs else None)
 
 
 def same_job(a: RunResult, b: RunResult) -> bool:
-    """Runs of one job: the same task, model, precision and work per rank (the ranks and the sync may differ)."""
+    """Runs of one job: the same task, model, precision and work per rank (the ranks and the sync
+    may differ)."""
     def key(r: RunResult) -> tuple[object, ...]:
-        return (r.task, r.model, r.precision, r.per_rank_batch_size, r.grad_accum, r.max_seq_len, r.freeze_embeddings,
+        return (r.task, r.model, r.precision, r.per_rank_batch_size, r.grad_accum, r.max_seq_len,
+                r.freeze_embeddings,
                 peft_label(r), bool(r.checkpointed_layers))
     return key(a) == key(b)
 
 
 def pick_baseline(runs: Sequence[RunResult], run_id: str | None = None) -> tuple[RunResult, str]:
-    """(the 1-node run to plan from, why that one): the one named, else, of the 1-node runs of the newest one's
-    job, those with the fewest ranks (no exchange at all with one), plain DDP first (an explicit sync on one node
-    would count as compute), the newest of them."""
+    """(the 1-node run to plan from, why that one): the one named, else, of the 1-node runs of the
+    newest one's job, those with the fewest ranks (no exchange at all with one), plain DDP first (an
+    explicit sync on one node would count as compute), the newest of them."""
     if run_id is not None:
         return find_run(runs, run_id), "named by --baseline"
     ones = [r for r in runs if len(r.nodes) == 1 and r.steps > 0]
     if not ones:
         raise BadInput("the sources hold no 1-node run to plan from",
-                       "Run one first (cpudist run TASK --np P on one node), then pass its run folder or the ledger")
+                       "Run one first (cpudist run TASK --np P on one node), then pass its run "
+                       "folder or the ledger")
     if len(ones) == 1:
         return ones[0], "the only 1-node run in the sources"
     newest = by_start(ones)[-1]
@@ -129,7 +140,8 @@ def pick_baseline(runs: Sequence[RunResult], run_id: str | None = None) -> tuple
     plain = [r for r in least if sync_of(r).label == SyncSpec().label]
     chosen = by_start(plain or least)[-1]
     what = f"{newest.task} {newest.model} {newest.precision}"
-    ranks = f"{fewest} rank{'s' if fewest > 1 else ''}" + (f", sync={chosen.sync}" if fewest > 1 else "")
+    ranks = f"{fewest} rank{'s' if fewest > 1 else ''}" + (f", sync={chosen.sync}" if fewest > 1
+                                                           else "")
     of = "the one" if len(plain or least) == 1 else f"the newest of {len(plain or least)}"
     first = ", plain DDP first" if plain and len(plain) < len(least) else ""
     return chosen, f"of {len(job)} 1-node runs of {what} in the sources, {of} with the fewest ranks ({ranks}){first}"
@@ -141,7 +153,8 @@ def sync_of(r: RunResult) -> SyncSpec:
 
 
 def risk_of(sync: SyncSpec) -> str:
-    """What the strategy changes in the optimization ('' when the gradients are averaged exactly)."""
+    """What the strategy changes in the optimization ('' when the gradients are averaged
+    exactly)."""
     return sync.row.risk(sync)
 
 
@@ -149,10 +162,12 @@ def collectives(sync: SyncSpec, shapes: Sequence[Sequence[int]], steps: int) -> 
     """Collective calls per step, averaged over `steps` (each pays the link's latency once)."""
     b = buckets(shapes, sync.bucket_cap_mb)
     steps = max(1, steps)
-    return sum(p.count * p.calls * (b if p.per_bucket else 1) for p in sync.row.plan(sync, steps)) / steps
+    return sum(p.count * p.calls * (b if p.per_bucket else 1)
+               for p in sync.row.plan(sync, steps)) / steps
 
 
-def wire_bytes(sync: SyncSpec, shapes: Sequence[Sequence[int]], nodes: int, ppn: int, steps: int) -> float:
+def wire_bytes(sync: SyncSpec, shapes: Sequence[Sequence[int]], nodes: int, ppn: int,
+               steps: int) -> float:
     """Bytes per step on the busiest node's link, one phase after the other (0 on one node)."""
     if nodes < 2:
         return 0.0
@@ -203,7 +218,8 @@ def predict(base: Baseline, sync: SyncSpec, nodes: int, link: Link, overlap: flo
     speedup = nodes * base.compute_s / step
     time_s = steps * step
     cost = None if base.usd_per_node_hour is None else nodes * base.usd_per_node_hour * time_s / 3600
-    return Prediction(nodes, sync.label, base.compute_s, t_m, step, speedup, speedup / nodes, steps, time_s, cost,
+    return Prediction(nodes, sync.label, base.compute_s, t_m, step, speedup, speedup / nodes, steps,
+                      time_s, cost,
                       risk_of(sync), cpu)
 
 
@@ -212,13 +228,16 @@ def steps_for(base: Baseline, nodes: int, samples: float) -> int:
     return max(1, math.ceil(samples / (base.samples_per_step * nodes)))
 
 
-def plan(base: Baseline, node_counts: Sequence[int], syncs: Sequence[SyncSpec], link: Link, overlap: float,
+def plan(base: Baseline, node_counts: Sequence[int], syncs: Sequence[SyncSpec], link: Link,
+         overlap: float,
          samples: float, cpu_s_per_byte: Mapping[str, float] | None = None) -> list[Prediction]:
-    """The 1-node reference row, then every strategy at every node count (PowerSGD only with real shapes)."""
+    """The 1-node reference row, then every strategy at every node count (PowerSGD only with real
+    shapes)."""
     steps = steps_for(base, 1, samples)
     time_s = steps * base.compute_s
     cost = None if base.usd_per_node_hour is None else base.usd_per_node_hour * time_s / 3600
-    rows = [Prediction(1, "measured", base.compute_s, 0.0, base.compute_s, 1.0, 1.0, steps, time_s, cost, "")]
+    rows = [Prediction(1, "measured", base.compute_s, 0.0, base.compute_s, 1.0, 1.0, steps, time_s,
+                       cost, "")]
     usable = [s for s in syncs if base.shapes_known or s.grad_compression != "powersgd"]
     cpu = cpu_s_per_byte or {}  # c per strategy label
     rows += [predict(base, s, n, link, overlap, steps_for(base, n, samples), cpu.get(s.label, 0.0))

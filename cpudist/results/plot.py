@@ -1,5 +1,5 @@
-"""The scaling picture: speedup and efficiency against what varied (ranks on one node, else nodes), one line per
-group of the report, the ideal beside them, and every flagged point marked."""
+"""The scaling picture: speedup and efficiency against what varied (ranks on one node, else nodes),
+one line per group of the report, the ideal beside them, and every flagged point marked."""
 
 from __future__ import annotations
 
@@ -21,10 +21,12 @@ HEADLINE_PARTS = 2  # group_parts opens with the task and the model: the title's
 
 
 def legend_and_title(rows: Sequence[ScalingRow]) -> tuple[dict[str, str], str, str]:
-    """A label per group (what differs between groups, its sync at least) and a title of what they share."""
+    """A label per group (what differs between groups, its sync at least) and a title of what they
+    share."""
     parts = {r.group: r.group_parts for r in rows}
     width = max(len(p) for p in parts.values())
-    varying = {i for i in range(width) if len({p[i] if i < len(p) else "" for p in parts.values()}) > 1}
+    varying = {i for i in range(width)
+               if len({p[i] if i < len(p) else "" for p in parts.values()}) > 1}
     labels = {}
     for group, p in parts.items():
         shown = [i for i, x in enumerate(p) if i in varying or x.startswith("sync=")]
@@ -37,8 +39,8 @@ def legend_and_title(rows: Sequence[ScalingRow]) -> tuple[dict[str, str], str, s
 
 
 def x_axis(rows: Sequence[ScalingRow]) -> str:
-    """'ranks' when every run is on one node, or when a group has two configurations on one node count
-    (nodes would draw them as one point); else 'nodes'."""
+    """'ranks' when every run is on one node, or when a group has two configurations on one node
+    count (nodes would draw them as one point); else 'nodes'."""
     if all(r.nodes == 1 for r in rows):
         return "ranks"
     seen = {(r.group, r.nodes) for r in rows}
@@ -48,7 +50,8 @@ def x_axis(rows: Sequence[ScalingRow]) -> str:
 def _xlabel(rows: Sequence[ScalingRow], axis: str) -> str:
     ppn = sorted({r.ppn for r in rows})
     if axis == "nodes":
-        return "nodes" + (f" ({ppn[0]} rank{'s' if ppn[0] > 1 else ''} each)" if len(ppn) == 1 else "")
+        return "nodes" + (f" ({ppn[0]} rank{'s' if ppn[0] > 1 else ''} each)" if len(ppn) == 1
+                          else "")
     return "ranks on one node" if all(r.nodes == 1 for r in rows) else "ranks (all nodes together)"
 
 
@@ -57,7 +60,8 @@ def _base(r: ScalingRow, axis: str) -> int:
 
 
 def scaling_figure(rows: Sequence[ScalingRow]) -> Figure:
-    """Two panels (speedup, efficiency) against ranks or nodes: one line per group and the ideal one."""
+    """Two panels (speedup, efficiency) against ranks or nodes: one line per group and the ideal
+    one."""
     fig = Figure(figsize=(11, 4.8), layout="constrained")
     FigureCanvasAgg(fig)  # Agg draws it: no display, no pyplot state
     ax_s, ax_e = fig.subplots(1, 2)
@@ -74,7 +78,8 @@ def scaling_figure(rows: Sequence[ScalingRow]) -> Figure:
     if any(r.n > 1 for r in rows):
         ax_s.vlines([], [], [], color="gray", alpha=0.5, label=RANGE)
     if any(r.flagged for r in rows):
-        ax_s.scatter([], [], s=120, facecolors="none", edgecolors="red", linewidths=1.5, label=FLAGGED)
+        ax_s.scatter([], [], s=120, facecolors="none", edgecolors="red", linewidths=1.5,
+                     label=FLAGGED)
     base = bases[0]
     unit = f"{base} {'rank' if axis == 'ranks' else 'node'}{'s' if base > 1 else ''}"
     _axes(ax_s, xs_all, f"speedup (samples/s over {unit}'s)", "Speedup")
@@ -92,7 +97,8 @@ def scaling_figure(rows: Sequence[ScalingRow]) -> Figure:
 
 
 def _draw_group(ax_s: Axes, ax_e: Axes, mine: list[ScalingRow], axis: str, label: str) -> None:
-    """The group's medians as a line, its repeats' range as bars, its flagged points ringed in red."""
+    """The group's medians as a line, its repeats' range as bars, its flagged points ringed in
+    red."""
     mine = sorted(mine, key=lambda r: getattr(r, axis))
     xs = [getattr(r, axis) for r in mine]
     speedup, eff = [r.speedup for r in mine], [100 * r.efficiency for r in mine]
@@ -105,13 +111,17 @@ def _draw_group(ax_s: Axes, ax_e: Axes, mine: list[ScalingRow], axis: str, label
                     [r.speedup_max for r in spread], color=color, alpha=0.5)
         ax_e.vlines([getattr(r, axis) for r in spread],
                     [100 * r.efficiency * r.speedup_min / r.speedup for r in spread if r.speedup],
-                    [100 * r.efficiency * r.speedup_max / r.speedup for r in spread if r.speedup], color=color,
+                    [100 * r.efficiency * r.speedup_max / r.speedup for r in spread if r.speedup],
+                    color=color,
                     alpha=0.5)
     flagged = [r for r in mine if r.flagged]
-    for ax, ys in ((ax_s, [r.speedup for r in flagged]), (ax_e, [100 * r.efficiency for r in flagged])):
-        ax.scatter([getattr(r, axis) for r in flagged], ys, s=120, facecolors="none", edgecolors="red",
+    for ax, ys in ((ax_s, [r.speedup for r in flagged]),
+                   (ax_e, [100 * r.efficiency for r in flagged])):
+        ax.scatter([getattr(r, axis) for r in flagged], ys, s=120, facecolors="none",
+                   edgecolors="red",
                    linewidths=1.5, zorder=3)
-    # the value at the largest count only: labels on every point pile up where the lines start together
+    # the value at the largest count only: labels on every point pile up where the lines start
+    # together
     ax_s.annotate(f"{speedup[-1]:.2f}x", (xs[-1], speedup[-1]), xytext=(6, 0), **_label(color))
     ax_e.annotate(f"{eff[-1]:.0f}%", (xs[-1], eff[-1]), xytext=(6, 0), **_label(color))
 

@@ -10,12 +10,23 @@ from dataclasses import asdict
 from typing import Any
 
 from cpudist.results.checks import CHECK
-from cpudist.results.report import COLUMNS, FLAG_NOTE, TRAFFIC_COLUMNS, ScalingRow, groups_of, placement
+from cpudist.results.report import (
+    COLUMNS,
+    FLAG_NOTE,
+    TRAFFIC_COLUMNS,
+    ScalingRow,
+    groups_of,
+    placement,
+)
 
-# Machine columns: numbers stay numbers (efficiency and shares as fractions, bytes as bytes, blank when unknown).
-NUMBERS = ("nodes", "ranks", "ppn", "per_rank_batch", "global_batch", "train_time_s", "samples_per_s",
-           "samples_per_s_min", "samples_per_s_max", "samples_per_s_per_rank", "speedup", "speedup_min",
-           "speedup_max", "efficiency", "n", "cost_usd", "expected_tx_bytes_per_step", "measured_tx_bytes_per_step",
+# Machine columns: numbers stay numbers (efficiency and shares as fractions, bytes as bytes, blank
+# when unknown).
+NUMBERS = ("nodes", "ranks", "ppn", "per_rank_batch", "global_batch", "train_time_s",
+           "samples_per_s",
+           "samples_per_s_min", "samples_per_s_max", "samples_per_s_per_rank", "speedup",
+           "speedup_min",
+           "speedup_max", "efficiency", "n", "cost_usd", "expected_tx_bytes_per_step",
+           "measured_tx_bytes_per_step",
            "traffic_error", "comm_share", "bus_bandwidth_gbps")
 METRIC_PREFIX = "eval_"  # as Hugging Face's Trainer names evaluation metrics
 
@@ -33,9 +44,11 @@ def render_markdown(rows: Sequence[ScalingRow]) -> str:
     out = []
     for group in groups_of(rows):
         mine = [r for r in rows if r.group == group]
-        out += [f"### {group}", "", *_md_table(COLUMNS, [r.cells() for r in mine]), "", *notes(mine), ""]
+        out += [f"### {group}", "", *_md_table(COLUMNS, [r.cells() for r in mine]), "",
+                *notes(mine), ""]
         if any(r.has_traffic for r in mine):
-            out += ["Gradient sync and traffic:", "", *_md_table(TRAFFIC_COLUMNS, [r.traffic_cells() for r in mine]),
+            out += ["Gradient sync and traffic:", "",
+                    *_md_table(TRAFFIC_COLUMNS, [r.traffic_cells() for r in mine]),
                     ""]
             if any(r.traffic_flagged for r in mine):
                 out += [FLAG_NOTE, ""]
@@ -80,5 +93,6 @@ def render_csv(rows: Sequence[ScalingRow], extra: Extra = _none) -> str:
 
 
 def render_json(rows: Sequence[ScalingRow], extra: Extra = _none) -> str:
-    """A list of rows: every field of the row (run_ids and started_at in full) and the CSV's derived values."""
+    """A list of rows: every field of the row (run_ids and started_at in full) and the CSV's derived
+    values."""
     return json.dumps([{**record(r), **extra(r), **asdict(r)} for r in rows], indent=2)

@@ -1,10 +1,11 @@
-"""Speedup and efficiency of each configuration against its group's baseline, and what each configuration's
-gradient sync put on the wire.
+"""Speedup and efficiency of each configuration against its group's baseline, and what each
+configuration's gradient sync put on the wire.
 
-A group is every run that differs only in where and how many ranks ran (`group_parts`); a configuration is
-one (nodes, ranks, ranks per node) of a group, its repeats aggregated into one row (medians, their number,
-the range of their speedups). The baseline is the run named by --baseline, else the configuration with the
-fewest nodes, then the fewest ranks (the median of its repeats); every row says which and why.
+A group is every run that differs only in where and how many ranks ran (`group_parts`); a
+configuration is one (nodes, ranks, ranks per node) of a group, its repeats aggregated into one row
+(medians, their number, the range of their speedups). The baseline is the run named by --baseline,
+else the configuration with the fewest nodes, then the fewest ranks (the median of its repeats);
+every row says which and why.
 """
 
 from __future__ import annotations
@@ -19,21 +20,27 @@ from cpudist.results.checks import CHECK, likely_cause
 from cpudist.results.schema import RunResult
 from cpudist.results.select import by_start, peft_label, run_name
 
-COLUMNS = ("nodes", "ranks", "ppn", "batch/rank", "global batch", "metric", "train time (s)", "samples/s",
-           "samples/s/rank", "speedup", "efficiency", "$/run", "n", "speedup range", "run", "started (UTC)")
-TRAFFIC_COLUMNS = ("nodes", "ranks", "sync", "expected between nodes/step", "measured", "comm share",
+COLUMNS = ("nodes", "ranks", "ppn", "batch/rank", "global batch", "metric", "train time (s)",
+           "samples/s",
+           "samples/s/rank", "speedup", "efficiency", "$/run", "n", "speedup range", "run",
+           "started (UTC)")
+TRAFFIC_COLUMNS = ("nodes", "ranks", "sync", "expected between nodes/step", "measured",
+                   "comm share",
                    "bus Gbit/s")
-TRAFFIC_TOLERANCE = 0.10  # measured/expected beyond this is flagged: the model of the wire missed something
+# measured/expected beyond this is flagged: the model of the wire missed something
+TRAFFIC_TOLERANCE = 0.10
 FLAG = "!"
-FLAG_NOTE = (f"{FLAG} measured bytes between nodes differ from the expected by over {TRAFFIC_TOLERANCE:.0%}: other "
-             "traffic on the counted interface (another job, staging, S3 checkpoints), the wrong interface counted "
-             "(traffic_iface in result.json; set --iface), or bytes the sync's model misses. Check the nodes were "
+FLAG_NOTE = (f"{FLAG} measured bytes between nodes differ from the expected by over "
+             f"{TRAFFIC_TOLERANCE:.0%}: other traffic on the counted interface (another job, "
+             "staging, S3 checkpoints), the wrong interface counted (traffic_iface in "
+             "result.json; set --iface), or bytes the sync's model misses. Check the nodes were "
              "otherwise idle and compare tx_bytes_by_node in result.json.")
 
 
 @dataclass(frozen=True)
 class ScalingRow:
-    """One configuration (its repeats aggregated: medians, how many, their range), against its group's baseline."""
+    """One configuration (its repeats aggregated: medians, how many, their range), against its
+    group's baseline."""
 
     group: str
     nodes: int
@@ -67,7 +74,8 @@ class ScalingRow:
     base_ranks: int = 1
     baseline: tuple[str, ...] = ()  # the run(s) the speedup is against
     baseline_why: str = ""
-    check: str = ""  # why this speedup cannot be what it says, and the likely cause ('' when nothing is off)
+    # why this speedup cannot be what it says, and the likely cause ('' when nothing is off)
+    check: str = ""
 
     @property
     def traffic_flagged(self) -> bool:
@@ -76,7 +84,8 @@ class ScalingRow:
 
     @property
     def has_traffic(self) -> bool:
-        """The runs recorded anything about their sync's traffic or time (runs before that did not)."""
+        """The runs recorded anything about their sync's traffic or time (runs before that did
+        not)."""
         return bool(self.expected_tx_bytes_per_step or self.measured_tx_bytes_per_step is not None
                     or self.comm_share is not None or self.bus_bandwidth_gbps is not None)
 
@@ -95,15 +104,18 @@ class ScalingRow:
         return self.started_at[-1][:16].replace("T", " ") if self.started_at else ""
 
     def cells(self) -> list[str]:
-        """The speedup table's cells (medians; the range of the repeats' speedups when there are several)."""
+        """The speedup table's cells (medians; the range of the repeats' speedups when there are
+        several)."""
         metric = " ".join(f"{k}={v:.4f}" for k, v in self.metrics.items()) or "-"
         spread = f"{self.speedup_min:.2f}-{self.speedup_max:.2f}x" if self.n > 1 else "-"
         run = self.run_id + (f" +{self.n - 1}" if self.n > 1 else "")
         return [str(self.nodes), str(self.ranks), str(self.ppn), str(self.per_rank_batch),
-                str(self.global_batch), metric, f"{self.train_time_s:.1f}", f"{self.samples_per_s:.1f}",
+                str(self.global_batch), metric, f"{self.train_time_s:.1f}",
+                f"{self.samples_per_s:.1f}",
                 f"{self.samples_per_s_per_rank:.1f}", f"{self.speedup:.2f}x",
                 f"{self.efficiency:.0%}" + (f" {CHECK}" if self.flagged else ""),
-                "-" if self.cost_usd is None else f"{self.cost_usd:.4f}", str(self.n), spread, run or "-",
+                "-" if self.cost_usd is None else f"{self.cost_usd:.4f}", str(self.n), spread, run
+                or "-",
                 self.date or "-"]
 
     def traffic_cells(self) -> list[str]:
@@ -111,9 +123,11 @@ class ScalingRow:
         if self.measured_tx_bytes_per_step is not None:
             measured = human_bytes(self.measured_tx_bytes_per_step)
             if self.traffic_error is not None:
-                measured += f" ({self.traffic_error:+.0%})" + (f" {FLAG}" if self.traffic_flagged else "")
+                measured += f" ({self.traffic_error:+.0%})" + (f" {FLAG}" if self.traffic_flagged
+                                                               else "")
         return [str(self.nodes), str(self.ranks), self.sync,
-                human_bytes(self.expected_tx_bytes_per_step) if self.expected_tx_bytes_per_step else "-",
+                human_bytes(self.expected_tx_bytes_per_step) if self.expected_tx_bytes_per_step
+                else "-",
                 measured, "-" if self.comm_share is None else f"{self.comm_share:.0%}",
                 "-" if self.bus_bandwidth_gbps is None else f"{self.bus_bandwidth_gbps:.2f}"]
 
@@ -126,16 +140,22 @@ def human_bytes(n: float) -> str:
 def group_parts(r: RunResult) -> tuple[str, ...]:
     """What must match for runs to compare: everything but the number of ranks."""
     length = f"{r.max_steps} steps" if r.max_steps is not None else f"{r.epochs:g} epochs"
-    if r.task == "script":  # cpudist launch: the command, and what the script's metric file handed back, but its
-        # length: HF Trainer's epoch of a fixed --max_steps grows with the ranks (the global batch does)
+    # cpudist launch: the command, and what the script's metric file handed back, but its
+    if r.task == "script":
+        # length: HF Trainer's epoch of a fixed --max_steps grows with the ranks (the global batch
+        # does)
         told = (r.precision, r.backend, f"batch/rank={r.per_rank_batch_size}x{r.grad_accum}" * bool(
             r.per_rank_batch_size), f"seq={r.max_seq_len}" * bool(r.max_seq_len))
         return (r.task, r.model, *(part for part in told if part))
     scaled = (f"lr-scaling={r.lr_scaling}",) if r.lr_scaling != "none" else ()
-    frozen = ("frozen-embeddings",) if r.freeze_embeddings else ()  # another model's bytes and steps
-    adapters = (peft_label(r),) if r.peft else ()  # LoRA trains and sends other bytes than a full fine-tune
-    recomputed = ("gradient-checkpointing",) if r.checkpointed_layers else ()  # a third more compute per step
-    return (r.task, r.model, r.precision, r.backend, f"sync={r.sync}", *frozen, *adapters, *recomputed, *scaled,
+    # another model's bytes and steps
+    frozen = ("frozen-embeddings",) if r.freeze_embeddings else ()
+    # LoRA trains and sends other bytes than a full fine-tune
+    adapters = (peft_label(r),) if r.peft else ()
+    # a third more compute per step
+    recomputed = ("gradient-checkpointing",) if r.checkpointed_layers else ()
+    return (r.task, r.model, r.precision, r.backend, f"sync={r.sync}", *frozen, *adapters,
+            *recomputed, *scaled,
             f"batch/rank={r.per_rank_batch_size}x{r.grad_accum}", f"seq={r.max_seq_len}", length)
 
 
@@ -169,7 +189,8 @@ class Base:
 
 
 def choose_base(configs: dict[Config, list[RunResult]], named: RunResult | None = None) -> Base:
-    """The run named (when it is in this group), else the fewest nodes, then ranks: all of its repeats."""
+    """The run named (when it is in this group), else the fewest nodes, then ranks: all of its
+    repeats."""
     if named is not None and any(named == r for runs in configs.values() for r in runs):
         return Base((named,), f"{run_name(named)}, named by --baseline")
     (nodes, ranks, _), runs = min(configs.items(), key=lambda kv: kv[0][:2])
@@ -200,18 +221,26 @@ def _row(runs: list[RunResult], base: Base) -> ScalingRow:
     measured = _median([x.measured_tx_bytes_per_step for x in runs])
     error = measured / expected - 1 if measured is not None and expected else None
     return ScalingRow(
-        group_key(r), len(r.nodes), r.world_size, r.ppn, r.per_rank_batch_size, r.global_batch_size, _metrics(runs),
-        statistics.median(x.train_time_s for x in runs), sps, sps / r.world_size, speedup, speedup / ratio,
-        run_name(r), _median([x.cost_usd for x in runs]), group_parts(r), len(b.nodes), r.sync, expected, measured,
-        error, _median(timed), _median([x.bus_bandwidth_gbps for x in runs]), len(runs), min(rates), max(rates),
-        min(rates) / to if to else 0.0, max(rates) / to if to else 0.0, tuple(run_name(x) for x in runs),
-        tuple(x.started_at for x in runs), b.world_size, tuple(run_name(x) for x in base.runs), base.why,
-        likely_cause(runs, base.runs, speedup / ratio, ratio) if ratio > 1 else "")  # fewer ranks: faster per rank
+        group_key(r), len(r.nodes), r.world_size, r.ppn, r.per_rank_batch_size, r.global_batch_size,
+        _metrics(runs),
+        statistics.median(x.train_time_s for x in runs), sps, sps / r.world_size, speedup,
+        speedup / ratio,
+        run_name(r), _median([x.cost_usd for x in runs]), group_parts(r), len(b.nodes), r.sync,
+        expected, measured,
+        error, _median(timed), _median([x.bus_bandwidth_gbps for x in runs]), len(runs), min(rates),
+        max(rates),
+        min(rates) / to if to else 0.0, max(rates) / to if to else 0.0,
+        tuple(run_name(x) for x in runs),
+        tuple(x.started_at for x in runs), b.world_size, tuple(run_name(x) for x in base.runs),
+        base.why,
+        # fewer ranks: faster per rank
+        likely_cause(runs, base.runs, speedup / ratio, ratio) if ratio > 1 else "")
 
 
-def scaling_rows(results: Sequence[RunResult], baseline: RunResult | None = None) -> list[ScalingRow]:
-    """One row per configuration of each group, ordered by ranks then nodes; speedup is the ratio of median
-    training throughput to the group's baseline (`baseline` where it is in the group)."""
+def scaling_rows(results: Sequence[RunResult], baseline: RunResult
+                 | None = None) -> list[ScalingRow]:
+    """One row per configuration of each group, ordered by ranks then nodes; speedup is the ratio of
+    median training throughput to the group's baseline (`baseline` where it is in the group)."""
     groups: dict[str, dict[Config, list[RunResult]]] = {}
     for r in by_start(results):  # oldest first: a configuration's last run is its newest
         groups.setdefault(group_key(r), {}).setdefault(config_of(r), []).append(r)

@@ -46,11 +46,13 @@ class RunResult:
     lr: float = 0.0  # the learning rate used (--lr after --lr-scaling)
     lr_scaling: str = "none"
     threads_per_rank: int = 0  # rank 0's
-    rank_threads: tuple[int, ...] = ()  # every rank's, in rank order (each sizes its own: train/threads.py)
+    # every rank's, in rank order (each sizes its own: train/threads.py)
+    rank_threads: tuple[int, ...] = ()
     final_loss: float | None = None
     peak_rss_mb: float = 0.0  # the largest over all ranks
     eval_phases: dict[str, float] = field(default_factory=dict)
-    # Seconds per phase before the first step, in order, and their total (cpudist/train/startup.py names them)
+    # Seconds per phase before the first step, in order, and their total (cpudist/train/startup.py
+    # names them)
     startup: dict[str, Any] = field(default_factory=dict)
     launcher: str = ""
     slurm_job_id: str | None = None  # the Slurm job that ran the ranks (--launcher slurm)
@@ -61,8 +63,10 @@ class RunResult:
     cluster: str | None = None
     usd_per_hour: float | None = None  # the price of the nodes the run used, when known
     run_dir: str = ""
-    staging: dict[str, Any] = field(default_factory=dict)  # what a run from outside the cluster sent, and how long
-    resumed_from_step: int | None = None  # the checkpoint's step when this run continued an earlier part
+    # what a run from outside the cluster sent, and how long
+    staging: dict[str, Any] = field(default_factory=dict)
+    # the checkpoint's step when this run continued an earlier part
+    resumed_from_step: int | None = None
     resumed_from: str | None = None
     parts: int = 1  # train_time_s and wall_time_s count every part
     checkpoints: dict[str, Any] = field(default_factory=dict)  # folder, written, s3, keep
@@ -72,41 +76,55 @@ class RunResult:
     # ddp+bf16, allreduce, gather-scatter, local-sgd:8, diloco:8, ...); its knobs are here.
     sync_options: dict[str, Any] = field(default_factory=dict)
     optimizer: str = "adamw"
-    fast_dropout: bool = False  # dropout masks from cpudist/train/dropout.py (False: torch's, or an older run)
-    attention: str = ""  # of training steps: cpudist-fast-dropout (dropout.py's), sdpa, eager, ... ("": older run)
+    # dropout masks from cpudist/train/dropout.py (False: torch's, or an older run)
+    fast_dropout: bool = False
+    # of training steps: cpudist-fast-dropout (dropout.py's), sdpa, eager, ... ("": older run)
+    attention: str = ""
     last_layer: str = ""  # first-token (cpudist/train/last_layer.py) | full ("": older run)
-    freeze_embeddings: bool = False  # --freeze-embeddings: the word-embedding table was not trained nor sent
-    checkpointed_layers: int = 0  # --gradient-checkpointing: layers whose activations backward recomputed (0: off)
-    # --peft lora (cpudist/train/lora.py): r, alpha, dropout, targets, modules_to_save, trainable_params,
-    # total_params, merged ({}: every parameter trained)
+    # --freeze-embeddings: the word-embedding table was not trained nor sent
+    freeze_embeddings: bool = False
+    # --gradient-checkpointing: layers whose activations backward recomputed (0: off)
+    checkpointed_layers: int = 0
+    # --peft lora (cpudist/train/lora.py): r, alpha, dropout, targets, modules_to_save,
+    # trainable_params, total_params, merged ({}: every parameter trained)
     peft: dict[str, Any] = field(default_factory=dict)
-    trainable_params: int = 0  # parameters that required a gradient (0: a run from before this was recorded)
+    # parameters that required a gradient (0: a run from before this was recorded)
+    trainable_params: int = 0
     grad_bytes: int = 0  # one fp32 gradient of the trained parameters
-    param_shapes: tuple[tuple[int, ...], ...] = ()  # of the trained parameters: what traffic.py needs to plan
-    expected_tx_bytes_per_step: float = 0.0  # every node's interface together, per optimizer step (0: one node)
-    measured_tx_bytes_per_step: float | None = None  # what their counters saw (None: one node, not measured)
+    # of the trained parameters: what traffic.py needs to plan
+    param_shapes: tuple[tuple[int, ...], ...] = ()
+    # every node's interface together, per optimizer step (0: one node)
+    expected_tx_bytes_per_step: float = 0.0
+    # what their counters saw (None: one node, not measured)
+    measured_tx_bytes_per_step: float | None = None
     tx_bytes_by_node: dict[str, float] = field(default_factory=dict)  # measured, per node and step
     traffic_iface: str = ""  # the interface counted (the one towards MASTER_ADDR)
     comm_time_s: float = 0.0  # sync collectives in flight (mean over ranks, all steps of this part)
     exposed_comm_s: float = 0.0  # training time spent waiting for them (the rest is compute)
-    embedding_rows_per_step: float | None = None  # ddp --embedding-sync rows: word-embedding rows sent a step
+    # ddp --embedding-sync rows: word-embedding rows sent a step
+    embedding_rows_per_step: float | None = None
     bus_bandwidth_gbps: float | None = None  # busiest rank's bytes sent / comm_time_s
     # Rank 0's seconds per step in compute_s, sync_cpu_s, wire_s, wait_s, eval_s, their sum_s, the
     # loop's own step_s, and the steps averaged (cpudist/train/anatomy.py: how; {}: an older run)
     step_anatomy: dict[str, Any] = field(default_factory=dict)
-    # The model rank 0 saved (--save-model; cpudist/train/export.py) and the evaluations it was chosen from. With
-    # --save-model best, `metrics` are the best evaluation's (as HF's load_best_model_at_end), else the last one's.
+    # The model rank 0 saved (--save-model; cpudist/train/export.py) and the evaluations it was
+    # chosen from. With --save-model best, `metrics` are the best evaluation's (as HF's
+    # load_best_model_at_end), else the last one's.
     save_model: str = ""  # last | best | none ("": a run from before models were saved)
     model_dir: str | None = None  # where rank 0 wrote it (None: not saved)
     model_step: int | None = None  # the optimizer step whose weights it holds
     model_bytes: int | None = None  # every file of the folder together
     model_save_s: float | None = None  # weights, tokenizer and card
-    # --model-s3: url, files, bytes, seconds of the copy (cpudist/train/model_upload.py), or url and error
+    # --model-s3: url, files, bytes, seconds of the copy (cpudist/train/model_upload.py), or url and
+    # error
     model_s3: dict[str, Any] = field(default_factory=dict)
-    evaluations: tuple[dict[str, Any], ...] = ()  # {"step", "metrics", "seconds"}, in order; the last is the final one
-    data: dict[str, Any] = field(default_factory=dict)  # where the rows came from, how many, the class names
+    # {"step", "metrics", "seconds"}, in order; the last is the final one
+    evaluations: tuple[dict[str, Any], ...] = ()
+    # where the rows came from, how many, the class names
+    data: dict[str, Any] = field(default_factory=dict)
     command: str = ""  # the `cpudist run` command line, as typed (the launching side's)
-    base_model: str | None = None  # the Hub id the saved weights started from (None: a preset's random ones, a folder)
+    # the Hub id the saved weights started from (None: a preset's random ones, a folder)
+    base_model: str | None = None
     # HF Trainer's choices (cpudist/train/trainer_choices.py): what picked the best evaluation
     metric_for_best_model: str = ""  # "": an older run (the task's first metric)
     greater_is_better: bool | None = None

@@ -1,5 +1,5 @@
-"""Which runs a report or a plan reads: a run named by its id (or a unique prefix of one), and the filters
-`--task`, `--since`, `--last N` and `--run ID`."""
+"""Which runs a report or a plan reads: a run named by its id (or a unique prefix of one), and the
+filters `--task`, `--since`, `--last N` and `--run ID`."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ UNITS = {"d": "days", "h": "hours", "m": "minutes"}
 
 
 def peft_label(r: RunResult) -> str:
-    """'lora r=8 q,v' for a LoRA run ('' for a full fine-tune): its adapters decide its work and its bytes."""
+    """'lora r=8 q,v' for a LoRA run ('' for a full fine-tune): its adapters decide its work and its
+    bytes."""
     if not r.peft:
         return ""
     targets = ",".join(str(t) for t in r.peft.get("targets", ()))
@@ -39,15 +40,18 @@ def started(r: RunResult) -> datetime | None:
 
 
 def find_run(runs: Sequence[RunResult], wanted: str) -> RunResult:
-    """The run whose id is `wanted`, or the only one that starts with it (the newest result of that run)."""
+    """The run whose id is `wanted`, or the only one that starts with it (the newest result of that
+    run)."""
     exact = [r for r in runs if run_name(r) == wanted]
     found = exact or [r for r in runs if wanted and run_name(r).startswith(wanted)]
     ids = sorted({run_name(r) for r in found})
     if not found:
         raise BadInput(f"no run {wanted} in the sources",
-                       "Give its id as `cpudist runs` lists it, its run folder, or a ledger that holds it")
+                       "Give its id as `cpudist runs` lists it, its run folder, or a ledger that "
+                       "holds it")
     if len(ids) > 1:
-        raise BadInput(f"run {wanted} is ambiguous: {', '.join(ids[:5])}{' ...' if len(ids) > 5 else ''}",
+        raise BadInput(f"run {wanted} is ambiguous: "
+                       f"{', '.join(ids[:5])}{' ...' if len(ids) > 5 else ''}",
                        "Give more of its id")
     return found[-1]
 
@@ -67,7 +71,8 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
 
 @dataclass(frozen=True)
 class RunFilter:
-    """What to keep: every condition given must hold; `last` then keeps the newest of what is left."""
+    """What to keep: every condition given must hold; `last` then keeps the newest of what is
+    left."""
 
     tasks: tuple[str, ...] = ()
     since: datetime | None = None
@@ -77,7 +82,8 @@ class RunFilter:
     def describe(self) -> str:
         parts = ([f"--task {','.join(self.tasks)}"] if self.tasks else []) + (
             [f"--since {self.since.isoformat(timespec='minutes')}"] if self.since else []) + (
-            [f"--run {' '.join(self.runs)}"] if self.runs else []) + ([f"--last {self.last}"] if self.last else [])
+            [f"--run {' '.join(self.runs)}"] if self.runs else []) + ([f"--last {self.last}"]
+                                                                      if self.last else [])
         return " ".join(parts)
 
 
@@ -88,7 +94,8 @@ def by_start(runs: Sequence[RunResult]) -> list[RunResult]:
 
 
 def select(runs: Sequence[RunResult], f: RunFilter) -> list[RunResult]:
-    """The runs that pass the filter, in the sources' order; an empty answer is an error that names the filter."""
+    """The runs that pass the filter, in the sources' order; an empty answer is an error that names
+    the filter."""
     named = {run_name(find_run(runs, wanted)) for wanted in f.runs}
     since = f.since
     kept = [r for r in runs if (not f.tasks or r.task in f.tasks)
@@ -99,5 +106,6 @@ def select(runs: Sequence[RunResult], f: RunFilter) -> list[RunResult]:
         kept = [r for r in kept if id(r) in newest]
     if not kept:
         raise BadInput(f"no run in the sources matches {f.describe()}",
-                       f"{len(runs)} run(s) were read; `cpudist runs` lists them with their ids and start times")
+                       f"{len(runs)} run(s) were read; `cpudist runs` lists them with their ids "
+                       "and start times")
     return kept

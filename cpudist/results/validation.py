@@ -1,5 +1,6 @@
-"""The planner checked against measured runs, and what it fits from them: DDP's hidden share f of the
-communication, and the sync's CPU cost c per byte (cpudist/results/planner.py describes both)."""
+"""The planner checked against measured runs, and what it fits from them: DDP's hidden share f of
+the communication, and the sync's CPU cost c per byte (cpudist/results/planner.py describes
+both)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,26 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cpudist.results.planner import DEFAULT_LATENCY_S, Link, baseline_of, hides, predict, sync_of, wire_bytes
+from cpudist.results.planner import (
+    DEFAULT_LATENCY_S,
+    Link,
+    baseline_of,
+    hides,
+    predict,
+    sync_of,
+    wire_bytes,
+)
 from cpudist.results.schema import RunResult
 from cpudist.strategies import SyncSpec
 
-DEFAULT_OVERLAP = 0.0  # without measured multi-node DDP runs: assume DDP hides nothing (conservative)
+# without measured multi-node DDP runs: assume DDP hides nothing (conservative)
+DEFAULT_OVERLAP = 0.0
 GOAL = 0.15  # the plan should be within 15% of every measured speedup
 
 
 def measured_overlap(runs: Sequence[RunResult]) -> tuple[float, tuple[str, ...]]:
-    """(f, the runs it came from): median of 1 - exposed/comm over measured multi-node DDP runs, else 0."""
+    """(f, the runs it came from): median of 1 - exposed/comm over measured multi-node DDP runs,
+    else 0."""
     ddp = [r for r in runs if len(r.nodes) > 1 and r.comm_time_s > 0 and hides(sync_of(r))]
     if not ddp:
         return DEFAULT_OVERLAP, ()
@@ -28,8 +39,10 @@ def measured_overlap(runs: Sequence[RunResult]) -> tuple[float, tuple[str, ...]]
 def comparable(a: RunResult, b: RunResult) -> bool:
     """Two runs whose step times compare: same work per rank and node, on the same CPU."""
     def key(r: RunResult) -> tuple[object, ...]:
-        lora = (r.peft.get("r"), tuple(r.peft.get("targets", ()))) if r.peft else None  # other steps, other bytes
-        return (r.task, r.model, r.precision, r.backend, r.per_rank_batch_size, r.grad_accum, r.max_seq_len, r.ppn,
+        # other steps, other bytes
+        lora = (r.peft.get("r"), tuple(r.peft.get("targets", ()))) if r.peft else None
+        return (r.task, r.model, r.precision, r.backend, r.per_rank_batch_size, r.grad_accum,
+                r.max_seq_len, r.ppn,
                 r.cpu.get("model"), lora)
     return key(a) == key(b)
 
@@ -56,7 +69,8 @@ class Row:
 
 def base_of(r: RunResult, runs: Sequence[RunResult]) -> RunResult | None:
     """The newest 1-node run comparable to `r` (same work per rank and node, same CPU), if any."""
-    bases = [b for b in runs if len(b.nodes) == 1 and b.steps > 0 and b.train_time_s > 0 and comparable(b, r)]
+    bases = [b for b in runs if len(b.nodes) == 1 and b.steps > 0 and b.train_time_s > 0
+             and comparable(b, r)]
     return max(bases, key=lambda x: x.started_at) if bases else None
 
 
@@ -65,17 +79,23 @@ def same_nodes(a: RunResult, b: RunResult) -> bool:
 
 
 def measured_sync_cpu(runs: Sequence[RunResult], link: Link, like: RunResult | None = None,
-                      overlap: float | None = None, sync: SyncSpec | None = None) -> tuple[float, tuple[str, ...]]:
-    """(c, the runs it came from): seconds of a node's step per byte on its busiest link beyond the wire time.
+                      overlap: float | None = None, sync: SyncSpec | None = None) -> tuple[float,
+                                                                                           tuple[
+                                                                                               str,
+                                                                                               ...]]:
+    """(c, the runs it came from): seconds of a node's step per byte on its busiest link beyond the
+    wire time.
 
-    The median over measured multi-node runs (on `like`'s CPU model and threads per rank, when given) of
-    (measured step - t_c - (1 - f) t_m) / wire bytes, never below 0; 0 without such runs. With `sync`, only
-    the runs of its kind when there are any (a gather moves bytes without summing them, a ring sums each).
+    The median over measured multi-node runs (on `like`'s CPU model and threads per rank, when
+    given) of (measured step - t_c - (1 - f) t_m) / wire bytes, never below 0; 0 without such runs.
+    With `sync`, only the runs of its kind when there are any (a gather moves bytes without summing
+    them, a ring sums each).
     """
     per_byte, ids, kinds = [], [], []
     for r in runs:
         b = base_of(r, runs)
-        if len(r.nodes) < 2 or r.steps < 1 or b is None or (like is not None and not same_nodes(r, like)):
+        if len(r.nodes) < 2 or r.steps < 1 or b is None or (like is not None
+                                                            and not same_nodes(r, like)):
             continue
         base, ran = baseline_of(b), sync_of(r)
         wire = wire_bytes(ran, base.shapes, len(r.nodes), base.ppn, r.steps)
@@ -93,8 +113,8 @@ def measured_sync_cpu(runs: Sequence[RunResult], link: Link, like: RunResult | N
 
 
 def kind(sync: SyncSpec) -> tuple[str, str]:
-    """What sets a sync's CPU work per byte: the collective (ring all-reduce, gather and scatter) and the
-    compression around it (PowerSGD's matrix products, bf16's casts)."""
+    """What sets a sync's CPU work per byte: the collective (ring all-reduce, gather and scatter)
+    and the compression around it (PowerSGD's matrix products, bf16's casts)."""
     return sync.sync, sync.grad_compression if sync.row.cpu_by_compression else "none"
 
 
@@ -102,8 +122,8 @@ def validate(runs: Sequence[RunResult], link_gbps: float, latency_s: float = DEF
              overlap: float | None = None, cpu_s_per_byte: float | None = None) -> list[Row]:
     """Every multi-node run that has a comparable 1-node run, predicted from that run alone.
 
-    Without `overlap`, DDP's f comes from the other measured DDP runs, and without `cpu_s_per_byte`, c
-    from the other measured multi-node runs (never the run checked itself).
+    Without `overlap`, DDP's f comes from the other measured DDP runs, and without `cpu_s_per_byte`,
+    c from the other measured multi-node runs (never the run checked itself).
     """
     link = Link(link_gbps, latency_s)
     rows = []
@@ -118,7 +138,9 @@ def validate(runs: Sequence[RunResult], link_gbps: float, latency_s: float = DEF
         p = predict(baseline_of(b), sync_of(r), len(r.nodes), link, f, r.steps, c)
         measured = r.train_samples_per_s / b.train_samples_per_s
         error = p.speedup / measured - 1 if measured else math.inf
-        rows.append(Row(r.run_id, b.run_id, p.sync, len(r.nodes), r.world_size, measured, p.speedup, error,
-                        abs(error) > GOAL, r.train_time_s / r.steps, p.step_s, f if hides(sync_of(r)) else 0.0,
+        rows.append(Row(r.run_id, b.run_id, p.sync, len(r.nodes), r.world_size, measured, p.speedup,
+                        error,
+                        abs(error) > GOAL, r.train_time_s / r.steps, p.step_s, f
+                        if hides(sync_of(r)) else 0.0,
                         r.traffic_error, c))
     return rows

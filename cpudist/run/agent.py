@@ -1,5 +1,5 @@
-"""The head-node side of a run started elsewhere: `python -m cpudist.run.agent`, spec on stdin, for every payload
-(the trainer, a user's script: run/payloads.py).
+"""The head-node side of a run started elsewhere: `python -m cpudist.run.agent`, spec on stdin, for
+every payload (the trainer, a user's script: run/payloads.py).
 
 The laptop sends one JSON line (a RunRequest), keeps stdin open while it watches, and reads rank
 output and progress events from stdout. End of stdin (Ctrl-C on the laptop, or a lost connection)
@@ -7,11 +7,11 @@ stops every rank, as Ctrl-C does for a local run; so do SIGTERM and SIGHUP. A la
 `alive` lines is watched: SILENCE_S without one means its link dropped without a word (sshd would
 notice only when TCP gives up, some 15 minutes later), and the ranks are stopped too.
 
-`python -m cpudist.run.agent --detached RUN_DIR` (`cpudist run --detach`): no laptop to watch. The request is
-RUN_DIR/agent.request.json (left with its --env and secret values as *** once read), the output goes (by the
-shell that starts it) to RUN_DIR/agent.log, the agent's PID and start time to RUN_DIR/agent.pid (`cpudist stop`
-checks both before it signals), its final status line to RUN_DIR/agent.status. SIGINT and SIGTERM stop every
-rank; a hang-up stays ignored (nohup).
+`python -m cpudist.run.agent --detached RUN_DIR` (`cpudist run --detach`): no laptop to watch. The
+request is RUN_DIR/agent.request.json (left with its --env and secret values as *** once read), the
+output goes (by the shell that starts it) to RUN_DIR/agent.log, the agent's PID and start time to
+RUN_DIR/agent.pid (`cpudist stop` checks both before it signals), its final status line to
+RUN_DIR/agent.status. SIGINT and SIGTERM stop every rank; a hang-up stays ignored (nohup).
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ def _read_stdin(lines: queue.Queue[str | None]) -> None:
 
 
 def _watch_stdin(silence_s: float = SILENCE_S) -> None:
-    """End of stdin, a `stop` line, or silence once heartbeats began: the laptop wants out or is gone, so
-    interrupt the job."""
+    """End of stdin, a `stop` line, or silence once heartbeats began: the laptop wants out or is
+    gone, so interrupt the job."""
     lines: queue.Queue[str | None] = queue.Queue()
     threading.Thread(target=_read_stdin, args=(lines,), daemon=True).start()
     beating = False
@@ -69,7 +69,8 @@ def _watch_stdin(silence_s: float = SILENCE_S) -> None:
         try:
             line = lines.get(timeout=silence_s if beating else None)
         except queue.Empty:
-            # Nobody reads our output any more: writes to it must not block the stop (the channel's window fills).
+            # Nobody reads our output any more: writes to it must not block the stop (the channel's
+            # window fills).
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 1)
             os.dup2(devnull, 2)
@@ -85,9 +86,11 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def execute(req: RunRequest) -> int:
-    """Run the request like `cpudist run --hostfile` on this node, say its status line; the exit code to leave with.
+    """Run the request like `cpudist run --hostfile` on this node, say its status line; the exit
+    code to leave with.
 
-    The result is recorded by the laptop (run/outcome.record), with what only this side knows from the status.
+    The result is recorded by the laptop (run/outcome.record), with what only this side knows from
+    the status.
     """
     status = outcome_of(req)
     _say(status_line(**status))
@@ -101,18 +104,20 @@ def outcome_of(req: RunRequest) -> dict[str, Any]:
 
     try:
         spec = spec_of(req)
-        launched = run_here(req, spec, plan(spec), Callbacks(lambda e: _say(events.relay(e)), _say, _say))
+        launched = run_here(req, spec, plan(spec),
+                            Callbacks(lambda e: _say(events.relay(e)), _say, _say))
     except CpudistError as e:
         return {"status": "error", "exit_code": e.exit_code, "message": e.message}
     except KeyboardInterrupt:
-        return {"status": "error", "exit_code": exits.FAILED, "message": "interrupted before the ranks started"}
+        return {"status": "error", "exit_code": exits.FAILED,
+                "message": "interrupted before the ranks started"}
     return {"status": "ok", "exit_code": exits.OK, "output_dir": req.train.output_dir,
             "launched": launched.to_dict()}
 
 
 def take_request(path: Path) -> RunRequest:
-    """The request of a detached run, its file left holding the shown request: the --env and secret values live on
-    in this process only (and in the nodes' secrets files while the ranks run)."""
+    """The request of a detached run, its file left holding the shown request: the --env and secret
+    values live on in this process only (and in the nodes' secrets files while the ranks run)."""
     try:
         req = RunRequest.from_json(path.read_text())
     except BaseException:
@@ -123,14 +128,17 @@ def take_request(path: Path) -> RunRequest:
 
 
 def detached(run_dir: str) -> int:
-    """The agent of a detached run: request from, pid and status to files in `run_dir` (see the module's doc)."""
+    """The agent of a detached run: request from, pid and status to files in `run_dir` (see the
+    module's doc)."""
     from cpudist.run.life.process import this_process
 
     folder = Path(run_dir)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job of sh starts with SIGINT ignored
+    # a background job of sh starts with SIGINT ignored
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
     me = this_process()
-    write_atomic(folder / PID_FILE, json.dumps({"pid": me.pid, "start": me.start, "host": me.host}) + "\n")
+    write_atomic(folder / PID_FILE, json.dumps({"pid": me.pid, "start": me.start, "host": me.host})
+                 + "\n")
     status: dict[str, Any] = {"status": "error", "exit_code": exits.FAILED,
                               "message": "the agent ended without a status"}
     try:

@@ -38,10 +38,12 @@ from cpudist.wire import names, stop_marker
 COLLECTED = "collected"  # where `cpudist launch --collect` copies the script's outputs
 # What a run makes at the top of its folder, on any route.
 RUN_NAMES = frozenset({
-    names.RUN, names.RESULT, names.aside(names.RESULT), RANK_REPORT, f"{RANK_REPORT}.tmp", LAUNCHED, names.STEPS,
+    names.RUN, names.RESULT, names.aside(names.RESULT), RANK_REPORT, f"{RANK_REPORT}.tmp", LAUNCHED,
+    names.STEPS,
     names.COMMAND, names.LOG,
     names.RANKS_LOG, names.HOSTFILE, SBATCH_FILE, stop_marker.NAME, stop_marker.REQUEST,
-    names.MODEL, names.aside(names.MODEL), ".from-rank0.tmp", HEAD_LOG_MARK, COLLECTED, names.CHECKPOINTS,
+    names.MODEL, names.aside(names.MODEL), ".from-rank0.tmp", HEAD_LOG_MARK, COLLECTED,
+    names.CHECKPOINTS,
     *RUN_FOLDERS})
 ENDED_SLACK_S = 5.0  # an earlier run's file is at most this much younger than its end (seconds)
 

@@ -1,5 +1,5 @@
-"""Following the agent on the head: its output passed on, heartbeats to it, Ctrl-C and a lost link turned into
-one-line errors."""
+"""Following the agent on the head: its output passed on, heartbeats to it, Ctrl-C and a lost link
+turned into one-line errors."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ from cpudist.run.request import Callbacks, RunRequest
 from cpudist.ssh.client import LINK_ERRORS, Remote
 from cpudist.wire import events
 
-STOP_GRACE_S = 40.0  # the agent's own stop takes up to the runner's SIGTERM grace (10 s) plus teardown
+# the agent's own stop takes up to the runner's SIGTERM grace (10 s) plus teardown
+STOP_GRACE_S = 40.0
 
 
 class _Heartbeat:
-    """`alive` lines to the agent every HEARTBEAT_S: without them for SILENCE_S it stops the ranks by itself."""
+    """`alive` lines to the agent every HEARTBEAT_S: without them for SILENCE_S it stops the ranks
+    by itself."""
 
     def __init__(self, channel: Any) -> None:
         self.channel = channel
@@ -37,7 +39,8 @@ class _Heartbeat:
 
     def last(self, data: bytes) -> None:
         """Send `data`, then end the agent's stdin; no heartbeat after it."""
-        with self.lock, contextlib.suppress(*LINK_ERRORS):  # a closed channel: the agent has gone already
+        # a closed channel: the agent has gone already
+        with self.lock, contextlib.suppress(*LINK_ERRORS):
             self.done.set()
             self.channel.sendall(data)
             self.channel.shutdown_write()
@@ -60,8 +63,10 @@ def follow(head: Remote, command: str, request: RunRequest, cb: Callbacks) -> di
 
 
 def _lost(head: Remote, why: object = None) -> JobFailed:
-    return JobFailed(f"{head.lost_error(why).what}: the ranks there stop by themselves within {SILENCE_S:g}s",
-                     "Check the network, then re-run the command (with --resume auto after a checkpoint)")
+    return JobFailed(f"{head.lost_error(why).what}: the ranks there stop by themselves within "
+                     f"{SILENCE_S:g}s",
+                     "Check the network, then re-run the command (with --resume auto after a "
+                     "checkpoint)")
 
 
 def _read_agent(head: Remote, channel: Any, beat: _Heartbeat, cb: Callbacks) -> dict[str, Any]:
@@ -82,7 +87,8 @@ def _read_agent(head: Remote, channel: Any, beat: _Heartbeat, cb: Callbacks) -> 
                 else:
                     cb.on_line(line)
             break
-        except TimeoutError:  # the agent did not finish stopping within the grace: nothing more to read
+        # the agent did not finish stopping within the grace: nothing more to read
+        except TimeoutError:
             break
         except KeyboardInterrupt:
             if interrupted:
@@ -94,7 +100,8 @@ def _read_agent(head: Remote, channel: Any, beat: _Heartbeat, cb: Callbacks) -> 
     code = channel.recv_exit_status() if channel.exit_status_ready() or not interrupted else -1
     channel.close()
     if interrupted:
-        raise Interrupted("interrupted: all ranks were stopped on every node", "Re-run the command to start over")
+        raise Interrupted("interrupted: all ranks were stopped on every node",
+                          "Re-run the command to start over")
     if not status and head.lost:
         raise _lost(head)
     if not status:

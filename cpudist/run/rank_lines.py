@@ -1,13 +1,15 @@
-"""A rank's output as whole lines, each tagged with its rank: what `cpudist launch` hands the user on every route.
+"""A rank's output as whole lines, each tagged with its rank: what `cpudist launch` hands the user
+on every route.
 
     [node1:1] step 3 loss 0.75494266
 
-A script's line may reach its pipe in pieces (under PYTHONUNBUFFERED, `print(a, b)` writes each piece on its
-own), and workers that share one stdout (a node's torchrun or `accelerate launch`) interleave their pieces. The
-rank wrapper (run/script_rank.py) reads its script's stdout and stderr on pipes of their own, keeps a line until
-its end, and writes it with the tag in one write(2) of at most PIPE_BUF bytes, which a pipe shared by several
-writers never splits or interleaves; a longer line goes out as several tagged pieces. torchrun's own `--tee`
-prints a partial line as soon as its tailer reads one, so the wrapper tags rather than torchrun.
+A script's line may reach its pipe in pieces (under PYTHONUNBUFFERED, `print(a, b)` writes each
+piece on its own), and workers that share one stdout (a node's torchrun or `accelerate launch`)
+interleave their pieces. The rank wrapper (run/script_rank.py) reads its script's stdout and stderr
+on pipes of their own, keeps a line until its end, and writes it with the tag in one write(2) of at
+most PIPE_BUF bytes, which a pipe shared by several writers never splits or interleaves; a longer
+line goes out as several tagged pieces. torchrun's own `--tee` prints a partial line as soon as its
+tailer reads one, so the wrapper tags rather than torchrun.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from collections.abc import Iterable
 from typing import IO
 
 TAG = "[{host}:{rank}] "  # as MPICH's and Intel MPI's Hydra tag a rank's lines (-prepend-pattern)
-TAGGED = re.compile(r"\[([^\]:\s]+):(\d+)\] ")  # TAG as the reader of the lines finds it: host, rank
+# TAG as the reader of the lines finds it: host, rank
+TAGGED = re.compile(r"\[([^\]:\s]+):(\d+)\] ")
 PIPE_BUF = select.PIPE_BUF  # the most bytes one write(2) to a pipe puts there in one piece
 
 
@@ -30,8 +33,8 @@ def tag(host: str, rank: int) -> bytes:
 
 
 def pieces(line: bytes, prefix: bytes) -> list[bytes]:
-    """A line (its newline added if it had none) as writes of at most PIPE_BUF bytes, each tagged with `prefix`
-    and ending in a newline; a long line is cut between UTF-8 characters."""
+    """A line (its newline added if it had none) as writes of at most PIPE_BUF bytes, each tagged
+    with `prefix` and ending in a newline; a long line is cut between UTF-8 characters."""
     body = line[:-1] if line.endswith(b"\n") else line
     room = PIPE_BUF - len(prefix) - 1
     out = []
@@ -47,7 +50,8 @@ def pieces(line: bytes, prefix: bytes) -> list[bytes]:
 
 
 class LineRelay:
-    """Copies the lines of several streams to one file descriptor, each line whole and in one write."""
+    """Copies the lines of several streams to one file descriptor, each line whole and in one
+    write."""
 
     def __init__(self, fd: int, prefix: bytes) -> None:
         self.fd, self.prefix, self.lock = fd, prefix, threading.Lock()
@@ -56,7 +60,8 @@ class LineRelay:
         for piece in pieces(line, self.prefix):
             with self.lock:
                 view = memoryview(piece)
-                while view:  # a blocking pipe takes <= PIPE_BUF bytes at once; a file may take fewer
+                # a blocking pipe takes <= PIPE_BUF bytes at once; a file may take fewer
+                while view:
                     view = view[os.write(self.fd, view):]
 
     def copy(self, stream: IO[bytes]) -> None:

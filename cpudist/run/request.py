@@ -1,4 +1,5 @@
-"""One run as the user asked for it: what to train and how to launch it. The same request crosses SSH to the head.
+"""One run as the user asked for it: what to train and how to launch it. The same request crosses
+SSH to the head.
 
     cpudist run (options) -> RunRequest -> run.start.start() -> RunSpec (run.prepare) -> Launch (launch.kinds)
 """
@@ -25,8 +26,9 @@ from cpudist.wire.payload import Payload, Trainer
 
 @dataclass(frozen=True)
 class RunRequest:
-    """A run: its config (the trainer's; for another payload, the run folder and name), the launch, the nodes (head
-    first, as read from a hostfile once) or None for this machine, and what the ranks run (wire/payload.py).
+    """A run: its config (the trainer's; for another payload, the run folder and name), the launch,
+    the nodes (head first, as read from a hostfile once) or None for this machine, and what the
+    ranks run (wire/payload.py).
 
     Every path in it is a path on the machine that launches the ranks.
     """
@@ -36,7 +38,8 @@ class RunRequest:
     nodes: Nodes | None = None
     command: str = ""  # the `cpudist run` command line as typed (the model card shows it)
     overwrite: bool = False  # --overwrite-output-dir: in an earlier run's place (run/claim.py)
-    launched: Launched = field(default_factory=Launched)  # what only the launching side knows (run/start.py)
+    # what only the launching side knows (run/start.py)
+    launched: Launched = field(default_factory=Launched)
     payload: Payload = field(default_factory=Trainer)
 
     def to_json(self) -> str:
@@ -46,26 +49,31 @@ class RunRequest:
     def from_json(cls, text: str) -> RunRequest:
         data = json.loads(text)
         train = data.pop("train")
-        for f in dataclasses.fields(TrainConfig):  # JSON has lists only: every tuple field (--text-columns,
-            if isinstance(f.default, tuple) and f.name in train:  # --report-to, --lora-targets ...) back to a tuple
+        # JSON has lists only: every tuple field (--text-columns,
+        for f in dataclasses.fields(TrainConfig):
+            # --report-to, --lora-targets ...) back to a tuple
+            if isinstance(f.default, tuple) and f.name in train:
                 train[f.name] = tuple(train[f.name])
         launch = data.pop("launch")
         launch["env"] = tuple(tuple(p) for p in launch.get("env", ()))
         launch["secrets"] = tuple(tuple(p) for p in launch.get("secrets", ()))
         if launch.get("batch") is not None:
             launch["batch"] = BatchOptions(**{**launch["batch"],
-                                              "sbatch_args": tuple(launch["batch"].get("sbatch_args", ()))})
+                                              "sbatch_args": tuple(launch["batch"].get(
+                                                                       "sbatch_args", ()))})
         launched = Launched.from_dict(data.pop("launched", {}))
         ranks_run = payload.from_dict(data.pop("payload", {}))
         listed = data.pop("nodes", None)
-        return cls(train=TrainConfig(**train), launch=LaunchOptions(**launch), launched=launched, payload=ranks_run,
+        return cls(train=TrainConfig(**train), launch=LaunchOptions(**launch), launched=launched,
+                   payload=ranks_run,
                    nodes=Nodes.from_dict(listed) if listed else None, **data)
 
     def with_train(self, **changes: Any) -> RunRequest:
         return dataclasses.replace(self, train=dataclasses.replace(self.train, **changes))
 
     def shown(self) -> RunRequest:
-        """The request as it may be shown or kept: --env values (but the thread counts) and secrets as ***."""
+        """The request as it may be shown or kept: --env values (but the thread counts) and secrets
+        as ***."""
         return dataclasses.replace(self, launch=self.launch.shown())
 
 
@@ -75,7 +83,8 @@ class Callbacks:
 
     on_event: Callable[[dict[str, Any]], None]
     on_line: Callable[[str], None]
-    note: Callable[[str], None] = lambda line: None  # cpudist's own advice before the ranks start (not under --quiet)
+    # cpudist's own advice before the ranks start (not under --quiet)
+    note: Callable[[str], None] = lambda line: None
 
 
 def default_output_dir(cfg: TrainConfig, np: int) -> str:
@@ -86,7 +95,8 @@ def default_output_dir(cfg: TrainConfig, np: int) -> str:
 
 
 def unfinished_run(cfg: TrainConfig) -> Path | None:
-    """The newest run folder of this task and model that stopped before its result (for --resume auto)."""
+    """The newest run folder of this task and model that stopped before its result (for --resume
+    auto)."""
     model = Path(cfg.model).name or cfg.model.replace("/", "-")
     found = [p for p in Path("runs").glob(f"{cfg.task}-{model}-np*-*")
              if not (p / names.RESULT).exists()
@@ -96,7 +106,8 @@ def unfinished_run(cfg: TrainConfig) -> Path | None:
 
 @dataclass(frozen=True)
 class Layout:
-    """The rank counts as given: --np (and whether it was given), --ppn (a count, `auto`, or none), --nodes."""
+    """The rank counts as given: --np (and whether it was given), --ppn (a count, `auto`, or none),
+    --nodes."""
 
     np: int
     ppn: int | str | None
@@ -112,11 +123,13 @@ def resolve_layout(given: Layout, remote: bool, physical_cores: Callable[[], int
     np_, ppn, nodes = given.np, given.ppn, given.nodes
     if ppn == "auto":
         if remote:
-            raise BadInput("--ppn auto reads the cores of the machine it runs on, and the nodes are elsewhere",
+            raise BadInput("--ppn auto reads the cores of the machine it runs on, and the nodes "
+                           "are elsewhere",
                            "Give --ppn N (ranks per node), or run from the head node")
         cores = physical_cores()
         ppn = auto_ppn(cores)
-        say(f"--ppn auto: {ppn} rank(s) per node x {threads_per_rank(cores, ppn)} thread(s) ({cores} physical cores)")
+        say(f"--ppn auto: {ppn} rank(s) per node x {threads_per_rank(cores, ppn)} thread(s) "
+            f"({cores} physical cores)")
         if not given.np_given and nodes is None:
             nodes = 1
     if nodes is not None:
@@ -129,8 +142,8 @@ def resolve_layout(given: Layout, remote: bool, physical_cores: Callable[[], int
 
 
 def lr_note(cfg: TrainConfig, np_: int, ranks_run: Payload | None = None) -> str | None:
-    """Before a multi-rank run of the trainer: what the global batch did to the learning rate (--lr-scaling, auto by
-    default). A script's learning rate is its own."""
+    """Before a multi-rank run of the trainer: what the global batch did to the learning rate
+    (--lr-scaling, auto by default). A script's learning rate is its own."""
     if np_ < 2 or not isinstance(ranks_run or Trainer(), Trainer):
         return None
     batch = cfg.batch_size * cfg.grad_accum
@@ -139,7 +152,8 @@ def lr_note(cfg: TrainConfig, np_: int, ranks_run: Payload | None = None) -> str
     if scaling == "none":
         if cfg.task == "synthetic":
             return None
-        return (f"{grew}: 1/{np_} of one rank's optimizer steps per epoch at the same --lr {cfg.lr:g}, which can "
+        return (f"{grew}: 1/{np_} of one rank's optimizer steps per epoch at the same --lr "
+                f"{cfg.lr:g}, which can "
                 "cost accuracy: --lr-scaling auto scales the lr with the batch")
     how = f"x {np_}" if scaling == "linear" else f"x sqrt({np_})"
     lora = "for LoRA " if cfg.peft == "lora" else ""

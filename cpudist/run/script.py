@@ -1,5 +1,6 @@
-"""A user's own training script as a cpudist run (`cpudist launch -- COMMAND ...`): the launchers, run folder,
-identity, output, fail-fast and ledger of `cpudist run`, with the user's command in place of the trainer.
+"""A user's own training script as a cpudist run (`cpudist launch -- COMMAND ...`): the launchers,
+run folder, identity, output, fail-fast and ledger of `cpudist run`, with the user's command in
+place of the trainer.
 
     request (run/request.py: launch options, a TrainConfig naming the run, the Script payload) -> run/start.py
       -> script_spec: the RunSpec of run/prepare.resolve, its rank program `python -m cpudist.run.script_rank
@@ -36,7 +37,8 @@ from cpudist.wire.payload import Script
 
 
 def script_config(script: Script, output_dir: str | None, np_: int) -> TrainConfig:
-    """The TrainConfig that names a script run (task `script`, the command as model) and holds its folder."""
+    """The TrainConfig that names a script run (task `script`, the command as model) and holds its
+    folder."""
     cfg = TrainConfig(task=TASK, output_dir="", model=script_label(script.command))
     return dataclasses.replace(cfg, output_dir=str(output_dir or default_output_dir(cfg, np_)),
                                model=shlex.join(script.command))
@@ -46,56 +48,70 @@ def check_script(script: Script) -> None:
     """Refuse, before anything starts, a working folder or a script file that is not there."""
     base = Path(script.copy_of) if script.copy_of else script.folder
     if (script.workdir is not None or script.copy_of) and not base.is_dir():
-        raise BadInput(f"--workdir {script.workdir} is not a folder", "Pass the folder the script runs in")
+        raise BadInput(f"--workdir {script.workdir} is not a folder",
+                       "Pass the folder the script runs in")
     first = next((w for w in script.command if w.endswith(".py")), None)
     if first is not None and not (base / first).is_file():
         raise BadInput(f"{first}: no such file in {base}",
-                       "Give the script's path from the working folder (--workdir, default the current one)")
+                       "Give the script's path from the working folder (--workdir, default the "
+                       "current one)")
 
 
 def script_spec(request: RunRequest, script: Script, dry_run: bool = False) -> RunSpec:
-    """The launch of the script's ranks: the trainer's launcher, nodes and rank variables, the script's program."""
+    """The launch of the script's ranks: the trainer's launcher, nodes and rank variables, the
+    script's program."""
     check_env(request.launch.env)
     check_script(script)
     spec = resolve(request, dry_run=dry_run)
-    # the launcher's folder (Hydra starts the ranks in it on every node): a staged copy's source exists on all
+    # the launcher's folder (Hydra starts the ranks in it on every node): a staged copy's source
+    # exists on all
     return dataclasses.replace(spec, program=script.program(request.train.output_dir),
-                               cwd=script.copy_of or str(script.folder), own_tags=True)  # run/rank_lines.py
+                               # run/rank_lines.py
+                               cwd=script.copy_of or str(script.folder), own_tags=True)
 
 
-def plan_lines(request: RunRequest, script: Script, spec: RunSpec, launch: Launch) -> tuple[list[str], list[str]]:
+def plan_lines(request: RunRequest, script: Script, spec: RunSpec,
+               launch: Launch) -> tuple[list[str], list[str]]:
     """A script run's own --dry-run lines: before the ranks' environment, and after the hostfile."""
-    first = [f"# run folder {request.train.output_dir} (run.json, cpudist.log, ranks.log, result.json)",
-             f"# every node: one process, starting {script.per_node} worker(s) of `{' '.join(script.command)}` in "
-             f"{script.folder} (below)" if script.per_node else
-             f"# every rank: torchrun's variables, then `{' '.join(script.command)}` in {script.folder}"]
+    first = [f"# run folder {request.train.output_dir} (run.json, cpudist.log, ranks.log, "
+             "result.json)",
+             f"# every node: one process, starting {script.per_node} worker(s) of "
+             f"`{' '.join(script.command)}` in {script.folder} (below)" if script.per_node else
+             f"# every rank: torchrun's variables, then `{' '.join(script.command)}` in "
+             f"{script.folder}"]
     then = []
-    for i in range(spec.np if script.per_node else 0):  # what the launcher's one process per node starts there
-        node = per_node_argv(list(script.command), spec.python, RankInfo(i, spec.np, 0, 1, "node"), script.per_node,
+    # what the launcher's one process per node starts there
+    for i in range(spec.np if script.per_node else 0):
+        node = per_node_argv(list(script.command), spec.python, RankInfo(i, spec.np, 0, 1, "node"),
+                             script.per_node,
                              launch.rank_env)
         then.append(f"# node {i} ({spec.hosts[i].name}) runs {shlex.join(node)}")
     if script.metric_file:
         then.append(f"# then: metrics from {script.folder / script.metric_file}")
-    then += [f"# then: {script.folder / p} -> {Path(request.train.output_dir) / COLLECTED}/" for p in script.collect]
+    then += [f"# then: {script.folder / p} -> {Path(request.train.output_dir) / COLLECTED}/"
+             for p in script.collect]
     return first, then
 
 
-def run_ranks(request: RunRequest, script: Script, job: tuple[RunSpec, Launch], cb: Callbacks) -> Launched:
-    """Launch the ranks here (or from this head), collect, write the metric file's rank report; what only the
-    launching side knows."""
+def run_ranks(request: RunRequest, script: Script, job: tuple[RunSpec, Launch],
+              cb: Callbacks) -> Launched:
+    """Launch the ranks here (or from this head), collect, write the metric file's rank report; what
+    only the launching side knows."""
     spec, launch = job
     out = Path(request.train.output_dir)
     seen: dict[int, dict[str, Any]] = {}
 
     def on_event(event: dict[str, Any]) -> None:
-        if events.kind(event) == events.SCRIPT_RANK:  # each rank's host and threads, before its script starts
+        # each rank's host and threads, before its script starts
+        if events.kind(event) == events.SCRIPT_RANK:
             seen[int(event["rank"])] = event
         else:
             cb.on_event(event)
 
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     began = time.monotonic()
-    launched = local.execute(spec, launch, dataclasses.replace(cb, on_event=on_event), request.launch.timeout_s,
+    launched = local.execute(spec, launch, dataclasses.replace(cb, on_event=on_event),
+                             request.launch.timeout_s,
                              request.launched)
     wall = time.monotonic() - began
     collect(script, out, cb.note)
@@ -103,7 +119,8 @@ def run_ranks(request: RunRequest, script: Script, job: tuple[RunSpec, Launch], 
     each = script.per_node or 1  # --per-node: every event is a node's torchrun, for `each` ranks
     ranks = Ranks(script.command, spec.np * each, spec.ppn * each,
                   tuple(str(seen[r]["host"]) for r in sorted(seen) for _ in range(each)),
-                  tuple(int(seen[r]["threads"]) for r in sorted(seen) for _ in range(each)), wall, started_at,
+                  tuple(int(seen[r]["threads"]) for r in sorted(seen) for _ in range(each)), wall,
+                  started_at,
                   request.train.run_id, str(out.resolve()))
     result = build(ranks, given, read_cpu().summary(), {"launcher": spec.launcher})
     write_report(out, result)
@@ -111,7 +128,8 @@ def run_ranks(request: RunRequest, script: Script, job: tuple[RunSpec, Launch], 
 
 
 def given_metrics(script: Script, note: Callable[[str], None]) -> dict[str, Any]:
-    """The metric file's contents; a missing or unreadable one is a note (the run itself went well)."""
+    """The metric file's contents; a missing or unreadable one is a note (the run itself went
+    well)."""
     if script.metric_file is None:
         return {}
     try:

@@ -1,6 +1,6 @@
-"""A user's script on a cluster from outside it (`cpudist launch --cluster NAME | --head ADDR`): `run`'s remote
-route (run/remote.py), which stages the script's folder and every `--stage PATH` here in place of the trainer's
-inputs.
+"""A user's script on a cluster from outside it (`cpudist launch --cluster NAME | --head ADDR`):
+`run`'s remote route (run/remote.py), which stages the script's folder and every `--stage PATH` here
+in place of the trainer's inputs.
 
     laptop: snapshot the script's folder into <run folder>/script/ (the record of what ran; no .git, __pycache__ or
             the folder of runs), stage it and each --stage PATH on the head and fan them out (content-hashed:
@@ -35,8 +35,8 @@ SKIPPED = (".git", "__pycache__", ".venv", "venv")
 
 
 def snapshot(folder: Path, out: Path) -> Path:
-    """A copy of the script's folder in the run folder: what is staged, and what ran. The folder holding the run
-    folder (runs/), version control and caches are left out."""
+    """A copy of the script's folder in the run folder: what is staged, and what ran. The folder
+    holding the run folder (runs/), version control and caches are left out."""
     out_abs = out.resolve()
     inside = out_abs.is_relative_to(folder) and out_abs != folder
 
@@ -53,7 +53,8 @@ def snapshot(folder: Path, out: Path) -> Path:
 
 
 def rewrite(command: tuple[str, ...], paths: dict[str, str]) -> tuple[str, ...]:
-    """The command with each word naming a staged path (as given, or absolute; also `--opt=PATH`) as the nodes'."""
+    """The command with each word naming a staged path (as given, or absolute; also `--opt=PATH`) as
+    the nodes'."""
     def one(word: str) -> str:
         if word in paths:
             return paths[word]
@@ -63,40 +64,50 @@ def rewrite(command: tuple[str, ...], paths: dict[str, str]) -> tuple[str, ...]:
 
 
 def staged_paths(script: Script) -> list[tuple[str, Path]]:
-    """(as given, local path) of every --stage PATH; one that is not there is refused before anything starts."""
+    """(as given, local path) of every --stage PATH; one that is not there is refused before
+    anything starts."""
     found = []
     for given in script.stage:
         path = Path(given).expanduser()
         path = path if path.is_absolute() else script.folder / path
         if not path.exists():
-            raise BadInput(f"--stage {given}: {path} does not exist", "Give a file or folder to put on every node")
+            raise BadInput(f"--stage {given}: {path} does not exist",
+                           "Give a file or folder to put on every node")
         found.append((given, path.resolve()))
     return found
 
 
 def head_script(script: Script, folder: str, run_dir: str, paths: dict[str, str]) -> Script:
-    """The script as the head runs it: in the run's working folder, copied from the staged folder on each node."""
-    return Script(rewrite(script.command, paths), f"{run_dir}/{WORK}", script.metric_file, script.collect,
+    """The script as the head runs it: in the run's working folder, copied from the staged folder on
+    each node."""
+    return Script(rewrite(script.command, paths), f"{run_dir}/{WORK}", script.metric_file,
+                  script.collect,
                   copy_of=folder, per_node=script.per_node)
 
 
 def describe_remote(request: RunRequest, script: Script, head_spec: Head) -> str:
-    """What run_remote would do, as text (`--dry-run`): nothing is copied, connected to or started."""
-    check_layout(request.launch.np, request.launch.ppn, head_spec.inside.hosts, request.launch.oversubscribe)
+    """What run_remote would do, as text (`--dry-run`): nothing is copied, connected to or
+    started."""
+    check_layout(request.launch.np, request.launch.ppn, head_spec.inside.hosts,
+                 request.launch.oversubscribe)
     check_script(script)
     nodes = head_spec.inside.hosts[: request.launch.nodes]
     user = f"{head_spec.target.user}@" if head_spec.target.user else ""
     others = ", ".join(h.name for h in nodes[1:]) or "no other node"
-    lines = [f"# from this machine: ssh {user}{head_spec.target.host} (port {head_spec.target.port})",
-             f"# stage {script.folder} (as {Path(request.train.output_dir) / SNAPSHOT}: no {', '.join(SKIPPED)} "
+    lines = [f"# from this machine: ssh {user}{head_spec.target.host} (port "
+             f"{head_spec.target.port})",
+             f"# stage {script.folder} (as {Path(request.train.output_dir) / SNAPSHOT}: no "
+             f"{', '.join(SKIPPED)} "
              f"or runs folder) -> ~/{state.STAGE_DIR}/<sha256>/ on the head, then on {others}",
-             *(f"# stage {path} -> ~/{state.STAGE_DIR}/<sha256>/ on every node (the command's `{given}` too)"
+             *(f"# stage {path} -> ~/{state.STAGE_DIR}/<sha256>/ on every node (the command's "
+               f"`{given}` too)"
                for given, path in staged_paths(script)),
              f"# nodes (as they reach each other): {' '.join(h.name for h in nodes)}",
-             f"# on the head: {programs.usage(programs.AGENT)}; every node copies the staged folder "
-             f"into the run's {WORK}/, and "
-             f"{request.launch.np} rank(s) run `{shlex.join(script.command)}` there",
-             *(f"# then: {p} -> {Path(request.train.output_dir) / COLLECTED}/ here" for p in script.collect)]
+             f"# on the head: {programs.usage(programs.AGENT)}; every node copies the staged "
+             f"folder into the run's {WORK}/, and {request.launch.np} rank(s) run "
+             f"`{shlex.join(script.command)}` there",
+             *(f"# then: {p} -> {Path(request.train.output_dir) / COLLECTED}/ here"
+               for p in script.collect)]
     return "\n".join(lines) + "\n"
 
 
@@ -106,9 +117,10 @@ def check(script: Script) -> None:
     staged_paths(script)
 
 
-def stage_script(stager: stage.Stager, script: Script, local_dir: Path, run_dir: str) -> tuple[Script, dict[str, Any]]:
-    """Snapshot the script's folder into the run folder, put it and every --stage path on the head and the nodes;
-    the script as the head runs it, and result.json's staging fields of its own."""
+def stage_script(stager: stage.Stager, script: Script, local_dir: Path,
+                 run_dir: str) -> tuple[Script, dict[str, Any]]:
+    """Snapshot the script's folder into the run folder, put it and every --stage path on the head
+    and the nodes; the script as the head runs it, and result.json's staging fields of its own."""
     extras = staged_paths(script)
     folder = snapshot(script.folder, local_dir)
     items = [stage.item("script folder", folder), *(stage.item("staged", p) for _, p in extras)]

@@ -1,16 +1,20 @@
 """Content-addressed staging: what the ranks need, sent once to the head and fanned out from it.
 
 Every item (a data folder, a data file, a local model folder, a wheel of cpudist) lands in
-`~/.cpudist/stage/<digest>/` on every node. Its `.manifest` lists each file's sha256 (sha256sum's format) and the
-digest is the manifest's own sha256, so the folder's name vouches for every byte in it:
+`~/.cpudist/stage/<digest>/` on every node. Its `.manifest` lists each file's sha256 (sha256sum's
+format) and the digest is the manifest's own sha256, so the folder's name vouches for every byte in
+it:
 
-- on arrival (the head from the laptop, each node from the head) the receiving shell checks the manifest against
-  the folder's name and every file against the manifest (`sha256sum -c`) before it marks the folder `.complete`;
-- on reuse a `.complete` marker is trusted only when the files still have the sizes, modification and change times
-  it recorded (one `find`, no reading), and items up to REHASH_MAX bytes are re-hashed as well. A truncated or
-  edited staged file fails the check (its ctime moves, whatever is done to its mtime), and the item is sent again.
+- on arrival (the head from the laptop, each node from the head) the receiving shell checks the
+  manifest against the folder's name and every file against the manifest (`sha256sum -c`) before it
+  marks the folder `.complete`;
+- on reuse a `.complete` marker is trusted only when the files still have the sizes, modification
+  and change times it recorded (one `find`, no reading), and items up to REHASH_MAX bytes are
+  re-hashed as well. A truncated or edited staged file fails the check (its ctime moves, whatever is
+  done to its mtime), and the item is sent again.
 
-The laptop streams each item as a gzipped tar built file by file (tar_chunks): never the whole archive in memory.
+The laptop streams each item as a gzipped tar built file by file (tar_chunks): never the whole
+archive in memory.
 """
 
 from __future__ import annotations
@@ -33,10 +37,13 @@ from cpudist.hostfile import Host
 COMPLETE = ".complete"
 MANIFEST = ".manifest"
 CHUNK = 1 << 20
-REHASH_MAX = 64 << 20  # bytes: an item this small is re-hashed on every reuse (a GLUE task: well under a second)
+# bytes: an item this small is re-hashed on every reuse (a GLUE task: well under a second)
+REHASH_MAX = 64 << 20
 # What AutoTokenizer reads from a model folder: a tokenizer alone need not drag the weights along.
-TOKENIZER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
-                   "vocab.json", "merges.txt", "added_tokens.json", "spiece.model", "sentencepiece.bpe.model")
+TOKENIZER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json",
+                   "special_tokens_map.json", "vocab.txt",
+                   "vocab.json", "merges.txt", "added_tokens.json", "spiece.model",
+                   "sentencepiece.bpe.model")
 
 
 @dataclass(frozen=True)
@@ -59,18 +66,23 @@ class StageItem:
         return f"{home}/{state.STAGE_DIR}/{self.digest[:32]}"
 
     def remote_path(self, home: str) -> str:
-        """The path that replaces `local` in the job: the folder itself, or the file inside the folder."""
-        return self.remote_dir(home) if self.is_dir else f"{self.remote_dir(home)}/{self.local.name}"
+        """The path that replaces `local` in the job: the folder itself, or the file inside the
+        folder."""
+        return self.remote_dir(
+            home) if self.is_dir else f"{self.remote_dir(home)}/{self.local.name}"
 
 
 def _files(root: Path, only: tuple[str, ...] = ()) -> list[Path]:
-    """The files to stage; a link to a file counts as that file (nodes get its bytes, never a link)."""
+    """The files to stage; a link to a file counts as that file (nodes get its bytes, never a
+    link)."""
     if root.is_file():
         return [root]
     if only:
-        found = [root / name for name in only if (root / name).is_file() or (root / name).is_symlink()]
+        found = [root / name for name in only if (root / name).is_file()
+                 or (root / name).is_symlink()]
     else:
-        found = sorted(p for p in root.rglob("*") if "__pycache__" not in p.parts and (p.is_file() or p.is_symlink()))
+        found = sorted(p for p in root.rglob("*") if "__pycache__" not in p.parts
+                       and (p.is_file() or p.is_symlink()))
     for f in found:
         if f.is_symlink():
             _check_link(f)
@@ -78,20 +90,23 @@ def _files(root: Path, only: tuple[str, ...] = ()) -> list[Path]:
 
 
 def _check_link(f: Path) -> None:
-    """A link staging can send as the bytes it points to, else BadInput: a link that points nowhere would arrive
-    dangling (and be reused as staged), and one to a folder would be left out."""
+    """A link staging can send as the bytes it points to, else BadInput: a link that points nowhere
+    would arrive dangling (and be reused as staged), and one to a folder would be left out."""
     copy = "Copy the folder with its links followed (`cp -rL SRC DEST`) and give the copy"
     if not f.exists():
         raise BadInput(f"{f} links to {os.readlink(f)}, which does not exist: it cannot be staged",
                        f"Fix or remove the link, or {copy[0].lower()}{copy[1:]}")
     if not f.is_file():
-        raise BadInput(f"{f} links to the folder {f.resolve()}: staging does not follow links to folders", copy)
+        raise BadInput(f"{f} links to the folder {f.resolve()}: staging does not follow links to "
+                       "folders", copy)
 
 
 def _name(f: Path, base: Path) -> str:
     name = f.relative_to(base).as_posix()
-    if "\n" in name or "\\" in name:  # sha256sum would escape it; no data or model folder needs such a name
-        raise BadInput(f"{f}: a file name with a newline or backslash cannot be staged", "Rename the file")
+    # sha256sum would escape it; no data or model folder needs such a name
+    if "\n" in name or "\\" in name:
+        raise BadInput(f"{f}: a file name with a newline or backslash cannot be staged",
+                       "Rename the file")
     return name
 
 
@@ -110,13 +125,15 @@ def manifest_of(path: Path, only: tuple[str, ...] = ()) -> tuple[str, int]:
 
 
 def digest_of(path: Path, only: tuple[str, ...] = ()) -> str:
-    """sha256 of the item's manifest: it changes exactly with the relative names and contents of its files."""
+    """sha256 of the item's manifest: it changes exactly with the relative names and contents of its
+    files."""
     return hashlib.sha256(manifest_of(path, only)[0].encode()).hexdigest()
 
 
 def item(what: str, path: Path, only: tuple[str, ...] = ()) -> StageItem:
     text, size = manifest_of(path.resolve(), only)
-    return StageItem(what, path.resolve(), hashlib.sha256(text.encode()).hexdigest(), only, text, size)
+    return StageItem(what, path.resolve(), hashlib.sha256(text.encode()).hexdigest(), only, text,
+                     size)
 
 
 def _member(name: str, size: int, mtime: float) -> bytes:
@@ -126,10 +143,11 @@ def _member(name: str, size: int, mtime: float) -> bytes:
 
 
 def _tar_blocks(it: StageItem) -> Iterator[bytes]:
-    """The item as tar blocks, one file at a time, read in CHUNKs; a file that changed since its digest was taken
-    is refused here (the head would refuse it anyway, by its digest)."""
+    """The item as tar blocks, one file at a time, read in CHUNKs; a file that changed since its
+    digest was taken is refused here (the head would refuse it anyway, by its digest)."""
     manifest = (it.manifest or manifest_of(it.local, it.only)[0]).encode()
-    yield _member(MANIFEST, len(manifest), 0) + manifest + tarfile.NUL * (-len(manifest) % tarfile.BLOCKSIZE)
+    yield _member(MANIFEST, len(manifest),
+                  0) + manifest + tarfile.NUL * (-len(manifest) % tarfile.BLOCKSIZE)
     base = it.local if it.is_dir else it.local.parent
     for f in _files(it.local, it.only):
         st = f.stat()  # a link's target: its bytes go, never the link
@@ -140,7 +158,8 @@ def _tar_blocks(it: StageItem) -> Iterator[bytes]:
                 sent += len(chunk)
                 yield chunk
         if sent != st.st_size or f.stat().st_size != st.st_size:
-            raise BadInput(f"{f} changed while it was being staged", "Re-run once nothing writes to it")
+            raise BadInput(f"{f} changed while it was being staged",
+                           "Re-run once nothing writes to it")
         yield tarfile.NUL * (-sent % tarfile.BLOCKSIZE)
     yield tarfile.NUL * (2 * tarfile.BLOCKSIZE)
 
@@ -164,41 +183,47 @@ def code_fingerprint(root: Path | None = None) -> str:
     return digest_of(root or Path(cpudist.__file__).resolve().parent)
 
 
-# Shell functions of every staging script. `listing`: size, mtime, ctime and type of each file the manifest names
-# (in the current folder), as `.complete` records them. `staged DIR`: DIR holds a complete, unaltered staging.
+# Shell functions of every staging script. `listing`: size, mtime, ctime and type of each file the
+# manifest names (in the current folder), as `.complete` records them. `staged DIR`: DIR holds a
+# complete, unaltered staging.
 CHECKS = (
     f"listing() {{ cut -c67- {MANIFEST} | sed 's|^|./|' | xargs -r -d '\\n' "
     f"sh -c 'find \"$@\" -maxdepth 0 -printf \"%s %T@ %C@ %y %p\\n\"' find 2>/dev/null; }}; "
     f"verify() {{ [ \"$(sha256sum < {MANIFEST} | cut -c1-32)\" = \"$1\" ] && "
     f"sha256sum -c --quiet --strict {MANIFEST} >/dev/null 2>&1; }}; "
     f"staged() {{ [ -f \"$1/{COMPLETE}\" ] && [ -f \"$1/{MANIFEST}\" ] && ( cd \"$1\" && "
-    f"[ \"$(sha256sum < {MANIFEST} | cut -c1-32)\" = \"${{1##*/}}\" ] && listing | cmp -s - {COMPLETE} && "
+    f"[ \"$(sha256sum < {MANIFEST} | cut -c1-32)\" = \"${{1##*/}}\" ] && listing | cmp -s - "
+    f"{COMPLETE} && "
     f"{{ [ \"$(awk '{{s+=$1}} END {{print s+0}}' {COMPLETE})\" -gt {REHASH_MAX} ] || verify \"${{1##*/}}\"; }} ); }}")
 
 
 def check_script(remote_dir: str) -> str:
-    """Shell whose exit status is 0 when `remote_dir` holds its item, complete and unaltered (see the module doc)."""
+    """Shell whose exit status is 0 when `remote_dir` holds its item, complete and unaltered (see
+    the module doc)."""
     return f"{CHECKS}; staged {shlex.quote(remote_dir)}"
 
 
 def missing_script(remote_dirs: Iterable[str]) -> str:
-    """Shell that prints each of `remote_dirs` that does not hold its item complete and unaltered."""
+    """Shell that prints each of `remote_dirs` that does not hold its item complete and
+    unaltered."""
     dirs = " ".join(shlex.quote(d) for d in remote_dirs)
     return f"{CHECKS}; for d in {dirs}; do staged \"$d\" || echo \"$d\"; done"
 
 
 def receive_script(remote_dir: str, gzip: bool = True) -> str:
-    """Shell that unpacks a tar from stdin into `remote_dir` atomically: a temporary folder of its own, checked
-    against the folder's name (its digest, see the module doc), then one rename(2). Runs staging the same item at
-    once each unpack their own copy; the first rename wins, the others find the folder staged and drop theirs. A
-    folder that fails the check (an older cpudist's, a truncated or edited file) is replaced."""
+    """Shell that unpacks a tar from stdin into `remote_dir` atomically: a temporary folder of its
+    own, checked against the folder's name (its digest, see the module doc), then one rename(2).
+    Runs staging the same item at once each unpack their own copy; the first rename wins, the others
+    find the folder staged and drop theirs. A folder that fails the check (an older cpudist's, a
+    truncated or edited file) is replaced."""
     d = shlex.quote(remote_dir)
     name = shlex.quote(remote_dir.rsplit("/", 1)[-1])
     parent = shlex.quote(remote_dir.rsplit("/", 1)[0] or "/")
     template = shlex.quote(remote_dir + ".part.XXXXXX")
-    bad = shlex.quote(f"cpudist: what arrived for {remote_dir} does not match its digest (damaged on the way, "
-                      "or changed while it was sent)")
-    return (f"set -e; {CHECKS}; mkdir -p {parent}; part=$(mktemp -d {template}); trap 'rm -rf \"$part\"' EXIT; "
+    bad = shlex.quote(f"cpudist: what arrived for {remote_dir} does not match its digest (damaged "
+                      "on the way, or changed while it was sent)")
+    return (f"set -e; {CHECKS}; mkdir -p {parent}; part=$(mktemp -d {template}); trap 'rm -rf "
+            "\"$part\"' EXIT; "
             f"chmod 755 \"$part\"; tar -x{'z' if gzip else ''}f - -C \"$part\"; "
             f"( cd \"$part\" && verify {name} ) || {{ echo {bad} >&2; exit 3; }}; "
             f"( cd \"$part\" && listing > {COMPLETE} ); "
@@ -208,8 +233,8 @@ def receive_script(remote_dir: str, gzip: bool = True) -> str:
 
 
 def fan_out_script(remote_dirs: Iterable[str], hosts: Iterable[str], ssh: str) -> str:
-    """Shell, run on the head, that copies each folder to every host lacking it (or holding it altered), hosts in
-    parallel.
+    """Shell, run on the head, that copies each folder to every host lacking it (or holding it
+    altered), hosts in parallel.
 
     Prints `sent HOST DIR` or `have HOST DIR` per pair, and `fail HOST DIR` when a copy failed.
     """
@@ -241,10 +266,11 @@ class Counted:
             yield chunk
 
 
-def moved_fields(model_given: str, staged: Iterable[tuple[str, StageItem]], home: str) -> dict[str, str]:
-    """The config fields staging points at the nodes' copies (data_dir, model, ...); a moved model keeps in
-    model_given the absolute path it was staged from, so that the run's model (an adapter names its base) finds
-    it again where it comes home."""
+def moved_fields(model_given: str, staged: Iterable[tuple[str, StageItem]], home: str) -> dict[str,
+                                                                                               str]:
+    """The config fields staging points at the nodes' copies (data_dir, model, ...); a moved model
+    keeps in model_given the absolute path it was staged from, so that the run's model (an adapter
+    names its base) finds it again where it comes home."""
     items = dict(staged)
     out = {name: it.remote_path(home) for name, it in items.items()}
     if "model" in items and not model_given:
@@ -253,22 +279,27 @@ def moved_fields(model_given: str, staged: Iterable[tuple[str, StageItem]], home
 
 
 class Shell(Protocol):
-    """Where staged items land first: the head over SSH (ssh/client.Remote), or this machine (run/stage_here.py)."""
+    """Where staged items land first: the head over SSH (ssh/client.Remote), or this machine
+    (run/stage_here.py)."""
 
-    def check(self, command: str, stdin: Iterable[bytes] | None = None, timeout: float = 120) -> str: ...
+    def check(self, command: str, stdin: Iterable[bytes] | None = None,
+              timeout: float = 120) -> str: ...
 
 
 class Stager:
-    """Puts items on the head once, then on every other node from the head (over `ssh`: the cluster's wrapper)."""
+    """Puts items on the head once, then on every other node from the head (over `ssh`: the
+    cluster's wrapper)."""
 
-    def __init__(self, head: Shell, home: str, others: tuple[Host, ...], say: Any, ssh: str | None = None) -> None:
+    def __init__(self, head: Shell, home: str, others: tuple[Host, ...], say: Any, ssh: str
+                 | None = None) -> None:
         self.head, self.home, self.others, self.say = head, home, others, say
         self.ssh = ssh or f"{home}/{state.CLUSTER_DIR}/ssh"
         self.sent_bytes = 0
         self.copies = 0
 
     def _missing_on_head(self, items: list[StageItem]) -> list[StageItem]:
-        absent = set(self.head.check(missing_script(i.remote_dir(self.home) for i in items)).splitlines())
+        absent = set(self.head.check(missing_script(i.remote_dir(self.home)
+                                                    for i in items)).splitlines())
         return [i for i in items if i.remote_dir(self.home) in absent]
 
     def put(self, items: list[StageItem]) -> None:
@@ -281,13 +312,16 @@ class Stager:
     def fan_out(self, items: list[StageItem]) -> None:
         if not self.others or not items:
             return
-        script = fan_out_script([i.remote_dir(self.home) for i in items], [h.name for h in self.others], self.ssh)
+        script = fan_out_script([i.remote_dir(self.home) for i in items],
+                                [h.name for h in self.others], self.ssh)
         out = self.head.check(script, timeout=3600)
         results = [line.split(" ", 2) for line in out.splitlines() if line.count(" ") >= 2]
         failed = sorted({host for kind, host, _ in results if kind == "fail"})
         if failed or len(results) != len(items) * len(self.others):
-            raise JobFailed(f"copying the staged inputs from the head to {', '.join(failed) or 'the other nodes'} "
-                            "failed", "Check that the nodes reach each other (`cpudist hosts doctor`) and have free "
+            raise JobFailed("copying the staged inputs from the head to "
+                            f"{', '.join(failed) or 'the other nodes'} failed",
+                            "Check that the nodes reach each other (`cpudist hosts doctor`) and "
+                            "have free "
                             "disk, or pass --shared-fs when they all see the head's paths")
         self.copies += sum(kind == "sent" for kind, _, _ in results)
         if self.copies:

@@ -1,4 +1,5 @@
-"""What a stopped run can go on from, said the same way in the terminal, run.json, `cpudist runs`, `logs` and `stop`.
+"""What a stopped run can go on from, said the same way in the terminal, run.json, `cpudist runs`,
+`logs` and `stop`.
 
     StopSeen     rank 0's `stopped` (the user's) or `preempted` event, kept as the run's output goes by
     resume_command(command, run dir)   the run's own command with --resume auto --output-dir <its folder>
@@ -19,7 +20,8 @@ from cpudist.wire.stop_marker import Stop
 
 
 class StopSeen:
-    """The last stop event of rank 0 among a run's events (the user's stop leaves no marker file to read)."""
+    """The last stop event of rank 0 among a run's events (the user's stop leaves no marker file to
+    read)."""
 
     def __init__(self) -> None:
         self.stop: Stop | None = None
@@ -52,9 +54,10 @@ def resume_command(command: str, run_dir: str) -> str:
         "'<the same options>'", "<the same options>")
 
 
-def after_stop(stop: Stop | None, checkpoints: Path | None, command: str, run_dir: Path) -> tuple[str, str]:
-    """(what it left, the resume command or ''): the stop's checkpoint, else the newest complete one of the run
-    folder's checkpoints, else nothing to resume."""
+def after_stop(stop: Stop | None, checkpoints: Path | None, command: str,
+               run_dir: Path) -> tuple[str, str]:
+    """(what it left, the resume command or ''): the stop's checkpoint, else the newest complete one
+    of the run folder's checkpoints, else nothing to resume."""
     if stop is not None:
         return stop.said(), resume_command(command, str(run_dir))
     found = complete_checkpoints(checkpoints) if checkpoints is not None else []

@@ -22,9 +22,11 @@ def parse_counts(text: str) -> tuple[int, ...]:
     for item in text.split(","):
         item = item.strip()
         if not item.lstrip("-").isdigit():
-            raise BadInput(f"--nodes {text}: '{item}' is not a whole number", "Give node counts like 1,2,4")
+            raise BadInput(f"--nodes {text}: '{item}' is not a whole number",
+                           "Give node counts like 1,2,4")
         if int(item) < 1:
-            raise BadInput(f"--nodes {text}: {item} is not a positive node count", "Give node counts like 1,2,4")
+            raise BadInput(f"--nodes {text}: {item} is not a positive node count",
+                           "Give node counts like 1,2,4")
         counts.append(int(item))
     repeated = sorted({n for n in counts if counts.count(n) > 1})
     if repeated:
@@ -35,7 +37,8 @@ def parse_counts(text: str) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class SeriesHosts:
-    """SeriesHosts a sweep runs: what the user gave, and how many hosts that offers (None: not known here)."""
+    """SeriesHosts a sweep runs: what the user gave, and how many hosts that offers (None: not known
+    here)."""
 
     hostfile: Path | None
     cluster: str | None
@@ -70,7 +73,8 @@ def check_series(counts: Sequence[int], ppn: int | str | None, where: SeriesHost
                        f"Give counts up to {where.hosts}, or add hosts")
     if where.hosts is None and not scheduled(where.launcher) and max(counts) > 1:
         raise BadInput(f"--nodes {max(counts)} needs more than this machine",
-                       "Give --hostfile H (run from its head), --cluster NAME, or a scheduler's --launcher")
+                       "Give --hostfile H (run from its head), --cluster NAME, or a scheduler's "
+                       "--launcher")
 
 
 def default_sweep_dir(task: str, model: str) -> Path:

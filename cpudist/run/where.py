@@ -50,11 +50,14 @@ class Where:
     """Where the ranks start: here, a hostfile's nodes from their head, or a head over SSH."""
 
     head: Head | None = None
-    nodes: Nodes | None = None  # a hostfile's, read once, when this machine is their head (else head.inside)
+    # a hostfile's, read once, when this machine is their head (else head.inside)
+    nodes: Nodes | None = None
     cluster: str | None = None
     usd_per_hour: float | None = None
-    recover: bool = False  # --on-preemption resume: replace reclaimed nodes with `cluster up` and go on
-    detach: bool = False  # --detach: return once the ranks are up, the agent on the head goes on (run/life/detach.py)
+    # --on-preemption resume: replace reclaimed nodes with `cluster up` and go on
+    recover: bool = False
+    # --detach: return once the ranks are up, the agent on the head goes on (run/life/detach.py)
+    detach: bool = False
 
     @property
     def kind(self) -> str:
@@ -69,19 +72,24 @@ def where_for(route: Route, nodes: int, ppn_given: bool, launcher: str) -> Where
     head, price = None, None
     listed = read_nodes(route.hostfile) if route.hostfile is not None else None
     if route.cluster is not None:
-        head, cluster_nodes, price = cluster_target(route.cluster, nodes, route.remote_python, route.stage_code)
+        head, cluster_nodes, price = cluster_target(route.cluster, nodes, route.remote_python,
+                                                    route.stage_code)
         listed = listed or cluster_nodes
     elif route.head_addr is not None:
         if listed is None:
-            raise BadInput("--head needs --hostfile (the nodes as they name each other, head first)",
-                           "Pass --hostfile H --head ADDRESS")
+            raise BadInput(
+                "--head needs --hostfile (the nodes as they name each other, head first)",
+                "Pass --hostfile H --head ADDRESS")
         head = onprem_head(listed, route.head_addr, route.user, route.identity, route.remote_python,
                            route.stage_code)
     if head is not None and scheduled(launcher):
-        raise BadInput(f"--launcher {launcher} runs from the cluster's login node, not through --head/--cluster",
-                       f"ssh to the login node and run `cpudist run ... --launcher {launcher}` there")
+        raise BadInput(f"--launcher {launcher} runs from the cluster's login node, not through "
+                       "--head/--cluster",
+                       f"ssh to the login node and run `cpudist run ... --launcher {launcher}` "
+                       "there")
     if head is not None and route.on_preemption == "resume" and route.cluster is None:
-        raise BadInput("--on-preemption resume needs --cluster (it replaces lost nodes with `cluster up`)",
+        raise BadInput("--on-preemption resume needs --cluster (it replaces lost nodes with "
+                       "`cluster up`)",
                        "Use --cluster NAME, or resume by hand with --resume auto")
     recover = head is not None and route.on_preemption == "resume"
     return Where(head, None if head is not None else listed, route.cluster, price, recover)
@@ -89,31 +97,37 @@ def where_for(route: Route, nodes: int, ppn_given: bool, launcher: str) -> Where
 
 def cluster_target(name: str, nodes: int, python: str | None,
                    stage_code: str) -> tuple[Head | None, Nodes | None, float | None]:
-    """(head to reach when this machine is outside the cluster, else None; the nodes when this machine is the
-    head, else None; USD per hour of `nodes`)."""
+    """(head to reach when this machine is outside the cluster, else None; the nodes when this
+    machine is the head, else None; USD per hour of `nodes`)."""
     from cpudist.cloud.record import load_record
 
     record = load_record(name)
     if record is None:
-        raise BadInput(f"no local record of cluster {name}", "Run `cpudist cluster up` first, or pass --hostfile")
+        raise BadInput(f"no local record of cluster {name}",
+                       "Run `cpudist cluster up` first, or pass --hostfile")
     price = record.usd_per_hour(nodes)
     if is_this_machine(record.nodes[0].private_ip):
-        return None, read_nodes(Path(record.hostfile)), price  # on the head itself: as with --hostfile
+        # on the head itself: as with --hostfile
+        return None, read_nodes(Path(record.hostfile)), price
     target = Target(record.address(0), record.user, record.ssh_port, record.private_key)
     inside = Nodes(tuple(Host(n.private_ip) for n in record.nodes), f"cluster {name}'s record")
     return Head(target, Path(record.known_hosts), inside, python, stage_code), None, price
 
 
-def onprem_head(listed: Nodes, address: str, user: str | None, identity: str | None, python: str | None,
+def onprem_head(listed: Nodes, address: str, user: str | None, identity: str | None, python: str
+                | None,
                 stage_code: str) -> Head:
-    """An on-prem cluster seen from outside: the hostfile's nodes as they name each other, the head by `address`."""
+    """An on-prem cluster seen from outside: the hostfile's nodes as they name each other, the head
+    by `address`."""
     folder = state.local_cluster_dir()
     key = identity or (str(folder / "id_ed25519") if (folder / "id_ed25519").is_file() else None)
     return Head(Target(address, user, 22, key), folder / "known_hosts", listed, python, stage_code)
 
 
-def recover_cluster(name: str, nodes: int, head: Head, wait_gone_s: float, say: Callable[[str], None]) -> Head:
-    """Replace the cluster's reclaimed nodes (as `cluster up` would) and return how to reach its head now."""
+def recover_cluster(name: str, nodes: int, head: Head, wait_gone_s: float,
+                    say: Callable[[str], None]) -> Head:
+    """Replace the cluster's reclaimed nodes (as `cluster up` would) and return how to reach its
+    head now."""
     from cpudist.cloud.connect import connect
     from cpudist.cloud.record import load_record
     from cpudist.cloud.recover import recover
@@ -125,5 +139,6 @@ def recover_cluster(name: str, nodes: int, head: Head, wait_gone_s: float, say: 
     recover(connect(record.place), record, wait_gone_s, SshAccess(), say)
     new_head, _, _ = cluster_target(name, nodes, head.python, head.stage_code)
     if new_head is None:
-        raise BadInput("--on-preemption resume runs from outside the cluster", "Start it from your own machine")
+        raise BadInput("--on-preemption resume runs from outside the cluster",
+                       "Start it from your own machine")
     return new_head

@@ -1,4 +1,5 @@
-"""SSH as the cloud layer uses it (cpudist.cloud.access.NodeAccess): its callers in cli/ and run/ pass this in."""
+"""SSH as the cloud layer uses it (cpudist.cloud.access.NodeAccess): its callers in cli/ and run/
+pass this in."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from cpudist.ssh.setup import ssh_setup
 
 
 class SshAccess:
-    """cloud/'s NodeAccess over paramiko and OpenSSH (the same calls `cluster up` made itself before)."""
+    """cloud/'s NodeAccess over paramiko and OpenSSH (the same calls `cluster up` made itself
+    before)."""
 
     def wait_banner(self, address: str, port: int, timeout_s: float) -> None:
         wait_banner(address, port, timeout_s)

@@ -21,8 +21,10 @@ from cpudist.waits import TimedOut, wait_until
 
 CONNECT_TIMEOUT_S = 10.0
 KEEPALIVE_S = 5.0  # how often the server is asked for a reply
-DEAD_AFTER_S = 15.0  # no reply for this long: the connection is lost (OpenSSH's ServerAliveCountMax 3 x 5 s)
-LINK_ERRORS = (paramiko.SSHException, OSError, EOFError)  # what paramiko raises when a connection breaks
+# no reply for this long: the connection is lost (OpenSSH's ServerAliveCountMax 3 x 5 s)
+DEAD_AFTER_S = 15.0
+# what paramiko raises when a connection breaks
+LINK_ERRORS = (paramiko.SSHException, OSError, EOFError)
 
 
 class HostKeyChanged(CpudistError):
@@ -47,15 +49,18 @@ class _PinNew(paramiko.MissingHostKeyPolicy):
     def __init__(self, known: KnownHosts) -> None:
         self.known = known
 
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
+                         key: paramiko.PKey) -> None:
         self.known.pin(hostname, key)
 
 
 class _Keepalive(threading.Thread):
-    """Asks the server for a reply every KEEPALIVE_S and closes the connection when none came in DEAD_AFTER_S.
+    """Asks the server for a reply every KEEPALIVE_S and closes the connection when none came in
+    DEAD_AFTER_S.
 
-    paramiko's own `set_keepalive` sends messages that want no reply, so a link that drops packets without a
-    word (a laptop's Wi-Fi, a firewall) went unnoticed until TCP gave up, about 15 minutes later.
+    paramiko's own `set_keepalive` sends messages that want no reply, so a link that drops packets
+    without a word (a laptop's Wi-Fi, a firewall) went unnoticed until TCP gave up, about 15 minutes
+    later.
     """
 
     def __init__(self, transport: paramiko.Transport) -> None:
@@ -74,7 +79,8 @@ class _Keepalive(threading.Thread):
                 return
 
     def _ask(self, answered: threading.Event) -> None:
-        # OpenSSH's own client sends this; servers answer it (with a failure, which is an answer too).
+        # OpenSSH's own client sends this; servers answer it (with a failure, which is an answer
+        # too).
         with contextlib.suppress(*LINK_ERRORS):
             self.transport.global_request("keepalive@openssh.com", wait=True)
         answered.set()
@@ -83,7 +89,8 @@ class _Keepalive(threading.Thread):
 class Remote:
     """An open SSH session to one node."""
 
-    def __init__(self, target: Target, known: KnownHosts, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    def __init__(self, target: Target, known: KnownHosts,
+                 timeout: float = CONNECT_TIMEOUT_S) -> None:
         self.target = target
         self.client = paramiko.SSHClient()
         self.client.get_host_keys().update(known.keys)  # pinned keys: a different key is refused
@@ -95,14 +102,16 @@ class Remote:
         except paramiko.BadHostKeyException:
             self.client.close()
             raise HostKeyChanged(
-                f"the host key of {target.host} changed since it was pinned in {known.path}: refusing to connect",
-                f"If the node was reinstalled on purpose, re-trust it with "
-                f"`cpudist hosts forget {target.host}` "
-                f"(or `ssh-keygen -R {shlex.quote(entry_name(target.host, target.port))} -f {known.path}`) "
-                f"and run `cpudist hosts ssh-setup` again") from None
+                f"the host key of {target.host} changed since it was pinned in {known.path}: "
+                "refusing to connect",
+                "If the node was reinstalled on purpose, re-trust it with `cpudist hosts forget "
+                f"{target.host}` (or `ssh-keygen -R "
+                f"{shlex.quote(entry_name(target.host, target.port))} -f {known.path}`) and run "
+                "`cpudist hosts ssh-setup` again") from None
         except paramiko.AuthenticationException:
             self.client.close()
-            raise Unreachable(f"cannot log in to {target.host} as {target.user or 'the current user'}",
+            raise Unreachable(f"cannot log in to {target.host} as "
+                              f"{target.user or 'the current user'}",
                               "Pass the key that works there with --identity, or the right --user") from None
         except (TimeoutError, OSError, paramiko.SSHException) as e:
             self.client.close()
@@ -145,19 +154,23 @@ class Remote:
 
     def run(self, command: str, stdin: bytes | Iterable[bytes] | None = None,
             timeout: float = 120) -> tuple[int, str, str]:
-        """Run a shell command; returns (exit code, stdout, stderr). `stdin` may be chunks, sent as they come."""
+        """Run a shell command; returns (exit code, stdout, stderr). `stdin` may be chunks, sent as
+        they come."""
         with self._link(command.split(" &&")[0][:60], timeout):
             chan_in, out, err = self.client.exec_command(command, timeout=timeout)
             self._feed(chan_in, stdin)
             stdout, stderr = out.read().decode(), err.read().decode()
             code = out.channel.recv_exit_status()
-        if code == -1 and self.lost:  # the channel ended without an exit status: the connection went
+        # the channel ended without an exit status: the connection went
+        if code == -1 and self.lost:
             raise self.lost_error()
         return code, stdout, stderr
 
-    def _feed(self, chan_in: paramiko.ChannelStdinFile, data: bytes | Iterable[bytes] | None) -> None:
-        """Write a command's stdin and close it; a command that exits before reading it all (its disk is full)
-        closes the channel, and then its exit code and stderr say why, not the write."""
+    def _feed(self, chan_in: paramiko.ChannelStdinFile, data: bytes | Iterable[bytes]
+              | None) -> None:
+        """Write a command's stdin and close it; a command that exits before reading it all (its
+        disk is full) closes the channel, and then its exit code and stderr say why, not the
+        write."""
         channel = chan_in.channel
         try:
             for chunk in () if data is None else (data,) if isinstance(data, bytes) else data:
@@ -168,11 +181,13 @@ class Remote:
             if self.lost or not channel.closed:
                 raise
 
-    def check(self, command: str, stdin: bytes | Iterable[bytes] | None = None, timeout: float = 120) -> str:
+    def check(self, command: str, stdin: bytes | Iterable[bytes] | None = None,
+              timeout: float = 120) -> str:
         """Run a command that must succeed; its stdout."""
         code, stdout, stderr = self.run(command, stdin, timeout)
         if code != 0:
-            raise CpudistError(f"on {self.target.host}: `{command.split(' &&')[0]}` failed with exit code {code}: "
+            raise CpudistError(f"on {self.target.host}: `{command.split(' &&')[0]}` failed with "
+                               f"exit code {code}: "
                                f"{stderr.strip()[-300:]}", "Fix the node, then re-run")
         return stdout
 
@@ -181,7 +196,8 @@ class Remote:
         transport = self.client.get_transport()
         if transport is None or not transport.is_active():
             raise self.lost_error()
-        with self._link(command):  # a lost connection closes the channel: see `lost` when reading ends
+        # a lost connection closes the channel: see `lost` when reading ends
+        with self._link(command):
             channel = transport.open_session()
             channel.set_combine_stderr(True)
             channel.exec_command(command)
@@ -213,7 +229,8 @@ class Remote:
         self.close()
 
 
-def wait_banner(address: str, port: int = 22, timeout_s: float = 600, interval_s: float = 2.0) -> None:
+def wait_banner(address: str, port: int = 22, timeout_s: float = 600,
+                interval_s: float = 2.0) -> None:
     """Wait until sshd answers on `address` with its banner (booted far enough to log in)."""
     last = [""]
 
@@ -230,6 +247,8 @@ def wait_banner(address: str, port: int = 22, timeout_s: float = 600, interval_s
     try:
         wait_until(banner, f"the SSH banner of {address}:{port}", timeout_s, interval_s)
     except TimedOut:
-        raise Unreachable(f"no SSH banner from {address}:{port} after {timeout_s:g}s ({last[0] or 'no answer'})",
-                          "Check the security group allows your address (--ssh-cidr) and --connect public/private") \
+        raise Unreachable(f"no SSH banner from {address}:{port} after {timeout_s:g}s "
+                          f"({last[0] or 'no answer'})",
+                          "Check the security group allows your address (--ssh-cidr) and --connect "
+                          "public/private") \
             from None

@@ -1,4 +1,5 @@
-"""The cluster's own SSH identity and the files that let every node reach every other (pure text)."""
+"""The cluster's own SSH identity and the files that let every node reach every other (pure
+text)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def generate_key(comment: str = "cpudist-cluster") -> KeyPair:
 
 
 def load_or_create_key(folder: Path) -> KeyPair:
-    """The cluster key kept in `folder` (mode 0600), made on first use: re-running changes nothing."""
+    """The cluster key kept in `folder` (mode 0600), made on first use: re-running changes
+    nothing."""
     private, public = folder / "id_ed25519", folder / "id_ed25519.pub"
     if private.is_file() and public.is_file():
         return KeyPair(private.read_text(), public.read_text().strip())
@@ -41,8 +43,9 @@ def load_or_create_key(folder: Path) -> KeyPair:
 
 
 def ssh_config(folder: str, user: str) -> str:
-    """ssh_config used between nodes: the cluster key, pinned host keys, never a prompt; an ssh to a node that
-    vanished (powered off: no FIN, no RST) gives up after 3 unanswered keepalives 5 s apart, not TCP's ~15 min."""
+    """ssh_config used between nodes: the cluster key, pinned host keys, never a prompt; an ssh to a
+    node that vanished (powered off: no FIN, no RST) gives up after 3 unanswered keepalives 5 s
+    apart, not TCP's ~15 min."""
     return f"""Host *
   User {user}
   IdentityFile {folder}/id_ed25519
@@ -59,5 +62,6 @@ def ssh_config(folder: str, user: str) -> str:
 
 
 def ssh_wrapper(folder: str) -> str:
-    """The `ssh` that launchers are told to use (Hydra's -launcher-exec, Open MPI's plm_ssh_agent)."""
+    """The `ssh` that launchers are told to use (Hydra's -launcher-exec, Open MPI's
+    plm_ssh_agent)."""
     return f'#!/bin/sh\nexec ssh -F "{folder}/ssh_config" "$@"\n'

@@ -1,5 +1,6 @@
-"""Before any rank starts: every node answers the launcher's own ssh (its program, its keys and pins), or the run
-fails naming the node and the fix, instead of a launcher hanging or dying later with ssh's words in its log."""
+"""Before any rank starts: every node answers the launcher's own ssh (its program, its keys and
+pins), or the run fails naming the node and the fix, instead of a launcher hanging or dying later
+with ssh's words in its log."""
 
 from __future__ import annotations
 
@@ -27,8 +28,10 @@ def check_reachable(hosts: tuple[Host, ...], ssh: str, timeout_s: float = 15) ->
 
     def probe(h: Host) -> tuple[str, int, str]:
         try:
-            p = subprocess.run([ssh, "-o", "ConnectTimeout=5", "-o", "BatchMode=yes", h.name, "true"],
-                               capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+            p = subprocess.run([ssh, "-o", "ConnectTimeout=5", "-o", "BatchMode=yes", h.name,
+                                "true"],
+                               capture_output=True, text=True, timeout=timeout_s,
+                               stdin=subprocess.DEVNULL)
             return h.name, p.returncode, p.stderr.strip()
         except subprocess.TimeoutExpired:
             return h.name, 255, f"no answer within {timeout_s:g}s"

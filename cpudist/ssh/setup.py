@@ -45,8 +45,8 @@ def parallel(hosts: Sequence[Host], work: Callable[[Host], T]) -> list[T]:
 
 def _put(remote: Remote, rel: str, data: str, mode: str) -> None:
     path = f"~/{rel}"
-    remote.check(f"umask 077 && mkdir -p $(dirname {path}) && cat > {path}.tmp && chmod {mode} {path}.tmp "
-                 f"&& mv {path}.tmp {path}", stdin=data.encode())
+    remote.check(f"umask 077 && mkdir -p $(dirname {path}) && cat > {path}.tmp && chmod {mode} "
+                 f"{path}.tmp && mv {path}.tmp {path}", stdin=data.encode())
 
 
 def _install(remote: Remote, key_private: str, key_public: str, known_hosts: str, user: str) -> str:
@@ -57,8 +57,8 @@ def _install(remote: Remote, key_private: str, key_public: str, known_hosts: str
     _put(remote, f"{CLUSTER_DIR}/ssh_config", ssh_config(f"{home}/{CLUSTER_DIR}", user), "644")
     _put(remote, f"{CLUSTER_DIR}/ssh", ssh_wrapper(f"{home}/{CLUSTER_DIR}"), "755")
     quoted = shlex.quote(key_public)
-    remote.check(f"umask 077 && mkdir -p ~/.ssh && touch ~/.ssh/authorized_keys && "
-                 f"(grep -qxF {quoted} ~/.ssh/authorized_keys || echo {quoted} >> ~/.ssh/authorized_keys)")
+    remote.check("umask 077 && mkdir -p ~/.ssh && touch ~/.ssh/authorized_keys && (grep -qxF "
+                 f"{quoted} ~/.ssh/authorized_keys || echo {quoted} >> ~/.ssh/authorized_keys)")
     return home
 
 
@@ -72,12 +72,14 @@ def _address(name: str) -> str:
 def ssh_setup(hosts: Sequence[Host], user: str | None, identity: str | None, port: int = 22,
               known_hosts: Path | None = None, inside: Sequence[str] | None = None,
               key_folder: Path | None = None) -> list[NodeSetup]:
-    """Connect with the user's credential, pin host keys, install the cluster key everywhere, verify.
+    """Connect with the user's credential, pin host keys, install the cluster key everywhere,
+    verify.
 
-    `hosts` are reached from here (a cloud node's public address); `inside` names the same nodes
-    as they reach each other (private addresses), the names the nodes' known_hosts and the check
-    use [default: the same names]. Without `key_folder` this is an on-prem set-up: its key and the
-    launchers' ssh wrapper live in `state.local_cluster_dir()`, as on every node in ~/.cpudist/cluster.
+    `hosts` are reached from here (a cloud node's public address); `inside` names the same nodes as
+    they reach each other (private addresses), the names the nodes' known_hosts and the check use
+    [default: the same names]. Without `key_folder` this is an on-prem set-up: its key and the
+    launchers' ssh wrapper live in `state.local_cluster_dir()`, as on every node in
+    ~/.cpudist/cluster.
     """
     folder = key_folder or state.local_cluster_dir()
     known = KnownHosts(known_hosts or folder / "known_hosts")
@@ -92,12 +94,15 @@ def ssh_setup(hosts: Sequence[Host], user: str | None, identity: str | None, por
     try:
         aliases = {h.name: [n, _address(n)] for h, n in zip(hosts, names, strict=True)}
         node_known = known.lines_for(aliases, port)
-        homes = parallel(hosts, lambda h: _install(remotes[h.name], key.private, key.public, node_known, login))
+        homes = parallel(hosts,
+                         lambda h: _install(remotes[h.name], key.private, key.public, node_known,
+                                            login))
         if key_folder is None:  # launchers on this machine use the same wrapper as on the nodes
             state.write_atomic(folder / "ssh_config", ssh_config(str(folder), login))
             state.write_atomic(folder / "ssh", ssh_wrapper(str(folder)), 0o755)
         quoted = " ".join(shlex.quote(n) for n in names)
-        probe = (f"for h in {quoted}; do if ~/{CLUSTER_DIR}/ssh -p {port} -o ConnectTimeout=5 \"$h\" true "
+        probe = (f"for h in {quoted}; do if ~/{CLUSTER_DIR}/ssh -p {port} -o ConnectTimeout=5 "
+                 "\"$h\" true "
                  f"</dev/null >/dev/null 2>&1; then echo \"ok $h\"; else echo \"fail $h\"; fi; done")
         outputs = parallel(hosts, lambda h: remotes[h.name].check(probe))
     finally:
@@ -117,11 +122,15 @@ def setup_plan(hosts: Sequence[Host], user: str | None, identity: str | None, po
     folder = key_folder or state.local_cluster_dir()
     key = folder / "id_ed25519"
     login = user or getpass.getuser()
-    lines = [f"# key: {key} ({'exists, reused' if key.is_file() else 'would be made (ed25519, mode 0600)'})",
+    lines = [f"# key: {key} "
+             f"({'exists, reused' if key.is_file() else 'would be made (ed25519, mode 0600)'})",
              f"# host keys pinned on first contact in {folder / 'known_hosts'}",
-             f"# connect as {login} on port {port} with {identity or 'ssh-agent and ~/.ssh keys'} to:"]
+             f"# connect as {login} on port {port} with {identity or 'ssh-agent and ~/.ssh keys'} "
+             "to:"]
     lines += [f"{h.name}" for h in hosts]
-    lines += [f"# on each: ~/{CLUSTER_DIR}/{{id_ed25519,id_ed25519.pub,known_hosts,ssh_config,ssh}}, the key's public "
+    lines += ["# on each: "
+              f"~/{CLUSTER_DIR}/{{id_ed25519,id_ed25519.pub,known_hosts,ssh_config,ssh}}, the "
+              "key's public "
               "half appended to ~/.ssh/authorized_keys, then every node tries ssh to every other",
               f"# here: {folder / 'ssh_config'} and {folder / 'ssh'} (the launchers' ssh)"]
     return lines

@@ -1,1 +1,2 @@
-"""The trainer that every rank runs, as a library: its entry point is cpudist/rank.py (`python -m cpudist.rank`)."""
+"""The trainer that every rank runs, as a library: its entry point is cpudist/rank.py (`python -m
+cpudist.rank`)."""

@@ -1,4 +1,5 @@
-"""Checkpoints: everything a run needs to go on exactly where it stopped, written so that none is half.
+"""Checkpoints: everything a run needs to go on exactly where it stopped, written so that none is
+half.
 
     <checkpoint dir>/step-000040/state.pt    model, optimizer, scheduler (rank 0's), the sync's shared state
                                 rng.pt      every rank's torch/python/numpy RNG state (numpy's as a dict and a tensor)
@@ -10,12 +11,12 @@
 
 A checkpoint is written as `step-N.tmp/` and renamed when complete, so a crash mid-write leaves
 nothing that resume would pick; a file damaged afterwards (truncated, edited) fails its sha256 and
-resume falls back to the previous checkpoint, saying so. The .pt files come from --resume PATH or an object
-store, so they are read with torch's safe unpickler (weights_only=True: tensors, dicts, lists, tuples, numbers,
-strings, None; no code runs): everything written into them is of those types, no other type is allowed
-(format 3 on; a checkpoint of an earlier format is refused in one line before it is read). Only rank 0
-writes and only rank 0 reads: the ranks on other nodes send and get the bytes over the process group (each
-rank only its own part of ranks.pt).
+resume falls back to the previous checkpoint, saying so. The .pt files come from --resume PATH or an
+object store, so they are read with torch's safe unpickler (weights_only=True: tensors, dicts,
+lists, tuples, numbers, strings, None; no code runs): everything written into them is of those
+types, no other type is allowed (format 3 on; a checkpoint of an earlier format is refused in one
+line before it is read). Only rank 0 writes and only rank 0 reads: the ranks on other nodes send and
+get the bytes over the process group (each rank only its own part of ranks.pt).
 """
 
 from __future__ import annotations
@@ -63,8 +64,10 @@ class Restored:
 
 
 def rng_state() -> dict[str, Any]:
-    """This process's RNG states, of types the safe unpickler takes (numpy's own tuple holds an ndarray)."""
-    kind, keys, pos, has_gauss, gauss = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
+    """This process's RNG states, of types the safe unpickler takes (numpy's own tuple holds an
+    ndarray)."""
+    kind, keys, pos, has_gauss, gauss = cast(tuple[str, np.ndarray, int, int, float],
+                                             np.random.get_state())
     numpy = {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
              "has_gauss": int(has_gauss), "gauss": float(gauss)}
     return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": numpy}
@@ -81,15 +84,17 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["gauss"]))
 
 
 def write(folder: Path, state: dict[str, Any], rngs: list[dict[str, Any]], meta: CheckpointMeta,
           keep: int, ranks: list[dict[str, Any]] | None = None) -> Path:
-    """Write the checkpoint of step `meta.step` atomically, then remove all but the run's newest `keep`
-    (rank 0 only; cpudist/train/checkpoint.rotate).
+    """Write the checkpoint of step `meta.step` atomically, then remove all but the run's newest
+    `keep` (rank 0 only; cpudist/train/checkpoint.rotate).
 
-    `ranks`: every rank's own sync state, in rank order; meta's `rank_state` says whether any rank has one.
+    `ranks`: every rank's own sync state, in rank order; meta's `rank_state` says whether any rank
+    has one.
     """
     final = folder / folder_name(meta.step)
     tmp = folder / f"{final.name}{TMP}"
@@ -102,12 +107,14 @@ def write(folder: Path, state: dict[str, Any], rngs: list[dict[str, Any]], meta:
         torch.save(ranks, tmp / "ranks.pt")
         write_meta(tmp, meta.written({n: file_sum(tmp / n) for n in FILES}, any(ranks)))
         (tmp / COMPLETE).write_text("")
-    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as "basic_ios::clear: iostream error"
+    # torch.save reports a full disk as "basic_ios::clear: iostream error"
+    except (OSError, RuntimeError) as e:
         why = _write_failure(e, folder)
-        shutil.rmtree(tmp, ignore_errors=True)  # half a checkpoint is none; the complete older ones stay
+        # half a checkpoint is none; the complete older ones stay
+        shutil.rmtree(tmp, ignore_errors=True)
         raise JobFailed(f"could not write checkpoint {final.name} in {folder}: {why}",
-                        "Free space there (or give --checkpoint-dir elsewhere), then go on from the last complete "
-                        "checkpoint with --resume auto") from None
+                        "Free space there (or give --checkpoint-dir elsewhere), then go on from "
+                        "the last complete checkpoint with --resume auto") from None
     shutil.rmtree(final, ignore_errors=True)  # the same step written again after a resume
     tmp.rename(final)
     rotate(folder, meta, keep)
@@ -115,7 +122,8 @@ def write(folder: Path, state: dict[str, Any], rngs: list[dict[str, Any]], meta:
 
 
 def _write_failure(error: OSError | RuntimeError, folder: Path) -> str:
-    """Why a checkpoint could not be written, in words: a full disk named as such whatever layer reported it."""
+    """Why a checkpoint could not be written, in words: a full disk named as such whatever layer
+    reported it."""
     try:
         free = shutil.disk_usage(folder).free
     except OSError:
@@ -126,8 +134,9 @@ def _write_failure(error: OSError | RuntimeError, folder: Path) -> str:
 
 
 def rotate(folder: Path, meta: CheckpointMeta, keep: int) -> None:
-    """Keep the checkpoint just written and the run's newest `keep - 1` older ones; another run's checkpoints, and any
-    of a newer step (a timeline a resume abandoned), are not this rotation's to delete."""
+    """Keep the checkpoint just written and the run's newest `keep - 1` older ones; another run's
+    checkpoints, and any of a newer step (a timeline a resume abandoned), are not this rotation's to
+    delete."""
     older = [p for p in complete_checkpoints(folder)
              if (step_of(p.name) or 0) < meta.step and same_run(owner(p), meta.run_id)]
     for old in older[max(keep - 1, 0):]:
@@ -163,8 +172,8 @@ def broadcast(value: Any, rank: int, world: int) -> Any:
 
 
 def load(path: Path | None, rank: int, world: int) -> Restored | None:
-    """Rank 0 reads the checkpoint at `path` (None on other ranks), every rank gets its part; BadInput on every
-    rank alike for a file that holds anything but tensors and plain data."""
+    """Rank 0 reads the checkpoint at `path` (None on other ranks), every rank gets its part;
+    BadInput on every rank alike for a file that holds anything but tensors and plain data."""
     found = broadcast(str(path) if path is not None else None, rank, world)
     if found is None:
         return None
@@ -173,7 +182,8 @@ def load(path: Path | None, rank: int, world: int) -> Restored | None:
     meta = raw_meta(Path(found)) if rank == 0 else None
     parts, refused = _read_ranks(Path(found)) if rank == 0 else (None, None)
     raw, rngs_raw, meta, refused = broadcast((raw, rngs_raw, meta, refused), rank, world)
-    restored = CheckpointMeta.from_dict(meta, found)  # on every rank: a meta it cannot take fails them all alike
+    # on every rank: a meta it cannot take fails them all alike
+    restored = CheckpointMeta.from_dict(meta, found)
     if refused is not None:
         raise BadInput(refused, UNSAFE)
     state = _safe_load(raw, found, "state.pt")
@@ -187,17 +197,20 @@ UNSAFE = "cpudist writes only tensors and plain data there: resume from a checkp
 
 
 def _safe_load(raw: bytes, where: str, name: str) -> Any:
-    """A .pt file's content through torch's safe unpickler: BadInput for anything it refuses (nothing is run)."""
+    """A .pt file's content through torch's safe unpickler: BadInput for anything it refuses
+    (nothing is run)."""
     try:
         return torch.load(io.BytesIO(raw), weights_only=True)
     except pickle.UnpicklingError as e:
-        raise BadInput(f"checkpoint {where}: {name} holds more than tensors and plain data, refused unread "
-                       f"({_refusal(str(e))})", UNSAFE) from None
+        raise BadInput(f"checkpoint {where}: {name} holds more than tensors and plain data, "
+                       f"refused unread ({_refusal(str(e))})", UNSAFE) from None
 
 
 def _refusal(text: str) -> str:
-    """torch's reason in its long weights_only message (what it would not load), without its advice."""
-    after = text.split("WeightsUnpickler error:", 1)[-1] if "WeightsUnpickler error:" in text else ""
+    """torch's reason in its long weights_only message (what it would not load), without its
+    advice."""
+    after = text.split("WeightsUnpickler error:",
+                       1)[-1] if "WeightsUnpickler error:" in text else ""
     lines = [line.strip() for line in after.splitlines()] + [
         line.strip() for line in text.splitlines() if "unsupported" in line.lower()]
     reason = next((line for line in lines if line), "the safe unpickler refused it")

@@ -1,14 +1,14 @@
-"""A checkpoint's names and its meta.json, in one place and without torch (the CLI reads them before any
-rank starts; cpudist/train/checkpoint.py writes and loads the tensors).
+"""A checkpoint's names and its meta.json, in one place and without torch (the CLI reads them before
+any rank starts; cpudist/train/checkpoint.py writes and loads the tensors).
 
     <checkpoint dir>/step-000040/        a complete checkpoint: its COMPLETE marker is written last
                      step-000040.tmp/    one being written, renamed when complete (never picked)
                      step-000040.part/   one being downloaded from the durable copy, renamed when complete
 
-meta.json is a CheckpointMeta: the run's options, where the data stream stands, the batch layout, the time
-and work so far, and each file's size and sha256. Its `format` is checked first on load: a checkpoint of
-an older format (1, 2: numpy RNG state pickled, which the safe unpickler will not read), a newer or a foreign
-one is refused in one line.
+meta.json is a CheckpointMeta: the run's options, where the data stream stands, the batch layout,
+the time and work so far, and each file's size and sha256. Its `format` is checked first on load: a
+checkpoint of an older format (1, 2: numpy RNG state pickled, which the safe unpickler will not
+read), a newer or a foreign one is refused in one line.
 """
 
 from __future__ import annotations
@@ -30,16 +30,21 @@ NAME = re.compile(r"step-(\d+)")
 TMP = ".tmp"  # suffix of a folder being written
 PART = ".part"  # suffix of a folder being downloaded
 META = "meta.json"
-FORMAT = 3  # 2: ranks.pt added; 3: only tensors and plain data in the .pt files, which are read with weights_only=True
-OLDEST = 3  # formats 1 and 2 pickled numpy's RNG state (an ndarray): the safe unpickler refuses them
+# 2: ranks.pt added; 3: only tensors and plain data in the .pt files, which are read with
+# weights_only=True
+FORMAT = 3
+# formats 1 and 2 pickled numpy's RNG state (an ndarray): the safe unpickler refuses them
+OLDEST = 3
 # What must match for a checkpoint to continue a run: another model or data order is another run.
 SAME_RUN = ("task", "model", "seed", "sampler", "max_seq_len", "max_train_samples")
 FIX = "Resume with the cpudist version that wrote it, or start over without --resume"
-# What a resume takes from the checkpoint, whatever the options say: the optimizer (its learning rate and weight
-# decay), the schedule over the run's total steps, and the data position in micro-batches of --grad-accum.
-# The best evaluation so far is kept by the metric of the run that wrote it, too.
+# What a resume takes from the checkpoint, whatever the options say: the optimizer (its learning
+# rate and weight decay), the schedule over the run's total steps, and the data position in
+# micro-batches of --grad-accum. The best evaluation so far is kept by the metric of the run that
+# wrote it, too.
 SCHEDULE = ("lr", "lr_scaling", "optimizer", "weight_decay", "warmup_ratio", "epochs", "max_steps",
-            "grad_accum", "lr_scheduler", "warmup_steps", "metric_for_best_model", "greater_is_better")
+            "grad_accum", "lr_scheduler", "warmup_steps", "metric_for_best_model",
+            "greater_is_better")
 
 
 def folder_name(step: int) -> str:
@@ -57,16 +62,19 @@ def complete_checkpoints(folder: Path) -> list[Path]:
     """Complete checkpoints in `folder`, newest first."""
     if not folder.is_dir():
         return []
-    found = [p for p in folder.iterdir() if step_of(p.name) is not None and (p / COMPLETE).is_file()]
+    found = [p for p in folder.iterdir() if step_of(p.name) is not None
+             and (p / COMPLETE).is_file()]
     return sorted(found, key=lambda p: step_of(p.name) or 0, reverse=True)
 
 
 def clear_partial(folder: Path) -> list[str]:
-    """Remove the half-written checkpoints (`step-N.tmp/`) in `folder`, when no rank writes there any more: at a
-    part's start, and on the launching side once its ranks are gone. The names removed."""
+    """Remove the half-written checkpoints (`step-N.tmp/`) in `folder`, when no rank writes there
+    any more: at a part's start, and on the launching side once its ranks are gone. The names
+    removed."""
     if not folder.is_dir():
         return []
-    partial = [p for p in folder.iterdir() if p.name.endswith(TMP) and step_of(p.name[: -len(TMP)]) is not None]
+    partial = [p for p in folder.iterdir() if p.name.endswith(TMP)
+               and step_of(p.name[: -len(TMP)]) is not None]
     for path in partial:
         shutil.rmtree(path, ignore_errors=True)
     return sorted(p.name for p in partial)
@@ -104,7 +112,8 @@ class FileSum:
 
 @dataclass(frozen=True)
 class CheckpointMeta:
-    """meta.json: everything but the tensors. `step`, `rank_state`, `files` and `format` are set on write."""
+    """meta.json: everything but the tensors. `step`, `rank_state`, `files` and `format` are set on
+    write."""
 
     config: dict[str, Any]  # the TrainConfig of the part that wrote it, as a dict
     total: int  # the run's optimizer steps
@@ -120,40 +129,48 @@ class CheckpointMeta:
     files: dict[str, FileSum] = field(default_factory=dict)
     format: int = FORMAT
     run_id: str = ""  # the run that wrote it ("" before runs had ids: any run may continue it)
-    best: dict[str, Any] | None = None  # the best evaluation so far ({"step", "metrics", "seconds"}): --save-model best
+    # the best evaluation so far ({"step", "metrics", "seconds"}): --save-model best
+    best: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object, keys in the order cpudist always wrote them."""
         return {"config": self.config, "total": self.total, "position": asdict(self.position),
                 "world_size": self.world_size, "global_batch": self.global_batch, "sync": self.sync,
-                "parts": self.parts, "wall_s": self.wall_s, "stats": asdict(self.stats), "format": self.format,
+                "parts": self.parts, "wall_s": self.wall_s, "stats": asdict(self.stats),
+                "format": self.format,
                 "step": self.step, "rank_state": self.rank_state,
                 "files": {name: asdict(f) for name, f in self.files.items()}, "run_id": self.run_id,
                 "best": self.best}
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> CheckpointMeta:
-        """The meta of a checkpoint of this cpudist's format or an older one; BadInput for any other."""
+        """The meta of a checkpoint of this cpudist's format or an older one; BadInput for any
+        other."""
         version = data.get("format", 1) if isinstance(data, dict) else None
         if not isinstance(version, int) or version < 1 or "config" not in data:
             raise BadInput(f"checkpoint {where} has a {META} that cpudist did not write",
-                           "Pass a checkpoint folder (step-N) that cpudist wrote, or start over without --resume")
+                           "Pass a checkpoint folder (step-N) that cpudist wrote, or start over "
+                           "without --resume")
         if version > FORMAT:
-            raise BadInput(f"checkpoint {where} has format {version}, newer than this cpudist's ({FORMAT})", FIX)
+            raise BadInput(f"checkpoint {where} has format {version}, newer than this cpudist's "
+                           f"({FORMAT})", FIX)
         if version < OLDEST:
-            raise BadInput(f"checkpoint {where} has format {version}, older than this cpudist reads ({OLDEST}: "
-                           "checkpoints read without running pickled code)", FIX)
+            raise BadInput(f"checkpoint {where} has format {version}, older than this cpudist "
+                           f"reads ({OLDEST}: checkpoints read without running pickled code)", FIX)
         try:
             return cls(dict(data["config"]), int(data["total"]), Position(**data["position"]),
                        int(data["world_size"]), int(data["global_batch"]), str(data["sync"]),
-                       int(data.get("parts", 1)), float(data.get("wall_s", 0.0)), Done(**data["stats"]),
+                       int(data.get("parts", 1)), float(data.get("wall_s", 0.0)),
+                       Done(**data["stats"]),
                        int(data["step"]), bool(data.get("rank_state", False)),
                        {name: FileSum(**f) for name, f in data.get("files", {}).items()}, version,
                        str(data.get("run_id", "")), _best(data.get("best")))
         except KeyError as e:
-            raise BadInput(f"checkpoint {where} has a {META} of format {version} without {e.args[0]!r}", FIX) from None
+            raise BadInput(f"checkpoint {where} has a {META} of format {version} without "
+                           f"{e.args[0]!r}", FIX) from None
         except (TypeError, ValueError, AttributeError) as e:
-            raise BadInput(f"checkpoint {where} has a {META} of format {version} that cannot be read ({e})",
+            raise BadInput(f"checkpoint {where} has a {META} of format {version} that cannot be "
+                           f"read ({e})",
                            FIX) from None
 
     def written(self, files: dict[str, FileSum], rank_state: bool) -> CheckpointMeta:
@@ -162,7 +179,8 @@ class CheckpointMeta:
 
 
 def raw_meta(path: Path) -> Any:
-    """meta.json of the checkpoint folder `path` as JSON (OSError or ValueError when it cannot be read)."""
+    """meta.json of the checkpoint folder `path` as JSON (OSError or ValueError when it cannot be
+    read)."""
     return json.loads((path / META).read_text())
 
 
@@ -185,7 +203,8 @@ def file_sum(path: Path) -> FileSum:
 
 
 def damage(path: Path) -> str | None:
-    """What is wrong with a checkpoint folder, or None when every file is as written (BadInput: not ours)."""
+    """What is wrong with a checkpoint folder, or None when every file is as written (BadInput: not
+    ours)."""
     try:
         meta = read_meta(path)
     except (OSError, ValueError) as e:
@@ -202,7 +221,8 @@ def damage(path: Path) -> str | None:
 
 
 def owner(path: Path) -> str | None:
-    """The id of the run that wrote the checkpoint at `path` ("" before runs had ids; None: meta unreadable)."""
+    """The id of the run that wrote the checkpoint at `path` ("" before runs had ids; None: meta
+    unreadable)."""
     try:
         data = raw_meta(path)
     except (OSError, ValueError):
@@ -211,24 +231,29 @@ def owner(path: Path) -> str | None:
 
 
 def _best(data: Any) -> dict[str, Any] | None:
-    """The meta's best evaluation; None when absent (older checkpoints) and TypeError when malformed."""
+    """The meta's best evaluation; None when absent (older checkpoints) and TypeError when
+    malformed."""
     if data is None:
         return None
     if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
         raise TypeError(f"best is {data!r}, not an evaluation")
-    return {"step": int(data["step"]), "metrics": {str(k): float(v) for k, v in data["metrics"].items()},
+    return {"step": int(data["step"]),
+            "metrics": {str(k): float(v) for k, v in data["metrics"].items()},
             "seconds": float(data.get("seconds", 0.0))}
 
 
 def same_run(found: str | None, run_id: str) -> bool:
-    """Whether a checkpoint written by run `found` belongs to run `run_id` (one without an id belongs to any)."""
+    """Whether a checkpoint written by run `found` belongs to run `run_id` (one without an id
+    belongs to any)."""
     return found is not None and found in ("", run_id)
 
 
 def set_aside(folder: Path, step: int, run_id: str, stamp: str) -> Path | None:
-    """Move the run's checkpoints newer than `step` (the timeline a resume from `step` abandons) into
-    `folder/abandoned-<stamp>/`, never deleting them; the folder they went to, or None when there were none."""
-    newer = [p for p in complete_checkpoints(folder) if (step_of(p.name) or 0) > step and same_run(owner(p), run_id)]
+    """Move the run's checkpoints newer than `step` (the timeline a resume from `step` abandons)
+    into `folder/abandoned-<stamp>/`, never deleting them; the folder they went to, or None when
+    there were none."""
+    newer = [p for p in complete_checkpoints(folder) if (step_of(p.name) or 0) > step
+             and same_run(owner(p), run_id)]
     if not newer:
         return None
     aside = folder / f"abandoned-{stamp}"
@@ -239,8 +264,8 @@ def set_aside(folder: Path, step: int, run_id: str, stamp: str) -> Path | None:
 
 
 def choose(folder: Path, say: Callable[[str], None], run_id: str | None = None) -> Path | None:
-    """The newest undamaged checkpoint in `folder` (of run `run_id` when given); each damaged newer one is named
-    and skipped."""
+    """The newest undamaged checkpoint in `folder` (of run `run_id` when given); each damaged newer
+    one is named and skipped."""
     skipped: list[str] = []
     for path in complete_checkpoints(folder):
         if run_id is not None and not same_run(owner(path), run_id) and owner(path) is not None:
@@ -262,24 +287,31 @@ def check_same_run(meta: CheckpointMeta, cfg: dict[str, Any], path: Path) -> Non
               if meta.config.get(k) != cfg.get(k)]
     if differ:
         raise BadInput(f"checkpoint {path} belongs to another run ({'; '.join(differ)})",
-                       "Resume with the options of the run that wrote it, or start over without --resume")
+                       "Resume with the options of the run that wrote it, or start over without "
+                       "--resume")
 
 
 def check_same_schedule(meta: CheckpointMeta, cfg: dict[str, Any], path: Path) -> None:
-    """Refuse a resume whose options would change what the checkpoint fixes (SCHEDULE), naming each change: the
-    run would go on with the checkpoint's values and record these (a longer --max-steps trained nothing more)."""
-    ranks = meta.config.get("lr_world") or meta.world_size  # --lr-scaling scales by the rank count that wrote it
+    """Refuse a resume whose options would change what the checkpoint fixes (SCHEDULE), naming each
+    change: the run would go on with the checkpoint's values and record these (a longer --max-steps
+    trained nothing more)."""
+    # --lr-scaling scales by the rank count that wrote it
+    ranks = meta.config.get("lr_world") or meta.world_size
 
     def same(k: str) -> bool:
-        if k == "lr_scaling":  # auto there and linear (or none) here is no change if it scaled alike
+        # auto there and linear (or none) here is no change if it scaled alike
+        if k == "lr_scaling":
             peft = str(cfg.get("peft", "none"))  # another --peft is refused as another run
-            return resolved_scaling(meta.config[k], ranks, peft) == resolved_scaling(cfg.get(k, "auto"), ranks, peft)
+            return resolved_scaling(meta.config[k], ranks,
+                                    peft) == resolved_scaling(cfg.get(k, "auto"), ranks, peft)
         return bool(meta.config[k] == cfg.get(k))
 
-    differ = [f"--{k.replace('_', '-')}: {meta.config[k]!r} there, {cfg.get(k)!r} here" for k in SCHEDULE
+    differ = [f"--{k.replace('_', '-')}: {meta.config[k]!r} there, {cfg.get(k)!r} here"
+              for k in SCHEDULE
               if k in meta.config and not same(k)]  # a key older checkpoints lack: no say
     if differ:
-        raise BadInput(f"checkpoint {path} was written with other training options ({'; '.join(differ)})",
-                       "A resume goes on with the checkpoint's optimizer, learning-rate schedule and data position: "
-                       "resume with the options of the run that wrote it (its run folder's command.txt), or start "
-                       "a new run without --resume")
+        raise BadInput(f"checkpoint {path} was written with other training options "
+                       f"({'; '.join(differ)})",
+                       "A resume goes on with the checkpoint's optimizer, learning-rate schedule "
+                       "and data position: resume with the options of the run that wrote it (its "
+                       "run folder's command.txt), or start a new run without --resume")

@@ -88,8 +88,9 @@ def _column_index(path: Path, columns: list[str], name: str | int, role: str) ->
     if isinstance(name, int):
         return name
     if name not in columns:
-        raise BadInput(f"{role} column '{name}' not found in {path} (columns: {', '.join(columns)})",
-                       f"Pick one of those with --{role}-column" + ("s" if role == "text" else ""))
+        raise BadInput(
+            f"{role} column '{name}' not found in {path} (columns: {', '.join(columns)})",
+            f"Pick one of those with --{role}-column" + ("s" if role == "text" else ""))
     return columns.index(name)
 
 
@@ -107,7 +108,8 @@ def _labels_to_ids(path: Path, rows: Sequence[Row], raw: Sequence[str],
         try:
             return tuple(float(v) for v in raw)
         except ValueError as e:
-            raise BadInput(f"non-numeric score in {path}: {e}", "Regression labels must be numbers") from None
+            raise BadInput(f"non-numeric score in {path}: {e}",
+                           "Regression labels must be numbers") from None
     index = {n: i for i, n in enumerate(names)}
     out = []
     for (line, _), value in zip(rows, raw, strict=True):
@@ -167,7 +169,8 @@ def load_glue_hub(task: str) -> TaskData:
         return Split(tuple(tuple(part[c]) for c in spec.hub_text),
                      tuple(float(v) for v in part["label"]))
 
-    return TaskData(task, split("train"), split(spec.hub_validation_split), spec.labels, spec.metrics)
+    return TaskData(task, split("train"), split(spec.hub_validation_split), spec.labels,
+                    spec.metrics)
 
 
 def _read_records(path: Path) -> tuple[list[str], list[Row]]:
@@ -191,7 +194,8 @@ def _read_json(path: Path) -> tuple[list[str], list[Row]]:
         else:
             records = [(i + 1, json.loads(line)) for i, line in enumerate(lines) if line.strip()]
     except json.JSONDecodeError as e:
-        raise BadInput(f"malformed JSON in {path}: {e}", "Use JSON Lines or one JSON array") from None
+        raise BadInput(f"malformed JSON in {path}: {e}",
+                       "Use JSON Lines or one JSON array") from None
     if not records:
         raise BadInput(f"{path} is empty", "Give at least one record")
     columns = list(records[0][1])
@@ -218,9 +222,11 @@ def _is_scores(values: Iterable[str]) -> bool:
 
 def load_custom(train_file: Path, validation_file: Path | None, text_columns: Sequence[str],
                 label_column: str) -> TaskData:
-    """Read user data (csv, tsv, `;`-separated txt, json, jsonl): class labels, or scores for regression."""
+    """Read user data (csv, tsv, `;`-separated txt, json, jsonl): class labels, or scores for
+    regression."""
     if not 1 <= len(text_columns) <= 2:
-        raise BadInput(f"{len(text_columns)} text columns given", "Name one or two with --text-columns a[,b]")
+        raise BadInput(f"{len(text_columns)} text columns given",
+                       "Name one or two with --text-columns a[,b]")
     columns, rows = _read_records(train_file)
     label_idx = _column_index(train_file, columns, label_column, "label")
     raw = [_field(train_file, r, label_idx).strip() for r in rows]
@@ -230,7 +236,8 @@ def load_custom(train_file: Path, validation_file: Path | None, text_columns: Se
         raise BadInput(f"only one label value in {train_file}", "Training needs at least two")
     train = _split_from_table(train_file, columns, rows, text_columns, label_column, names)
     if validation_file is None:
-        raise BadInput("no validation file given", "Pass --validation-file (same columns as --train-file)")
+        raise BadInput("no validation file given",
+                       "Pass --validation-file (same columns as --train-file)")
     vcols, vrows = _read_records(validation_file)
     validation = _split_from_table(validation_file, vcols, vrows, text_columns, label_column, names)
     if not names:
@@ -244,8 +251,10 @@ def load_task(cfg: TrainConfig) -> TaskData:
     """The task's text data from wherever the config points (not for `synthetic`)."""
     if cfg.task == "custom":
         if cfg.train_file is None:
-            raise BadInput("task 'custom' needs --train-file", "Add --train-file and --validation-file")
-        return load_custom(Path(cfg.train_file), Path(cfg.validation_file) if cfg.validation_file else None,
+            raise BadInput("task 'custom' needs --train-file",
+                           "Add --train-file and --validation-file")
+        return load_custom(Path(cfg.train_file), Path(cfg.validation_file) if cfg.validation_file
+                           else None,
                            cfg.text_columns or ("text",), cfg.label_column or "label")
     if cfg.data_dir is not None:
         return load_glue_tsv(cfg.task, Path(cfg.data_dir))

@@ -39,12 +39,14 @@ class RankInfo:
     source: str  # the variable the rank came from, for error messages
 
 
-# srun's per-node task counts, the step's first (srun sets all three; sbatch's own may differ from a step's).
+# srun's per-node task counts, the step's first (srun sets all three; sbatch's own may differ from a
+# step's).
 SLURM_TASK_COUNTS = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE")
 
 
 def slurm_local_size(env: Mapping[str, str], size: int) -> int:
-    """Ranks on this node under srun: this node's entry (SLURM_NODEID) of a count list such as `2(x3),1`."""
+    """Ranks on this node under srun: this node's entry (SLURM_NODEID) of a count list such as
+    `2(x3),1`."""
     for var in SLURM_TASK_COUNTS:
         if env.get(var):
             try:
@@ -79,8 +81,9 @@ def init_distributed(info: RankInfo, backend: str, env: Mapping[str, str], timeo
         try:
             importlib.import_module("oneccl_bindings_for_pytorch")
         except ImportError:
-            raise BadInput("backend 'ccl' needs oneccl_bindings_for_pytorch, which is not installed",
-                           "Install Intel's torch-ccl wheel for your torch, or use --backend gloo") from None
+            raise BadInput(
+                "backend 'ccl' needs oneccl_bindings_for_pytorch, which is not installed",
+                "Install Intel's torch-ccl wheel for your torch, or use --backend gloo") from None
     for var in ("MASTER_ADDR", "MASTER_PORT"):
         if var not in env:
             raise BadInput(f"{var} is not set for rank {info.rank}",
@@ -94,7 +97,8 @@ def init_distributed(info: RankInfo, backend: str, env: Mapping[str, str], timeo
 
 
 def _loopback(name: str) -> str | None:
-    """The loopback address `name` resolves to here (Debian's `127.0.1.1 <hostname>` line), or None."""
+    """The loopback address `name` resolves to here (Debian's `127.0.1.1 <hostname>` line), or
+    None."""
     try:
         addr = socket.gethostbyname(name)
     except OSError:
@@ -103,8 +107,9 @@ def _loopback(name: str) -> str | None:
 
 
 def gloo_interface(info: RankInfo, env: Mapping[str, str]) -> str | None:
-    """The interface gloo must listen on when this node's name resolves to loopback in a job across nodes
-    (gloo binds the hostname's address, which the other nodes cannot reach); None when gloo's choice is right."""
+    """The interface gloo must listen on when this node's name resolves to loopback in a job across
+    nodes (gloo binds the hostname's address, which the other nodes cannot reach); None when gloo's
+    choice is right."""
     if env.get("GLOO_SOCKET_IFNAME") or info.local_world_size >= info.world_size:
         return None
     host = socket.gethostname()
@@ -113,8 +118,9 @@ def gloo_interface(info: RankInfo, env: Mapping[str, str]) -> str | None:
         return None
     iface = iface_toward(env)  # the interface toward the head (on the head: MASTER_ADDR's own)
     if iface is None:
-        raise BadInput(f"{host} resolves its own name to {own} (/etc/hosts), so gloo would listen where the other "
-                       "nodes cannot reach it", "Pass --iface with the interface toward the other nodes, or map "
+        raise BadInput(f"{host} resolves its own name to {own} (/etc/hosts), so gloo would listen "
+                       "where the other nodes cannot reach it",
+                       "Pass --iface with the interface toward the other nodes, or map "
                        f"{host} to its network address in /etc/hosts")
     return iface
 
@@ -123,9 +129,9 @@ def shutdown_distributed() -> None:
     """Leave the process group, if joined, after freeing what still holds it.
 
     DDP's reducer sits in reference cycles, so it lives until a collection; freeing it now joins the
-    group's threads here instead of in a destructor at interpreter exit, which aborted a rank now and
-    then ("terminate called without an active exception", 3 of 48 two-rank runs). Callers drop their
-    own references to the model first.
+    group's threads here instead of in a destructor at interpreter exit, which aborted a rank now
+    and then ("terminate called without an active exception", 3 of 48 two-rank runs). Callers drop
+    their own references to the model first.
     """
     import gc
 
@@ -139,11 +145,11 @@ def shutdown_distributed() -> None:
 def exit_rank(code: int) -> NoReturn:
     """End a rank process after shutdown_distributed, without the interpreter's finalization.
 
-    Everything a rank owes is written and flushed by then (result.json, the model, the report folders, closed by
-    their owners). What finalization would still do is destroy torch's leftover C++ objects, and there gloo's
-    threads abort a rank now and then even after destroy_process_group ("terminate called without an active
-    exception", exit code 6 after a run that had finished), which the launcher reports as a failed
-    job. The kernel frees the rest.
+    Everything a rank owes is written and flushed by then (result.json, the model, the report
+    folders, closed by their owners). What finalization would still do is destroy torch's leftover
+    C++ objects, and there gloo's threads abort a rank now and then even after destroy_process_group
+    ("terminate called without an active exception", exit code 6 after a run that had finished),
+    which the launcher reports as a failed job. The kernel frees the rest.
     """
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):

@@ -1,21 +1,24 @@
-"""Dropout whose random mask costs less than torch's: the lever that matters once bf16 GEMMs are cheap.
+"""Dropout whose random mask costs less than torch's: the lever that matters once bf16 GEMMs are
+cheap.
 
 torch draws every dropout element from its CPU generator one at a time (bernoulli_), which made
-dropout a large share of a MiniLM training step on an AMX CPU (benchmarks/results/dropout-draw-*.md).
-Here one 64-bit random word gives four 16-bit uniforms: an element is kept
-when its uniform falls under round(65536 (1 - p)), and kept elements are scaled by 65536 / that threshold, so
-the expectation is exact. Same p, same seeding and checkpointed RNG state; a different (equally random) mask
-than torch's.
+dropout a large share of a MiniLM training step on an AMX CPU
+(benchmarks/results/dropout-draw-*.md). Here one 64-bit random word gives four 16-bit uniforms: an
+element is kept when its uniform falls under round(65536 (1 - p)), and kept elements are scaled by
+65536 / that threshold, so the expectation is exact. Same p, same seeding and checkpointed RNG
+state; a different (equally random) mask than torch's.
 
-The words come from numpy's SFC64 generator seeded by torch's default generator, not from torch's random_ (its
-CPU kernel is serial and costs a call per element). A draw is serial either way, so once the matrix products use
-every core it is what is left (benchmarks/results/lora-step-profile-*.txt; the two draws side by side:
+The words come from numpy's SFC64 generator seeded by torch's default generator, not from torch's
+random_ (its CPU kernel is serial and costs a call per element). A draw is serial either way, so
+once the matrix products use every core it is what is left
+(benchmarks/results/lora-step-profile-*.txt; the two draws side by side:
 benchmarks/dropout_draw.py).
 
-`install(model)` swaps every nn.Dropout for FastDropout and, for the families in FAST_ATTENTION, routes the
-attention of training steps through `attention` (softmax, this dropout, matmul); evaluation keeps PyTorch's fused
-SDPA kernel. Another family keeps its own attention (DeBERTa's disentangled one never calls transformers'
-attention interface); `attention_used(model)` says which ran, for result.json.
+`install(model)` swaps every nn.Dropout for FastDropout and, for the families in FAST_ATTENTION,
+routes the attention of training steps through `attention` (softmax, this dropout, matmul);
+evaluation keeps PyTorch's fused SDPA kernel. Another family keeps its own attention (DeBERTa's
+disentangled one never calls transformers' attention interface); `attention_used(model)` says which
+ran, for result.json.
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ import numpy as np
 import torch
 
 ATTENTION = "cpudist_fast_dropout"
-# model_type of the families whose attention `attention` computes as SDPA does: plain or grouped-query heads,
-# masks from transformers' mask interface (padding, causal, sliding windows), no bias added to the scores.
-# Each is proven against SDPA in tests/unit/test_architectures.py; a family joins only with its test.
-FAST_ATTENTION = frozenset({"bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert", "modernbert",
+# model_type of the families whose attention `attention` computes as SDPA does: plain or
+# grouped-query heads, masks from transformers' mask interface (padding, causal, sliding windows),
+# no bias added to the scores. Each is proven against SDPA in tests/unit/test_architectures.py; a
+# family joins only with its test.
+FAST_ATTENTION = frozenset({"bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert",
+                            "modernbert",
                             "qwen2", "llama"})
 LANES = 4  # 16-bit uniforms per 64-bit draw
 
@@ -53,10 +58,11 @@ SFC64_FROM = 8192  # words; below, torch's draw is cheaper than seeding a genera
 
 
 def random_words(n: int) -> torch.Tensor:
-    """n random int64 words over the full signed range, from torch's default generator's state: the same seed gives
-    the same words, and a checkpoint's RNG state the same masks. From SFC64_FROM words on, numpy's SFC64 seeded by
-    one draw of it; below, torch's random_ on it directly (its full signed range: random_() with its own bounds
-    leaves the top bit 0, which would bias every fourth 16-bit lane)."""
+    """n random int64 words over the full signed range, from torch's default generator's state: the
+    same seed gives the same words, and a checkpoint's RNG state the same masks. From SFC64_FROM
+    words on, numpy's SFC64 seeded by one draw of it; below, torch's random_ on it directly (its
+    full signed range: random_() with its own bounds leaves the top bit 0, which would bias every
+    fourth 16-bit lane)."""
     if n < SFC64_FROM:
         return torch_words(n)
     seed = int(torch.randint(0, 2**62, ()))
@@ -64,10 +70,10 @@ def random_words(n: int) -> torch.Tensor:
 
 
 class _Dropout(torch.autograd.Function):
-    """x * keep * scale. Backward keeps the bool mask (1 byte an element, as torch's dropout does), not a float
-    one: for attention weights [batch, heads, L, L] in fp32 a float mask was 4 bytes an element of what the
-    forward holds for backward. The numbers are those of x * (keep * scale) to the bit: times 1 or 0, then the
-    scale, rounded to x's dtype as before."""
+    """x * keep * scale. Backward keeps the bool mask (1 byte an element, as torch's dropout does),
+    not a float one: for attention weights [batch, heads, L, L] in fp32 a float mask was 4 bytes an
+    element of what the forward holds for backward. The numbers are those of x * (keep * scale) to
+    the bit: times 1 or 0, then the scale, rounded to x's dtype as before."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, p: float) -> torch.Tensor:
@@ -99,23 +105,29 @@ class FastDropout(torch.nn.Dropout):
 
 
 def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-              attention_mask: torch.Tensor | None, scaling: float | None = None, dropout_p: float = 0.0,
+              attention_mask: torch.Tensor | None, scaling: float | None = None,
+              dropout_p: float = 0.0,
               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """transformers' attention interface: SDPA without dropout; with it, the eager path and this dropout."""
+    """transformers' attention interface: SDPA without dropout; with it, the eager path and this
+    dropout."""
     from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
     p = float(kwargs.pop("dropout", dropout_p))
     if p == 0.0 or not module.training:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=0.0,
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
+                                      dropout=0.0,
                                       **kwargs)
     groups = int(getattr(module, "num_key_value_groups", 1))
-    if groups > 1:  # grouped-query attention (Llama, Qwen2): each key/value head serves `groups` query heads
+    # grouped-query attention (Llama, Qwen2): each key/value head serves `groups` query heads
+    if groups > 1:
         key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     causal = kwargs.get("is_causal")
     causal = getattr(module, "is_causal", True) if causal is None else causal  # SDPA's default
-    if attention_mask is None and causal and query.size(2) > 1:  # an all-causal mask left to SDPA's is_causal
+    # an all-causal mask left to SDPA's is_causal
+    if attention_mask is None and causal and query.size(2) > 1:
         attention_mask = torch.ones(query.size(2), key.size(2), dtype=torch.bool).tril()
-    scores = torch.matmul(query, key.transpose(2, 3)) * (query.size(-1) ** -0.5 if scaling is None else scaling)
+    scores = torch.matmul(query, key.transpose(2, 3)) * (query.size(-1) ** -0.5 if scaling is None
+                                                         else scaling)
     if attention_mask is not None:
         if attention_mask.dtype == torch.bool:  # SDPA's mask form: True where a query may attend
             scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
@@ -146,6 +158,7 @@ def install(model: torch.nn.Module) -> int:
 
 
 def attention_used(model: torch.nn.Module) -> str:
-    """The attention of training steps: 'cpudist-fast-dropout', or the model's own ('sdpa', 'eager', ...)."""
+    """The attention of training steps: 'cpudist-fast-dropout', or the model's own ('sdpa', 'eager',
+    ...)."""
     used = str(getattr(getattr(model, "config", None), "_attn_implementation", None) or "")
     return "cpudist-fast-dropout" if used == ATTENTION else used

@@ -1,4 +1,5 @@
-"""ddp's word-embedding gradient averaged over the rows a step touched (--embedding-sync rows, the default)."""
+"""ddp's word-embedding gradient averaged over the rows a step touched (--embedding-sync rows, the
+default)."""
 
 from __future__ import annotations
 
@@ -10,19 +11,22 @@ from cpudist.train.exchange import CommClock, mean_, wire_dtype
 
 
 class EmbeddingRows:
-    """The word embedding's gradient averaged over the rows a step touched (ddp, --embedding-sync rows).
+    """The word embedding's gradient averaged over the rows a step touched (ddp, --embedding-sync
+    rows).
 
-    A step's word-embedding gradient is zero but on the rows of the tokens its batches held: 1,725 of
-    MiniLM's 30,522 rows (6%) for 4 ranks x 32 MRPC pairs, 738 for SST-2. DDP all-reduces all of it, and
-    last, since backward reaches the embedding last: half of MiniLM's parameters (a fifth of bert-base's, 69%
-    of XLM-R's), in the one bucket no backward compute hides. Here DDP leaves the weight out; after backward
-    the ranks take the max of their touched-row masks (one all-reduce of V bytes), then average those rows
-    only (exchange.mean_, in the wire's dtype). A row no rank touched is zero on every rank, so this is DDP's
-    mean. The rows are read off the gradient, not the token ids, so whatever else uses the weight counts; a
-    weight shared with another module stays with DDP (two names: DDP would still reduce it under the other).
+    A step's word-embedding gradient is zero but on the rows of the tokens its batches held: 1,725
+    of MiniLM's 30,522 rows (6%) for 4 ranks x 32 MRPC pairs, 738 for SST-2. DDP all-reduces all of
+    it, and last, since backward reaches the embedding last: half of MiniLM's parameters (a fifth of
+    bert-base's, 69% of XLM-R's), in the one bucket no backward compute hides. Here DDP leaves the
+    weight out; after backward the ranks take the max of their touched-row masks (one all-reduce of
+    V bytes), then average those rows only (exchange.mean_, in the wire's dtype). A row no rank
+    touched is zero on every rank, so this is DDP's mean. The rows are read off the gradient, not
+    the token ids, so whatever else uses the weight counts; a weight shared with another module
+    stays with DDP (two names: DDP would still reduce it under the other).
     """
 
-    def __init__(self, weight: torch.Tensor, name: str, index: int, world: int, wire: torch.dtype | None):
+    def __init__(self, weight: torch.Tensor, name: str, index: int, world: int, wire: torch.dtype
+                 | None):
         self.weight, self.name, self.index, self.world, self.wire = weight, name, index, world, wire
         self.rows_synced, self.syncs = 0, 0
         # DDP broadcasts rank 0's parameters at construction, but not the ones it ignores.
@@ -31,10 +35,11 @@ class EmbeddingRows:
 
     @classmethod
     def of(cls, model: torch.nn.Module, spec: SyncSpec, world: int) -> EmbeddingRows | None:
-        """Rows sync of the model's trained, unshared word embedding (None: none, frozen, shared, one rank,
-        PowerSGD, or --embedding-sync dense)."""
+        """Rows sync of the model's trained, unshared word embedding (None: none, frozen, shared,
+        one rank, PowerSGD, or --embedding-sync dense)."""
         get = getattr(model, "get_input_embeddings", None)
-        # PowerSGD's rank-r factors of the embedding are smaller still (MiniLM's: 124 KB at r=1): it keeps it
+        # PowerSGD's rank-r factors of the embedding are smaller still (MiniLM's: 124 KB at r=1): it
+        # keeps it
         wanted = spec.embedding_sync == "rows" and spec.grad_compression != "powersgd" and world > 1
         embedding = get() if wanted and callable(get) else None
         if not isinstance(embedding, torch.nn.Embedding) or not embedding.weight.requires_grad:
@@ -48,8 +53,10 @@ class EmbeddingRows:
                    wire_dtype(spec.grad_compression))
 
     def mean(self, clock: CommClock) -> None:
-        """Make the weight's gradient the mean over ranks, exchanging only the rows some rank touched."""
-        if self.weight.grad is None:  # a rank whose step never reached the embedding still takes part
+        """Make the weight's gradient the mean over ranks, exchanging only the rows some rank
+        touched."""
+        # a rank whose step never reached the embedding still takes part
+        if self.weight.grad is None:
             self.weight.grad = torch.zeros_like(self.weight)
         grad = self.weight.grad
         touched = grad.ne(0).any(dim=1).to(torch.uint8)

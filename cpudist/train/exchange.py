@@ -1,4 +1,5 @@
-"""What every sync strategy shares: the Strategy interface the loop calls, its clock, the bucketed mean.
+"""What every sync strategy shares: the Strategy interface the loop calls, its clock, the bucketed
+mean.
 
 The loop calls `skip()` around non-final micro-batches of an accumulation, `gradients()` once the
 step's backward passes are done, and `parameters()` after the optimizer step. Every exchange is
@@ -23,7 +24,8 @@ from cpudist.strategies import SyncSpec
 
 @dataclass
 class CommClock:
-    """Time the sync's collectives were in flight (union of intervals) and the time steps waited for them."""
+    """Time the sync's collectives were in flight (union of intervals) and the time steps waited for
+    them."""
 
     busy_s: float = 0.0
     exposed_s: float = 0.0
@@ -36,13 +38,15 @@ class CommClock:
         return self.ready()
 
     def ready(self) -> float:
-        """A gradient the step waits for is computed (a bucket handed over, or one synced after backward)."""
+        """A gradient the step waits for is computed (a bucket handed over, or one synced after
+        backward)."""
         t = time.perf_counter()
         self._last_ready = max(self._last_ready, t)
         return t
 
     def finished(self, start: float) -> None:
-        self._intervals.append((start, time.perf_counter()))  # from gloo's thread: list.append is atomic
+        # from gloo's thread: list.append is atomic
+        self._intervals.append((start, time.perf_counter()))
 
     def blocking(self, start: float) -> None:
         """A collective the step waited for from start to now."""
@@ -61,13 +65,15 @@ class CommClock:
             self.cpu_s += max(0.0, time.perf_counter() - start - (self._blocked_s - blocked))
 
     def overlap_done(self) -> None:
-        """The overlapped (DDP) buckets are back: add the wait since the last one was handed over."""
+        """The overlapped (DDP) buckets are back: add the wait since the last one was handed
+        over."""
         if self._intervals:
             self.exposed_s += max(0.0, time.perf_counter() - self._last_ready)
             self._last_ready = 0.0
 
     def end_step(self, overlapped: bool) -> None:
-        """Close the step: add its in-flight time; for overlapped (DDP) buckets, the wait after the last one."""
+        """Close the step: add its in-flight time; for overlapped (DDP) buckets, the wait after the
+        last one."""
         if overlapped:
             self.overlap_done()
         busy, end = 0.0, float("-inf")
@@ -78,7 +84,8 @@ class CommClock:
         self._intervals, self._last_ready = [], 0.0
 
 
-WIRES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # --grad-compression values that are a wire dtype
+# --grad-compression values that are a wire dtype
+WIRES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def wire_dtype(compression: str) -> torch.dtype | None:
@@ -88,8 +95,9 @@ def wire_dtype(compression: str) -> torch.dtype | None:
 
 def mean_(tensors: list[torch.Tensor], world: int, clock: CommClock, cap_bytes: float | None = None,
            wire: torch.dtype | None = None) -> None:
-    """Average tensors across ranks in place, in buckets of about `cap_bytes` on the wire (one bucket when None);
-    `wire`: the dtype they cross it in (bf16 halves fp32's bytes), summed in fp32 again once back."""
+    """Average tensors across ranks in place, in buckets of about `cap_bytes` on the wire (one
+    bucket when None); `wire`: the dtype they cross it in (bf16 halves fp32's bytes), summed in fp32
+    again once back."""
     bucket: list[torch.Tensor] = []
     size = 0
     for t in [*tensors, None]:
@@ -109,7 +117,8 @@ def mean_(tensors: list[torch.Tensor], world: int, clock: CommClock, cap_bytes: 
 
 
 class Strategy:
-    """The default for one rank: nothing to exchange. A subclass with a `name` is that strategy's code."""
+    """The default for one rank: nothing to exchange. A subclass with a `name` is that strategy's
+    code."""
 
     name = ""  # its row in cpudist/strategies.py
     registry: ClassVar[dict[str, type[Strategy]]] = {}
@@ -142,15 +151,19 @@ class Strategy:
         self.clock.end_step(overlapped=False)
 
     def parameters(self, step: int, final: bool = False) -> None:
-        """After the optimizer step (and `final` after the last one): reconcile parameters if needed."""
+        """After the optimizer step (and `final` after the last one): reconcile parameters if
+        needed."""
 
     def state(self) -> dict[str, Any]:
-        """What a checkpoint must keep for this strategy to go on, alike on every rank (rank 0's is written)."""
+        """What a checkpoint must keep for this strategy to go on, alike on every rank (rank 0's is
+        written)."""
         return {}
 
     def rank_state(self) -> dict[str, Any]:
-        """What a checkpoint must keep of this rank's own (gathered from every rank; {}: nothing)."""
+        """What a checkpoint must keep of this rank's own (gathered from every rank; {}:
+        nothing)."""
         return {}
 
     def load(self, state: dict[str, Any], mine: dict[str, Any] | None) -> None:
-        """Take back what `state()` and this rank's `rank_state()` gave (mine None: a checkpoint without it)."""
+        """Take back what `state()` and this rank's `rank_state()` gave (mine None: a checkpoint
+        without it)."""

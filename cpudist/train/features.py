@@ -44,10 +44,13 @@ def synthetic(n: int, seq_len: int, vocab_size: int, num_labels: int, seed: int)
     return Encoded(ids, None, labels, 0)
 
 
-def collate(data: Encoded, indices: Sequence[int], regression: bool, multiple: int = 1) -> dict[str, torch.Tensor]:
-    """Pad a batch to its own longest row (dynamic padding), rounded up to `multiple`, and build its tensors.
+def collate(data: Encoded, indices: Sequence[int], regression: bool, multiple: int = 1) -> dict[str,
+                                                                                                torch.Tensor]:
+    """Pad a batch to its own longest row (dynamic padding), rounded up to `multiple`, and build its
+    tensors.
 
-    A `multiple` above 1 gives a few static shapes (what a compiled model wants) instead of one per length.
+    A `multiple` above 1 gives a few static shapes (what a compiled model wants) instead of one per
+    length.
     """
     longest = max(len(data.input_ids[i]) for i in indices)
     longest = -(-longest // multiple) * multiple

@@ -31,13 +31,14 @@ from cpudist.wire import events
 
 @dataclass
 class Evaluations:
-    """Every evaluation of this part of the run, in order, and the best one's step, metrics and (rank 0) weights."""
+    """Every evaluation of this part of the run, in order, and the best one's step, metrics and
+    (rank 0) weights."""
 
     every: int | None  # optimizer steps between evaluations during training (None: at the end only)
     metric: str  # what "best" compares
     keep_best: bool  # --save-model best: copy the weights of each new best (rank 0)
-    # {"step", "metrics", "seconds", "at"}: "at" is the wall clock (Unix seconds) when it ended, so a benchmark reads
-    # the time from its launch to an accuracy (benchmarks/time_to_accuracy.py)
+    # {"step", "metrics", "seconds", "at"}: "at" is the wall clock (Unix seconds) when it ended, so
+    # a benchmark reads the time from its launch to an accuracy (benchmarks/time_to_accuracy.py)
     history: list[dict[str, Any]] = field(default_factory=list)
     best: dict[str, Any] | None = None
     best_state: dict[str, torch.Tensor] | None = None
@@ -68,8 +69,10 @@ class Evaluations:
             return epoch_end
         return self.every is not None and step % self.every == 0
 
-    def run(self, job: Job, step: int, during: bool = False) -> tuple[dict[str, float], dict[str, float]]:
-        """Evaluate the model as it is now (every rank calls it), note it, keep its weights if it is the best."""
+    def run(self, job: Job, step: int, during: bool = False) -> tuple[dict[str, float],
+                                                                      dict[str, float]]:
+        """Evaluate the model as it is now (every rank calls it), note it, keep its weights if it is
+        the best."""
         model = getattr(job.model, "module", job.model)
         if job.info.rank == 0 and not during:
             events.emit(events.EVAL, rows=len(job.eval_data))
@@ -111,7 +114,8 @@ class Evaluations:
                                                                   self.threshold, best)}
 
     def saved(self, save_model: str) -> dict[str, Any] | None:
-        """The evaluation whose model --save-model keeps: the best one, or the last (None: no evaluation)."""
+        """The evaluation whose model --save-model keeps: the best one, or the last (None: no
+        evaluation)."""
         if not self.history:
             return None
         return self.best if save_model == "best" else self.history[-1]

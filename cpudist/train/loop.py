@@ -49,14 +49,18 @@ class TrainStats:
     losses: list[float] = field(default_factory=list)
     checkpoints: list[str] = field(default_factory=list)  # written by this part
     stopped: str | None = None  # why the ranks stopped early (after a checkpoint), if they did
-    compiling: set[int] = field(default_factory=set)  # indexes of this part's steps that met a new shape (--compile)
-    strategy: sync.Strategy | None = None  # how the ranks agreed (its clock holds this part's communication times)
-    tx_bytes: int | None = None  # what this node's interface sent during this part's steps (one rank per node)
+    # indexes of this part's steps that met a new shape (--compile)
+    compiling: set[int] = field(default_factory=set)
+    # how the ranks agreed (its clock holds this part's communication times)
+    strategy: sync.Strategy | None = None
+    # what this node's interface sent during this part's steps (one rank per node)
+    tx_bytes: int | None = None
     anatomy: StepLog = field(default_factory=StepLog)  # where this part's steps went (anatomy.py)
     warmup_steps: int = 0  # of the lr schedule (--warmup-steps, or --warmup-ratio's share)
 
     def steady_samples_per_s(self) -> float:
-        """Samples/s of the steps past the warm-up that compiled nothing (the wall time counts them all)."""
+        """Samples/s of the steps past the warm-up that compiled nothing (the wall time counts them
+        all)."""
         k = WARMUP_STEPS_EXCLUDED if len(self.step_times) > 2 * WARMUP_STEPS_EXCLUDED else 0
         every = range(len(self.step_times))
         kept = [i for i in every if i >= k and i not in self.compiling] or list(every)
@@ -66,14 +70,18 @@ class TrainStats:
 
 def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None = None,
           evals: Evaluations | None = None, report: Reporters | None = None) -> TrainStats:
-    """Train the job's model (synced by its --sync strategy when world > 1) and return what was measured;
-    `evals` evaluates every --eval-every steps (outside the steps' times); `report` gets steps and evaluations."""
+    """Train the job's model (synced by its --sync strategy when world > 1) and return what was
+    measured; `evals` evaluates every --eval-every steps (outside the steps' times); `report` gets
+    steps and evaluations."""
     cfg, model, data, regression, bf16 = job.cfg, job.model, job.train_data, job.regression, job.bf16
-    rank, world, iface = job.info.rank, job.info.world_size, job.iface  # iface: where this rank counts bytes sent
+    # iface: where this rank counts bytes sent
+    rank, world, iface = job.info.rank, job.info.world_size, job.iface
     inner = getattr(model, "module", model)  # under DDP, the model it wraps
-    shape = dataclasses.replace(shape_of(inner), first_token_only_params=last_layer.first_token_only_params(inner))
+    shape = dataclasses.replace(shape_of(inner),
+                                first_token_only_params=last_layer.first_token_only_params(inner))
     start = restored.meta.position if restored else START
-    per_epoch, batches = batch_plan(cfg, data, rank, world, start, restored.meta.world_size if restored else None)
+    per_epoch, batches = batch_plan(cfg, data, rank, world, start, restored.meta.world_size
+                                    if restored else None)
     total = restored.meta.total if restored else plan_steps(cfg, per_epoch)
     opt = _optimizer(cfg, model, effective_lr(cfg, world))
     if cfg.ipex:
@@ -106,7 +114,8 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
             micro_batches = [next(batches) for _ in range(cfg.grad_accum)]
             step_rows = sum(n for _, _, n in micro_batches)
             last = micro_batches[-1][0]
-            next_pos = Position(last.epoch, last.index + 1)  # past an epoch's end: the iterator rolls over
+            # past an epoch's end: the iterator rolls over
+            next_pos = Position(last.epoch, last.index + 1)
             loss_sum, n_local, tokens, flops = torch.zeros((), dtype=torch.float64), 0, 0, 0.0
             mine = sum(len(idx) for _, idx, _ in micro_batches)
             local = strategy.local_step(stats.steps + 1)
@@ -114,14 +123,16 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
                 batch = collate(data, idx, regression, multiple)
                 if cfg.compile and tuple(batch["input_ids"].shape) not in shapes:
                     shapes.add(tuple(batch["input_ids"].shape))
-                    stats.compiling.add(len(stats.step_times))  # this step compiles (or loads) a graph
+                    # this step compiles (or loads) a graph
+                    stats.compiling.add(len(stats.step_times))
                 # Gradients are exchanged only after the last micro-batch of an accumulation.
                 last_micro = micro == cfg.grad_accum - 1
                 with (contextlib.nullcontext() if last_micro else strategy.skip()), autocast:
                     loss = forward(**batch).loss
-                # Each row weighs 1/(rows of the global step) whatever its rank's share: the exchange
-                # averages over ranks, so scale by world x local rows / global rows (unequal last
-                # batches). A local step (local SGD) takes the mean over this rank's rows.
+                # Each row weighs 1/(rows of the global step) whatever its rank's share: the
+                # exchange averages over ranks, so scale by world x local rows / global rows
+                # (unequal last batches). A local step (local SGD) takes the mean over this rank's
+                # rows.
                 (loss * (len(idx) / mine if local else len(idx) * world / step_rows)).backward()
                 loss_sum += loss.detach().double() * len(idx)
                 n_local += len(idx)
@@ -137,18 +148,21 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
             stats.steps += 1
             stats.train_time_s += dt
             stats.step_times.append(dt)
-            pending.append(Pending(step=stats.steps, loss_sum=loss_sum, samples=n_local, tokens=tokens, flops=flops,
+            pending.append(Pending(step=stats.steps, loss_sum=loss_sum, samples=n_local,
+                                   tokens=tokens, flops=flops,
                                    dt=dt, lr=sched.get_last_lr()[0], grad_norm=grad_norm,
                                    waited=strategy.clock.exposed_s - waited))
             if stats.steps % cfg.log_every == 0 or stats.steps == total:
                 _flush(pending, stats, log, world, total, report)
                 pending = []
             agreeing = time.perf_counter()
-            stop_now, save_now = _agree(stop, saver, stats.steps, time.monotonic() - last_save, world)
+            stop_now, save_now = _agree(stop, saver, stats.steps, time.monotonic() - last_save,
+                                        world)
             # where ranks meet on a step without an exchange (local SGD)
             stats.anatomy.agree(time.perf_counter() - agreeing)
-            # Before the checkpoint, as HF's Trainer: it then holds this evaluation (a stop skips it: time counts)
-            # --eval-strategy and --save-strategy: the same on every rank (the batch plan is shared)
+            # Before the checkpoint, as HF's Trainer: it then holds this evaluation (a stop skips
+            # it: time counts) --eval-strategy and --save-strategy: the same on every rank (the
+            # batch plan is shared)
             epoch_end = any(pos.index == per_epoch - 1 for pos, _, _ in micro_batches)
             evaluated = not stop_now and evals is not None and evals.due(stats.steps, total,
                                                                          epoch_end)
@@ -171,7 +185,8 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
                 break
         stats.anatomy.loop_s = time.perf_counter() - looped
         stats.anatomy.eval_s = sum(e["seconds"] for e in evals.history) if evals else 0.0
-        strategy.parameters(stats.steps, final=True)  # local SGD: evaluate (and keep) the ranks' mean
+        # local SGD: evaluate (and keep) the ranks' mean
+        strategy.parameters(stats.steps, final=True)
         tx_end = _counted(iface, world)
         if tx_start is not None and tx_end is not None:
             stats.tx_bytes = tx_end - tx_start
@@ -182,7 +197,8 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
 
 
 def _counted(iface: str | None, world: int) -> int | None:
-    """The interface's sent bytes once every rank got here (so no peer's traffic straddles the reading)."""
+    """The interface's sent bytes once every rank got here (so no peer's traffic straddles the
+    reading)."""
     if world > 1:
         dist.barrier()
     return netcount.tx_bytes(iface)
@@ -190,7 +206,8 @@ def _counted(iface: str | None, world: int) -> int | None:
 
 @dataclass(frozen=True)
 class Pending:
-    """One optimizer step as this rank saw it, held until the next log line sums it over the ranks."""
+    """One optimizer step as this rank saw it, held until the next log line sums it over the
+    ranks."""
 
     step: int
     loss_sum: torch.Tensor  # this rank's, summed over its rows
@@ -203,21 +220,26 @@ class Pending:
     waited: float  # this rank's wait for the exchange in this step
 
 
-def clip_and_step(model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any, max_norm: float) -> float:
-    """Clip the (already all-reduced) gradients to `max_norm` (0: no clipping), step; the norm before clipping."""
+def clip_and_step(model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any,
+                  max_norm: float) -> float:
+    """Clip the (already all-reduced) gradients to `max_norm` (0: no clipping), step; the norm
+    before clipping."""
     params = [p for p in model.parameters() if p.grad is not None]
     if max_norm > 0:
         norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
     else:
-        norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params])))
+        norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad)
+                                                           for p in params])))
     opt.step()
     sched.step()
     opt.zero_grad(set_to_none=True)
     return norm
 
 
-def _agree(stop: StopRequests, saver: Saver, step: int, since_save_s: float, world: int) -> tuple[bool, bool]:
-    """(stop, save) as every rank sees it: any rank's stop request, rank 0's clock for timed saves."""
+def _agree(stop: StopRequests, saver: Saver, step: int, since_save_s: float,
+           world: int) -> tuple[bool, bool]:
+    """(stop, save) as every rank sees it: any rank's stop request, rank 0's clock for timed
+    saves."""
     timed = saver.every_s is not None and since_save_s >= saver.every_s
     flags = torch.tensor([stop.pending() is not None, timed], dtype=torch.float32)
     if world > 1:
@@ -249,7 +271,8 @@ def _optimizer(cfg: TrainConfig, model: torch.nn.Module, lr: float) -> torch.opt
               {"params": no_decay, "weight_decay": 0.0}]
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=lr)
-    # Fused AdamW: one kernel over all parameters, 80 -> 19 ms a step for MiniLM (benchmarks/README.md).
+    # Fused AdamW: one kernel over all parameters, 80 -> 19 ms a step for MiniLM
+    # (benchmarks/README.md).
     return torch.optim.AdamW(groups, lr=lr, fused=True)
 
 
@@ -258,7 +281,8 @@ def _flush(pending: list[Pending], stats: TrainStats,
     """One all-reduce per logging interval gives the global loss, samples and tokens per step."""
     if not pending:
         return
-    vec = torch.tensor([[float(p.loss_sum), p.samples, p.tokens, p.flops] for p in pending], dtype=torch.float64)
+    vec = torch.tensor([[float(p.loss_sum), p.samples, p.tokens, p.flops] for p in pending],
+                       dtype=torch.float64)
     if world > 1:
         dist.all_reduce(vec)
     for p, (loss, samples, tokens, flops) in zip(pending, vec.tolist(), strict=True):
@@ -270,11 +294,14 @@ def _flush(pending: list[Pending], stats: TrainStats,
         stats.losses.append(loss)
         if log is not None:
             log.write(json.dumps({"step": p.step, "loss": loss, "lr": p.lr, "samples": int(samples),
-                                  "tokens": int(tokens), "step_time_s": p.dt, "grad_norm": p.grad_norm}) + "\n")
-            if report is not None:  # as HF's report_to names them; comm_share: rank 0's wait for the exchange
-                report.log_step(p.step, {"loss": loss, "learning_rate": p.lr, "grad_norm": p.grad_norm,
-                                         "samples_per_s": samples / p.dt if p.dt else 0.0,
-                                         "comm_share": p.waited / p.dt if p.dt else 0.0})
+                                  "tokens": int(tokens), "step_time_s": p.dt,
+                                  "grad_norm": p.grad_norm}) + "\n")
+            # as HF's report_to names them; comm_share: rank 0's wait for the exchange
+            if report is not None:
+                report.log_step(p.step,
+                                {"loss": loss, "learning_rate": p.lr, "grad_norm": p.grad_norm,
+                                 "samples_per_s": samples / p.dt if p.dt else 0.0,
+                                 "comm_share": p.waited / p.dt if p.dt else 0.0})
     if log is not None:
         log.flush()
         last = pending[-1]

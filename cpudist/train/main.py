@@ -1,8 +1,10 @@
-"""One rank's whole part of a run: set up, resume, train, evaluate, and (on rank 0) write the rank report.
+"""One rank's whole part of a run: set up, resume, train, evaluate, and (on rank 0) write the rank
+report.
 
-The entry point (cpudist/rank.py, `python -m cpudist.rank`) parses the TrainConfig, finds the rank and
-hands in what the rank reaches of its cloud provider (a Provider: the checkpoint mirror's object store,
-the spot-notice poller); this module and the rest of cpudist/train know only those interfaces.
+The entry point (cpudist/rank.py, `python -m cpudist.rank`) parses the TrainConfig, finds the rank
+and hands in what the rank reaches of its cloud provider (a Provider: the checkpoint mirror's object
+store, the spot-notice poller); this module and the rest of cpudist/train know only those
+interfaces.
 """
 
 from __future__ import annotations
@@ -46,8 +48,10 @@ from cpudist.wire import events, exits, programs, stop_marker
 class Provider:
     """What a rank reaches of its cloud provider, built by the entry point; nothing by default."""
 
-    store: Callable[[str], ObjectStore] | None = None  # --checkpoint-s3's location -> its object store
-    notices: Callable[[str], NoticePoller | None] | None = None  # --imds's setting -> a poller (None: no notices)
+    # --checkpoint-s3's location -> its object store
+    store: Callable[[str], ObjectStore] | None = None
+    # --imds's setting -> a poller (None: no notices)
+    notices: Callable[[str], NoticePoller | None] | None = None
 
 
 def _mirror(cfg: TrainConfig, provider: Provider) -> Mirror | None:
@@ -55,7 +59,8 @@ def _mirror(cfg: TrainConfig, provider: Provider) -> Mirror | None:
     if not cfg.checkpoint_s3:
         return None
     if provider.store is None:
-        raise BadInput(f"--checkpoint-s3 {cfg.checkpoint_s3}: this rank has no object store to copy checkpoints to",
+        raise BadInput(f"--checkpoint-s3 {cfg.checkpoint_s3}: this rank has no object store to "
+                       "copy checkpoints to",
                        f"Start ranks with `{programs.usage(programs.RANK)}` (as `cpudist run` does)")
     return Mirror(provider.store(cfg.checkpoint_s3), cfg.run_id)
 
@@ -70,13 +75,15 @@ def _say_rank0(rank: int) -> Callable[[str], None]:
 
 
 def _wire(cfg: TrainConfig, info: RankInfo) -> TrainConfig:
-    """--grad-compression auto made what it does here (bf16 for ddp across nodes), said by rank 0 when it is bf16."""
+    """--grad-compression auto made what it does here (bf16 for ddp across nodes), said by rank 0
+    when it is bf16."""
     if cfg.grad_compression != "auto":
         return cfg
     across = info.local_world_size < info.world_size
     wire = resolved_compression(cfg.grad_compression, cfg.sync, across)
     if wire != "none":
-        _say_rank0(info.rank)(f"gradients cross the network in {wire} (--grad-compression auto: {wire} for ddp "
+        _say_rank0(info.rank)(f"gradients cross the network in {wire} (--grad-compression auto: "
+                              f"{wire} for ddp "
                               "when the ranks span nodes; --grad-compression none keeps fp32)")
     return dataclasses.replace(cfg, grad_compression=wire)
 
@@ -86,11 +93,13 @@ def _warn(line: str) -> None:
     sys.stderr.flush()
 
 
-def run(cfg: TrainConfig, info: RankInfo, provider: Provider, startup: Startup | None = None) -> int:
-    """Set up, train, evaluate and (on rank 0) write the rank report; the exit code. `startup` holds the phases timed
-    before this call (Startup.at_entry)."""
+def run(cfg: TrainConfig, info: RankInfo, provider: Provider, startup: Startup
+        | None = None) -> int:
+    """Set up, train, evaluate and (on rank 0) write the rank report; the exit code. `startup` holds
+    the phases timed before this call (Startup.at_entry)."""
     started, started_at = time.perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
-    report_to.check_installed(cfg.report_to, cfg.mlflow_uri)  # on every rank, before any collective: all stop alike
+    # on every rank, before any collective: all stop alike
+    report_to.check_installed(cfg.report_to, cfg.mlflow_uri)
     cfg = _wire(cfg, info)
     job = setup(cfg, info, startup)
     mirror = _mirror(cfg, provider)
@@ -101,7 +110,8 @@ def run(cfg: TrainConfig, info: RankInfo, provider: Provider, startup: Startup |
     if info.rank == 0:
         stop_marker.clear(job.run_dir)
         for name in clear_partial(saver.folder):  # a part stopped mid-write: nothing half is kept
-            _say_rank0(0)(f"removed {saver.folder / name}, a checkpoint an earlier part left half-written")
+            _say_rank0(0)(f"removed {saver.folder / name}, a checkpoint an earlier part left "
+                          "half-written")
     params = sum(p.numel() for p in job.model.parameters())
     trained = sum(p.numel() for p in job.model.parameters() if p.requires_grad)
     share = f" ({trained / 1e6:.2f}M trainable, {trained / params:.2%})" if trained < params else ""
@@ -111,13 +121,17 @@ def run(cfg: TrainConfig, info: RankInfo, provider: Provider, startup: Startup |
                      f"{torch.get_num_threads()} threads\n")
     sys.stdout.flush()
     # One poller per node.
-    poller = provider.notices(cfg.imds) if provider.notices is not None and info.local_rank == 0 else None
+    poller = provider.notices(
+        cfg.imds) if provider.notices is not None and info.local_rank == 0 else None
     evals = Evaluations.of(job)
-    report = report_to.Reporters.open(cfg.report_to, info.rank, job.run_dir, dataclasses.asdict(cfg),
+    report = report_to.Reporters.open(cfg.report_to, info.rank, job.run_dir,
+                                      dataclasses.asdict(cfg),
                                       restored.meta.step if restored else 0)
     try:
-        watch = StoreWatch(mirror.store, _warn) if mirror is not None and info.rank == 0 else nullcontext()
-        with preempt.StopRequests(poller) as stop, watch:  # the copies' store, watched by the rank that copies
+        watch = StoreWatch(mirror.store,
+                           _warn) if mirror is not None and info.rank == 0 else nullcontext()
+        # the copies' store, watched by the rank that copies
+        with preempt.StopRequests(poller) as stop, watch:
             stats = train(job, saver, stop, restored, evals, report)
         if stats.stopped is not None:
             return _stopped(job, stats, info)
@@ -129,7 +143,8 @@ def run(cfg: TrainConfig, info: RankInfo, provider: Provider, startup: Startup |
         elif cfg.do_eval:  # the model as trained (local SGD, DiLoCo: the ranks' average)
             metrics, phases = evals.run(job, stats.steps)
             report.log_eval(stats.steps, metrics)
-        model_store = provider.store(cfg.model_s3) if cfg.model_s3 and provider.store and info.rank == 0 else None
+        model_store = provider.store(
+            cfg.model_s3) if cfg.model_s3 and provider.store and info.rank == 0 else None
         _finish(job, stats, metrics, phases, saver, started_at, restored, evals, model_store)
     finally:
         report.close()  # the event files are whole on every way out
@@ -147,8 +162,9 @@ def _restore(cfg: TrainConfig, run_dir: Path, info: RankInfo, say: Callable[[str
     meta = restored.meta
     adapted = resume.adapt(cfg, meta, world, restored.path)
     if rank == 0:
-        change = (f"; {meta.world_size} -> {world} ranks: per-rank batch {adapted.batch_size}, global batch "
-                  f"{meta.global_batch} and lr {effective_lr(adapted, world):g} kept, dropout noise re-seeded"
+        change = (f"; {meta.world_size} -> {world} ranks: per-rank batch {adapted.batch_size}, "
+                  f"global batch {meta.global_batch} and lr {effective_lr(adapted, world):g} kept, "
+                  "dropout noise re-seeded"
                   if meta.world_size != world else "")
         say(f"resuming from {restored.path} at step {meta.step}{change}")
         resume.set_aside(adapted, run_dir, meta.step, mirror, say)
@@ -157,16 +173,21 @@ def _restore(cfg: TrainConfig, run_dir: Path, info: RankInfo, say: Callable[[str
 
 def _saver(cfg: TrainConfig, run_dir: Path, restored: Restored | None, started: float,
            mirror: Mirror | None) -> Saver:
-    """When and where this part writes checkpoints (and their durable copy), and what the earlier parts took."""
+    """When and where this part writes checkpoints (and their durable copy), and what the earlier
+    parts took."""
     return Saver(resume.checkpoint_folder(cfg, run_dir), cfg.checkpoint_every,
-                 cfg.checkpoint_every_min * 60 if cfg.checkpoint_every_min else None, cfg.keep_checkpoints,
-                 mirror, restored.meta.wall_s if restored else 0.0, restored.meta.parts + 1 if restored else 1, started)
+                 cfg.checkpoint_every_min * 60 if cfg.checkpoint_every_min else None,
+                 cfg.keep_checkpoints,
+                 mirror, restored.meta.wall_s if restored else 0.0, restored.meta.parts + 1
+                 if restored else 1, started)
 
 
-def _finish(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict[str, float], saver: Saver,
-            started_at: str, restored: Restored | None, evals: Evaluations, model_store: ObjectStore | None) -> None:
-    """Gather every rank's host and memory; on rank 0 save the model (and copy it to --model-s3's store) and
-    write its report (run/outcome.record makes result.json of it); leave together."""
+def _finish(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict[str, float],
+            saver: Saver,
+            started_at: str, restored: Restored | None, evals: Evaluations,
+            model_store: ObjectStore | None) -> None:
+    """Gather every rank's host and memory; on rank 0 save the model (and copy it to --model-s3's
+    store) and write its report (run/outcome.record makes result.json of it); leave together."""
     info = job.info
     clock = stats.strategy.clock if stats.strategy else None
     mine = {"host": socket.gethostname(), "peak_rss_mb": peak_rss_mb(), "tx_bytes": stats.tx_bytes,
@@ -179,9 +200,11 @@ def _finish(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict
         dist.all_gather_object(rank_info, mine)
     if info.rank == 0:
         result = build_result(job, stats, metrics, phases, saver, started_at, rank_info, restored)
-        result = save_model(job, evals, launched.read_card_part(job.run_dir).apply(result))  # the final card
+        # the final card
+        result = save_model(job, evals, launched.read_card_part(job.run_dir).apply(result))
         if result.model_dir:
-            events.emit(events.MODEL, path=result.model_dir, step=result.model_step, bytes=result.model_bytes,
+            events.emit(events.MODEL, path=result.model_dir, step=result.model_step,
+                        bytes=result.model_bytes,
                         seconds=round(result.model_save_s or 0.0, 2))
             if model_store is not None:
                 copied = model_upload.upload(model_store, Path(result.model_dir), result.run_id)
@@ -195,14 +218,16 @@ def _finish(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict
 
 
 def _stopped(job: Job, stats: TrainStats, info: RankInfo) -> int:
-    """The ranks stopped early after a checkpoint: say where, leave together with exits.PREEMPTED."""
+    """The ranks stopped early after a checkpoint: say where, leave together with
+    exits.PREEMPTED."""
     reasons: list[Any] = [(socket.gethostname(), stats.stopped)]
     if info.world_size > 1:
         reasons = [None] * info.world_size
         dist.all_gather_object(reasons, (socket.gethostname(), stats.stopped))
     if info.rank == 0:
         host, why = preempt.stop_reason(reasons)
-        if stop_marker.asked(job.run_dir):  # the user's stop: resumable all the same, but nothing was preempted
+        # the user's stop: resumable all the same, but nothing was preempted
+        if stop_marker.asked(job.run_dir):
             stop = stop_marker.Stop(stats.steps, stats.checkpoints[-1], preempt.USER, host)
             events.emit(events.STOPPED, **stop.to_dict())
         else:

@@ -1,10 +1,11 @@
 """GLUE's metrics (those of HF's `evaluate` "glue" module) in numpy.
 
-Written here rather than called from scikit-learn and scipy, on purpose: importing `sklearn.metrics` and
-`scipy.stats` (which pull pandas) took 4.4-4.7 s of rank 0's first evaluation while every other rank waited on
-it, measured on this 2-core machine for a 5-step `tiny` run whose training took 0.3 s. The five formulas are
-short; tests/unit/test_metrics_equal_libraries.py checks each against scikit-learn's and scipy's own functions
-on generated inputs (ties, constant inputs, absent classes), so a difference would fail there.
+Written here rather than called from scikit-learn and scipy, on purpose: importing `sklearn.metrics`
+and `scipy.stats` (which pull pandas) took 4.4-4.7 s of rank 0's first evaluation while every other
+rank waited on it, measured on this 2-core machine for a 5-step `tiny` run whose training took 0.3
+s. The five formulas are short; tests/unit/test_metrics_equal_libraries.py checks each against
+scikit-learn's and scipy's own functions on generated inputs (ties, constant inputs, absent
+classes), so a difference would fail there.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ def _f1_of(labels: np.ndarray, predictions: np.ndarray, positive: float) -> floa
     fp = float(np.sum((predictions == positive) & (labels != positive)))
     fn = float(np.sum((predictions != positive) & (labels == positive)))
     denominator = 2 * tp + fp + fn
-    return 2 * tp / denominator if denominator else 0.0  # zero_division=0, as GLUE's scripts score it
+    # zero_division=0, as GLUE's scripts score it
+    return 2 * tp / denominator if denominator else 0.0
 
 
 def f1(labels: np.ndarray, predictions: np.ndarray) -> float:
@@ -35,11 +37,13 @@ def f1(labels: np.ndarray, predictions: np.ndarray) -> float:
 def f1_macro(labels: np.ndarray, predictions: np.ndarray) -> float:
     """The mean F1 over every class seen in labels or predictions (sklearn's average="macro")."""
     classes = np.union1d(labels, predictions)
-    return float(np.mean([_f1_of(labels, predictions, c) for c in classes])) if len(classes) else 0.0
+    return float(np.mean([_f1_of(labels, predictions, c)
+                          for c in classes])) if len(classes) else 0.0
 
 
 def matthews(labels: np.ndarray, predictions: np.ndarray) -> float:
-    """Matthews' correlation, multiclass as sklearn's matthews_corrcoef computes it (0 where undefined)."""
+    """Matthews' correlation, multiclass as sklearn's matthews_corrcoef computes it (0 where
+    undefined)."""
     classes, codes = np.unique(np.concatenate([labels, predictions]), return_inverse=True)
     truth, called = codes[:len(labels)], codes[len(labels):]
     confusion = np.zeros((len(classes), len(classes)), dtype=np.float64)
@@ -61,7 +65,8 @@ def pearson(x: np.ndarray, y: np.ndarray) -> float:
     sx, sy = np.abs(xm).max(), np.abs(ym).max()
     if sx == 0 or sy == 0 or x.max() == x.min() or y.max() == y.min():
         return float("nan")
-    xm, ym = xm / sx, ym / sy  # scaled first, as scipy does: tiny spreads would underflow when squared
+    # scaled first, as scipy does: tiny spreads would underflow when squared
+    xm, ym = xm / sx, ym / sy
     nx, ny = np.linalg.norm(xm), np.linalg.norm(ym)
     return float(np.clip(np.dot(xm / nx, ym / ny), -1.0, 1.0))
 
@@ -74,7 +79,8 @@ def average_ranks(values: np.ndarray) -> np.ndarray:
     starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
     ends = np.r_[starts[1:], len(values)]
     ranks = np.empty(len(values), dtype=np.float64)
-    ranks[order] = np.repeat((starts + ends + 1) / 2.0, ends - starts)  # mean of ranks start+1 .. end
+    # mean of ranks start+1 .. end
+    ranks[order] = np.repeat((starts + ends + 1) / 2.0, ends - starts)
     return ranks
 
 
@@ -87,7 +93,8 @@ METRICS = {"accuracy": accuracy, "f1": f1, "f1_macro": f1_macro, "matthews_corre
            "pearson": pearson, "spearmanr": spearman}
 
 
-def compute_metrics(names: Sequence[str], predictions: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+def compute_metrics(names: Sequence[str], predictions: np.ndarray, labels: np.ndarray) -> dict[str,
+                                                                                               float]:
     """Each named metric for predicted class ids (or scores, for regression) against labels."""
     out: dict[str, float] = {}
     for name in names:

@@ -1,10 +1,11 @@
-"""`--model-s3 s3://bucket/prefix`: rank 0 copies the saved model to the object store after writing it.
+"""`--model-s3 s3://bucket/prefix`: rank 0 copies the saved model to the object store after writing
+it.
 
-Layout: `<prefix>/<run id>/model/<file>` for every file of the model folder, then `SHA256SUMS` (sha256sum's
-format, one line per file) last: a folder whose SHA256SUMS is there is whole, and every file can be checked
-against it (`aws s3 cp --recursive` then `sha256sum -c SHA256SUMS`). The card (README.md) is the run folder's,
-final when rank 0 writes it. A failed copy is one
-warning line and a `model_s3.error` in result.json: the model stays in the run folder, and the run does not fail
+Layout: `<prefix>/<run id>/model/<file>` for every file of the model folder, then `SHA256SUMS`
+(sha256sum's format, one line per file) last: a folder whose SHA256SUMS is there is whole, and every
+file can be checked against it (`aws s3 cp --recursive` then `sha256sum -c SHA256SUMS`). The card
+(README.md) is the run folder's, final when rank 0 writes it. A failed copy is one warning line and
+a `model_s3.error` in result.json: the model stays in the run folder, and the run does not fail
 after training.
 """
 
@@ -27,7 +28,8 @@ def model_prefix(run_id: str) -> str:
 
 
 def upload(store: ObjectStore, model_dir: Path, run_id: str) -> dict[str, Any]:
-    """Copy every file of `model_dir`, then its SHA256SUMS; what result.json records as `model_s3`."""
+    """Copy every file of `model_dir`, then its SHA256SUMS; what result.json records as
+    `model_s3`."""
     began = time.perf_counter()
     where = model_prefix(run_id)
     url = f"{store.url}/{where}"

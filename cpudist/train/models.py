@@ -17,7 +17,8 @@ OFFLINE_ALIASES = ("sentence-transformers/all-minilm-l6-v2", "all-minilm-l6-v2")
 HUB_TOKENIZER = "bert-base-uncased"
 # Hub ids without an owner that sit close to a preset name: not typos.
 LEGACY_HUB_IDS = frozenset({
-    "bert-base-uncased", "bert-base-cased", "bert-large-uncased", "bert-large-cased", "roberta-base",
+    "bert-base-uncased", "bert-base-cased", "bert-large-uncased", "bert-large-cased",
+    "roberta-base",
     "roberta-large", "distilroberta-base", "distilbert-base-uncased", "distilbert-base-cased",
     "albert-base-v2", "albert-large-v2", "xlm-roberta-base", "xlm-roberta-large", "deberta-base",
 })  # presets use BERT's uncased vocabulary
@@ -97,14 +98,16 @@ def load_tokenizer(model: str, tokenizer: str | None) -> PreTrainedTokenizerBase
         tok = AutoTokenizer.from_pretrained(source, use_fast=True)
     except OSError as e:
         raise unreachable(source, e) from e
-    if tok.pad_token is None and tok.eos_token is not None:  # decoders (Llama) ship none: EOS, the usual stand-in
+    # decoders (Llama) ship none: EOS, the usual stand-in
+    if tok.pad_token is None and tok.eos_token is not None:
         tok.pad_token = tok.eos_token
     return tok
 
 
 def build_model(model: str, num_labels: int, regression: bool, dropout: float | None,
                 pad_token_id: int | None = None) -> PreTrainedModel:
-    """A sequence classifier: a preset with random weights, or pretrained weights (`pad_token_id`: the tokenizer's)."""
+    """A sequence classifier: a preset with random weights, or pretrained weights (`pad_token_id`:
+    the tokenizer's)."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     source = resolve_model(model)
@@ -117,7 +120,8 @@ def build_model(model: str, num_labels: int, regression: bool, dropout: float | 
         except OSError as e:
             raise unreachable(source, e) from e
         if getattr(config, "pad_token_id", None) is None:
-            # A decoder classifier pools its last token that is not padding: it must know the batches' pad id.
+            # A decoder classifier pools its last token that is not padding: it must know the
+            # batches' pad id.
             config.pad_token_id = pad_token_id
     config.num_labels = num_labels
     # Setting problem_type up front keeps the model from switching code paths on step 2.

@@ -26,7 +26,8 @@ def _address_of(iface: str) -> str | None:
 
 
 def iface_toward(env: Mapping[str, str]) -> str | None:
-    """The interface this node's ranks talk to their peers through; None when unknown or loopback."""
+    """The interface this node's ranks talk to their peers through; None when unknown or
+    loopback."""
     if env.get("GLOO_SOCKET_IFNAME"):
         return env["GLOO_SOCKET_IFNAME"].split(",")[0]
     try:

@@ -1,9 +1,10 @@
-"""Why a rank should stop early: SIGTERM, or the provider's notice that it reclaims the machine (a spot
-interruption: cpudist/cloud/aws/notice.py polls for it, handed in by cpudist/rank.py as a NoticePoller).
+"""Why a rank should stop early: SIGTERM, or the provider's notice that it reclaims the machine (a
+spot interruption: cpudist/cloud/aws/notice.py polls for it, handed in by cpudist/rank.py as a
+NoticePoller).
 
 A signal handler only sets a flag; the loop asks at each step boundary, all ranks agree over one
-all-reduce, write a checkpoint and leave with wire.exits.PREEMPTED, so the launcher and `cpudist run`
-can tell "stopped to be resumed" from "failed".
+all-reduce, write a checkpoint and leave with wire.exits.PREEMPTED, so the launcher and `cpudist
+run` can tell "stopped to be resumed" from "failed".
 """
 
 from __future__ import annotations
@@ -45,14 +46,15 @@ class NoticePoller(Protocol):
 
 
 def stop_reason(reasons: list[tuple[str, str | None]]) -> tuple[str, str | None]:
-    """Which (host, reason) of all ranks' to report: a spot notice first (it names the cause, where a SIGTERM
-    that came with it does not), then any rank's own reason, else rank 0's."""
+    """Which (host, reason) of all ranks' to report: a spot notice first (it names the cause, where
+    a SIGTERM that came with it does not), then any rank's own reason, else rank 0's."""
     own = [(host, why) for host, why in reasons if why and why != PEER]
     return next((x for x in own if x[1] and x[1].startswith(NOTICE)), own[0] if own else reasons[0])
 
 
 class StopRequests:
-    """SIGTERM and (on one rank per node: the others get no poller) interruption notices, asked at step boundaries."""
+    """SIGTERM and (on one rank per node: the others get no poller) interruption notices, asked at
+    step boundaries."""
 
     def __init__(self, watcher: NoticePoller | None) -> None:
         self.reason: str | None = None

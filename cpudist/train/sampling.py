@@ -20,7 +20,8 @@ from cpudist.errors import BadInput
 from cpudist.train.checkpoint_meta import START, Position
 from cpudist.train.features import Encoded
 
-MEGABATCH = 50  # global batches sorted together: enough to group lengths, small enough to stay random
+# global batches sorted together: enough to group lengths, small enough to stay random
+MEGABATCH = 50
 
 
 def global_batches(lengths: Sequence[int], global_batch: int, seed: int, epoch: int,
@@ -43,15 +44,16 @@ def global_batches(lengths: Sequence[int], global_batch: int, seed: int, epoch: 
 def fed_batches(batches: list[list[int]], world: int, accum: int = 1) -> list[list[int]]:
     """Each global step batch as `accum` micro-batches that every rank gets a share of.
 
-    The cuts fall at multiples of `world`, so rank r's rows over the micro-batches of a step are its rows
-    of the whole step batch: accumulating 2 micro-batches of B is the step of one batch of 2B. A (last)
-    step batch too small to give every rank a row in every micro-batch is dropped.
+    The cuts fall at multiples of `world`, so rank r's rows over the micro-batches of a step are its
+    rows of the whole step batch: accumulating 2 micro-batches of B is the step of one batch of 2B.
+    A (last) step batch too small to give every rank a row in every micro-batch is dropped.
     """
     out = []
     for b in batches:
         if len(b) < world * accum:
             continue
-        units, _ = divmod(len(b), world)  # whole rows-for-every-rank, shared out as evenly as can be
+        # whole rows-for-every-rank, shared out as evenly as can be
+        units, _ = divmod(len(b), world)
         ends = [world * (units * (i + 1) // accum) for i in range(accum - 1)] + [len(b)]
         out += [b[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)]
     return out
@@ -69,13 +71,16 @@ def plan_steps(cfg: TrainConfig, batches_per_epoch: int) -> int:
     return max(1, math.ceil(cfg.epochs * batches_per_epoch / cfg.grad_accum))
 
 
-Batch = tuple[Position, list[int], int]  # (where it sits, this rank's rows, rows of the global batch)
+# (where it sits, this rank's rows, rows of the global batch)
+Batch = tuple[Position, list[int], int]
 
 
-def position_on(start: Position, batches: list[list[int]], was: int, now: int, accum: int) -> Position:
-    """`start`, a micro-batch index into an epoch's global `batches` as fed to `was` ranks, as the index of the same
-    place fed to `now` ranks: a step batch too small for one world but not the other (fed_batches drops it) would
-    otherwise shift every later index by a step, and a resume on another world size would skip or repeat one."""
+def position_on(start: Position, batches: list[list[int]], was: int, now: int,
+                accum: int) -> Position:
+    """`start`, a micro-batch index into an epoch's global `batches` as fed to `was` ranks, as the
+    index of the same place fed to `now` ranks: a step batch too small for one world but not the
+    other (fed_batches drops it) would otherwise shift every later index by a step, and a resume on
+    another world size would skip or repeat one."""
     fed = kept = 0
     for b in batches:
         if fed >= start.index:
@@ -87,21 +92,25 @@ def position_on(start: Position, batches: list[list[int]], was: int, now: int, a
 
 def batch_plan(cfg: TrainConfig, data: Encoded, rank: int, world: int,
                start: Position = START, was: int | None = None) -> tuple[int, Iterator[Batch]]:
-    """(micro-batches per epoch, endless iterator of this rank's micro-batches from `start` on); `was`: the world
-    size that `start` was counted on (a checkpoint's), when it differs from `world`."""
+    """(micro-batches per epoch, endless iterator of this rank's micro-batches from `start` on);
+    `was`: the world size that `start` was counted on (a checkpoint's), when it differs from
+    `world`."""
     if cfg.sampler == "grouped":
         lengths = [len(ids) for ids in data.input_ids]
-        step_rows = cfg.batch_size * world * cfg.grad_accum  # grouped per step: --grad-accum changes no step
+        # grouped per step: --grad-accum changes no step
+        step_rows = cfg.batch_size * world * cfg.grad_accum
 
         def epoch_batches(epoch: int) -> list[list[int]]:
-            return fed_batches(global_batches(lengths, step_rows, cfg.seed, epoch), world, cfg.grad_accum)
+            return fed_batches(global_batches(lengths, step_rows, cfg.seed, epoch), world,
+                               cfg.grad_accum)
 
         per_epoch = len(epoch_batches(0))
         if per_epoch == 0:
             raise BadInput(f"{len(lengths)} training row(s) cannot feed {world} ranks",
                            "Use more data (--max-train-samples), or fewer ranks")
         if was is not None and was != world:
-            start = position_on(start, global_batches(lengths, step_rows, cfg.seed, start.epoch), was, world,
+            start = position_on(start, global_batches(lengths, step_rows, cfg.seed, start.epoch),
+                                was, world,
                                 cfg.grad_accum)
 
         def grouped() -> Iterator[Batch]:
@@ -116,7 +125,8 @@ def batch_plan(cfg: TrainConfig, data: Encoded, rank: int, world: int,
     rows: Any = range(len(data))  # a sized, indexable dataset of row numbers
     sampler: DistributedSampler[int] = DistributedSampler(rows, num_replicas=world, rank=rank,
                                                           shuffle=True, seed=cfg.seed)
-    loader: DataLoader[int] = DataLoader(rows, batch_size=cfg.batch_size, sampler=sampler, collate_fn=list)
+    loader: DataLoader[int] = DataLoader(rows, batch_size=cfg.batch_size, sampler=sampler,
+                                         collate_fn=list)
 
     def shuffled() -> Iterator[Batch]:
         epoch, skip = start.epoch, start.index

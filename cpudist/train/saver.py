@@ -1,9 +1,10 @@
 """When and where checkpoints are written during training, and how a loaded one is put back.
 
-The loop calls `save` at the steps every rank agreed on (rank 0 writes, with every rank's RNG and own
-sync state, then copies it to the durable mirror) and `restore` once, before the first step of a resumed part.
-The best evaluation so far goes with each checkpoint (its step and metrics in the meta; for --save-model best, its
-weights in state.pt when they are not the model's own), so a resumed run keeps the best over all its parts.
+The loop calls `save` at the steps every rank agreed on (rank 0 writes, with every rank's RNG and
+own sync state, then copies it to the durable mirror) and `restore` once, before the first step of a
+resumed part. The best evaluation so far goes with each checkpoint (its step and metrics in the
+meta; for --save-model best, its weights in state.pt when they are not the model's own), so a
+resumed run keeps the best over all its parts.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
     from cpudist.train.keep import Evaluations
     from cpudist.train.loop import TrainStats
 
-BEST = "best_model"  # state.pt's key for the best evaluation's weights (--save-model best, when not the model's)
+# state.pt's key for the best evaluation's weights (--save-model best, when not the model's)
+BEST = "best_model"
 PATIENCE = "early_stopping"  # state.pt's key for early stopping's count (Evaluations.stale)
 
 
@@ -58,7 +60,8 @@ class Training:
     sched: Any
     rank: int
     world: int
-    evals: Evaluations | None = None  # the run's evaluations: the best one goes with each checkpoint
+    # the run's evaluations: the best one goes with each checkpoint
+    evals: Evaluations | None = None
 
 
 def restore(restored: Restored, t: Training, stats: TrainStats) -> None:
@@ -81,24 +84,27 @@ def restore(restored: Restored, t: Training, stats: TrainStats) -> None:
 
 
 def check_same_weights(saved: dict[str, Any], mine: dict[str, Any], path: str) -> None:
-    """Refuse, in one line, a checkpoint whose model has other weights than this run's: another model, or LoRA
-    adapters on other modules (the config check cannot see what a default --lora-targets meant when it was written)."""
+    """Refuse, in one line, a checkpoint whose model has other weights than this run's: another
+    model, or LoRA adapters on other modules (the config check cannot see what a default
+    --lora-targets meant when it was written)."""
     missing, extra = sorted(set(mine) - set(saved)), sorted(set(saved) - set(mine))
-    shaped = sorted(k for k in set(mine) & set(saved) if tuple(mine[k].shape) != tuple(saved[k].shape))
+    shaped = sorted(k for k in set(mine) & set(saved)
+                    if tuple(mine[k].shape) != tuple(saved[k].shape))
     if missing or extra or shaped:
-        kinds = ((missing, "weights of this model are not in it"), (extra, "of its weights are not in this model"),
+        kinds = ((missing, "weights of this model are not in it"),
+                 (extra, "of its weights are not in this model"),
                  (shaped, "of its weights have other shapes"))
         said = "; ".join(f"{len(names)} {what} (e.g. {names[0]})" for names, what in kinds if names)
         raise BadInput(f"checkpoint {path} holds another model: {said}",
-                       "Resume with the --model, --peft and --lora-* options of the run that wrote it (a LoRA run "
-                       "from before 2026-11-27 without --lora-targets adapted query,value: add --lora-targets "
-                       "query,value)")
+                       "Resume with the --model, --peft and --lora-* options of the run that "
+                       "wrote it (a LoRA run from before 2026-11-27 without --lora-targets "
+                       "adapted query,value: add --lora-targets query,value)")
 
 
 def restore_best(restored: Restored, evals: Evaluations) -> None:
-    """The earlier parts' best evaluation (and, for --save-model best, its weights) as this part's best so far;
-    nothing when the checkpoint has no best, or lacks the weights this part would need (written with another
-    --save-model): the best is then this part's own."""
+    """The earlier parts' best evaluation (and, for --save-model best, its weights) as this part's
+    best so far; nothing when the checkpoint has no best, or lacks the weights this part would need
+    (written with another --save-model): the best is then this part's own."""
     best = restored.meta.best
     if best is None:
         return
@@ -108,31 +114,40 @@ def restore_best(restored: Restored, evals: Evaluations) -> None:
     if evals.keep_best and state is None:
         return
     evals.best = best
-    evals.best_state = {k: v.clone() for k, v in state.items()} if evals.keep_best and state is not None else None
+    evals.best_state = {k: v.clone() for k,
+                        v in state.items()} if evals.keep_best and state is not None else None
 
 
 def save(saver: Saver, t: Training, stats: TrainStats, pos: Position, total: int) -> None:
-    """Write a checkpoint (rank 0), with every rank's RNG and own sync state; every rank calls it."""
+    """Write a checkpoint (rank 0), with every rank's RNG and own sync state; every rank calls
+    it."""
     cfg, rank, world = t.cfg, t.rank, t.world
     rngs = gather_rngs(world)
-    ranks = checkpoint.gather_ranks(stats.strategy.rank_state() if stats.strategy else {}, rank, world)
+    ranks = checkpoint.gather_ranks(stats.strategy.rank_state() if stats.strategy else {}, rank,
+                                    world)
     if rank == 0:
-        state = {"model": getattr(t.model, "module", t.model).state_dict(), "optimizer": t.opt.state_dict(),
-                 "scheduler": t.sched.state_dict(), "sync": stats.strategy.state() if stats.strategy else {}}
+        state = {"model": getattr(t.model, "module", t.model).state_dict(),
+                 "optimizer": t.opt.state_dict(),
+                 "scheduler": t.sched.state_dict(), "sync": stats.strategy.state()
+                 if stats.strategy else {}}
         best = t.evals.best if t.evals is not None else None
-        if t.evals is not None and t.evals.best_state is not None and best is not None and best["step"] != stats.steps:
+        if t.evals is not None and t.evals.best_state is not None and best is not None and best[
+            "step"] != stats.steps:
             state[BEST] = t.evals.best_state
         if t.evals is not None:
             state[PATIENCE] = t.evals.stale
-        meta = CheckpointMeta(dataclasses.asdict(cfg), total, pos, world, cfg.batch_size * cfg.grad_accum * world,
+        meta = CheckpointMeta(dataclasses.asdict(cfg), total, pos, world, cfg.batch_size
+                              * cfg.grad_accum * world,
                               stats.strategy.spec.label if stats.strategy else "ddp", saver.parts,
                               saver.wall_before_s + time.perf_counter() - saver.started,
-                              Done(stats.steps, stats.samples, stats.tokens, stats.flops, stats.train_time_s),
+                              Done(stats.steps, stats.samples, stats.tokens, stats.flops,
+                                   stats.train_time_s),
                               stats.steps, run_id=cfg.run_id, best=best)
         events.emit(events.SAVING, step=stats.steps)  # a stop waits for this checkpoint to be whole
         path = checkpoint.write(saver.folder, state, rngs, meta, saver.keep, ranks)
         if saver.mirror is not None and (warning := copy_or_warn(saver.mirror, path, saver.keep)):
-            sys.stderr.write(f"[cpudist] {warning}\n")  # one write: launchers interleave partial writes
+            # one write: launchers interleave partial writes
+            sys.stderr.write(f"[cpudist] {warning}\n")
             sys.stderr.flush()
         stats.checkpoints.append(str(path))
         events.emit(events.CHECKPOINT, step=stats.steps, path=str(path))

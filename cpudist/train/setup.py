@@ -39,9 +39,12 @@ class Job:
     regression: bool
     bf16: bool
     run_dir: Path
-    iface: str | None = None  # the network interface whose sent bytes this rank counts (one rank per node)
-    labels: tuple[str, ...] = ()  # class names in id order (empty: regression), for the saved model's id2label
-    data: dict[str, Any] = field(default_factory=dict)  # where the rows came from, for result.json and the model card
+    # the network interface whose sent bytes this rank counts (one rank per node)
+    iface: str | None = None
+    # class names in id order (empty: regression), for the saved model's id2label
+    labels: tuple[str, ...] = ()
+    # where the rows came from, for result.json and the model card
+    data: dict[str, Any] = field(default_factory=dict)
     startup: Startup = field(default_factory=Startup)  # where the time before the first step went
 
 
@@ -53,7 +56,8 @@ def resolve_precision(requested: str, has_bf16: bool) -> str:
 
 
 def setup(cfg: TrainConfig, info: RankInfo, startup: Startup | None = None) -> Job:
-    """Process group, threads, seeds, data, model: the work before training, each phase timed in `startup`."""
+    """Process group, threads, seeds, data, model: the work before training, each phase timed in
+    `startup`."""
     startup = startup or Startup()
     with startup.phase("process_group"):
         init_distributed(info, cfg.backend, os.environ, cfg.dist_timeout_s)
@@ -66,10 +70,12 @@ def setup(cfg: TrainConfig, info: RankInfo, startup: Startup | None = None) -> J
     model: torch.nn.Module
     if cfg.task == "synthetic":
         with startup.phase("model"):
-            model = build_model(cfg.model, 2, False, cfg.dropout, pad_token_id=0)  # synthetic rows pad with 0
+            # synthetic rows pad with 0
+            model = build_model(cfg.model, 2, False, cfg.dropout, pad_token_id=0)
         vocab = int(getattr(model.config, "vocab_size", 30522))
         train_data = synthetic(cfg.synthetic_samples, cfg.max_seq_len, vocab, 2, cfg.seed)
-        eval_data = synthetic(max(64, cfg.synthetic_samples // 8), cfg.max_seq_len, vocab, 2, cfg.seed + 1)
+        eval_data = synthetic(max(64, cfg.synthetic_samples // 8), cfg.max_seq_len, vocab, 2,
+                              cfg.seed + 1)
         metrics: tuple[str, ...] = ("accuracy",)
         regression = False
         labels: tuple[str, ...] = ("0", "1")
@@ -81,16 +87,20 @@ def setup(cfg: TrainConfig, info: RankInfo, startup: Startup | None = None) -> J
             tokenizer = load_tokenizer(cfg.model, cfg.tokenizer)
         with startup.phase("tokenize"):
             cache = state.token_cache_dir()
-            train_data, hit = cached_encode(task.train.head(cfg.max_train_samples), tokenizer, cfg.max_seq_len, cache)
-            eval_data, hit_eval = cached_encode(task.validation.head(cfg.max_eval_samples), tokenizer,
+            train_data, hit = cached_encode(task.train.head(cfg.max_train_samples), tokenizer,
+                                            cfg.max_seq_len, cache)
+            eval_data, hit_eval = cached_encode(task.validation.head(cfg.max_eval_samples),
+                                                tokenizer,
                                                 cfg.max_seq_len, cache)
             startup.tokens_cached = hit and hit_eval
         metrics, regression = task.metrics, task.is_regression
         labels = display_labels(task.name, task.label_names)
-        data = {**data_source(cfg), "train_rows": len(train_data), "eval_rows": len(eval_data), "labels": list(labels)}
+        data = {**data_source(cfg), "train_rows": len(train_data), "eval_rows": len(eval_data),
+                "labels": list(labels)}
         torch.manual_seed(cfg.seed)  # same classifier init whatever the tokenizer consumed
         with startup.phase("model"):
-            model = build_model(cfg.model, task.num_labels, regression, cfg.dropout, tokenizer.pad_token_id)
+            model = build_model(cfg.model, task.num_labels, regression, cfg.dropout,
+                                tokenizer.pad_token_id)
     if cfg.gradient_checkpointing:  # before LoRA wraps the model: peft's wrapper has its own switch
         speed.checkpoint_activations(model)
     if cfg.peft == "lora":  # after the model's seeded init, so every rank draws the same adapters
@@ -99,7 +109,8 @@ def setup(cfg: TrainConfig, info: RankInfo, startup: Startup | None = None) -> J
         speed.freeze_embeddings(model)
     if cfg.fast_dropout:
         dropout.install(model)
-    if cfg.first_token_last_layer:  # after dropout.install: it reads the attention that install chose
+    # after dropout.install: it reads the attention that install chose
+    if cfg.first_token_last_layer:
         last_layer.install(model)
     seed_all(cfg.seed + info.rank)  # dropout noise differs between ranks, as with HF Trainer
     bf16 = resolve_precision(cfg.precision, CPU.has_bf16) == "bf16"
@@ -107,7 +118,8 @@ def setup(cfg: TrainConfig, info: RankInfo, startup: Startup | None = None) -> J
     run_dir.mkdir(parents=True, exist_ok=True)
     counted = info.local_rank == 0 and info.world_size > 1
     iface = netcount.iface_toward(os.environ) if counted else None
-    return Job(cfg, info, model, train_data, eval_data, metrics, regression, bf16, run_dir, iface, labels, data,
+    return Job(cfg, info, model, train_data, eval_data, metrics, regression, bf16, run_dir, iface,
+               labels, data,
                startup)
 
 

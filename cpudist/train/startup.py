@@ -1,4 +1,5 @@
-"""Where a rank's time goes before its first step: result.json's `startup` (seconds per phase, in order).
+"""Where a rank's time goes before its first step: result.json's `startup` (seconds per phase, in
+order).
 
     before_rank       the `cpudist` command's start to this rank's process start: connecting, staging, the
                       launcher starting its ranks (absent when the rank was started by hand)
@@ -22,8 +23,8 @@ from pathlib import Path
 
 from cpudist.state import STARTED_AT_ENV
 
-# /proc's process start and uptime count in clock ticks (10 ms each at the usual USER_HZ 100): the age is known to
-# about two of them
+# /proc's process start and uptime count in clock ticks (10 ms each at the usual USER_HZ 100): the
+# age is known to about two of them
 TICKS_S = 0.05
 
 
@@ -32,7 +33,8 @@ def process_age_s() -> float | None:
     try:
         stat = Path("/proc/self/stat").read_text()
         uptime = float(Path("/proc/uptime").read_text().split()[0])
-        started_ticks = int(stat[stat.rindex(")") + 2:].split()[19])  # field 22, counted after "pid (comm) "
+        # field 22, counted after "pid (comm) "
+        started_ticks = int(stat[stat.rindex(")") + 2:].split()[19])
     except (OSError, ValueError, IndexError):
         return None
     return max(0.0, uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
@@ -40,14 +42,16 @@ def process_age_s() -> float | None:
 
 @dataclass
 class Startup:
-    """The phases measured so far, in the order they ran (one per rank; rank 0's go into result.json)."""
+    """The phases measured so far, in the order they ran (one per rank; rank 0's go into
+    result.json)."""
 
     phases: dict[str, float] = field(default_factory=dict)
     tokens_cached: bool | None = None
 
     @classmethod
     def at_entry(cls, env: Mapping[str, str]) -> Startup:
-        """The phases up to the rank's entry point: before it (from the command's start) and its imports."""
+        """The phases up to the rank's entry point: before it (from the command's start) and its
+        imports."""
         s = cls()
         age = process_age_s()
         if age is None:
@@ -57,8 +61,9 @@ class Startup:
             before = time.time() - age - float(started) if started else None
         except ValueError:
             before = None
-        # Clocks of other nodes may disagree: never a negative phase. Within TICKS_S of zero it is the kernel's
-        # clock ticks (a local mpiexec can start a rank 30 ms after the command stamped its start): zero.
+        # Clocks of other nodes may disagree: never a negative phase. Within TICKS_S of zero it is
+        # the kernel's clock ticks (a local mpiexec can start a rank 30 ms after the command stamped
+        # its start): zero.
         if before is not None and before >= -TICKS_S:
             s.phases["before_rank"] = round(max(before, 0.0), 3)
         s.phases["python_and_imports"] = round(age, 3)
@@ -73,7 +78,8 @@ class Startup:
             self.phases[name] = round(self.phases.get(name, 0.0) + time.perf_counter() - began, 3)
 
     def as_dict(self, first_step_s: float | None) -> dict[str, object]:
-        """result.json's `startup`: every phase, the first step, their total, and whether tokens were cached."""
+        """result.json's `startup`: every phase, the first step, their total, and whether tokens
+        were cached."""
         phases = dict(self.phases)
         if first_step_s is not None:
             phases["first_step"] = round(first_step_s, 3)

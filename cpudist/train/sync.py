@@ -1,8 +1,10 @@
-"""How ranks agree on the model: one object per `--sync` strategy, called by the loop at three points.
+"""How ranks agree on the model: one object per `--sync` strategy, called by the loop at three
+points.
 
-Each Strategy subclass (cpudist/train/exchange.py: the interface, its clock and the bucketed mean) is the
-code of the row of cpudist/strategies.py with its `name` (the row says what the planner, the traffic model
-and the option checks need to know of it); defining it registers it. Local SGD lives in local_sgd.py.
+Each Strategy subclass (cpudist/train/exchange.py: the interface, its clock and the bucketed mean)
+is the code of the row of cpudist/strategies.py with its `name` (the row says what the planner, the
+traffic model and the option checks need to know of it); defining it registers it. Local SGD lives
+in local_sgd.py.
 
     ddp             DistributedDataParallel: buckets all-reduced during backward, through a comm hook
                     (fp32, bf16, fp16 or PowerSGD) that also times them; the word embedding left to
@@ -30,7 +32,8 @@ from cpudist.train.embedding_rows import EmbeddingRows
 from cpudist.train.exchange import CommClock, Strategy, mean_
 from cpudist.train.local_sgd import LocalSGD
 
-__all__ = ["DDP", "AllReduce", "CommClock", "GatherScatter", "LocalSGD", "Strategy", "make", "named_shapes"]
+__all__ = ["DDP", "AllReduce", "CommClock", "GatherScatter", "LocalSGD", "Strategy", "make",
+           "named_shapes"]
 
 
 class DDP(Strategy):
@@ -41,11 +44,12 @@ class DDP(Strategy):
     def __init__(self, model: torch.nn.Module, spec: SyncSpec, world: int) -> None:
         super().__init__(model, spec, world)
         self.rows = EmbeddingRows.of(model, spec, world)
-        if self.rows is not None:  # DDP leaves it alone (its own broadcast at construction too: see EmbeddingRows)
+        # DDP leaves it alone (its own broadcast at construction too: see EmbeddingRows)
+        if self.rows is not None:
             torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
                 model, [self.rows.name])
-            # DDP's last bucket may now go out before backward reaches the embedding: the wait for the buckets
-            # counts from whichever came later
+            # DDP's last bucket may now go out before backward reaches the embedding: the wait for
+            # the buckets counts from whichever came later
             self.rows.weight.register_post_accumulate_grad_hook(self._embedding_ready)
         # No buffer sync per forward: BERT's buffers never change, and a sync on a forward that some
         # ranks skip (evaluation with fewer rows than ranks) would mismatch the collectives.
@@ -66,7 +70,8 @@ class DDP(Strategy):
         return self.model.no_sync()  # type: ignore[operator]
 
     def gradients(self, step: int) -> None:
-        # the buckets went out during backward, which returned when they were done; then the embedding's rows
+        # the buckets went out during backward, which returned when they were done; then the
+        # embedding's rows
         self.clock.overlap_done()
         if self.rows is not None:
             self.rows.mean(self.clock)
@@ -87,8 +92,10 @@ def _hook(spec: SyncSpec) -> tuple[Any, Callable[..., Any]]:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
     if spec.grad_compression == "powersgd":
-        # Error feedback needs a few plain steps first (PyTorch refuses start_powerSGD_iter <= 1 with it).
-        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=spec.powersgd_rank,
+        # Error feedback needs a few plain steps first (PyTorch refuses start_powerSGD_iter <= 1
+        # with it).
+        state = powerSGD_hook.PowerSGDState(process_group=None,
+                                            matrix_approximation_rank=spec.powersgd_rank,
                                             start_powerSGD_iter=max(2, spec.powersgd_start),
                                             use_error_feedback=True, warm_start=True)
         return state, powerSGD_hook.powerSGD_hook
@@ -100,11 +107,11 @@ def _hook(spec: SyncSpec) -> tuple[Any, Callable[..., Any]]:
 def _in_order(hook: Callable[..., Any]) -> Callable[..., Any]:
     """Start a bucket's hook only when the previous bucket's has finished.
 
-    PowerSGD's hook issues its later all-reduces (P, then Q) from callbacks, which gloo runs on its own
-    threads, while the autograd thread hands over the next bucket: each rank then issues the buckets'
-    collectives in its own interleaving, and gloo pairs mismatched ones ("Received data size doesn't
-    match expected size", distilbert's 11 buckets on 2 and 4 hosts). Waiting costs the overlap of one
-    bucket's compression with backward; its traffic is small.
+    PowerSGD's hook issues its later all-reduces (P, then Q) from callbacks, which gloo runs on its
+    own threads, while the autograd thread hands over the next bucket: each rank then issues the
+    buckets' collectives in its own interleaving, and gloo pairs mismatched ones ("Received data
+    size doesn't match expected size", distilbert's 11 buckets on 2 and 4 hosts). Waiting costs the
+    overlap of one bucket's compression with backward; its traffic is small.
     """
     last: list[torch.futures.Future[Any]] = []
 

@@ -67,8 +67,8 @@ GLUE_TASKS: dict[str, GlueTask] = {
     )
 }
 
-# The class names the Hub's glue dataset gives each task's label ids (GLUE's files say 0/1): what a saved
-# model's id2label shows.
+# The class names the Hub's glue dataset gives each task's label ids (GLUE's files say 0/1): what a
+# saved model's id2label shows.
 HUB_LABEL_NAMES: dict[str, tuple[str, ...]] = {
     "cola": ("unacceptable", "acceptable"), "sst2": ("negative", "positive"),
     "mrpc": ("not_equivalent", "equivalent"), "qqp": ("not_duplicate", "duplicate"),
@@ -78,7 +78,8 @@ HUB_LABEL_NAMES: dict[str, tuple[str, ...]] = {
 
 
 def display_labels(task: str, labels: tuple[str, ...]) -> tuple[str, ...]:
-    """Class names in id order: the Hub's for a GLUE task, the data's own otherwise (custom data)."""
+    """Class names in id order: the Hub's for a GLUE task, the data's own otherwise (custom
+    data)."""
     return HUB_LABEL_NAMES.get(task, labels)
 
 
@@ -100,4 +101,5 @@ def normalize_task(name: str) -> str:
     if key in GLUE_TASKS or key in SPECIAL_TASKS:
         return key
     raise BadInput(f"unknown task '{name}'",
-                   f"Use one of: {', '.join(task_names())} (custom data: --train-file with task 'custom')")
+                   f"Use one of: {', '.join(task_names())} (custom data: --train-file with task "
+                   "'custom')")

@@ -1,1 +1,2 @@
-"""The rank<->launcher contract: names and records that the ranks and the launching side both read and write."""
+"""The rank<->launcher contract: names and records that the ranks and the launching side both read
+and write."""

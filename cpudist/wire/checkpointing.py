@@ -1,5 +1,6 @@
-"""Rank 0's two events around a checkpoint write, and the launching side's reading of them: a stop that lands
-while a checkpoint is being written waits for it to be whole (cpudist/launch/runner.py)."""
+"""Rank 0's two events around a checkpoint write, and the launching side's reading of them: a stop
+that lands while a checkpoint is being written waits for it to be whole
+(cpudist/launch/runner.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from cpudist.wire import events
 
 
 class Saving:
-    """Whether rank 0 is writing a checkpoint: a `saving` event seen, its `checkpoint` event not yet."""
+    """Whether rank 0 is writing a checkpoint: a `saving` event seen, its `checkpoint` event not
+    yet."""
 
     def __init__(self) -> None:
         self.step: int | None = None

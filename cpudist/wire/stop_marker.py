@@ -1,6 +1,7 @@
-"""The stop marker: rank 0's record that the ranks stopped on purpose after a checkpoint because something other than
-the user asked (a scheduler's or the machine's SIGTERM, a spot notice), and the request by which the launching side
-tells rank 0 that a stop is the user's (a user's stop leaves no marker: nothing was preempted).
+"""The stop marker: rank 0's record that the ranks stopped on purpose after a checkpoint because
+something other than the user asked (a scheduler's or the machine's SIGTERM, a spot notice), and the
+request by which the launching side tells rank 0 that a stop is the user's (a user's stop leaves no
+marker: nothing was preempted).
 
     <run folder>/preempted.json   {"step", "checkpoint", "reason", "host"}: read by the launching side, Slurm's
                                   batch script (requeue) and --on-preemption resume
@@ -25,7 +26,8 @@ FIELDS = ("step", "checkpoint", "reason", "host")
 
 @dataclass(frozen=True)
 class Stop:
-    """Where the ranks stopped on purpose: the step, the checkpoint saved there, why and on which host."""
+    """Where the ranks stopped on purpose: the step, the checkpoint saved there, why and on which
+    host."""
 
     step: int
     checkpoint: str
@@ -33,15 +35,16 @@ class Stop:
     host: str
 
     def said(self, where: str = "") -> str:
-        return (f"the ranks stopped at step {self.step} ({self.reason} on {self.host}) after saving "
-                f"{Path(self.checkpoint).name}{where}")
+        return (f"the ranks stopped at step {self.step} ({self.reason} on {self.host}) after "
+                f"saving {Path(self.checkpoint).name}{where}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Stop:
-        return cls(int(data["step"]), str(data["checkpoint"]), str(data["reason"]), str(data["host"]))
+        return cls(int(data["step"]), str(data["checkpoint"]), str(data["reason"]),
+                   str(data["host"]))
 
 
 def write(folder: Path, stop: Stop) -> None:
@@ -65,7 +68,8 @@ def exists(folder: Path) -> bool:
 
 
 def clear(folder: Path) -> None:
-    """Remove an earlier part's marker and stop request from `folder` (a new part starts, or its files come home)."""
+    """Remove an earlier part's marker and stop request from `folder` (a new part starts, or its
+    files come home)."""
     for name in (NAME, REQUEST):
         (folder / name).unlink(missing_ok=True)
 
@@ -78,5 +82,6 @@ def ask(folder: Path) -> None:
 
 
 def asked(folder: Path) -> bool:
-    """Whether the launching side asked for the stop (the user's), rather than a scheduler or the machine."""
+    """Whether the launching side asked for the stop (the user's), rather than a scheduler or the
+    machine."""
     return (folder / REQUEST).is_file()

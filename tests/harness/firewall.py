@@ -1,4 +1,5 @@
-"""Security groups as iptables rules: what the EC2 emulator holds, turned into each host's INPUT chain.
+"""Security groups as iptables rules: what the EC2 emulator holds, turned into each host's INPUT
+chain.
 
 Pure functions over moto's in-process backend objects; `world.World.sync` applies the result with
 `iptables-restore` in each host's network namespace. AWS semantics kept: a rule naming a group
@@ -16,7 +17,8 @@ PROTOCOLS = {"6": "tcp", "17": "udp", "1": "icmp"}
 
 def live_instances(backend: Any) -> list[Any]:
     """moto Instance objects that are pending or running (a machine that is on)."""
-    return [inst for res in backend.all_reservations() for inst in res.instances if inst.state in LIVE]
+    return [inst for res in backend.all_reservations() for inst in res.instances
+            if inst.state in LIVE]
 
 
 def member_addresses(backend: Any, group_id: str) -> list[str]:
@@ -46,13 +48,15 @@ def ingress_lines(backend: Any, instance: Any) -> list[str]:
                 sources = member_addresses(backend, rule.source_group["GroupId"])
             else:
                 continue  # IPv6 ranges and prefix lists: the namespace network has neither
-            lines += [f"-A INPUT -s {src} {_match(rule)} -j ACCEPT".replace("  ", " ") for src in sources]
+            lines += [f"-A INPUT -s {src} {_match(rule)} -j ACCEPT".replace("  ", " ")
+                      for src in sources]
     return lines
 
 
 def ruleset(accepts: list[str]) -> str:
     """iptables-restore input: drop inbound except loopback, replies, and `accepts`."""
-    return "\n".join(["*filter", ":INPUT DROP [0:0]", ":FORWARD ACCEPT [0:0]", ":OUTPUT ACCEPT [0:0]",
+    return "\n".join(["*filter", ":INPUT DROP [0:0]", ":FORWARD ACCEPT [0:0]",
+                      ":OUTPUT ACCEPT [0:0]",
                       "-A INPUT -i lo -j ACCEPT",
                       "-A INPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
                       *accepts, "COMMIT", ""])
@@ -61,4 +65,5 @@ def ruleset(accepts: list[str]) -> str:
 def host_rulesets(backend: Any, private_addrs: list[str]) -> list[str]:
     """One ruleset per host (by private address): its live instance's ingress, or nothing."""
     by_addr = {inst.private_ip: inst for inst in live_instances(backend)}
-    return [ruleset(ingress_lines(backend, by_addr[a]) if a in by_addr else []) for a in private_addrs]
+    return [ruleset(ingress_lines(backend, by_addr[a]) if a in by_addr else [])
+            for a in private_addrs]

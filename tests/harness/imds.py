@@ -3,8 +3,8 @@ real HTTP, per client address.
 
     python -m tests.harness.imds --port 8169      # then: curl -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 60' ...
 
-Every node of a namespace test cluster reaches the same server from its own private address, so a notice
-is scheduled for one client address (or for all): only that node hears "terminate".
+Every node of a namespace test cluster reaches the same server from its own private address, so a
+notice is scheduled for one client address (or for all): only that node hears "terminate".
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args: object) -> None:  # one line per poll drowns test output
+    # one line per poll drowns test output
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
 
@@ -72,21 +73,25 @@ class _Http(ThreadingHTTPServer):
 
 
 class ImdsServer:
-    """IMDSv2 tokens and spot/instance-action on a port, in a thread; notices scheduled per client."""
+    """IMDSv2 tokens and spot/instance-action on a port, in a thread; notices scheduled per
+    client."""
 
     def __init__(self, host: str = "0.0.0.0", port: int = 0) -> None:
         self._host = host
         self.requests: list[tuple[str, str, str]] = []  # (client address, method, path)
         self._tokens: dict[str, float] = {}  # token -> expiry (monotonic)
-        self._bodies: dict[str | None, str] = {}  # client address (None: every client) -> instance-action body
+        # client address (None: every client) -> instance-action body
+        self._bodies: dict[str | None, str] = {}
         self._instances: dict[str | None, str] = {}  # client address (None: all) -> instance id
         self._lock = threading.Lock()
         self._http = _Http((host, port), self)
-        self._thread = threading.Thread(target=self._http.serve_forever, args=(0.05,), name="imds", daemon=True)
+        self._thread = threading.Thread(target=self._http.serve_forever, args=(0.05,), name="imds",
+                                        daemon=True)
 
     @property
     def url(self) -> str:
-        """The endpoint to give fetch_notice (loopback where the server listens on every address)."""
+        """The endpoint to give fetch_notice (loopback where the server listens on every
+        address)."""
         return f"http://{'127.0.0.1' if self._host == '0.0.0.0' else self._host}:{self.port}"
 
     @property
@@ -109,12 +114,15 @@ class ImdsServer:
                  tb: TracebackType | None) -> None:
         self.stop()
 
-    def schedule(self, action: str = "terminate", for_client: str | None = None, time: str | None = None,
+    def schedule(self, action: str = "terminate", for_client: str | None = None, time: str
+                 | None = None,
                  raw: str | None = None) -> None:
-        """Post a notice for one client address (None: all); `raw` replaces the JSON body (a malformed one)."""
+        """Post a notice for one client address (None: all); `raw` replaces the JSON body (a
+        malformed one)."""
         when = time or (datetime.now(UTC) + timedelta(minutes=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
         with self._lock:
-            self._bodies[for_client] = raw if raw is not None else json.dumps({"action": action, "time": when})
+            self._bodies[for_client] = raw if raw is not None else json.dumps({"action": action,
+                                                                               "time": when})
 
     def identify(self, instance_id: str, for_client: str | None = None) -> None:
         """Answer instance-id with `instance_id` to one client address (None: all)."""
@@ -150,12 +158,15 @@ class ImdsServer:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--host", default="0.0.0.0")
     ap.add_argument("--port", type=int, default=8169)
-    ap.add_argument("--terminate", metavar="CLIENT", help="post a terminate notice for this client address")
+    ap.add_argument("--terminate", metavar="CLIENT",
+                    help="post a terminate notice for this client address")
     ap.add_argument("--control", type=Path, metavar="FILE",
-                    help="follow FILE: each line 'CLIENT ACTION' schedules a notice; an empty file clears them "
+                    help="follow FILE: each line 'CLIENT ACTION' schedules a notice; an empty file "
+                         "clears them "
                          "(how a test in another network namespace steers this server)")
     a = ap.parse_args()
     with ImdsServer(a.host, a.port) as imds:

@@ -51,20 +51,23 @@ def add_bridge(ns: str) -> None:
 
 def plug(ns: str, dev: str, cidr: str, bridge_ns: str, port: str) -> None:
     """A veth from namespace `ns` (device `dev`, address `cidr`) to the bridge in `bridge_ns`."""
-    sh("ip", "link", "add", port, "netns", bridge_ns, "type", "veth", "peer", "name", dev, "netns", ns)
+    sh("ip", "link", "add", port, "netns", bridge_ns, "type", "veth", "peer", "name", dev, "netns",
+       ns)
     sh("ip", "-n", bridge_ns, "link", "set", port, "master", "br0", "up")
     sh("ip", "-n", ns, "addr", "add", cidr, "dev", dev)
     sh("ip", "-n", ns, "link", "set", dev, "up")
 
 
 def ensure_user(name: str) -> None:
-    """An unprivileged login `name` on this machine (the hosts share /etc/passwd), with no home made here:
-    every host mounts one of its own there."""
+    """An unprivileged login `name` on this machine (the hosts share /etc/passwd), with no home made
+    here: every host mounts one of its own there."""
     try:
         entry = pwd.getpwnam(name)
     except KeyError:
-        # Password `*`: none, but not locked (sshd without PAM refuses a locked account even its keys).
-        made = sh("useradd", "--no-create-home", "--home-dir", f"/home/{name}", "--shell", "/bin/bash",
+        # Password `*`: none, but not locked (sshd without PAM refuses a locked account even its
+        # keys).
+        made = sh("useradd", "--no-create-home", "--home-dir", f"/home/{name}", "--shell",
+                  "/bin/bash",
                   "--password", "*", name, check=False)
         if made.returncode not in (0, 9):  # 9: made by a test running beside this one
             raise RuntimeError(f"useradd {name} failed: {made.stderr}") from None
@@ -97,9 +100,12 @@ class NetnsCluster:
     gateway: str | None = None  # e.g. "198.18.0.1": this (root) namespace joins the network there
     prefixlen: int = 24
     preauthorize: bool = True  # the user key is in every host's authorized_keys from the start
-    loopback_name: tuple[int, ...] = ()  # hosts whose /etc/hosts says `127.0.1.1 <own name>` (Debian)
-    users: tuple[str, ...] = ()  # unprivileged logins (made on this machine if missing), a home per host
-    strict_modes: bool = False  # sshd's StrictModes: refuse keys in group/world-writable ~/.ssh or homes
+    # hosts whose /etc/hosts says `127.0.1.1 <own name>` (Debian)
+    loopback_name: tuple[int, ...] = ()
+    # unprivileged logins (made on this machine if missing), a home per host
+    users: tuple[str, ...] = ()
+    # sshd's StrictModes: refuse keys in group/world-writable ~/.ssh or homes
+    strict_modes: bool = False
 
     def name(self, i: int) -> str:
         return f"{self.prefix}-n{i}"
@@ -127,7 +133,8 @@ class NetnsCluster:
         return int((self.node_dir(i) / "sshd.pid").read_text().strip())
 
     def home(self, i: int, user: str) -> Path:
-        """Where the test process writes what host i's `user` sees as their home (one of `users`)."""
+        """Where the test process writes what host i's `user` sees as their home (one of
+        `users`)."""
         return self.node_dir(i) / f"home-{user}"
 
     def hosts_file(self, i: int) -> Path:
@@ -145,16 +152,19 @@ class NetnsCluster:
         for mount_point in (Path.home() / ".ssh", Path.home() / ".cpudist"):
             mount_point.mkdir(mode=0o700, exist_ok=True)
         if not self.user_key.exists():
-            sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "cpd-user", "-f", str(self.user_key))
+            sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "cpd-user", "-f",
+               str(self.user_key))
         hosts = ["127.0.0.1 localhost"] + [f"{self.addr(i)} {self.name(i)}" for i in range(self.n)]
         # v4-mapped entries serve c10d's reverse lookups of peers (else it warns on every connect).
         hosts += [f"::ffff:{self.addr(i)} {self.name(i)}" for i in range(self.n)]
         (self.state / "hosts").write_text("\n".join(hosts) + "\n")
         for i in self.loopback_name:
-            # What Debian's installer writes: the own name on 127.0.1.1, the others from DNS (here: the list).
+            # What Debian's installer writes: the own name on 127.0.1.1, the others from DNS (here:
+            # the list).
             theirs = [line for line in hosts[1:] if not line.endswith(f" {self.name(i)}")]
             self.node_dir(i).mkdir(parents=True, exist_ok=True)
-            self.hosts_file(i).write_text("\n".join([hosts[0], f"127.0.1.1 {self.name(i)}", *theirs]) + "\n")
+            self.hosts_file(i).write_text("\n".join([hosts[0], f"127.0.1.1 {self.name(i)}",
+                                                     *theirs]) + "\n")
         for user in self.users:
             ensure_user(user)
         self.hostfile.write_text("".join(f"{self.name(i)}\n" for i in range(self.n)))
@@ -167,7 +177,8 @@ class NetnsCluster:
         add_bridge(self.bridge_ns)
         if self.gateway:
             # A bastion inside the "VPC": the test process itself reaches every host directly.
-            sh("ip", "link", "add", f"{self.prefix}-gw", "type", "veth", "peer", "name", "vgw", "netns", self.bridge_ns)
+            sh("ip", "link", "add", f"{self.prefix}-gw", "type", "veth", "peer", "name", "vgw",
+               "netns", self.bridge_ns)
             sh("ip", "-n", self.bridge_ns, "link", "set", "vgw", "master", "br0", "up")
             sh("ip", "addr", "add", f"{self.gateway}/{self.prefixlen}", "dev", f"{self.prefix}-gw")
             sh("ip", "link", "set", f"{self.prefix}-gw", "up")
@@ -177,7 +188,8 @@ class NetnsCluster:
         for sub in ("dot-ssh", "dot-cpudist"):
             (d / sub).mkdir(parents=True, mode=0o700, exist_ok=True)
         auth = d / "dot-ssh" / "authorized_keys"
-        auth.write_text((self.user_key.with_suffix(".pub")).read_text() if self.preauthorize else "")
+        auth.write_text((self.user_key.with_suffix(".pub")).read_text() if self.preauthorize
+                        else "")
         auth.chmod(0o600)
         for user in self.users:
             self._make_home(i, user)
@@ -203,7 +215,8 @@ class NetnsCluster:
         home.chmod(0o755)
 
     def authorize(self, i: int, user: str, public_key: str) -> None:
-        """Add `public_key` to `user`'s ~/.ssh/authorized_keys on host i, as an admin or cloud-init would."""
+        """Add `public_key` to `user`'s ~/.ssh/authorized_keys on host i, as an admin or cloud-init
+        would."""
         entry = pwd.getpwnam(user)
         ssh_dir = self.home(i, user) / ".ssh"
         ssh_dir.mkdir(mode=0o700, exist_ok=True)
@@ -218,19 +231,23 @@ class NetnsCluster:
         """Shell commands run in host i's new mount namespace before sshd starts."""
         home = Path.home()
         d = self.node_dir(i)
-        mounts = [f"mount --bind '{self.hosts_file(i)}' /etc/hosts", f"mount --bind '{d}/dot-ssh' '{home}/.ssh'",
+        mounts = [f"mount --bind '{self.hosts_file(i)}' /etc/hosts",
+                  f"mount --bind '{d}/dot-ssh' '{home}/.ssh'",
                   f"mount --bind '{d}/dot-cpudist' '{home}/.cpudist'"]
         if self.users:
             mounts += [*self._python_for_users(i),
-                       *(f"mount --bind '{self.home(i, u)}' '{pwd.getpwnam(u).pw_dir}'" for u in self.users)]
+                       *(f"mount --bind '{self.home(i, u)}' '{pwd.getpwnam(u).pw_dir}'"
+                         for u in self.users)]
         return mounts
 
     def _python_for_users(self, i: int) -> list[str]:
-        """Mounts that install this Python as the host's `python3.11` for every login, as a node image would.
+        """Mounts that install this Python as the host's `python3.11` for every login, as a node
+        image would.
 
-        It shows as /usr/local/bin/python3.11 (with its scripts beside it, as `make altinstall` and pip
-        leave them), on the PATH sshd gives a login; folders on the way to it that only root may enter
-        (pyenv's /root) get an overlay that lets others pass, writes going to a folder of this host.
+        It shows as /usr/local/bin/python3.11 (with its scripts beside it, as `make altinstall` and
+        pip leave them), on the PATH sshd gives a login; folders on the way to it that only root may
+        enter (pyenv's /root) get an overlay that lets others pass, writes going to a folder of this
+        host.
         """
         real_bin = Path(sys.executable).resolve().parent
         extra = self.node_dir(i) / "usr-local-bin"
@@ -249,10 +266,11 @@ class NetnsCluster:
             for made in (upper, work):
                 made.mkdir(exist_ok=True)
             upper.chmod(folder.stat().st_mode & 0o7777 | 0o011)
-            mounts.append(f"mount -t overlay overlay -o 'lowerdir={folder},upperdir={upper},workdir={work}' "
-                          f"'{folder}'")
+            mounts.append("mount -t overlay overlay -o "
+                          f"'lowerdir={folder},upperdir={upper},workdir={work}' '{folder}'")
         Path("/usr/local/bin").mkdir(parents=True, exist_ok=True)
-        return [*mounts, f"mount -t overlay overlay -o 'lowerdir={extra}:/usr/local/bin' /usr/local/bin"]
+        return [*mounts,
+                f"mount -t overlay overlay -o 'lowerdir={extra}:/usr/local/bin' /usr/local/bin"]
 
     def _launch_sshd(self, i: int, new_key: bool) -> None:
         ns, d = self.name(i), self.node_dir(i)
@@ -262,7 +280,8 @@ class NetnsCluster:
             key.with_suffix(".pub").unlink(missing_ok=True)
             sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", ns, "-f", str(key))
         (d / "sshd.pid").unlink(missing_ok=True)
-        # A real sshd listens on every address, so a Debian host reaches itself by name (127.0.1.1) too.
+        # A real sshd listens on every address, so a Debian host reaches itself by name (127.0.1.1)
+        # too.
         loopback = ["127.0.1.1"] if i in self.loopback_name else []
         listen = "".join(f"ListenAddress {a}\n" for a in [*self.listen_addrs(i), *loopback])
         (d / "sshd_config").write_text(f"""Port 22
@@ -281,14 +300,16 @@ MaxStartups 100:30:200
 MaxSessions 100
 SetEnv OMP_WAIT_POLICY=PASSIVE
 """)
-        # SetEnv: the hosts share this machine's cores, which real nodes never do, so their OpenMP threads wait
-        # asleep instead of spinning on a core another host's rank needs (tests/conftest.py says what it cost).
+        # SetEnv: the hosts share this machine's cores, which real nodes never do, so their OpenMP
+        # threads wait asleep instead of spinning on a core another host's rank needs
+        # (tests/conftest.py says what it cost).
         sh(SSHD, "-t", "-f", str(d / "sshd_config"))
         # New UTS + mount namespace: own hostname, /etc/hosts, ~/.ssh and ~/.cpudist, inherited by
         # everything this sshd starts.
         script = " && ".join([*self._host_mounts(i), f"hostname '{ns}'",
                               f"exec {SSHD} -f '{d}/sshd_config' -E '{d}/sshd.log'"])
-        sh("ip", "netns", "exec", ns, "unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c", script)
+        sh("ip", "netns", "exec", ns, "unshare", "--uts", "--mount", "--propagation", "private",
+           "sh", "-c", script)
         for _ in range(100):
             if (d / "sshd.pid").exists() and (d / "sshd.pid").read_text().strip():
                 return
@@ -319,17 +340,19 @@ SetEnv OMP_WAIT_POLICY=PASSIVE
         pid_file.unlink(missing_ok=True)
 
     def down(self) -> None:
-        """Stop our sshds, then whatever still lives in our namespaces (as a terminated machine ends its processes),
-        and delete the namespaces (the bridge takes the veths with it). Without the second step an ssh session
-        whose client went away (tests/integration/test_ssh_link.py drops the link under a `sleep 600`) outlived
-        its node by minutes, in a namespace no longer named."""
+        """Stop our sshds, then whatever still lives in our namespaces (as a terminated machine ends
+        its processes), and delete the namespaces (the bridge takes the veths with it). Without the
+        second step an ssh session whose client went away (tests/integration/test_ssh_link.py drops
+        the link under a `sleep 600`) outlived its node by minutes, in a namespace no longer
+        named."""
         for i in range(self.n):
             self._stop_sshd(i)
             for pid in self.pids(i):  # processes of our own namespace only, each by its PID
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             sh("ip", "netns", "del", self.name(i), check=False)
-        sh("ip", "netns", "del", self.bridge_ns, check=False)  # takes the veths (and the gateway's) along
+        # takes the veths (and the gateway's) along
+        sh("ip", "netns", "del", self.bridge_ns, check=False)
         if self.gateway:
             sh("ip", "link", "del", f"{self.prefix}-gw", check=False)
 
@@ -337,11 +360,14 @@ SetEnv OMP_WAIT_POLICY=PASSIVE
 
     def exec_argv(self, i: int, argv: list[str]) -> list[str]:
         """argv that runs `argv` on host i (its network, hostname, /etc/hosts and home files)."""
-        return ["nsenter", "--target", str(self.sshd_pid(i)), "--net", "--uts", "--mount", "--", *argv]
+        return ["nsenter", "--target", str(self.sshd_pid(i)), "--net", "--uts", "--mount", "--",
+                *argv]
 
-    def run(self, i: int, argv: list[str], timeout: float = 600, **kw: object) -> subprocess.CompletedProcess[str]:
+    def run(self, i: int, argv: list[str], timeout: float = 600,
+            **kw: object) -> subprocess.CompletedProcess[str]:
         """Run a command on host i to the end."""
-        return subprocess.run(self.exec_argv(i, argv), capture_output=True, text=True, timeout=timeout,
+        return subprocess.run(self.exec_argv(i, argv), capture_output=True, text=True,
+                              timeout=timeout,
                               **kw)  # type: ignore[call-overload]
 
     def pids(self, i: int) -> list[int]:
@@ -360,11 +386,13 @@ SetEnv OMP_WAIT_POLICY=PASSIVE
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=["up", "down", "exec", "shape", "status"])
     ap.add_argument("args", nargs=argparse.REMAINDER)
     ap.add_argument("--hosts", type=int, default=int(os.environ.get("CPD_NODES", "4")))
-    ap.add_argument("--state", type=Path, default=Path(os.environ.get("CPD_STATE", "/tmp/cpd-cluster")))
+    ap.add_argument("--state", type=Path,
+                    default=Path(os.environ.get("CPD_STATE", "/tmp/cpd-cluster")))
     a = ap.parse_args()
     cluster = NetnsCluster(a.hosts, a.state)
     if a.command == "up":

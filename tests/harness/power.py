@@ -1,4 +1,5 @@
-"""Namespace hosts powered like EC2 instances: switched off with everything on them, booted in phases.
+"""Namespace hosts powered like EC2 instances: switched off with everything on them, booted in
+phases.
 
 Used by tests/harness/world.py. Off: the host's links go down first, so nothing it runs can say
 goodbye (no FIN, no RST: its peers hear silence, as from a node that vanished), then every process
@@ -32,9 +33,11 @@ LINKS = ("eth0", "eth1")  # private and public interfaces of a world host (eth1 
 
 @dataclass(frozen=True)
 class Boot:
-    """How a machine comes up after RunInstances or StartInstances (small defaults keep the suite fast)."""
+    """How a machine comes up after RunInstances or StartInstances (small defaults keep the suite
+    fast)."""
 
-    pending_s: float = 0.5  # EC2 shows it `pending` (the emulator's part); the host's links are down
+    # EC2 shows it `pending` (the emulator's part); the host's links are down
+    pending_s: float = 0.5
     refusing_s: float = 0.5  # `running`, network up, no sshd yet: port 22 refuses
     no_banner_s: float = 1.0  # sshd starting: connections on port 22 are reset before any banner
 
@@ -59,7 +62,8 @@ def namespace_pids(ns: str) -> list[int]:
 
 
 def kill_namespace(ns: str, within_s: float = 10.0) -> None:
-    """SIGKILL every process of namespace `ns` until none is left (new ones may be forked meanwhile)."""
+    """SIGKILL every process of namespace `ns` until none is left (new ones may be forked
+    meanwhile)."""
     deadline = time.monotonic() + within_s
     while pids := namespace_pids(ns):
         if time.monotonic() > deadline:
@@ -71,7 +75,8 @@ def kill_namespace(ns: str, within_s: float = 10.0) -> None:
 
 
 def listen_in_namespace(ns: str, port: int) -> socket.socket:
-    """A TCP listener on all of namespace `ns`'s addresses, made from a short thread that setns()es there."""
+    """A TCP listener on all of namespace `ns`'s addresses, made from a short thread that setns()es
+    there."""
     made: list[socket.socket] = []
     errors: list[str] = []
 
@@ -113,9 +118,11 @@ def _reset_everyone(listener: socket.socket, stop: threading.Event) -> None:
 
 
 class Power:
-    """Power state of a cluster's hosts; `lock` is the world's (held by the caller of `off` and `on`)."""
+    """Power state of a cluster's hosts; `lock` is the world's (held by the caller of `off` and
+    `on`)."""
 
-    def __init__(self, hosts: NetnsCluster, lock: threading.Lock, state_of: Callable[[str], str | None]) -> None:
+    def __init__(self, hosts: NetnsCluster, lock: threading.Lock,
+                 state_of: Callable[[str], str | None]) -> None:
         self.hosts = hosts
         self.lock = lock
         self.state_of = state_of  # instance id -> its EC2 state now (None: unknown)
@@ -126,7 +133,8 @@ class Power:
         self.closed = False
 
     def off(self, i: int) -> None:
-        """Switch host i off: links down, then every process of its namespace killed. Caller holds the lock."""
+        """Switch host i off: links down, then every process of its namespace killed. Caller holds
+        the lock."""
         self.generation[i] = self.generation.get(i, 0) + 1
         self.on_for.pop(i, None)
         self.up_for.pop(i, None)
@@ -136,10 +144,12 @@ class Power:
         (self.hosts.node_dir(i) / "sshd.pid").unlink(missing_ok=True)
 
     def on(self, i: int, instance_id: str, new_key: bool, boot: Boot) -> None:
-        """Boot host i for `instance_id` (after `off`), phase by phase, in a thread. Caller holds the lock."""
+        """Boot host i for `instance_id` (after `off`), phase by phase, in a thread. Caller holds
+        the lock."""
         self.on_for[i] = instance_id
         gen = self.generation.get(i, 0)
-        threading.Thread(target=self._boot, args=(i, instance_id, gen, new_key, boot), daemon=True).start()
+        threading.Thread(target=self._boot, args=(i, instance_id, gen, new_key, boot),
+                         daemon=True).start()
 
     def wait_up(self, i: int, instance_id: str | None = None, timeout_s: float = 60) -> None:
         """Until host i's sshd answers (for `instance_id`, when given)."""
@@ -163,7 +173,8 @@ class Power:
             key = self.hosts.node_dir(i) / "ssh_host_ed25519_key"
             key.unlink(missing_ok=True)
             key.with_suffix(".pub").unlink(missing_ok=True)
-            sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", self.hosts.name(i), "-f", str(key))
+            sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", self.hosts.name(i), "-f",
+               str(key))
         while (state := self.state_of(instance_id)) == "pending":
             if not self._current(i, gen):
                 return

@@ -2,7 +2,8 @@
 
     python -m tests.harness.s3 --port 5056        # then: AWS_ENDPOINT_URL_S3=http://127.0.0.1:5056
 
-Code under test talks to it the way it talks to AWS (boto3 over HTTP), not through moto's in-process mock.
+Code under test talks to it the way it talks to AWS (boto3 over HTTP), not through moto's in-process
+mock.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "te
 
 
 class _Quiet(WSGIRequestHandler):
-    def log_request(self, *args: object, **kwargs: object) -> None:  # one line per call drowns test output
+    # one line per call drowns test output
+    def log_request(self, *args: object, **kwargs: object) -> None:
         pass
 
 
@@ -31,7 +33,8 @@ class S3Server:
         # moto picks the backend from the request's signature (service "s3"), as for EC2 in ec2.py.
         self.app = DomainDispatcherApplication(create_backend_app)
         self.server = make_server(host, port, self.app, threaded=True, request_handler=_Quiet)
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), name="s3", daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), name="s3",
+                                       daemon=True)
 
     @property
     def url(self) -> str:
@@ -55,7 +58,8 @@ class S3Server:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--port", type=int, default=5056)
     a = ap.parse_args()
     with S3Server(port=a.port) as s3:

@@ -1,4 +1,5 @@
-"""A real Slurm cluster on the namespace hosts of tests/harness/netns.py (Debian's slurm-wlm 22.05, munge).
+"""A real Slurm cluster on the namespace hosts of tests/harness/netns.py (Debian's slurm-wlm 22.05,
+munge).
 
     python -m tests.harness.slurm up --hosts 2     # namespace hosts, munged, slurmctld, a slurmd on each
     python -m tests.harness.slurm exec 0 -- sinfo  # on host 0, the login node (SLURM_CONF set, folder kept)
@@ -6,17 +7,17 @@
     python -m tests.harness.slurm down             # (--hosts, --state, --prefix as given to up)
     python -m tests.harness.slurm reap --state $CPUDIST_SLURM_ROOT   # daemons a killed test left there
 
-One munged in this (root) namespace: its socket is a file path, and the namespace hosts share the file
-system, so every daemon and command authenticates through it with one key. slurmctld runs on host 0 (the
-login node, as on HPC systems, and a compute node too); each host runs its own slurmd under its own
-hostname, which is what Debian's build needs (it has no --enable-multiple-slurmd). Slurm commands work
-inside the hosts only: slurmctld listens on host 0's namespace address.
+One munged in this (root) namespace: its socket is a file path, and the namespace hosts share the
+file system, so every daemon and command authenticates through it with one key. slurmctld runs on
+host 0 (the login node, as on HPC systems, and a compute node too); each host runs its own slurmd
+under its own hostname, which is what Debian's build needs (it has no --enable-multiple-slurmd).
+Slurm commands work inside the hosts only: slurmctld listens on host 0's namespace address.
 
-Two things this machine forces, both stated where they are set: the hosts' /sys is the one `ip netns exec`
-mounted, without /sys/fs/cgroup, so cgroup.conf names cgroup/v1 explicitly (slurmd 22.05 initialises a
-cgroup plugin even when no cgroup plugin is used, and autodetection fails there); and munged refuses a
-socket under a folder that is not world-executable (pytest's temporary folders are 0700), so the state of
-this harness lives in a folder of its own under /tmp.
+Two things this machine forces, both stated where they are set: the hosts' /sys is the one `ip netns
+exec` mounted, without /sys/fs/cgroup, so cgroup.conf names cgroup/v1 explicitly (slurmd 22.05
+initialises a cgroup plugin even when no cgroup plugin is used, and autodetection fails there); and
+munged refuses a socket under a folder that is not world-executable (pytest's temporary folders are
+0700), so the state of this harness lives in a folder of its own under /tmp.
 """
 
 from __future__ import annotations
@@ -57,13 +58,14 @@ def missing_requirements() -> str | None:
 
 
 def state_root() -> str | None:
-    """Where clusters keep their state: $CPUDIST_SLURM_ROOT (.ci/run sets it, to stop at its end whatever a
-    killed test left running), else the system's temporary folder."""
+    """Where clusters keep their state: $CPUDIST_SLURM_ROOT (.ci/run sets it, to stop at its end
+    whatever a killed test left running), else the system's temporary folder."""
     return os.environ.get("CPUDIST_SLURM_ROOT") or None
 
 
 def reap(root: Path) -> list[str]:
-    """Stop every daemon whose pid file lies under `root` and whose command line names it; what was stopped."""
+    """Stop every daemon whose pid file lies under `root` and whose command line names it; what was
+    stopped."""
     stopped = []
     for pid_file in sorted(root.glob("**/*.pid")):
         if _stop_pid(pid_file, str(root)):
@@ -72,7 +74,8 @@ def reap(root: Path) -> list[str]:
 
 
 def node_hardware(slurmd_c: str) -> str:
-    """The hardware part of `slurmd -C`'s NodeName line (CPUs=... RealMemory=...), to repeat in slurm.conf."""
+    """The hardware part of `slurmd -C`'s NodeName line (CPUs=... RealMemory=...), to repeat in
+    slurm.conf."""
     line = next(ln for ln in slurmd_c.splitlines() if ln.startswith("NodeName="))
     keys = ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore", "RealMemory")
     found = dict(re.findall(r"(\w+)=(\S+)", line))
@@ -88,12 +91,15 @@ PreemptMode=CANCEL"""
 
 @dataclass
 class SlurmCluster:
-    """slurmctld on host 0 and a slurmd on every host of `hosts`; daemons are stopped by PID on down()."""
+    """slurmctld on host 0 and a slurmd on every host of `hosts`; daemons are stopped by PID on
+    down()."""
 
     hosts: NetnsCluster
-    state: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="cpudist-slurm-", dir=state_root())))
-    # Preemption as sites set it up (preempt/partition_prio, PreemptMode=CANCEL): a job of the `urgent` partition
-    # takes the nodes of `batch` jobs, whose steps get SIGTERM at once and the whole job SIGKILL GRACE_S later.
+    state: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="cpudist-slurm-",
+                                                                      dir=state_root())))
+    # Preemption as sites set it up (preempt/partition_prio, PreemptMode=CANCEL): a job of the
+    # `urgent` partition takes the nodes of `batch` jobs, whose steps get SIGTERM at once and the
+    # whole job SIGKILL GRACE_S later.
     preemption: bool = False
 
     @property
@@ -109,9 +115,11 @@ class SlurmCluster:
         return {**os.environ, "SLURM_CONF": str(self.conf)}
 
     def render_conf(self, hardware: str) -> str:
-        """slurm.conf: every namespace host by its hostname and address, minimal plugins, fast timeouts."""
+        """slurm.conf: every namespace host by its hostname and address, minimal plugins, fast
+        timeouts."""
         s = self.state
-        nodes = "\n".join(f"NodeName={self.hosts.name(i)} NodeAddr={self.hosts.addr(i)} {hardware} State=UNKNOWN"
+        nodes = "\n".join(f"NodeName={self.hosts.name(i)} NodeAddr={self.hosts.addr(i)} {hardware} "
+                          "State=UNKNOWN"
                           for i in range(self.hosts.n))
         return f"""# Written by tests/harness/slurm.py
 ClusterName={self.hosts.prefix.replace("-", "")}
@@ -150,7 +158,8 @@ PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP{PREEMPTION i
 """
 
     def up(self) -> SlurmCluster:
-        """munged, slurmctld and the slurmds, then wait until every node is idle; a failed start cleans up."""
+        """munged, slurmctld and the slurmds, then wait until every node is idle; a failed start
+        cleans up."""
         self.state.chmod(0o755)  # munged wants every folder above its socket world-executable
         try:
             self._start_munged()
@@ -177,19 +186,23 @@ PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP{PREEMPTION i
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
         subprocess.run(["/usr/sbin/munged", f"--key-file={key}", f"--socket={self.munge_socket}",
-                        f"--pid-file={d}/munged.pid", f"--log-file={d}/munged.log", f"--seed-file={d}/munged.seed"],
+                        f"--pid-file={d}/munged.pid", f"--log-file={d}/munged.log",
+                        f"--seed-file={d}/munged.seed"],
                        check=True, capture_output=True, text=True)
 
     def _host(self, i: int, argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(self.hosts.exec_argv(i, argv), capture_output=True, text=True, env=self.env(),
+        return subprocess.run(self.hosts.exec_argv(i, argv), capture_output=True, text=True,
+                              env=self.env(),
                               timeout=60, **kw)  # type: ignore[call-overload]
 
     def _daemon(self, i: int, argv: list[str], what: str) -> None:
         p = self._host(i, argv)
         if p.returncode != 0:
-            log = self.state / ("ctld/slurmctld.log" if what == "slurmctld" else f"{self.hosts.name(i)}/slurmd.log")
+            log = self.state / ("ctld/slurmctld.log" if what == "slurmctld"
+                                else f"{self.hosts.name(i)}/slurmd.log")
             tail = log.read_text()[-2000:] if log.exists() else p.stderr
-            raise RuntimeError(f"{what} on {self.hosts.name(i)} did not start (exit {p.returncode}): {tail}")
+            raise RuntimeError(f"{what} on {self.hosts.name(i)} did not start (exit "
+                               f"{p.returncode}): {tail}")
 
     def wait_idle(self, timeout_s: float = 60) -> None:
         deadline = time.monotonic() + timeout_s
@@ -212,22 +225,27 @@ PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP{PREEMPTION i
     def run(self, i: int, argv: list[str], timeout: float = 600, cwd: str | None = None,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         """Run a command on host i to the end (SLURM_CONF set)."""
-        return subprocess.run(self.exec_argv(i, argv, cwd), capture_output=True, text=True, timeout=timeout,
+        return subprocess.run(self.exec_argv(i, argv, cwd), capture_output=True, text=True,
+                              timeout=timeout,
                               env={**self.env(), **(env or {})}, stdin=subprocess.DEVNULL)
 
-    def popen(self, i: int, argv: list[str], cwd: str | None = None, env: dict[str, str] | None = None,
+    def popen(self, i: int, argv: list[str], cwd: str | None = None, env: dict[str, str]
+              | None = None,
               **kw: object) -> subprocess.Popen[str]:
-        return subprocess.Popen(self.exec_argv(i, argv, cwd), env={**self.env(), **(env or {})}, text=True,
+        return subprocess.Popen(self.exec_argv(i, argv, cwd), env={**self.env(), **(env or {})},
+                                text=True,
                                 **kw)  # type: ignore[call-overload]
 
     def jobs(self) -> list[str]:
         """The jobs squeue still shows (pending, running or completing)."""
-        return [ln for ln in self.run(0, ["squeue", "-h", "-o", "%i %T"]).stdout.splitlines() if ln.strip()]
+        return [ln for ln in self.run(0, ["squeue", "-h", "-o", "%i %T"]).stdout.splitlines()
+                if ln.strip()]
 
     # --- teardown ----------------------------------------------------------------------------
 
     def down(self) -> None:
-        """Cancel every job, stop the daemons this harness started (by PID) and what their jobs left."""
+        """Cancel every job, stop the daemons this harness started (by PID) and what their jobs
+        left."""
         if self.conf.exists():
             try:
                 self.run(0, ["scancel", "--user=root"], timeout=30)
@@ -237,9 +255,11 @@ PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP{PREEMPTION i
             except (subprocess.SubprocessError, OSError, FileNotFoundError):
                 pass
         pid_files = [self.state / self.hosts.name(i) / "slurmd.pid" for i in range(self.hosts.n)]
-        for pid_file in [*pid_files, self.state / "ctld" / "slurmctld.pid", self.state / "munge" / "munged.pid"]:
+        for pid_file in [*pid_files, self.state / "ctld" / "slurmctld.pid",
+                         self.state / "munge" / "munged.pid"]:
             _stop_pid(pid_file, str(self.state))
-        for i in range(self.hosts.n):  # job steps outlive a stopped slurmd: slurmstepd and its ranks
+        # job steps outlive a stopped slurmd: slurmstepd and its ranks
+        for i in range(self.hosts.n):
             sshd = self.hosts.sshd_pid(i) if (self.hosts.node_dir(i) / "sshd.pid").exists() else -1
             for pid in self.hosts.pids(i):
                 if pid != sshd and _is_job_process(pid):
@@ -248,9 +268,11 @@ PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP{PREEMPTION i
 
 
 @contextlib.contextmanager
-def on_namespace_hosts(n: int, folder: Path, prefix: str, preemption: bool = False) -> Iterator[SlurmCluster]:
-    """`n` namespace hosts (names from `prefix` and this PID, so parallel workers never share one) and Slurm on them;
-    both taken down, by PID, whatever the body raised: a test module's `slurm` fixture."""
+def on_namespace_hosts(n: int, folder: Path, prefix: str,
+                       preemption: bool = False) -> Iterator[SlurmCluster]:
+    """`n` namespace hosts (names from `prefix` and this PID, so parallel workers never share one)
+    and Slurm on them; both taken down, by PID, whatever the body raised: a test module's `slurm`
+    fixture."""
     hosts = NetnsCluster(n, folder, prefix=f"{prefix}{os.getpid() % 10000}")
     hosts.up()
     try:
@@ -306,7 +328,8 @@ def _state(pid: int) -> str:
 def main() -> None:
     argv = sys.argv[1:]
     command = argv[argv.index("--") + 1:] if "--" in argv else []
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("action", choices=["up", "down", "exec", "reap"])
     ap.add_argument("host", nargs="?", type=int, default=0, help="exec: the host to run on")
     ap.add_argument("--hosts", type=int, default=2)

@@ -4,10 +4,11 @@
         measure_something()
     assert rate >= floor * cpu.left(), str(cpu)
 
-A virtual machine's core is not always its own: on a busy host the hypervisor runs other tenants on the
-guest's vCPUs (steal time), which nothing inside the guest can give back. A test that reads a core share
-or a link rate holds it to what the machine left (1 - steal over the same interval) and prints the steal,
-and the idle time beside it, so a failure says whether the machine was starved or the product was slow.
+A virtual machine's core is not always its own: on a busy host the hypervisor runs other tenants on
+the guest's vCPUs (steal time), which nothing inside the guest can give back. A test that reads a
+core share or a link rate holds it to what the machine left (1 - steal over the same interval) and
+prints the steal, and the idle time beside it, so a failure says whether the machine was starved or
+the product was slow.
 """
 
 from __future__ import annotations
@@ -15,23 +16,27 @@ from __future__ import annotations
 from pathlib import Path
 from types import TracebackType
 
-IDLE, STEAL = 3, 7  # columns of /proc/stat's cpuN lines: user nice system idle iowait irq softirq steal ...
+# columns of /proc/stat's cpuN lines: user nice system idle iowait irq softirq steal ...
+IDLE, STEAL = 3, 7
 BUSY = (0, 1, 2, 5, 6)  # the columns of time the guest ran something: user nice system irq softirq
 
 
 def core_ticks() -> dict[int, list[int]]:
     """Per core, /proc/stat's counters: user nice system idle iowait irq softirq steal ..."""
-    rows = (line.split() for line in Path("/proc/stat").read_text().splitlines() if line.startswith("cpu"))
+    rows = (line.split() for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("cpu"))
     return {int(name[3:]): [int(v) for v in values] for name, *values in rows if name[3:].isdigit()}
 
 
 def stolen(before: dict[int, list[int]], after: dict[int, list[int]],
            columns: int | tuple[int, ...] = STEAL) -> dict[int, float]:
-    """Per core, the fraction of the interval in some columns: steal by default (IDLE: idle; BUSY: busy)."""
+    """Per core, the fraction of the interval in some columns: steal by default (IDLE: idle; BUSY:
+    busy)."""
     picked = (columns,) if isinstance(columns, int) else columns
     shares = {}
     for core, now in after.items():
-        delta = [b - a for a, b in zip(before[core], now, strict=True)][:8]  # guest time is counted in user
+        # guest time is counted in user
+        delta = [b - a for a, b in zip(before[core], now, strict=True)][:8]
         shares[core] = round(sum(delta[c] for c in picked) / max(sum(delta), 1), 3)
     return shares
 
@@ -42,7 +47,8 @@ class CpuWindow:
     def __init__(self) -> None:
         self.steal: dict[int, float] = {}
         self.idle: dict[int, float] = {}
-        self.busy: dict[int, float] = {}  # anything this machine ran: the test's processes and everyone else's
+        # anything this machine ran: the test's processes and everyone else's
+        self.busy: dict[int, float] = {}
         self._before: dict[int, list[int]] = {}
 
     def __enter__(self) -> CpuWindow:

@@ -1,4 +1,5 @@
-"""A test world shaped like AWS: a VPC of namespace hosts, an internet, and a laptop that is not a node.
+"""A test world shaped like AWS: a VPC of namespace hosts, an internet, and a laptop that is not a
+node.
 
     python -m tests.harness.world up --hosts 4      # prints addresses and paths as JSON
     python -m tests.harness.world operator -- ssh -V
@@ -91,7 +92,8 @@ class WorldHosts(NetnsCluster):
 
     def _host_mounts(self, i: int) -> list[str]:
         # The laptop's files are not on the cluster: hide their physical folder from hosts.
-        return [*super()._host_mounts(i), f"mount -t tmpfs -o size=1m,mode=700 none '{self.state}/operator-home'"]
+        return [*super()._host_mounts(i),
+                f"mount -t tmpfs -o size=1m,mode=700 none '{self.state}/operator-home'"]
 
     def down(self) -> None:
         super().down()
@@ -105,7 +107,8 @@ class World:
     operator_addr = OPERATOR_ADDR
     operator_home = OPERATOR_HOME
 
-    def __init__(self, n_hosts: int, state_dir: Path, prefix: str = "cpw", **host_options: Any) -> None:
+    def __init__(self, n_hosts: int, state_dir: Path, prefix: str = "cpw",
+                 **host_options: Any) -> None:
         """`host_options`: NetnsCluster's (users, strict_modes, loopback_name)."""
         self.hosts = WorldHosts(n_hosts, Path(state_dir), prefix=prefix, **host_options)
         self.state = Path(state_dir)
@@ -118,7 +121,8 @@ class World:
         self.power = Power(self.hosts, self._lock, self._instance_state)
         self.boot = Boot()
         self._listeners: list[socket.socket] = []
-        self.partitioned = False  # a network ACL that drops traffic between hosts' private addresses
+        # a network ACL that drops traffic between hosts' private addresses
+        self.partitioned = False
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -143,11 +147,13 @@ class World:
         plug(self.operator_ns, "eth0", f"{OPERATOR_ADDR}/25", self.hosts.public_ns, "op")
         home, mine = Path.home(), self.operator_path()
         script = " && ".join([f"mount --bind '{mine}' '{OPERATOR_HOME}'",
-                              f"mount --bind '{mine}/.ssh' '{home}/.ssh'",  # ssh reads the passwd home
+                              # ssh reads the passwd home
+                              f"mount --bind '{mine}/.ssh' '{home}/.ssh'",
                               f"mount --bind '{mine}/.cpudist' '{home}/.cpudist'",
                               "hostname laptop", "exec sleep infinity"])
         # `ip netns exec` and `unshare` both exec: the Popen's pid ends up being the sleep's.
-        holder = subprocess.Popen(["ip", "netns", "exec", self.operator_ns, "unshare", "--uts", "--mount",
+        holder = subprocess.Popen(["ip", "netns", "exec", self.operator_ns, "unshare", "--uts",
+                                   "--mount",
                                    "--propagation", "private", "sh", "-c", script],
                                   stdin=subprocess.DEVNULL, start_new_session=True)
         (self.state / "operator.pid").write_text(str(holder.pid))
@@ -184,9 +190,9 @@ class World:
         self.hosts.down()
 
     def _kill_leftovers(self) -> None:
-        """SIGKILL what still runs in this world's namespaces besides the hosts' sshds (laptop runs, agents,
-        launchers, ranks that a failed test left): every one of them was started through this world, and
-        deleting a namespace does not stop its processes."""
+        """SIGKILL what still runs in this world's namespaces besides the hosts' sshds (laptop runs,
+        agents, launchers, ranks that a failed test left): every one of them was started through
+        this world, and deleting a namespace does not stop its processes."""
         sshds = set()
         for i in range(self.hosts.n):
             with contextlib.suppress(OSError, ValueError):
@@ -212,7 +218,8 @@ class World:
         self.sync()
 
     def create_vpc(self, ec2: Any) -> tuple[str, str]:
-        """A VPC and a public subnet whose instances land on the hosts; returns (vpc id, subnet id)."""
+        """A VPC and a public subnet whose instances land on the hosts; returns (vpc id, subnet
+        id)."""
         vpc = ec2.create_vpc(CidrBlock=VPC_CIDR)["Vpc"]["VpcId"]
         subnet = ec2.create_subnet(VpcId=vpc, CidrBlock=SUBNET_CIDR)["Subnet"]["SubnetId"]
         ec2.modify_subnet_attribute(SubnetId=subnet, MapPublicIpOnLaunch={"Value": True})
@@ -255,16 +262,20 @@ class World:
             for i, text in enumerate(rulesets):
                 if self.partitioned:
                     private = {f"-s {a} " for a in addrs}
-                    text = "\n".join(line for line in text.split("\n") if not any(p in line for p in private))
+                    text = "\n".join(line for line in text.split("\n")
+                                     if not any(p in line for p in private))
                 if self._applied.get(i) != text:
-                    subprocess.run(["ip", "netns", "exec", self.hosts.name(i), "iptables-restore"], input=text,
+                    subprocess.run(["ip", "netns", "exec", self.hosts.name(i), "iptables-restore"],
+                                   input=text,
                                    text=True, check=True, capture_output=True)
                     self._applied[i] = text
 
     def _boot_and_address(self, backend: Any) -> None:
-        """Power hosts like their instances: off when it stopped or ended, booting when one (re)started."""
+        """Power hosts like their instances: off when it stopped or ended, booting when one
+        (re)started."""
         index = {self.hosts.private_addr(i): i for i in range(self.hosts.n)}
-        live = {index[inst.private_ip]: inst for inst in live_instances(backend) if inst.private_ip in index}
+        live = {index[inst.private_ip]: inst for inst in live_instances(backend)
+                if inst.private_ip in index}
         for i in range(self.hosts.n):
             inst = live.get(i)
             if inst is None:
@@ -284,7 +295,8 @@ class World:
             self.power.on(i, inst.id, new_key=fresh, boot=self.boot)
 
     def _fresh_machine(self, i: int) -> None:
-        """Host i becomes a new machine: nothing in ~/.ssh or ~/.cpudist (its new host key comes at boot)."""
+        """Host i becomes a new machine: nothing in ~/.ssh or ~/.cpudist (its new host key comes at
+        boot)."""
         d = self.hosts.node_dir(i)
         (d / "dot-ssh" / "authorized_keys").write_text("")
         for sub in ("dot-ssh", "dot-cpudist"):
@@ -293,26 +305,31 @@ class World:
                     shutil.rmtree(child) if child.is_dir() else child.unlink()
 
     def on_prem(self, public_key: str) -> None:
-        """An on-prem cluster instead of EC2: an admin authorized `public_key` on every host, and the site
-        firewall admits SSH from the laptop and everything between the hosts' private addresses."""
+        """An on-prem cluster instead of EC2: an admin authorized `public_key` on every host, and
+        the site firewall admits SSH from the laptop and everything between the hosts' private
+        addresses."""
         accepts = [f"-A INPUT -s {OPERATOR_ADDR}/32 -p tcp -m tcp --dport 22 -j ACCEPT",
                    f"-A INPUT -s {SUBNET_CIDR} -j ACCEPT"]
         text = ruleset(accepts)
         for i in range(self.hosts.n):
             with (self.hosts.node_dir(i) / "dot-ssh" / "authorized_keys").open("a") as f:
                 f.write(public_key.strip() + "\n")
-            subprocess.run(["ip", "netns", "exec", self.hosts.name(i), "iptables-restore"], input=text,
+            subprocess.run(["ip", "netns", "exec", self.hosts.name(i), "iptables-restore"],
+                           input=text,
                            text=True, check=True, capture_output=True)
             self._applied[i] = text
 
     def _boot(self, instance_id: str, address: str, user_data: str, region: str) -> None:
-        """An image builder runs ami/bootstrap.sh: played here by waiting for the uploaded wheel, checking it,
-        printing the bootstrap's last console line, and powering off (what the real script does)."""
+        """An image builder runs ami/bootstrap.sh: played here by waiting for the uploaded wheel,
+        checking it, printing the bootstrap's last console line, and powering off (what the real
+        script does)."""
         if "cpudist-bootstrap" not in user_data:
             return
-        threading.Thread(target=self._bootstrap, args=(instance_id, address, region), daemon=True).start()
+        threading.Thread(target=self._bootstrap, args=(instance_id, address, region),
+                         daemon=True).start()
 
-    def _bootstrap(self, instance_id: str, address: str, region: str, timeout_s: float = 120) -> None:
+    def _bootstrap(self, instance_id: str, address: str, region: str,
+                   timeout_s: float = 120) -> None:
         assert self.emulator is not None
         i = next(i for i in range(self.hosts.n) if self.hosts.private_addr(i) == address)
         upload = self.hosts.node_dir(i) / "dot-cpudist" / "upload"
@@ -326,7 +343,8 @@ class World:
         elif step is None and not (wheels and _has(wheels[0], "cpudist/_ami/bootstrap.sh")):
             step = "cpudist"
         result = "OK" if step is None else f"FAILED at step {step} (exit 1)"
-        self.emulator.console[instance_id] = f"[  OK  ] Reached target Cloud-init.\ncpudist-bootstrap: {result}\n"
+        self.emulator.console[
+            instance_id] = f"[  OK  ] Reached target Cloud-init.\ncpudist-bootstrap: {result}\n"
         self.emulator.backend(region).stop_instances([instance_id])
         self._on_change(region)
 
@@ -382,9 +400,10 @@ class World:
         return self.state / "operator-home" / rel
 
     def operator_argv(self, argv: list[str]) -> list[str]:
-        # `env -C`, not nsenter's --wd: that one opens the folder before entering the mount namespace, so the
-        # command's cwd was the host's folder under the home's bind mount (relative paths landed there, absolute ones
-        # in the home: `runs/x` made by mkdir was not /srv/cpd-operator/runs/x to tempfile).
+        # `env -C`, not nsenter's --wd: that one opens the folder before entering the mount
+        # namespace, so the command's cwd was the host's folder under the home's bind mount
+        # (relative paths landed there, absolute ones in the home: `runs/x` made by mkdir was not
+        # /srv/cpd-operator/runs/x to tempfile).
         return ["nsenter", "--target", str(self.operator_pid()), "--net", "--mount", "--uts", "--",
                 "env", "-C", str(OPERATOR_HOME), *argv]
 
@@ -396,7 +415,8 @@ class World:
     def operator_run(self, argv: list[str], env: dict[str, str] | None = None,
                      timeout: float = 600) -> subprocess.CompletedProcess[str]:
         """Run `argv` on the laptop to the end, output captured."""
-        return subprocess.run(self.operator_argv(argv), env=self.operator_env(env), capture_output=True,
+        return subprocess.run(self.operator_argv(argv), env=self.operator_env(env),
+                              capture_output=True,
                               text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
     def operator_popen(self, argv: list[str], env: dict[str, str] | None = None,
@@ -478,17 +498,20 @@ def _pump(src: socket.socket, dst: socket.socket, last: bool) -> None:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     cut = argv.index("--") if "--" in argv else len(argv)
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=["up", "down", "operator", "exec"])
     ap.add_argument("--hosts", type=int, default=int(os.environ.get("CPD_NODES", "4")))
-    ap.add_argument("--state", type=Path, default=Path(os.environ.get("CPD_STATE", "/tmp/cpd-world")))
+    ap.add_argument("--state", type=Path,
+                    default=Path(os.environ.get("CPD_STATE", "/tmp/cpd-world")))
     ap.add_argument("--prefix", default="cpw")
     a = ap.parse_args(argv[:cut])
     world = World(a.hosts, a.state, a.prefix)
     args = argv[cut + 1:]  # after --: the command (exec: the host index first)
     if a.command == "up":
         world.up()
-        print(json.dumps({"hosts": [[world.hosts.name(i), world.hosts.private_addr(i), world.hosts.public_addr(i)]
+        print(json.dumps({"hosts": [[world.hosts.name(i), world.hosts.private_addr(i),
+                                     world.hosts.public_addr(i)]
                                     for i in range(a.hosts)],
                           "operator": OPERATOR_ADDR, "operator_home": str(world.operator_path())}))
     elif a.command == "down":

@@ -1,8 +1,8 @@
-"""EC2 emulated by moto's server over HTTP (tests/harness/ec2.py), for the files that drive `cpudist cluster`
-against it without a world of namespace hosts (test_aws.py, test_aws_ownership.py).
+"""EC2 emulated by moto's server over HTTP (tests/harness/ec2.py), for the files that drive `cpudist
+cluster` against it without a world of namespace hosts (test_aws.py, test_aws_ownership.py).
 
-One emulator per worker session serves them all: each test gets it reset (moto's state, faults, delays, recorded
-calls) and instant, consistent EC2 again, whatever the test before it set.
+One emulator per worker session serves them all: each test gets it reset (moto's state, faults,
+delays, recorded calls) and instant, consistent EC2 again, whatever the test before it set.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ def ec2_server() -> Iterator[Emulator]:
 @pytest.fixture
 def emu(ec2_server: Emulator) -> Emulator:
     ec2_server.reset()
-    ec2_server.pending_s = ec2_server.unseen_s = 0.0  # what a test may have set: instant, consistent EC2
+    # what a test may have set: instant, consistent EC2
+    ec2_server.pending_s = ec2_server.unseen_s = 0.0
     return ec2_server
 
 
@@ -39,13 +40,15 @@ def ec2(emu: Emulator) -> Any:
 
 @pytest.fixture(scope="session")
 def stock_ami(ec2_server: Emulator) -> str:
-    """One of moto's stock Amazon images: their ids are fixed, a reset keeps them. Listed once: the listing of
-    every Amazon image costs the emulator 1.7 CPU-s, more than a whole `cluster up` in this process."""
+    """One of moto's stock Amazon images: their ids are fixed, a reset keeps them. Listed once: the
+    listing of every Amazon image costs the emulator 1.7 CPU-s, more than a whole `cluster up` in
+    this process."""
     ec2 = boto3.client("ec2", endpoint_url=ec2_server.url, region_name="us-east-1")
     return str(ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"])
 
 
 @pytest.fixture
 def ami(ec2: Any, stock_ami: str) -> str:
-    assert len(ec2.describe_images(ImageIds=[stock_ami])["Images"]) == 1  # still there after the reset
+    # still there after the reset
+    assert len(ec2.describe_images(ImageIds=[stock_ami])["Images"]) == 1
     return stock_ami

@@ -21,10 +21,12 @@ CPUDIST = [sys.executable, "-m", "cpudist.cli"]
 
 def cpudist(*args: str | Path, timeout: float = 300,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run `cpudist ARGS` to the end and capture its output. Past `timeout`, the command and every process below it
-    are killed before TimeoutExpired is raised: subprocess.run kills only the command, and its launcher's ranks
-    trained on, orphaned, under the rest of the suite (seen: a timed-out test_learning's two ranks)."""
-    with subprocess.Popen([*CPUDIST, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    """Run `cpudist ARGS` to the end and capture its output. Past `timeout`, the command and every
+    process below it are killed before TimeoutExpired is raised: subprocess.run kills only the
+    command, and its launcher's ranks trained on, orphaned, under the rest of the suite (seen: a
+    timed-out test_learning's two ranks)."""
+    with subprocess.Popen([*CPUDIST, *map(str, args)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True,
                           env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL) as proc:
         try:
             out, err = proc.communicate(timeout=timeout)
@@ -38,13 +40,14 @@ def cpudist(*args: str | Path, timeout: float = 300,
 
 
 def in_process(*args: str | Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """`cpudist ARGS` in this process (Click's CliRunner) with exactly the environment `env` (every other variable
-    unset while it runs) and no terminal on stdin: its exit code, stdout and stderr as `cpudist` would give them,
-    without a Python start and the imports of click, boto3, rich and paramiko per call (most of a failing or
-    cluster command's CPU time). For what happens before any process starts; `cpudist` where signals, the real
-    entry point or a second process are the point.
+    """`cpudist ARGS` in this process (Click's CliRunner) with exactly the environment `env` (every
+    other variable unset while it runs) and no terminal on stdin: its exit code, stdout and stderr
+    as `cpudist` would give them, without a Python start and the imports of click, boto3, rich and
+    paramiko per call (most of a failing or cluster command's CPU time). For what happens before any
+    process starts; `cpudist` where signals, the real entry point or a second process are the point.
 
-    An exception that escaped the command (a subprocess would print a Traceback) fails the test here."""
+    An exception that escaped the command (a subprocess would print a Traceback) fails the test
+    here."""
     from click.testing import CliRunner
 
     from cpudist.cli.main import cli
@@ -53,7 +56,8 @@ def in_process(*args: str | Path, env: dict[str, str]) -> subprocess.CompletedPr
     words = [str(a) for a in args]
     r = CliRunner().invoke(cli, words, env=overrides, prog_name="cpudist")
     if r.exception is not None and not isinstance(r.exception, SystemExit):
-        raise AssertionError(f"cpudist {' '.join(words)} raised {r.exception!r}\n{r.stderr}") from r.exception
+        raise AssertionError(
+            f"cpudist {' '.join(words)} raised {r.exception!r}\n{r.stderr}") from r.exception
     return subprocess.CompletedProcess(["cpudist", *words], r.exit_code, r.stdout, r.stderr)
 
 
@@ -82,11 +86,12 @@ def cmdline(pid: int) -> str:
 
 
 def read_until(proc: subprocess.Popen[str], marker: str | None, timeout: float = 180) -> list[str]:
-    """The lines of a running command's output up to the first that holds `marker` (None: up to its end).
+    """The lines of a running command's output up to the first that holds `marker` (None: up to its
+    end).
 
     A thread reads, so the wait has a deadline: past `timeout` seconds, or at the end of the output
-    without the marker, the command is killed and the test fails with what it printed. Once the marker
-    is seen nothing reads on, so `communicate` may take the rest.
+    without the marker, the command is killed and the test fails with what it printed. Once the
+    marker is seen nothing reads on, so `communicate` may take the rest.
     """
     stdout = proc.stdout
     assert stdout is not None, "read_until needs stdout=subprocess.PIPE"
@@ -116,7 +121,8 @@ def read_until(proc: subprocess.Popen[str], marker: str | None, timeout: float =
 
 
 def kill_tree(proc: subprocess.Popen[str]) -> None:
-    """SIGKILL `proc` and every process below it (a launcher's ranks outlive a launcher killed alone)."""
+    """SIGKILL `proc` and every process below it (a launcher's ranks outlive a launcher killed
+    alone)."""
     if proc.poll() is not None:
         return
     for pid in descendants(proc.pid):
@@ -128,7 +134,8 @@ def kill_tree(proc: subprocess.Popen[str]) -> None:
 
 
 def output_of(proc: subprocess.Popen[str]) -> str:
-    """Exit code and output of `proc`, killed first with all below it if it still runs (for a failure's message)."""
+    """Exit code and output of `proc`, killed first with all below it if it still runs (for a
+    failure's message)."""
     kill_tree(proc)
     out, err = proc.communicate(timeout=30)
     return f"exit code {proc.returncode}\nstdout: {(out or '')[-4000:]}\nstderr: {(err or '')[-4000:]}"
@@ -138,7 +145,8 @@ def wait_for(predicate: Callable[[], T | None], timeout: float, what: str,
              detail: Callable[[], object] | None = None, interval: float = 0.05) -> T:
     """Poll `predicate` until it returns a true value, and return that value.
 
-    Past `timeout` seconds the test fails: waited for `what`, with `detail()` (the state that says why).
+    Past `timeout` seconds the test fails: waited for `what`, with `detail()` (the state that says
+    why).
     """
     deadline = time.monotonic() + timeout
     while not (value := predicate()):
@@ -150,18 +158,21 @@ def wait_for(predicate: Callable[[], T | None], timeout: float, what: str,
 
 def launch_beside_torchrun(tmp_path: Path, script: str, metric_file: str) -> tuple[
         subprocess.CompletedProcess[str], str, Path, Path]:
-    """`script` as train.py, run twice on 2 ranks of this machine at once: by `cpudist launch` (its ledger in
-    `tmp_path`) and by hand with torchrun. (cpudist's result, torchrun's output, our folder, torchrun's folder.)"""
+    """`script` as train.py, run twice on 2 ranks of this machine at once: by `cpudist launch` (its
+    ledger in `tmp_path`) and by hand with torchrun. (cpudist's result, torchrun's output, our
+    folder, torchrun's folder.)"""
     from cpudist.launch.tools import free_port
 
     ours, hand = tmp_path / "ours", tmp_path / "by-hand"
     for folder in (ours, hand):
         folder.mkdir()
         (folder / "train.py").write_text(script)
-    by_hand = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+    by_hand = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                                "2",
                                 "--master-port", str(free_port()), "train.py"], cwd=hand, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    r = cpudist("launch", "--np", "2", "--output-dir", ours / "run", "--ledger", tmp_path / "ledger.jsonl",
+    r = cpudist("launch", "--np", "2", "--output-dir", ours / "run", "--ledger",
+                tmp_path / "ledger.jsonl",
                 "--workdir", ours, "--metric-file", metric_file, "train.py", timeout=300)
     hand_out, _ = by_hand.communicate(timeout=300)
     assert by_hand.returncode == 0, hand_out

@@ -1,6 +1,6 @@
-"""`cpudist ami build --dry-run` against EC2 emulated by moto's server over HTTP: it says what a bake
-would make and what it would cost, and makes nothing (no instance, image, group or key pair; only
-read calls reach EC2; no wheel is built and no image folder written)."""
+"""`cpudist ami build --dry-run` against EC2 emulated by moto's server over HTTP: it says what a
+bake would make and what it would cost, and makes nothing (no instance, image, group or key pair;
+only read calls reach EC2; no wheel is built and no image folder written)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ def server() -> Iterator[Emulator]:
 
 def made(ec2: Any) -> dict[str, list[str]]:
     """Everything a bake could leave in EC2 (the default security group aside)."""
-    return {"instances": [i["InstanceId"] for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]],
+    return {"instances": [i["InstanceId"] for r in ec2.describe_instances()["Reservations"]
+                          for i in r["Instances"]],
             "images": [i["ImageId"] for i in ec2.describe_images(Owners=["self"])["Images"]],
             "groups": [g["GroupId"] for g in ec2.describe_security_groups()["SecurityGroups"]
                        if g["GroupName"] != "default"],
@@ -38,15 +39,18 @@ def made(ec2: Any) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize("base", [None, "given"], ids=["ubuntu-from-ssm", "base-image"])
-def test_dry_run_says_what_it_would_make_and_makes_nothing(server: Emulator, tmp_path: Path, base: str | None) -> None:
+def test_dry_run_says_what_it_would_make_and_makes_nothing(server: Emulator, tmp_path: Path,
+                                                           base: str | None) -> None:
     server.reset()
     ec2 = boto3.client("ec2", endpoint_url=server.url, region_name="us-east-1")
     ubuntu = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     server.ssm_parameters[UBUNTU_PARAMETER] = ubuntu
     before, home = made(ec2), tmp_path / "cpudist-home"
     server.calls.clear()
-    # --yes and a short --timeout: a dry run that went ahead would fail fast here instead of waiting on SSH.
-    r = subprocess.run([*CPUDIST, "ami", "build", "--name", "dry-base", "--ssh-cidr", "203.0.113.7/32", "--yes",
+    # --yes and a short --timeout: a dry run that went ahead would fail fast here instead of waiting
+    # on SSH.
+    r = subprocess.run([*CPUDIST, "ami", "build", "--name", "dry-base", "--ssh-cidr",
+                        "203.0.113.7/32", "--yes",
                         "--timeout", "5", "--instance-type", "c6i.large", "--dry-run",
                         *(["--base-image", ubuntu] if base else [])],
                        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,

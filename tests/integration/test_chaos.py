@@ -1,18 +1,19 @@
-"""#23 item 7, chaos: a checkpointing run from the laptop on two on-prem hosts is hit, at a step drawn from a seed,
-by a fault drawn from the same seed: a rank SIGKILLed on a drawn node, SIGTERM to the laptop's `cpudist run`, the
-laptop's link dropped silently, the head's disk filled, the S3 endpoint of its checkpoint copies stopped, or a
-node's sshd stopped. Whatever the fault, these hold:
+"""#23 item 7, chaos: a checkpointing run from the laptop on two on-prem hosts is hit, at a step
+drawn from a seed, by a fault drawn from the same seed: a rank SIGKILLed on a drawn node, SIGTERM to
+the laptop's `cpudist run`, the laptop's link dropped silently, the head's disk filled, the S3
+endpoint of its checkpoint copies stopped, or a node's sshd stopped. Whatever the fault, these hold:
 
 - the laptop's command ends (no hang) with exit 0, or with one `Error:` line last and no traceback;
 - no launcher, agent or rank is left on any host;
-- once the fault is undone, `--resume auto` (or the run itself, where it went on) reaches the straight run's
-  losses step by step: nothing resumable was lost and nothing was trained twice.
+- once the fault is undone, `--resume auto` (or the run itself, where it went on) reaches the
+  straight run's losses step by step: nothing resumable was lost and nothing was trained twice.
 
-Seeded, so a failure reproduces: CPUDIST_CHAOS_SEEDS=3,7 runs those seeds (the failure message names its seed).
-Without it, seed 3 runs alone (CI's time: a straight run, a faulted run and a resume): the head's disk filled,
-the fault no other test sets (it found three tracebacks where one line belonged: a checkpoint write, the peer
-rank's collective, the head's agent writing ranks.log). `CPUDIST_CHAOS_SEEDS=0,1,2,3,4,5` draws every fault once
-(seed s draws FAULTS[s % 6]); all six passed here on 2026-11-26.
+Seeded, so a failure reproduces: CPUDIST_CHAOS_SEEDS=3,7 runs those seeds (the failure message names
+its seed). Without it, seed 3 runs alone (CI's time: a straight run, a faulted run and a resume):
+the head's disk filled, the fault no other test sets (it found three tracebacks where one line
+belonged: a checkpoint write, the peer rank's collective, the head's agent writing ranks.log).
+`CPUDIST_CHAOS_SEEDS=0,1,2,3,4,5` draws every fault once (seed s draws FAULTS[s % 6]); all six
+passed here on 2026-11-26.
 """
 
 from __future__ import annotations
@@ -36,14 +37,17 @@ from tests.integration.helpers import cmdline, read_until
 from tests.integration.test_remote_onprem import laptop_argv, leftovers, wait_no_leftovers
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))]
+              pytest.mark.skipif(missing_requirements() is not None,
+                                 reason=str(missing_requirements()))]
 
 FAULTS = ("kill-rank", "term-laptop", "cut-link", "fill-head-disk", "stop-s3", "stop-sshd")
 STEPS, EVERY = 16, 4
 S3_PORT = 5056
-S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+          "AWS_DEFAULT_REGION": "us-east-1",
           "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{S3_PORT}", "AWS_MAX_ATTEMPTS": "2"}
-HEAD_RUNS = "/root/.cpudist/runs"  # where the head keeps the folders of runs started from the laptop
+# where the head keeps the folders of runs started from the laptop
+HEAD_RUNS = "/root/.cpudist/runs"
 REPO = Path(__file__).resolve().parents[2]
 site = onprem.site  # test_remote_onprem's on-prem world (module-scoped: this module builds its own)
 
@@ -66,7 +70,8 @@ class Draw:
         return cls(seed, FAULTS[seed % len(FAULTS)], rng.randint(2, STEPS - 3), rng.randrange(2))
 
 
-ARGS = ["--max-steps", str(STEPS), "--checkpoint-every", str(EVERY), "--log-every", "1", "--no-eval",
+ARGS = ["--max-steps", str(STEPS), "--checkpoint-every", str(EVERY), "--log-every", "1",
+        "--no-eval",
         "--save-model", "none", "--seed", "3"]
 
 
@@ -84,8 +89,10 @@ def straight(site: World) -> list[tuple[int, float]]:
 
 def _drop_link(w: World, on: bool) -> None:
     op = "-I" if on else "-D"
-    sh("ip", "netns", "exec", w.operator_ns, "iptables", op, "INPUT", "-i", "eth0", "-j", "DROP", check=on)
-    sh("ip", "netns", "exec", w.hosts.name(0), "iptables", op, "INPUT", "-s", w.operator_addr, "-j", "DROP",
+    sh("ip", "netns", "exec", w.operator_ns, "iptables", op, "INPUT", "-i", "eth0", "-j", "DROP",
+       check=on)
+    sh("ip", "netns", "exec", w.hosts.name(0), "iptables", op, "INPUT", "-s", w.operator_addr, "-j",
+       "DROP",
        check=on)
 
 
@@ -103,23 +110,30 @@ class Chaos:
                 *(a for k, v in S3_ENV.items() for a in ("--env", f"{k}={v}"))]
 
     def before(self) -> None:
-        if self.draw.fault == "fill-head-disk":  # a small disk for the head's run folders, filled later
+        # a small disk for the head's run folders, filled later
+        if self.draw.fault == "fill-head-disk":
             r = self.w.hosts.run(0, ["mount", "-t", "tmpfs", "-o", "size=64m", "chaos", HEAD_RUNS])
             assert r.returncode == 0, r.stderr
-        if self.draw.fault == "stop-s3":  # S3 on the head's loopback: rank 0 copies its checkpoints there
+        # S3 on the head's loopback: rank 0 copies its checkpoints there
+        if self.draw.fault == "stop-s3":
             env = {**os.environ, **S3_ENV, "PYTHONPATH": str(REPO)}
-            self.s3 = subprocess.Popen(self.w.hosts.exec_argv(0, [sys.executable, "-m", "tests.harness.s3", "--port",
-                                                                  str(S3_PORT)]),
+            self.s3 = subprocess.Popen(self.w.hosts.exec_argv(0,
+                                                              [sys.executable, "-m",
+                                                               "tests.harness.s3", "--port",
+                                                               str(S3_PORT)]),
                                        env=env, stdout=subprocess.PIPE, text=True)
             read_until(self.s3, "S3 emulator on", timeout=60)
-            make = self.w.hosts.run(0, [sys.executable, "-c", "import boto3; boto3.client('s3').create_bucket("
-                                        "Bucket='chaos')"], env=env)
+            make = self.w.hosts.run(0,
+                                    [sys.executable, "-c",
+                                     "import boto3; boto3.client('s3').create_bucket("
+                                     "Bucket='chaos')"], env=env)
             assert make.returncode == 0, make.stderr
 
     def hit(self, proc: subprocess.Popen[str]) -> None:
         fault, node = self.draw.fault, self.draw.node
         if fault == "kill-rank":
-            ranks = [p for p in self.w.hosts.pids(node) if cmdline(p).split()[1:3] == ["-m", "cpudist.rank"]]
+            ranks = [p for p in self.w.hosts.pids(node)
+                     if cmdline(p).split()[1:3] == ["-m", "cpudist.rank"]]
             assert ranks, leftovers(self.w)
             os.kill(ranks[0], signal.SIGKILL)
         elif fault == "term-laptop":
@@ -127,7 +141,8 @@ class Chaos:
         elif fault == "cut-link":
             _drop_link(self.w, on=True)
         elif fault == "fill-head-disk":
-            self.w.hosts.run(0, ["dd", "if=/dev/zero", f"of={HEAD_RUNS}/fill", "bs=1M"])  # ends at ENOSPC
+            # ends at ENOSPC
+            self.w.hosts.run(0, ["dd", "if=/dev/zero", f"of={HEAD_RUNS}/fill", "bs=1M"])
         elif fault == "stop-s3":
             assert self.s3 is not None
             self.s3.terminate()
@@ -154,7 +169,8 @@ class Chaos:
 
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("seed", chaos_seeds())
-def test_a_fault_at_a_random_moment_loses_nothing(site: World, straight: list[tuple[int, float]], seed: int) -> None:
+def test_a_fault_at_a_random_moment_loses_nothing(site: World, straight: list[tuple[int, float]],
+                                                  seed: int) -> None:
     draw = Draw.of(seed)
     say = f"seed {seed} ({draw}); reproduce with CPUDIST_CHAOS_SEEDS={seed}"
     print(say)
@@ -173,10 +189,11 @@ def test_a_fault_at_a_random_moment_loses_nothing(site: World, straight: list[tu
             except subprocess.TimeoutExpired:
                 proc.kill()
                 rest, _ = proc.communicate()
-                pytest.fail(f"{say}: `cpudist run` did not end 150 s after the fault\n{''.join(seen)}{rest}"[-6000:])
+                pytest.fail(f"{say}: `cpudist run` did not end 150 s after the fault\n"
+                            f"{''.join(seen)}{rest}"[-6000:])
             text = "".join(seen) + rest
-            print(f"{say}: the laptop's command ended {time.monotonic() - hit_at:.1f}s after the fault, "
-                  f"exit {proc.returncode}")
+            print(f"{say}: the laptop's command ended {time.monotonic() - hit_at:.1f}s after the "
+                  f"fault, exit {proc.returncode}")
             assert "Traceback" not in text, f"{say}\n{text[-6000:]}"
             if proc.returncode != 0:
                 assert text.strip().splitlines()[-1].startswith("Error: "), f"{say}\n{text[-6000:]}"
@@ -185,7 +202,8 @@ def test_a_fault_at_a_random_moment_loses_nothing(site: World, straight: list[tu
             chaos.undo()
             undone = True
             if proc.returncode != 0:
-                again = site.operator_run(laptop_argv(site, out, *ARGS, *chaos.extra(), "--resume", "auto"),
+                again = site.operator_run(laptop_argv(site, out, *ARGS, *chaos.extra(), "--resume",
+                                                      "auto"),
                                           timeout=600)
                 assert again.returncode == 0, f"{say}: resume\n{again.stdout}{again.stderr[-4000:]}"
         finally:

@@ -1,9 +1,11 @@
-"""`cluster down` on the head of the cluster it would remove, in the AWS-shaped world (tests/harness/world.py).
+"""`cluster down` on the head of the cluster it would remove, in the AWS-shaped world
+(tests/harness/world.py).
 
-The head is a namespace host that reaches the EC2 API (forwarded to its loopback, as a node reaches AWS's
-endpoint) and a metadata service on its own loopback that says which instance it is (tests/harness/imds.py),
-as 169.254.169.254 does on EC2. From there, `down` would terminate the machine it runs on before it could
-remove the group and the key; it refuses in one line instead, and the laptop's `down` then leaves nothing.
+The head is a namespace host that reaches the EC2 API (forwarded to its loopback, as a node reaches
+AWS's endpoint) and a metadata service on its own loopback that says which instance it is
+(tests/harness/imds.py), as 169.254.169.254 does on EC2. From there, `down` would terminate the
+machine it runs on before it could remove the group and the key; it refuses in one line instead, and
+the laptop's `down` then leaves nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from tests.harness.netns import missing_requirements
 from tests.harness.world import World
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))]
+              pytest.mark.skipif(missing_requirements() is not None,
+                                 reason=str(missing_requirements()))]
 CPUDIST = [sys.executable, "-m", "cpudist.cli"]
 NAME = "inside"
 
@@ -60,7 +63,8 @@ def laptop(world: World, cloud: dict[str, Any], *args: str) -> Any:
 
 def left(ec2: Any) -> dict[str, list[str]]:
     """The cluster's live instances, its group and its key pair."""
-    res = ec2.describe_instances(Filters=[{"Name": "tag:cpudist:cluster", "Values": [NAME]}])["Reservations"]
+    res = ec2.describe_instances(Filters=[{"Name": "tag:cpudist:cluster",
+                                           "Values": [NAME]}])["Reservations"]
     return {"instances": sorted(i["InstanceId"] for r in res for i in r["Instances"]
                                 if i["State"]["Name"] != "terminated"),
             "groups": [g["GroupId"] for g in ec2.describe_security_groups()["SecurityGroups"]
@@ -70,21 +74,26 @@ def left(ec2: Any) -> dict[str, list[str]]:
 
 def test_down_from_the_head_refuses_in_one_line_and_removes_nothing(world: World,
                                                                     cloud: dict[str, Any]) -> None:
-    up = laptop(world, cloud, "cluster", "up", "--name", NAME, "--nodes", "2", "--image", cloud["ami"],
+    up = laptop(world, cloud, "cluster", "up", "--name", NAME, "--nodes", "2", "--image",
+                cloud["ami"],
                 "--subnet", cloud["subnet"], "--ssh-cidr", world.ssh_cidr, "--yes", "--no-ssh",
                 "--instance-type", "c6i.large")
     assert up.returncode == 0, up.stderr
     before = left(cloud["ec2"])
     res = cloud["ec2"].describe_instances(Filters=[{"Name": "private-ip-address",
                                                     "Values": [world.hosts.private_addr(0)]},
-                                                   {"Name": "instance-state-name", "Values": ["running"]}])
+                                                   {"Name": "instance-state-name",
+                                                    "Values": ["running"]}])
     head = res["Reservations"][0]["Instances"][0]["InstanceId"]
-    imds = world.made_in(0, lambda: ImdsServer("127.0.0.1", 0)).start()  # on the head's own loopback
+    # on the head's own loopback
+    imds = world.made_in(0, lambda: ImdsServer("127.0.0.1", 0)).start()
     imds.identify(head)
     env = {k: v for k, v in os.environ.items() if k != "CPUDIST_HOME"}  # the head's own ~/.cpudist
     try:
-        down = world.hosts.run(0, [*CPUDIST, "cluster", "down", "--name", NAME, "--yes", "--endpoint-url",
-                                   cloud["emu"].url, "--imds-endpoint", imds.url],
+        down = world.hosts.run(0,
+                               [*CPUDIST, "cluster", "down", "--name", NAME, "--yes",
+                                "--endpoint-url",
+                                cloud["emu"].url, "--imds-endpoint", imds.url],
                                env={**env, **FAKE_CREDENTIALS}, timeout=300)
     finally:
         imds.stop()
@@ -95,7 +104,8 @@ def test_down_from_the_head_refuses_in_one_line_and_removes_nothing(world: World
     assert left(cloud["ec2"]) == before and len(before["instances"]) == 2  # the head still runs
     assert world.power.on_for.get(0) == head
 
-    gone = laptop(world, cloud, "cluster", "down", "--name", NAME, "--yes")  # from outside: everything
+    # from outside: everything
+    gone = laptop(world, cloud, "cluster", "down", "--name", NAME, "--yes")
     assert gone.returncode == 0, gone.stderr
     assert left(cloud["ec2"]) == {"instances": [], "groups": [], "keys": []}
     assert not world.operator_path(f".cpudist/clusters/{NAME}").exists()

@@ -1,5 +1,5 @@
-"""Checkpoint mirroring (train/durable.py) over the S3 store (cloud/aws/objects.py) against moto's S3 server over
-HTTP: the client is boto3's own, found by its env vars."""
+"""Checkpoint mirroring (train/durable.py) over the S3 store (cloud/aws/objects.py) against moto's
+S3 server over HTTP: the client is boto3's own, found by its env vars."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ def s3_server() -> Iterator[S3Server]:
 
 @pytest.fixture
 def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
-    """boto3 pointed at the emulator the way a node would be, by environment only; a client for checks."""
+    """boto3 pointed at the emulator the way a node would be, by environment only; a client for
+    checks."""
     for key, value in {**FAKE_CREDENTIALS, "AWS_ENDPOINT_URL_S3": s3_server.url}.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
@@ -48,7 +49,8 @@ def bucket(s3: Any) -> str:
 
 
 def checkpoint(root: Path, step: int, size: int = 4096, complete: bool = True) -> Path:
-    """A local checkpoint folder of random files (one in a subfolder), with its marker when complete."""
+    """A local checkpoint folder of random files (one in a subfolder), with its marker when
+    complete."""
     ckpt = root / f"step-{step:06d}"
     (ckpt / "ranks").mkdir(parents=True)
     for rel in ("model.pt", "optim.pt", "ranks/rank-0.pt"):
@@ -76,7 +78,8 @@ def test_upload_list_download_round_trip(s3: Any, bucket: str, tmp_path: Path) -
     for path in first.rglob("*"):
         if path.is_file():
             assert (got / path.relative_to(first)).read_bytes() == path.read_bytes()
-    assert sorted(p.name for p in (tmp_path / "fresh").iterdir()) == ["step-000900"]  # no .part left
+    # no .part left
+    assert sorted(p.name for p in (tmp_path / "fresh").iterdir()) == ["step-000900"]
 
 
 def test_marker_is_uploaded_last(s3: Any, bucket: str, tmp_path: Path) -> None:
@@ -122,7 +125,8 @@ def test_download_replaces_a_stale_local_copy(s3: Any, bucket: str, tmp_path: Pa
     (tmp_path / "dest" / "step-000030.part").mkdir()  # left by an interrupted download
     got = mirror.download("step-000030", tmp_path / "dest")
     assert got == stale and (got / COMPLETE).read_text() == "30\n"
-    assert (got / "model.pt").read_bytes() == (tmp_path / "src" / "step-000030" / "model.pt").read_bytes()
+    assert (got / "model.pt").read_bytes() == (
+        tmp_path / "src" / "step-000030" / "model.pt").read_bytes()
     assert not (tmp_path / "dest" / "step-000030.part").exists()
 
 
@@ -179,8 +183,10 @@ def test_unreachable_endpoint_is_reported(s3: Any) -> None:
         Mirror(S3Objects("s3://some-bucket", client=client)).complete()
 
 
-@pytest.mark.parametrize("url", ["", "my-bucket/run", "s3:/my-bucket", "s3://", "s3://My_Bucket/run",
-                                 "s3://ab", "s3://bucket//run", "s3://bucket/../run", "https://b.s3.amazonaws.com/x"])
+@pytest.mark.parametrize("url",
+                         ["", "my-bucket/run", "s3:/my-bucket", "s3://", "s3://My_Bucket/run",
+                          "s3://ab", "s3://bucket//run", "s3://bucket/../run",
+                          "https://b.s3.amazonaws.com/x"])
 def test_bad_url_is_bad_input(url: str) -> None:
     with pytest.raises(BadInput, match="s3://bucket/prefix"):
         parse_s3_url(url)
@@ -192,10 +198,12 @@ def test_parse_examples() -> None:
     assert parse_s3_url("s3://my.bucket-1/runs/sst2/") == ("my.bucket-1", "runs/sst2")
 
 
-segment = st.text(st.sampled_from("abcz019-_.="), min_size=1, max_size=12).filter(lambda s: s not in (".", ".."))
+segment = st.text(st.sampled_from("abcz019-_.="), min_size=1,
+                  max_size=12).filter(lambda s: s not in (".", ".."))
 
 
-@given(bucket=st.from_regex(r"[a-z0-9][a-z0-9-]{1,20}[a-z0-9]", fullmatch=True), parts=st.lists(segment, max_size=4))
+@given(bucket=st.from_regex(r"[a-z0-9][a-z0-9-]{1,20}[a-z0-9]", fullmatch=True),
+       parts=st.lists(segment, max_size=4))
 def test_parse_round_trips(bucket: str, parts: list[str]) -> None:
     prefix = "/".join(parts)
     assert parse_s3_url(f"s3://{bucket}/{prefix}") == (bucket, prefix)
@@ -207,11 +215,14 @@ def test_parse_any_text_is_a_location_or_bad_input(url: str) -> None:
         bucket, prefix = parse_s3_url(url)
     except BadInput:
         return
-    assert url.startswith(f"s3://{bucket}") and not prefix.startswith("/") and not prefix.endswith("/")
+    assert url.startswith(f"s3://{bucket}") and not prefix.startswith("/") and not prefix.endswith(
+        "/")
 
 
-def test_runs_sharing_a_location_keep_their_own_checkpoints(s3: Any, bucket: str, tmp_path: Path) -> None:
-    """The README's per-task prefix shared by two runs: each prunes and lists only its own part (<prefix>/<run id>/)."""
+def test_runs_sharing_a_location_keep_their_own_checkpoints(s3: Any, bucket: str,
+                                                            tmp_path: Path) -> None:
+    """The README's per-task prefix shared by two runs: each prunes and lists only its own part
+    (<prefix>/<run id>/)."""
     first = Mirror(S3Objects(f"s3://{bucket}/runs/mrpc"), "20261126-090000-aaaaaa")
     for step in (4, 6):
         first.upload(checkpoint(tmp_path / "a", step))
@@ -220,10 +231,14 @@ def test_runs_sharing_a_location_keep_their_own_checkpoints(s3: Any, bucket: str
     second.upload(checkpoint(tmp_path / "b", 1))
     second.prune(keep=2)
     assert second.url == f"s3://{bucket}/runs/mrpc/20261126-100000-bbbbbb"
-    assert second.complete() == ["step-000001"] and first.complete() == ["step-000004", "step-000006"]
-    assert {k.split("/")[2] for k in keys(s3, bucket)} == {"20261126-090000-aaaaaa", "20261126-100000-bbbbbb"}
-    assert runs_in(S3Objects(f"s3://{bucket}/runs/mrpc")) == {"20261126-090000-aaaaaa": ["step-000004", "step-000006"],
-                                                              "20261126-100000-bbbbbb": ["step-000001"]}
+    assert second.complete() == ["step-000001"] and first.complete() == ["step-000004",
+                                                                         "step-000006"]
+    assert {k.split("/")[2] for k in keys(s3, bucket)} == {"20261126-090000-aaaaaa",
+                                                           "20261126-100000-bbbbbb"}
+    assert runs_in(S3Objects(f"s3://{bucket}/runs/mrpc")) == {"20261126-090000-aaaaaa": [
+                                                                  "step-000004", "step-000006"],
+                                                              "20261126-100000-bbbbbb": [
+                                                                  "step-000001"]}
 
 
 def test_prune_after_a_resume_keeps_the_upload_and_sets_the_old_timeline_aside(s3: Any, bucket: str,
@@ -231,14 +246,16 @@ def test_prune_after_a_resume_keeps_the_upload_and_sets_the_old_timeline_aside(s
     mirror = Mirror(S3Objects(f"s3://{bucket}/run"), "20261126-090000-aaaaaa")
     for step in (2, 4, 6):
         mirror.upload(checkpoint(tmp_path / "a", step))
-    assert mirror.set_aside(2, "20261126-100000") == ["step-000004", "step-000006"]  # resuming from step 2
+    # resuming from step 2
+    assert mirror.set_aside(2, "20261126-100000") == ["step-000004", "step-000006"]
     assert mirror.complete() == ["step-000002"]
     mirror.upload(checkpoint(tmp_path / "b", 3))
     mirror.prune(keep=1, written="step-000003")
     assert mirror.complete() == ["step-000003"]
     aside = {k.split("/", 3)[3] for k in keys(s3, bucket) if "/abandoned-20261126-100000/" in k}
-    assert aside == {f"step-{s:06d}/{rel}" for s in (4, 6) for rel in ("model.pt", "optim.pt", "ranks/rank-0.pt",
-                                                                        COMPLETE)}
+    assert aside == {f"step-{s:06d}/{rel}" for s in (4, 6)
+                     for rel in ("model.pt", "optim.pt", "ranks/rank-0.pt",
+                                  COMPLETE)}
     # Without set_aside (an older cpudist's copy), prune still never deletes what was just uploaded.
     mirror.upload(checkpoint(tmp_path / "c", 9))
     mirror.upload(checkpoint(tmp_path / "d", 5))
@@ -249,7 +266,8 @@ def test_prune_after_a_resume_keeps_the_upload_and_sets_the_old_timeline_aside(s
 @pytest.mark.parametrize("hostile", ["absolute", "dot-dot"])
 def test_a_key_that_leaves_the_checkpoint_folder_fails_the_download_and_writes_nothing(
         s3: Any, bucket: str, tmp_path: Path, hostile: str) -> None:
-    """Keys come from whoever can write to the bucket: 'step-N//abs/path' or 'step-N/../../x' is refused by name."""
+    """Keys come from whoever can write to the bucket: 'step-N//abs/path' or 'step-N/../../x' is
+    refused by name."""
     mirror = Mirror(S3Objects(f"s3://{bucket}/runs/sst2"))
     mirror.upload(checkpoint(tmp_path / "out", 5))
     dest = tmp_path / "deep" / "checkpoints"
@@ -261,16 +279,20 @@ def test_a_key_that_leaves_the_checkpoint_folder_fails_the_download_and_writes_n
     assert key in keys(s3, bucket)  # the emulator keeps the key as it was put
     with pytest.raises(MirrorError) as e:
         mirror.download("step-000005", dest)
-    assert str(e.value).startswith(f"the key 'step-000005/{rel}' in s3://{bucket}/runs/sst2 would be written "
+    assert str(e.value).startswith(f"the key 'step-000005/{rel}' in s3://{bucket}/runs/sst2 would "
+                                   "be written "
                                    "outside its checkpoint folder") and "\n" not in str(e.value)
     assert e.value.code == "UnsafeKey"
     assert not outside.exists() and not dest.exists()  # nothing written, not even the .part folder
 
 
-def test_a_copy_that_fails_is_a_warning_and_the_local_checkpoint_stays(tmp_path: Path, s3: Any) -> None:
-    """copy_or_warn, the checkpoint-time copy: the store stopped after one good upload (a server of its own)."""
+def test_a_copy_that_fails_is_a_warning_and_the_local_checkpoint_stays(tmp_path: Path,
+                                                                       s3: Any) -> None:
+    """copy_or_warn, the checkpoint-time copy: the store stopped after one good upload (a server of
+    its own)."""
     with S3Server() as server:
-        client = boto3.client("s3", endpoint_url=server.url, config=Config(retries={"total_max_attempts": 1}))
+        client = boto3.client("s3", endpoint_url=server.url,
+                              config=Config(retries={"total_max_attempts": 1}))
         client.create_bucket(Bucket="ckpt")
         mirror = Mirror(S3Objects("s3://ckpt/run", client=client), "r1")
         assert copy_or_warn(mirror, checkpoint(tmp_path, 5), keep=2) is None
@@ -278,6 +300,8 @@ def test_a_copy_that_fails_is_a_warning_and_the_local_checkpoint_stays(tmp_path:
     second = checkpoint(tmp_path, 10)
     before = {p.name: p.read_bytes() for p in second.rglob("*") if p.is_file()}
     warning = copy_or_warn(mirror, second, keep=2)
-    assert warning is not None and warning.startswith("warning: step-000010 is not copied to s3://ckpt/run/r1")
+    assert warning is not None and warning.startswith("warning: step-000010 is not copied to "
+                                                      "s3://ckpt/run/r1")
     assert "S3 is unreachable" in warning and f"kept at {second}" in warning and "next checkpoint" in warning
-    assert {p.name: p.read_bytes() for p in second.rglob("*") if p.is_file()} == before  # nothing lost locally
+    # nothing lost locally
+    assert {p.name: p.read_bytes() for p in second.rglob("*") if p.is_file()} == before

@@ -1,9 +1,11 @@
 """A run started on the head itself (issue 23 items 1 and 3), one cheap run on two namespace hosts:
 
-- its data lies in the head's own ~/.cpudist (the other host does not see it: no shared filesystem), and rank 1
-  on the other host reads it all the same (staged from the head; before, "data directory not found");
-- `--secret` and `--env-file` values reach every rank (the file's CPUDIST_THREADS=3 sizes both ranks' threads)
-  while `ps` on every node never shows the token, and no file cpudist leaves behind holds it.
+- its data lies in the head's own ~/.cpudist (the other host does not see it: no shared filesystem),
+  and rank 1 on the other host reads it all the same (staged from the head; before, "data directory
+  not found");
+- `--secret` and `--env-file` values reach every rank (the file's CPUDIST_THREADS=3 sizes both
+  ranks' threads) while `ps` on every node never shows the token, and no file cpudist leaves behind
+  holds it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from tests.harness.world import World
 from tests.integration.helpers import cmdline
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))]
+              pytest.mark.skipif(missing_requirements() is not None,
+                                 reason=str(missing_requirements()))]
 CPUDIST = [sys.executable, "-m", "cpudist.cli"]
 TOKEN = "tok-4b1d9e07c2"
 
@@ -35,14 +38,19 @@ def site(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Iterato
     w.up()
     try:
         admin = w.state / "admin_ed25519"
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(admin)], check=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(admin)],
+                       check=True)
         w.on_prem(admin.with_suffix(".pub").read_text())
         (w.state / "site-hostfile").write_text("".join(f"{w.hosts.name(i)}\n" for i in range(2)))
-        setup = w.hosts.run(0, [*CPUDIST, "hosts", "ssh-setup", "--hostfile", str(w.state / "site-hostfile"),
-                                "--identity", str(admin)])
+        setup = w.hosts.run(0,
+                            [*CPUDIST, "hosts", "ssh-setup", "--hostfile",
+                             str(w.state / "site-hostfile"),
+                             "--identity", str(admin)])
         assert setup.returncode == 0, setup.stdout + setup.stderr
-        copy = w.hosts.run(0, ["sh", "-c", f"mkdir -p ~/.cpudist/mine && cp -r {shared_data}/glue/MRPC "
-                                           "~/.cpudist/mine/"])
+        copy = w.hosts.run(0,
+                           ["sh", "-c",
+                            f"mkdir -p ~/.cpudist/mine && cp -r {shared_data}/glue/MRPC "
+                            "~/.cpudist/mine/"])
         assert copy.returncode == 0, copy.stderr
         yield w
     finally:
@@ -50,14 +58,16 @@ def site(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Iterato
 
 
 def _watch_ps(seen: list[str], stop: threading.Event) -> None:
-    """Every process's command line (the hosts share the PID namespace: `ps` of every node), while the run goes."""
+    """Every process's command line (the hosts share the PID namespace: `ps` of every node), while
+    the run goes."""
     while not stop.wait(0.2):
         for pid in os.listdir("/proc"):
             if pid.isdigit() and TOKEN in (line := cmdline(int(pid))):
                 seen.append(line)
 
 
-def test_a_run_from_the_head_stages_its_inputs_and_keeps_secrets_off_every_line(site: World, tmp_path: Path) -> None:
+def test_a_run_from_the_head_stages_its_inputs_and_keeps_secrets_off_every_line(site: World,
+                                                                                tmp_path: Path) -> None:
     env_file = tmp_path / "ranks.env"
     env_file.write_text("CPUDIST_THREADS=3\n")
     out = tmp_path / "run"
@@ -66,10 +76,15 @@ def test_a_run_from_the_head_stages_its_inputs_and_keeps_secrets_off_every_line(
     watcher = threading.Thread(target=_watch_ps, args=(seen, stop), daemon=True)
     watcher.start()
     try:
-        r = site.hosts.run(0, ["env", f"CPD_TOKEN={TOKEN}", *CPUDIST, "run", "mrpc", "--np", "2", "--ppn", "1",
-                               "--hostfile", str(site.state / "site-hostfile"), "--model", "tiny", "--data-dir",
-                               "/root/.cpudist/mine/MRPC", "--max-steps", "3", "--max-eval-samples", "32",
-                               "--secret", "CPD_TOKEN", "--env-file", str(env_file), "--output-dir", str(out)])
+        r = site.hosts.run(0,
+                           ["env", f"CPD_TOKEN={TOKEN}", *CPUDIST, "run", "mrpc", "--np", "2",
+                            "--ppn", "1",
+                            "--hostfile", str(site.state / "site-hostfile"), "--model", "tiny",
+                            "--data-dir",
+                            "/root/.cpudist/mine/MRPC", "--max-steps", "3", "--max-eval-samples",
+                            "32",
+                            "--secret", "CPD_TOKEN", "--env-file", str(env_file), "--output-dir",
+                            str(out)])
     finally:
         stop.set()
         watcher.join()
@@ -77,10 +92,12 @@ def test_a_run_from_the_head_stages_its_inputs_and_keeps_secrets_off_every_line(
     result = json.loads((out / "result.json").read_text())
     assert sorted(result["nodes"]) == [site.hosts.name(0), site.hosts.name(1)]
     assert result["rank_threads"] == [3, 3]  # both ranks read the secrets file of their own node
-    assert result["staging"]["from"] == "head" and result["staging"]["copies_to_nodes"] >= 1  # data (+ tokenizer)
+    # data (+ tokenizer)
+    assert result["staging"]["from"] == "head" and result["staging"]["copies_to_nodes"] >= 1
     assert "input(s) on 1 other node(s)" in r.stderr
     assert seen == [], seen[:3]  # the ssh/env lines between the head and the ranks
-    for i in range(2):  # no file left holding the token: run folder, either node's ~/.cpudist (its secrets gone)
+    # no file left holding the token: run folder, either node's ~/.cpudist (its secrets gone)
+    for i in range(2):
         grep = site.hosts.run(i, ["grep", "-rl", TOKEN, str(out), "/root/.cpudist"])
         assert grep.returncode == 1 and grep.stdout == "", grep.stdout
         left = site.hosts.run(i, ["sh", "-c", "ls -A ~/.cpudist/secrets 2>/dev/null"])

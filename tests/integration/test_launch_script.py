@@ -1,6 +1,7 @@
-"""`cpudist launch` with a plain torch.distributed script on 2 ranks of this machine: the same losses as the
-script started by hand with torchrun, torchrun's variables on every rank, a cpudist run (run.json, logs, result,
-ledger, report, metric file, collected output), and one failing rank stopping the others."""
+"""`cpudist launch` with a plain torch.distributed script on 2 ranks of this machine: the same
+losses as the script started by hand with torchrun, torchrun's variables on every rank, a cpudist
+run (run.json, logs, result, ledger, report, metric file, collected output), and one failing rank
+stopping the others."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from tests.integration.user_scripts import LEAVE
 
 pytestmark = pytest.mark.slow
 
-# The script a course would hand out: all_reduce of a tensor, then DDP steps of a tiny model, rank 0 printing
-# the mean loss of each step. Nothing in it knows cpudist; it reads what torchrun sets.
+# The script a course would hand out: all_reduce of a tensor, then DDP steps of a tiny model, rank 0
+# printing the mean loss of each step. Nothing in it knows cpudist; it reads what torchrun sets.
 DDP_SCRIPT = '''
 import json, os, sys
 import torch
@@ -79,38 +80,51 @@ def launched(tmp_path_factory: pytest.TempPathFactory) -> Launched:
     (folder / "ddp.py").write_text(DDP_SCRIPT + LEAVE)
     hand_dir = tmp_path_factory.mktemp("by-hand")
     (hand_dir / "ddp.py").write_text(DDP_SCRIPT + LEAVE)
-    by_hand = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                                "--master-port", str(free_port()), "ddp.py"], cwd=hand_dir, text=True,
+    by_hand = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                                "2",
+                                "--master-port", str(free_port()), "ddp.py"], cwd=hand_dir,
+                               text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     out, ledger = folder / "run", folder / "ledger.jsonl"
-    run = cpudist("launch", "--np", "2", "--output-dir", out, "--ledger", ledger, "--workdir", folder,
-                  "--metric-file", "metrics.json", "--collect", "outputs", "--", "python", "ddp.py", timeout=240)
+    run = cpudist("launch", "--np", "2", "--output-dir", out, "--ledger", ledger, "--workdir",
+                  folder,
+                  "--metric-file", "metrics.json", "--collect", "outputs", "--", "python", "ddp.py",
+                  timeout=240)
     hand_out, _ = by_hand.communicate(timeout=240)
     assert by_hand.returncode == 0, hand_out
     return Launched(folder, out, ledger, run, hand_out)
 
 
-def test_the_same_losses_as_torchrun_by_hand_and_torchruns_variables_on_every_rank(launched: Launched) -> None:
+def test_the_same_losses_as_torchrun_by_hand_and_torchruns_variables_on_every_rank(
+    launched: Launched) -> None:
     assert launched.run.returncode == 0, launched.run.stderr
     ours = losses(launched.run.stderr)  # rank output is progress: stderr
-    assert len(ours) == 4 and ours == losses(launched.by_hand), (launched.run.stderr, launched.by_hand)
-    seen = [json.loads(line.split("vars ", 1)[1]) for line in launched.run.stderr.splitlines() if "vars {" in line]
+    assert len(ours) == 4 and ours == losses(launched.by_hand), (launched.run.stderr,
+                                                                 launched.by_hand)
+    seen = [json.loads(line.split("vars ", 1)[1]) for line in launched.run.stderr.splitlines()
+            if "vars {" in line]
     by_rank = {v["RANK"]: v for v in seen}
     assert set(by_rank) == {"0", "1"} and all(v["sum"] == 3.0 for v in seen)
     for rank, v in by_rank.items():
-        assert (v["LOCAL_RANK"], v["WORLD_SIZE"], v["LOCAL_WORLD_SIZE"], v["GROUP_RANK"]) == (rank, "2", "2", "0")
+        assert (v["LOCAL_RANK"], v["WORLD_SIZE"], v["LOCAL_WORLD_SIZE"], v["GROUP_RANK"]) == (rank,
+                                                                                              "2",
+                                                                                              "2",
+                                                                                              "0")
         assert v["MASTER_ADDR"] and v["MASTER_PORT"] and v["threads"] >= 1
 
 
 def test_it_is_a_cpudist_run_with_its_record_metrics_and_outputs(launched: Launched) -> None:
     assert launched.run.returncode == 0, launched.run.stderr
     info = json.loads((launched.out / "run.json").read_text())
-    assert info["state"] == "finished" and info["task"] == "script" and info["model"] == "python ddp.py"
+    assert info["state"] == "finished" and info["task"] == "script" and info[
+        "model"] == "python ddp.py"
     result = json.loads((launched.out / "result.json").read_text())
     (entry,) = [json.loads(line) for line in launched.ledger.read_text().splitlines()]
     assert entry["run_id"] == result["run_id"] == info["id"]
-    assert (entry["world_size"], entry["ppn"], len(entry["nodes"]), len(entry["rank_threads"])) == (2, 2, 1, 2)
-    assert entry["wall_time_s"] > 0 and entry["launcher"] and entry["command"].startswith("cpudist launch")
+    assert (entry["world_size"], entry["ppn"], len(entry["nodes"]),
+            len(entry["rank_threads"])) == (2, 2, 1, 2)
+    assert entry["wall_time_s"] > 0 and entry["launcher"] and entry["command"].startswith("cpudist "
+                                                                                          "launch")
     last = float(losses(launched.run.stderr)[-1][1])
     assert entry["final_loss"] == pytest.approx(last, abs=1e-7) and entry["metrics"] == {"sum": 3.0}
     assert entry["train_samples_per_s"] == pytest.approx(64 / entry["train_time_s"])
@@ -135,7 +149,8 @@ time.sleep(120)
 def test_one_failing_rank_stops_the_others_and_the_run_fails(tmp_path: Path) -> None:
     (tmp_path / "fail.py").write_text(FAILING)
     began = time.monotonic()
-    r = cpudist("launch", "--np", "2", "--output-dir", tmp_path / "run", "--ledger", tmp_path / "ledger.jsonl",
+    r = cpudist("launch", "--np", "2", "--output-dir", tmp_path / "run", "--ledger",
+                tmp_path / "ledger.jsonl",
                 "--workdir", tmp_path, "fail.py", timeout=240)
     assert r.returncode == 1, r.stderr
     assert time.monotonic() - began < 100  # not rank 0's 120 s: its launcher stopped it
@@ -152,30 +167,41 @@ time.sleep(300)
 
 
 def test_stop_ends_every_rank_and_the_run_says_interrupted(tmp_path: Path) -> None:
-    """`cpudist runs` lists the running launch; `cpudist stop <id>` from another shell (as the issue's Ctrl-C) ends
-    both ranks' scripts and every process of the run; run.json says interrupted."""
+    """`cpudist runs` lists the running launch; `cpudist stop <id>` from another shell (as the
+    issue's Ctrl-C) ends both ranks' scripts and every process of the run; run.json says
+    interrupted."""
     (tmp_path / "wait.py").write_text(WAITING)
-    out = tmp_path / "runs" / "waiting"  # under runs/: `runs` and `stop` find it by id from tmp_path
-    launched = subprocess.Popen([*CPUDIST, "launch", "--np", "2", "--output-dir", str(out), "--ledger",
-                                 str(tmp_path / "ledger.jsonl"), "--workdir", str(tmp_path), "wait.py"],
+    # under runs/: `runs` and `stop` find it by id from tmp_path
+    out = tmp_path / "runs" / "waiting"
+    launched = subprocess.Popen([*CPUDIST, "launch", "--np", "2", "--output-dir", str(out),
+                                 "--ledger",
+                                 str(tmp_path / "ledger.jsonl"), "--workdir", str(tmp_path),
+                                 "wait.py"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
     log = out / "cpudist.log"
     try:
-        wait_for(lambda: (log.is_file() and log.read_text().count(" waiting") == 2) or launched.poll() is not None,
+        wait_for(lambda: (log.is_file() and log.read_text().count(" waiting") == 2)
+                 or launched.poll() is not None,
                  120, "both ranks' waiting lines")
         assert launched.poll() is None, log.read_text()
         below = descendants(launched.pid)
-        assert len([pid for pid in below if "wait.py" in cmdline(pid)]) >= 2  # each rank's script and wrapper
+        # each rank's script and wrapper
+        assert len([pid for pid in below if "wait.py" in cmdline(pid)]) >= 2
         run_id = json.loads((out / "run.json").read_text())["id"]
-        listed = subprocess.run([*CPUDIST, "runs", "--json"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
-        assert [(r["id"], r["state"]) for r in json.loads(listed.stdout)] == [(run_id, "running")], listed.stderr
-        stop = subprocess.run([*CPUDIST, "stop", run_id[:17]], cwd=tmp_path, capture_output=True, text=True,
+        listed = subprocess.run([*CPUDIST, "runs", "--json"], cwd=tmp_path, capture_output=True,
+                                text=True, timeout=60)
+        assert [(r["id"], r["state"])
+                for r in json.loads(listed.stdout)] == [(run_id, "running")], listed.stderr
+        stop = subprocess.run([*CPUDIST, "stop", run_id[:17]], cwd=tmp_path, capture_output=True,
+                              text=True,
                               timeout=150)
         assert stop.returncode == 0, stop.stdout + stop.stderr
-        assert stop.stdout.startswith(f"run {run_id} stopped, run.json says interrupted"), stop.stdout
+        assert stop.stdout.startswith(
+            f"run {run_id} stopped, run.json says interrupted"), stop.stdout
         assert "--checkpoint-every" not in stop.stderr  # a script's checkpoints are its own
         assert launched.wait(timeout=60) == 130
-        assert [cmdline(pid) for pid in below if cmdline(pid)] == []  # every launcher, wrapper and script is gone
+        # every launcher, wrapper and script is gone
+        assert [cmdline(pid) for pid in below if cmdline(pid)] == []
         assert json.loads((out / "run.json").read_text())["state"] == "interrupted"
     finally:
         kill_tree(launched)

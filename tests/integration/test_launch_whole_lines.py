@@ -1,8 +1,8 @@
-"""`cpudist launch` hands the user whole lines, each tagged with one rank, whatever pieces the script prints them
-in: every rank writes each of its lines word by word (a write each, flushed, yielding the CPU in between) on
-stdout and stderr at once, on this machine through Hydra and through one torchrun per node (whose workers share
-its stdout), and across two network-namespace hosts through one torchrun per node and through torchrun's own
-agent per host."""
+"""`cpudist launch` hands the user whole lines, each tagged with one rank, whatever pieces the
+script prints them in: every rank writes each of its lines word by word (a write each, flushed,
+yielding the CPU in between) on stdout and stderr at once, on this machine through Hydra and through
+one torchrun per node (whose workers share its stdout), and across two network-namespace hosts
+through one torchrun per node and through torchrun's own agent per host."""
 
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ for i in range({LINES}):
     print("~end")
     print("~end", file=sys.stderr)
 '''
-# A line as the user gets it: [host] from torchrun's agent per host, then one rank's tag, then the line whole
+# A line as the user gets it: [host] from torchrun's agent per host, then one rank's tag, then the
+# line whole
 WHOLE = re.compile(rf"(?:\[[\w.-]+\] )?\[[\w.-]+:(\d+)\] (~out|~err) \1 (\d+) {WORDS} ~end")
 
 
@@ -45,14 +46,18 @@ def check_whole(text: str, ranks: int) -> None:
     assert all(WHOLE.fullmatch(line) and len(TAGGED.findall(line)) == 1 for line in mine), \
         [line for line in mine if not WHOLE.fullmatch(line)][:5]
     got = Counter((m.group(1), m.group(2)) for m in map(WHOLE.fullmatch, mine) if m)
-    assert got == Counter({(str(r), s): LINES for r in range(ranks) for s in ("~out", "~err")}), text[-2000:]
+    assert got == Counter({(str(r), s): LINES for r in range(ranks)
+                           for s in ("~out", "~err")}), text[-2000:]
 
 
 @pytest.mark.parametrize("per_node", [False, True], ids=["hydra", "torchrun-per-node"])
-def test_every_rank_line_comes_whole_and_tagged_on_this_machine(tmp_path: Path, per_node: bool) -> None:
+def test_every_rank_line_comes_whole_and_tagged_on_this_machine(tmp_path: Path,
+                                                                per_node: bool) -> None:
     (tmp_path / "pieces.py").write_text(SCRIPT)
-    r = cpudist("launch", "--np", "2", *(["--per-node"] if per_node else []), "--output-dir", tmp_path / "run",
-                "--ledger", tmp_path / "ledger.jsonl", "--workdir", tmp_path, "--", "python", "pieces.py",
+    r = cpudist("launch", "--np", "2", *(["--per-node"] if per_node else []), "--output-dir",
+                tmp_path / "run",
+                "--ledger", tmp_path / "ledger.jsonl", "--workdir", tmp_path, "--", "python",
+                "pieces.py",
                 timeout=240)
     assert r.returncode == 0, r.stderr
     check_whole(r.stderr, 2)
@@ -66,20 +71,26 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
     c = NetnsCluster(2, tmp_path_factory.mktemp("lines"), prefix=f"wl{os.getpid() % 10000}")
     c.up()
     try:
-        r = c.run(0, [*CPUDIST, "hosts", "ssh-setup", "--hostfile", str(c.hostfile), "--identity", str(c.user_key)])
+        r = c.run(0,
+                  [*CPUDIST, "hosts", "ssh-setup", "--hostfile", str(c.hostfile), "--identity",
+                   str(c.user_key)])
         assert r.returncode == 0, r.stdout + r.stderr
         yield c
     finally:
         c.down()
 
 
-@pytest.mark.parametrize("route", [["--per-node"], ["--launcher", "torchrun"]], ids=["per-node", "torchrun-agents"])
+@pytest.mark.parametrize("route", [["--per-node"], ["--launcher", "torchrun"]],
+                         ids=["per-node", "torchrun-agents"])
 def test_every_rank_line_comes_whole_and_tagged_across_hosts(hosts: NetnsCluster, tmp_path: Path,
                                                              route: list[str]) -> None:
     (tmp_path / "pieces.py").write_text(SCRIPT)
     tmp_path.chmod(0o755)
-    r = hosts.run(0, [*CPUDIST, "launch", "--np", "4", "--ppn", "2", "--hostfile", str(hosts.hostfile), *route,
-                      "--output-dir", str(tmp_path / "run"), "--ledger", str(tmp_path / "ledger.jsonl"),
-                      "--workdir", str(tmp_path), "--", "python", "pieces.py"], timeout=300)
+    r = hosts.run(0,
+                  [*CPUDIST, "launch", "--np", "4", "--ppn", "2", "--hostfile", str(hosts.hostfile),
+                   *route,
+                   "--output-dir", str(tmp_path / "run"), "--ledger",
+                   str(tmp_path / "ledger.jsonl"),
+                   "--workdir", str(tmp_path), "--", "python", "pieces.py"], timeout=300)
     assert r.returncode == 0, r.stderr
     check_whole(r.stderr, 4)

@@ -1,4 +1,5 @@
-"""Two real ranks over gloo: the same initial model, different dropout noise (seed + rank, like HF Trainer)."""
+"""Two real ranks over gloo: the same initial model, different dropout noise (seed + rank, like HF
+Trainer)."""
 
 from __future__ import annotations
 
@@ -32,9 +33,11 @@ shutdown_distributed()
 
 
 def test_same_init_different_noise_per_rank(tmp_path: Path) -> None:
-    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()),
            "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(tmp_path)], stdout=subprocess.PIPE,
+                              text=True,
                               env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(2)]
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0]

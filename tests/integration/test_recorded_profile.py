@@ -1,6 +1,7 @@
-"""#23 item 8, the record keeps the profile it was made with: a cluster made without a profile (boto3's default
-chain) keeps to that chain when AWS_PROFILE is set later, and one made with a profile keeps to it when AWS_PROFILE
-names another. Which credentials sign the calls is read at moto's EC2 over HTTP (the Authorization header)."""
+"""#23 item 8, the record keeps the profile it was made with: a cluster made without a profile
+(boto3's default chain) keeps to that chain when AWS_PROFILE is set later, and one made with a
+profile keeps to it when AWS_PROFILE names another. Which credentials sign the calls is read at
+moto's EC2 over HTTP (the Authorization header)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ class Signed:
         self.url = f"http://127.0.0.1:{self.server.server_port}"
         threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
 
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    def __call__(self, environ: dict[str, Any],
+                 start_response: Callable[..., Any]) -> Iterable[bytes]:
         found = re.search(r"Credential=([^/]+)/", environ.get("HTTP_AUTHORIZATION", ""))
         self.keys.append(found.group(1) if found else "")
         return self.moto(environ, start_response)  # type: ignore[no-any-return]
@@ -37,14 +39,20 @@ class Signed:
 
 @pytest.fixture
 def ec2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Signed]:
-    """Two credentials: the default chain's (the [default] profile) and the `later` profile's; no AWS_* else."""
-    (tmp_path / "credentials").write_text("[default]\naws_access_key_id = MADEWITHDEFAULT\naws_secret_access_key = x\n"
-                                          "[later]\naws_access_key_id = LATERPROFILE\naws_secret_access_key = y\n"
-                                          "[made]\naws_access_key_id = MADEWITHPROFILE\naws_secret_access_key = z\n")
-    (tmp_path / "config").write_text("[default]\nregion = us-east-1\n[profile later]\nregion = eu-west-1\n"
+    """Two credentials: the default chain's (the [default] profile) and the `later` profile's; no
+    AWS_* else."""
+    (tmp_path / "credentials").write_text("[default]\naws_access_key_id = MADEWITHDEFAULT\n"
+                                          "aws_secret_access_key = x\n"
+                                          "[later]\naws_access_key_id = LATERPROFILE\n"
+                                          "aws_secret_access_key = y\n"
+                                          "[made]\naws_access_key_id = MADEWITHPROFILE\n"
+                                          "aws_secret_access_key = z\n")
+    (tmp_path / "config").write_text("[default]\nregion = us-east-1\n[profile later]\n"
+                                     "region = eu-west-1\n"
                                      "[profile made]\nregion = us-east-1\n")
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-                "AWS_DEFAULT_PROFILE", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_EC2"):
+                "AWS_DEFAULT_PROFILE", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL",
+                "AWS_ENDPOINT_URL_EC2"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
@@ -59,8 +67,10 @@ def ec2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Signed]:
 def record(ec2: Signed, place: Place) -> ClusterRecord:
     """A cluster's record as `cluster up` writes it: the place resolved when it was made."""
     made = resolve(place)
-    return ClusterRecord("c1", made.region or "", made.endpoint_url, "t3.micro", (), "public", "ubuntu", 22, "key",
-                         "known", "hosts", "on-demand", "2026-11-26T00:00:00Z", profile=made.profile)
+    return ClusterRecord("c1", made.region or "", made.endpoint_url, "t3.micro", (), "public",
+                         "ubuntu", 22, "key",
+                         "known", "hosts", "on-demand", "2026-11-26T00:00:00Z",
+                         profile=made.profile)
 
 
 def signed_by(ec2: Signed, place: Place) -> str:
@@ -77,12 +87,14 @@ def test_a_record_made_without_a_profile_keeps_to_the_default_chain(ec2: Signed,
     monkeypatch.setenv("AWS_PROFILE", "later")  # set for other work, after the cluster was made
     assert signed_by(ec2, made.place) == "MADEWITHDEFAULT"
     assert signed_by(ec2, Place(None, ec2.url, None)) == "LATERPROFILE"  # a new cluster follows it
-    monkeypatch.setenv("AWS_PROFILE", "gone")  # a profile that is not there any more: no matter to the record
+    # a profile that is not there any more: no matter to the record
+    monkeypatch.setenv("AWS_PROFILE", "gone")
     monkeypatch.setenv("AWS_DEFAULT_PROFILE", "later")
     assert signed_by(ec2, made.place) == "MADEWITHDEFAULT"
 
 
-def test_a_record_made_with_a_profile_keeps_it(ec2: Signed, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_record_made_with_a_profile_keeps_it(ec2: Signed,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_PROFILE", "made")
     made = record(ec2, Place(None, ec2.url, None))
     assert made.profile == "made"

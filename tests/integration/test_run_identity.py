@@ -1,8 +1,10 @@
-"""A run's identity keeps work (issue 22, part 4): a reused --output-dir or S3 prefix, and a resume from an older
-step with --keep-checkpoints 1, lose no checkpoint of the run at hand, and no run resumes another's.
+"""A run's identity keeps work (issue 22, part 4): a reused --output-dir or S3 prefix, and a resume
+from an older step with --keep-checkpoints 1, lose no checkpoint of the run at hand, and no run
+resumes another's.
 
-Each was reproduced on b21d3f9: the second run's checkpoints were deleted right after each write (rotation and S3
-prune kept the highest step numbers, the first run's) and --resume auto went on with the first run's.
+Each was reproduced on b21d3f9: the second run's checkpoints were deleted right after each write
+(rotation and S3 prune kept the highest step numbers, the first run's) and --resume auto went on
+with the first run's.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ from tests.integration.helpers import cpudist
 from tests.integration.test_resume import common, sigterm_ranks_at, steps
 
 pytestmark = pytest.mark.slow
-# A laptop's runs into folders of the same name (a head folder each, a failed one fetching no result) are checked
-# on test_remote_onprem.py's site, with one of the runs it makes there anyway.
+# A laptop's runs into folders of the same name (a head folder each, a failed one fetching no
+# result) are checked on test_remote_onprem.py's site, with one of the runs it makes there anyway.
 
 
 def small(shared_data: Path) -> list[str]:
-    """test_resume's settings with fewer rows: what is checked here is which run the checkpoints belong to."""
+    """test_resume's settings with fewer rows: what is checked here is which run the checkpoints
+    belong to."""
     return [*common(shared_data), "--max-train-samples", "64", "--max-eval-samples", "32"]
 
 
@@ -42,18 +45,22 @@ def owners(folder: Path) -> dict[str, str | None]:
     return {p.name: ckpt.owner(p) for p in ckpt.complete_checkpoints(folder)}
 
 
-def test_a_reused_output_dir_refuses_a_fresh_run_and_resume_auto_goes_on_with_its_run(shared_data: Path,
-                                                                                       tmp_path: Path) -> None:
+def test_a_reused_output_dir_refuses_a_fresh_run_and_resume_auto_goes_on_with_its_run(
+    shared_data: Path,
+     tmp_path: Path) -> None:
     out = tmp_path / "reuse"
-    args = [*small(shared_data), "--np", "2", "--max-steps", "20", "--output-dir", str(out), "--checkpoint-every", "2"]
+    args = [*small(shared_data), "--np", "2", "--max-steps", "20", "--output-dir", str(out),
+            "--checkpoint-every", "2"]
     stopped = sigterm_ranks_at(args, out, 3, tmp_path)
     assert stopped.returncode == 75, stopped.stderr
     first = run_json(out)
-    assert first["state"] == "preempted" and first["ended_at"] and "stopped at step" in first["message"]
+    assert first["state"] == "preempted" and first["ended_at"] and "stopped at step" in first[
+        "message"]
     kept = owners(out / "checkpoints")
     assert kept and set(kept.values()) == {first["id"]}, kept
 
-    # The issue's second run: same folder, other lr, no --resume. It must not start (and so delete nothing).
+    # The issue's second run: same folder, other lr, no --resume. It must not start (and so delete
+    # nothing).
     second = cpudist("run", *args, "--lr", "5e-3")
     assert second.returncode == 2, second.stderr
     line = second.stderr.strip().splitlines()[-1]
@@ -69,7 +76,8 @@ def test_a_reused_output_dir_refuses_a_fresh_run_and_resume_auto_goes_on_with_it
     step = max(ckpt.step_of(n) or 0 for n in kept)
     assert f"resuming from {out}/checkpoints/step-{step:06d}" in resumed.stderr
     result = json.loads((out / "result.json").read_text())
-    assert result["run_id"] == first["id"] and result["resumed_from_step"] == step and result["parts"] == 2
+    assert result["run_id"] == first["id"] and result["resumed_from_step"] == step and result[
+        "parts"] == 2
     done = run_json(out)
     assert done["id"] == first["id"] and done["state"] == "finished" and done["parts"] == 2
     assert done["started_at"] == first["started_at"] and done["metrics"] == result["metrics"]
@@ -78,7 +86,8 @@ def test_a_reused_output_dir_refuses_a_fresh_run_and_resume_auto_goes_on_with_it
 
 @pytest.fixture
 def s3_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """moto's S3 over HTTP, with a bucket `ckpt`; the ranks find it through the environment they inherit."""
+    """moto's S3 over HTTP, with a bucket `ckpt`; the ranks find it through the environment they
+    inherit."""
     with S3Server() as server:
         for key, value in {**FAKE_CREDENTIALS, "AWS_ENDPOINT_URL_S3": server.url,
                            "AWS_CONFIG_FILE": str(tmp_path / "no-config"),
@@ -88,41 +97,52 @@ def s3_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         yield server.url
 
 
-def test_a_reused_s3_prefix_keeps_the_new_runs_uploads_and_resumes_it(shared_data: Path, tmp_path: Path,
+def test_a_reused_s3_prefix_keeps_the_new_runs_uploads_and_resumes_it(shared_data: Path,
+                                                                      tmp_path: Path,
                                                                       s3_env: str) -> None:
     prefix = "s3://ckpt/runs/mrpc"  # the README's per-task prefix, shared by every run of the task
-    base = [*small(shared_data), "--max-steps", "20", "--checkpoint-every", "5", "--checkpoint-s3", prefix,
+    base = [*small(shared_data), "--max-steps", "20", "--checkpoint-every", "5", "--checkpoint-s3",
+            prefix,
             "--no-eval"]
     first = cpudist("run", *base, "--np", "1", "--output-dir", tmp_path / "a")
     assert first.returncode == 0, first.stderr
     first_id = run_json(tmp_path / "a")["id"]
 
     out = tmp_path / "b"
-    stopped = sigterm_ranks_at([*base, "--np", "2", "--output-dir", str(out), "--lr", "5e-3"], out, 3, tmp_path)
+    stopped = sigterm_ranks_at([*base, "--np", "2", "--output-dir", str(out), "--lr", "5e-3"], out,
+                               3, tmp_path)
     assert stopped.returncode == 75, stopped.stderr
     step = json.loads((out / "preempted.json").read_text())["step"]
     second_id = run_json(out)["id"]
     s3 = boto3.client("s3", endpoint_url=s3_env)
-    listed = {o["Key"] for o in s3.list_objects_v2(Bucket="ckpt", Prefix="runs/mrpc/").get("Contents", [])}
-    assert f"runs/mrpc/{second_id}/step-{step:06d}/COMPLETE" in listed, sorted(listed)  # pruned at once on HEAD
+    listed = {o["Key"]
+              for o in s3.list_objects_v2(Bucket="ckpt", Prefix="runs/mrpc/").get("Contents", [])}
+    # pruned at once on HEAD
+    assert f"runs/mrpc/{second_id}/step-{step:06d}/COMPLETE" in listed, sorted(listed)
     assert {f"runs/mrpc/{first_id}/step-{s:06d}/COMPLETE" for s in (15, 20)} <= listed
 
-    shutil.rmtree(out)  # the head node went, and its disk with it: run.json too, so the S3 copy says which run
-    resumed = cpudist("run", *base, "--np", "2", "--output-dir", out, "--lr", "5e-3", "--resume", "auto")
+    # the head node went, and its disk with it: run.json too, so the S3 copy says which run
+    shutil.rmtree(out)
+    resumed = cpudist("run", *base, "--np", "2", "--output-dir", out, "--lr", "5e-3", "--resume",
+                      "auto")
     assert resumed.returncode == 0, resumed.stderr
     assert f"fetched step-{step:06d} from {prefix}" in resumed.stderr
     result = json.loads((out / "result.json").read_text())
     assert result["run_id"] == second_id and result["resumed_from_step"] == step
     assert [s["step"] for s in steps(out)] == list(range(step + 1, 21))
     assert run_json(out)["id"] == second_id
-    after = {o["Key"] for o in s3.list_objects_v2(Bucket="ckpt", Prefix=f"runs/mrpc/{first_id}/").get("Contents", [])}
-    assert after == {k for k in listed if k.startswith(f"runs/mrpc/{first_id}/")}  # the first run's copy untouched
+    after = {o["Key"]
+             for o in s3.list_objects_v2(Bucket="ckpt",
+                                         Prefix=f"runs/mrpc/{first_id}/").get("Contents", [])}
+    # the first run's copy untouched
+    assert after == {k for k in listed if k.startswith(f"runs/mrpc/{first_id}/")}
 
 
 def test_a_resume_from_an_older_step_with_keep_1_leaves_a_usable_checkpoint(shared_data: Path,
                                                                             tmp_path: Path) -> None:
     out = tmp_path / "run"
-    args = [*small(shared_data), "--np", "1", "--max-steps", "20", "--output-dir", str(out), "--no-eval"]
+    args = [*small(shared_data), "--np", "1", "--max-steps", "20", "--output-dir", str(out),
+            "--no-eval"]
     first = cpudist("run", *args, "--checkpoint-every", "5", "--keep-checkpoints", "4")
     assert first.returncode == 0, first.stderr
     run_id = run_json(out)["id"]
@@ -131,7 +151,8 @@ def test_a_resume_from_an_older_step_with_keep_1_leaves_a_usable_checkpoint(shar
     again = cpudist("run", *args, "--checkpoint-every", "8", "--keep-checkpoints", "1",
                     "--resume", out / "checkpoints" / "step-000005")
     assert again.returncode == 0, again.stderr
-    assert owners(out / "checkpoints") == {"step-000016": run_id}  # on HEAD: only the old timeline's step-20
+    # on HEAD: only the old timeline's step-20
+    assert owners(out / "checkpoints") == {"step-000016": run_id}
     newest = out / "checkpoints" / "step-000016"
     assert ckpt.damage(newest) is None and ckpt.read_meta(newest).parts == 2
     [aside] = (out / "checkpoints").glob("abandoned-*")
@@ -142,11 +163,13 @@ def test_a_resume_from_an_older_step_with_keep_1_leaves_a_usable_checkpoint(shar
 
 def test_run_json_says_failed_with_the_reason(shared_data: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    failed = cpudist("run", *small(shared_data), "--np", "1", "--max-steps", "100000", "--output-dir", out,
+    failed = cpudist("run", *small(shared_data), "--np", "1", "--max-steps", "100000",
+                     "--output-dir", out,
                      "--timeout", "3", "--no-eval")
     assert failed.returncode == 1, failed.stderr
     state = run_json(out)
-    assert state["state"] == "failed" and "ran past --timeout 3s" in state["message"] and state["ended_at"]
+    assert state["state"] == "failed" and "ran past --timeout 3s" in state["message"] and state[
+        "ended_at"]
     assert not (out / "result.json").exists()
     assert os.path.basename(state["run_dir"]) == "run"
 

@@ -1,7 +1,8 @@
-"""#23 item 6, a preempted Slurm job (not its time limit) is requeued: against a real Slurm whose `urgent` partition
-preempts `batch` jobs (PreemptMode=CANCEL with a GraceTime: tests/harness/slurm.py, preemption=True). The ranks are a
-stand-in that stops as cpudist's do (SIGTERM: write the stop marker, exit 75), so the test takes seconds: what it
-checks is cpudist's batch script (launch/slurm.py), which saw only its own USR1 and let the preempted job go."""
+"""#23 item 6, a preempted Slurm job (not its time limit) is requeued: against a real Slurm whose
+`urgent` partition preempts `batch` jobs (PreemptMode=CANCEL with a GraceTime:
+tests/harness/slurm.py, preemption=True). The ranks are a stand-in that stops as cpudist's do
+(SIGTERM: write the stop marker, exit 75), so the test takes seconds: what it checks is cpudist's
+batch script (launch/slurm.py), which saw only its own USR1 and let the preempted job go."""
 
 from __future__ import annotations
 
@@ -31,33 +32,42 @@ sleep 600 & wait
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    with slurm_harness.on_namespace_hosts(1, tmp_path_factory.mktemp("slurm-hosts"), "slp", preemption=True) as cluster:
+    with slurm_harness.on_namespace_hosts(1, tmp_path_factory.mktemp("slurm-hosts"), "slp",
+                                          preemption=True) as cluster:
         yield cluster
 
 
 def job_field(slurm: SlurmCluster, job_id: str, name: str) -> str:
-    found = re.search(rf"\b{name}=(\S+)", slurm.run(0, ["scontrol", "show", "job", "-o", job_id]).stdout)
+    found = re.search(rf"\b{name}=(\S+)",
+                      slurm.run(0, ["scontrol", "show", "job", "-o", job_id]).stdout)
     return found.group(1) if found else ""
 
 
-def test_a_preempted_job_that_saved_a_checkpoint_is_requeued(slurm: SlurmCluster, tmp_path: Path) -> None:
+def test_a_preempted_job_that_saved_a_checkpoint_is_requeued(slurm: SlurmCluster,
+                                                             tmp_path: Path) -> None:
     rank = tmp_path / "rank.sh"
     rank.write_text(RANK % (tmp_path / STOP_MARKER))
     script = tmp_path / "job.sbatch"
-    script.write_text(sbatch_script(BatchJob("preempted", 1, 1, str(tmp_path), str(tmp_path / "slurm-%j.out"),
-                                             ("bash", str(rank)), (), BatchOptions(requeue=True, exclusive=True))))
+    script.write_text(sbatch_script(BatchJob("preempted", 1, 1, str(tmp_path),
+                                             str(tmp_path / "slurm-%j.out"),
+                                             ("bash", str(rank)), (),
+                                             BatchOptions(requeue=True, exclusive=True))))
     job_id = slurm.run(0, ["sbatch", "--parsable", str(script)]).stdout.strip().split(";")[0]
     out = tmp_path / f"slurm-{job_id}.out"
     urgent = ""
     try:
-        wait_for(lambda: out.is_file() and "rank up, part 0" in out.read_text(), 60, f"job {job_id}'s rank",
+        wait_for(lambda: out.is_file() and "rank up, part 0" in out.read_text(), 60,
+                 f"job {job_id}'s rank",
                  lambda: slurm.run(0, ["scontrol", "show", "job", job_id]).stdout)
-        urgent = slurm.run(0, ["sbatch", "--parsable", "-p", "urgent", "--exclusive", "-o", "/dev/null",
-                               "--wrap", "sleep 1"]).stdout.strip().split(";")[0]
+        urgent = slurm.run(0,
+                           ["sbatch", "--parsable", "-p", "urgent", "--exclusive", "-o",
+                            "/dev/null",
+                            "--wrap", "sleep 1"]).stdout.strip().split(";")[0]
         wait_for(lambda: job_field(slurm, job_id, "Restarts") == "1", slurm_harness.GRACE_S + 30,
                  f"job {job_id} requeued", lambda: out.read_text()[-2000:], 0.5)
         text = out.read_text()
         assert f"[cpudist] requeueing Slurm job {job_id}: the ranks saved a checkpoint before its preemption" in text
-        assert job_field(slurm, job_id, "JobState") == "PENDING", text  # it starts again once the nodes are free
+        # it starts again once the nodes are free
+        assert job_field(slurm, job_id, "JobState") == "PENDING", text
     finally:
         slurm.run(0, ["scancel", job_id, *([urgent] if urgent else [])])

@@ -1,5 +1,6 @@
-"""#23 item 2, the S3 endpoint's loss noticed within 30 s (train/store_watch.py): the rank that copies checkpoints
-probes the store while it trains, against moto's S3 server over HTTP, stopped mid-run."""
+"""#23 item 2, the S3 endpoint's loss noticed within 30 s (train/store_watch.py): the rank that
+copies checkpoints probes the store while it trains, against moto's S3 server over HTTP, stopped
+mid-run."""
 
 from __future__ import annotations
 
@@ -73,20 +74,22 @@ def test_a_stopped_endpoint_is_said_once_and_its_return_too(s3_env: dict[str, st
         said.wait(1, within_s=DETECTION_BOUND_S)
         at, line = said.said[0]
         assert at - stopped < DETECTION_BOUND_S
-        assert line.startswith(f"warning: the store of the checkpoint copies s3://{bucket}/runs/run-1 stopped "
+        assert line.startswith("warning: the store of the checkpoint copies "
+                               f"s3://{bucket}/runs/run-1 stopped "
                                f"answering (S3 endpoint {url}: S3 is unreachable"), line
         assert "training goes on" in line and "--resume auto" in line and "\n" not in line
         seen = watch.probes
         while watch.probes < seen + 3:  # more failed probes: still one line
             time.sleep(0.05)
         assert len(said.said) == 1 and watch.lost is not None
-        again = S3Server(port=port).start()  # moto's buckets live in this process: the same store, back
+        # moto's buckets live in this process: the same store, back
+        again = S3Server(port=port).start()
         try:
             said.wait(2, within_s=DETECTION_BOUND_S)
         finally:
             again.stop()
-    assert said.said[1][1] == (f"the store of the checkpoint copies s3://{bucket}/runs/run-1 answers again; "
-                               "the next checkpoint is copied there")
+    assert said.said[1][1] == (f"the store of the checkpoint copies s3://{bucket}/runs/run-1 "
+                               "answers again; the next checkpoint is copied there")
 
 
 @pytest.fixture
@@ -102,14 +105,17 @@ def s3_server() -> Iterator[S3Server]:
 @pytest.mark.slow
 def test_a_run_says_its_s3_endpoint_stopped_long_before_its_next_checkpoint(
         shared_data: Path, tmp_path: Path, s3_env: dict[str, str], s3_server: S3Server) -> None:
-    """One rank copying checkpoints to S3 every 100000 steps: the server stopped mid-run is said in one line within
-    the bound, naming the endpoint, and training goes on (test_spot: a stop then still ends as a stop, 75)."""
+    """One rank copying checkpoints to S3 every 100000 steps: the server stopped mid-run is said in
+    one line within the bound, naming the endpoint, and training goes on (test_spot: a stop then
+    still ends as a stop, 75)."""
     bucket = make_bucket(s3_server.url)
     run_dir = tmp_path / "run"
-    args = [*common(shared_data), "--max-steps", "100000", "--np", "1", "--no-eval", "--checkpoint-every", "100000",
+    args = [*common(shared_data), "--max-steps", "100000", "--np", "1", "--no-eval",
+            "--checkpoint-every", "100000",
             "--checkpoint-s3", f"s3://{bucket}/runs", "--output-dir", str(run_dir)]
     env = {**os.environ, **s3_env, "AWS_ENDPOINT_URL_S3": s3_server.url}
-    proc = subprocess.Popen([*CPUDIST, "run", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen([*CPUDIST, "run", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
                             env=env)
     lines: list[tuple[float, str]] = []
 
@@ -126,7 +132,8 @@ def test_a_run_says_its_s3_endpoint_stopped_long_before_its_next_checkpoint(
         s3_server.stop()
         stopped = time.monotonic()
         while not (warned := [(at, line) for at, line in lines if "stopped answering" in line]):
-            assert proc.poll() is None and time.monotonic() < stopped + 60, "".join(line for _, line in lines)
+            assert proc.poll() is None and time.monotonic() < stopped + 60, "".join(line for _,
+                                                                                    line in lines)
             time.sleep(0.1)
         at, line = warned[0]
         assert at - stopped < 30, (at - stopped, line)  # the issue's bound; the watch's own is 20 s

@@ -55,17 +55,21 @@ def ec2(world: World) -> Any:
 
 @pytest.fixture(scope="module")
 def fleet(world: World, ec2: Any) -> dict[str, Any]:
-    """Three instances in one group: SSH from the operator's /32, everything from the group itself."""
+    """Three instances in one group: SSH from the operator's /32, everything from the group
+    itself."""
     r = world.operator_run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", KEY])
     assert r.returncode == 0, r.stderr
-    ec2.import_key_pair(KeyName="laptop", PublicKeyMaterial=world.operator_path(".ssh/id_ed25519.pub").read_bytes())
+    ec2.import_key_pair(KeyName="laptop",
+                        PublicKeyMaterial=world.operator_path(".ssh/id_ed25519.pub").read_bytes())
     vpc, subnet = world.create_vpc(ec2)
     sg = ec2.create_security_group(GroupName="nodes", Description="n", VpcId=vpc)["GroupId"]
-    ec2.authorize_security_group_ingress(GroupId=sg, IpPermissions=[ssh_rule(world.ssh_cidr), self_rule(sg)])
+    ec2.authorize_security_group_ingress(GroupId=sg,
+                                         IpPermissions=[ssh_rule(world.ssh_cidr), self_rule(sg)])
     ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
-    ids = [i["InstanceId"] for i in ec2.run_instances(ImageId=ami, MinCount=3, MaxCount=3, SubnetId=subnet,
-                                                       SecurityGroupIds=[sg], KeyName="laptop",
-                                                       InstanceType="c6i.large")["Instances"]]
+    ids = [i["InstanceId"]
+           for i in ec2.run_instances(ImageId=ami, MinCount=3, MaxCount=3, SubnetId=subnet,
+                                       SecurityGroupIds=[sg], KeyName="laptop",
+                                       InstanceType="c6i.large")["Instances"]]
     for i in range(3):
         world.wait_booted(i)
     return {"sg": sg, "ids": ids}
@@ -81,13 +85,16 @@ def self_rule(group: str) -> dict[str, Any]:
 
 def ssh_from_operator(world: World, address: str) -> str | None:
     """The remote hostname, or None when the connection fails."""
-    r = world.operator_run(["ssh", "-i", KEY, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-                            "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=2", "-o", "LogLevel=ERROR",
+    r = world.operator_run(["ssh", "-i", KEY, "-o", "BatchMode=yes", "-o",
+                            "StrictHostKeyChecking=no",
+                            "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=2", "-o",
+                            "LogLevel=ERROR",
                             f"root@{address}", "hostname"], timeout=20)
     return r.stdout.strip() if r.returncode == 0 else None
 
 
-# Runs on a host: probes address:22 every 50 ms and prints each change of what it sees, until a banner.
+# Runs on a host: probes address:22 every 50 ms and prints each change of what it sees, until a
+# banner.
 PROBE = """
 import socket, sys, time
 def look():
@@ -118,7 +125,8 @@ while time.monotonic() < deadline and seen[-1:] != ["banner"]:
 """
 
 
-# A connection between two hosts: the server side holds it open; the client side reads from it for 4 s.
+# A connection between two hosts: the server side holds it open; the client side reads from it for 4
+# s.
 SERVER = """
 import socket, time
 conn, _ = socket.create_server(("0.0.0.0", 7000)).accept()
@@ -144,12 +152,14 @@ except OSError as e:
 
 def tcp_from_host(world: World, i: int, address: str, port: int = 22) -> bool:
     """Whether host i completes a TCP handshake with address:port within a second and a half."""
-    r = world.hosts.run(i, ["timeout", "1.5", "bash", "-c", f"</dev/tcp/{address}/{port}"], timeout=10)
+    r = world.hosts.run(i, ["timeout", "1.5", "bash", "-c", f"</dev/tcp/{address}/{port}"],
+                        timeout=10)
     return r.returncode == 0
 
 
 def test_instances_get_the_hosts_addresses(world: World, ec2: Any, fleet: dict[str, Any]) -> None:
-    found = {i["InstanceId"]: i for r in ec2.describe_instances(InstanceIds=fleet["ids"])["Reservations"]
+    found = {i["InstanceId"]: i
+             for r in ec2.describe_instances(InstanceIds=fleet["ids"])["Reservations"]
              for i in r["Instances"]}
     got = [(found[i]["PrivateIpAddress"], found[i]["PublicIpAddress"]) for i in fleet["ids"]]
     assert got == [(world.hosts.private_addr(i), world.hosts.public_addr(i)) for i in range(3)]
@@ -157,7 +167,8 @@ def test_instances_get_the_hosts_addresses(world: World, ec2: Any, fleet: dict[s
 
 
 def test_operator_reaches_nodes_by_public_address_only(world: World, fleet: dict[str, Any]) -> None:
-    assert ssh_from_operator(world, world.hosts.public_addr(1)) == world.hosts.name(1)  # cloud-init's key
+    # cloud-init's key
+    assert ssh_from_operator(world, world.hosts.public_addr(1)) == world.hosts.name(1)
     assert ssh_from_operator(world, world.hosts.private_addr(1)) is None  # no route into the VPC
 
 
@@ -166,16 +177,19 @@ def test_operator_reaches_the_ec2_endpoint(world: World, fleet: dict[str, Any]) 
     code = ("import boto3; c = boto3.client('ec2', region_name='us-east-1'); "
             "print(len(c.describe_instances()['Reservations']))")
     r = world.operator_run([sys.executable, "-c", code],
-                           env={**FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": world.emulator.url}, timeout=60)
+                           env={**FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": world.emulator.url},
+                           timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "1", r.stderr[-2000:]
 
 
 def test_nodes_talk_over_private_addresses_only(world: World, fleet: dict[str, Any]) -> None:
     assert tcp_from_host(world, 0, world.hosts.private_addr(2))
-    assert not tcp_from_host(world, 0, world.hosts.public_addr(2))  # source is 198.18.0.132: no rule admits it
+    # source is 198.18.0.132: no rule admits it
+    assert not tcp_from_host(world, 0, world.hosts.public_addr(2))
 
 
-def test_ssh_rule_cidr_decides_who_may_connect(world: World, ec2: Any, fleet: dict[str, Any]) -> None:
+def test_ssh_rule_cidr_decides_who_may_connect(world: World, ec2: Any,
+                                               fleet: dict[str, Any]) -> None:
     sg = fleet["sg"]
     ec2.revoke_security_group_ingress(GroupId=sg, IpPermissions=[ssh_rule(world.ssh_cidr)])
     ec2.authorize_security_group_ingress(GroupId=sg, IpPermissions=[ssh_rule("203.0.113.0/24")])
@@ -183,7 +197,8 @@ def test_ssh_rule_cidr_decides_who_may_connect(world: World, ec2: Any, fleet: di
         assert ssh_from_operator(world, world.hosts.public_addr(0)) is None
     finally:
         ec2.revoke_security_group_ingress(GroupId=sg, IpPermissions=[ssh_rule("203.0.113.0/24")])
-        ec2.authorize_security_group_ingress(GroupId=sg, IpPermissions=[ssh_rule("198.18.0.128/25")])
+        ec2.authorize_security_group_ingress(GroupId=sg,
+                                             IpPermissions=[ssh_rule("198.18.0.128/25")])
     try:
         assert ssh_from_operator(world, world.hosts.public_addr(0)) == world.hosts.name(0)
         # The whole internet /25 is admitted now, nodes' public sources included: the earlier
@@ -195,7 +210,8 @@ def test_ssh_rule_cidr_decides_who_may_connect(world: World, ec2: Any, fleet: di
     assert not tcp_from_host(world, 0, world.hosts.public_addr(2))
 
 
-def test_revoking_the_self_rule_cuts_nodes_apart(world: World, ec2: Any, fleet: dict[str, Any]) -> None:
+def test_revoking_the_self_rule_cuts_nodes_apart(world: World, ec2: Any,
+                                                 fleet: dict[str, Any]) -> None:
     sg = fleet["sg"]
     ec2.revoke_security_group_ingress(GroupId=sg, IpPermissions=[self_rule(sg)])
     try:
@@ -210,11 +226,13 @@ def test_data_on_the_laptop_stays_there(world: World) -> None:
     world.operator_path("data/train.tsv").write_text("a\tb\n")
     seen = world.operator_run(["cat", str(world.operator_home / "data" / "train.tsv")])
     assert seen.stdout == "a\tb\n"
-    for where in (world.operator_home / "data" / "train.tsv", world.operator_path("data/train.tsv")):
+    for where in (world.operator_home / "data" / "train.tsv",
+                  world.operator_path("data/train.tsv")):
         assert world.hosts.run(0, ["test", "-e", str(where)]).returncode == 1, where
 
 
-def test_a_stopped_then_started_instance_keeps_its_disk(world: World, ec2: Any, fleet: dict[str, Any]) -> None:
+def test_a_stopped_then_started_instance_keeps_its_disk(world: World, ec2: Any,
+                                                        fleet: dict[str, Any]) -> None:
     host_key = (world.hosts.node_dir(1) / "ssh_host_ed25519_key.pub").read_text()
     (world.hosts.node_dir(1) / "dot-cpudist" / "kept").write_text("on the instance's volume")
     ec2.stop_instances(InstanceIds=[fleet["ids"][1]])
@@ -227,20 +245,25 @@ def test_a_stopped_then_started_instance_keeps_its_disk(world: World, ec2: Any, 
 
 
 def test_terminate_kills_the_hosts_processes_and_silences_its_connections(world: World, ec2: Any,
-                                                                          fleet: dict[str, Any]) -> None:
+                                                                          fleet: dict[str,
+                                                                                      Any]) -> None:
     """A node that vanishes: everything on it dies, and its peers hear nothing (no FIN, no RST).
 
     Last but one in the file: it shrinks the fleet.
     """
-    server = subprocess.Popen(world.hosts.exec_argv(2, [sys.executable, "-c", SERVER]), stdout=subprocess.PIPE,
+    server = subprocess.Popen(world.hosts.exec_argv(2, [sys.executable, "-c", SERVER]),
+                              stdout=subprocess.PIPE,
                               text=True)
-    client = subprocess.Popen(world.hosts.exec_argv(0, [sys.executable, "-c", CLIENT, world.hosts.private_addr(2)]),
+    client = subprocess.Popen(world.hosts.exec_argv(0,
+                                                    [sys.executable, "-c", CLIENT,
+                                                     world.hosts.private_addr(2)]),
                               stdout=subprocess.PIPE, text=True)
     try:
         assert client.stdout is not None and server.stdout is not None
         assert client.stdout.readline().strip() == "connected" and server.stdout.readline().strip() == "accepted"
         ec2.terminate_instances(InstanceIds=[fleet["ids"][2]])
-        assert namespace_pids(world.hosts.name(2)) == []  # gone by the time TerminateInstances answers
+        # gone by the time TerminateInstances answers
+        assert namespace_pids(world.hosts.name(2)) == []
         assert server.wait(timeout=10) == -9
         # The peer's read neither ends (FIN would give b'') nor fails at once (RST): it times out.
         assert client.stdout.readline().strip() == "TimeoutError"
@@ -258,26 +281,30 @@ def test_terminate_kills_the_hosts_processes_and_silences_its_connections(world:
 
 def test_replacement_lands_on_the_freed_host_as_a_new_machine(world: World, ec2: Any,
                                                               fleet: dict[str, Any]) -> None:
-    """... and boots like one: nothing answers while EC2 says pending, then port 22 refuses, then it resets
-    connections before any banner, then sshd answers (a window long enough for each to be seen)."""
+    """... and boots like one: nothing answers while EC2 says pending, then port 22 refuses, then it
+    resets connections before any banner, then sshd answers (a window long enough for each to be
+    seen)."""
     host_key = world.hosts.node_dir(2) / "ssh_host_ed25519_key.pub"
     old_key = host_key.read_text()
     (world.hosts.node_dir(2) / "dot-cpudist" / "leftover").write_text("from the old machine")
     ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
-    subnet = ec2.describe_instances(InstanceIds=fleet["ids"][:1])["Reservations"][0]["Instances"][0]["SubnetId"]
+    subnet = ec2.describe_instances(InstanceIds=fleet["ids"][:1])["Reservations"][0]["Instances"][
+        0]["SubnetId"]
     world.set_boot(Boot(pending_s=2.0, refusing_s=2.0, no_banner_s=2.0))
     try:
         new = ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, SubnetId=subnet,
                                 SecurityGroupIds=[fleet["sg"]], KeyName="laptop",
                                 InstanceType="c6i.large")["Instances"][0]["InstanceId"]
         launched = time.monotonic()
-        probe = world.hosts.run(0, [sys.executable, "-c", PROBE, world.hosts.private_addr(2), "30"], timeout=60)
+        probe = world.hosts.run(0, [sys.executable, "-c", PROBE, world.hosts.private_addr(2), "30"],
+                                timeout=60)
         booted = time.monotonic() - launched
     finally:
         world.set_boot(Boot())
     seen = probe.stdout.splitlines()
     # In this order; sshd's own start may refuse a probe or two after the resets.
-    assert list(dict.fromkeys(seen)) == ["silent", "refused", "no banner", "banner"] and seen.count("silent") == 1, seen
+    assert list(dict.fromkeys(seen)) == ["silent", "refused", "no banner",
+                                         "banner"] and seen.count("silent") == 1, seen
     assert booted >= 6.0
     # RunInstances' own reply shows the emulator's address for it (AWS shows none yet): describe.
     new = ec2.describe_instances(InstanceIds=[new])["Reservations"][0]["Instances"][0]
@@ -285,5 +312,6 @@ def test_replacement_lands_on_the_freed_host_as_a_new_machine(world: World, ec2:
                                                                  world.hosts.public_addr(2))
     assert host_key.read_text() != old_key
     assert not (world.hosts.node_dir(2) / "dot-cpudist" / "leftover").exists()
-    assert len((world.hosts.node_dir(2) / "dot-ssh" / "authorized_keys").read_text().splitlines()) == 1
+    assert len((world.hosts.node_dir(
+                    2) / "dot-ssh" / "authorized_keys").read_text().splitlines()) == 1
     assert ssh_from_operator(world, world.hosts.public_addr(2)) == world.hosts.name(2)

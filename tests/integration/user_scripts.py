@@ -1,19 +1,20 @@
-"""The users' scripts of issue 26's launch tests, one text each, shared by the tests that run them on this
-machine (test_launch_trainer.py, test_launch_accelerate.py) and from the laptop namespace
-(test_launch_script_remote.py), how every launch test's script leaves (LEAVE), and the patterns that read their
-losses. Both need `accelerate` (the test extra): the tests that run them skip without it; this module imports
-nothing of it."""
+"""The users' scripts of issue 26's launch tests, one text each, shared by the tests that run them
+on this machine (test_launch_trainer.py, test_launch_accelerate.py) and from the laptop namespace
+(test_launch_script_remote.py), how every launch test's script leaves (LEAVE), and the patterns that
+read their losses. Both need `accelerate` (the test extra): the tests that run them skip without it;
+this module imports nothing of it."""
 
 from __future__ import annotations
 
 import re
 
-# How every script of the launch tests leaves, appended after whatever a test adds to it: together, then without the
-# interpreter's finalization, where torch's gloo threads abort a rank now and then even after destroy_process_group
-# ("terminate called without an active exception", SIGABRT, exit 134: CI, stop 39, the DDP script's by-hand torchrun
-# arm; the next try, the Accelerate loop from the laptop). The same happens to these scripts under torchrun or
-# `accelerate launch` by hand; cpudist's trainer leaves by train.dist.exit_rank for the same reason, and a failed
-# launch whose output shows the abort says this way out. What the tests compare is printed before it.
+# How every script of the launch tests leaves, appended after whatever a test adds to it: together,
+# then without the interpreter's finalization, where torch's gloo threads abort a rank now and then
+# even after destroy_process_group ("terminate called without an active exception", SIGABRT, exit
+# 134: CI, stop 39, the DDP script's by-hand torchrun arm; the next try, the Accelerate loop from
+# the laptop). The same happens to these scripts under torchrun or `accelerate launch` by hand;
+# cpudist's trainer leaves by train.dist.exit_rank for the same reason, and a failed launch whose
+# output shows the abort says this way out. What the tests compare is printed before it.
 LEAVE = '''
 import os as _os, sys as _sys
 import torch.distributed as _dist
@@ -88,9 +89,10 @@ STEP = re.compile(r"step (\d+) loss ([0-9.]+)")
 
 
 def accelerate_losses() -> list[float]:
-    """ACCELERATE_SCRIPT's printed mean loss per step on 2 processes, worked out in one: Accelerate gives process
-    i of 2 the batch 2k+i at step k (8 rows each, rows 16k to 16k+16 together), and DDP's mean gradient of two equal
-    batches is the gradient of their mean loss, the loss of the 16 rows."""
+    """ACCELERATE_SCRIPT's printed mean loss per step on 2 processes, worked out in one: Accelerate
+    gives process i of 2 the batch 2k+i at step k (8 rows each, rows 16k to 16k+16 together), and
+    DDP's mean gradient of two equal batches is the gradient of their mean loss, the loss of the 16
+    rows."""
     import torch
 
     torch.manual_seed(0)
@@ -100,7 +102,8 @@ def accelerate_losses() -> list[float]:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     out = []
     for step in range(4):
-        loss = torch.nn.functional.mse_loss(model(x[16 * step:16 * step + 16]), y[16 * step:16 * step + 16])
+        loss = torch.nn.functional.mse_loss(model(x[16 * step:16 * step + 16]),
+                                            y[16 * step:16 * step + 16])
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -1,4 +1,5 @@
-"""The agent's stdin watch (cpudist/run/agent.py): a laptop that sent heartbeats and went silent is gone."""
+"""The agent's stdin watch (cpudist/run/agent.py): a laptop that sent heartbeats and went silent is
+gone."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import subprocess
 import sys
 import time
 
-# A process that watches its stdin as the agent does, with 1 s of silence allowed; exit code 3 when interrupted
-# (its stdout and stderr are /dev/null by then: nobody would read them).
+# A process that watches its stdin as the agent does, with 1 s of silence allowed; exit code 3 when
+# interrupted (its stdout and stderr are /dev/null by then: nobody would read them).
 WATCHER = """
 import sys, threading, time
 from cpudist.run import agent
@@ -20,7 +21,8 @@ except KeyboardInterrupt:
 
 
 def watch(lines: list[str], keep_open_s: float) -> tuple[int | None, float]:
-    """Feed `lines`, keep stdin open for up to `keep_open_s`; (the watcher's exit code or None, seconds it took)."""
+    """Feed `lines`, keep stdin open for up to `keep_open_s`; (the watcher's exit code or None,
+    seconds it took)."""
     proc = subprocess.Popen([sys.executable, "-c", WATCHER], stdin=subprocess.PIPE, text=True)
     assert proc.stdin is not None
     for line in lines:
@@ -44,6 +46,7 @@ def test_silence_after_heartbeats_interrupts_the_job() -> None:
 
 
 def test_a_laptop_that_sends_no_heartbeats_is_not_timed_out() -> None:
-    """An older laptop's cpudist says nothing while it watches: only the end of stdin stops its run."""
+    """An older laptop's cpudist says nothing while it watches: only the end of stdin stops its
+    run."""
     code, _ = watch(["{}"], keep_open_s=3)
     assert code is None, code

@@ -1,6 +1,7 @@
-"""Exit codes of AWS failures (cloud/aws/errors.py for EC2, cloud/aws/objects.py for S3, train/durable.py's
-mirror): credentials missing, unknown to AWS or with the wrong secret are the user's setup (2, as bad input);
-a refusal that is not about the user's input stays a failure (1). The errors are botocore's own classes."""
+"""Exit codes of AWS failures (cloud/aws/errors.py for EC2, cloud/aws/objects.py for S3,
+train/durable.py's mirror): credentials missing, unknown to AWS or with the wrong secret are the
+user's setup (2, as bad input); a refusal that is not about the user's input stays a failure (1).
+The errors are botocore's own classes."""
 
 from __future__ import annotations
 
@@ -17,19 +18,23 @@ from cpudist.train.durable import Mirror, MirrorError
 
 
 def client_error(code: str, op: str = "DescribeInstances") -> botocore.exceptions.ClientError:
-    return botocore.exceptions.ClientError({"Error": {"Code": code, "Message": f"{code} says no"}}, op)
+    return botocore.exceptions.ClientError({"Error": {"Code": code, "Message": f"{code} says no"}},
+                                           op)
 
 
 @pytest.mark.parametrize("error", [botocore.exceptions.NoCredentialsError(),
-                                   botocore.exceptions.PartialCredentialsError(provider="env", cred_var="secret"),
-                                   client_error("AuthFailure"), client_error("InvalidClientTokenId")])
+                                   botocore.exceptions.PartialCredentialsError(provider="env",
+                                                                               cred_var="secret"),
+                                   client_error("AuthFailure"),
+                                   client_error("InvalidClientTokenId")])
 def test_ec2_credentials_missing_or_invalid_exit_2(error: Exception) -> None:
     e = ec2_errors.translate(error)
     assert e.exit_code == 2 and isinstance(e, BadInput)
     assert "aws configure" in e.message
 
 
-@pytest.mark.parametrize("code", ["InsufficientInstanceCapacity", "RequestLimitExceeded", "InternalError"])
+@pytest.mark.parametrize("code",
+                         ["InsufficientInstanceCapacity", "RequestLimitExceeded", "InternalError"])
 def test_ec2_failures_that_are_not_setup_exit_1(code: str) -> None:
     assert ec2_errors.translate(client_error(code)).exit_code == 1
 

@@ -1,7 +1,7 @@
-"""--save-model best across the parts of a resumed run: each checkpoint carries the best evaluation so far (meta) and
-its weights (state.pt, when they are not the model's own), and a resumed part starts from that best, so the model
-it saves is the best of the whole run. Real checkpoints written and read by train/saver.py and train/checkpoint.py
-(one rank: no process group)."""
+"""--save-model best across the parts of a resumed run: each checkpoint carries the best evaluation
+so far (meta) and its weights (state.pt, when they are not the model's own), and a resumed part
+starts from that best, so the model it saves is the best of the whole run. Real checkpoints written
+and read by train/saver.py and train/checkpoint.py (one rank: no process group)."""
 
 from __future__ import annotations
 
@@ -25,16 +25,19 @@ def _training(evals: Evaluations, seed: int) -> Training:
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
-    return Training(TrainConfig(task="mrpc", output_dir="run", save_model="best"), model, opt, sched, 0, 1, evals)
+    return Training(TrainConfig(task="mrpc", output_dir="run", save_model="best"), model, opt,
+                    sched, 0, 1, evals)
 
 
 def _evaluated(evals: Evaluations, step: int, accuracy: float, model: torch.nn.Module) -> None:
-    """What Evaluations.run notes after scoring `model` (the scoring itself is evaluate()'s, tested elsewhere)."""
+    """What Evaluations.run notes after scoring `model` (the scoring itself is evaluate()'s, tested
+    elsewhere)."""
     entry = {"step": step, "metrics": {"accuracy": accuracy}, "seconds": 0.1}
     evals.history.append(entry)
     if evals.best is None or accuracy > evals.best["metrics"]["accuracy"]:
         evals.best = entry
-        evals.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()} if evals.keep_best else None
+        evals.best_state = {k: v.detach().clone() for k,
+                            v in model.state_dict().items()} if evals.keep_best else None
 
 
 def _checkpoint(tmp_path: Path, t: Training, step: int) -> Path:
@@ -57,7 +60,8 @@ def test_the_earlier_best_and_its_weights_come_back(tmp_path: Path) -> None:
     _evaluated(part1, 2, 0.8, t.model)  # the best, at step 2 ...
     best_weights = {k: v.clone() for k, v in t.model.state_dict().items()}
     with torch.no_grad():
-        next(t.model.parameters()).add_(1.0)  # ... then training moves on (the weight) and scores worse at step 4
+        # ... then training moves on (the weight) and scores worse at step 4
+        next(t.model.parameters()).add_(1.0)
     _evaluated(part1, 4, 0.6, t.model)
     path = _checkpoint(tmp_path, t, 4)
 
@@ -70,16 +74,19 @@ def test_the_earlier_best_and_its_weights_come_back(tmp_path: Path) -> None:
     assert evals.history == []  # result.json's evaluations stay this part's
     assert evals.saved("best") is None  # nothing scored in this part yet
 
-    # the resumed part's later evaluation competes with step 2's: lower keeps it, as in one unbroken run
+    # the resumed part's later evaluation competes with step 2's: lower keeps it, as in one unbroken
+    # run
     model = torch.nn.Linear(4, 2)
     _evaluated(evals, 6, 0.7, model)
     assert evals.saved("best") == {"step": 2, "metrics": {"accuracy": 0.8}, "seconds": 0.1}
     _evaluated(evals, 8, 0.9, model)
-    assert evals.saved("best") is not None and evals.saved("best")["step"] == 8  # type: ignore[index]
+    assert evals.saved("best") is not None and evals.saved("best")[
+        "step"] == 8  # type: ignore[index]
 
 
 def test_a_best_at_the_checkpoint_is_the_model_itself(tmp_path: Path) -> None:
-    """Evaluated at the checkpoint's step (the loop evaluates before it saves): no second copy in state.pt."""
+    """Evaluated at the checkpoint's step (the loop evaluates before it saves): no second copy in
+    state.pt."""
     part1 = Evaluations(2, "accuracy", keep_best=True)
     t = _training(part1, seed=0)
     _evaluated(part1, 4, 0.8, t.model)
@@ -91,9 +98,11 @@ def test_a_best_at_the_checkpoint_is_the_model_itself(tmp_path: Path) -> None:
 
 
 def test_no_weights_to_come_back_means_this_parts_own_best(tmp_path: Path) -> None:
-    """A part with --save-model last wrote no best weights: a --save-model best resume cannot save the earlier best,
-    so it keeps only its own (never the earlier metrics over this part's weights); other ranks keep no weights."""
-    part1 = Evaluations(2, "accuracy", keep_best=False)  # --save-model last (or a rank other than 0)
+    """A part with --save-model last wrote no best weights: a --save-model best resume cannot save
+    the earlier best, so it keeps only its own (never the earlier metrics over this part's weights);
+    other ranks keep no weights."""
+    # --save-model last (or a rank other than 0)
+    part1 = Evaluations(2, "accuracy", keep_best=False)
     t = _training(part1, seed=0)
     _evaluated(part1, 2, 0.8, t.model)
     with torch.no_grad():
@@ -106,11 +115,15 @@ def test_no_weights_to_come_back_means_this_parts_own_best(tmp_path: Path) -> No
 
 
 def test_the_meta_keeps_the_best_and_older_metas_have_none() -> None:
-    raw = {"config": {}, "total": 10, "position": {"epoch": 0, "index": 4}, "world_size": 1, "global_batch": 8,
-           "sync": "ddp", "stats": {"steps": 4, "samples": 32, "tokens": 0, "flops": 0.0, "train_time_s": 1.0},
+    raw = {"config": {}, "total": 10, "position": {"epoch": 0, "index": 4}, "world_size": 1,
+           "global_batch": 8,
+           "sync": "ddp",
+           "stats": {"steps": 4, "samples": 32, "tokens": 0, "flops": 0.0, "train_time_s": 1.0},
            "format": 3, "step": 4}
     assert CheckpointMeta.from_dict(raw, "old").best is None  # written before the best travelled
-    meta = CheckpointMeta.from_dict({**raw, "best": {"step": 2, "metrics": {"f1": 0.5}, "seconds": 1}}, "new")
+    meta = CheckpointMeta.from_dict({**raw,
+                                     "best": {"step": 2, "metrics": {"f1": 0.5}, "seconds": 1}},
+                                    "new")
     assert meta.best == {"step": 2, "metrics": {"f1": 0.5}, "seconds": 1.0}
     assert CheckpointMeta.from_dict(meta.to_dict(), "again") == meta
     with pytest.raises(BadInput, match="cannot be read"):

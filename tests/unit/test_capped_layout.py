@@ -1,4 +1,5 @@
-"""Pure parts of the miniature cluster: how hosts are laid on cores, what each cgroup gets, the tbf spec."""
+"""Pure parts of the miniature cluster: how hosts are laid on cores, what each cgroup gets, the tbf
+spec."""
 
 from __future__ import annotations
 
@@ -29,10 +30,12 @@ def test_shares_that_do_not_divide_cores_are_refused(bad: float) -> None:
 def test_v1_and_v2_settings() -> None:
     cap, root = HostCap("1", 5_000), Path("/cg")
     v1 = dict(group_settings(1, "g", cap, root))
-    assert v1[root / "cpuset/g/cpuset.cpus"] == "1" and v1[root / "cpu/g/cpu.cfs_quota_us"] == "5000"
+    assert v1[root / "cpuset/g/cpuset.cpus"] == "1" and v1[
+        root / "cpu/g/cpu.cfs_quota_us"] == "5000"
     assert v1[root / "cpu/g/cpu.cfs_period_us"] == "10000"
     v2 = group_settings(2, "g", cap, root)
-    assert v2[0] == (root / "cgroup.subtree_control", "+cpu +cpuset")  # controllers enabled before the group's files
+    # controllers enabled before the group's files
+    assert v2[0] == (root / "cgroup.subtree_control", "+cpu +cpuset")
     assert dict(v2)[root / "g/cpu.max"] == "5000 10000" and dict(v2)[root / "g/cpuset.cpus"] == "1"
 
 
@@ -49,5 +52,6 @@ def test_cgroup_version_is_read_from_the_mounted_controllers(tmp_path: Path) -> 
     v2.mkdir()
     (v2 / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
     neither.mkdir()
-    (neither / "cgroup.controllers").write_text("io memory\n")  # a hybrid machine's unified tree: no cpu here
+    # a hybrid machine's unified tree: no cpu here
+    (neither / "cgroup.controllers").write_text("io memory\n")
     assert [cgroup_version(p) for p in (v1, v2, neither)] == [1, 2, None]

@@ -1,4 +1,5 @@
-"""Checkpoint folders: atomic, verified, pruned, their meta typed and checked; the trainer's clipping step."""
+"""Checkpoint folders: atomic, verified, pruned, their meta typed and checked; the trainer's
+clipping step."""
 
 from __future__ import annotations
 
@@ -20,23 +21,27 @@ from cpudist.train.checkpoint_meta import CheckpointMeta, Done, Position
 from cpudist.train.loop import clip_and_step
 
 
-def meta_of(cfg: TrainConfig, world: int = 2, global_batch: int = 32, step: int = 0, **over: Any) -> CheckpointMeta:
+def meta_of(cfg: TrainConfig, world: int = 2, global_batch: int = 32, step: int = 0,
+            **over: Any) -> CheckpointMeta:
     """A meta as the loop writes it (the writer sets files, rank_state and format)."""
     done = Done(step, step * global_batch, 0, 0.0, 0.0)
-    meta = CheckpointMeta(dataclasses.asdict(cfg), 16, Position(0, step), world, global_batch, "ddp", 1, 0.0, done,
+    meta = CheckpointMeta(dataclasses.asdict(cfg), 16, Position(0, step), world, global_batch,
+                          "ddp", 1, 0.0, done,
                           step)
     return dataclasses.replace(meta, **over)
 
 
 def write(folder: Path, step: int, keep: int = 3) -> Path:
     meta = meta_of(TrainConfig(task="mrpc", output_dir=str(folder)), step=step)
-    return checkpoint.write(folder, {"w": torch.arange(1000.0) * step}, [checkpoint.rng_state()] * 2, meta, keep)
+    return checkpoint.write(folder, {"w": torch.arange(1000.0) * step}, [checkpoint.rng_state()]
+                            * 2, meta, keep)
 
 
 def test_write_is_complete_verified_and_pruned(tmp_path: Path) -> None:
     for step in (10, 20, 30, 40):
         write(tmp_path, step)
-    assert [p.name for p in ckpt.complete_checkpoints(tmp_path)] == ["step-000040", "step-000030", "step-000020"]
+    assert [p.name for p in ckpt.complete_checkpoints(tmp_path)] == ["step-000040", "step-000030",
+                                                                     "step-000020"]
     assert all(ckpt.damage(p) is None for p in ckpt.complete_checkpoints(tmp_path))
     assert not list(tmp_path.glob("*.tmp"))
 
@@ -68,7 +73,8 @@ def test_damage_falls_back_to_the_previous_one_and_says_why(tmp_path: Path, harm
         state.unlink()
     said: list[str] = []
     assert ckpt.choose(tmp_path, said.append) == tmp_path / "step-000010"
-    assert said and said[0].startswith("resuming from step-000010 instead: step-000020 is damaged (state.pt ")
+    assert said and said[0].startswith("resuming from step-000010 instead: step-000020 is damaged "
+                                       "(state.pt ")
 
 
 def test_global_batch_is_kept_or_the_new_world_refused(tmp_path: Path) -> None:
@@ -80,8 +86,10 @@ def test_global_batch_is_kept_or_the_new_world_refused(tmp_path: Path) -> None:
         resume.adapt(cfg, meta, 3, "ck")
     with pytest.raises(BadInput, match="random sampler cannot continue it on 4"):
         resume.adapt(TrainConfig(task="mrpc", output_dir="o", sampler="random"),
-                     dataclasses.replace(meta, config={**meta.config, "sampler": "random"}), 4, "ck")
-    with pytest.raises(BadInput, match=r"another run \(model: 'bert-base-uncased' there, 'tiny' here\)"):
+                     dataclasses.replace(meta, config={**meta.config, "sampler": "random"}), 4,
+                     "ck")
+    with pytest.raises(BadInput,
+                       match=r"another run \(model: 'bert-base-uncased' there, 'tiny' here\)"):
         resume.adapt(TrainConfig(task="mrpc", output_dir="o", model="tiny"), meta, 2, "ck")
     assert json.dumps(meta.to_dict())  # meta stays plain JSON
 
@@ -95,19 +103,22 @@ def test_clipping_bounds_the_gradient_norm_and_reports_the_norm_before() -> None
     (model(torch.randn(16, 8)) * 100).sum().backward()
     norm = clip_and_step(model, opt, sched, max_norm=0.5)
     assert norm > 0.5
-    moved = torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(model.parameters(), before, strict=True)))
+    moved = torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p,
+                           b in zip(model.parameters(), before, strict=True)))
     assert abs(float(moved) - 0.5) < 1e-4  # SGD at lr 1 moves by exactly the clipped gradient
     (model(torch.randn(16, 8)) * 100).sum().backward()
     before = [p.detach().clone() for p in model.parameters()]
     norm = clip_and_step(model, opt, sched, max_norm=0)  # 0: no clipping
-    moved = torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p, b in zip(model.parameters(), before, strict=True)))
+    moved = torch.sqrt(sum(((p.detach() - b) ** 2).sum() for p,
+                           b in zip(model.parameters(), before, strict=True)))
     assert abs(float(moved) - norm) < 1e-3 * norm and norm > 0.5
 
 
 def test_every_ranks_own_state_is_written_verified_and_given_back(tmp_path: Path) -> None:
     meta = meta_of(TrainConfig(task="mrpc", output_dir=str(tmp_path)), world=1, step=7)
     mine = {"powersgd": {"error": [torch.arange(5.0), None]}}
-    path = checkpoint.write(tmp_path, {"w": torch.ones(3)}, [checkpoint.rng_state()], meta, 3, [mine])
+    path = checkpoint.write(tmp_path, {"w": torch.ones(3)}, [checkpoint.rng_state()], meta, 3,
+                            [mine])
     assert path.name == "step-000007"
     written = json.loads((path / "meta.json").read_text())
     assert written["format"] == ckpt.FORMAT == 3 and written["rank_state"] is True
@@ -123,17 +134,22 @@ def test_every_ranks_own_state_is_written_verified_and_given_back(tmp_path: Path
 
 
 @pytest.mark.parametrize("old", [1, 2])
-def test_a_checkpoint_of_an_older_format_is_refused_in_one_line_before_it_is_read(tmp_path: Path, old: int) -> None:
+def test_a_checkpoint_of_an_older_format_is_refused_in_one_line_before_it_is_read(tmp_path: Path,
+                                                                                  old: int) -> None:
     """Formats 1 and 2 pickled numpy's RNG state (an ndarray), which the safe unpickler refuses."""
     path = write(tmp_path, 10)
     meta = json.loads((path / "meta.json").read_text())
     (path / "meta.json").write_text(json.dumps({**meta, "format": old}))
-    (path / "rng.pt").write_bytes(b"not read")  # the format is refused first: no file of it is unpickled
-    with pytest.raises(BadInput, match=rf"checkpoint {path} has format {old}, older than this cpudist reads \(3") as e:
+    # the format is refused first: no file of it is unpickled
+    (path / "rng.pt").write_bytes(b"not read")
+    with pytest.raises(BadInput,
+                       match=rf"checkpoint {path} has format {old}, older than this cpudist reads "
+                             r"\(3") as e:
         checkpoint.load(path, 0, 1)
     assert "\n" not in str(e.value) and str(e.value).endswith("start over without --resume")
     cfg = TrainConfig(task="mrpc", output_dir=str(tmp_path), resume=str(path))
-    with pytest.raises(BadInput, match=f"has format {old}, older"):  # refused before any rank starts too
+    # refused before any rank starts too
+    with pytest.raises(BadInput, match=f"has format {old}, older"):
         resume.preflight(cfg, 1)
 
 
@@ -148,9 +164,12 @@ def test_per_rank_state_is_refused_on_other_ranks_or_another_sync() -> None:
     with pytest.raises(BadInput, match="holds each of 2 ranks' own local-sgd:4 state; 1 rank") as e:
         resume.adapt(cfg, sgd_meta(), 1, "ck")
     assert str(e.value).endswith(". Resume with --np 2")
-    with pytest.raises(BadInput, match="holds the ranks' own local-sgd:4 state; this run asks for local-sgd:8"):
-        resume.adapt(TrainConfig(task="mrpc", output_dir="o", sync="local-sgd", sync_every=8), sgd_meta(), 2, "ck")
-    # No rank has a state of its own (ddp, or PowerSGD before it compressed): another world size goes on.
+    with pytest.raises(BadInput,
+                       match="holds the ranks' own local-sgd:4 state; this run asks for local-sgd:8"):
+        resume.adapt(TrainConfig(task="mrpc", output_dir="o", sync="local-sgd", sync_every=8),
+                     sgd_meta(), 2, "ck")
+    # No rank has a state of its own (ddp, or PowerSGD before it compressed): another world size
+    # goes on.
     assert resume.adapt(cfg, sgd_meta(rank_state=False), 4, "ck").batch_size == 8
 
 
@@ -158,7 +177,8 @@ def test_a_checkpoint_of_a_newer_format_is_refused_in_one_line(tmp_path: Path) -
     path = write(tmp_path, 10)
     meta = json.loads((path / "meta.json").read_text())
     (path / "meta.json").write_text(json.dumps({**meta, "format": 4}))
-    with pytest.raises(BadInput, match=rf"checkpoint {path} has format 4, newer than this cpudist's \(3\)"):
+    with pytest.raises(BadInput,
+                       match=rf"checkpoint {path} has format 4, newer than this cpudist's \(3\)"):
         checkpoint.load(path, 0, 1)
     cfg = TrainConfig(task="mrpc", output_dir=str(tmp_path), resume=str(path))
     with pytest.raises(BadInput, match="has format 4, newer"):  # refused before any rank starts too
@@ -170,31 +190,40 @@ def test_a_checkpoint_of_a_newer_format_is_refused_in_one_line(tmp_path: Path) -
     ([1, 2], "meta.json that cpudist did not write"),
     ({"format": "2", "config": {}}, "meta.json that cpudist did not write"),
     ({"format": 3, "config": {}, "total": 16}, "meta.json of format 3 without 'position'"),
-    ({"format": 3, "config": {}, "total": 16, "position": [0, 0]}, "meta.json of format 3 that cannot be read"),
+    ({"format": 3, "config": {}, "total": 16, "position": [0, 0]},
+     "meta.json of format 3 that cannot be read"),
 ])
-def test_a_foreign_or_garbled_meta_is_one_line_not_a_key_error(tmp_path: Path, meta: Any, why: str) -> None:
+def test_a_foreign_or_garbled_meta_is_one_line_not_a_key_error(tmp_path: Path, meta: Any,
+                                                               why: str) -> None:
     path = write(tmp_path, 10)
     (path / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(BadInput, match=why) as e:
         ckpt.read_meta(path)
     assert "\n" not in str(e.value) and "without --resume" in str(e.value)
     with pytest.raises(BadInput, match=why):
-        resume.preflight(TrainConfig(task="mrpc", output_dir="o", checkpoint_dir=str(tmp_path), resume="auto"), 2)
+        resume.preflight(TrainConfig(task="mrpc", output_dir="o", checkpoint_dir=str(tmp_path),
+                                     resume="auto"), 2)
 
 
 def test_meta_json_round_trips_in_the_order_it_was_always_written(tmp_path: Path) -> None:
     path = write(tmp_path, 10)
     text = (path / "meta.json").read_text()
-    assert list(json.loads(text)) == ["config", "total", "position", "world_size", "global_batch", "sync", "parts",
-                                      "wall_s", "stats", "format", "step", "rank_state", "files", "run_id", "best"]
+    assert list(json.loads(text)) == ["config", "total", "position", "world_size", "global_batch",
+                                      "sync", "parts",
+                                      "wall_s", "stats", "format", "step", "rank_state", "files",
+                                      "run_id", "best"]
     meta = ckpt.read_meta(path)
     assert json.dumps(meta.to_dict(), indent=1) == text
-    assert meta.position == Position(0, 10) and meta.stats.samples == 320 and set(meta.files) == set(checkpoint.FILES)
+    assert meta.position == Position(0,
+                                     10) and meta.stats.samples == 320 and set(meta.files) == set(
+                                         checkpoint.FILES)
 
 
 def test_the_preflight_path_imports_no_torch() -> None:
-    """`cpudist run` reads checkpoint metas before any rank starts: that must not cost torch's import."""
-    code = ("import sys; import cpudist.train.resume, cpudist.train.checkpoint_meta, cpudist.train.durable; "
-            "print('torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    """`cpudist run` reads checkpoint metas before any rank starts: that must not cost torch's
+    import."""
+    code = ("import sys; import cpudist.train.resume, cpudist.train.checkpoint_meta, "
+            "cpudist.train.durable; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
     assert out.strip() == "False"

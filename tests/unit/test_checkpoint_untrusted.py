@@ -1,4 +1,5 @@
-"""A checkpoint comes from --resume PATH or an object store: its .pt files are read without running their pickles."""
+"""A checkpoint comes from --resume PATH or an object store: its .pt files are read without running
+their pickles."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from cpudist.train.checkpoint_meta import CheckpointMeta, Done, Position
 
 
 class Planted:
-    """What a hostile checkpoint holds: unpickling it creates the file `marker` (any call could be made instead)."""
+    """What a hostile checkpoint holds: unpickling it creates the file `marker` (any call could be
+    made instead)."""
 
     def __init__(self, marker: Path) -> None:
         self.marker = marker
@@ -37,7 +39,8 @@ def written(folder: Path) -> Path:
 
 
 def plant(path: Path, name: str, content: Any) -> None:
-    """Replace one file and its sums in meta.json, as whoever made the checkpoint can: no damage shows."""
+    """Replace one file and its sums in meta.json, as whoever made the checkpoint can: no damage
+    shows."""
     torch.save(content, path / name)
     meta = json.loads((path / "meta.json").read_text())
     meta["files"][name] = dataclasses.asdict(ckpt.file_sum(path / name))
@@ -55,12 +58,14 @@ def test_a_planted_pickle_is_refused_in_one_line_and_never_run(tmp_path: Path, n
         checkpoint.load(path, 0, 1)
     assert not marker.exists()
     text = str(e.value)
-    assert text.startswith(f"checkpoint {path}: {name} holds more than tensors and plain data, refused unread")
+    assert text.startswith(f"checkpoint {path}: {name} holds more than tensors and plain data, "
+                           "refused unread")
     assert "GLOBAL io.open" in text and "\n" not in text and "start over" in text
 
 
 def test_the_rng_state_round_trips_through_the_safe_unpickler(tmp_path: Path) -> None:
-    """numpy's state is saved as a dict and a tensor; every generator continues exactly where it was saved."""
+    """numpy's state is saved as a dict and a tensor; every generator continues exactly where it was
+    saved."""
     checkpoint.seed_all(1234)
     np.random.normal()  # numpy's cached gaussian is part of its state
     path = written(tmp_path)

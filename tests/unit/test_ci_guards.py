@@ -1,5 +1,5 @@
-"""CI's guards fail when they should: .ci/run on a main job that did not learn, a pytest session under CPUDIST_CI=1
-on a skip outside the allowlist, tests/harness/setup.sh without root under CI."""
+"""CI's guards fail when they should: .ci/run on a main job that did not learn, a pytest session
+under CPUDIST_CI=1 on a skip outside the allowlist, tests/harness/setup.sh without root under CI."""
 
 from __future__ import annotations
 
@@ -20,28 +20,36 @@ DONE = "done: mrpc all-MiniLM-L6-v2 on 2 rank(s), 1 node(s): train 121.4s, 90.6 
 
 
 def fake_checkout(tmp_path: Path, block1: str) -> Path:
-    """A checkout whose README's first bash block is `block1` and whose second prints what CI mode it sees."""
+    """A checkout whose README's first bash block is `block1` and whose second prints what CI mode
+    it sees."""
     (tmp_path / ".ci").mkdir()
     for name in ("run", "accuracy_floor.py"):
         shutil.copy(REPO / ".ci" / name, tmp_path / ".ci" / name)
     block2 = 'echo "tests, CI=$CPUDIST_CI"'
-    (tmp_path / "README.md").write_text(f"# x\n\n```bash\n{block1}\n```\n\n```bash\n{block2}\n```\n")
+    (tmp_path / "README.md").write_text(
+        f"# x\n\n```bash\n{block1}\n```\n\n```bash\n{block2}\n```\n")
     return tmp_path
 
 
 @pytest.mark.parametrize(("block1", "rc", "says"), [
     (f"echo 'Successfully installed'; echo '{DONE.format(metrics='accuracy=0.7966 f1=0.8610')}'", 0,
      "accuracy check: 0.7966 > 0.75"),
-    (f"echo '{DONE.format(metrics='accuracy=0.6838 f1=0.8122')}'", 1, "accuracy 0.6838 is not above 0.75"),
-    (f"echo '{DONE.format(metrics='accuracy=0.7500 f1=0.8300')}'", 1, "accuracy 0.75 is not above 0.75"),
-    (f"echo '{DONE.format(metrics='accuracy=0.81 f1=0.86')}' >&2; echo '{DONE.format(metrics='accuracy=0.70')}'", 1,
+    (f"echo '{DONE.format(metrics='accuracy=0.6838 f1=0.8122')}'", 1,
+     "accuracy 0.6838 is not above 0.75"),
+    (f"echo '{DONE.format(metrics='accuracy=0.7500 f1=0.8300')}'", 1,
+     "accuracy 0.75 is not above 0.75"),
+    (f"echo '{DONE.format(metrics='accuracy=0.81 f1=0.86')}' >&2; echo "
+     f"'{DONE.format(metrics='accuracy=0.70')}'", 1,
      "accuracy 0.7 is not above"),  # the last done: line decides
     (f"echo '{DONE.format(metrics='f1=0.86')}'", 1, "shows no accuracy"),
     ("echo 'the job failed'", 1, "no `done:` line"),
-], ids=["learned", "majority-class", "at-the-floor", "last-line-decides", "no-accuracy", "no-done-line"])
-def test_ci_run_fails_when_the_main_job_did_not_learn(tmp_path: Path, block1: str, rc: int, says: str) -> None:
+], ids=["learned", "majority-class", "at-the-floor", "last-line-decides", "no-accuracy",
+        "no-done-line"])
+def test_ci_run_fails_when_the_main_job_did_not_learn(tmp_path: Path, block1: str, rc: int,
+                                                      says: str) -> None:
     checkout = fake_checkout(tmp_path, block1)
-    r = subprocess.run(["bash", str(checkout / ".ci" / "run")], capture_output=True, text=True, timeout=60,
+    r = subprocess.run(["bash", str(checkout / ".ci" / "run")], capture_output=True, text=True,
+                       timeout=60,
                        env={k: v for k, v in os.environ.items() if k != "CPUDIST_CI"})
     assert r.returncode == rc, r.stdout + r.stderr
     assert says in r.stdout + r.stderr
@@ -50,7 +58,8 @@ def test_ci_run_fails_when_the_main_job_did_not_learn(tmp_path: Path, block1: st
 
 def test_ci_run_stops_when_the_main_job_fails(tmp_path: Path) -> None:
     checkout = fake_checkout(tmp_path, f"echo '{DONE.format(metrics='accuracy=0.80')}'; exit 3")
-    r = subprocess.run(["bash", str(checkout / ".ci" / "run")], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(["bash", str(checkout / ".ci" / "run")], capture_output=True, text=True,
+                       timeout=60)
     assert r.returncode == 3 and "tests, CI=" not in r.stdout, r.stdout + r.stderr
 
 
@@ -72,9 +81,11 @@ def test_expected_failure() -> None:
 @pytest.mark.parametrize(("ci", "rc"), [("1", 1), ("", 0), ("0", 0)])
 def test_a_skip_outside_the_allowlist_fails_a_ci_session(tmp_path: Path, ci: str, rc: int) -> None:
     (tmp_path / "test_bogus.py").write_text(BOGUS)
-    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-q",
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p",
+                        "no:cacheprovider", "-q",
                         "--rootdir", str(tmp_path), str(tmp_path / "test_bogus.py")],
-                       capture_output=True, text=True, timeout=120, cwd=REPO, env={**os.environ, "CPUDIST_CI": ci})
+                       capture_output=True, text=True, timeout=120, cwd=REPO,
+                       env={**os.environ, "CPUDIST_CI": ci})
     assert r.returncode == rc, r.stdout + r.stderr
     assert "1 passed, 1 skipped, 1 xfailed" in r.stdout, r.stdout
     named = "test_bogus.py::test_skips_for_no_good_reason: the MPI venv is missing" in r.stdout
@@ -82,7 +93,8 @@ def test_a_skip_outside_the_allowlist_fails_a_ci_session(tmp_path: Path, ci: str
 
 
 def test_the_allowlist_admits_only_the_other_cgroup_versions_test() -> None:
-    """Here, with the kernel's real answer: the test of the version that lacks the cpu controller may skip."""
+    """Here, with the kernel's real answer: the test of the version that lacks the cpu controller
+    may skip."""
     holder = cpu_controller_version()
     for version in (1, 2):
         test = f"tests/integration/test_threads_cgroup.py::test_a_ranks_threads_follow_its_cgroup_quota[{version}]"
@@ -90,17 +102,23 @@ def test_the_allowlist_admits_only_the_other_cgroup_versions_test() -> None:
         if holder in (1, 2) and version != holder:
             assert reason is not None and allowed(test, reason) is not None, reason
         if reason is not None:
-            assert allowed("tests/integration/test_torchrun_hosts.py::x", reason) is None  # only that test
-    assert allowed("tests/integration/test_threads_cgroup.py::test_cpu_max_of_a_ranks_v2_group_sizes_its_threads",
-                   "needs root (cgroups, mounts)") is None
-    assert allowed("tests/integration/test_cluster.py::test_x", "needs root (network namespaces)") is None
+            # only that test
+            assert allowed("tests/integration/test_torchrun_hosts.py::x", reason) is None
+    assert allowed(
+        "tests/integration/test_threads_cgroup.py::test_cpu_max_of_a_ranks_v2_group_sizes_its_threads",
+        "needs root (cgroups, mounts)") is None
+    assert allowed("tests/integration/test_cluster.py::test_x",
+                   "needs root (network namespaces)") is None
 
 
 def setup_as_non_root(ci: str) -> subprocess.CompletedProcess[str]:
     """tests/harness/setup.sh (read from stdin) as `nobody` when this is root, else as this user."""
-    who = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"] if os.geteuid() == 0 else []
-    return subprocess.run([*who, "bash", "-s"], input=(REPO / "tests" / "harness" / "setup.sh").read_text(),
-                          capture_output=True, text=True, timeout=60, env={**os.environ, "CPUDIST_CI": ci})
+    who = ["setpriv", "--reuid=nobody", "--regid=nogroup",
+           "--clear-groups"] if os.geteuid() == 0 else []
+    return subprocess.run([*who, "bash", "-s"],
+                          input=(REPO / "tests" / "harness" / "setup.sh").read_text(),
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "CPUDIST_CI": ci})
 
 
 def test_setup_sh_without_root_fails_under_ci_and_is_a_friendly_no_op_otherwise() -> None:

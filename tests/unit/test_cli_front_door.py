@@ -1,4 +1,5 @@
-"""The front door: help on every option, one spelling for machine output, defaults from TOML, fast help."""
+"""The front door: help on every option, one spelling for machine output, defaults from TOML, fast
+help."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from tests.unit.test_results import result
 MRPC = Path(__file__).resolve().parents[3] / "shared" / "data" / "glue" / "MRPC"
 
 
-def leaves(cmd: click.Command, path: tuple[str, ...] = ("cpudist",)) -> Iterator[tuple[tuple[str, ...], click.Command]]:
+def leaves(cmd: click.Command,
+           path: tuple[str, ...] = ("cpudist",)) -> Iterator[tuple[tuple[str, ...], click.Command]]:
     """Every command that runs something, with its path."""
     ctx = click.Context(cli)
     if isinstance(cmd, click.Group):
@@ -39,7 +41,8 @@ def test_every_command_and_option_says_what_it_is_for() -> None:
                for p in cmd.params if isinstance(p, click.Option) and not p.help]
     assert missing == []
     assert [" ".join(path) for path, cmd in leaves(cli) if not cmd.help] == []
-    assert len(list(leaves(cli))) >= 13  # the walk reached every group's commands (the check can fail)
+    # the walk reached every group's commands (the check can fail)
+    assert len(list(leaves(cli))) >= 13
 
 
 def test_machine_output_is_format_with_json_as_its_alias_everywhere() -> None:
@@ -57,7 +60,8 @@ def test_run_help_lists_options_under_sections_and_h_is_help() -> None:
     run = cli.get_command(click.Context(cli), "run")
     assert isinstance(run, SectionedCommand)
     listed = {n for names in SECTIONS.values() for n in names}
-    shown = [p for p in run.params if isinstance(p, click.Option) and not p.hidden]  # HF's aliases are hidden
+    # HF's aliases are hidden
+    shown = [p for p in run.params if isinstance(p, click.Option) and not p.hidden]
     unplaced = {p.name for p in shown if p.name not in listed} - {"help"}
     assert unplaced == set(), "every run option belongs to a section of --help"
     out = CliRunner().invoke(cli, ["run", "-h"]).output
@@ -87,13 +91,15 @@ def test_top_level_help_and_completion_import_nothing_heavy() -> None:
     for command in ("run", "sweep"):  # the biggest --help, and the command that trains
         out, heavy = _imported_after(command, "--help")
         assert heavy == set() and "Gradient sync:" in out, (command, heavy)
-    out, heavy = _imported_after(env={"_CPUDIST_COMPLETE": "bash_complete", "COMP_WORDS": "cpudist ru",
+    out, heavy = _imported_after(env={"_CPUDIST_COMPLETE": "bash_complete",
+                                      "COMP_WORDS": "cpudist ru",
                                       "COMP_CWORD": "1"})
     assert heavy == set() and "plain,run" in out
 
 
 def test_the_task_argument_completes() -> None:
-    out, _ = _imported_after(env={"_CPUDIST_COMPLETE": "bash_complete", "COMP_WORDS": "cpudist run m",
+    out, _ = _imported_after(env={"_CPUDIST_COMPLETE": "bash_complete",
+                                  "COMP_WORDS": "cpudist run m",
                                   "COMP_CWORD": "2"})
     assert {"plain,mrpc", "plain,mnli"} <= set(out.split())
 
@@ -104,27 +110,33 @@ def test_user_config_and_config_file_give_defaults_and_the_command_line_wins(tmp
     user.write_text('[run]\nmodel = "tiny"\nnp = 2\n')
     monkeypatch.setenv("CPUDIST_CONFIG", str(user))
     own = tmp_path / "job.toml"
-    own.write_text('max-steps = 7\nnp = 1\n[sweep]\nppn = 9\n')  # [sweep] is another command's table
+    # [sweep] is another command's table
+    own.write_text('max-steps = 7\nnp = 1\n[sweep]\nppn = 9\n')
     args = ["run", "mrpc", "--data-dir", str(MRPC), "--dry-run"]
-    r = subprocess.run([sys.executable, "-m", "cpudist.cli", *args], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-m", "cpudist.cli", *args], capture_output=True, text=True,
+                       timeout=120)
     assert r.returncode == 0, r.stderr
     assert "--model=tiny" in r.stdout and " -np 2 " in r.stdout
-    r = subprocess.run([sys.executable, "-m", "cpudist.cli", *args, "--config", str(own)], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "cpudist.cli", *args, "--config", str(own)],
+                       capture_output=True,
                        text=True, timeout=120)
     assert "--max-steps=7" in r.stdout and " -np 1 " in r.stdout and "--model=tiny" in r.stdout, r.stderr
-    r = subprocess.run([sys.executable, "-m", "cpudist.cli", *args, "--config", str(own), "--np", "2"],
+    r = subprocess.run([sys.executable, "-m", "cpudist.cli", *args, "--config", str(own), "--np",
+                        "2"],
                        capture_output=True, text=True, timeout=120)
     assert " -np 2 " in r.stdout, r.stderr
 
 
 @pytest.mark.parametrize(("text", "says"), [('[run]\nnpx = 3\n', "`run` has no option --npx"),
                                             ("[run\n", "cannot read"),
-                                            ('[cluster]\nbogus = {a = 1}\n', "`cluster` has no command 'bogus'")])
+                                            ('[cluster]\nbogus = {a = 1}\n',
+                                             "`cluster` has no command 'bogus'")])
 def test_a_bad_config_file_is_one_line_and_exit_2(tmp_path: Path, text: str, says: str) -> None:
     path = tmp_path / "config.toml"
     path.write_text(text)
     for argv in (["run", "mrpc", "--dry-run"], ["cluster", "list"]):
-        r = subprocess.run([sys.executable, "-m", "cpudist.cli", *argv], capture_output=True, text=True, timeout=120,
+        r = subprocess.run([sys.executable, "-m", "cpudist.cli", *argv], capture_output=True,
+                           text=True, timeout=120,
                            env={**os.environ, "CPUDIST_CONFIG": str(path)})
         if says in r.stderr:
             break
@@ -136,9 +148,11 @@ def test_ssh_setup_dry_run_touches_nothing(tmp_path: Path) -> None:
     hostfile.write_text("localhost\n127.0.0.1\n")
     home = tmp_path / "home"
     home.mkdir()
-    r = subprocess.run([sys.executable, "-m", "cpudist.cli", "hosts", "ssh-setup", "--hostfile", str(hostfile),
+    r = subprocess.run([sys.executable, "-m", "cpudist.cli", "hosts", "ssh-setup", "--hostfile",
+                        str(hostfile),
                         "--dry-run"], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "HOME": str(home), "CPUDIST_HOME": str(home / ".cpudist")})
+                       env={**os.environ, "HOME": str(home),
+                            "CPUDIST_HOME": str(home / ".cpudist")})
     assert r.returncode == 0, r.stderr
     assert "localhost" in r.stdout and "authorized_keys" in r.stdout
     assert list(home.rglob("*")) == []  # no key made, nothing pinned, nothing written

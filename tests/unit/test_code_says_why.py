@@ -1,5 +1,6 @@
-"""Figures rot where they are written: `--help` holds no measured figure and the code no issue number or stop
-(a rule plus a pointer to benchmarks/ is enough; the measurement lives in benchmarks/results/)."""
+"""Figures rot where they are written: `--help` holds no measured figure and the code no issue
+number or stop (a rule plus a pointer to benchmarks/ is enough; the measurement lives in
+benchmarks/results/)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import click
 from cpudist.cli.main import COMMANDS
 
 PACKAGE = Path(__file__).resolve().parents[2] / "cpudist"
-# a percentage (not a threshold: "more than 10%"), a decimal ratio ("1.2x"), accuracy points, a throughput: what a
-# measurement reads like
-FIGURE = re.compile(r"(?<!than )\b\d+(\.\d+)?\s?%|\b\d+\.\d+x\b|\b\d+(\.\d+)? (\w+ )?points\b|\d samples/s")
+# a percentage (not a threshold: "more than 10%"), a decimal ratio ("1.2x"), accuracy points, a
+# throughput: what a measurement reads like
+FIGURE = re.compile(r"(?<!than )\b\d+(\.\d+)?\s?%|\b\d+\.\d+x\b|\b\d+(\.\d+)? (\w+ )?points\b|\d "
+                    r"samples/s")
 HISTORY = re.compile(r"\bissue #?\d+|(?<!cpudist )\bstop \d{1,3}\b|\(#\d+\)", re.I)
 
 
@@ -30,7 +32,8 @@ def helps(command: click.Command, path: str) -> Iterator[tuple[str, str]]:
 
 def test_help_holds_no_measured_figure() -> None:
     found = [(where, text) for name, (module, attr, _) in COMMANDS.items()
-             for where, text in helps(getattr(importlib.import_module(module), attr), f"cpudist {name}")
+             for where,
+             text in helps(getattr(importlib.import_module(module), attr), f"cpudist {name}")
              if FIGURE.search(text)]
     assert not found, found
 

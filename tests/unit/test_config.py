@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 from cpudist.config import TrainConfig, from_argv, to_argv
 
-names = st.text(alphabet=st.characters(categories=["L", "N"], include_characters="_-."), min_size=1, max_size=12)
+names = st.text(alphabet=st.characters(categories=["L", "N"], include_characters="_-."), min_size=1,
+                max_size=12)
 
 
 @given(
@@ -21,7 +22,8 @@ names = st.text(alphabet=st.characters(categories=["L", "N"], include_characters
 )
 def test_argv_round_trip(batch: int, epochs: float, max_steps: int | None, dropout: float | None,
                          columns: tuple[str, ...], do_eval: bool, model: str) -> None:
-    cfg = TrainConfig(task="mrpc", output_dir="out dir", model=model, batch_size=batch, epochs=epochs,
+    cfg = TrainConfig(task="mrpc", output_dir="out dir", model=model, batch_size=batch,
+                      epochs=epochs,
                       max_steps=max_steps, dropout=dropout, text_columns=columns, do_eval=do_eval)
     assert from_argv(to_argv(cfg)) == cfg
 
@@ -34,13 +36,20 @@ def test_lr_scaling_follows_the_global_batch_of_every_strategy() -> None:
     from cpudist.config import effective_lr
 
     base = TrainConfig(task="mrpc", output_dir="", lr=1e-4)
-    assert base.lr_scaling == "auto" and effective_lr(base, 4) == 4e-4 and effective_lr(base, 1) == 1e-4
+    assert base.lr_scaling == "auto" and effective_lr(base, 4) == 4e-4 and effective_lr(base,
+                                                                                        1) == 1e-4
     assert effective_lr(dataclasses.replace(base, lr_scaling="none"), 4) == 1e-4
-    resumed = dataclasses.replace(base, lr_world=2)  # resumed on 4 ranks, written by 2: the global batch was kept
+    # resumed on 4 ranks, written by 2: the global batch was kept
+    resumed = dataclasses.replace(base, lr_world=2)
     assert effective_lr(resumed, 4) == 2e-4 and effective_lr(resumed, 1) == 2e-4
-    assert effective_lr(dataclasses.replace(base, lr_world=1), 4) == 1e-4  # auto chose none for the 1-rank run
-    assert effective_lr(TrainConfig(task="mrpc", output_dir="", lr=1e-4, lr_scaling="linear"), 4) == 4e-4
-    assert effective_lr(TrainConfig(task="mrpc", output_dir="", lr=1e-4, lr_scaling="sqrt"), 4) == 2e-4
-    assert effective_lr(TrainConfig(task="mrpc", output_dir="", lr=1e-4, lr_scaling="sqrt"), 1) == 1e-4
+    # auto chose none for the 1-rank run
+    assert effective_lr(dataclasses.replace(base, lr_world=1), 4) == 1e-4
+    assert effective_lr(TrainConfig(task="mrpc", output_dir="", lr=1e-4, lr_scaling="linear"),
+                        4) == 4e-4
+    assert effective_lr(TrainConfig(task="mrpc", output_dir="", lr=1e-4, lr_scaling="sqrt"),
+                        4) == 2e-4
+    assert effective_lr(TrainConfig(task="mrpc", output_dir="", lr=1e-4, lr_scaling="sqrt"),
+                        1) == 1e-4
     local = TrainConfig(task="mrpc", output_dir="", lr=1e-4, lr_scaling="linear", sync="local-sgd")
-    assert effective_lr(local, 4) == 4e-4  # the ranks' averaged steps move the model as one global-batch step
+    # the ranks' averaged steps move the model as one global-batch step
+    assert effective_lr(local, 4) == 4e-4

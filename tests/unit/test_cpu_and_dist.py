@@ -25,8 +25,9 @@ def test_cpuinfo_counts_physical_cores_and_bf16() -> None:
 
 
 def test_this_machines_cores_are_the_kernels_physical_cores() -> None:
-    """What cpudist counts here (and tests size their expectations by) is the kernel's topology: one core per
-    (package, core id) among the CPUs of this process's affinity mask, not one per logical CPU."""
+    """What cpudist counts here (and tests size their expectations by) is the kernel's topology: one
+    core per (package, core id) among the CPUs of this process's affinity mask, not one per logical
+    CPU."""
     topology = Path("/sys/devices/system/cpu")
     if not (topology / "cpu0" / "topology" / "core_id").is_file():
         pytest.skip("no CPU topology in sysfs to compare with")
@@ -34,7 +35,8 @@ def test_this_machines_cores_are_the_kernels_physical_cores() -> None:
 
     def core(cpu: int) -> tuple[str, str]:
         folder = topology / f"cpu{cpu}" / "topology"
-        return (folder / "physical_package_id").read_text().strip(), (folder / "core_id").read_text().strip()
+        return (folder / "physical_package_id").read_text().strip(), (
+            folder / "core_id").read_text().strip()
 
     cores = {core(cpu) for cpu in allowed}
     cpu = read_cpu()
@@ -50,11 +52,14 @@ def test_precision_auto() -> None:
 
 
 @pytest.mark.parametrize(("env", "expected"), [
-    ({"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}, (3, 4, 1, 2)),
+    ({"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"},
+     (3, 4, 1, 2)),
     ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}, (1, 2, 1, 2)),
-    ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "2(x4)"},
+    ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
+      "SLURM_NTASKS_PER_NODE": "2(x4)"},
      (5, 8, 1, 2)),
-    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", "SLURM_PROCID": "0",
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+      "SLURM_PROCID": "0",
       "SLURM_NTASKS": "1"}, (0, 2, 0, 2)),
     ({"PMI_RANK": "1", "PMI_SIZE": "2", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, (1, 2, 1, 2)),
     ({}, (0, 1, 0, 1)),
@@ -70,10 +75,12 @@ def test_rank_outside_world() -> None:
 
 
 def test_a_rank_ends_with_its_code_and_its_buffered_output_written(tmp_path: Path) -> None:
-    """exit_rank skips the interpreter's finalization (os._exit), which would also skip flushing: a rank's last
-    lines (its closing event, an error line) sit in Python's buffers when its output is a pipe."""
+    """exit_rank skips the interpreter's finalization (os._exit), which would also skip flushing: a
+    rank's last lines (its closing event, an error line) sit in Python's buffers when its output is
+    a pipe."""
     script = ("import sys\nfrom cpudist.train.dist import exit_rank\n"
               "sys.stdout.write('last event\\n'); sys.stderr.write('last error\\n'); exit_rank(3)\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                       timeout=60)
     assert (r.returncode, r.stdout, r.stderr) == (3, "last event\n", "last error\n")

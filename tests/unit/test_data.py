@@ -12,16 +12,20 @@ from cpudist.train.data import glue_dir, load_custom, load_glue_tsv
 GLUE_FILES = {
     "cola": ("gj04\t1\t\tOur friends won't buy this analysis.\n", None),
     "sst2": ("sentence\tlabel\nit 's a charming journey . \t1\n", None),
-    "mrpc": ("\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\tHe said \"yes .\tHe agreed .\n", None),
-    "stsb": ("index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
-             "0\tmain\tf\t2012\t1\tnone\tnone\tA plane is taking off.\tAn air plane is taking off.\t5.000\n", None),
+    "mrpc": ("\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+             "1\t1\t2\tHe said \"yes .\tHe agreed .\n", None),
+    "stsb": (
+        "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+        "0\tmain\tf\t2012\t1\tnone\tnone\tA plane is taking off.\tAn air plane is taking "
+        "off.\t5.000\n", None),
     "qqp": ("id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n1\t1\t2\tHow?\tWhy?\t0\n", None),
     "mnli": ("index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
-             "sentence1_parse\tsentence2_parse\tsentence1\tsentence2\tlabel1\tgold_label\n"
-             "0\t1\t1\tgov\tb\tb\tp\tp\tA man sleeps.\tA person rests.\tentailment\tentailment\n",
-             "dev_matched.tsv"),
+        "sentence1_parse\tsentence2_parse\tsentence1\tsentence2\tlabel1\tgold_label\n"
+        "0\t1\t1\tgov\tb\tb\tp\tp\tA man sleeps.\tA person rests.\tentailment\tentailment\n",
+        "dev_matched.tsv"),
     "qnli": ("index\tquestion\tsentence\tlabel\n0\tWhat?\tThis.\tnot_entailment\n", None),
-    "rte": ("index\tsentence1\tsentence2\tlabel\n0\tNo weapons found.\tWeapons found.\tnot_entailment\n", None),
+    "rte": ("index\tsentence1\tsentence2\tlabel\n0\tNo weapons found.\tWeapons "
+            "found.\tnot_entailment\n", None),
     "wnli": ("index\tsentence1\tsentence2\tlabel\n0\tI stuck a pin.\tThe pin stuck.\t1\n", None),
 }
 
@@ -82,7 +86,8 @@ def test_malformed_row_names_the_line(tmp_path: Path) -> None:
 
 
 def test_unknown_label(tmp_path: Path) -> None:
-    folder = write_glue(tmp_path, "rte", "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tmaybe\n", None)
+    folder = write_glue(tmp_path, "rte", "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tmaybe\n",
+                        None)
     with pytest.raises(BadInput, match="unknown label 'maybe'"):
         load_glue_tsv("rte", folder)
 
@@ -113,7 +118,8 @@ def test_custom_formats(tmp_path: Path, suffix: str) -> None:
         path.write_text("text,label\n" + "".join(f'"{r["text"]}",{r["label"]}\n' for r in rows))
     else:
         sep = "\t" if suffix == ".tsv" else ";"
-        path.write_text(f"text{sep}label\n" + "".join(f"{r['text']}{sep}{r['label']}\n" for r in rows))
+        path.write_text(f"text{sep}label\n"
+                        + "".join(f"{r['text']}{sep}{r['label']}\n" for r in rows))
     data = load_custom(path, path, ("text",), "label")
     assert data.label_names == ("mid", "neg", "pos")
     assert data.train.texts[0] == ("good; fine", "bad, awful", "meh")

@@ -1,4 +1,5 @@
-"""`cpudist run --detach`'s rules and dry run (the run itself: tests/integration/test_remote_onprem.py)."""
+"""`cpudist run --detach`'s rules and dry run (the run itself:
+tests/integration/test_remote_onprem.py)."""
 
 from __future__ import annotations
 
@@ -12,17 +13,20 @@ from cpudist.run.life.identity import RunInfo, read_run, write_run
 
 
 def test_detach_without_a_head_is_refused_in_one_line(tmp_path: Path) -> None:
-    r = CliRunner().invoke(cli, ["run", "synthetic", "--np", "1", "--model", "tiny", "--max-steps", "1",
-                                 "--output-dir", str(tmp_path / "out"), "--detach"])
+    r = CliRunner().invoke(cli,
+                           ["run", "synthetic", "--np", "1", "--model", "tiny", "--max-steps", "1",
+                            "--output-dir", str(tmp_path / "out"), "--detach"])
     assert r.exit_code == 2, r.output
-    assert r.output.startswith("Error: --detach is for runs on a cluster from outside it (--cluster or --head)")
+    assert r.output.startswith("Error: --detach is for runs on a cluster from outside it "
+                               "(--cluster or --head)")
     assert not (tmp_path / "out" / "run.json").exists()  # refused before anything started
 
 
 def test_dry_run_says_the_agent_is_detached(tmp_path: Path) -> None:
     hostfile = tmp_path / "hosts"
     hostfile.write_text("node-a\nnode-b\n")
-    args = ["run", "synthetic", "--np", "2", "--ppn", "1", "--model", "tiny", "--hostfile", str(hostfile),
+    args = ["run", "synthetic", "--np", "2", "--ppn", "1", "--model", "tiny", "--hostfile",
+            str(hostfile),
             "--head", "192.0.2.7", "--output-dir", str(tmp_path / "out"), "--dry-run"]
     r = CliRunner().invoke(cli, [*args, "--detach"])
     assert r.exit_code == 0, r.output
@@ -32,10 +36,13 @@ def test_dry_run_says_the_agent_is_detached(tmp_path: Path) -> None:
 
 
 def test_run_json_keeps_the_detached_agent(tmp_path: Path) -> None:
-    d = Detached("192.0.2.7", "root", 2222, "/k", "/kh", "/usr/bin/python3", None, "/root/.cpudist/runs/x-1", 42,
+    d = Detached("192.0.2.7", "root", 2222, "/k", "/kh", "/usr/bin/python3", None,
+                 "/root/.cpudist/runs/x-1", 42,
                  1234, True, False, "/ledger", {"head": "192.0.2.7"})
-    write_run(tmp_path, RunInfo("20261126-100000-123456", "mrpc", "tiny", "head:192.0.2.7", "running",
-                                "2026-11-26T10:00:00+00:00", run_dir=str(tmp_path), detached=d.__dict__))
+    write_run(tmp_path,
+              RunInfo("20261126-100000-123456", "mrpc", "tiny", "head:192.0.2.7", "running",
+                      "2026-11-26T10:00:00+00:00", run_dir=str(tmp_path),
+                      detached=d.__dict__))
     info = read_run(tmp_path)
     assert info is not None and Detached.from_dict(info.detached) == d
     assert d.target().port == 2222 and d.landing(tmp_path).ledger == Path("/ledger")

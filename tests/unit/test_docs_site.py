@@ -1,5 +1,6 @@
-"""The documentation site builds as CI builds it (`mkdocs build --strict`: a broken link, a missing anchor or a
-page left out of the navigation fails), and the README stays a front door whose links all resolve."""
+"""The documentation site builds as CI builds it (`mkdocs build --strict`: a broken link, a missing
+anchor or a page left out of the navigation fails), and the README stays a front door whose links
+all resolve."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The cheaper dropout keeps torch's contract: rate, unbiased scale, gradient, seeding, and attention."""
+"""The cheaper dropout keeps torch's contract: rate, unbiased scale, gradient, seeding, and
+attention."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ def test_rate_and_unbiased_scale(p: float) -> None:
     kept = (y != 0).float().mean().item()
     assert abs(kept - (1 - p)) < 0.005
     assert abs(y.mean().item() - 1.0) < 0.01  # kept elements scaled by 1/keep: the expectation is x
-    for lane in range(4):  # each 16-bit lane of a 64-bit draw is uniform (random_() alone would bias one)
+    # each 16-bit lane of a 64-bit draw is uniform (random_() alone would bias one)
+    for lane in range(4):
         assert abs((y.view(-1, 4)[:, lane] != 0).float().mean().item() - (1 - p)) < 0.01
 
 
@@ -41,7 +43,8 @@ def test_seeded_like_torch_and_off_outside_training() -> None:
 
 
 def test_attention_equals_sdpa_when_nothing_is_dropped() -> None:
-    """The eager path of training steps computes SDPA's attention (keep-all mask: p below 1/65536)."""
+    """The eager path of training steps computes SDPA's attention (keep-all mask: p below
+    1/65536)."""
     torch.manual_seed(2)
     q, k, v = (torch.randn(2, 4, 6, 8) for _ in range(3))
     keep = torch.ones(2, 1, 6, 6, dtype=torch.bool)
@@ -78,14 +81,16 @@ def test_install_swaps_every_dropout_and_keeps_evaluation() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_backward_keeps_a_bool_mask_and_the_numbers_of_a_float_one(dtype: torch.dtype) -> None:
-    """What the forward holds for backward is the bool mask (1 byte an element, as torch's dropout), and output and
-    gradient equal, bit for bit, the former x * (keep * scale) with the scale in x's dtype."""
+    """What the forward holds for backward is the bool mask (1 byte an element, as torch's dropout),
+    and output and gradient equal, bit for bit, the former x * (keep * scale) with the scale in x's
+    dtype."""
     x = torch.randn(64, 300, dtype=dtype, requires_grad=True)
     saved: list[torch.Tensor] = []
     torch.manual_seed(3)
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         y = fd.dropout(x, 0.1)
-    assert sum(t.numel() * t.element_size() for t in saved) <= x.numel() + 16  # a bool per element, a scalar
+    # a bool per element, a scalar
+    assert sum(t.numel() * t.element_size() for t in saved) <= x.numel() + 16
     grad = torch.randn_like(x)
     y.backward(grad)
     torch.manual_seed(3)
@@ -96,9 +101,9 @@ def test_backward_keeps_a_bool_mask_and_the_numbers_of_a_float_one(dtype: torch.
 
 
 def test_words_follow_torchs_generator_state_and_fill_every_lane() -> None:
-    """Long draws come from numpy's SFC64 seeded by torch's default generator, short ones from torch's: either way
-    torch.manual_seed and a checkpoint's saved RNG state give the same words again, two draws in a row differ, and
-    every 16-bit lane (the top one included) is uniform."""
+    """Long draws come from numpy's SFC64 seeded by torch's default generator, short ones from
+    torch's: either way torch.manual_seed and a checkpoint's saved RNG state give the same words
+    again, two draws in a row differ, and every 16-bit lane (the top one included) is uniform."""
     for n in (300_001, fd.SFC64_FROM - 1):
         torch.manual_seed(11)
         first, second = fd.random_words(n), fd.random_words(n)
@@ -111,7 +116,8 @@ def test_words_follow_torchs_generator_state_and_fill_every_lane() -> None:
         assert torch.equal(fd.random_words(n), after)
         words = first if n > fd.SFC64_FROM else torch.cat([fd.random_words(n) for _ in range(40)])
         lanes = words.view(torch.int16).view(-1, 4)
-        for lane in range(4):  # each signed 16-bit lane uniform: half of it negative, a quarter under -16384
+        # each signed 16-bit lane uniform: half of it negative, a quarter under -16384
+        for lane in range(4):
             values = lanes[:, lane]
             assert abs((values < 0).float().mean().item() - 0.5) < 0.01, (n, lane)
             assert abs((values < -16384).float().mean().item() - 0.25) < 0.01, (n, lane)

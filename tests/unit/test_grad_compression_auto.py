@@ -1,7 +1,9 @@
-"""--grad-compression auto (the default): bf16 for ddp when the ranks span nodes, said by rank 0; none otherwise.
+"""--grad-compression auto (the default): bf16 for ddp when the ranks span nodes, said by rank 0;
+none otherwise.
 
-A 2-host run's bytes and its note are checked between namespace hosts (test_sync_traffic); here, the choice on
-every kind of layout and strategy, and that the options an explicit value asks for stay refused or allowed.
+A 2-host run's bytes and its note are checked between namespace hosts (test_sync_traffic); here, the
+choice on every kind of layout and strategy, and that the options an explicit value asks for stay
+refused or allowed.
 """
 
 from __future__ import annotations
@@ -33,15 +35,19 @@ def info(rank: int, world: int, local_world: int) -> RankInfo:
     ("none", "ddp", 4, 1, "none"),  # an explicit value is kept
     ("powersgd:2", "ddp", 4, 1, "powersgd:2"),
 ])
-def test_auto_is_bf16_for_ddp_across_nodes_only(given: str, sync: str, world: int, per_node: int, wire: str,
+def test_auto_is_bf16_for_ddp_across_nodes_only(given: str, sync: str, world: int, per_node: int,
+                                                wire: str,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     assert resolved_compression(given, sync, per_node < world) == wire
-    ranks = [_wire(cfg(grad_compression=given, sync=sync), info(r, world, per_node)) for r in range(world)]
-    assert {c.grad_compression for c in ranks} == {wire}  # every rank alike: they must exchange the same
+    ranks = [_wire(cfg(grad_compression=given, sync=sync), info(r, world, per_node))
+             for r in range(world)]
+    # every rank alike: they must exchange the same
+    assert {c.grad_compression for c in ranks} == {wire}
     spec_of(ranks[0], 100)  # a value the strategies take
     said = capsys.readouterr().out
     if given == "auto" and wire == "bf16":  # once, from rank 0, with the way back
-        assert said.count("[cpudist] gradients cross the network in bf16 (--grad-compression auto") == 1
+        assert said.count(
+            "[cpudist] gradients cross the network in bf16 (--grad-compression auto") == 1
         assert "--grad-compression none keeps fp32" in said
     else:
         assert said == ""
@@ -53,7 +59,8 @@ def test_auto_is_bf16_for_ddp_across_nodes_only(given: str, sync: str, world: in
     ({"sync": "local-sgd"}, True), ({"sync": "local-sgd", "grad_compression": "bf16"}, True),
     ({"sync": "local-sgd", "grad_compression": "fp16"}, False),
 ])
-def test_auto_and_none_ask_nothing_of_strategies_without_a_wire_choice(knobs: dict[str, object], ok: bool) -> None:
+def test_auto_and_none_ask_nothing_of_strategies_without_a_wire_choice(knobs: dict[str, object],
+                                                                       ok: bool) -> None:
     if ok:
         check_sync(cfg(**knobs))
     else:

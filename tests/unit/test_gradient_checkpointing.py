@@ -1,7 +1,8 @@
-"""--gradient-checkpointing: every family's training step gives the same loss and gradients as without it, dropout
-on (the recompute must replay the forward's masks, cpudist's fast dropout included), and keeps far fewer bytes for
-backward. The bytes are counted with autograd's saved-tensor hooks, not read from RSS: what the forward keeps for
-backward is what checkpointing removes, and the count does not depend on the allocator or on what else runs.
+"""--gradient-checkpointing: every family's training step gives the same loss and gradients as
+without it, dropout on (the recompute must replay the forward's masks, cpudist's fast dropout
+included), and keeps far fewer bytes for backward. The bytes are counted with autograd's
+saved-tensor hooks, not read from RSS: what the forward keeps for backward is what checkpointing
+removes, and the count does not depend on the allocator or on what else runs.
 """
 
 from __future__ import annotations
@@ -29,19 +30,25 @@ def _model(name: str, checkpointing: bool, peft: bool = False) -> torch.nn.Modul
         speed.checkpoint_activations(model)
     if peft:
         # the adapters' dropout too (not the default): a recompute must replay its masks as well
-        model = lora.apply(model, TrainConfig(task="mrpc", output_dir="", model=name, peft="lora", lora_dropout=0.1))
+        model = lora.apply(model,
+                           TrainConfig(task="mrpc", output_dir="", model=name, peft="lora",
+                                       lora_dropout=0.1))
     fd.install(model)
     last_layer.install(model)
     return model.train()
 
 
-def _step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[float, dict[str, torch.Tensor], int]:
-    """(loss, gradients by name, bytes autograd kept for backward) of one training step from a fixed RNG state."""
+def _step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[float,
+                                                                           dict[str, torch.Tensor],
+                                                                           int]:
+    """(loss, gradients by name, bytes autograd kept for backward) of one training step from a fixed
+    RNG state."""
     kept = 0
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         nonlocal kept
-        if not isinstance(t, torch.nn.Parameter):  # weights stay in memory anyway: activations are what is kept
+        # weights stay in memory anyway: activations are what is kept
+        if not isinstance(t, torch.nn.Parameter):
             kept += t.numel() * t.element_size()
         return t
 
@@ -58,18 +65,22 @@ def _layers(model: torch.nn.Module) -> int:
     return int(getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layers", 0))
 
 
-# transformers has no activation checkpointing for ALBERT (its layers share weights in groups): refused in one line
+# transformers has no activation checkpointing for ALBERT (its layers share weights in groups):
+# refused in one line
 UNSUPPORTED = ("tiny-albert",)
 
 
 @pytest.mark.parametrize("name", [n for n in FAMILIES if n not in UNSUPPORTED])
-def test_checkpointing_changes_no_gradient_and_keeps_fewer_bytes(name: str, batch: dict[str, torch.Tensor]) -> None:
+def test_checkpointing_changes_no_gradient_and_keeps_fewer_bytes(name: str,
+                                                                 batch: dict[str,
+                                                                             torch.Tensor]) -> None:
     plain = _model(name, False)
     recomputed = _model(name, True)
     loss, grads, kept = _step(plain, batch)
     loss_c, grads_c, kept_c = _step(recomputed, batch)
     assert speed.checkpointed_layers(plain) == 0
-    # Every layer, but the first-token last layer where it is installed (its own forward keeps its activations)
+    # Every layer, but the first-token last layer where it is installed (its own forward keeps its
+    # activations)
     first_token = last_layer.used(recomputed) == "first-token"
     assert speed.checkpointed_layers(recomputed) == _layers(recomputed) - first_token > 0
     assert loss_c == loss
@@ -88,8 +99,10 @@ def test_dropout_is_on_so_a_mask_replayed_wrong_would_show(batch: dict[str, torc
     assert model(**batch).loss.item() != loss
 
 
-def test_lora_adapters_get_the_same_gradients_under_checkpointing(batch: dict[str, torch.Tensor]) -> None:
-    """LoRA freezes the layers' inputs' producers: non-reentrant checkpointing must still carry their gradients."""
+def test_lora_adapters_get_the_same_gradients_under_checkpointing(batch: dict[str,
+                                                                              torch.Tensor]) -> None:
+    """LoRA freezes the layers' inputs' producers: non-reentrant checkpointing must still carry
+    their gradients."""
     loss, grads, kept = _step(_model("tiny", False, peft=True), batch)
     loss_c, grads_c, kept_c = _step(_model("tiny", True, peft=True), batch)
     assert loss_c == loss and grads_c.keys() == grads.keys()
@@ -102,6 +115,8 @@ def test_lora_adapters_get_the_same_gradients_under_checkpointing(batch: dict[st
 @pytest.mark.parametrize("name", UNSUPPORTED)
 def test_a_family_without_checkpointing_is_refused_in_one_line(name: str) -> None:
     model = build_model(name, 2, False, 0.1, pad_token_id=0)
-    assert not model.supports_gradient_checkpointing  # transformers' own flag: when it gains one, this test says so
-    with pytest.raises(BadInput, match=r"--gradient-checkpointing: AlbertForSequenceClassification .*Drop"):
+    # transformers' own flag: when it gains one, this test says so
+    assert not model.supports_gradient_checkpointing
+    with pytest.raises(BadInput,
+                       match=r"--gradient-checkpointing: AlbertForSequenceClassification .*Drop"):
         speed.checkpoint_activations(model)

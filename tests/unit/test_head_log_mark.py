@@ -1,5 +1,6 @@
-"""The mark of how much of a detached run's head log its local cpudist.log holds (run/life/headlog.py): the next
-follower (`logs -f`) reads on from there. The following itself: test_remote_onprem's detached-run test."""
+"""The mark of how much of a detached run's head log its local cpudist.log holds
+(run/life/headlog.py): the next follower (`logs -f`) reads on from there. The following itself:
+test_remote_onprem's detached-run test."""
 
 from __future__ import annotations
 
@@ -17,8 +18,11 @@ def test_the_mark_is_per_head_log_and_anything_unreadable_is_the_start(tmp_path:
     write_mark(mark, LOG, 4096)
     assert read_mark(mark, LOG) == 4096
     write_mark(mark, LOG, 5000)
-    assert read_mark(mark, LOG) == 5000 and not list(tmp_path.glob(".*"))  # replaced whole, no temp left
-    assert read_mark(mark, "/root/.cpudist/runs/other/agent.log") == 0  # another run's log: from its start
-    for garbage in ("", "{", "[1]", json.dumps({"log": LOG, "offset": "12"}), json.dumps({"log": LOG, "offset": -3})):
+    # replaced whole, no temp left
+    assert read_mark(mark, LOG) == 5000 and not list(tmp_path.glob(".*"))
+    # another run's log: from its start
+    assert read_mark(mark, "/root/.cpudist/runs/other/agent.log") == 0
+    for garbage in ("", "{", "[1]", json.dumps({"log": LOG, "offset": "12"}),
+                    json.dumps({"log": LOG, "offset": -3})):
         mark.write_text(garbage)
         assert read_mark(mark, LOG) == 0, garbage

@@ -9,7 +9,8 @@ from cpudist.hostfile import Host, check_resolvable, parse_hostfile, render_host
 
 label = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,10}[a-z0-9])?", fullmatch=True)
 hostname = st.lists(label, min_size=1, max_size=3).map(".".join)
-hosts = st.lists(st.builds(Host, hostname, st.none() | st.integers(1, 256)), min_size=1, max_size=12,
+hosts = st.lists(st.builds(Host, hostname, st.none() | st.integers(1, 256)), min_size=1,
+                 max_size=12,
                  unique_by=lambda h: h.name)
 
 
@@ -32,7 +33,8 @@ def test_comments_and_blank_lines_are_ignored(hs: list[Host], noise: list[str]) 
 
 def test_both_forms_and_head_first() -> None:
     text = "# head first\nnode0\nnode1:4\nnode2 slots=2 max_slots=8\n198.18.0.13\n"
-    assert parse_hostfile(text) == (Host("node0"), Host("node1", 4), Host("node2", 2), Host("198.18.0.13"))
+    assert parse_hostfile(text) == (Host("node0"), Host("node1", 4), Host("node2", 2),
+                                    Host("198.18.0.13"))
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -57,8 +59,9 @@ def test_unresolvable_name() -> None:
         check_resolvable([Host("no-such-host.invalid")])
 
 
-@pytest.mark.parametrize("line", ["node1 slots=2", "node1 slots = 2", "node1 slots= 2", "node1 slots =2",
-                                  "node1\tslots\t=\t2"])
+@pytest.mark.parametrize("line",
+                         ["node1 slots=2", "node1 slots = 2", "node1 slots= 2", "node1 slots =2",
+                          "node1\tslots\t=\t2"])
 def test_open_mpi_slots_with_spaces_around_the_equals(line: str) -> None:
     assert parse_hostfile(line) == (Host("node1", 2),)
 
@@ -71,7 +74,9 @@ def test_host_key_refusals_are_told_apart() -> None:
     changed = ("@@@@@@@@@@@\n@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @\n"
                "Host key verification failed.")
     unknown = host_key_problem("node3", never)
-    assert unknown is not None and "no host key of node3 is pinned" in unknown[0] and "ssh-setup" in unknown[1]
+    assert unknown is not None and "no host key of node3 is pinned" in unknown[
+        0] and "ssh-setup" in unknown[1]
     moved = host_key_problem("node3", changed)
-    assert moved is not None and "does not match the pinned one" in moved[0] and "hosts forget node3" in moved[1]
+    assert moved is not None and "does not match the pinned one" in moved[
+        0] and "hosts forget node3" in moved[1]
     assert host_key_problem("node3", "Connection refused") is None

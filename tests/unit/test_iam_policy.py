@@ -1,9 +1,11 @@
-"""The IAM policy cpudist needs (cpudist/cloud/aws/iam-policy.json) against the AWS calls the code makes.
+"""The IAM policy cpudist needs (cpudist/cloud/aws/iam-policy.json) against the AWS calls the code
+makes.
 
-Every boto3 call in the package (found in the source with ast: `ec2.x(...)`, `ssm.x(...)`, `self.client.x(...)`,
-passed bare to `call`/`create` or called) must be allowed by some statement, and the policy grants nothing the
-code does not call. Whatever changes or deletes a resource is allowed only on what carries cpudist's cluster
-tag. botocore's service models turn a method name into its API name; S3's IAM actions differ from its API names.
+Every boto3 call in the package (found in the source with ast: `ec2.x(...)`, `ssm.x(...)`,
+`self.client.x(...)`, passed bare to `call`/`create` or called) must be allowed by some statement,
+and the policy grants nothing the code does not call. Whatever changes or deletes a resource is
+allowed only on what carries cpudist's cluster tag. botocore's service models turn a method name
+into its API name; S3's IAM actions differ from its API names.
 """
 
 from __future__ import annotations
@@ -21,9 +23,12 @@ import cpudist
 
 PACKAGE = Path(cpudist.__file__).resolve().parent
 POLICY = PACKAGE / "cloud" / "aws" / "iam-policy.json"
-CLIENTS = {"ec2": "ec2", "ssm": "ssm", "client": "s3"}  # the name a module gives its client -> its service
-# S3's IAM actions for the API calls objects.py makes (the transfer manager's uploads and downloads included).
-S3_ACTIONS = {"list_objects_v2": "ListBucket", "upload_file": "PutObject", "download_file": "GetObject",
+# the name a module gives its client -> its service
+CLIENTS = {"ec2": "ec2", "ssm": "ssm", "client": "s3"}
+# S3's IAM actions for the API calls objects.py makes (the transfer manager's uploads and downloads
+# included).
+S3_ACTIONS = {"list_objects_v2": "ListBucket", "upload_file": "PutObject",
+              "download_file": "GetObject",
               "delete_objects": "DeleteObject"}
 
 
@@ -40,11 +45,14 @@ def calls_in(root: Path = PACKAGE) -> frozenset[str]:
     for path in root.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                    and node.func.attr == "get_paginator" and node.args and isinstance(node.args[0], ast.Constant):
+                    and node.func.attr == "get_paginator" and node.args and isinstance(node.args[0],
+                                                                                       ast.Constant):
                 found.add(f"s3:{S3_ACTIONS[str(node.args[0].value)]}")
             if not isinstance(node, ast.Attribute):
                 continue
-            owner = node.value.attr if isinstance(node.value, ast.Attribute) else getattr(node.value, "id", None)
+            owner = node.value.attr if isinstance(node.value,
+                                                  ast.Attribute) else getattr(node.value, "id",
+                                                                              None)
             service = CLIENTS.get(owner or "")
             if service is None or node.attr in ("get_paginator", "meta", "exceptions"):
                 continue
@@ -65,14 +73,16 @@ def _actions(statement: dict[str, object]) -> list[str]:
 
 
 def allowed(action: str) -> list[dict[str, object]]:
-    return [s for s in _statements() if s["Effect"] == "Allow" and any(fnmatch.fnmatchcase(action, a)
-                                                                         for a in _actions(s))]
+    return [s for s in _statements() if s["Effect"] == "Allow"
+            and any(fnmatch.fnmatchcase(action, a)
+                      for a in _actions(s))]
 
 
 def test_the_source_scan_finds_the_calls_it_should() -> None:
     found = calls_in()
     # One of each kind, so a scan that finds nothing cannot pass the next test.
-    assert {"ec2:RunInstances", "ec2:TerminateInstances", "ec2:DescribeSpotPriceHistory", "ssm:GetParameter",
+    assert {"ec2:RunInstances", "ec2:TerminateInstances", "ec2:DescribeSpotPriceHistory",
+            "ssm:GetParameter",
             "s3:ListBucket", "s3:PutObject"} <= found
     assert len(found) >= 25
 
@@ -88,12 +98,15 @@ def test_the_policy_grants_only_what_the_code_calls() -> None:
     assert sorted(granted - calls_in()) == []
 
 
-@pytest.mark.parametrize("action", ["ec2:TerminateInstances", "ec2:DeleteSecurityGroup", "ec2:DeleteKeyPair",
-                                    "ec2:DeletePlacementGroup", "ec2:DeregisterImage", "ec2:DeleteSnapshot",
-                                    "ec2:RevokeSecurityGroupIngress", "ec2:StartInstances"])
+@pytest.mark.parametrize("action",
+                         ["ec2:TerminateInstances", "ec2:DeleteSecurityGroup", "ec2:DeleteKeyPair",
+                          "ec2:DeletePlacementGroup", "ec2:DeregisterImage",
+                          "ec2:DeleteSnapshot",
+                          "ec2:RevokeSecurityGroupIngress", "ec2:StartInstances"])
 def test_changes_only_on_what_carries_the_cluster_tag(action: str) -> None:
     for statement in allowed(action):
-        assert statement.get("Condition") == {"Null": {"aws:ResourceTag/cpudist:cluster": "false"}}, statement["Sid"]
+        assert statement.get("Condition") == {"Null": {
+                                                  "aws:ResourceTag/cpudist:cluster": "false"}}, statement["Sid"]
 
 
 def test_a_scratch_call_outside_the_policy_is_found(tmp_path: Path) -> None:

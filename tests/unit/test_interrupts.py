@@ -1,6 +1,6 @@
-"""SIGTERM and SIGHUP stop a command as Ctrl-C does, except a signal it was started ignoring: under `nohup` a
-hang-up stays ignored (the user asked the command to outlive the terminal), in a real process with its own
-signal dispositions."""
+"""SIGTERM and SIGHUP stop a command as Ctrl-C does, except a signal it was started ignoring: under
+`nohup` a hang-up stays ignored (the user asked the command to outlive the terminal), in a real
+process with its own signal dispositions."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ def run(sig: str, ignored: bool) -> str:
     def start_ignoring() -> None:
         signal.signal(getattr(signal, sig), signal.SIG_IGN)  # what nohup does for SIGHUP
 
-    r = subprocess.run([sys.executable, "-c", PROGRAM.format(sig=sig)], capture_output=True, text=True, timeout=60,
+    r = subprocess.run([sys.executable, "-c", PROGRAM.format(sig=sig)], capture_output=True,
+                       text=True, timeout=60,
                        preexec_fn=start_ignoring if ignored else None)
     assert r.returncode == 0, r.stderr
     return r.stdout.strip()
@@ -41,4 +42,5 @@ def test_a_stop_signal_interrupts_the_command(sig: str) -> None:
 
 @pytest.mark.parametrize("sig", ["SIGHUP", "SIGINT"])
 def test_a_signal_started_ignored_stays_ignored_also_in_a_cleanup(sig: str) -> None:
-    assert run(sig, ignored=True) == "went on"  # neither raised nor handed to the cleanup's on_interrupt
+    # neither raised nor handed to the cleanup's on_interrupt
+    assert run(sig, ignored=True) == "went on"

@@ -1,5 +1,5 @@
-"""known_hosts: one locked, atomic writer for pinning and forgetting, with OpenSSH's `[host]:port` names, read back
-by OpenSSH's own ssh-keygen."""
+"""known_hosts: one locked, atomic writer for pinning and forgetting, with OpenSSH's `[host]:port`
+names, read back by OpenSSH's own ssh-keygen."""
 
 from __future__ import annotations
 
@@ -27,12 +27,14 @@ def key(seed: int) -> paramiko.PKey:
 
 
 def found_by_openssh(path: Path, name: str) -> bool:
-    """OpenSSH's own lookup (`ssh-keygen -F`), which is what the nodes' ssh and the launchers will do."""
+    """OpenSSH's own lookup (`ssh-keygen -F`), which is what the nodes' ssh and the launchers will
+    do."""
     r = subprocess.run(["ssh-keygen", "-F", name, "-f", str(path)], capture_output=True, text=True)
     return r.returncode == 0 and "Host " in r.stdout
 
 
-needs_ssh_keygen = pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="no ssh-keygen (openssh-client)")
+needs_ssh_keygen = pytest.mark.skipif(shutil.which("ssh-keygen") is None,
+                                      reason="no ssh-keygen (openssh-client)")
 
 
 def test_entry_names_are_openssh_s() -> None:
@@ -51,7 +53,8 @@ def test_pins_on_any_port_are_found_by_openssh_and_survive_a_reload(tmp_path: Pa
     again = KnownHosts(path)
     assert again.keys.lookup("[10.0.0.2]:2222")["ssh-ed25519"] == key(2)
     known.pin("node1", key(3))  # a new key of the same type replaces the old one, once
-    assert path.read_text().count("node1 ") == 1 and KnownHosts(path).keys.lookup("node1")["ssh-ed25519"] == key(3)
+    assert path.read_text().count("node1 ") == 1 and KnownHosts(path).keys.lookup("node1")[
+        "ssh-ed25519"] == key(3)
 
 
 @needs_ssh_keygen
@@ -91,15 +94,18 @@ def _pin_many(path: Path, start: int, forget: str | None) -> None:
 
 
 def _read_while(path: Path, stop: multiprocessing.synchronize.Event) -> None:
-    """Exit 1 if any read of the file misses the line no writer removes (a writer truncated it, then wrote)."""
+    """Exit 1 if any read of the file misses the line no writer removes (a writer truncated it, then
+    wrote)."""
     while not stop.is_set():
         if "anchor " not in path.read_text():
             raise SystemExit(1)
 
 
-def test_writers_in_several_processes_lose_no_pin_and_readers_never_see_a_part(tmp_path: Path) -> None:
-    """Each process holds its own KnownHosts (two cpudist commands at once); a read-modify-write without the lock
-    beside the file loses the others' pins, and a file rewritten in place shows readers (ssh) a part of it."""
+def test_writers_in_several_processes_lose_no_pin_and_readers_never_see_a_part(
+    tmp_path: Path) -> None:
+    """Each process holds its own KnownHosts (two cpudist commands at once); a read-modify-write
+    without the lock beside the file loses the others' pins, and a file rewritten in place shows
+    readers (ssh) a part of it."""
     path = tmp_path / "known_hosts"
     KnownHosts(path).pin("anchor", key(201))
     KnownHosts(path).pin("victim", key(200))
@@ -107,7 +113,8 @@ def test_writers_in_several_processes_lose_no_pin_and_readers_never_see_a_part(t
     stop = ctx.Event()
     reader = ctx.Process(target=_read_while, args=(path, stop))
     reader.start()
-    procs = [ctx.Process(target=_pin_many, args=(path, 25 * p, "victim" if p == 0 else None)) for p in range(4)]
+    procs = [ctx.Process(target=_pin_many, args=(path, 25 * p, "victim" if p == 0 else None))
+             for p in range(4)]
     for p in procs:
         p.start()
     for p in procs:

@@ -1,8 +1,10 @@
-"""The first-token last layer (cpudist/train/last_layer.py) gives the stock model's logits, loss and gradients, computes
-the last layer's feed-forward for one token per row, and leaves the saved model a plain one.
+"""The first-token last layer (cpudist/train/last_layer.py) gives the stock model's logits, loss and
+gradients, computes the last layer's feed-forward for one token per row, and leaves the saved model
+a plain one.
 
-Small random presets of every family it is installed for, on MRPC pairs padded to the longest (padding masked),
-with each attention it runs under (SDPA, eager, cpudist's fast-dropout attention), in this process.
+Small random presets of every family it is installed for, on MRPC pairs padded to the longest
+(padding masked), with each attention it runs under (SDPA, eager, cpudist's fast-dropout attention),
+in this process.
 """
 
 from __future__ import annotations
@@ -34,12 +36,14 @@ def _twins(preset: str, attention: str) -> tuple[torch.nn.Module, torch.nn.Modul
     return stock, copy.deepcopy(stock)
 
 
-def _step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def _step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor,
+                                                                           dict[str, torch.Tensor]]:
     model.train()  # dropout 0: training mode, with the training-mode attention path, and no noise
     model.zero_grad()
     out = model(**batch)
     out.loss.backward()
-    return out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                                 if p.grad is not None}
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager", "fast-dropout"])
@@ -61,12 +65,14 @@ def test_logits_and_gradients_are_the_stock_layers(preset: str, attention: str,
     assert rows == [1]  # the last layer's feed-forward ran on the first token only
     want_logits, want_grads = _step(stock, batch)
     torch.testing.assert_close(logits, want_logits, rtol=1e-5, atol=1e-5)
-    assert grads.keys() == want_grads.keys()  # every parameter still trains (DDP needs every gradient)
+    # every parameter still trains (DDP needs every gradient)
+    assert grads.keys() == want_grads.keys()
     for name, grad in grads.items():
         torch.testing.assert_close(grad, want_grads[name], rtol=1e-4, atol=1e-6, msg=name)
     first.eval()
     stock.eval()
-    with torch.no_grad():  # evaluation runs the stock layer: the same bits as the saved model anywhere
+    # evaluation runs the stock layer: the same bits as the saved model anywhere
+    with torch.no_grad():
         assert torch.equal(first(**batch).logits, stock(**batch).logits)
 
 
@@ -86,13 +92,15 @@ def test_the_saved_model_is_a_plain_one(batch: dict[str, torch.Tensor], tmp_path
     assert last_layer.used(loaded) == "full"
     first.eval()
     with torch.no_grad():
-        torch.testing.assert_close(loaded(**batch).logits, first(**batch).logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(loaded(**batch).logits, first(**batch).logits, rtol=1e-5,
+                                   atol=1e-5)
 
 
 def test_the_flops_left_out_are_the_ones_torch_counts_as_skipped() -> None:
-    """cpudist/flops.py's count of the skipped work equals what torch's FlopCounterMode sees vanish from a forward
-    pass (rows of one length: no padding, which the count leaves out and torch counts). Eager attention: its
-    matrix products are torch's to count (the CPU SDPA kernel is not among the operators it counts)."""
+    """cpudist/flops.py's count of the skipped work equals what torch's FlopCounterMode sees vanish
+    from a forward pass (rows of one length: no padding, which the count leaves out and torch
+    counts). Eager attention: its matrix products are torch's to count (the CPU SDPA kernel is not
+    among the operators it counts)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from cpudist.flops import shape_of, training_flops
@@ -101,19 +109,22 @@ def test_the_flops_left_out_are_the_ones_torch_counts_as_skipped() -> None:
     last_layer.install(first)
     config = first.config
     hidden, inner = config.hidden_size, config.intermediate_size
-    assert last_layer.first_token_only_params(first) == 2 * hidden * hidden + 2 * hidden * inner  # query, out, FFN
+    # query, out, FFN
+    assert last_layer.first_token_only_params(first) == 2 * hidden * hidden + 2 * hidden * inner
     assert last_layer.first_token_only_params(stock) == 0
     batch, length = 4, 24
     ids = torch.randint(5, config.vocab_size, (batch, length))
 
     def forward_flops(model: torch.nn.Module) -> int:
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            model.train()(input_ids=ids)  # a training step's forward (dropout 0): where the layer computes less
+            # a training step's forward (dropout 0): where the layer computes less
+            model.train()(input_ids=ids)
         return counter.get_total_flops()
 
     seen = forward_flops(stock) - forward_flops(first)
     full = shape_of(stock)
     skipping = type(full)(full.non_embedding_params, full.layers, full.hidden,
                           last_layer.first_token_only_params(first))
-    counted = (training_flops(full, [length] * batch) - training_flops(skipping, [length] * batch)) / 3
+    counted = (training_flops(full, [length] * batch)
+               - training_flops(skipping, [length] * batch)) / 3
     assert seen > 0 and counted == seen

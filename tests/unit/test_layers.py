@@ -1,12 +1,14 @@
-"""The package's layering (docs: the Layers of issue #21's spine), read from every module's imports with ast.
+"""The package's layering (docs: the Layers of issue #21's spine), read from every module's imports
+with ast.
 
     cli, rank (entry points) -> run, predict -> launch | hosts | cloud -> ssh -> train -> leaves
 
 Imports point down this list (lazy imports inside functions count too); hosts/ may also use launch/;
-cloud/ imports neither ssh/ nor hosts/ (its caller passes SSH in, cpudist/cloud/access.py); leaves import
-only leaves; launch/ and cloud/ take nothing from train/ (what they share with the ranks is a leaf); no
-module over 300 lines; no cycle between top-level folders. A new folder or leaf must be placed in LAYER.
-The imports in KNOWN break these rules today; each says why, and one that is fixed must leave the list.
+cloud/ imports neither ssh/ nor hosts/ (its caller passes SSH in, cpudist/cloud/access.py); leaves
+import only leaves; launch/ and cloud/ take nothing from train/ (what they share with the ranks is a
+leaf); no module over 300 lines; no cycle between top-level folders. A new folder or leaf must be
+placed in LAYER. The imports in KNOWN break these rules today; each says why, and one that is fixed
+must leave the list.
 """
 
 from __future__ import annotations
@@ -20,21 +22,25 @@ import pytest
 import cpudist
 
 PACKAGE = Path(cpudist.__file__).resolve().parent
-LEAVES = ("errors", "state", "cpu", "hostfile", "traffic", "flops", "interrupts", "validate", "waits", "results",
+LEAVES = ("errors", "state", "cpu", "hostfile", "traffic", "flops", "interrupts", "validate",
+          "waits", "results",
           "config", "objects", "slurm_counts", "strategies", "secrets", "wire")
-LAYER = {"cli": 1, "rank": 1, "run": 2, "predict": 2, "launch": 3, "hosts": 3, "cloud": 3, "ssh": 4, "train": 5,
+LAYER = {"cli": 1, "rank": 1, "run": 2, "predict": 2, "launch": 3, "hosts": 3, "cloud": 3, "ssh": 4,
+         "train": 5,
          **dict.fromkeys(LEAVES, 6)}
 SIBLINGS = {("hosts", "launch")}  # node tools (bench) run a launch
-FORBIDDEN = {("cloud", "ssh"), ("cloud", "hosts")}  # below cloud/ in the list, kept out all the same
-# Issue #21: nothing from train/ into launch/ or cloud/. What both sides read (the ranks' config and command line,
-# the event lines, Slurm's count lists, the object store interface) are leaves.
+# below cloud/ in the list, kept out all the same
+FORBIDDEN = {("cloud", "ssh"), ("cloud", "hosts")}
+# Issue #21: nothing from train/ into launch/ or cloud/. What both sides read (the ranks' config and
+# command line, the event lines, Slurm's count lists, the object store interface) are leaves.
 NOT_FROM_TRAIN = ("launch", "cloud")
-# Issue #21: cli/ and run/ reach a cloud through its verbs (cloud/provider.py, cloud/connect.py), never a provider's
-# own folder: a second cloud is then one folder beside cloud/aws.
+# Issue #21: cli/ and run/ reach a cloud through its verbs (cloud/provider.py, cloud/connect.py),
+# never a provider's own folder: a second cloud is then one folder beside cloud/aws.
 PROVIDER_FOLDERS = ("cloud.aws",)
 NOT_INTO_PROVIDERS = ("cli", "run")
 MAX_LINES = 300
-# Imports known to break the layers, each with why it is not fixed yet; a fixed one must leave this list.
+# Imports known to break the layers, each with why it is not fixed yet; a fixed one must leave this
+# list.
 KNOWN: set[str] = set()
 
 
@@ -50,17 +56,21 @@ def _imports(name: str, path: Path, root: Path) -> Iterator[tuple[str, int]]:
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            yield from ((a.name, node.lineno) for a in node.names if a.name.split(".")[0] == root.name)
+            yield from ((a.name, node.lineno) for a in node.names
+                        if a.name.split(".")[0] == root.name)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join([*package.split(".")[:len(package.split(".")) - node.level + 1], *filter(None, [base])])
+                base = ".".join([*package.split(".")[:len(package.split(".")) - node.level + 1],
+                                 *filter(None, [base])])
             if base.split(".")[0] != root.name:
                 continue
             targets = set()
-            for a in node.names:  # `from cpudist import cluster` names a module; `from x import y` may too
+            # `from cpudist import cluster` names a module; `from x import y` may too
+            for a in node.names:
                 sub = root.parent / f"{base}.{a.name}".replace(".", "/")
-                targets.add(f"{base}.{a.name}" if sub.with_suffix(".py").is_file() or sub.is_dir() else base)
+                targets.add(f"{base}.{a.name}" if sub.with_suffix(".py").is_file() or sub.is_dir()
+                            else base)
             yield from ((t, node.lineno) for t in sorted(targets))
 
 
@@ -71,7 +81,8 @@ def _top(module: str) -> str | None:
 
 def violations(root: Path = PACKAGE, known: set[str] | None = None,
                known_seen: set[str] | None = None) -> list[str]:
-    """Every import that breaks the layering, as 'file:line: what', less the `known` ones (noted in `known_seen`)."""
+    """Every import that breaks the layering, as 'file:line: what', less the `known` ones (noted in
+    `known_seen`)."""
     found: list[str] = []
     known_seen = set() if known_seen is None else known_seen
     for name, path in _modules(root):
@@ -99,8 +110,10 @@ def violations(root: Path = PACKAGE, known: set[str] | None = None,
                 found.append(f"{where} (points up or sideways)")
             elif dst == "train" and src in NOT_FROM_TRAIN:
                 found.append(f"{where} ({src}/ takes nothing from train/: a shared part is a leaf)")
-            elif src in NOT_INTO_PROVIDERS and any(target.startswith(f"{root.name}.{p}") for p in PROVIDER_FOLDERS):
-                found.append(f"{where} ({src}/ reaches a cloud through cloud/provider.py's verbs only)")
+            elif src in NOT_INTO_PROVIDERS and any(target.startswith(f"{root.name}.{p}")
+                                                   for p in PROVIDER_FOLDERS):
+                found.append(f"{where} ({src}/ reaches a cloud through cloud/provider.py's verbs "
+                             "only)")
     return found
 
 
@@ -110,7 +123,8 @@ def long_modules(root: Path = PACKAGE) -> list[str]:
 
 
 def folder_cycle(root: Path = PACKAGE, known: set[str] | None = None) -> list[str] | None:
-    """A cycle between top-level folders or modules (as the list of its names), or None; `known` imports left out."""
+    """A cycle between top-level folders or modules (as the list of its names), or None; `known`
+    imports left out."""
     edges: dict[str, set[str]] = {}
     for name, path in _modules(root):
         src = _top(name)
@@ -166,28 +180,32 @@ def _package(tmp_path: Path, files: dict[str, str]) -> Path:
     ({"train/loop.py": "def f():\n    from cpudist.launch import runner\n", "launch/runner.py": ""},
      "cpudist/train/loop.py:2: train -> cpudist.launch.runner (points up or sideways)"),
     ({"cloud/up.py": "from cpudist.ssh.client import Remote\n", "ssh/client.py": ""},
-     "cpudist/cloud/up.py:1: cloud -> cpudist.ssh.client (forbidden: cloud/ gets it from its caller)"),
+     "cpudist/cloud/up.py:1: cloud -> cpudist.ssh.client (forbidden: cloud/ gets it from its "
+     "caller)"),
     ({"cloud/up.py": "from cpudist import hosts\n", "hosts/doctor.py": ""},
      "cpudist/cloud/up.py:1: cloud -> cpudist.hosts (forbidden: cloud/ gets it from its caller)"),
     ({"errors.py": "from cpudist.train.models import PRESETS\n", "train/models.py": ""},
      "cpudist/errors.py:1: errors -> cpudist.train.models (points up or sideways)"),
     ({"launch/env.py": "from cpudist.train.loop import train\n", "train/loop.py": ""},
-     "cpudist/launch/env.py:1: launch -> cpudist.train.loop (launch/ takes nothing from train/: a shared part is a "
-     "leaf)"),
+     "cpudist/launch/env.py:1: launch -> cpudist.train.loop (launch/ takes nothing from train/: a "
+     "shared part is a leaf)"),
     ({"cloud/aws/objects.py": "from cpudist.train.durable import Mirror\n", "train/durable.py": ""},
-     "cpudist/cloud/aws/objects.py:1: cloud -> cpudist.train.durable (cloud/ takes nothing from train/: a shared part "
-     "is a leaf)"),
+     "cpudist/cloud/aws/objects.py:1: cloud -> cpudist.train.durable (cloud/ takes nothing from "
+     "train/: a shared part is a leaf)"),
     ({"launch/env.py": "from ..cloud.aws import client\n", "cloud/aws/client.py": ""},
      "cpudist/launch/env.py:1: launch -> cpudist.cloud.aws.client (points up or sideways)"),
     ({"gadgets/x.py": "", "gadgets/y.py": ""}, "cpudist/gadgets: no place in LAYER"),
-    ({"cli/cluster.py": "from cpudist.cloud.aws.client import ec2_client\n", "cloud/aws/client.py": ""},
-     "cpudist/cli/cluster.py:1: cli -> cpudist.cloud.aws.client (cli/ reaches a cloud through cloud/provider.py's "
-     "verbs only)"),
-    ({"run/where.py": "def f():\n    from cpudist.cloud.aws import client\n", "cloud/aws/client.py": ""},
-     "cpudist/run/where.py:2: run -> cpudist.cloud.aws.client (run/ reaches a cloud through cloud/provider.py's "
-     "verbs only)"),
+    ({"cli/cluster.py": "from cpudist.cloud.aws.client import ec2_client\n",
+      "cloud/aws/client.py": ""},
+     "cpudist/cli/cluster.py:1: cli -> cpudist.cloud.aws.client (cli/ reaches a cloud through "
+     "cloud/provider.py's verbs only)"),
+    ({"run/where.py": "def f():\n    from cpudist.cloud.aws import client\n",
+      "cloud/aws/client.py": ""},
+     "cpudist/run/where.py:2: run -> cpudist.cloud.aws.client (run/ reaches a cloud through "
+     "cloud/provider.py's verbs only)"),
 ])
-def test_a_scratch_violation_is_caught(tmp_path: Path, files: dict[str, str], expected: str) -> None:
+def test_a_scratch_violation_is_caught(tmp_path: Path, files: dict[str, str],
+                                       expected: str) -> None:
     assert violations(_package(tmp_path, files)) == [expected]
 
 
@@ -196,5 +214,6 @@ def test_scratch_cycle_and_length_are_caught(tmp_path: Path) -> None:
                                "launch/kinds.py": "import cpudist.hosts.bench\n" + "x = 1\n" * 300})
     assert folder_cycle(root) == ["hosts", "launch", "hosts"]
     assert long_modules(root) == ["cpudist/launch/kinds.py: 301 lines"]
-    assert folder_cycle(_package(tmp_path / "fine", {"hosts/bench.py": "from cpudist.launch import kinds\n",
-                                                     "launch/kinds.py": ""})) is None
+    assert folder_cycle(_package(tmp_path / "fine",
+                                 {"hosts/bench.py": "from cpudist.launch import kinds\n",
+                                  "launch/kinds.py": ""})) is None

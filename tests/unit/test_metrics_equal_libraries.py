@@ -1,6 +1,7 @@
-"""cpudist's numpy metrics (cpudist/train/metrics.py) equal scikit-learn's and scipy's, which GLUE's own scripts and
-HF's `evaluate` call, on generated inputs: class ids with absent classes and all-one-class columns, scores with
-ties and constant columns. scikit-learn and scipy are test dependencies only; the ranks no longer import them."""
+"""cpudist's numpy metrics (cpudist/train/metrics.py) equal scikit-learn's and scipy's, which GLUE's
+own scripts and HF's `evaluate` call, on generated inputs: class ids with absent classes and
+all-one-class columns, scores with ties and constant columns. scikit-learn and scipy are test
+dependencies only; the ranks no longer import them."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def calls(draw: st.DrawFn, classes: int) -> tuple[np.ndarray, np.ndarray]:
 def scores(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray]:
     n = draw(st.integers(min_value=2, max_value=60))
     # few distinct values: ties and constant columns come up often
-    value = st.sampled_from([0.0, 0.5, 1.0, 2.5, 3.0, 4.75, 5.0]) | st.floats(-10, 10, allow_nan=False)
+    value = st.sampled_from([0.0, 0.5, 1.0, 2.5, 3.0, 4.75, 5.0]) | st.floats(-10, 10,
+                                                                              allow_nan=False)
     return (np.array(draw(st.lists(value, min_size=n, max_size=n))),
             np.array(draw(st.lists(value, min_size=n, max_size=n))))
 
@@ -45,7 +47,8 @@ def test_binary_accuracy_f1_and_matthews(pair: tuple[np.ndarray, np.ndarray]) ->
     labels, predictions = pair
     ours = compute_metrics(("accuracy", "f1", "matthews_correlation"), predictions, labels)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # sklearn warns where MCC is undefined (one class) and says 0
+        # sklearn warns where MCC is undefined (one class) and says 0
+        warnings.simplefilter("ignore")
         assert same(ours["accuracy"], accuracy_score(labels, predictions))
         assert same(ours["f1"], f1_score(labels, predictions, zero_division=0))
         assert same(ours["matthews_correlation"], matthews_corrcoef(labels, predictions))
@@ -59,13 +62,15 @@ def test_multiclass_macro_f1_and_matthews(pair: tuple[np.ndarray, np.ndarray]) -
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert same(ours["accuracy"], accuracy_score(labels, predictions))
-        assert same(ours["f1_macro"], f1_score(labels, predictions, average="macro", zero_division=0))
+        assert same(ours["f1_macro"],
+                    f1_score(labels, predictions, average="macro", zero_division=0))
         assert same(ours["matthews_correlation"], matthews_corrcoef(labels, predictions))
 
 
 @settings(max_examples=120, deadline=None)
 @given(scores())
-@example((np.array([0.0, 0.5]), np.array([0.0, 6.19182914e-187])))  # a spread whose square underflows (CI found it)
+# a spread whose square underflows (CI found it)
+@example((np.array([0.0, 0.5]), np.array([0.0, 6.19182914e-187])))
 def test_pearson_and_spearman(pair: tuple[np.ndarray, np.ndarray]) -> None:
     predictions, labels = pair
     ours = compute_metrics(("pearson", "spearmanr"), predictions, labels)
@@ -75,7 +80,8 @@ def test_pearson_and_spearman(pair: tuple[np.ndarray, np.ndarray]) -> None:
         assert same(ours["spearmanr"], float(spearmanr(predictions, labels)[0]))
 
 
-@given(st.lists(st.sampled_from([1.0, 2.0, 2.0, 3.0, -1.0]) | st.floats(-5, 5, allow_nan=False), max_size=40))
+@given(st.lists(st.sampled_from([1.0, 2.0, 2.0, 3.0, -1.0]) | st.floats(-5, 5, allow_nan=False),
+                max_size=40))
 def test_average_ranks_are_scipys(values: list[float]) -> None:
     assert np.array_equal(average_ranks(np.array(values)), rankdata(values, method="average"))
 

@@ -12,7 +12,8 @@ def test_glue_metrics() -> None:
     m = compute_metrics(("accuracy", "f1", "matthews_correlation"), preds, labels)
     assert m["accuracy"] == 0.75 and m["f1"] == pytest.approx(0.8)
     assert m["matthews_correlation"] == pytest.approx(0.5773502691896258)
-    r = compute_metrics(("pearson", "spearmanr"), np.array([1.0, 2.0, 3.5]), np.array([1.0, 2.0, 3.0]))
+    r = compute_metrics(("pearson", "spearmanr"), np.array([1.0, 2.0, 3.5]),
+                        np.array([1.0, 2.0, 3.0]))
     assert r["spearmanr"] == pytest.approx(1.0) and 0.99 < r["pearson"] <= 1.0
 
 

@@ -1,5 +1,6 @@
-"""--report-to mlflow's writer against a real MLflow file store, read back with MLflow's own client: one run per
-cpudist run (its id as tag and name), params, metrics at their steps, and a resumed part continuing that run."""
+"""--report-to mlflow's writer against a real MLflow file store, read back with MLflow's own client:
+one run per cpudist run (its id as tag and name), params, metrics at their steps, and a resumed part
+continuing that run."""
 
 from __future__ import annotations
 
@@ -15,13 +16,15 @@ from cpudist.train.report_to import MLFLOW_DIR, Reporters, check_installed
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
-CONFIG = {"task": "mrpc", "model": "tiny", "lr": 1e-3, "run_id": "20261126-171500-ab12", "report_to": ("mlflow",),
+CONFIG = {"task": "mrpc", "model": "tiny", "lr": 1e-3, "run_id": "20261126-171500-ab12",
+          "report_to": ("mlflow",),
           "mlflow_uri": None, "resume": None, "text_columns": ()}
 
 
 @pytest.fixture(autouse=True)
 def _no_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Unset here, so the writer's own opt-in (rank 0 sets it) is what opens the file store; undone after."""
+    """Unset here, so the writer's own opt-in (rank 0 sets it) is what opens the file store; undone
+    after."""
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
     monkeypatch.delenv("MLFLOW_DISABLE_TELEMETRY", raising=False)
 
@@ -38,22 +41,27 @@ def test_a_run_and_its_resumed_part_are_one_mlflow_run(tmp_path: Path) -> None:
     first.log_step(2, {"loss": 0.6, "learning_rate": 5e-4})
     first.log_eval(2, {"accuracy": 0.5})
     first.close()
-    # the second part resumes at step 2 with a changed setting: same MLflow run, params as the first part wrote
-    again = Reporters.open(("mlflow",), 0, tmp_path, {**CONFIG, "resume": "auto", "lr": 2e-3}, resumed_at=2)
+    # the second part resumes at step 2 with a changed setting: same MLflow run, params as the first
+    # part wrote
+    again = Reporters.open(("mlflow",), 0, tmp_path, {**CONFIG, "resume": "auto", "lr": 2e-3},
+                           resumed_at=2)
     again.log_step(3, {"loss": 0.5, "learning_rate": 2e-4})
     again.log_eval(3, {"accuracy": 0.75})
     again.close()
-    assert Reporters.open(("mlflow",), 1, tmp_path, CONFIG).reporters == []  # other ranks write nothing
+    # other ranks write nothing
+    assert Reporters.open(("mlflow",), 1, tmp_path, CONFIG).reporters == []
 
     client = _client(tmp_path)
     experiment = client.get_experiment_by_name("cpudist")
     assert experiment is not None
     [run] = client.search_runs([experiment.experiment_id])
-    assert run.data.tags["cpudist.run_id"] == CONFIG["run_id"] and run.info.run_name == CONFIG["run_id"]
+    assert run.data.tags["cpudist.run_id"] == CONFIG["run_id"] and run.info.run_name == CONFIG[
+        "run_id"]
     assert run.info.status == "FINISHED"
     params = run.data.params
     assert (params["task"], params["lr"], params["report_to"]) == ("mrpc", "0.001", "('mlflow',)")
-    assert "resume" not in params and "mlflow_uri" not in params and "text_columns" not in params  # unset: left out
+    # unset: left out
+    assert "resume" not in params and "mlflow_uri" not in params and "text_columns" not in params
 
     def history(name: str) -> list[tuple[int, float]]:
         return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, name))
@@ -64,7 +72,8 @@ def test_a_run_and_its_resumed_part_are_one_mlflow_run(tmp_path: Path) -> None:
 
 
 def test_another_run_in_the_store_is_another_mlflow_run(tmp_path: Path) -> None:
-    """A fresh run (not resumed) never continues an earlier run's MLflow run, even with the same id."""
+    """A fresh run (not resumed) never continues an earlier run's MLflow run, even with the same
+    id."""
     for config in (CONFIG, {**CONFIG, "run_id": "20261126-171600-cd34"}, CONFIG):
         r = Reporters.open(("mlflow",), 0, tmp_path, config)
         r.log_step(1, {"loss": 1.0})
@@ -78,7 +87,8 @@ def test_another_run_in_the_store_is_another_mlflow_run(tmp_path: Path) -> None:
 
 
 def test_a_run_that_raised_is_failed_one_interrupted_killed(tmp_path: Path) -> None:
-    """The rank closes its reporters in a `finally`: the exception on its way out says how the MLflow run ended."""
+    """The rank closes its reporters in a `finally`: the exception on its way out says how the
+    MLflow run ended."""
     for run_id, error in (("failed", RuntimeError("boom")), ("killed", KeyboardInterrupt())):
         r = Reporters.open(("mlflow",), 0, tmp_path, {**CONFIG, "run_id": run_id})
         with pytest.raises(type(error)):
@@ -89,13 +99,18 @@ def test_a_run_that_raised_is_failed_one_interrupted_killed(tmp_path: Path) -> N
     client = _client(tmp_path)
     experiment = client.get_experiment_by_name("cpudist")
     assert experiment is not None
-    ended = {r.data.tags["cpudist.run_id"]: r.info.status for r in client.search_runs([experiment.experiment_id])}
+    ended = {r.data.tags["cpudist.run_id"]: r.info.status
+             for r in client.search_runs([experiment.experiment_id])}
     assert ended == {"failed": "FAILED", "killed": "KILLED"}
 
 
 def test_missing_mlflow_and_a_uri_without_it_are_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "mlflow", None)  # Python's own "not importable": find_spec says None
-    with pytest.raises(BadInput, match=r"needs the mlflow-skinny package.*pip install 'cpudist\[mlflow\]'"):
+    # Python's own "not importable": find_spec says None
+    monkeypatch.setitem(sys.modules, "mlflow", None)
+    with pytest.raises(BadInput,
+                       match=r"needs the mlflow-skinny package.*pip install 'cpudist\[mlflow\]'"):
         check_installed(("tensorboard", "mlflow"))
-    with pytest.raises(BadInput, match=r"--mlflow-uri .* --report-to does not name mlflow\. Add --report-to mlflow"):
+    with pytest.raises(BadInput,
+                       match=r"--mlflow-uri .* --report-to does not name mlflow\. Add --report-to "
+                             r"mlflow"):
         check_installed(("tensorboard",), "http://mlflow:5000")

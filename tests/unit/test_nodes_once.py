@@ -1,5 +1,5 @@
-"""The nodes are read once: run/where turns --hostfile into a Nodes value, the request carries it (across SSH as
-JSON too), and staging and the launch spec read the request, never the file again."""
+"""The nodes are read once: run/where turns --hostfile into a Nodes value, the request carries it
+(across SSH as JSON too), and staging and the launch spec read the request, never the file again."""
 
 from __future__ import annotations
 
@@ -23,10 +23,13 @@ def test_the_hostfile_is_read_once_and_the_request_carries_its_nodes(tmp_path: P
     assert where.kind == "hostfile"
     assert where.nodes == Nodes((Host("localhost", 2), Host("127.0.0.2", 2)), str(hostfile))
     cfg = TrainConfig(task="synthetic", output_dir=str(tmp_path / "run"), model="tiny")
-    request = RunRequest(train=cfg, launch=LaunchOptions(np=2, ppn=1, launcher="torchrun"), nodes=where.nodes)
-    hostfile.unlink()  # nothing after where_for may read it: a changed or removed file cannot split the run's view
+    request = RunRequest(train=cfg, launch=LaunchOptions(np=2, ppn=1, launcher="torchrun"),
+                         nodes=where.nodes)
+    # nothing after where_for may read it: a changed or removed file cannot split the run's view
+    hostfile.unlink()
     assert RunRequest.from_json(request.to_json()) == request
-    assert staging_plan(request) == []  # synthetic rows: nothing to stage, and no file read to find that out
+    # synthetic rows: nothing to stage, and no file read to find that out
+    assert staging_plan(request) == []
     spec = spec_of(request, dry_run=True)
     assert [h.name for h in spec.hosts] == ["localhost", "127.0.0.2"]
 
@@ -37,9 +40,11 @@ def test_a_missing_hostfile_is_refused_where_it_is_read(tmp_path: Path) -> None:
 
 
 def test_the_launch_names_where_its_nodes_came_from(tmp_path: Path) -> None:
-    """The head's own check reads the nodes' source, not a file: a first host that is not this machine."""
+    """The head's own check reads the nodes' source, not a file: a first host that is not this
+    machine."""
     nodes = Nodes((Host("198.18.0.250"), Host("localhost")), "hosts.txt")
     cfg = TrainConfig(task="synthetic", output_dir=str(tmp_path / "run"), model="tiny")
-    request = RunRequest(train=cfg, launch=LaunchOptions(np=2, ppn=1, launcher="torchrun"), nodes=nodes)
+    request = RunRequest(train=cfg, launch=LaunchOptions(np=2, ppn=1, launcher="torchrun"),
+                         nodes=nodes)
     with pytest.raises(BadInput, match=r"the first host of hosts\.txt"):
         spec_of(request, dry_run=True)

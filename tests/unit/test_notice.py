@@ -1,4 +1,5 @@
-"""Spot notices read over real HTTP from the IMDSv2 harness: tokens, per-client notices, the watcher thread."""
+"""Spot notices read over real HTTP from the IMDSv2 harness: tokens, per-client notices, the watcher
+thread."""
 
 from __future__ import annotations
 
@@ -104,7 +105,8 @@ def test_watcher_sees_a_notice_posted_after_start(imds: ImdsServer) -> None:
         notice = wait_for(lambda: watcher.notice, 30, "the watcher to see the notice")
         assert notice.action == "terminate"
         imds.clear()
-        # Two more polls of the cleared service, or none can come (the watcher stops once it has a notice).
+        # Two more polls of the cleared service, or none can come (the watcher stops once it has a
+        # notice).
         polls = watcher.polls
         wait_for(lambda: watcher.polls >= polls + 2 or not watcher._thread.is_alive(), 30,
                  "two polls after the notice was cleared, or the watcher to stop")
@@ -113,19 +115,22 @@ def test_watcher_sees_a_notice_posted_after_start(imds: ImdsServer) -> None:
 
 
 def test_stop_is_prompt(imds: ImdsServer) -> None:
-    """stop() wakes the watcher from its wait between polls: it takes a request's time, not the interval's."""
+    """stop() wakes the watcher from its wait between polls: it takes a request's time, not the
+    interval's."""
     watcher = NoticeWatcher(imds.url, interval_s=600, timeout_s=2.0).start()
     wait_for(lambda: watcher.polls >= 1, 30, "the first poll")  # then it waits out the interval
     started = time.monotonic()
     watcher.stop()  # joins for at most 2 * timeout_s + 1 s
     assert not watcher._thread.is_alive(), "stop() left the watcher waiting out its interval"
-    # Not a speed check: a stop that waited for the interval would take 600 s, or leave the thread alive.
+    # Not a speed check: a stop that waited for the interval would take 600 s, or leave the thread
+    # alive.
     assert time.monotonic() - started < watcher.interval_s / 10
 
 
 def test_unreachable_endpoint_is_counted_not_raised(caplog: pytest.LogCaptureFixture) -> None:
     with NoticeWatcher(_closed_port(), interval_s=0.05) as watcher:
-        wait_for(lambda: watcher.errors >= 6, 30, "six failed polls", lambda: f"{watcher.errors} errors")
+        wait_for(lambda: watcher.errors >= 6, 30, "six failed polls",
+                 lambda: f"{watcher.errors} errors")
         assert watcher._thread.is_alive()
     assert watcher.errors >= 6 and watcher.notice is None
     said = [r for r in caplog.records if "in a row failed" in r.getMessage()]

@@ -1,8 +1,11 @@
-"""One launch path for every payload, and a launcher kind as one object, read from the code with ast:
+"""One launch path for every payload, and a launcher kind as one object, read from the code with
+ast:
 
-- run/ and cli/ name no scheduler: what differs between launchers is asked of their kind (launch/kind.py), its
-  flags included, so a new scheduler is one module and one row of launch/kinds.KINDS;
-- every payload crosses to a head in the one request, read by the one agent (no second agent program);
+- run/ and cli/ name no scheduler: what differs between launchers is asked of their kind
+  (launch/kind.py), its flags included, so a new scheduler is one module and one row of
+  launch/kinds.KINDS;
+- every payload crosses to a head in the one request, read by the one agent (no second agent
+  program);
 - the probe of `cpudist hosts bench` gets its launch spec from the same resolve as a training run.
 """
 
@@ -50,23 +53,28 @@ def _code_words(path: Path) -> list[tuple[int, str]]:
 
 @pytest.mark.parametrize("room", ["run", "cli"])
 def test_run_and_cli_name_no_scheduler(room: str) -> None:
-    said = [f"{path.relative_to(PACKAGE)}:{line}: {word!r}" for path in sorted((PACKAGE / room).rglob("*.py"))
+    said = [f"{path.relative_to(PACKAGE)}:{line}: {word!r}"
+            for path in sorted((PACKAGE / room).rglob("*.py"))
             for line, word in _code_words(path) if "slurm" in word.lower()]
     assert said == []
 
 
 def test_a_schedulers_flags_are_its_kinds_and_fill_its_options(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every flag a scheduler kind declares reaches the batch script through `cpudist run`; `launch` (a user's
-    script, which does not checkpoint) is offered only those that are not the trainer's."""
+    """Every flag a scheduler kind declares reaches the batch script through `cpudist run`; `launch`
+    (a user's script, which does not checkpoint) is offered only those that are not the
+    trainer's."""
     monkeypatch.chdir(tmp_path)
     for name in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
         monkeypatch.delenv(name, raising=False)
     runner = CliRunner()
-    given = ["--partition", "cpu", "--time", "30", "--account", "proj", "--exclusive", "--sbatch-arg=--mem=0",
+    given = ["--partition", "cpu", "--time", "30", "--account", "proj", "--exclusive",
+             "--sbatch-arg=--mem=0",
              "--requeue", "--requeue-signal", "90"]
-    out = runner.invoke(cli, ["run", "synthetic", "--model", "tiny", "--launcher", "slurm", "--nodes", "2",
-                              "--ppn", "1", *given, "--dry-run"])
+    out = runner.invoke(cli,
+                        ["run", "synthetic", "--model", "tiny", "--launcher", "slurm", "--nodes",
+                         "2",
+                         "--ppn", "1", *given, "--dry-run"])
     assert out.exit_code == 0, out.output
     for line in ("--partition=cpu", "--time=30", "--account=proj", "--exclusive", "--mem=0",
                  "--signal=B:USR1@90", "--requeue"):
@@ -75,25 +83,32 @@ def test_a_schedulers_flags_are_its_kinds_and_fill_its_options(tmp_path: Path,
     assert set(flags) >= {"--partition", "--requeue"} and len(flags) == len(set(flags))
     helped = runner.invoke(cli, ["run", "--help"]).output
     assert "Slurm (--launcher slurm)" in helped and "--requeue-signal" in helped
-    refused = runner.invoke(cli, ["launch", "--launcher", "slurm", "--requeue", "--dry-run", "--", "true"])
+    refused = runner.invoke(cli,
+                            ["launch", "--launcher", "slurm", "--requeue", "--dry-run", "--",
+                             "true"])
     assert refused.exit_code == 2 and "--requeue: not an option of cpudist launch" in refused.output
 
 
 def test_every_kind_is_one_object_and_the_scheduler_is_a_batch_kind() -> None:
     for name, kind in kinds.KINDS.items():
-        assert kind.name == name and callable(kind.build) and callable(kind.execute) and callable(kind.placed)
+        assert kind.name == name and callable(kind.build) and callable(kind.execute) and callable(
+            kind.placed)
         assert kind.scheduled == (not isinstance(kind, Direct))
     batch = [name for name, kind in kinds.KINDS.items() if kind.scheduled]
     assert batch == ["slurm"] and kinds.batch_of("slurm") is kinds.KINDS["slurm"]
-    assert all(hasattr(kinds.batch_of(n), m) for n in batch for m in Batch.__dict__ if not m.startswith("_"))
+    assert all(hasattr(kinds.batch_of(n), m) for n in batch for m in Batch.__dict__
+               if not m.startswith("_"))
     with pytest.raises(BadInput, match="--detach has nothing to leave running"):
         kinds.batch_of("torchrun")
 
 
-@pytest.mark.parametrize("payload", [Trainer(), Script(("train.py", "--lr", "1"), collect=("out",), per_node=2),
-                                     Probe(sizes=(4096,), iters=3)])
+@pytest.mark.parametrize("payload",
+                         [Trainer(),
+                          Script(("train.py", "--lr", "1"), collect=("out",), per_node=2),
+                          Probe(sizes=(4096,), iters=3)])
 def test_the_one_agent_reads_every_payload(payload: Trainer | Script | Probe) -> None:
-    request = RunRequest(TrainConfig(task="mrpc", output_dir="/h/runs/r"), LaunchOptions(np=2, ppn=1),
+    request = RunRequest(TrainConfig(task="mrpc", output_dir="/h/runs/r"),
+                         LaunchOptions(np=2, ppn=1),
                          payload=payload)
     back = RunRequest.from_json(request.to_json())
     assert back == request and type(back.payload) is type(payload)
@@ -102,6 +117,7 @@ def test_the_one_agent_reads_every_payload(payload: Trainer | Script | Probe) ->
 
 def test_a_payload_names_its_rank_program() -> None:
     assert Trainer().program("/r") == ()  # the trainer: the rank module with the config's argv
-    assert Script(("train.py",), per_node=2).program("/r")[:2] == (programs.SCRIPT_RANK, "--run-dir")
+    assert Script(("train.py",), per_node=2).program("/r")[:2] == (programs.SCRIPT_RANK,
+                                                                   "--run-dir")
     assert Probe(sizes=(8,), iters=2, warmup=1).program("/r") == (
         programs.BENCH_RANK, "--sizes", "8", "--iters", "2", "--warmup", "1", "--timeout", "120")

@@ -8,7 +8,16 @@ import pytest
 
 from cpudist.errors import BadInput
 from cpudist.results.catalogue import recommend, strategies
-from cpudist.results.planner import Baseline, Link, baseline_of, comm_time, pick_baseline, plan, predict, sync_of
+from cpudist.results.planner import (
+    Baseline,
+    Link,
+    baseline_of,
+    comm_time,
+    pick_baseline,
+    plan,
+    predict,
+    sync_of,
+)
 from cpudist.results.schema import RunResult
 from cpudist.results.validation import GOAL, measured_overlap, measured_sync_cpu, validate
 from cpudist.strategies import SyncSpec, parse_label
@@ -22,17 +31,22 @@ def base(compute_s: float = 2.0, ppn: int = 1, shapes: tuple[tuple[int, ...], ..
     return Baseline("b", compute_s, ppn, 32, 3200, 100, shapes, True, price, None)
 
 
-def run(nodes: int = 1, ppn: int = 1, step_s: float = 2.0, steps: int = 100, **kw: object) -> RunResult:
+def run(nodes: int = 1, ppn: int = 1, step_s: float = 2.0, steps: int = 100,
+        **kw: object) -> RunResult:
     """A result.json with realistic fields: per-rank batch 32, `steps` steps of `step_s` seconds."""
     world = nodes * ppn
     fields: dict[str, object] = dict(
-        task="mrpc", model="minilm-l6", world_size=world, nodes=tuple(f"n{i}" for i in range(nodes)), ppn=ppn,
+        task="mrpc", model="minilm-l6", world_size=world,
+        nodes=tuple(f"n{i}" for i in range(nodes)), ppn=ppn,
         precision="bf16", backend="gloo", sync="ddp", per_rank_batch_size=32, grad_accum=1,
-        global_batch_size=32 * world, max_seq_len=128, steps=steps, train_samples=32 * world * steps,
+        global_batch_size=32 * world, max_seq_len=128, steps=steps, train_samples=32 * world
+        * steps,
         train_time_s=step_s * steps, eval_time_s=1.0, wall_time_s=step_s * steps + 5,
         train_samples_per_s=32 * world / step_s, steady_samples_per_s=32 * world / step_s,
-        train_tokens_per_s=0.0, metrics={}, comm_bytes_per_step=0, versions={}, cpu={"model": "Xeon"},
-        run_id=f"r{nodes}x{ppn}", started_at=f"2026-01-0{nodes}T00:00:00", param_shapes=MB100, grad_bytes=10**8,
+        train_tokens_per_s=0.0, metrics={}, comm_bytes_per_step=0, versions={},
+        cpu={"model": "Xeon"},
+        run_id=f"r{nodes}x{ppn}", started_at=f"2026-01-0{nodes}T00:00:00", param_shapes=MB100,
+        grad_bytes=10**8,
         max_steps=steps)
     fields.update(kw)
     return RunResult(**fields)  # type: ignore[arg-type]
@@ -53,9 +67,11 @@ def test_each_strategy_prices_its_own_bytes_and_overlap() -> None:
     step = {s.label: predict(b, s, 4, GBIT, overlap=0.5, steps=80).step_s for s in strategies(2, 8)}
     assert step["ddp+bf16"] == pytest.approx(2 + 0.5 * 0.6)  # half the bytes, half of it hidden
     assert step["allreduce"] == pytest.approx(3.2)  # the same bytes as DDP, none hidden
-    assert step["gather-scatter"] == pytest.approx(2 + 2 * 3 * 0.8)  # 3 copies in, then 3 out of the head's link
+    # 3 copies in, then 3 out of the head's link
+    assert step["gather-scatter"] == pytest.approx(2 + 2 * 3 * 0.8)
     assert step["local-sgd:8"] == pytest.approx(2 + 1.2 / 8)  # one average every 8 steps
-    # PowerSGD rank 2 of a 5000 x 5000 matrix: (5000 + 5000) x 2 values; fp32 during its 2 start steps
+    # PowerSGD rank 2 of a 5000 x 5000 matrix: (5000 + 5000) x 2 values; fp32 during its 2 start
+    # steps
     compressed = 2 * 3 / 4 * 4 * 20000 * 8 / 1e9
     assert step["ddp+powersgd:2"] == pytest.approx(2 + 0.5 * (2 * 1.2 + 78 * compressed) / 80)
 
@@ -72,7 +88,8 @@ def test_latency_per_collective_and_ranks_per_node() -> None:
 def test_plan_covers_the_same_samples_with_prices() -> None:
     rows = plan(base(price=2.0), [2, 4], strategies(), GBIT, 0.0, samples=3200)
     one = rows[0]
-    assert (one.nodes, one.sync, one.steps, one.time_s, one.speedup) == (1, "measured", 100, 200.0, 1.0)
+    assert (one.nodes, one.sync, one.steps, one.time_s, one.speedup) == (1, "measured", 100, 200.0,
+                                                                         1.0)
     assert one.cost_usd == pytest.approx(2.0 * 200 / 3600)
     ddp4 = next(r for r in rows if r.nodes == 4 and r.sync == "ddp")
     assert ddp4.steps == 25 and ddp4.time_s == pytest.approx(25 * 3.2)
@@ -89,13 +106,15 @@ def test_powersgd_is_left_out_without_real_shapes() -> None:
 def test_recommendation_exact_when_the_link_is_fast() -> None:
     rows = plan(base(), [2, 4, 8], strategies(), Link(100.0, 0.0), 0.0, 3200)
     rec = recommend(rows)
-    assert rec.choice.nodes == 8 and rec.choice.sync == "ddp"  # ties within 2%: exact gradients first
+    # ties within 2%: exact gradients first
+    assert rec.choice.nodes == 8 and rec.choice.sync == "ddp"
     assert "exact gradient averaging" in rec.line and "global batch grows 8x" in rec.line
 
 
 def test_recommendation_states_the_risk_of_local_sgd() -> None:
     short = recommend(plan(base(), [2, 4, 8], strategies(2, 8), Link(0.5, 0.0), 0.0, 3200))
-    assert short.choice.sync == "local-sgd:8"  # 13 steps at 8 nodes: PowerSGD's 2 fp32 start steps weigh most
+    # 13 steps at 8 nodes: PowerSGD's 2 fp32 start steps weigh most
+    assert short.choice.sync == "local-sgd:8"
     rows = plan(base(), [2, 4, 8], strategies(2, 8), Link(0.5, 0.0), 0.0, 320_000)
     rec = recommend(rows)
     assert rec.choice.sync == "ddp+powersgd:2"  # the fewest bytes over a long run on a slow link
@@ -128,7 +147,8 @@ def test_validate_flags_points_off_by_more_than_the_goal() -> None:
     rows = validate([run(1), good, bad, elsewhere], 1.0, 0.0, cpu_s_per_byte=0.0)
     assert [r.run_id for r in rows] == ["good", "bad"]
     g, b = rows
-    assert g.predicted_step_s == pytest.approx(2.8) and g.measured_speedup == pytest.approx(2 * 2 / 2.94)
+    assert g.predicted_step_s == pytest.approx(2.8) and g.measured_speedup == pytest.approx(2
+                                                                                            * 2 / 2.94)
     assert g.error == pytest.approx(1.05 - 1) and not g.flagged
     assert b.error == pytest.approx(1.4 - 1) and b.flagged and abs(b.error) > GOAL
 
@@ -137,38 +157,53 @@ def test_validate_takes_overlap_from_the_other_runs() -> None:
     a = run(2, step_s=2.4, comm_time_s=80.0, exposed_comm_s=40.0, run_id="a")
     b = run(4, step_s=2.6, comm_time_s=100.0, exposed_comm_s=50.0, run_id="b")
     rows = {r.run_id: r for r in validate([run(1), a, b], 1.0, 0.0)}
-    assert rows["a"].overlap == pytest.approx(0.5) and rows["a"].predicted_step_s == pytest.approx(2.4)
+    assert rows["a"].overlap == pytest.approx(0.5) and rows["a"].predicted_step_s == pytest.approx(
+        2.4)
     assert rows["b"].predicted_step_s == pytest.approx(2.6)  # 2 + (1 - 0.5) x 1.2
     assert validate([run(1), a], 1.0, 0.0)[0].overlap == 0.0  # its own f is never used for itself
 
 
 def test_sync_cpu_cost_per_byte_from_the_other_runs() -> None:
-    # 1 Gbit/s, 100 MB, t_c 2 s, f = 0: 2 nodes 2.8 s and 4 nodes 3.2 s of wire-bound step; each ran 0.1 s per
-    # 100 MB on its busiest link slower (2 nodes: 100 MB, 4 nodes: 150 MB), i.e. c = 1e-9 s per byte
+    # 1 Gbit/s, 100 MB, t_c 2 s, f = 0: 2 nodes 2.8 s and 4 nodes 3.2 s of wire-bound step; each ran
+    # 0.1 s per 100 MB on its busiest link slower (2 nodes: 100 MB, 4 nodes: 150 MB), i.e. c = 1e-9
+    # s per byte
     two = run(2, step_s=2.9, run_id="two", started_at="2026-02-01")
     four = run(4, step_s=3.2 + 0.15, run_id="four", started_at="2026-02-02")
     c, ids = measured_sync_cpu([run(1), two, four], GBIT)
     assert c == pytest.approx(1e-9) and ids == ("two", "four")
-    assert measured_sync_cpu([run(1), two], GBIT, like=run(2, cpu={"model": "Epyc"}))[0] == 0.0  # other nodes
+    # other nodes
+    assert measured_sync_cpu([run(1), two], GBIT, like=run(2, cpu={"model": "Epyc"}))[0] == 0.0
     assert measured_sync_cpu([run(1)], GBIT) == (0.0, ())
-    assert measured_sync_cpu([run(1), run(2, step_s=2.5)], GBIT)[0] == 0.0  # faster than the wire: never below 0
-    rows = {r.run_id: r for r in validate([run(1), two, four], 1.0, 0.0)}  # c of the other run, never its own
-    assert rows["four"].cpu_s_per_byte == pytest.approx(1e-9) and rows["four"].predicted_step_s == pytest.approx(3.35)
-    assert rows["two"].predicted_step_s == pytest.approx(2.9) and rows["two"].error == pytest.approx(0.0)
-    # with a strategy named, the runs of its own kind where there are any (a gather does not sum what it moves)
-    gather = run(2, step_s=2 + 1.6 + 0.4, sync="gather-scatter", run_id="gs", started_at="2026-02-03")
-    assert measured_sync_cpu([run(1), two, four, gather], GBIT, sync=SyncSpec("gather-scatter")) == (
+    # faster than the wire: never below 0
+    assert measured_sync_cpu([run(1), run(2, step_s=2.5)], GBIT)[0] == 0.0
+    # c of the other run, never its own
+    rows = {r.run_id: r for r in validate([run(1), two, four], 1.0, 0.0)}
+    assert rows["four"].cpu_s_per_byte == pytest.approx(1e-9) and rows[
+        "four"].predicted_step_s == pytest.approx(3.35)
+    assert rows["two"].predicted_step_s == pytest.approx(2.9) and rows[
+        "two"].error == pytest.approx(0.0)
+    # with a strategy named, the runs of its own kind where there are any (a gather does not sum
+    # what it moves)
+    gather = run(2, step_s=2 + 1.6 + 0.4, sync="gather-scatter", run_id="gs",
+                 started_at="2026-02-03")
+    assert measured_sync_cpu([run(1), two, four, gather], GBIT,
+                             sync=SyncSpec("gather-scatter")) == (
         pytest.approx(0.4 / 200e6), ("gs",))
-    assert measured_sync_cpu([run(1), two, four, gather], GBIT, sync=SyncSpec())[1] == ("two", "four")
-    assert measured_sync_cpu([run(1), two], GBIT, sync=SyncSpec("allreduce"))[1] == ("two",)  # none of its kind
-    p = predict(base(), SyncSpec("local-sgd", sync_every=8), 4, GBIT, overlap=0.0, steps=80, cpu_s_per_byte=1e-9)
+    assert measured_sync_cpu([run(1), two, four, gather], GBIT, sync=SyncSpec())[1] == ("two",
+                                                                                        "four")
+    # none of its kind
+    assert measured_sync_cpu([run(1), two], GBIT, sync=SyncSpec("allreduce"))[1] == ("two",)
+    p = predict(base(), SyncSpec("local-sgd", sync_every=8), 4, GBIT, overlap=0.0, steps=80,
+                cpu_s_per_byte=1e-9)
     assert p.sync_cpu_s == pytest.approx(150e6 / 8 * 1e-9)  # the bytes of one average in 8 steps
 
 
 def test_baseline_choice_and_errors() -> None:
-    old, new = run(1, run_id="old", started_at="2026-01-01"), run(1, run_id="new", started_at="2026-03-01")
+    old, new = run(1, run_id="old", started_at="2026-01-01"), run(1, run_id="new",
+                                                                  started_at="2026-03-01")
     chosen, why = pick_baseline([new, run(2), old])
-    assert chosen.run_id == "new" and why == ("of 2 1-node runs of mrpc minilm-l6 bf16 in the sources, the newest of 2 "
+    assert chosen.run_id == "new" and why == ("of 2 1-node runs of mrpc minilm-l6 bf16 in the "
+                                              "sources, the newest of 2 "
                                               "with the fewest ranks (1 rank)")
     assert pick_baseline([new, old], "old") == (old, "named by --baseline")
     assert pick_baseline([new, old], "ol")[0].run_id == "old"  # a unique prefix
@@ -186,19 +221,25 @@ def test_baseline_choice_and_errors() -> None:
 
 
 def test_default_baseline_is_the_fewest_ranks_of_the_newest_job_not_the_newest_run() -> None:
-    """plan took the newest 1-node run, a 2-rank gather-scatter one, as its base: the 1-rank run is the compute."""
+    """plan took the newest 1-node run, a 2-rank gather-scatter one, as its base: the 1-rank run is
+    the compute."""
     one = run(1, run_id="one", started_at="2026-01-01")
     gather = run(1, ppn=2, sync="gather-scatter", run_id="gs", started_at="2026-01-05")
     assert pick_baseline([one, gather])[0] is one
     ddp2 = run(1, ppn=2, run_id="ddp2", started_at="2026-01-02")
-    chosen, why = pick_baseline([ddp2, gather])  # both 2 ranks: plain DDP over the newer gather-scatter
-    assert chosen is ddp2 and why.endswith("the one with the fewest ranks (2 ranks, sync=ddp), plain DDP first")
+    # both 2 ranks: plain DDP over the newer gather-scatter
+    chosen, why = pick_baseline([ddp2, gather])
+    assert chosen is ddp2 and why.endswith("the one with the fewest ranks (2 ranks, sync=ddp), "
+                                           "plain DDP first")
     other_job = run(1, model="bert-base", ppn=2, run_id="bert", started_at="2026-02-01")
-    assert pick_baseline([one, gather, other_job])[0] is other_job  # the newest run's job, then its fewest ranks
+    # the newest run's job, then its fewest ranks
+    assert pick_baseline([one, gather, other_job])[0] is other_job
 
 
 def test_sync_from_options_or_label() -> None:
-    assert sync_of(run(2, sync_options={"strategy": "local-sgd", "sync_every": 4, "extra": 1})).sync_every == 4
+    assert sync_of(run(2,
+                       sync_options={"strategy": "local-sgd", "sync_every": 4,
+                                     "extra": 1})).sync_every == 4
     assert parse_label("ddp+powersgd:4") == SyncSpec(grad_compression="powersgd", powersgd_rank=4)
     assert parse_label("diloco:16").outer_optimizer == "nesterov"
     assert parse_label("gather-scatter").sync == "gather-scatter"

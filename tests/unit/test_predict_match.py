@@ -1,5 +1,6 @@
-"""predict refuses a model of another task or label set than the rows' (by the names, not only their count),
-before any model loads, in one line; a model of the rows' own task, regression included, goes through."""
+"""predict refuses a model of another task or label set than the rows' (by the names, not only their
+count), before any model loads, in one line; a model of the rows' own task, regression included,
+goes through."""
 
 from __future__ import annotations
 
@@ -31,8 +32,10 @@ def custom_run(path: Path, task: str = "custom", id2label: dict[str, str] | None
 
 def stsb(path: Path) -> Path:
     path.mkdir()
-    (path / "dev.tsv").write_text("index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\t"
-                                  "score\n0\tmain\tx\t2012\t0\tnone\tnone\tA man plays.\tA man is playing.\t4.2\n")
+    (path / "dev.tsv").write_text(
+        "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\t"
+        "score\n0\tmain\tx\t2012\t0\tnone\tnone\tA man plays.\tA man is "
+        "playing.\t4.2\n")
     return path
 
 
@@ -43,16 +46,19 @@ def test_a_model_of_another_glue_task_is_refused_saying_what_it_was_trained_on(s
     said = refused(PredictRequest(run, split="dev", task="rte", data_dir=rte))
     assert "was trained on MRPC (classes not_equivalent, equivalent); the rows are RTE's" in said
     assert "Give a model trained on RTE" in said
-    assert "the rows are SST-2's" in refused(PredictRequest(run, split="test", task="sst2", data_dir=sst2))
+    assert "the rows are SST-2's" in refused(PredictRequest(run, split="test", task="sst2",
+                                                            data_dir=sst2))
     away = run / "model"  # copied away from its run: its card says the task
     (run / "result.json").unlink()
     (run / "command.txt").unlink()
     (away / "README.md").write_text("## Task and data\n\n- Task: `mrpc` (2-class classification)\n")
-    assert "was trained on MRPC" in refused(PredictRequest(away, split="dev", task="rte", data_dir=rte))
+    assert "was trained on MRPC" in refused(PredictRequest(away, split="dev", task="rte",
+                                                           data_dir=rte))
     (away / "README.md").unlink()  # nothing says the task: its class names are not RTE's
     said = refused(PredictRequest(away, split="dev", task="rte", data_dir=rte))
     assert "predicts classes not_equivalent, equivalent; RTE's rows have classes entailment, not_entailment" in said
-    qnli = custom_run(tmp_path / "qnli", "qnli", {"0": "entailment", "1": "not_entailment"})  # RTE's very names
+    # RTE's very names
+    qnli = custom_run(tmp_path / "qnli", "qnli", {"0": "entailment", "1": "not_entailment"})
     assert "trained on QNLI" in refused(PredictRequest(qnli, split="dev", task="rte", data_dir=rte))
 
 
@@ -69,18 +75,24 @@ def test_custom_data_against_a_glue_task_and_a_glue_model_against_custom_data(sh
     rows = tmp_path / "rows.csv"
     rows.write_text("sentence,label\ngreat film,0\n")
     glue = run_folder(tmp_path / "mrpc")
-    assert "trained on MRPC" in refused(PredictRequest(glue, file=rows, text_columns=("sentence",), task="custom"))
-    assert "the rows are SST-2's" in refused(PredictRequest(glue, file=rows, task="sst2", label_column="label"))
-    rows.write_text("sentence,label\ngreat film,positive\n")  # a file's labels are the model's names or ids
+    assert "trained on MRPC" in refused(PredictRequest(glue, file=rows, text_columns=("sentence",),
+                                                       task="custom"))
+    assert "the rows are SST-2's" in refused(PredictRequest(glue, file=rows, task="sst2",
+                                                            label_column="label"))
+    # a file's labels are the model's names or ids
+    rows.write_text("sentence,label\ngreat film,positive\n")
     with pytest.raises(BadInput, match="unknown label 'positive'"):
         plan(PredictRequest(glue, file=rows, text_columns=("sentence",), label_column="label"))
 
 
 def test_the_matching_task_and_regression_go_through(shared_data: Path, tmp_path: Path) -> None:
     mrpc = shared_data / "glue" / "MRPC"
-    assert len(plan(PredictRequest(run_folder(tmp_path / "run"), split="dev", data_dir=mrpc)).inputs) == 100
-    glue_own = model_folder(tmp_path / "ids", {"0": "0", "1": "1"})  # GLUE's files' names, no record: either kind
-    assert plan(PredictRequest(glue_own, split="dev", task="mrpc", data_dir=mrpc)).inputs.labels is not None
+    assert len(plan(PredictRequest(run_folder(tmp_path / "run"), split="dev",
+                                   data_dir=mrpc)).inputs) == 100
+    # GLUE's files' names, no record: either kind
+    glue_own = model_folder(tmp_path / "ids", {"0": "0", "1": "1"})
+    assert plan(PredictRequest(glue_own, split="dev", task="mrpc",
+                               data_dir=mrpc)).inputs.labels is not None
     sts, reg = stsb(tmp_path / "STS-B"), model_folder(tmp_path / "reg", regression=True)
     assert plan(PredictRequest(reg, split="dev", task="stsb", data_dir=sts)).inputs.labels == (4.2,)
     said = refused(PredictRequest(reg, split="dev", task="mrpc", data_dir=mrpc))
@@ -91,8 +103,9 @@ def test_the_matching_task_and_regression_go_through(shared_data: Path, tmp_path
 
 def test_unnamed_classes_need_a_record_of_the_task_and_a_base_model_is_refused(shared_data: Path,
                                                                                tmp_path: Path) -> None:
-    """LABEL_0, LABEL_1 say nothing: against a GLUE task they pass only where the model's run says its task; a
-    folder whose architecture has no classifier head would get a random one, and is refused for any rows."""
+    """LABEL_0, LABEL_1 say nothing: against a GLUE task they pass only where the model's run says
+    its task; a folder whose architecture has no classifier head would get a random one, and is
+    refused for any rows."""
     rte = shared_data / "glue" / "RTE"
     bare = model_folder(tmp_path / "bare", UNNAMED)
     said = refused(PredictRequest(bare, split="dev", task="rte", data_dir=rte))
@@ -102,16 +115,19 @@ def test_unnamed_classes_need_a_record_of_the_task_and_a_base_model_is_refused(s
     assert len(plan(PredictRequest(recorded, split="dev", data_dir=rte)).inputs) == 277
     rows = tmp_path / "rows.csv"
     rows.write_text("text\nhello\n")
-    assert plan(PredictRequest(bare, file=rows)).source.label_names == ("LABEL_0", "LABEL_1")  # no task to match
+    # no task to match
+    assert plan(PredictRequest(bare, file=rows)).source.label_names == ("LABEL_0", "LABEL_1")
     base = model_folder(tmp_path / "base", UNNAMED)
-    (base / "config.json").write_text(json.dumps({"architectures": ["BertModel"], "model_type": "bert"}))
+    (base / "config.json").write_text(json.dumps({"architectures": ["BertModel"],
+                                                  "model_type": "bert"}))
     said = refused(PredictRequest(base, file=rows))
     assert "holds a base model (BertModel) without a classification head" in said and "Fine-tune it first" in said
 
 
 def test_the_command_says_it_in_one_line_exit_2(shared_data: Path, tmp_path: Path) -> None:
     run = run_folder(tmp_path / "mrpc")
-    r = CliRunner().invoke(cli, ["predict", str(run), "--split", "dev", "--task", "RTE", "--data-dir",
-                                 str(shared_data / "glue" / "RTE")], terminal_width=200)
+    r = CliRunner().invoke(cli,
+                           ["predict", str(run), "--split", "dev", "--task", "RTE", "--data-dir",
+                            str(shared_data / "glue" / "RTE")], terminal_width=200)
     assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1, r.output
     assert "trained on MRPC" in r.stderr and "Traceback" not in r.stderr

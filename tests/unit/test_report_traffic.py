@@ -19,14 +19,17 @@ from tests.unit.test_results import result
 GRAD = 90_800_000  # MiniLM-L6's fp32 gradient
 
 
-def synced(nodes: int, sps: float, sync: str = "ddp", measured_off: float | None = 0.02, **kw: object) -> RunResult:
+def synced(nodes: int, sps: float, sync: str = "ddp", measured_off: float | None = 0.02,
+           **kw: object) -> RunResult:
     """A run on `nodes` nodes (one rank each) as the trainer records it once it times its sync."""
     expected = 2 * (nodes - 1) / nodes * GRAD * nodes if nodes > 1 else 0.0
     base: dict[str, object] = dict(
         nodes=tuple(f"node{i}" for i in range(nodes)), ppn=1, sync=sync, grad_bytes=GRAD,
         expected_tx_bytes_per_step=expected,
-        measured_tx_bytes_per_step=None if nodes == 1 or measured_off is None else expected * (1 + measured_off),
-        comm_time_s=3.0 * nodes, exposed_comm_s=2.0 * nodes, bus_bandwidth_gbps=0.91 if nodes > 1 else None,
+        measured_tx_bytes_per_step=None if nodes == 1 or measured_off is None else expected
+        * (1 + measured_off),
+        comm_time_s=3.0 * nodes, exposed_comm_s=2.0 * nodes, bus_bandwidth_gbps=0.91 if nodes > 1
+        else None,
         run_id=f"{sync}-{nodes}")
     base.update(kw)
     return result(nodes, sps, **base)
@@ -42,7 +45,8 @@ def test_traffic_cells_in_human_units_with_share_and_bandwidth() -> None:
     assert human_bytes(1_300_000_000) == "1.3 GB" and human_bytes(512) == "512 bytes"
 
 
-@pytest.mark.parametrize(("off", "flagged"), [(0.17, True), (-0.12, True), (0.09, False), (-0.05, False)])
+@pytest.mark.parametrize(("off", "flagged"),
+                         [(0.17, True), (-0.12, True), (0.09, False), (-0.05, False)])
 def test_mismatch_over_ten_percent_is_flagged(off: float, flagged: bool) -> None:
     row = scaling_rows([synced(1, 31.0), synced(4, 88.0, measured_off=off)])[1]
     assert row.traffic_flagged is flagged
@@ -67,24 +71,28 @@ def test_runs_without_sync_timing_get_no_traffic_table() -> None:
 
 
 def test_strategies_are_separate_groups_each_with_its_traffic_table() -> None:
-    rows = scaling_rows([synced(1, 31.0), synced(2, 52.0), synced(1, 30.5, "ddp+bf16"), synced(2, 56.0, "ddp+bf16")])
+    rows = scaling_rows([synced(1, 31.0), synced(2, 52.0), synced(1, 30.5, "ddp+bf16"),
+                         synced(2, 56.0, "ddp+bf16")])
     assert len({r.group for r in rows}) == 2 and {r.sync for r in rows} == {"ddp", "ddp+bf16"}
     md = render_markdown(rows)
     assert md.count("Gradient sync and traffic:") == 2 and "sync=ddp+bf16" in md
 
 
 def test_frozen_embeddings_are_their_own_group() -> None:
-    """A run that trains without the embedding table moves fewer bytes: it is not a point of the full model's curve."""
+    """A run that trains without the embedding table moves fewer bytes: it is not a point of the
+    full model's curve."""
     rows = scaling_rows([synced(1, 31.0), synced(4, 88.0), synced(4, 97.0, freeze_embeddings=True)])
     frozen = [r for r in rows if "frozen-embeddings" in r.group]
-    assert len(frozen) == 1 and frozen[0].speedup == pytest.approx(1.0)  # no 1-node run of its own: its own base
+    # no 1-node run of its own: its own base
+    assert len(frozen) == 1 and frozen[0].speedup == pytest.approx(1.0)
     assert [r.speedup for r in rows if r not in frozen] == pytest.approx([1.0, 88.0 / 31.0])
 
 
 def test_csv_and_json_carry_the_traffic_columns() -> None:
     rows = scaling_rows([synced(1, 31.0), synced(4, 88.0, measured_off=0.17)])
     table = list(csv.DictReader(io.StringIO(render_csv(rows))))
-    assert table[1]["sync"] == "ddp" and float(table[1]["expected_tx_bytes_per_step"]) == 544_800_000
+    assert table[1]["sync"] == "ddp" and float(table[1][
+                                                   "expected_tx_bytes_per_step"]) == 544_800_000
     assert table[1]["traffic_flagged"] == "True" and table[0]["traffic_flagged"] == "False"
     assert float(table[1]["comm_share"]) == pytest.approx(rows[1].comm_share or 0)
     assert table[1]["bus_bandwidth_gbps"] == "0.91"
@@ -94,20 +102,24 @@ def test_csv_and_json_carry_the_traffic_columns() -> None:
     assert data[0]["measured_tx_bytes_per_step"] is None and data[0]["traffic_flagged"] is False
 
 
-SERIES = {"ddp": (31.0, 52.0, 88.0), "ddp+bf16": (30.5, 56.0, 104.0), "local-sgd:8": (31.2, 61.0, 120.0)}
+SERIES = {"ddp": (31.0, 52.0, 88.0), "ddp+bf16": (30.5, 56.0, 104.0),
+          "local-sgd:8": (31.2, 61.0, 120.0)}
 
 
 def test_plot_has_a_line_per_group_and_the_ideal(tmp_path: Path) -> None:
-    runs = [synced(n, sps, sync) for sync, series in SERIES.items() for n, sps in zip((1, 2, 4), series, strict=True)]
+    runs = [synced(n, sps, sync) for sync, series in SERIES.items() for n,
+            sps in zip((1, 2, 4), series, strict=True)]
     path = tmp_path / "scaling.png"
     fig = write_plot(scaling_rows(runs), path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     speedup, efficiency = fig.axes
     lines = {line.get_label(): line for line in speedup.lines}
     assert set(lines) == {IDEAL, "sync=ddp", "sync=ddp+bf16", "sync=local-sgd:8"}
-    assert list(lines[IDEAL].get_xdata()) == [1, 2, 4] and list(lines[IDEAL].get_ydata()) == [1, 2, 4]
+    assert list(lines[IDEAL].get_xdata()) == [1, 2, 4] and list(lines[IDEAL].get_ydata()) == [1, 2,
+                                                                                              4]
     assert list(lines["sync=ddp"].get_ydata()) == pytest.approx([1.0, 52 / 31, 88 / 31])
-    assert len(efficiency.lines) == 4 and [100.0] * 3 in [list(line.get_ydata()) for line in efficiency.lines]
+    assert len(efficiency.lines) == 4 and [100.0] * 3 in [list(line.get_ydata())
+                                                          for line in efficiency.lines]
     assert "mrpc" in fig.get_suptitle() and "tiny" in fig.get_suptitle()
     assert speedup.get_xlabel() == "nodes (1 rank each)" and "speedup" in speedup.get_ylabel()
     assert "efficiency" in efficiency.get_ylabel()

@@ -15,9 +15,11 @@ from cpudist.results.schema import RunResult
 
 def result(world: int, sps: float, **kw: object) -> RunResult:
     base: dict[str, object] = dict(
-        task="mrpc", model="tiny", world_size=world, nodes=tuple(f"n{i}" for i in range(max(1, world // 2))),
+        task="mrpc", model="tiny", world_size=world,
+        nodes=tuple(f"n{i}" for i in range(max(1, world // 2))),
         ppn=min(world, 2), precision="fp32", backend="gloo", sync="ddp", per_rank_batch_size=16,
-        grad_accum=1, global_batch_size=16 * world, max_seq_len=128, steps=10, train_samples=160 * world,
+        grad_accum=1, global_batch_size=16 * world, max_seq_len=128, steps=10, train_samples=160
+        * world,
         train_time_s=160 * world / sps, eval_time_s=1.0, wall_time_s=10.0, train_samples_per_s=sps,
         steady_samples_per_s=sps, train_tokens_per_s=sps * 50, metrics={"accuracy": 0.7, "f1": 0.8},
         comm_bytes_per_step=0, versions={}, cpu={}, max_steps=10, run_id=f"r{world}")
@@ -70,12 +72,15 @@ def test_ledger_round_trip(tmp_path: Path) -> None:
 
 def _append_many(path: str, world: int) -> None:
     for _ in range(50):
-        append(Path(path), result(world, 100.0, metrics={"accuracy": 0.5, "pad": "x" * 5000}))  # type: ignore[dict-item]
+        append(Path(path),
+               result(world, 100.0,
+                      metrics={"accuracy": 0.5, "pad": "x" * 5000}))  # type: ignore[dict-item]
 
 
 def test_concurrent_appends_never_interleave(tmp_path: Path) -> None:
     path = tmp_path / "results.jsonl"
-    procs = [multiprocessing.Process(target=_append_many, args=(str(path), w)) for w in (1, 2, 3, 4)]
+    procs = [multiprocessing.Process(target=_append_many, args=(str(path), w))
+             for w in (1, 2, 3, 4)]
     for p in procs:
         p.start()
     for p in procs:
@@ -95,7 +100,8 @@ def test_bad_ledger_line_is_named(tmp_path: Path) -> None:
 def test_sources_from_run_folders(tmp_path: Path) -> None:
     for w in (1, 2):
         (tmp_path / f"run{w}").mkdir()
-        (tmp_path / f"run{w}" / "result.json").write_text(json.dumps(result(w, 100.0 * w).to_dict()))
+        (tmp_path / f"run{w}" / "result.json").write_text(json.dumps(result(w, 100.0
+                                                                            * w).to_dict()))
     assert len(load_sources([tmp_path])) == 2
     assert len(load_sources([tmp_path / "run1"])) == 1
     with pytest.raises(BadInput, match="no such ledger"):

@@ -1,6 +1,7 @@
-"""A recovery's resume (`--on-preemption resume`, cpudist/run/recovery.py) must find the checkpoint the stop
-saved: where none is left (the head went, and its disk with it) it stops in one line naming --checkpoint-s3,
-never trains again from step 0. A user's own `--resume auto` still starts over when there is none."""
+"""A recovery's resume (`--on-preemption resume`, cpudist/run/recovery.py) must find the checkpoint
+the stop saved: where none is left (the head went, and its disk with it) it stops in one line naming
+--checkpoint-s3, never trains again from step 0. A user's own `--resume auto` still starts over when
+there is none."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from tests.unit.test_checkpoint import write
 
 
 def cfg_of(out: Path, **over: object) -> TrainConfig:
-    return TrainConfig(task="mrpc", output_dir=str(out), resume="auto", **over)  # type: ignore[arg-type]
+    return TrainConfig(task="mrpc", output_dir=str(out), resume="auto",
+                       **over)  # type: ignore[arg-type]
 
 
 def test_a_recovery_with_no_checkpoint_left_stops_naming_checkpoint_s3(tmp_path: Path) -> None:
@@ -24,7 +26,8 @@ def test_a_recovery_with_no_checkpoint_left_stops_naming_checkpoint_s3(tmp_path:
         with pytest.raises(BadInput) as e:
             check()
         text = str(e.value)
-        assert text.startswith("cannot resume: no checkpoint of run r1 in ") and "not starting over" in text
+        assert text.startswith(
+            "cannot resume: no checkpoint of run r1 in ") and "not starting over" in text
         assert "--checkpoint-s3" in text and "\n" not in text and e.value.exit_code == 2
 
 

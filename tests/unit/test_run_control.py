@@ -1,5 +1,6 @@
-"""`cpudist stop` and `cpudist logs` against run folders written here, with a real process standing in for the
-launching `cpudist run` (the whole path with real ranks is tests/integration/test_run_control.py)."""
+"""`cpudist stop` and `cpudist logs` against run folders written here, with a real process standing
+in for the launching `cpudist run` (the whole path with real ranks is
+tests/integration/test_run_control.py)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ CPUDIST = [sys.executable, "-m", "cpudist.cli"]
 
 @pytest.fixture
 def sleeper() -> Iterator[subprocess.Popen[bytes]]:
-    """A live process that SIGINT ends (as it ends a `cpudist run`), to stand for a run's launching process."""
+    """A live process that SIGINT ends (as it ends a `cpudist run`), to stand for a run's launching
+    process."""
     proc = subprocess.Popen(["sleep", "120"])
     yield proc
     proc.kill()
@@ -37,8 +39,10 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
 
 def running(folder: Path, run_id: str, pid: int, start: int, host: str | None = None) -> Path:
     folder.mkdir(parents=True)
-    write_run(folder, RunInfo(run_id, "mrpc", "tiny", "here", "running", "2026-11-26T10:00:00+00:00",
-                              run_dir=str(folder), pid=pid, host=host or this_host(), pid_start=start))
+    write_run(folder,
+              RunInfo(run_id, "mrpc", "tiny", "here", "running", "2026-11-26T10:00:00+00:00",
+                      run_dir=str(folder), pid=pid, host=host or this_host(),
+                      pid_start=start))
     return folder
 
 
@@ -48,8 +52,9 @@ def stop(*args: str) -> tuple[int, str]:
 
 
 def test_a_reused_pid_is_never_signalled(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
-    """run.json's start time differs from the process's that has the PID now: refused, nothing signalled; with the
-    recorded start time the same stop does signal it (so the guard, not a broken signal, spared it)."""
+    """run.json's start time differs from the process's that has the PID now: refused, nothing
+    signalled; with the recorded start time the same stop does signal it (so the guard, not a broken
+    signal, spared it)."""
     start = start_ticks(sleeper.pid)
     assert start
     stale = running(tmp_path / "stale", "20261126-100000-aaaaaa", sleeper.pid, start - 1)
@@ -66,23 +71,32 @@ def test_a_reused_pid_is_never_signalled(tmp_path: Path, sleeper: subprocess.Pop
 
 
 def test_a_run_not_running_or_elsewhere_is_one_line_and_exit_2(tmp_path: Path,
-                                                                sleeper: subprocess.Popen[bytes]) -> None:
+                                                                sleeper: subprocess.Popen[
+                                                                   bytes]) -> None:
     done = tmp_path / "done"
     done.mkdir()
-    write_run(done, RunInfo("20261126-100000-cccccc", "mrpc", "tiny", "here", "finished", "2026-11-26T10:00:00+00:00",
-                            run_dir=str(done), pid=sleeper.pid, host=this_host(), pid_start=start_ticks(sleeper.pid)
-                            or 0))
+    write_run(done,
+              RunInfo("20261126-100000-cccccc", "mrpc", "tiny", "here", "finished",
+                      "2026-11-26T10:00:00+00:00",
+                      run_dir=str(done), pid=sleeper.pid, host=this_host(),
+                      pid_start=start_ticks(sleeper.pid)
+                      or 0))
     code, out = stop(str(done))
-    assert code == 2 and out.strip() == ("Error: run 20261126-100000-cccccc is not running (it is finished). "
+    assert code == 2 and out.strip() == ("Error: run 20261126-100000-cccccc is not running (it is "
+                                         "finished). "
                                          "Nothing to stop; `cpudist runs` shows every run's state"), out
-    away = running(tmp_path / "away", "20261126-100000-dddddd", sleeper.pid, start_ticks(sleeper.pid) or 0,
+    away = running(tmp_path / "away", "20261126-100000-dddddd", sleeper.pid,
+                   start_ticks(sleeper.pid) or 0,
                    host="other-host")
     code, out = stop(str(away))
     assert code == 2 and "started on other-host" in out and "cpudist stop 20261126-100000-dddddd` on other-host" in out
-    old = tmp_path / "old"  # a run.json from before pid was recorded still reads, and says what to do
+    # a run.json from before pid was recorded still reads, and says what to do
+    old = tmp_path / "old"
     old.mkdir()
-    (old / "run.json").write_text(json.dumps({"id": "20261126-090000-eeeeee", "task": "mrpc", "model": "tiny",
-                                              "where": "here", "state": "running", "started_at": "x",
+    (old / "run.json").write_text(json.dumps({"id": "20261126-090000-eeeeee", "task": "mrpc",
+                                              "model": "tiny",
+                                              "where": "here", "state": "running",
+                                              "started_at": "x",
                                               "run_dir": str(old)}))
     code, out = stop(str(old))
     assert code == 2 and "names no process" in out and "Ctrl-C in its terminal" in out, out
@@ -92,7 +106,8 @@ def test_a_run_not_running_or_elsewhere_is_one_line_and_exit_2(tmp_path: Path,
 
 def test_find_run_by_id_prefix_or_folder(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    for name, run_id in (("a", "20261126-101502-3fa9c1"), ("b", "20261126-101502-77aa00"), ("c", "20261127-080000-1")):
+    for name, run_id in (("a", "20261126-101502-3fa9c1"), ("b", "20261126-101502-77aa00"),
+                         ("c", "20261127-080000-1")):
         running(runs / name, run_id, 1, 1)
     assert find_run("20261127", [runs], []).id == "20261127-080000-1"
     assert find_run("20261126-101502-3f", [runs], []).run_dir == str(runs / "a")
@@ -113,22 +128,28 @@ def test_the_log_tees_lines_and_events_and_a_new_run_starts_it_afresh(tmp_path: 
     cb.on_event({"event": "progress", "step": 2, "total": 9, "loss": 0.5, "samples_per_s": 10.0})
     cb.on_event({"event": "checkpoint", "step": 2, "path": "ck/step-000002"})
     text = (out / names.LOG).read_text()
-    assert text == ("an older run's line\n[vm:0] rank 0/1 ready\n[cpudist] step 2/9  loss 0.5000  10.0 samples/s\n"
-                    "[cpudist] checkpoint at step 2: ck/step-000002\n")  # same id: a resume's part appends
+    assert text == ("an older run's line\n[vm:0] rank 0/1 ready\n"
+                    "[cpudist] step 2/9  loss 0.5000  10.0 samples/s\n"
+                    # same id: a resume's part appends
+                    "[cpudist] checkpoint at step 2: ck/step-000002\n")
     assert len(shown) == 3  # and the terminal still gets all of it
     fresh = tee(Callbacks(shown.append, shown.append), out, "20261126-110000-000000")
     fresh.note("a new run")
     assert (out / names.LOG).read_text() == "[cpudist] a new run\n"
     got: list[str] = []
-    assert show(out, got.append, follow=False) == "running"  # without -f it returns with the log so far
+    # without -f it returns with the log so far
+    assert show(out, got.append, follow=False) == "running"
     assert "".join(got) == "[cpudist] a new run\n"
 
 
 def test_logs_follow_ends_with_the_run_and_ctrl_c_exits_130_quietly(tmp_path: Path,
-                                                                  sleeper: subprocess.Popen[bytes]) -> None:
-    out = running(tmp_path / "r", "20261126-100000-abcdef", sleeper.pid, start_ticks(sleeper.pid) or 0)
+                                                                  sleeper: subprocess.Popen[
+                                                                        bytes]) -> None:
+    out = running(tmp_path / "r", "20261126-100000-abcdef", sleeper.pid, start_ticks(sleeper.pid)
+                  or 0)
     (out / names.LOG).write_text("first\n")
-    follow = subprocess.Popen([*CPUDIST, "logs", "-f", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    follow = subprocess.Popen([*CPUDIST, "logs", "-f", str(out)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE,
                               text=True)
     try:
         assert follow.stdout is not None and follow.stdout.readline() == "first\n"
@@ -143,7 +164,8 @@ def test_logs_follow_ends_with_the_run_and_ctrl_c_exits_130_quietly(tmp_path: Pa
     finally:
         follow.kill()
     write_run(out, RunInfo.from_dict({**info.to_dict(), "state": "running"}))
-    follow = subprocess.Popen([*CPUDIST, "logs", "-f", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    follow = subprocess.Popen([*CPUDIST, "logs", "-f", str(out)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE,
                               text=True)
     try:
         assert follow.stdout is not None and follow.stdout.readline() == "first\n"
@@ -157,8 +179,12 @@ def test_logs_follow_ends_with_the_run_and_ctrl_c_exits_130_quietly(tmp_path: Pa
 def test_logs_head_of_a_run_without_a_head_says_where_its_output_is(tmp_path: Path) -> None:
     here = tmp_path / "here"
     here.mkdir()
-    write_run(here, RunInfo("20261126-100000-123456", "mrpc", "tiny", "here", "finished", "2026-11-26T10:00:00+00:00",
-                            run_dir=str(here)))
+    write_run(here,
+              RunInfo("20261126-100000-123456", "mrpc", "tiny", "here", "finished",
+                      "2026-11-26T10:00:00+00:00",
+                      run_dir=str(here)))
     r = CliRunner().invoke(cli, ["logs", "--head", str(here)])
-    assert r.exit_code == 2 and r.output == (f"Error: run 20261126-100000-123456 ran here, not on a head over SSH: its "
-                                             f"ranks' output is in {here}. `cpudist logs` without --head shows it\n")
+    assert r.exit_code == 2 and r.output == ("Error: run 20261126-100000-123456 ran here, not on "
+                                             "a head over SSH: its "
+                                             f"ranks' output is in {here}. `cpudist logs` without "
+                                             "--head shows it\n")

@@ -1,4 +1,5 @@
-"""Bad input to `cpudist run` refused on the launching side before any rank starts (issue 23): one line, exit 2."""
+"""Bad input to `cpudist run` refused on the launching side before any rank starts (issue 23): one
+line, exit 2."""
 
 from __future__ import annotations
 
@@ -38,20 +39,25 @@ def test_ledger_checked_before_training(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")
     with pytest.raises(BadInput, match="is a file, not a folder"):
         check_ledger(tmp_path / "f" / "results.jsonl")
-    check_ledger(tmp_path / "new" / "results.jsonl")  # its folder is made when the result is appended
+    # its folder is made when the result is appended
+    check_ledger(tmp_path / "new" / "results.jsonl")
     check_ledger(tmp_path / "f")  # an existing file: appended to
     assert not (tmp_path / "new").exists()
 
 
-@pytest.mark.parametrize("pair", [("OMP_NUM_THREADS", "zero"), ("OMP_NUM_THREADS", "0"), ("OMP_NUM_THREADS", "-2"),
-                                  ("OMP_NUM_THREADS", ""), ("CPUDIST_THREADS", "1.5"), ("OMP_NUM_THREADS", "auto")])
+@pytest.mark.parametrize("pair",
+                         [("OMP_NUM_THREADS", "zero"), ("OMP_NUM_THREADS", "0"),
+                          ("OMP_NUM_THREADS", "-2"),
+                          ("OMP_NUM_THREADS", ""), ("CPUDIST_THREADS", "1.5"),
+                          ("OMP_NUM_THREADS", "auto")])
 def test_thread_variables_must_be_positive_counts(pair: tuple[str, str]) -> None:
     with pytest.raises(BadInput, match=f"--env {pair[0]}="):
         check_env((("HF_TOKEN", "x"), pair))
 
 
 def test_good_env_passes() -> None:
-    check_env((("OMP_NUM_THREADS", "4"), ("CPUDIST_THREADS", "auto"), ("HF_TOKEN", "zero"), ("FOO", "")))
+    check_env((("OMP_NUM_THREADS", "4"), ("CPUDIST_THREADS", "auto"), ("HF_TOKEN", "zero"),
+               ("FOO", "")))
 
 
 @pytest.mark.parametrize("name", ["nosuch", "nosuch/checkpoints/step-4"])

@@ -1,5 +1,5 @@
-"""--secret / --env-file (issue 23 item 3): values reach the ranks by a 0600 file, never a command line or a shown
-file, whatever the launcher; the rank entry reads them into its environment."""
+"""--secret / --env-file (issue 23 item 3): values reach the ranks by a 0600 file, never a command
+line or a shown file, whatever the launcher; the rank entry reads them into its environment."""
 
 from __future__ import annotations
 
@@ -30,19 +30,25 @@ HOSTS = (Host("10.0.0.1", 2), Host("10.0.0.2", 2))
 
 
 def spec(launcher: str, **kw: object) -> RunSpec:
-    base = dict(train=TrainConfig(task="synthetic", output_dir="/r/out", run_id="r1"), np=4, ppn=2, hosts=HOSTS,
-                launcher=launcher, launcher_path=f"/bin/{launcher}", python="/usr/bin/python3", master_addr="10.0.0.1",
-                master_port=29500, physical_cores=4, hostfile="/r/hostfile", ssh="/h/.cpudist/cluster/ssh",
+    base = dict(train=TrainConfig(task="synthetic", output_dir="/r/out", run_id="r1"), np=4, ppn=2,
+                hosts=HOSTS,
+                launcher=launcher, launcher_path=f"/bin/{launcher}", python="/usr/bin/python3",
+                master_addr="10.0.0.1",
+                master_port=29500, physical_cores=4, hostfile="/r/hostfile",
+                ssh="/h/.cpudist/cluster/ssh",
                 secrets=(("HF_TOKEN", SECRET),))
     return run_spec(**{**base, **kw})
 
 
 @pytest.mark.parametrize("launcher", ["mpich", "impi", "openmpi", "torchrun", "slurm"])
 def test_no_launcher_puts_a_secret_on_a_line_or_in_its_script(launcher: str) -> None:
-    """Hydra's -genv, Open MPI's -x, torchrun's per-host ssh lines and job.sbatch carry the file's path only."""
-    extra = {"batch": BatchOptions("cpu", "10", None, True, ()), "hostfile": None} if launcher == "slurm" else {}
+    """Hydra's -genv, Open MPI's -x, torchrun's per-host ssh lines and job.sbatch carry the file's
+    path only."""
+    extra = {"batch": BatchOptions("cpu", "10", None, True, ()),
+             "hostfile": None} if launcher == "slurm" else {}
     launch = plan(spec(launcher, **extra))
-    shown = " ".join([*launch.argv, launch.shell(), launch.script or "", json.dumps(launch.rank_env)])
+    shown = " ".join([*launch.argv, launch.shell(), launch.script or "",
+                      json.dumps(launch.rank_env)])
     assert SECRET not in shown and "HF_TOKEN" not in shown
     assert launch.rank_env[secrets.SECRETS_ENV] == "~/.cpudist/secrets/r1.json"
     assert "~/.cpudist/secrets/r1.json" in shown  # every rank is told where its node's file is
@@ -56,7 +62,8 @@ def test_without_secrets_no_file_is_named() -> None:
 def test_env_file_and_secret_names(tmp_path: Path) -> None:
     f = tmp_path / "wandb.env"
     f.write_text("# keys\nexport WANDB_API_KEY='k=1 2'\n\nHF_TOKEN=\"abc\"\nPLAIN = x \n")
-    assert secrets.parse_env_file(f) == (("WANDB_API_KEY", "k=1 2"), ("HF_TOKEN", "abc"), ("PLAIN", "x"))
+    assert secrets.parse_env_file(f) == (("WANDB_API_KEY", "k=1 2"), ("HF_TOKEN", "abc"),
+                                         ("PLAIN", "x"))
     f.write_text("OK=1\nnot a pair\n")
     with pytest.raises(BadInput, match="line 2: not of the form NAME=value"):
         secrets.parse_env_file(f)
@@ -78,9 +85,10 @@ def test_rank_entry_reads_the_file_into_its_environment(tmp_path: Path) -> None:
         secrets.load_into({secrets.SECRETS_ENV: str(tmp_path / "gone.json")})
 
 
-def test_placed_writes_0600_here_for_the_run_and_removes_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """On one machine (no other node): the file is there, 0600, while the block runs, and gone after, also when
-    the launch fails."""
+def test_placed_writes_0600_here_for_the_run_and_removes_it(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """On one machine (no other node): the file is there, 0600, while the block runs, and gone
+    after, also when the launch fails."""
     monkeypatch.setenv("HOME", str(tmp_path))
     s = spec("mpich", hostfile=None)
     path = tmp_path / ".cpudist" / "secrets" / "r1.json"
@@ -93,7 +101,8 @@ def test_placed_writes_0600_here_for_the_run_and_removes_it(tmp_path: Path, monk
 
 def test_the_remote_agents_request_carries_secrets_and_dry_run_hides_them(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """The request crosses to the head as data (stdin), secrets included; `--dry-run` from outside shows ***."""
+    """The request crosses to the head as data (stdin), secrets included; `--dry-run` from outside
+    shows ***."""
     req = RunRequest(TrainConfig(task="synthetic", output_dir="/r"),
                      LaunchOptions(np=2, ppn=1, secrets=(("K", SECRET),)))
     assert RunRequest.from_json(req.to_json()) == req
@@ -101,21 +110,26 @@ def test_the_remote_agents_request_carries_secrets_and_dry_run_hides_them(tmp_pa
     (tmp_path / "h").write_text("10.9.0.1\n10.9.0.2\n")
     env_file = tmp_path / "e.env"
     env_file.write_text(f"OTHER={SECRET}x\n")
-    r = CliRunner().invoke(cli, ["run", "synthetic", "--np", "2", "--ppn", "1", "--hostfile", str(tmp_path / "h"),
-                                  "--head", "10.9.0.1", "--secret", "CPD_TEST_TOKEN", "--env-file", str(env_file),
-                                  "--output-dir", str(tmp_path / "out"), "--dry-run"])
+    r = CliRunner().invoke(cli,
+                           ["run", "synthetic", "--np", "2", "--ppn", "1", "--hostfile",
+                            str(tmp_path / "h"),
+                             "--head", "10.9.0.1", "--secret", "CPD_TEST_TOKEN", "--env-file",
+                            str(env_file),
+                             "--output-dir", str(tmp_path / "out"), "--dry-run"])
     assert r.exit_code == 0, r.output
     assert SECRET not in r.output and '"secrets": [["OTHER", "***"], ["CPD_TEST_TOKEN", "***"]]' in r.output
-    r = CliRunner().invoke(cli, ["run", "synthetic", "--secret", "CPD_NOT_SET_ANYWHERE", "--dry-run"])
+    r = CliRunner().invoke(cli,
+                           ["run", "synthetic", "--secret", "CPD_NOT_SET_ANYWHERE", "--dry-run"])
     assert r.exit_code == 2 and "CPD_NOT_SET_ANYWHERE is not set" in r.output
 
 
 def test_a_detached_agent_leaves_its_request_file_without_values(tmp_path: Path) -> None:
-    """`run --detach` from outside: the request file on the head keeps no --env or secret value once the agent took
-    it (the thread count stays shown); an unreadable request file is removed."""
+    """`run --detach` from outside: the request file on the head keeps no --env or secret value once
+    the agent took it (the thread count stays shown); an unreadable request file is removed."""
     from cpudist.run.agent import take_request
 
-    launch = LaunchOptions(np=2, ppn=1, env=(("HF_TOKEN", SECRET), ("OMP_NUM_THREADS", "2")), secrets=(("K", SECRET),))
+    launch = LaunchOptions(np=2, ppn=1, env=(("HF_TOKEN", SECRET), ("OMP_NUM_THREADS", "2")),
+                           secrets=(("K", SECRET),))
     req = RunRequest(TrainConfig(task="synthetic", output_dir="/r"), launch)
     path = tmp_path / "agent.request.json"
     path.write_text(req.to_json())
@@ -131,8 +145,10 @@ def test_a_detached_agent_leaves_its_request_file_without_values(tmp_path: Path)
 
 def test_a_local_dry_run_names_the_file_not_the_value(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CPD_TEST_TOKEN", SECRET)
-    r = CliRunner().invoke(cli, ["run", "synthetic", "--np", "2", "--model", "tiny", "--secret", "CPD_TEST_TOKEN",
-                                 "--dry-run"])
+    r = CliRunner().invoke(cli,
+                           ["run", "synthetic", "--np", "2", "--model", "tiny", "--secret",
+                            "CPD_TEST_TOKEN",
+                            "--dry-run"])
     assert r.exit_code == 0, r.output
     assert SECRET not in r.output and "CPUDIST_SECRETS=~/.cpudist/secrets/" in r.output
 
@@ -143,21 +159,26 @@ def test_write_command_takes_the_values_on_stdin(tmp_path: Path) -> None:
     command = secrets.write_command(where)
     assert SECRET not in command and where.removeprefix("~/") in command
     env = {**os.environ, "HOME": str(tmp_path)}
-    subprocess.run(["sh", "-c", command], input=secrets.render((("K", SECRET),)), text=True, env=env, check=True)
+    subprocess.run(["sh", "-c", command], input=secrets.render((("K", SECRET),)), text=True,
+                   env=env, check=True)
     path = tmp_path / where.removeprefix("~/")
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and json.loads(path.read_text()) == {"K": SECRET}
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and json.loads(path.read_text()) == {
+        "K": SECRET}
     subprocess.run(["sh", "-c", secrets.remove_command(where)], env=env, check=True)
     assert not path.exists()
 
 
 def test_rank_output_hides_secret_values() -> None:
-    """A rank that prints its token shows *** in ranks.log and on screen; a short value (a thread count) is left."""
-    hide = secret_files.hider(spec("mpich", secrets=(("HF_TOKEN", SECRET), ("CPUDIST_THREADS", "3"))))
+    """A rank that prints its token shows *** in ranks.log and on screen; a short value (a thread
+    count) is left."""
+    hide = secret_files.hider(spec("mpich",
+                                   secrets=(("HF_TOKEN", SECRET), ("CPUDIST_THREADS", "3"))))
     assert hide(f"[h:0] token={SECRET} threads=3") == "[h:0] token=*** threads=3"
     assert secret_files.hider(spec("mpich", secrets=()))("a b") == "a b"
 
 
-FAKE_SLURM = {  # what the batch script calls, as programs on its PATH: srun as the ranks' end (or a notice first)
+# what the batch script calls, as programs on its PATH: srun as the ranks' end (or a notice first)
+FAKE_SLURM = {
     "scontrol": 'if [ "$1 $2" = "show hostnames" ]; then echo n1; fi\n',
     "scancel": "true\n",
     "srun": 'echo "ranks get ${WANDB_API_KEY:-nothing}"\n'
@@ -166,16 +187,19 @@ FAKE_SLURM = {  # what the batch script calls, as programs on its PATH: srun as 
 
 
 @pytest.mark.parametrize("requeue", [False, True])
-def test_a_batch_script_holds_no_value_and_its_end_removes_the_secrets_file(tmp_path: Path, requeue: bool,
+def test_a_batch_script_holds_no_value_and_its_end_removes_the_secrets_file(tmp_path: Path,
+                                                                            requeue: bool,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """A detached Slurm job outlives `cpudist run`: its batch script (a file Slurm copies too) names the --env
-    values, which it exports from the secrets file for the ranks; it removes that file when it ends, and keeps it
-    when it requeued the job (the next start reads it again). Run by bash, with Slurm's commands faked."""
+    """A detached Slurm job outlives `cpudist run`: its batch script (a file Slurm copies too) names
+    the --env values, which it exports from the secrets file for the ranks; it removes that file
+    when it ends, and keeps it when it requeued the job (the next start reads it again). Run by
+    bash, with Slurm's commands faked."""
     monkeypatch.setenv("HOME", str(tmp_path))
     out, key = tmp_path / "out", "wandb-7d1e0c4b"
     options = BatchOptions("cpu", "10", None, False, (), requeue=requeue)
-    s = spec("slurm", batch=options, hostfile=None, train=TrainConfig(task="synthetic", output_dir=str(out),
-                                                                      run_id="r1"),
+    s = spec("slurm", batch=options, hostfile=None,
+             train=TrainConfig(task="synthetic", output_dir=str(out),
+                               run_id="r1"),
              env=(("WANDB_API_KEY", key), ("OMP_NUM_THREADS", "2")))
     script = plan(s).script
     assert script is not None and SECRET not in script and key not in script
@@ -189,9 +213,11 @@ def test_a_batch_script_holds_no_value_and_its_end_removes_the_secrets_file(tmp_
     assert json.loads(where.read_text()) == {"HF_TOKEN": SECRET, "WANDB_API_KEY": key}
     out.mkdir()
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "SLURM_JOB_ID": "7",
-           "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_CPUS_PER_NODE": "2", "NOTICE": str(out / "preempted.json") if requeue
+           "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_CPUS_PER_NODE": "2",
+           "NOTICE": str(out / "preempted.json") if requeue
            else ""}
-    ran = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=30)
+    ran = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env,
+                         timeout=30)
     assert ran.returncode == 0, ran.stderr
     assert f"ranks get {key}" in ran.stdout, ran.stdout + ran.stderr
     assert ("requeueing Slurm job 7" in ran.stdout) == requeue, ran.stdout

@@ -1,5 +1,5 @@
-"""`cpudist runs`: every run from the run folders' run.json (any state) and the ledger (finished runs without a
-folder here), once each."""
+"""`cpudist runs`: every run from the run folders' run.json (any state) and the ledger (finished
+runs without a folder here), once each."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ def cpudist(*args: str | Path) -> Result:
 
 
 def started(out: Path, run_id: str, when: str, model: str = "tiny") -> None:
-    identity.write_run(out, RunInfo(run_id, "mrpc", model, "here", "running", when, run_dir=str(out)))
+    identity.write_run(out,
+                       RunInfo(run_id, "mrpc", model, "here", "running", when, run_dir=str(out)))
 
 
 def test_runs_lists_every_state_and_the_ledgers_older_runs_once(tmp_path: Path) -> None:
@@ -33,14 +34,18 @@ def test_runs_lists_every_state_and_the_ledgers_older_runs_once(tmp_path: Path) 
     identity.mark(runs / "a", "preempted", message="the ranks stopped at step 3")
     started(runs / "sweep" / "nodes1", "20261126-091000-bbbbbb", "2026-11-26T09:10:00+00:00")
     identity.mark(runs / "sweep" / "nodes1", "finished", metrics={"accuracy": 0.75})
-    cfg = TrainConfig(task="sst2", output_dir=str(runs / "c"), model="tiny", run_id="20261126-092000-cccccc")
+    cfg = TrainConfig(task="sst2", output_dir=str(runs / "c"), model="tiny",
+                      run_id="20261126-092000-cccccc")
     identity.begin(cfg, "cluster:demo")  # still running
     book = tmp_path / "results.jsonl"
-    old = dataclasses.replace(a_result(1), run_id="mrpc-tiny-np1-20261101", started_at="2026-11-01T08:00:00+00:00",
+    old = dataclasses.replace(a_result(1), run_id="mrpc-tiny-np1-20261101",
+                              started_at="2026-11-01T08:00:00+00:00",
                               run_dir="/elsewhere/mrpc-tiny-np1-20261101")
     ledger.append(book, old)  # a run from before run.json: the ledger is all there is of it
-    ledger.append(book, dataclasses.replace(old, run_id="20261126-091000-bbbbbb", run_dir=""))  # also a folder
-    earlier = dataclasses.replace(old, run_id="20261120-070000-dddddd", started_at="2026-11-20T07:00:00+00:00",
+    # also a folder
+    ledger.append(book, dataclasses.replace(old, run_id="20261126-091000-bbbbbb", run_dir=""))
+    earlier = dataclasses.replace(old, run_id="20261120-070000-dddddd",
+                                  started_at="2026-11-20T07:00:00+00:00",
                                   run_dir=str(runs / "a"))
     ledger.append(book, earlier)  # a finished run whose folder a later run took over: still listed
 
@@ -58,7 +63,8 @@ def test_runs_lists_every_state_and_the_ledgers_older_runs_once(tmp_path: Path) 
     text = cpudist("runs", runs, "--ledger", book)
     assert text.exit_code == 0
     header, *lines = text.output.splitlines()
-    assert header.split() == ["id", "task", "model", "where", "state", "start", "duration", "metric"]
+    assert header.split() == ["id", "task", "model", "where", "state", "start", "duration",
+                              "metric"]
     assert len(lines) == 5 and "preempted" in lines[2] and "accuracy=0.7500" in lines[3]
 
 
@@ -66,6 +72,7 @@ def test_a_running_runs_duration_runs_to_now_and_nothing_is_one_line(tmp_path: P
     started(tmp_path / "runs" / "a", "20261126-090000-aaaaaa", "2026-11-26T09:00:00+00:00")
     [row] = list_runs([tmp_path / "runs"], [], now=datetime(2026, 11, 26, 10, 2, 5, tzinfo=UTC))
     assert row.duration_s == 3725 and duration_text(row.duration_s) == "1h02m"
-    assert duration_text(185) == "3m05s" and duration_text(42) == "42s" and duration_text(None) == "-"
+    assert duration_text(185) == "3m05s" and duration_text(42) == "42s" and duration_text(
+        None) == "-"
     empty = cpudist("runs", tmp_path / "nothing", "--ledger", tmp_path / "none.jsonl")
     assert empty.exit_code == 0 and "no runs yet" in empty.output

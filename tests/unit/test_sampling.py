@@ -17,10 +17,12 @@ def test_every_row_once_per_epoch(ls: list[int], batch: int, epoch: int, grouped
 
 
 @given(lengths, st.sampled_from([1, 2, 4]), st.integers(1, 16))
-def test_global_batches_do_not_depend_on_the_split(ls: list[int], world: int, per_rank: int) -> None:
+def test_global_batches_do_not_depend_on_the_split(ls: list[int], world: int,
+                                                   per_rank: int) -> None:
     batches = global_batches(ls, per_rank * world, seed=1, epoch=0)
     shares = [rank_batches(batches, r, world) for r in range(world)]
-    assert all(len(s) == len(shares[0]) for s in shares)  # every rank takes the same number of steps
+    # every rank takes the same number of steps
+    assert all(len(s) == len(shares[0]) for s in shares)
     for step, whole in enumerate(b for b in batches if len(b) >= world):
         assert sorted(i for s in shares for i in s[step]) == sorted(whole)
 
@@ -49,7 +51,8 @@ def test_too_few_rows_for_the_ranks_is_an_error_not_a_hang() -> None:
 
 
 @given(lengths, st.sampled_from([1, 2, 4]), st.integers(1, 8), st.sampled_from([1, 2, 3]))
-def test_accumulated_micro_batches_give_each_rank_its_rows_of_the_step(ls: list[int], world: int, per_rank: int,
+def test_accumulated_micro_batches_give_each_rank_its_rows_of_the_step(ls: list[int], world: int,
+                                                                       per_rank: int,
                                                                        accum: int) -> None:
     from cpudist.train.sampling import fed_batches
 
@@ -66,8 +69,8 @@ def test_accumulated_micro_batches_give_each_rank_its_rows_of_the_step(ls: list[
 
 def _rows_fed(cfg_batch: int, world: int, start_index: int, stop_index: int | None, was: int | None,
               data: object) -> list[int]:
-    """Every rank's rows of the micro-batches of epoch 0 from `start_index` (as a checkpoint of `was` ranks
-    counted it) until `stop_index` micro-batches (None: the epoch's end)."""
+    """Every rank's rows of the micro-batches of epoch 0 from `start_index` (as a checkpoint of
+    `was` ranks counted it) until `stop_index` micro-batches (None: the epoch's end)."""
     from cpudist.config import TrainConfig
     from cpudist.train.checkpoint_meta import Position
     from cpudist.train.sampling import batch_plan
@@ -75,7 +78,8 @@ def _rows_fed(cfg_batch: int, world: int, start_index: int, stop_index: int | No
     cfg = TrainConfig(task="mrpc", output_dir="o", batch_size=cfg_batch, seed=3)
     rows: list[int] = []
     for rank in range(world):
-        _, batches = batch_plan(cfg, data, rank, world, Position(0, start_index), was)  # type: ignore[arg-type]
+        _, batches = batch_plan(cfg, data, rank, world, Position(0, start_index),
+                                was)  # type: ignore[arg-type]
         for i, (pos, mine, _) in enumerate(batches):
             if pos.epoch > 0 or (stop_index is not None and i >= stop_index):
                 break
@@ -84,11 +88,12 @@ def _rows_fed(cfg_batch: int, world: int, start_index: int, stop_index: int | No
 
 
 @pytest.mark.parametrize(("was", "now"), [(1, 8), (8, 1), (2, 8)])
-def test_a_resume_on_another_world_size_neither_skips_nor_repeats_a_global_batch(was: int, now: int) -> None:
-    """100 rows in global batches of 8: 12 whole ones and one of 4, which 8 ranks cannot share (dropped) but 1 or 2
-    can. The first part stops two steps past that small batch; the second goes on to the epoch's end on the other
-    world size: no row twice, and every row of a whole batch once (the index counted micro-batches: one global
-    batch was skipped or repeated)."""
+def test_a_resume_on_another_world_size_neither_skips_nor_repeats_a_global_batch(was: int,
+                                                                                 now: int) -> None:
+    """100 rows in global batches of 8: 12 whole ones and one of 4, which 8 ranks cannot share
+    (dropped) but 1 or 2 can. The first part stops two steps past that small batch; the second goes
+    on to the epoch's end on the other world size: no row twice, and every row of a whole batch once
+    (the index counted micro-batches: one global batch was skipped or repeated)."""
     from cpudist.train.features import Encoded
     from cpudist.train.sampling import global_batches
 
@@ -97,9 +102,11 @@ def test_a_resume_on_another_world_size_neither_skips_nor_repeats_a_global_batch
     order = global_batches(lengths, 8, 3, 0)
     small = next(i for i, b in enumerate(order) if len(b) < 8)
     assert 0 < small < len(order) - 3, small  # the seed puts it inside the epoch: the case at stake
-    stop = small + 2 if was < 8 else small + 1  # micro-batch index on `was` ranks (8 ranks drop the small one)
+    # micro-batch index on `was` ranks (8 ranks drop the small one)
+    stop = small + 2 if was < 8 else small + 1
     first = _rows_fed(8 // was, was, 0, stop, None, data)
     second = _rows_fed(8 // now, now, stop, None, was, data)
     assert not set(first) & set(second)
     whole = {r for b in order if len(b) == 8 for r in b}
-    assert whole <= set(first) | set(second) and len(first) + len(second) == len(set(first) | set(second))
+    assert whole <= set(first) | set(second) and len(first) + len(second) == len(set(first)
+                                                                                 | set(second))

@@ -1,5 +1,6 @@
-"""#23 item 1, `--shared-fs` from a laptop: the head's staging is the only copy (the nodes see it), nothing is copied
-from the head to the other nodes; without it every other node gets a copy (run/remote.py: copied_to)."""
+"""#23 item 1, `--shared-fs` from a laptop: the head's staging is the only copy (the nodes see it),
+nothing is copied from the head to the other nodes; without it every other node gets a copy
+(run/remote.py: copied_to)."""
 
 from __future__ import annotations
 
@@ -28,9 +29,12 @@ def test_a_dry_run_from_a_laptop_says_where_inputs_go(tmp_path: Path, shared_dat
     data = shared_data / "glue" / "MRPC"
 
     def dry_run(*extra: str) -> str:
-        r = CliRunner().invoke(cli, ["run", "mrpc", "--np", "2", "--ppn", "1", "--hostfile", str(tmp_path / "hosts"),
-                                     "--head", "192.0.2.9", "--model", "tiny", "--data-dir", str(data),
-                                     "--output-dir", str(tmp_path / "out"), "--dry-run", *extra])
+        r = CliRunner().invoke(cli,
+                               ["run", "mrpc", "--np", "2", "--ppn", "1", "--hostfile",
+                                str(tmp_path / "hosts"),
+                                "--head", "192.0.2.9", "--model", "tiny", "--data-dir",
+                                str(data),
+                                "--output-dir", str(tmp_path / "out"), "--dry-run", *extra])
         assert r.exit_code == 0, r.output
         return r.output
 

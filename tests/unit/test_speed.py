@@ -1,4 +1,5 @@
-"""The one-node speed levers: which layout, runtime and shapes they pick, and what they leave alone."""
+"""The one-node speed levers: which layout, runtime and shapes they pick, and what they leave
+alone."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from cpudist.train.speed import freeze_embeddings
     ("sse4_2", "other"),
 ])
 def test_cpu_kind_names_the_fast_path(flags: str, kind: str) -> None:
-    cpu = parse_cpuinfo(f"processor\t: 0\nmodel name\t: X\nphysical id\t: 0\ncore id\t\t: 0\nflags\t\t: {flags}\n")
+    cpu = parse_cpuinfo("processor\t: 0\nmodel name\t: X\nphysical id\t: 0\ncore id\t\t: 0\n"
+                        f"flags\t\t: {flags}\n")
     assert cpu.kind == kind and cpu.summary()["kind"] == kind
 
 
@@ -63,8 +65,9 @@ def test_openmp_choice(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_allocator_auto_takes_tcmalloc_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """jemalloc lost 12-16% here (benchmarks/README.md), so auto must not fall back to it."""
     only_jemalloc = {"libjemalloc.so.2": "/x/libjemalloc.so.2"}
-    monkeypatch.setattr(job, "find_library", lambda names: next((only_jemalloc[n] for n in names if n in only_jemalloc),
-                                                                 None))
+    monkeypatch.setattr(job, "find_library",
+                        lambda names: next((only_jemalloc[n] for n in names if n in only_jemalloc),
+                                            None))
     assert job.pick_allocator("auto") is None
     assert job.pick_allocator("jemalloc") == "/x/libjemalloc.so.2"
     with pytest.raises(BadInput, match="tcmalloc is not installed"):

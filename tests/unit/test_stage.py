@@ -1,4 +1,5 @@
-"""Staging: digests that change exactly with content, and a receive script that unpacks atomically."""
+"""Staging: digests that change exactly with content, and a receive script that unpacks
+atomically."""
 
 from __future__ import annotations
 
@@ -37,11 +38,14 @@ def test_digest_follows_names_and_bytes(tmp_path: Path) -> None:
 
 
 def test_only_takes_the_named_files(tmp_path: Path) -> None:
-    model = _tree(tmp_path / "m", {"vocab.txt": "a\n", "tokenizer.json": "{}", "model.safetensors": "W" * 1000})
+    model = _tree(tmp_path / "m",
+                  {"vocab.txt": "a\n", "tokenizer.json": "{}", "model.safetensors": "W" * 1000})
     tok = stage.item("tokenizer", model, stage.TOKENIZER_FILES)
     unpacked = Path(tok.remote_dir(str(tmp_path)))
-    subprocess.run(["sh", "-c", stage.receive_script(str(unpacked))], input=stage.tar_bytes(tok), check=True)
-    assert sorted(p.name for p in unpacked.iterdir()) == [stage.COMPLETE, stage.MANIFEST, "tokenizer.json",
+    subprocess.run(["sh", "-c", stage.receive_script(str(unpacked))], input=stage.tar_bytes(tok),
+                   check=True)
+    assert sorted(p.name for p in unpacked.iterdir()) == [stage.COMPLETE, stage.MANIFEST,
+                                                          "tokenizer.json",
                                                            "vocab.txt"]
     (model / "model.safetensors").write_text("other weights")
     assert stage.item("tokenizer", model, stage.TOKENIZER_FILES).digest == tok.digest
@@ -51,7 +55,8 @@ def test_receive_unpacks_a_file_item_beside_its_marker(tmp_path: Path) -> None:
     f = _tree(tmp_path / "d", {"train.jsonl": '{"text": "a", "label": 1}\n'}) / "train.jsonl"
     it = stage.item("data", f)
     home = str(tmp_path / "home")
-    subprocess.run(["sh", "-c", stage.receive_script(it.remote_dir(home))], input=stage.tar_bytes(it), check=True)
+    subprocess.run(["sh", "-c", stage.receive_script(it.remote_dir(home))],
+                   input=stage.tar_bytes(it), check=True)
     assert Path(it.remote_path(home)).read_text() == f.read_text()
     assert (Path(it.remote_dir(home)) / stage.COMPLETE).is_file()
     assert not Path(it.remote_dir(home) + ".part").exists()
@@ -60,12 +65,14 @@ def test_receive_unpacks_a_file_item_beside_its_marker(tmp_path: Path) -> None:
 def test_a_broken_stream_leaves_no_complete_folder(tmp_path: Path) -> None:
     it = stage.item("data", _tree(tmp_path / "d", {"a.txt": "a" * 10000}))
     target = Path(it.remote_dir(str(tmp_path / "home")))
-    p = subprocess.run(["sh", "-c", stage.receive_script(str(target))], input=stage.tar_bytes(it)[:200])
+    p = subprocess.run(["sh", "-c", stage.receive_script(str(target))],
+                       input=stage.tar_bytes(it)[:200])
     assert p.returncode != 0 and not (target / stage.COMPLETE).exists()
 
 
 def test_fan_out_script_names_every_host_and_folder() -> None:
-    script = stage.fan_out_script(["/h/.cpudist/stage/abc"], ["10.0.0.2", "10.0.0.3"], "/h/.cpudist/cluster/ssh")
+    script = stage.fan_out_script(["/h/.cpudist/stage/abc"], ["10.0.0.2", "10.0.0.3"],
+                                  "/h/.cpudist/cluster/ssh")
     assert script.count("/h/.cpudist/cluster/ssh 10.0.0.2 ") == 2  # the check, then the copy
     assert script.count(") &") == 2 and script.rstrip().endswith("wait")
     assert "sent 10.0.0.3" in script and "fail 10.0.0.3" in script
@@ -77,7 +84,8 @@ def test_job_request_round_trip_and_status_lines() -> None:
                            batch=BatchOptions("cpu", "10", None, True, ("--mem=0",)))
     req = RunRequest(cfg, launch, Nodes((Host("n0"), Host("n1", 4)), "hosts"))
     assert RunRequest.from_json(req.to_json()) == req
-    assert parse_status(status_line(status="ok", output_dir="/r")) == {"status": "ok", "output_dir": "/r"}
+    assert parse_status(status_line(status="ok", output_dir="/r")) == {"status": "ok",
+                                                                       "output_dir": "/r"}
     assert parse_status("[host:0] ordinary rank output") is None
 
 
@@ -86,9 +94,9 @@ def _receive(script: str, data: bytes) -> subprocess.CompletedProcess[bytes]:
 
 
 def test_links_arrive_as_the_bytes_they_point_to(tmp_path: Path) -> None:
-    """A Hugging Face cache snapshot (files linking to ../../blobs/...), a link inside the folder and an absolute
-    one: every node gets regular files with the linked bytes, never a link (dangling there, or reading the node's
-    own file at that path)."""
+    """A Hugging Face cache snapshot (files linking to ../../blobs/...), a link inside the folder
+    and an absolute one: every node gets regular files with the linked bytes, never a link (dangling
+    there, or reading the node's own file at that path)."""
     _tree(tmp_path / "cache" / "blobs", {"b1": "weights", "b2": "{\"vocab\": 1}"})
     outside = _tree(tmp_path / "elsewhere", {"notes.txt": "laptop's own notes"}) / "notes.txt"
     snap = tmp_path / "cache" / "snapshots" / "abc"
@@ -104,31 +112,38 @@ def test_links_arrive_as_the_bytes_they_point_to(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     got = {p.relative_to(unpacked).as_posix(): p for p in unpacked.rglob("*")
            if p.name not in (stage.COMPLETE, stage.MANIFEST)}
-    assert sorted(got) == ["config.json", "model.safetensors", "notes.txt", "same.json", "sub", "sub/tokenizer.json"]
+    assert sorted(got) == ["config.json", "model.safetensors", "notes.txt", "same.json", "sub",
+                           "sub/tokenizer.json"]
     assert not [p for p in got.values() if p.is_symlink()]
-    assert got["model.safetensors"].read_text() == "weights" and got["same.json"].read_text() == '{"vocab": 1}'
+    assert got["model.safetensors"].read_text() == "weights" and got[
+        "same.json"].read_text() == '{"vocab": 1}'
     assert got["notes.txt"].read_text() == "laptop's own notes"
-    # What arrived is the snapshot's content: a copy of it with its links followed has the same digest.
+    # What arrived is the snapshot's content: a copy of it with its links followed has the same
+    # digest.
     copy = _tree(tmp_path / "copy", {n: p.read_text() for n, p in got.items() if p.is_file()})
     assert stage.digest_of(copy) == it.digest
-    tok = stage.item("tokenizer", snap, stage.TOKENIZER_FILES)  # a tokenizer's named files: links too
+    # a tokenizer's named files: links too
+    tok = stage.item("tokenizer", snap, stage.TOKENIZER_FILES)
     assert b"weights" not in stage.tar_bytes(tok)
 
 
 def test_a_link_that_cannot_be_staged_is_one_line_naming_it(tmp_path: Path) -> None:
     folder = _tree(tmp_path / "d", {"train.tsv": "x\t1\n"})
     (folder / "dev.tsv").symlink_to(tmp_path / "gone.tsv")
-    with pytest.raises(BadInput, match=r"dev.tsv links to .*gone.tsv, which does not exist.*cp -rL"):
+    with pytest.raises(BadInput,
+                       match=r"dev.tsv links to .*gone.tsv, which does not exist.*cp -rL"):
         stage.item("data", folder)
     (folder / "dev.tsv").unlink()
     (folder / "more").symlink_to(_tree(tmp_path / "other", {"a.tsv": "y\t0\n"}))
-    with pytest.raises(BadInput, match=r"more links to the folder .*other: staging does not follow.*cp -rL"):
+    with pytest.raises(BadInput,
+                       match=r"more links to the folder .*other: staging does not follow.*cp -rL"):
         stage.item("data", folder)
 
 
 def test_two_runs_staging_one_item_at_once_both_succeed(tmp_path: Path) -> None:
-    """The second run's stager starts while the first is halfway through its stream: each unpacks its own copy,
-    both end 0, and the folder is complete with the item's bytes (one shared .part folder failed one of them)."""
+    """The second run's stager starts while the first is halfway through its stream: each unpacks
+    its own copy, both end 0, and the folder is complete with the item's bytes (one shared .part
+    folder failed one of them)."""
     src = tmp_path / "d"
     src.mkdir()
     (src / "big.bin").write_bytes(os.urandom(3 << 20))
@@ -141,13 +156,16 @@ def test_two_runs_staging_one_item_at_once_both_succeed(tmp_path: Path) -> None:
     assert first.stdin is not None
     first.stdin.write(data[:len(data) // 2])
     first.stdin.flush()
-    wait_until(lambda: True if any(p.is_file() for p in target.parent.glob(target.name + ".part*/*")) else None,
+    wait_until(lambda: True
+               if any(p.is_file() for p in target.parent.glob(target.name + ".part*/*")) else None,
                "the first unpack to begin", 30, 0.02)
     second = _receive(script, data)
     first.stdin.write(data[len(data) // 2:])
     first.stdin.close()
-    assert first.wait(60) == 0 and second.returncode == 0, (first.stderr.read() if first.stderr else b"", second)
-    assert (target / stage.COMPLETE).is_file() and (target / "big.bin").read_bytes() == (src / "big.bin").read_bytes()
+    assert first.wait(60) == 0 and second.returncode == 0, (first.stderr.read() if first.stderr
+                                                            else b"", second)
+    assert (target / stage.COMPLETE).is_file() and (target / "big.bin").read_bytes() == (
+        src / "big.bin").read_bytes()
     assert sorted(p.name for p in target.parent.iterdir()) == [target.name]  # no copy left behind
 
 
@@ -156,29 +174,37 @@ def _staged(d: str) -> bool:
 
 
 def test_arrival_is_checked_against_the_digest(tmp_path: Path) -> None:
-    """The receiving side refuses bytes that do not match the folder's digest (damaged on the way, or a laptop file
-    changed between its digest and its sending): nothing is marked complete, the error names the folder."""
+    """The receiving side refuses bytes that do not match the folder's digest (damaged on the way,
+    or a laptop file changed between its digest and its sending): nothing is marked complete, the
+    error names the folder."""
     src = _tree(tmp_path / "d", {"train.tsv": "x\t1\n" * 1000, "dev.tsv": "y\t0\n"})
     it = stage.item("data", src)
     home = str(tmp_path / "home")
-    (src / "train.tsv").write_text("z\t0\n" * 1000)  # same size, other bytes, after the digest was taken
+    # same size, other bytes, after the digest was taken
+    (src / "train.tsv").write_text("z\t0\n" * 1000)
     r = _receive(stage.receive_script(it.remote_dir(home)), stage.tar_bytes(it))
     assert r.returncode == 3 and b"does not match its digest" in r.stderr, r
-    assert not Path(it.remote_dir(home)).exists() and not list(Path(home, ".cpudist", "stage").iterdir())
+    assert not Path(it.remote_dir(home)).exists() and not list(Path(home, ".cpudist",
+                                                                    "stage").iterdir())
     good = stage.item("data", src)
-    assert _receive(stage.receive_script(good.remote_dir(home)), stage.tar_bytes(good)).returncode == 0
+    assert _receive(stage.receive_script(good.remote_dir(home)),
+                    stage.tar_bytes(good)).returncode == 0
     assert _staged(good.remote_dir(home))
 
 
-@pytest.mark.parametrize("damage", ["truncate", "edit-keeping-size-and-mtime", "remove", "remove-manifest"])
-def test_reuse_detects_an_altered_staging_and_staging_again_repairs_it(tmp_path: Path, damage: str) -> None:
-    """A `.complete` marker alone is not trusted: a staged file truncated, edited in place (its size and mtime put
-    back) or removed makes the folder missing (missing_script), and a new receive replaces it with the item."""
+@pytest.mark.parametrize("damage",
+                         ["truncate", "edit-keeping-size-and-mtime", "remove", "remove-manifest"])
+def test_reuse_detects_an_altered_staging_and_staging_again_repairs_it(tmp_path: Path,
+                                                                       damage: str) -> None:
+    """A `.complete` marker alone is not trusted: a staged file truncated, edited in place (its size
+    and mtime put back) or removed makes the folder missing (missing_script), and a new receive
+    replaces it with the item."""
     src = _tree(tmp_path / "d", {"train.tsv": "x\t1\n" * 1000, "sub/dev.tsv": "y\t0\n"})
     it = stage.item("data", src)
     d = it.remote_dir(str(tmp_path / "home"))
     assert _receive(stage.receive_script(d), stage.tar_bytes(it)).returncode == 0
-    assert subprocess.run(["sh", "-c", stage.missing_script([d])], capture_output=True, text=True).stdout == ""
+    assert subprocess.run(["sh", "-c", stage.missing_script([d])], capture_output=True,
+                          text=True).stdout == ""
     f = Path(d) / "train.tsv"
     st = f.stat()
     if damage == "truncate":
@@ -191,7 +217,8 @@ def test_reuse_detects_an_altered_staging_and_staging_again_repairs_it(tmp_path:
         f.write_text("X" + f.read_text()[1:])
         os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert not _staged(d)
-    assert subprocess.run(["sh", "-c", stage.missing_script([d])], capture_output=True, text=True).stdout == d + "\n"
+    assert subprocess.run(["sh", "-c", stage.missing_script([d])], capture_output=True,
+                          text=True).stdout == d + "\n"
     r = _receive(stage.receive_script(d), stage.tar_bytes(it))
     assert r.returncode == 0, r.stderr
     assert _staged(d) and f.read_text() == (src / "train.tsv").read_text()
@@ -199,26 +226,33 @@ def test_reuse_detects_an_altered_staging_and_staging_again_repairs_it(tmp_path:
 
 
 def test_the_archive_streams_in_chunks(tmp_path: Path) -> None:
-    """tar_chunks never holds a file whole: a 6 MiB file comes in pieces of about a CHUNK, and they unpack."""
+    """tar_chunks never holds a file whole: a 6 MiB file comes in pieces of about a CHUNK, and they
+    unpack."""
     src = tmp_path / "d"
     src.mkdir()
     (src / "big.bin").write_bytes(os.urandom(6 << 20))
     it = stage.item("data", src)
     chunks = list(stage.tar_chunks(it))
     assert len(chunks) >= 6 and max(len(c) for c in chunks) <= 2 * stage.CHUNK
-    assert _receive(stage.receive_script(it.remote_dir(str(tmp_path))), b"".join(chunks)).returncode == 0
-    assert Path(it.remote_dir(str(tmp_path)), "big.bin").read_bytes() == (src / "big.bin").read_bytes()
+    assert _receive(stage.receive_script(it.remote_dir(str(tmp_path))),
+                    b"".join(chunks)).returncode == 0
+    assert Path(it.remote_dir(str(tmp_path)),
+                "big.bin").read_bytes() == (src / "big.bin").read_bytes()
 
 
-def test_a_moved_model_keeps_the_absolute_path_it_was_staged_from(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_moved_model_keeps_the_absolute_path_it_was_staged_from(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch
                                                                   ) -> None:
-    """A model named relative to where `run` was typed: model_given is that folder's absolute path (an adapter
-    names its base there, and loads where the model comes home); a model_given from an earlier staging stays."""
+    """A model named relative to where `run` was typed: model_given is that folder's absolute path
+    (an adapter names its base there, and loads where the model comes home); a model_given from an
+    earlier staging stays."""
     _tree(tmp_path / "my-bert", {"config.json": "{}"})
     monkeypatch.chdir(tmp_path)
-    staged = [("model", stage.item("model", Path("my-bert"))), ("data_dir", stage.item("data", tmp_path))]
+    staged = [("model", stage.item("model", Path("my-bert"))),
+              ("data_dir", stage.item("data", tmp_path))]
     moved = stage.moved_fields("", staged, "/home/u")
     assert moved["model_given"] == str(tmp_path.resolve() / "my-bert")
     assert moved["model"].startswith("/home/u/") and moved["data_dir"].startswith("/home/u/")
-    assert "model_given" not in stage.moved_fields("/laptop/my-bert", staged, "/home/u")  # the config's stays
+    # the config's stays
+    assert "model_given" not in stage.moved_fields("/laptop/my-bert", staged, "/home/u")
     assert "model_given" not in stage.moved_fields("", staged[1:], "/home/u")

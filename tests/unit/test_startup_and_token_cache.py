@@ -1,5 +1,6 @@
-"""The time before the first step, phase by phase (cpudist/train/startup.py), and the node's tokenization cache
-(cpudist/train/token_cache.py): a re-run with the same rows, tokenizer and length tokenizes nothing."""
+"""The time before the first step, phase by phase (cpudist/train/startup.py), and the node's
+tokenization cache (cpudist/train/token_cache.py): a re-run with the same rows, tokenizer and length
+tokenizes nothing."""
 
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ def tokenizer() -> object:
     return AutoTokenizer.from_pretrained(source, use_fast=True)
 
 
-def test_a_second_encode_of_the_same_rows_comes_from_the_cache_and_equals_the_tokenizers(tokenizer: object,
-                                                                                          tmp_path: Path) -> None:
+def test_a_second_encode_of_the_same_rows_comes_from_the_cache_and_equals_the_tokenizers(
+    tokenizer: object,
+     tmp_path: Path) -> None:
     first, hit = cached_encode(PAIRS, tokenizer, 12, tmp_path)
     assert not hit and len(list(tmp_path.glob("*.safetensors"))) == 1
     again, hit = cached_encode(PAIRS, tokenizer, 12, tmp_path)
@@ -38,21 +40,25 @@ def test_a_second_encode_of_the_same_rows_comes_from_the_cache_and_equals_the_to
     for got in (first, again):
         assert got.input_ids == fresh.input_ids and got.token_type_ids == fresh.token_type_ids
         assert got.pad_id == fresh.pad_id and got.labels == fresh.labels
-    assert max(len(r) for r in again.input_ids) == 12  # truncated as asked (the longest pair has 15)
+    # truncated as asked (the longest pair has 15)
+    assert max(len(r) for r in again.input_ids) == 12
 
 
 def test_what_decides_the_tokens_changes_the_key_and_labels_do_not(tokenizer: object) -> None:
     base = key(PAIRS, tokenizer, 16)
-    encode(PAIRS, tokenizer, 32)  # a call leaves the tokenizer's truncation set: not part of what it is
+    # a call leaves the tokenizer's truncation set: not part of what it is
+    encode(PAIRS, tokenizer, 32)
     other_text = Split(((*PAIRS.texts[0][:2], "Stocks fell 4%."), PAIRS.texts[1]), PAIRS.labels)
     one_column = Split((PAIRS.texts[0],), PAIRS.labels)
     shifted = Split((PAIRS.texts[0][:2], (*PAIRS.texts[1][:1], "The dog ran.")), PAIRS.labels[:2])
     relabelled = Split(PAIRS.texts, (0.0, 1.0, 0.0))
     assert base is not None and key(relabelled, tokenizer, 16) == base
-    keys = {base, key(other_text, tokenizer, 16), key(one_column, tokenizer, 16), key(PAIRS, tokenizer, 32),
+    keys = {base, key(other_text, tokenizer, 16), key(one_column, tokenizer, 16),
+            key(PAIRS, tokenizer, 32),
             key(shifted, tokenizer, 16)}
     assert len(keys) == 5
-    lower = AutoTokenizer.from_pretrained(tokenizer_source("sentence-transformers/all-MiniLM-L6-v2", None),
+    lower = AutoTokenizer.from_pretrained(tokenizer_source("sentence-transformers/all-MiniLM-L6-v2",
+                                                           None),
                                           use_fast=True, do_lower_case=False)
     assert key(PAIRS, lower, 16) != base  # same vocabulary, another normalizer: other ids
 
@@ -90,7 +96,8 @@ def test_without_a_writable_cache_or_a_fast_tokenizer_rows_are_still_tokenized(t
     class Slow:  # a tokenizer with no serialized state to key on
         pad_token_id = 0
 
-        def __call__(self, *texts: tuple[str, ...], truncation: bool, max_length: int) -> dict[str, object]:
+        def __call__(self, *texts: tuple[str, ...], truncation: bool, max_length: int) -> dict[str,
+                                                                                               object]:
             return {"input_ids": [[1, 2]] * len(texts[0])}
 
     assert key(PAIRS, Slow(), 16) is None
@@ -101,7 +108,8 @@ def test_without_a_writable_cache_or_a_fast_tokenizer_rows_are_still_tokenized(t
 def test_process_age_counts_from_the_processs_start() -> None:
     code = "import time; time.sleep(1.0); from cpudist.train.startup import process_age_s; print(process_age_s())"
     began = time.monotonic()
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         check=True)
     lived = time.monotonic() - began
     age = float(out.stdout)
     assert 1.0 <= age <= lived + 0.05, (age, lived)  # the kernel's clock ticks in 10 ms
@@ -110,15 +118,18 @@ def test_process_age_counts_from_the_processs_start() -> None:
 def test_phases_before_the_rank_come_from_the_commands_start_and_add_up() -> None:
     age = process_age_s()
     assert age is not None
-    s = Startup.at_entry({STARTED_AT_ENV: f"{time.time() - age - 5.0:.3f}"})  # the command started 5 s before us
+    # the command started 5 s before us
+    s = Startup.at_entry({STARTED_AT_ENV: f"{time.time() - age - 5.0:.3f}"})
     assert s.phases["before_rank"] == pytest.approx(5.0, abs=0.1)
     assert s.phases["python_and_imports"] >= age - 0.01  # rounded to ms
     assert "before_rank" not in Startup.at_entry({}).phases  # started by hand
-    # a local mpiexec starts a rank within a tick or two of the command's stamp: zero, not dropped (it failed the
-    # suite's first local 2-rank run once, the phase missing)
-    ticks = Startup.at_entry({STARTED_AT_ENV: f"{time.time() - age + 0.02:.3f}"}).phases["before_rank"]
+    # a local mpiexec starts a rank within a tick or two of the command's stamp: zero, not dropped
+    # (it failed the suite's first local 2-rank run once, the phase missing)
+    ticks = Startup.at_entry({STARTED_AT_ENV: f"{time.time() - age + 0.02:.3f}"}).phases[
+        "before_rank"]
     assert 0.0 <= ticks < 0.05
-    assert "before_rank" not in Startup.at_entry({STARTED_AT_ENV: f"{time.time() + 60:.3f}"}).phases  # a skewed clock
+    # a skewed clock
+    assert "before_rank" not in Startup.at_entry({STARTED_AT_ENV: f"{time.time() + 60:.3f}"}).phases
     assert "before_rank" not in Startup.at_entry({STARTED_AT_ENV: "soon"}).phases
     with s.phase("tokenize"):
         time.sleep(0.05)
@@ -129,5 +140,7 @@ def test_phases_before_the_rank_come_from_the_commands_start_and_add_up() -> Non
     assert out["tokenize"] >= 0.1 and out["first_step"] == 0.25 and out["tokens_cached"] is True
     assert list(out)[:2] == ["before_rank", "python_and_imports"]
     assert list(out)[-3:] == ["first_step", "total_to_first_step", "tokens_cached"]
-    assert out["total_to_first_step"] == pytest.approx(sum(v for k, v in out.items() if isinstance(v, float)
-                                                           and k != "total_to_first_step"), abs=0.01)
+    assert out["total_to_first_step"] == pytest.approx(sum(v for k, v in out.items()
+                                                           if isinstance(v, float)
+                                                           and k != "total_to_first_step"),
+                                                       abs=0.01)

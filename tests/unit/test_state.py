@@ -1,5 +1,6 @@
-"""state.py is the one map of cpudist's files: every local path under CPUDIST_HOME (the same layout as ever without
-it), node-side names relative to a node's home, and no other module of the package spelling either."""
+"""state.py is the one map of cpudist's files: every local path under CPUDIST_HOME (the same layout
+as ever without it), node-side names relative to a node's home, and no other module of the package
+spelling either."""
 
 from __future__ import annotations
 
@@ -19,10 +20,12 @@ PACKAGE = Path(cpudist.__file__).parent
 
 
 def local_paths() -> dict[str, Callable[[], Path]]:
-    """Every public function of state.py that returns a path, found by signature (a new one is checked too)."""
+    """Every public function of state.py that returns a path, found by signature (a new one is
+    checked too)."""
     found: dict[str, Callable[[], Path]] = {}
     for name, fn in inspect.getmembers(state, inspect.isfunction):
-        if name.startswith("_") or fn.__module__ != state.__name__ or inspect.signature(fn).return_annotation != "Path":
+        if name.startswith("_") or fn.__module__ != state.__name__ or inspect.signature(
+            fn).return_annotation != "Path":
             continue
         params = list(inspect.signature(fn).parameters)
         if not params:
@@ -43,7 +46,8 @@ def homes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
 def test_every_local_path_follows_cpudist_home(homes: tuple[Path, Path]) -> None:
     login, elsewhere = homes
     paths = local_paths()
-    assert {"home", "ledger_path", "bench_dir", "wheels_dir", "inductor_dir", "clusters_dir", "images_dir",
+    assert {"home", "ledger_path", "bench_dir", "wheels_dir", "inductor_dir", "clusters_dir",
+            "images_dir",
             "cluster_dir", "image_dir", "local_cluster_dir"} <= set(paths)
     for name, fn in paths.items():
         assert fn() == elsewhere or elsewhere in fn().parents, f"state.{name}() is {fn()}, not under CPUDIST_HOME"
@@ -57,14 +61,18 @@ def test_without_cpudist_home_the_layout_is_the_one_users_have(homes: tuple[Path
     monkeypatch.delenv("CPUDIST_HOME")
     dot = login / ".cpudist"
     assert state.ledger_path() == dot / "results.jsonl" and state.bench_dir() == dot / "bench"
-    assert state.cluster_dir("team-a") == dot / "clusters" / "team-a" and state.clusters_dir() == dot / "clusters"
-    assert state.image_dir("team-a") == dot / "images" / "team-a" and state.wheels_dir() == dot / "wheels"
+    assert state.cluster_dir(
+        "team-a") == dot / "clusters" / "team-a" and state.clusters_dir() == dot / "clusters"
+    assert state.image_dir(
+        "team-a") == dot / "images" / "team-a" and state.wheels_dir() == dot / "wheels"
     assert state.inductor_dir() == dot / "inductor" and state.local_cluster_dir() == dot / "cluster"
 
 
-def test_an_on_prem_key_made_before_cpudist_home_counted_is_still_found(homes: tuple[Path, Path]) -> None:
-    """ssh-setup wrote ~/.cpudist/cluster whatever CPUDIST_HOME said (and installs it there on every node): a key
-    only there is used, so re-running ssh-setup does not mint a second cluster key; one under CPUDIST_HOME wins."""
+def test_an_on_prem_key_made_before_cpudist_home_counted_is_still_found(homes: tuple[Path,
+                                                                                     Path]) -> None:
+    """ssh-setup wrote ~/.cpudist/cluster whatever CPUDIST_HOME said (and installs it there on every
+    node): a key only there is used, so re-running ssh-setup does not mint a second cluster key; one
+    under CPUDIST_HOME wins."""
     login, elsewhere = homes
     assert state.local_cluster_dir() == elsewhere / "cluster"
     old = login / state.CLUSTER_DIR
@@ -84,11 +92,14 @@ def test_node_side_names_are_relative_to_a_nodes_home(homes: tuple[Path, Path]) 
 
 
 def _strings(tree: ast.AST) -> list[ast.Constant]:
-    """String constants of a module, without docstrings and `help=` texts (they describe the default)."""
+    """String constants of a module, without docstrings and `help=` texts (they describe the
+    default)."""
     skip: set[int] = set()
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body and \
+        if isinstance(node,
+                      (ast.Module, ast.ClassDef, ast.FunctionDef,
+                       ast.AsyncFunctionDef)) and body and \
                 isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
             skip.add(id(body[0].value))
         if isinstance(node, ast.keyword) and node.arg == "help":
@@ -106,9 +117,12 @@ def test_no_other_module_spells_a_state_path() -> None:
         tree = ast.parse(source)
         for node in _strings(tree):
             if ".cpudist" in node.value or "CPUDIST_HOME" in node.value:
-                offenders.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {node.value!r}")
-        for node in ast.walk(tree):  # Path.home(): the login's home is state's to combine with a name
-            if isinstance(node, ast.Attribute) and node.attr == "home" and isinstance(node.value, ast.Name) and \
+                offenders.append(
+                    f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {node.value!r}")
+        # Path.home(): the login's home is state's to combine with a name
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "home" and isinstance(node.value,
+                                                                                      ast.Name) and \
                     node.value.id == "Path":
                 offenders.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: Path.home()")
     assert offenders == [], "use cpudist.state for these:\n" + "\n".join(offenders)

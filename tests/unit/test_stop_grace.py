@@ -1,5 +1,6 @@
-"""A stop that lands while rank 0 writes a checkpoint waits for it (bounded), and the ranks' last lines (the
-checkpoint, the stop) still reach the callbacks; a real process group, a real SIGINT in this process."""
+"""A stop that lands while rank 0 writes a checkpoint waits for it (bounded), and the ranks' last
+lines (the checkpoint, the stop) still reach the callbacks; a real process group, a real SIGINT in
+this process."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from cpudist.launch import runner
 from cpudist.launch.spec import Launch
 from cpudist.wire import stop_marker
 
-# A "rank": says it starts a checkpoint, then takes WRITE_S to write it whatever SIGTERM says, says it is saved
+# A "rank": says it starts a checkpoint, then takes WRITE_S to write it whatever SIGTERM says, says
+# it is saved
 RANK = """
 import json, signal, sys, time
 signal.signal(signal.SIGTERM, lambda *a: None)
@@ -34,7 +36,8 @@ print("after the checkpoint", flush=True)
 def test_a_stop_mid_checkpoint_waits_for_it_and_reads_the_last_lines(tmp_path: Path) -> None:
     write_s = runner.GRACE_S + 3  # longer than the plain grace: SIGKILL at GRACE_S would cut it off
     done = tmp_path / "state.pt"
-    launch = Launch(argv=(sys.executable, "-c", RANK.format(write_s=write_s, done=str(done))), rank_env={})
+    launch = Launch(argv=(sys.executable, "-c", RANK.format(write_s=write_s, done=str(done))),
+                    rank_env={})
     seen: list[dict[str, Any]] = []
     lines: list[str] = []
 
@@ -58,7 +61,8 @@ def test_the_checkpoint_grace_is_bounded(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(runner, "CHECKPOINT_GRACE_S", 2.0)
     monkeypatch.setattr(runner, "GRACE_S", 1.0)
     done = tmp_path / "state.pt"
-    launch = Launch(argv=(sys.executable, "-c", RANK.format(write_s=60, done=str(done))), rank_env={})
+    launch = Launch(argv=(sys.executable, "-c", RANK.format(write_s=60, done=str(done))),
+                    rank_env={})
 
     def on_line(line: str) -> None:
         if line == "ready":

@@ -1,5 +1,6 @@
-"""The sync strategies' table: one row per Strategy class, labels that parse back, the option checks, and
-result.json's sync_options read under the names of any cpudist version (report and plan on old ledgers)."""
+"""The sync strategies' table: one row per Strategy class, labels that parse back, the option
+checks, and result.json's sync_options read under the names of any cpudist version (report and plan
+on old ledgers)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,18 @@ from cpudist.config import TrainConfig, spec_of
 from cpudist.errors import BadInput
 from cpudist.results.ledger import read_ledger
 from cpudist.results.planner import sync_of
-from cpudist.strategies import OLD_NAMES, SHARED, TABLE, SyncSpec, check_sync, from_record, parse_label
+from cpudist.strategies import (
+    OLD_NAMES,
+    SHARED,
+    TABLE,
+    SyncSpec,
+    check_sync,
+    from_record,
+    parse_label,
+)
 
-OLD_LEDGER = Path(__file__).parents[2] / "benchmarks" / "results" / "scaling-halfcore-amx-bf16-ledger.jsonl"
+OLD_LEDGER = Path(__file__).parents[
+    2] / "benchmarks" / "results" / "scaling-halfcore-amx-bf16-ledger.jsonl"
 
 
 def test_every_row_has_its_strategy_class_and_every_class_its_row() -> None:
@@ -28,22 +38,29 @@ def test_every_row_has_its_strategy_class_and_every_class_its_row() -> None:
 
 def test_knobs_are_named_as_trainconfig_names_them() -> None:
     config = {f.name for f in dataclasses.fields(TrainConfig)}
-    spec_only = {"powersgd_rank", "powersgd_start"}  # worked out from --grad-compression and the run's length
+    # worked out from --grad-compression and the run's length
+    spec_only = {"powersgd_rank", "powersgd_start"}
     assert {f.name for f in dataclasses.fields(SyncSpec)} - spec_only <= config
     assert all(set(row.knobs) <= config for row in TABLE.values()) and set(SHARED) <= config
-    cfg = TrainConfig(task="mrpc", output_dir="o", sync="local-sgd", grad_compression="bf16", sync_every=4,
-                      local_sgd_warmup=3, outer_optimizer="nesterov", outer_lr=0.5, outer_momentum=0.8,
+    cfg = TrainConfig(task="mrpc", output_dir="o", sync="local-sgd", grad_compression="bf16",
+                      sync_every=4,
+                      local_sgd_warmup=3, outer_optimizer="nesterov", outer_lr=0.5,
+                      outer_momentum=0.8,
                       average_moments="both", second_moment_every=2, bucket_cap_mb=5.0)
     spec = spec_of(cfg, 100)
     same = {f.name for f in dataclasses.fields(SyncSpec)} - spec_only
     assert {k: getattr(spec, k) for k in same} == {k: getattr(cfg, k) for k in same}
-    assert spec_of(dataclasses.replace(cfg, sync="ddp", grad_compression="powersgd:3"), 100) == dataclasses.replace(
-        spec, sync="ddp", grad_compression="powersgd", powersgd_rank=3, powersgd_start=10, local_sgd_warmup=0)
+    assert spec_of(dataclasses.replace(cfg, sync="ddp", grad_compression="powersgd:3"),
+                   100) == dataclasses.replace(
+        spec, sync="ddp", grad_compression="powersgd", powersgd_rank=3, powersgd_start=10,
+        local_sgd_warmup=0)
 
 
 SPECS = [SyncSpec(), SyncSpec(grad_compression="bf16"), SyncSpec(grad_compression="fp16"),
-         SyncSpec(embedding_sync="dense"), SyncSpec(grad_compression="bf16", embedding_sync="dense"),
-         SyncSpec(grad_compression="powersgd", powersgd_rank=4), SyncSpec("allreduce"), SyncSpec("gather-scatter"),
+         SyncSpec(embedding_sync="dense"),
+         SyncSpec(grad_compression="bf16", embedding_sync="dense"),
+         SyncSpec(grad_compression="powersgd", powersgd_rank=4), SyncSpec("allreduce"),
+         SyncSpec("gather-scatter"),
          *(SyncSpec("local-sgd", wire, sync_every=k, outer_optimizer=outer, average_moments=moments,
                      second_moment_every=j)
            for wire in ("none", "bf16") for k in (1, 8) for outer in ("none", "nesterov")
@@ -65,18 +82,26 @@ def cfg(**knobs: object) -> TrainConfig:
 
 
 @pytest.mark.parametrize(("knobs", "message"), [
-    ({"sync_every": 4}, "--sync-every applies to --sync local-sgd, not ddp. Add --sync local-sgd, or drop "
+    ({"sync_every": 4},
+     "--sync-every applies to --sync local-sgd, not ddp. Add --sync local-sgd, or drop "
      "--sync-every"),
-    ({"sync": "allreduce", "grad_compression": "bf16"}, "--grad-compression applies to --sync ddp and local-sgd, not "
+    ({"sync": "allreduce", "grad_compression": "bf16"},
+     "--grad-compression applies to --sync ddp and local-sgd, not "
      "allreduce. Use --sync ddp (or local-sgd) with it, or drop --grad-compression"),
     # the knob only one strategy takes is named first: it says best which --sync was meant
-    ({"sync": "gather-scatter", "grad_compression": "bf16", "outer_lr": 1.0}, "--outer-lr applies to --sync local-sgd"),
-    ({"sync": "local-sgd", "grad_compression": "powersgd"}, "local SGD averages in fp32 (none) or bf16"),
-    ({"sync": "local-sgd", "second_moment_every": 2}, "--second-moment-every 2: the second moment is not averaged"),
-    ({"sync": "nccl"}, "--sync nccl: unknown. Use one of: ddp, allreduce, gather-scatter, local-sgd"),
-    ({"sync": "local-sgd", "embedding_sync": "dense"}, "--embedding-sync applies to --sync ddp, not local-sgd"),
+    ({"sync": "gather-scatter", "grad_compression": "bf16", "outer_lr": 1.0},
+     "--outer-lr applies to --sync local-sgd"),
+    ({"sync": "local-sgd", "grad_compression": "powersgd"},
+     "local SGD averages in fp32 (none) or bf16"),
+    ({"sync": "local-sgd", "second_moment_every": 2},
+     "--second-moment-every 2: the second moment is not averaged"),
+    ({"sync": "nccl"},
+     "--sync nccl: unknown. Use one of: ddp, allreduce, gather-scatter, local-sgd"),
+    ({"sync": "local-sgd", "embedding_sync": "dense"},
+     "--embedding-sync applies to --sync ddp, not local-sgd"),
 ])
-def test_knobs_of_another_strategy_are_refused_in_one_line(knobs: dict[str, object], message: str) -> None:
+def test_knobs_of_another_strategy_are_refused_in_one_line(knobs: dict[str, object],
+                                                           message: str) -> None:
     with pytest.raises(BadInput) as e:
         check_sync(cfg(**knobs))
     assert message in e.value.message and "\n" not in e.value.message
@@ -84,8 +109,10 @@ def test_knobs_of_another_strategy_are_refused_in_one_line(knobs: dict[str, obje
 
 @pytest.mark.parametrize("knobs", [{}, {"grad_compression": "powersgd:2", "bucket_cap_mb": 5.0},
                                    {"sync": "allreduce", "bucket_cap_mb": 5.0},
-                                   {"sync": "local-sgd", "grad_compression": "bf16", "average_moments": "both",
-                                    "second_moment_every": 2, "outer_optimizer": "nesterov", "local_sgd_warmup": 4}])
+                                   {"sync": "local-sgd", "grad_compression": "bf16",
+                                    "average_moments": "both",
+                                    "second_moment_every": 2, "outer_optimizer": "nesterov",
+                                    "local_sgd_warmup": 4}])
 def test_each_strategys_own_knobs_pass(knobs: dict[str, object]) -> None:
     check_sync(cfg(**knobs))
 
@@ -101,38 +128,49 @@ def test_sync_options_of_older_results_read_as_todays() -> None:
     old = {"strategy": "local-sgd", "compression": "bf16", "warmup_steps": 3, "outer": "nesterov",
            "moments": "both", "sync_every": 8, "powersgd_start": 34, "extra": 1}
     spec = from_record(old, "ignored")
-    assert spec == SyncSpec("local-sgd", "bf16", powersgd_start=34, sync_every=8, local_sgd_warmup=3,
+    assert spec == SyncSpec("local-sgd", "bf16", powersgd_start=34, sync_every=8,
+                            local_sgd_warmup=3,
                             outer_optimizer="nesterov", average_moments="both")
-    assert from_record(renamed({"sync_options": old})["sync_options"], "ignored") == spec  # type: ignore[arg-type]
+    assert from_record(renamed({"sync_options": old})["sync_options"],
+                       "ignored") == spec  # type: ignore[arg-type]
     assert from_record({}, "diloco:8+mv+bf16") == SyncSpec("local-sgd", "bf16", sync_every=8,
-                                                           outer_optimizer="nesterov", average_moments="both")
+                                                           outer_optimizer="nesterov",
+                                                           average_moments="both")
 
 
 def test_ddp_labels_say_a_dense_embedding_and_old_ddp_records_sent_one() -> None:
     assert [parse_label(s.label).embedding_sync for s in SPECS[:5]] == ["rows"] * 3 + ["dense"] * 2
     assert SyncSpec(embedding_sync="dense").label == "ddp+dense-emb" and SyncSpec().label == "ddp"
-    # PowerSGD keeps the embedding in DDP (its factors are smaller than the rows): no tag, the same bytes
+    # PowerSGD keeps the embedding in DDP (its factors are smaller than the rows): no tag, the same
+    # bytes
     assert SyncSpec(grad_compression="powersgd", embedding_sync="dense").label == "ddp+powersgd:1"
     # a ddp result.json from before rows existed sent all of it; one from after says which it sent
-    assert from_record({"sync": "ddp", "grad_compression": "bf16"}, "ddp+bf16").embedding_sync == "dense"
+    assert from_record({"sync": "ddp", "grad_compression": "bf16"},
+                       "ddp+bf16").embedding_sync == "dense"
     assert from_record({"sync": "ddp", "embedding_sync": "rows"}, "ddp").embedding_sync == "rows"
-    assert from_record({"sync": "local-sgd"}, "local-sgd:8").embedding_sync == "rows"  # not a knob of its
+    # not a knob of its
+    assert from_record({"sync": "local-sgd"}, "local-sgd:8").embedding_sync == "rows"
 
 
 def test_report_and_plan_read_an_old_ledger_as_its_renamed_copy(tmp_path: Path) -> None:
-    """benchmarks/ holds a ledger written before the knobs were renamed: plan, validate and report give the same
-    answers on it as on the same records under today's names (powersgd_start, warm-ups and DiLoCo count)."""
+    """benchmarks/ holds a ledger written before the knobs were renamed: plan, validate and report
+    give the same answers on it as on the same records under today's names (powersgd_start, warm-ups
+    and DiLoCo count)."""
     lines = [json.loads(line) for line in OLD_LEDGER.read_text().splitlines() if line.strip()]
     assert any("strategy" in (r.get("sync_options") or {}) for r in lines)  # still the old names
     new = tmp_path / "renamed.jsonl"
     new.write_text("".join(json.dumps(renamed(r)) + "\n" for r in lines))
     assert [sync_of(r) for r in read_ledger(OLD_LEDGER)] == [sync_of(r) for r in read_ledger(new)]
-    assert {sync_of(r).powersgd_start for r in read_ledger(OLD_LEDGER)} != {SyncSpec().powersgd_start}
-    for args in (["plan", "--link-gbps", "10", "--json"], ["plan", "--link-gbps", "10", "--validate", "--json"],
+    assert {sync_of(r).powersgd_start
+            for r in read_ledger(OLD_LEDGER)} != {SyncSpec().powersgd_start}
+    for args in (["plan", "--link-gbps", "10", "--json"],
+                 ["plan", "--link-gbps", "10", "--validate", "--json"],
                  ["report", "--json"]):
-        old_out, new_out = (CliRunner().invoke(cli, [*args, str(path)]) for path in (OLD_LEDGER, new))
+        old_out, new_out = (CliRunner().invoke(cli, [*args, str(path)])
+                            for path in (OLD_LEDGER, new))
         assert old_out.exit_code == 0, old_out.output
         assert old_out.output == new_out.output
     rows = json.loads(CliRunner().invoke(cli, ["plan", "--link-gbps", "10", "--validate", "--json",
                                               str(OLD_LEDGER)]).output)
-    assert {"diloco:8", "local-sgd:8", "ddp+powersgd:2", "gather-scatter"} <= {r["sync"] for r in rows}
+    assert {"diloco:8", "local-sgd:8", "ddp+powersgd:2", "gather-scatter"} <= {r["sync"]
+                                                                               for r in rows}

@@ -23,7 +23,8 @@ def test_counts_run_smallest_first() -> None:
 
 
 @pytest.mark.parametrize(("text", "why"), [("0,1", "not a positive"), ("1,-2", "not a positive"),
-                                           ("1,2,2", "names 2 more than once"), ("1,two", "not a whole number"),
+                                           ("1,2,2", "names 2 more than once"),
+                                           ("1,two", "not a whole number"),
                                            ("1,,2", "not a whole number")])
 def test_bad_counts(text: str, why: str) -> None:
     with pytest.raises(BadInput, match=why):
@@ -32,8 +33,10 @@ def test_bad_counts(text: str, why: str) -> None:
 
 def test_series_checks() -> None:
     check_series((1, 2, 4), 1, HOSTFILE)
-    check_series((1,), None, SeriesHosts(None, None, "auto", None))  # one node: this machine will do
-    check_series((1, 2), 2, SeriesHosts(None, None, "slurm", None))  # Slurm's allocation holds the nodes
+    # one node: this machine will do
+    check_series((1,), None, SeriesHosts(None, None, "auto", None))
+    # Slurm's allocation holds the nodes
+    check_series((1, 2), 2, SeriesHosts(None, None, "slurm", None))
     with pytest.raises(BadInput, match="more than the 4 host"):
         check_series((1, 8), 1, HOSTFILE)
     with pytest.raises(BadInput, match="need --ppn"):
@@ -50,11 +53,14 @@ def test_each_count_gets_its_folder() -> None:
 
 def test_sweep_takes_every_run_option_but_the_per_run_ones() -> None:
     ours = {p.name for p in sweep.params}
-    assert {p.name for p in run.params} - ours == {"np_", "nodes"}  # --nodes, --output-dir, --format: its own
+    # --nodes, --output-dir, --format: its own
+    assert {p.name for p in run.params} - ours == {"np_", "nodes"}
     assert set(SET_PER_RUN) == {"np_", "nodes", "output_dir", "fmt"}
     assert {p.name for p in sweep.params} - {p.name for p in run.params} == {"counts", "plot"}
-    formats = {o: p.type.choices for p in sweep.params if p.name == "fmt" for o in p.opts if o == "--format"}
-    assert formats == {"--format": ("table", "md", "csv", "json")}  # the report's formats, not run's
+    formats = {o: p.type.choices for p in sweep.params if p.name == "fmt" for o in p.opts
+               if o == "--format"}
+    # the report's formats, not run's
+    assert formats == {"--format": ("table", "md", "csv", "json")}
     assert {"counts", "output_dir", "fmt", "plot", "launcher", "hostfile", "ppn"} <= ours
 
 
@@ -64,7 +70,8 @@ def test_sweep_takes_every_run_option_but_the_per_run_ones() -> None:
     (["--nodes", "1,2,3", "--ppn", "1"], "more than the 2 host"),
     (["--nodes", "1,2"], "need --ppn"),
 ])
-def test_bad_input_fails_before_any_run_with_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_bad_input_fails_before_any_run_with_one_line(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch,
                                                      args: list[str], why: str) -> None:
     (tmp_path / "hosts").write_text("localhost\n127.0.0.1\n")
     monkeypatch.chdir(tmp_path)
@@ -74,16 +81,19 @@ def test_bad_input_fails_before_any_run_with_one_line(tmp_path: Path, monkeypatc
     assert not (tmp_path / "runs").exists() and not ledger_path().exists()
 
 
-def test_dry_run_shows_each_run_with_the_options_passed_through(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_dry_run_shows_each_run_with_the_options_passed_through(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch,
                                                                shared_data: Path) -> None:
     (tmp_path / "hosts").write_text("localhost\n127.0.0.1\n")
     monkeypatch.chdir(tmp_path)
-    common = ["sweep", "mrpc", "--data-dir", str(shared_data / "glue" / "MRPC"), "--model", "tiny", "--max-steps", "3",
+    common = ["sweep", "mrpc", "--data-dir", str(shared_data / "glue" / "MRPC"), "--model", "tiny",
+              "--max-steps", "3",
               "--dry-run", "--output-dir", "s"]
     r = CliRunner().invoke(cli, [*common, "--nodes", "2,1", "--ppn", "1", "--hostfile", "hosts"])
     assert r.exit_code == 0, r.output
     assert [line for line in r.output.splitlines() if line.startswith("# sweep")] == [
-        "# sweep 1/2: 1 node(s), --ppn 1 -> s/nodes1", "# sweep 2/2: 2 node(s), --ppn 1 -> s/nodes2"]
+        "# sweep 1/2: 1 node(s), --ppn 1 -> s/nodes1",
+        "# sweep 2/2: 2 node(s), --ppn 1 -> s/nodes2"]
     commands = [line for line in r.output.splitlines() if "cpudist.rank" in line]
     assert len(commands) == 2 and "-np 1 -ppn 1" in commands[0] and "-np 2 -ppn 1" in commands[1]
     assert all("--max-steps=3" in c for c in commands) and "--output-dir=s/nodes2" in commands[1]

@@ -7,8 +7,9 @@ from cpudist.train.models import PRESETS, is_local_model, resolve_model
 from cpudist.train.tasks import GLUE_TASKS, normalize_task
 
 
-@pytest.mark.parametrize(("given", "expected"), [("SST-2", "sst2"), ("sts-b", "stsb"), ("MRPC", "mrpc"),
-                                                 ("synthetic", "synthetic"), ("custom", "custom")])
+@pytest.mark.parametrize(("given", "expected"),
+                         [("SST-2", "sst2"), ("sts-b", "stsb"), ("MRPC", "mrpc"),
+                          ("synthetic", "synthetic"), ("custom", "custom")])
 def test_task_aliases(given: str, expected: str) -> None:
     assert normalize_task(given) == expected
 

@@ -20,7 +20,8 @@ def test_payload_fp32_and_halved_by_16_bit_compression() -> None:
     assert payload_bytes(SHAPES, "bf16") == payload_bytes(SHAPES, "fp16") == 2 * NUMEL
 
 
-@pytest.mark.parametrize("shape", [(1000, 64), (64,), (64, 64), (3, 3), (30522, 384), (8, 4, 4), (2, 1000)])
+@pytest.mark.parametrize("shape",
+                         [(1000, 64), (64,), (64, 64), (3, 3), (30522, 384), (8, 4, 4), (2, 1000)])
 @pytest.mark.parametrize("rank", [1, 2, 4])
 def test_powersgd_follows_torchs_rule(shape: tuple[int, ...], rank: int) -> None:
     n = shape[0]
@@ -34,7 +35,8 @@ def test_ring_all_reduce_sends_two_n_minus_one_over_n_per_rank_and_node() -> Non
     assert t.rank_send == pytest.approx(2 * 3 / 4 * 4 * NUMEL)
     assert t.node_tx == pytest.approx((2 * 3 / 4 * 4 * NUMEL,) * 4)
     assert t.exchanges == 1
-    # Two ranks per node: one ring edge leaves each node, so a node still sends 2(N-1)/N of the payload.
+    # Two ranks per node: one ring edge leaves each node, so a node still sends 2(N-1)/N of the
+    # payload.
     two = expected_traffic(SyncSpec(), SHAPES, world=4, ppn=2, steps=10)
     assert two.node_tx == pytest.approx((2 * 3 / 4 * 4 * NUMEL,) * 2)
 
@@ -55,24 +57,32 @@ def test_local_sgd_moves_one_kth_after_its_warmup() -> None:
     ddp = expected_traffic(SyncSpec(), SHAPES, 4, 1, 80)
     k8 = expected_traffic(SyncSpec("local-sgd", sync_every=8), SHAPES, 4, 1, 80)
     assert k8.total_node_tx == pytest.approx(ddp.total_node_tx / 8)
-    warm = expected_traffic(SyncSpec("local-sgd", sync_every=8, local_sgd_warmup=8), SHAPES, 4, 1, 80)
+    warm = expected_traffic(SyncSpec("local-sgd", sync_every=8, local_sgd_warmup=8), SHAPES, 4, 1,
+                            80)
     assert warm.exchanges == pytest.approx((8 + 72 // 8) / 80)
     # The steps after the last average are averaged once more when training ends.
-    assert expected_traffic(SyncSpec("local-sgd", sync_every=8), SHAPES, 4, 1, 20).exchanges == pytest.approx(3 / 20)
+    assert expected_traffic(SyncSpec("local-sgd", sync_every=8), SHAPES, 4, 1,
+                            20).exchanges == pytest.approx(3 / 20)
 
 
 def test_local_sgd_moments_add_a_model_each_and_a_16_bit_wire_halves_them_all() -> None:
     ddp = expected_traffic(SyncSpec(), SHAPES, 4, 1, 80).total_node_tx
     def k8(**knobs: Any) -> float:
-        return expected_traffic(SyncSpec("local-sgd", sync_every=8, **knobs), SHAPES, 4, 1, 80).total_node_tx
+        return expected_traffic(SyncSpec("local-sgd", sync_every=8, **knobs), SHAPES, 4, 1,
+                                80).total_node_tx
     assert k8(average_moments="first") == k8(average_moments="second") == pytest.approx(2 * ddp / 8)
     assert k8(average_moments="both") == pytest.approx(3 * ddp / 8)
-    assert k8(average_moments="both", grad_compression="bf16") == pytest.approx(1.5 * ddp / 8)  # 5.3x fewer than ddp
+    # 5.3x fewer than ddp
+    assert k8(average_moments="both", grad_compression="bf16") == pytest.approx(1.5 * ddp / 8)
     assert k8(average_moments="second", grad_compression="bf16") == pytest.approx(ddp / 8)
-    # The second moment every other average: 2.5 models' bytes per average, on a bf16 wire 6.4x fewer than ddp.
-    assert k8(average_moments="both", grad_compression="bf16", second_moment_every=2) == pytest.approx(1.25 * ddp / 8)
-    assert k8(average_moments="second", second_moment_every=5) == pytest.approx(1.2 * ddp / 8)  # 10 averages: 2 with v
-    assert k8(average_moments="first", second_moment_every=2) == k8(average_moments="first")  # no second moment
+    # The second moment every other average: 2.5 models' bytes per average, on a bf16 wire 6.4x
+    # fewer than ddp.
+    assert k8(average_moments="both", grad_compression="bf16",
+              second_moment_every=2) == pytest.approx(1.25 * ddp / 8)
+    # 10 averages: 2 with v
+    assert k8(average_moments="second", second_moment_every=5) == pytest.approx(1.2 * ddp / 8)
+    # no second moment
+    assert k8(average_moments="first", second_moment_every=2) == k8(average_moments="first")
     # The warm-up's synchronous steps average fp32 gradients whatever the wire of the averages.
     spec = SyncSpec("local-sgd", sync_every=8, local_sgd_warmup=8, grad_compression="bf16")
     warm = expected_traffic(spec, SHAPES, 4, 1, 80)
@@ -97,4 +107,5 @@ def test_labels_and_buckets() -> None:
                     second_moment_every=2).label == "local-sgd:8+m+v/2+bf16"
     second = SyncSpec("local-sgd", sync_every=8, average_moments="second", second_moment_every=3)
     assert second.label == "local-sgd:8+v/3"
-    assert buckets([(1024, 1024)] * 26, 25) == 1 + 5  # 104 MiB: a 1 MiB first bucket, then 103 MiB in 25 MiB ones
+    # 104 MiB: a 1 MiB first bucket, then 103 MiB in 25 MiB ones
+    assert buckets([(1024, 1024)] * 26, 25) == 1 + 5

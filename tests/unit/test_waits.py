@@ -1,6 +1,7 @@
-"""The one wait helper: an answer as soon as the check gives one, a TimedOut naming the wait at the deadline and
-not an interval later, the check's own errors untouched; and two waits built on it, with real sockets and
-processes: sshd's banner (ssh/client.wait_banner) and the tether's stop of a process tree."""
+"""The one wait helper: an answer as soon as the check gives one, a TimedOut naming the wait at the
+deadline and not an interval later, the check's own errors untouched; and two waits built on it,
+with real sockets and processes: sshd's banner (ssh/client.wait_banner) and the tether's stop of a
+process tree."""
 
 from __future__ import annotations
 
@@ -41,21 +42,24 @@ def test_a_wait_that_never_ends_is_one_error_naming_it_at_its_deadline() -> None
 
     start = time.monotonic()
     with pytest.raises(TimedOut) as failed:
-        wait_until(never, "the banner of n1", timeout_s=0.3, interval_s=0.05, hint="Check n1's sshd")
+        wait_until(never, "the banner of n1", timeout_s=0.3, interval_s=0.05,
+                   hint="Check n1's sshd")
     took = time.monotonic() - start
     assert isinstance(failed.value, CpudistError) and failed.value.exit_code == 1
     assert failed.value.message == "timed out after 0.3s waiting for the banner of n1. Check n1's sshd"
-    assert took >= 0.3 and checks[-1] - start >= 0.3  # the last check is at the deadline, not before it
+    # the last check is at the deadline, not before it
+    assert took >= 0.3 and checks[-1] - start >= 0.3
     assert len(checks) >= 2
 
 
 def test_a_long_interval_does_not_sleep_past_the_deadline() -> None:
-    """An interval longer than the time left: the wait ends at its deadline, not an interval later (a 600 s boot
-    wait polled every 5 s must not report 605 s)."""
+    """An interval longer than the time left: the wait ends at its deadline, not an interval later
+    (a 600 s boot wait polled every 5 s must not report 605 s)."""
     start = time.monotonic()
     with pytest.raises(TimedOut):
         wait_until(lambda: None, "nothing", timeout_s=0.2, interval_s=30)
-    assert time.monotonic() - start < 15  # 30 s if it slept a whole interval; generous for a busy machine
+    # 30 s if it slept a whole interval; generous for a busy machine
+    assert time.monotonic() - start < 15
 
 
 def test_the_checks_own_error_is_not_swallowed() -> None:
@@ -67,8 +71,9 @@ def test_the_checks_own_error_is_not_swallowed() -> None:
 
 
 def test_wait_banner_returns_once_sshd_answers_and_names_the_last_error_when_it_never_does() -> None:
-    """A node that accepts connections but says nothing yet (booting), then sends its banner; and a port nobody
-    listens on, which fails in one Unreachable line carrying the connection's last error."""
+    """A node that accepts connections but says nothing yet (booting), then sends its banner; and a
+    port nobody listens on, which fails in one Unreachable line carrying the connection's last
+    error."""
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
@@ -80,7 +85,8 @@ def test_wait_banner_returns_once_sshd_answers_and_names_the_last_error_when_it_
                 accepted.append(conn)
                 if n == 2:
                     conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
-                conn.close()  # the first two: closed without a word, as sshd before its keys are made
+                # the first two: closed without a word, as sshd before its keys are made
+                conn.close()
 
         threading.Thread(target=serve, daemon=True).start()
         wait_banner("127.0.0.1", port, timeout_s=60, interval_s=0.05)
@@ -88,7 +94,8 @@ def test_wait_banner_returns_once_sshd_answers_and_names_the_last_error_when_it_
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]  # bound, never listening: connections are refused
-        with pytest.raises(Unreachable, match=rf"no SSH banner from 127.0.0.1:{port} after 0.3s \(.*refused"):
+        with pytest.raises(Unreachable,
+                           match=rf"no SSH banner from 127.0.0.1:{port} after 0.3s \(.*refused"):
             wait_banner("127.0.0.1", port, timeout_s=0.3, interval_s=0.05)
 
 
@@ -106,12 +113,16 @@ print(round(time.monotonic() - start, 2), len(tether.descendants(tether.os.getpi
 """
 
 
-@pytest.mark.parametrize(("child", "grace_s", "at_least", "at_most"), [("ends-on-term", 30.0, 0.0, 10.0),
-                                                                        ("ignores-term", 0.5, 0.5, 20.0)])
+@pytest.mark.parametrize(("child", "grace_s", "at_least", "at_most"),
+                         [("ends-on-term", 30.0, 0.0, 10.0),
+                           ("ignores-term", 0.5, 0.5,
+                            20.0)])
 def test_the_tether_stops_a_tree_as_soon_as_it_is_gone(child: str, grace_s: float, at_least: float,
                                                        at_most: float) -> None:
-    """A tree that ends on SIGTERM is done long before a 30 s grace; one that ignores it is killed after the grace."""
-    r = subprocess.run([sys.executable, "-c", STOP_TREE, child, str(grace_s)], capture_output=True, text=True,
+    """A tree that ends on SIGTERM is done long before a 30 s grace; one that ignores it is killed
+    after the grace."""
+    r = subprocess.run([sys.executable, "-c", STOP_TREE, child, str(grace_s)], capture_output=True,
+                       text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr
     took, left = r.stdout.split()

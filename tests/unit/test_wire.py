@@ -21,14 +21,17 @@ FILE_NAMES = (names.RUN, names.RESULT, names.STEPS, names.RANKS_LOG, names.LOG, 
 ALLOWED = {
     ("launch/spec.py", programs.RANK),
     ("launch/torchrun.py", programs.TETHER),
-    ("launch/tether.py", "usage: python -m cpudist.launch.tether [--from-secrets NAME,...] -- COMMAND [ARGS...]\n"),
+    ("launch/tether.py",
+     "usage: python -m cpudist.launch.tether [--from-secrets NAME,...] -- COMMAND [ARGS...]\n"),
 }
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
     found = set()
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body:
+        if isinstance(node,
+                      (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef,
+                       ast.ClassDef)) and node.body:
             first = node.body[0]
             if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
                 found.add(id(first.value))
@@ -61,10 +64,12 @@ def spellings(root: Path = PACKAGE) -> Iterator[str]:
         tree = ast.parse(path.read_text(), str(path))
         skip = _docstrings(tree)
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "emit" and node.args \
+            if isinstance(node, ast.Call) and getattr(node.func, "attr",
+                                                      None) == "emit" and node.args \
                     and isinstance(node.args[0], ast.Constant):
                 yield f"{rel}:{node.lineno}: emit({node.args[0].value!r}): an event name (wire/events.py)"
-            if not isinstance(node, ast.Constant) or id(node) in skip or (rel, node.value) in ALLOWED:
+            if not isinstance(node, ast.Constant) or id(node) in skip or (rel,
+                                                                          node.value) in ALLOWED:
                 continue
             if (why := _why(node.value)) is not None:
                 yield f"{rel}:{node.lineno}: {node.value!r}: {why}"
@@ -78,7 +83,8 @@ def test_every_allowance_is_still_needed() -> None:
     """A file that no longer spells its allowed literal leaves ALLOWED."""
     for rel, literal in ALLOWED:
         tree = ast.parse((PACKAGE / rel).read_text())
-        assert any(isinstance(n, ast.Constant) and n.value == literal for n in ast.walk(tree)), (rel, literal)
+        assert any(isinstance(n, ast.Constant) and n.value == literal
+                   for n in ast.walk(tree)), (rel, literal)
 
 
 def test_wire_imports_nothing_of_cpudist_but_itself() -> None:
@@ -87,17 +93,23 @@ def test_wire_imports_nothing_of_cpudist_but_itself() -> None:
             modules = ([a.name for a in node.names] if isinstance(node, ast.Import)
                        else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             for module in modules:
-                assert not module.startswith("cpudist") or module.startswith("cpudist.wire"), (path.name, module)
+                assert not module.startswith("cpudist") or module.startswith("cpudist.wire"), (
+                    path.name, module)
 
 
 @pytest.mark.parametrize(("text", "expected"), [
     ("sys.exit(75)\n", "x.py:1: 75: an exit code (wire/exits.py)"),
-    ("events.emit('progress', step=1)\n", "x.py:1: emit('progress'): an event name (wire/events.py)"),
+    ("events.emit('progress', step=1)\n",
+     "x.py:1: emit('progress'): an event name (wire/events.py)"),
     ("kind = event.get('event')\n", "x.py:1: 'event': an event line (wire/events.py)"),
-    ("line = f'[{h}:{r}] error: {m}'\n", "x.py:1: '] error: ': a rank's error line (wire/rank_errors.py)"),
-    ("path = out / 'result.json'\n", "x.py:1: 'result.json': a run folder's file name (wire/names.py)"),
-    ("path = f'{out}/ranks.log'\n", "x.py:1: '/ranks.log': a run folder's file name (wire/names.py)"),
-    ("argv = ['python', '-m', 'cpudist.rank']\n", "x.py:1: 'cpudist.rank': a node-side program (wire/programs.py)"),
+    ("line = f'[{h}:{r}] error: {m}'\n",
+     "x.py:1: '] error: ': a rank's error line (wire/rank_errors.py)"),
+    ("path = out / 'result.json'\n",
+     "x.py:1: 'result.json': a run folder's file name (wire/names.py)"),
+    ("path = f'{out}/ranks.log'\n",
+     "x.py:1: '/ranks.log': a run folder's file name (wire/names.py)"),
+    ("argv = ['python', '-m', 'cpudist.rank']\n",
+     "x.py:1: 'cpudist.rank': a node-side program (wire/programs.py)"),
     ('"""Writes result.json with exit code 75."""\n', None),
 ])
 def test_a_scratch_spelling_is_caught(tmp_path: Path, text: str, expected: str | None) -> None:

@@ -10,10 +10,14 @@ from cpudist.errors import BadInput, CpudistError
 HINTS = {
     "InsufficientInstanceCapacity": "Try another instance type or availability zone (--subnet), "
                                     "or pass --on-demand-fallback",
-    "SpotMaxPriceTooLow": "Raise --max-price, leave it out (pay up to on-demand), or use --on-demand",
-    "MaxSpotInstanceCountExceeded": "Ask AWS for a higher spot quota, use fewer --nodes, or --on-demand",
-    "RequestLimitExceeded": "AWS is throttling this account: wait a minute and re-run (it converges)",
-    "UnauthorizedOperation": "Grant these credentials the permissions in cpudist/cloud/aws/iam-policy.json (README)",
+    "SpotMaxPriceTooLow": "Raise --max-price, leave it out (pay up to on-demand), or use "
+                          "--on-demand",
+    "MaxSpotInstanceCountExceeded": "Ask AWS for a higher spot quota, use fewer --nodes, or "
+                                    "--on-demand",
+    "RequestLimitExceeded": "AWS is throttling this account: wait a minute and re-run (it "
+                            "converges)",
+    "UnauthorizedOperation": "Grant these credentials the permissions in "
+                             "cpudist/cloud/aws/iam-policy.json (README)",
     "InvalidAMIID.NotFound": "Check --image and --region: AMIs are regional",
     "InvalidAMIID.Malformed": "An AMI id looks like ami-0123456789abcdef0",
     "InvalidInstanceType": "Check --instance-type for this region",
@@ -22,9 +26,10 @@ HINTS = {
     "InvalidClientTokenId": "Check the AWS credentials (aws configure)",
     "VcpuLimitExceeded": "Ask AWS for a higher vCPU quota, or use fewer/smaller instances",
 }
-# Bad input or bad setup (exit 2, as the CLI's own checks): what the user must change, not a job that failed.
-# Credentials AWS does not know or cannot verify are setup, as missing ones are.
-BAD_INPUT_PREFIXES = ("InvalidAMIID", "InvalidInstanceType", "InvalidKeyPair", "InvalidParameter", "InvalidSubnet",
+# Bad input or bad setup (exit 2, as the CLI's own checks): what the user must change, not a job
+# that failed. Credentials AWS does not know or cannot verify are setup, as missing ones are.
+BAD_INPUT_PREFIXES = ("InvalidAMIID", "InvalidInstanceType", "InvalidKeyPair", "InvalidParameter",
+                      "InvalidSubnet",
                       "AuthFailure", "InvalidClientTokenId", "SignatureDoesNotMatch")
 
 
@@ -42,9 +47,11 @@ class AwsBadInput(AwsError, BadInput):
 
 def translate(e: Exception) -> CpudistError:
     """The CpudistError for a botocore exception."""
-    if isinstance(e, botocore.exceptions.NoCredentialsError | botocore.exceptions.PartialCredentialsError):
+    if isinstance(e, botocore.exceptions.NoCredentialsError
+                  | botocore.exceptions.PartialCredentialsError):
         return AwsBadInput("no AWS credentials found",
-                        "Run `aws configure`, or set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE",
+                        "Run `aws configure`, or set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or "
+                        "AWS_PROFILE",
                         "NoCredentials")
     if isinstance(e, ResponseParserError):  # an HTML page, or another API, where EC2 should be
         return AwsBadInput(f"the endpoint did not answer like EC2 ({type(e).__name__})",
@@ -52,12 +59,14 @@ def translate(e: Exception) -> CpudistError:
                            type(e).__name__)
     if isinstance(e, botocore.exceptions.EndpointConnectionError):
         return AwsError(f"cannot reach the EC2 endpoint ({e})",
-                        "Check --region/--endpoint-url (AWS_ENDPOINT_URL) and the network", "EndpointConnectionError")
+                        "Check --region/--endpoint-url (AWS_ENDPOINT_URL) and the network",
+                        "EndpointConnectionError")
     if isinstance(e, botocore.exceptions.ClientError):
         err = e.response.get("Error", {})
         code, message = err.get("Code", "Unknown"), err.get("Message", str(e))
         op = e.operation_name
         hint = HINTS.get(code) or next((h for k, h in HINTS.items() if code.startswith(k)), None)
         cls = AwsBadInput if code.startswith(BAD_INPUT_PREFIXES) else AwsError
-        return cls(f"AWS {op} failed: {code}: {message}", hint or "See the AWS documentation for this code", code)
+        return cls(f"AWS {op} failed: {code}: {message}", hint
+                   or "See the AWS documentation for this code", code)
     return AwsError(f"AWS call failed: {e}", "Re-run with --debug for details", type(e).__name__)

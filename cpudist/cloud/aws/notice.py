@@ -5,8 +5,8 @@ service (IMDSv2) with the stdlib.
     watcher = NoticeWatcher(endpoint).start() if endpoint else None
     ...  # each step: if watcher and watcher.notice: checkpoint now and leave
 
-AWS posts the notice about two minutes before it reclaims a spot instance and advises polling every 5 s.
-The rank's entry point (cpudist/rank.py) hands the watcher to the trainer as its notice poller
+AWS posts the notice about two minutes before it reclaims a spot instance and advises polling every
+5 s. The rank's entry point (cpudist/rank.py) hands the watcher to the trainer as its notice poller
 (cpudist/train/preempt.py: NoticePoller).
 """
 
@@ -24,7 +24,8 @@ from types import TracebackType
 from cpudist.errors import CpudistError
 
 DEFAULT_IMDS = "http://169.254.169.254"
-TOKEN_TTL_S = 21600  # the longest AWS allows: one token would do, but each poll takes a fresh one anyway
+# the longest AWS allows: one token would do, but each poll takes a fresh one anyway
+TOKEN_TTL_S = 21600
 QUIET_AFTER = 3  # failures in a row after which the watcher says once that IMDS is unreachable
 DMI = Path("/sys/devices/virtual/dmi/id")
 log = logging.getLogger(__name__)
@@ -33,12 +34,14 @@ _opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class ImdsUnreachable(CpudistError):
-    """The metadata service did not answer (or refused us): whether a notice is posted is unknown."""
+    """The metadata service did not answer (or refused us): whether a notice is posted is
+    unknown."""
 
 
 @dataclass(frozen=True)
 class Notice:
-    """A posted interruption: `action` is terminate, stop, hibernate (or unknown); `time` is AWS's UTC time."""
+    """A posted interruption: `action` is terminate, stop, hibernate (or unknown); `time` is AWS's
+    UTC time."""
 
     action: str
     time: str | None
@@ -52,7 +55,8 @@ def on_ec2(dmi: Path = DMI) -> bool:
 
 
 def imds_endpoint(setting: str) -> str | None:
-    """The metadata service to poll: `auto` is AWS's own on EC2 only, `off` none, else the URL given."""
+    """The metadata service to poll: `auto` is AWS's own on EC2 only, `off` none, else the URL
+    given."""
     if setting == "off":
         return None
     if setting == "auto":
@@ -75,14 +79,16 @@ def _request(req: urllib.request.Request, timeout_s: float) -> tuple[int, bytes]
             return reply.status, reply.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
-    except (OSError, ValueError) as e:  # URLError, timeouts, refused connections, a malformed endpoint
+    # URLError, timeouts, refused connections, a malformed endpoint
+    except (OSError, ValueError) as e:
         raise ImdsUnreachable(f"cannot reach the instance metadata service at {req.full_url} ({e})",
-                              "Check the endpoint; on EC2, check that IMDS is enabled with a hop limit of 2 "
-                              "for containers") from e
+                              "Check the endpoint; on EC2, check that IMDS is enabled with a hop "
+                              "limit of 2 for containers") from e
 
 
 def _parse(body: bytes) -> Notice:
-    """The notice in an instance-action body; one we cannot read counts as 'unknown' (the node is going)."""
+    """The notice in an instance-action body; one we cannot read counts as 'unknown' (the node is
+    going)."""
     try:
         value = json.loads(body)
     except (ValueError, UnicodeDecodeError):
@@ -101,7 +107,8 @@ def _get(endpoint: str, path: str, timeout_s: float) -> tuple[int, bytes]:
     status, token = _request(put, timeout_s)
     if status != 200:
         raise ImdsUnreachable(f"the metadata service refused a session token (HTTP {status})",
-                              "Check that IMDSv2 is enabled on the instance (metadata options: http-endpoint)")
+                              "Check that IMDSv2 is enabled on the instance (metadata options: "
+                              "http-endpoint)")
     token_header = {"X-aws-ec2-metadata-token": token.decode(errors="replace")}
     return _request(urllib.request.Request(f"{base}{path}", headers=token_header), timeout_s)
 
@@ -113,7 +120,8 @@ def fetch_notice(endpoint: str, timeout_s: float = 2.0) -> Notice | None:
     if status == 404:
         return None
     if status != 200:
-        raise ImdsUnreachable(f"the metadata service answered HTTP {status} for spot/instance-action",
+        raise ImdsUnreachable(f"the metadata service answered HTTP {status} for "
+                              "spot/instance-action",
                               "Check the IMDS endpoint and the instance's metadata options")
     return _parse(body)
 
@@ -169,7 +177,8 @@ class NoticeWatcher:
         while not self._stopping.is_set() and self._notice is None:
             try:
                 self._poll()
-            except Exception as e:  # a watcher that dies silently is worse than one that logs and goes on
+            # a watcher that dies silently is worse than one that logs and goes on
+            except Exception as e:
                 self.errors += 1
                 log.exception("spot notice watcher: unexpected error, polling on: %s", e)
             self._stopping.wait(self.interval_s)
@@ -182,7 +191,8 @@ class NoticeWatcher:
             self.errors += 1
             self._failing += 1
             if self._failing == QUIET_AFTER:
-                log.warning("spot notice watcher: %d polls in a row failed, polling on quietly: %s", QUIET_AFTER, e)
+                log.warning("spot notice watcher: %d polls in a row failed, polling on quietly: %s",
+                            QUIET_AFTER, e)
             return
         finally:
             self.polls += 1

@@ -12,7 +12,9 @@ from cpudist.cloud.provider import Price
 
 
 def price_table() -> dict[str, Any]:
-    table: dict[str, Any] = json.loads(resources.files("cpudist.cloud.aws").joinpath("prices.json").read_text())
+    table: dict[str,
+                Any] = json.loads(resources.files("cpudist.cloud.aws").joinpath(
+                                      "prices.json").read_text())
     return table
 
 
@@ -20,14 +22,16 @@ def on_demand_price(instance_type: str, region: str) -> Price:
     table = price_table()
     base = table["on_demand"].get(instance_type)
     if base is None:
-        return Price(None, f"no on-demand price for {instance_type} in the table of {table['_date']}")
+        return Price(None,
+                     f"no on-demand price for {instance_type} in the table of {table['_date']}")
     factor = table["region_factor"].get(region, 1.0)
     return Price(round(base * factor, 4), f"on-demand table of {table['_date']}")
 
 
 def spot_price(ec2: Any, instance_type: str, zone: str | None) -> Price:
     """The latest spot price of the zone (or the cheapest zone) from the price history."""
-    kwargs: dict[str, Any] = {"InstanceTypes": [instance_type], "ProductDescriptions": ["Linux/UNIX"],
+    kwargs: dict[str, Any] = {"InstanceTypes": [instance_type],
+                              "ProductDescriptions": ["Linux/UNIX"],
                               "StartTime": datetime.now(UTC), "MaxResults": 100}
     if zone:
         kwargs["AvailabilityZone"] = zone

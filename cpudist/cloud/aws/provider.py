@@ -9,7 +9,16 @@ from cpudist.cloud.aws import images as amis
 from cpudist.cloud.aws import instances, network, notice, pricing
 from cpudist.cloud.aws.client import DEFAULT_REGION, call, ec2_client, resolve, ssm_client
 from cpudist.cloud.aws.tags import CLUSTER_TAG
-from cpudist.cloud.provider import Inventory, KeyInfo, KeyRequest, LaunchSpec, Node, Place, Price, Subnet
+from cpudist.cloud.provider import (
+    Inventory,
+    KeyInfo,
+    KeyRequest,
+    LaunchSpec,
+    Node,
+    Place,
+    Price,
+    Subnet,
+)
 
 IMAGE_TIMEOUT_S = 1800.0  # create_image's own default
 UBUNTU_PARAMETER = "/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/hvm/ebs-gp3/ami-id"
@@ -24,7 +33,8 @@ class Ec2:
 
     @classmethod
     def connect(cls, place: Place) -> Ec2:
-        """A provider for `place`: its region, endpoint and profile resolved, so a record can keep them."""
+        """A provider for `place`: its region, endpoint and profile resolved, so a record can keep
+        them."""
         resolved = resolve(place)
         return cls(ec2_client(resolved), resolved)
 
@@ -54,7 +64,8 @@ class Ec2:
 
     def tagged(self) -> list[Node]:
         return instances.describe(self.ec2, [{"Name": "tag-key", "Values": [CLUSTER_TAG]},
-                                            {"Name": "instance-state-name", "Values": instances.LIVE_STATES}])
+                                            {"Name": "instance-state-name",
+                                             "Values": instances.LIVE_STATES}])
 
     def this_instance(self, imds: str) -> str | None:
         endpoint = notice.imds_endpoint(imds)
@@ -63,16 +74,19 @@ class Ec2:
     def foreign(self, cluster: str, group_id: str) -> list[str]:
         return instances.foreign_in_group(self.ec2, cluster, group_id)
 
-    def builder(self, owner: str, image_id: str, instance_type: str, subnet: Subnet, user_data: str, key: str,
+    def builder(self, owner: str, image_id: str, instance_type: str, subnet: Subnet, user_data: str,
+                key: str,
                 group: str, run_id: str) -> Node:
-        return instances.launch_builder(self.ec2, owner, image_id, instance_type, subnet.subnet_id, user_data, key,
+        return instances.launch_builder(self.ec2, owner, image_id, instance_type, subnet.subnet_id,
+                                        user_data, key,
                                         group, run_id)
 
     def console(self, instance_id: str) -> str:
         return instances.console_output(self.ec2, instance_id)
 
     def image(self, instance_id: str, owner: str, name: str, run_id: str, **tags: str) -> str:
-        return amis.create_image(self.ec2, instance_id, owner, name, run_id, timeout_s=IMAGE_TIMEOUT_S, **tags)
+        return amis.create_image(self.ec2, instance_id, owner, name, run_id,
+                                 timeout_s=IMAGE_TIMEOUT_S, **tags)
 
     def subnet(self, subnet_id: str | None) -> Subnet:
         return network.resolve_subnet(self.ec2, subnet_id)
@@ -91,8 +105,10 @@ class Ec2:
         name = network.resource_name(owner)
         return Inventory(
             instances=tuple(n.instance_id for n in made if n.cluster == owner),
-            security_groups=tuple(g["GroupId"] for g in network.security_groups(self.ec2, owner, run_id)),
-            placement_group=name if network.placement_group_exists(self.ec2, owner, run_id) else None,
+            security_groups=tuple(g["GroupId"]
+                                  for g in network.security_groups(self.ec2, owner, run_id)),
+            placement_group=name if network.placement_group_exists(self.ec2, owner, run_id)
+            else None,
             key_pair=name if network.key_pair_exists(self.ec2, owner, run_id) else None,
             images=tuple(i["ImageId"] for i in amis.owned_images(self.ec2, owner, run_id)))
 
@@ -103,11 +119,13 @@ class Ec2:
         network.delete_placement_group(self.ec2, owner, run_id)
         network.delete_security_group(self.ec2, owner, run_id)
         network.delete_key_pair(self.ec2, owner, run_id)
-        return Inventory(found.instances, found.security_groups, found.placement_group, found.key_pair,
+        return Inventory(found.instances, found.security_groups, found.placement_group,
+                         found.key_pair,
                          tuple(removed))
 
     def price(self, instance_type: str, spot: bool, zone: str | None) -> Price:
-        return pricing.hourly_price(self.ec2, instance_type, self.place.region or DEFAULT_REGION, spot, zone)
+        return pricing.hourly_price(self.ec2, instance_type, self.place.region or DEFAULT_REGION,
+                                    spot, zone)
 
     def on_demand(self, instance_type: str) -> Price:
         return pricing.on_demand_price(instance_type, self.place.region or DEFAULT_REGION)

@@ -7,7 +7,8 @@ from typing import Any
 CLUSTER_TAG = "cpudist:cluster"
 ROLE_TAG = "cpudist:role"
 NODE_TAG = "cpudist:node"
-RUN_TAG = "cpudist:run"  # the `cluster up` that made a resource: a failed run removes exactly what it made
+# the `cluster up` that made a resource: a failed run removes exactly what it made
+RUN_TAG = "cpudist:run"
 
 
 def tags(cluster: str, name: str, **extra: str) -> list[dict[str, str]]:

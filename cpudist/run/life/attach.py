@@ -28,7 +28,8 @@ from cpudist.wire import names
 
 def _detached(info: RunInfo) -> Detached:
     if not info.detached:
-        raise BadInput(f"run {info.id} was not started with --detach", "`cpudist logs` shows its log")
+        raise BadInput(f"run {info.id} was not started with --detach",
+                       "`cpudist logs` shows its log")
     return Detached.from_dict(info.detached)
 
 
@@ -42,9 +43,9 @@ def _held(out: Path) -> list[str]:
 
 def attach(info: RunInfo, cb: Callbacks, interval_s: float = 1.0, stop_first: bool = False,
            timeout_s: float = math.inf) -> RunResult:
-    """Follow the detached run to its end (the agent's status file), bring it home and record it: run.json says
-    finished, failed, interrupted or preempted, the ledger has it when it finished. With `stop_first`, interrupt
-    the agent before following."""
+    """Follow the detached run to its end (the agent's status file), bring it home and record it:
+    run.json says finished, failed, interrupted or preempted, the ledger has it when it finished.
+    With `stop_first`, interrupt the agent before following."""
     from cpudist.run.life import batch_detach
 
     if batch_detach.is_batch(info):  # a scheduler's batch job, not an agent on a head
@@ -56,13 +57,17 @@ def attach(info: RunInfo, cb: Callbacks, interval_s: float = 1.0, stop_first: bo
 
     with d.connect() as head:
         log = HeadLog(head, d.run_dir, cb, out / HEAD_LOG_MARK)
-        if log.offset:  # cpudist.log holds the head's log up to there: show it, then read on (nothing written twice)
+        # cpudist.log holds the head's log up to there: show it, then read on (nothing written
+        # twice)
+        if log.offset:
             for line in _held(out):
                 shown.on_line(line)
         if stop_first and not interrupt_agent(head, d):
-            cb.note(f"the agent (PID {d.agent_pid}) on {d.host} is gone already: bringing home what it left")
+            cb.note(f"the agent (PID {d.agent_pid}) on {d.host} is gone already: bringing home "
+                    "what it left")
         # Ctrl-C while following ends the following only: run.json still says running
-        status = wait_until(log.poll, f"the end of run {info.id} on {d.host}", timeout_s, interval_s)
+        status = wait_until(log.poll, f"the end of run {info.id} on {d.host}", timeout_s,
+                            interval_s)
 
         def land() -> RunResult:
             fetch_files(head, d.run_dir, out, RUN_FOLDERS if d.report_to else ())

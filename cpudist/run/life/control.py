@@ -26,8 +26,8 @@ STOP_WAIT_S = 120.0
 
 
 def find_run(text: str, folders: Sequence[Path], ledger: Sequence[RunResult]) -> RunRow:
-    """The run that `text` names: a run folder (with run.json), else an id or a unique prefix of one among the
-    runs `cpudist runs` lists."""
+    """The run that `text` names: a run folder (with run.json), else an id or a unique prefix of one
+    among the runs `cpudist runs` lists."""
     folder = Path(text).expanduser()
     if folder.is_dir() and (info := read_run(folder)) is not None:
         return row_of_info(info, datetime.now(UTC))
@@ -52,16 +52,19 @@ def find_run(text: str, folders: Sequence[Path], ledger: Sequence[RunResult]) ->
 
 @dataclass(frozen=True)
 class Stopped:
-    """How a stopped run ended: run.json after the stop, and the preemption marker it left (None: none)."""
+    """How a stopped run ended: run.json after the stop, and the preemption marker it left (None:
+    none)."""
 
     info: RunInfo
     checkpoint: Stop | None
 
     def resume_command(self) -> str:
-        """The command that goes on from the stop's checkpoint ('' when it left none): run.json's, as recorded."""
+        """The command that goes on from the stop's checkpoint ('' when it left none): run.json's,
+        as recorded."""
         if self.info.resume:
             return self.info.resume
-        return resume_command(self.info.command, self.info.run_dir) if self.checkpoint is not None else ""
+        return resume_command(self.info.command,
+                              self.info.run_dir) if self.checkpoint is not None else ""
 
 
 def stoppable(row: RunRow) -> RunInfo:
@@ -73,15 +76,18 @@ def stoppable(row: RunRow) -> RunInfo:
                        "Nothing to stop; `cpudist runs` shows every run's state")
     if not info.pid:
         raise BadInput(f"run {row.id}'s run.json names no process (an older cpudist started it)",
-                       "Stop it with Ctrl-C in its terminal, or `kill -INT` its `cpudist run` process")
+                       "Stop it with Ctrl-C in its terminal, or `kill -INT` its `cpudist run` "
+                       "process")
     if info.host != this_host():
-        raise BadInput(f"run {row.id} was started on {info.host}, not on this machine ({this_host()})",
+        raise BadInput(f"run {row.id} was started on {info.host}, not on this machine "
+                       f"({this_host()})",
                        f"Run `cpudist stop {row.id}` on {info.host}")
     return info
 
 
 def stop(row: RunRow, wait_s: float = STOP_WAIT_S, interval_s: float = 1.0) -> Stopped:
-    """Interrupt the run's launching process and wait (at most `wait_s`) for run.json to leave running."""
+    """Interrupt the run's launching process and wait (at most `wait_s`) for run.json to leave
+    running."""
     detached = read_run(Path(row.run_dir)) if row.run_dir else None
     if detached is not None and detached.detached and detached.state == "running":
         return _stop_detached(detached, wait_s)
@@ -91,12 +97,14 @@ def stop(row: RunRow, wait_s: float = STOP_WAIT_S, interval_s: float = 1.0) -> S
     try:
         interrupt(proc)
     except ProcessLookupError:
-        raise BadInput(f"run {row.id}'s process {info.pid} is gone (or the PID is another process's now): run.json "
+        raise BadInput(f"run {row.id}'s process {info.pid} is gone (or the PID is another "
+                       "process's now): run.json "
                        "says running, but the run ended without recording it; nothing was signalled",
                        f"`cpudist logs {row.id}` shows its last lines; its checkpoints are in {out}") from None
 
     def ended() -> RunInfo | None:
-        gone = not alive(proc)  # before run.json: a process that recorded its end, then exited, is not lost
+        # before run.json: a process that recorded its end, then exited, is not lost
+        gone = not alive(proc)
         now = read_run(out) or info
         return now if now.state != "running" or gone else None
 
@@ -104,23 +112,28 @@ def stop(row: RunRow, wait_s: float = STOP_WAIT_S, interval_s: float = 1.0) -> S
         final = wait_until(ended, f"run {row.id} to stop", wait_s, interval_s)
     except TimedOut as e:
         raise TimedOut(f"run {row.id} still says running {wait_s:g}s after the interrupt",
-                       f"`cpudist logs -f {row.id}` shows what it does; stop it again, or kill process {info.pid}"
+                       f"`cpudist logs -f {row.id}` shows what it does; stop it again, or kill "
+                       f"process {info.pid}"
                        ) from e
     if final.state == "running":
-        raise JobFailed(f"run {row.id}'s process {info.pid} ended without recording how (run.json says running)",
-                        f"`cpudist logs {row.id}` shows its last lines; its checkpoints are in {out}")
+        raise JobFailed(f"run {row.id}'s process {info.pid} ended without recording how (run.json "
+                        "says running)",
+                        f"`cpudist logs {row.id}` shows its last lines; its checkpoints are in "
+                        f"{out}")
     return Stopped(final, stop_marker.read(out))
 
 
 def _stop_detached(info: RunInfo, wait_s: float) -> Stopped:
-    """A `run --detach`'s agent interrupted on its head; its end brought home and recorded as `logs -f` does."""
+    """A `run --detach`'s agent interrupted on its head; its end brought home and recorded as `logs
+    -f` does."""
     from cpudist.errors import CpudistError
     from cpudist.run.life.attach import attach
     from cpudist.run.request import Callbacks
 
     out = Path(info.run_dir)
     try:
-        attach(info, Callbacks(lambda event: None, lambda line: None), stop_first=True, timeout_s=wait_s)
+        attach(info, Callbacks(lambda event: None, lambda line: None), stop_first=True,
+               timeout_s=wait_s)
     except CpudistError:
         now = read_run(out)
         if now is None or now.state == "running":

@@ -1,11 +1,13 @@
-"""A run's identity: its id, given once where the run starts, and run.json, the run's state in its folder.
+"""A run's identity: its id, given once where the run starts, and run.json, the run's state in its
+folder.
 
     20261126-101502-3fa9c1     sortable by start time; unique (6 random hex digits)
     <run folder>/run.json      id, task, model, where, state, start and end time, metric; rewritten whole
                                (atomically) at every change of state by `mark`, its one writer
 
-The id goes to the ranks (TrainConfig.run_id), into every checkpoint's meta and result.json, names the run's
-part of a --checkpoint-s3 location and its folder on a remote head. A resume keeps the id of the run it continues.
+The id goes to the ranks (TrainConfig.run_id), into every checkpoint's meta and result.json, names
+the run's part of a --checkpoint-s3 location and its folder on a remote head. A resume keeps the id
+of the run it continues.
 """
 
 from __future__ import annotations
@@ -56,11 +58,15 @@ class RunInfo:
     parts: int = 1  # the parts so far (a resume adds one)
     message: str = ""  # how a run that did not finish ended, in one line
     resume: str = ""  # after a stop that left a checkpoint: the exact command that goes on from it
-    command: str = ""  # the `cpudist run` command line (for the resume command `cpudist stop` prints)
-    pid: int = 0  # the launching `cpudist run` process (`cpudist stop` signals it), on host, started at pid_start
+    # the `cpudist run` command line (for the resume command `cpudist stop` prints)
+    command: str = ""
+    # the launching `cpudist run` process (`cpudist stop` signals it), on host, started at pid_start
+    pid: int = 0
     host: str = ""
-    pid_start: int = 0  # its start in clock ticks after boot (run/life/process.py): a reused PID never matches
-    detached: dict[str, Any] = field(default_factory=dict)  # `run --detach`: its head and agent (run/life/detach.py)
+    # its start in clock ticks after boot (run/life/process.py): a reused PID never matches
+    pid_start: int = 0
+    # `run --detach`: its head and agent (run/life/detach.py)
+    detached: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -86,16 +92,18 @@ def write_run(out: Path, info: RunInfo) -> None:
 
 
 def begin(cfg: TrainConfig, where: str, command: str = "") -> RunInfo:
-    """run.json as the run (or its next part) starts: running, with the first part's start time, and this
-    (the launching) process."""
+    """run.json as the run (or its next part) starts: running, with the first part's start time, and
+    this (the launching) process."""
     out = Path(cfg.output_dir)
     earlier = read_run(out)
     me = this_process()
     if earlier is not None and earlier.id == cfg.run_id:
-        info = dataclasses.replace(earlier, state="running", ended_at=None, where=where, parts=earlier.parts + 1,
+        info = dataclasses.replace(earlier, state="running", ended_at=None, where=where,
+                                   parts=earlier.parts + 1,
                                    message="", command=command or earlier.command)
     else:
-        info = RunInfo(cfg.run_id, cfg.task, cfg.model, where, "running", _now(), run_dir=str(out.resolve()),
+        info = RunInfo(cfg.run_id, cfg.task, cfg.model, where, "running", _now(),
+                       run_dir=str(out.resolve()),
                        command=command)
     info = dataclasses.replace(info, pid=me.pid, host=me.host, pid_start=me.start)
     write_run(out, info)
@@ -104,20 +112,23 @@ def begin(cfg: TrainConfig, where: str, command: str = "") -> RunInfo:
 
 def mark(out: Path, run_state: str, metrics: dict[str, float] | None = None, message: str = "",
          resume: str = "") -> None:
-    """Record a change of state in run.json (the one writer after `begin`): its end time, metric or message."""
+    """Record a change of state in run.json (the one writer after `begin`): its end time, metric or
+    message."""
     assert run_state in STATES, run_state
     info = read_run(out)
     if info is None:
         return
     ended = None if run_state == "running" else _now()
-    write_run(out, dataclasses.replace(info, state=run_state, ended_at=ended, message=message, resume=resume,
-                                       metrics=metrics if metrics is not None else info.metrics))
+    write_run(out,
+              dataclasses.replace(info, state=run_state, ended_at=ended, message=message,
+                                  resume=resume,
+                                  metrics=metrics if metrics is not None else info.metrics))
 
 
 def assign(cfg: TrainConfig) -> TrainConfig:
-    """The config with the run's id: a fresh id for a new run; a resume keeps the id of the run it continues
-    (the checkpoint's, else the run folder's run.json, else the newest matching run in the --checkpoint-s3
-    location); an id already given (a recovery's next part) stays."""
+    """The config with the run's id: a fresh id for a new run; a resume keeps the id of the run it
+    continues (the checkpoint's, else the run folder's run.json, else the newest matching run in the
+    --checkpoint-s3 location); an id already given (a recovery's next part) stays."""
     if cfg.run_id:
         return cfg
     found = _continued(cfg) if cfg.resume is not None else None
@@ -133,8 +144,10 @@ def _continued(cfg: TrainConfig) -> str | None:
     else:
         given = Path(cfg.resume or "").expanduser()
         candidates = [given] if ckpt.step_of(given.name) is not None else (
-            ckpt.complete_checkpoints(given / names.CHECKPOINTS) or ckpt.complete_checkpoints(given))[:1]
-        # A checkpoint of another folder starts a run of its own (a branch); one of this folder goes on with it.
+            ckpt.complete_checkpoints(given / names.CHECKPOINTS)
+            or ckpt.complete_checkpoints(given))[:1]
+        # A checkpoint of another folder starts a run of its own (a branch); one of this folder goes
+        # on with it.
         candidates = [p for p in candidates if p.parent.resolve() == folder.resolve()]
     for path in candidates:
         if found := ckpt.owner(path):
@@ -146,8 +159,8 @@ def _continued(cfg: TrainConfig) -> str | None:
 
 
 def _from_copy(cfg: TrainConfig) -> str | None:
-    """The run folder is gone (the head's disk with it): the newest run in the --checkpoint-s3 location whose
-    checkpoints this config can continue (same task, model, data and seed)."""
+    """The run folder is gone (the head's disk with it): the newest run in the --checkpoint-s3
+    location whose checkpoints this config can continue (same task, model, data and seed)."""
     from cpudist.cloud.connect import open_store  # boto3: only on this path
 
     store = open_store(cfg.checkpoint_s3 or "")

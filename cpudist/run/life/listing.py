@@ -1,5 +1,5 @@
-"""Every run this machine knows of, for `cpudist runs`: the run folders' run.json, and the ledger's finished runs
-that have none (runs from before run.json). Pure but for reading those files.
+"""Every run this machine knows of, for `cpudist runs`: the run folders' run.json, and the ledger's
+finished runs that have none (runs from before run.json). Pure but for reading those files.
 
     runs/<run>/run.json             a run started here (or from here, on a cluster), in whatever state it is
     runs/<sweep>/nodesN/run.json    a sweep's runs
@@ -61,7 +61,8 @@ def row_of_info(info: RunInfo, now: datetime) -> RunRow:
 
 def row_of_result(result: RunResult) -> RunRow:
     """A ledger line (a finished run) as a row."""
-    where = f"cluster:{result.cluster}" if result.cluster else result.launcher if scheduled(result.launcher) else "here"
+    where = f"cluster:{result.cluster}" if result.cluster else result.launcher if scheduled(
+        result.launcher) else "here"
     return RunRow(result.run_id, result.task, result.model, where, "finished", result.started_at,
                   result.wall_time_s, dict(result.metrics), result.run_dir)
 
@@ -75,17 +76,21 @@ def run_files(folders: Iterable[Path]) -> list[Path]:
     return list(dict.fromkeys(found))
 
 
-def list_runs(folders: Sequence[Path], ledger: Sequence[RunResult], now: datetime | None = None) -> list[RunRow]:
+def list_runs(folders: Sequence[Path], ledger: Sequence[RunResult], now: datetime
+              | None = None) -> list[RunRow]:
     """Every run in the folders and the ledger, once each (run.json wins), oldest start first."""
     now = now or datetime.now(UTC)
-    rows = [row_of_info(info, now) for path in run_files(folders) if (info := read_run(path.parent)) is not None]
+    rows = [row_of_info(info, now) for path in run_files(folders)
+            if (info := read_run(path.parent)) is not None]
     seen_ids = {r.id for r in rows}
     for result in ledger:  # by id only: a folder reused by a later run still lists the earlier one
         if result.run_id in seen_ids:
             continue
         seen_ids.add(result.run_id)
         rows.append(row_of_result(result))
-    return sorted(rows, key=lambda r: (_parse_time(r.started_at) or datetime.min.replace(tzinfo=UTC), r.id))
+    return sorted(rows,
+                  key=lambda r: (_parse_time(r.started_at) or datetime.min.replace(tzinfo=UTC),
+                                 r.id))
 
 
 def duration_text(seconds: float | None) -> str:

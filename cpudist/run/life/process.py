@@ -1,8 +1,9 @@
-"""The launching `cpudist run` process, as another shell finds it: its PID, host and start time (from /proc).
+"""The launching `cpudist run` process, as another shell finds it: its PID, host and start time
+(from /proc).
 
-run.json records these at `begin` so that `cpudist stop` can signal that process, and only that one: a PID is
-reused once its process is gone, and the start time (clock ticks since boot, /proc/PID/stat field 22) tells the
-recorded process from a later one with the same number.
+run.json records these at `begin` so that `cpudist stop` can signal that process, and only that one:
+a PID is reused once its process is gone, and the start time (clock ticks since boot, /proc/PID/stat
+field 22) tells the recorded process from a later one with the same number.
 """
 
 from __future__ import annotations
@@ -24,14 +25,15 @@ class Proc:
 
 
 def start_ticks(pid: int) -> int | None:
-    """When process `pid` started (ticks after boot), or None when there is no such process, or it has exited and
-    waits for its parent to reap it (a zombie)."""
+    """When process `pid` started (ticks after boot), or None when there is no such process, or it
+    has exited and waits for its parent to reap it (a zombie)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = stat.rsplit(")", 1)[1].split()  # after the name, which may hold spaces and parentheses
-    return None if fields[0] in ("Z", "X") else int(fields[19])  # fields 3 (state) and 22 (starttime)
+    # fields 3 (state) and 22 (starttime)
+    return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
 def this_process() -> Proc:
@@ -49,21 +51,23 @@ def alive(proc: Proc) -> bool:
 
 
 def ignores(pid: int, sig: int) -> bool:
-    """Whether process `pid` ignores `sig` (its SigIgn mask): a `cpudist run` started by `&` in a script ignores
-    SIGINT."""
+    """Whether process `pid` ignores `sig` (its SigIgn mask): a `cpudist run` started by `&` in a
+    script ignores SIGINT."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return False
-    mask = next((int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigIgn:")), 0)
+    mask = next((int(line.split()[1], 16) for line in status.splitlines()
+                 if line.startswith("SigIgn:")), 0)
     return bool(mask >> (sig - 1) & 1)
 
 
 def interrupt(proc: Proc) -> int:
-    """Send the recorded process SIGINT (SIGTERM where it ignores SIGINT: cpudist treats both alike) if it is
-    still that process; return the signal sent. Raises ProcessLookupError when it is not.
+    """Send the recorded process SIGINT (SIGTERM where it ignores SIGINT: cpudist treats both alike)
+    if it is still that process; return the signal sent. Raises ProcessLookupError when it is not.
 
-    The check and the signal go through one pidfd, so a PID reused between them is never signalled."""
+    The check and the signal go through one pidfd, so a PID reused between them is never
+    signalled."""
     try:
         fd = os.pidfd_open(proc.pid)
     except OSError as e:

@@ -1,4 +1,5 @@
-"""cpudist.log: what the launching `cpudist run` showed, in its run folder, for `cpudist logs` in another shell.
+"""cpudist.log: what the launching `cpudist run` showed, in its run folder, for `cpudist logs` in
+another shell.
 
     <run folder>/cpudist.log   rank output and cpudist's own lines (progress, checkpoints, notes) as plain text,
                                written by `tee` (the one writer) on every route: here, a hostfile, Slurm, a head
@@ -24,7 +25,8 @@ from cpudist.wire import events, names
 
 
 def event_text(event: dict[str, Any]) -> str | None:
-    """An event of rank 0 as the line a terminal without a progress bar shows (None: nothing to show)."""
+    """An event of rank 0 as the line a terminal without a progress bar shows (None: nothing to
+    show)."""
     kind = events.kind(event)
     if kind == events.START:
         done = int(event.get("step", 0))
@@ -37,11 +39,13 @@ def event_text(event: dict[str, Any]) -> str | None:
     if kind == events.PREEMPTED:
         return f"stopping at step {event['step']}: {event['reason']} on {event['host']}"
     if kind == events.EVALUATED:
-        return f"evaluation at step {event['step']}: " + " ".join(f"{k}={v:.4f}" for k, v in event["metrics"].items())
+        return f"evaluation at step {event['step']}: " + " ".join(f"{k}={v:.4f}" for k,
+                                                                  v in event["metrics"].items())
     if kind == events.MODEL:
         return f"model saved: {event['path']} (step {event['step']})"
     if kind == events.MODEL_S3:
-        return (f"WARNING: the model was not copied to {event['url']}: {event['error']}" if "error" in event
+        return (f"WARNING: the model was not copied to {event['url']}: {event['error']}"
+                if "error" in event
                 else f"model copied to {event['url']}")
     if kind == events.EVAL:
         return f"evaluating on {event['rows']} rows"
@@ -49,7 +53,8 @@ def event_text(event: dict[str, Any]) -> str | None:
 
 
 class _Writer:
-    """Appends lines to the log; the first write of a new run (another id in run.json, or none) empties it."""
+    """Appends lines to the log; the first write of a new run (another id in run.json, or none)
+    empties it."""
 
     def __init__(self, path: Path, fresh: bool) -> None:
         self.path, self.fresh = path, fresh
@@ -63,7 +68,9 @@ class _Writer:
                     f.write(line.rstrip("\n") + "\n")
                 self.fresh = False
             except OSError:
-                pass  # the log is a convenience: a full disk must not stop the run (ranks.log still has it)
+                # the log is a convenience: a full disk must not stop the run (ranks.log still has
+                # it)
+                pass
 
 
 def tee(cb: Callbacks, out: Path, run_id: str) -> Callbacks:
@@ -89,19 +96,22 @@ def tee(cb: Callbacks, out: Path, run_id: str) -> Callbacks:
 
 
 def append(out: Path, line: str) -> None:
-    """One more line at the end of the run's log (how the run ended, written once the ranks are gone)."""
+    """One more line at the end of the run's log (how the run ended, written once the ranks are
+    gone)."""
     _Writer(out / names.LOG, fresh=False).write(line)
 
 
 def log_of(run_dir: Path) -> Path:
     """The file `cpudist logs` shows: cpudist.log, else (a run from before it) ranks.log."""
     ours = run_dir / names.LOG
-    return ours if ours.is_file() or not (run_dir / names.RANKS_LOG).is_file() else run_dir / names.RANKS_LOG
+    return ours if ours.is_file() or not (
+        run_dir / names.RANKS_LOG).is_file() else run_dir / names.RANKS_LOG
 
 
-def show(run_dir: Path, emit: Callable[[str], None], follow: bool = False, interval_s: float = 0.5) -> str:
-    """Emit the run's log so far; with `follow`, go on while run.json says running (no deadline: Ctrl-C ends it).
-    Returns the run's state as run.json says at the end ('' without run.json)."""
+def show(run_dir: Path, emit: Callable[[str], None], follow: bool = False,
+         interval_s: float = 0.5) -> str:
+    """Emit the run's log so far; with `follow`, go on while run.json says running (no deadline:
+    Ctrl-C ends it). Returns the run's state as run.json says at the end ('' without run.json)."""
     offset = 0
 
     def more() -> None:
