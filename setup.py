@@ -1,4 +1,5 @@
-"""Only one thing pyproject.toml cannot say: the top-level ami/ recipe goes into the wheel as cpudist/_ami."""
+"""Only one thing pyproject.toml cannot say: the top-level ami/ recipe goes into the wheel as
+cpudist/_ami."""
 
 import shutil
 from pathlib import Path
@@ -8,7 +9,8 @@ from setuptools.command.build_py import build_py
 
 
 class BuildWithImageRecipe(build_py):
-    """build_py, then a copy of ami/ (bootstrap.sh, README) beside the package, for `cpudist ami build`."""
+    """build_py, then a copy of ami/ (bootstrap.sh, README) beside the package, for
+    `cpudist ami build`."""
 
     def run(self) -> None:
         super().run()

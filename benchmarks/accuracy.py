@@ -24,9 +24,8 @@ MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # resolved to the pip-packaged
 
 TASKS = {
     "mrpc": ["mrpc", "--data-dir", str(DATA / "glue" / "MRPC")],
-    "emotion": ["custom", "--train-file", str(DATA / "emotion" / "train.txt"),
-                "--validation-file", str(DATA / "emotion" / "val.txt"), "--label-column",
-                "label_name"],
+    "emotion": ["custom", "--train-file", str(DATA / "emotion" / "train.txt"), "--validation-file",
+                str(DATA / "emotion" / "val.txt"), "--label-column", "label_name"],
 }
 
 
@@ -56,10 +55,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             cmd = ["cpudist", "run", *TASKS[task], "--model", MODEL, "--np", str(args.np),
                    "--epochs", f"{args.epochs:g}", "--lr", f"{args.lr:g}", "--batch-size",
-                   str(args.batch_size),
-                   "--max-seq-len", "128", "--output-dir", f"{tmp}/run", "--ledger",
-                   f"{tmp}/ledger.jsonl",
-                   "--json", "--quiet"]
+                   str(args.batch_size), "--max-seq-len", "128", "--output-dir", f"{tmp}/run",
+                   "--ledger", f"{tmp}/ledger.jsonl", "--json", "--quiet"]
             print("$", shlex.join(cmd), file=sys.stderr, flush=True)
             out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
         result = json.loads(out)

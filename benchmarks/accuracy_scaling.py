@@ -1,8 +1,10 @@
 """MRPC dev accuracy at 4 ranks against 1 rank, over several seeds: which learning rate keeps it.
 
-    python benchmarks/accuracy_scaling.py --lock-each /tmp/cpudist-cpu.lock          # every arm, seeds 42-44
+    # every arm, seeds 42-44
+    python benchmarks/accuracy_scaling.py --lock-each /tmp/cpudist-cpu.lock
     python benchmarks/accuracy_scaling.py --arms "1 rank,local-sgd:8 lr x4" --seeds 42,43,44,45,46
-    python benchmarks/accuracy_scaling.py --render                                     # tables from the ledger
+    # tables from the ledger
+    python benchmarks/accuracy_scaling.py --render
 
 The accuracy column of scaling.py, with seeds: the pretrained all-MiniLM-L6-v2 fine-tuned on MRPC
 for 3 epochs (fp32, batch 32 per rank, 128 tokens, lr 5e-5 for one rank's batch, 10% warm-up),
@@ -78,18 +80,15 @@ ARMS: dict[str, tuple[int, tuple[str, ...]]] = {
     # than ddp
     "local-sgd:8+m+v/2+bf16 lr x8": (4,
                                      (*LOCAL, "--average-moments", "both", "--second-moment-every",
-                                      "2",
-                                      "--grad-compression", "bf16", *X8)),
+                                      "2", "--grad-compression", "bf16", *X8)),
     "local-sgd:8+v+bf16 lr x8": (4,
                                  (*LOCAL, "--average-moments", "second", "--grad-compression",
                                   "bf16", *X8)),
     "local-sgd:8+m+bf16 lr x4": (4,
                                  (*LOCAL, "--average-moments", "first", "--grad-compression",
-                                  "bf16",
-                                  "--lr-scaling", "linear")),
+                                  "bf16", "--lr-scaling", "linear")),
     "local-sgd:8 lr x4 +3 sync steps": (4,
-                                  (*LOCAL, "--local-sgd-warmup", "3", "--lr-scaling",
-                                   "linear")),
+                                  (*LOCAL, "--local-sgd-warmup", "3", "--lr-scaling", "linear")),
     "diloco:8 outer-lr 4 no momentum": (4,
                                   (*LOCAL, "--outer-optimizer", "nesterov", "--outer-lr", "4",
                                   "--outer-momentum", "0")),
@@ -133,8 +132,7 @@ ARMS: dict[str, tuple[int, tuple[str, ...]]] = {
 # flags every run takes unless its arm gives them --lr-scaling none: the ledger's arms without one
 # ran unscaled (the default until 2026-11-28, now auto)
 COMMON = {"--precision": "fp32", "--batch-size": "32", "--max-seq-len": "128", "--epochs": "3",
-          "--lr": "5e-5",
-          "--lr-scaling": "none"}
+          "--lr": "5e-5", "--lr-scaling": "none"}
 DEFAULT_ARMS = (BASE, "ddp lr x4", "local-sgd:8 lr x4", "diloco:8 lr x4", "ddp", "local-sgd:8")
 GOAL_POINTS = 1.0
 CLAIM_SEEDS = 5  # the 1-rank median is over seeds 42-46: an arm's verdict needs as many
@@ -143,12 +141,10 @@ CLAIM_SEEDS = 5  # the 1-rank median is over seeds 42-46: an arm's verdict needs
 def command(arm: str, seed: int, out: Path) -> list[str]:
     ranks, flags = ARMS[arm]
     return ["cpudist", "run", "mrpc", "--data-dir", str(MRPC), "--model", MODEL, "--np", str(ranks),
-            "--ppn",
-            str(ranks), *(["--oversubscribe"] if ranks > 1 else []),
+            "--ppn", str(ranks), *(["--oversubscribe"] if ranks > 1 else []),
             *[x for k, v in COMMON.items() if k not in flags for x in (k, v)], "--seed", str(seed),
-            *flags,
-            "--output-dir", str(out / "run"), "--ledger", str(out / "ledger.jsonl"), "--json",
-            "--quiet"]
+            *flags, "--output-dir", str(out / "run"), "--ledger", str(out / "ledger.jsonl"),
+            "--json", "--quiet"]
 
 
 def run_cell(arm: str, seed: int, lock: Path | None, by: str) -> dict[str, Any]:
@@ -162,11 +158,9 @@ def run_cell(arm: str, seed: int, lock: Path | None, by: str) -> dict[str, Any]:
         return {"arm": arm, "seed": seed, "by": by, "command": shown, "error": done.stderr[-800:]}
     r = json.loads(done.stdout)
     return {"arm": arm, "seed": seed, "by": by, "command": shown, "metrics": r["metrics"],
-            "lr": r["lr"],
-            "lr_scaling": r.get("lr_scaling"), "sync": r["sync"],
-            "sync_options": r.get("sync_options"),
-            "world_size": r["world_size"], "global_batch_size": r["global_batch_size"],
-            "steps": r["steps"],
+            "lr": r["lr"], "lr_scaling": r.get("lr_scaling"), "sync": r["sync"],
+            "sync_options": r.get("sync_options"), "world_size": r["world_size"],
+            "global_batch_size": r["global_batch_size"], "steps": r["steps"],
             "train_time_s": r["train_time_s"], "threads_per_rank": r.get("threads_per_rank"),
             "precision": r["precision"], "cpu": r["cpu"], "versions": r["versions"],
             **({"peft": r["peft"]} if r.get("peft") else {})}

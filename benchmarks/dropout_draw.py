@@ -74,8 +74,7 @@ def main() -> None:
     cpu = read_cpu()
     cores = torch.get_num_threads()
     res: dict[str, Any] = {"command": shlex.join(["python", *sys.argv]), "cpu": cpu.model,
-                           "cpu_kind": cpu.kind,
-                           "torch": torch.__version__, "threads": cores,
+                           "cpu_kind": cpu.kind, "torch": torch.__version__, "threads": cores,
                            "masks_ms": {}, "step_ms": {}}
     for name, shapes in STEP_MASKS.items():
         for threads in sorted({1, cores}):
@@ -133,7 +132,8 @@ def markdown(res: dict[str, Any]) -> str:
     for section in ("masks_ms", "step_ms"):
         for name, t in res[section].items():
             s, c = statistics.median(t["torch"]), statistics.median(t["sfc64"])
-            label = name if section == "masks_ms" else f"a training step: {name}, {res['threads']} thread(s)"
+            label = (name if section == "masks_ms"
+                     else f"a training step: {name}, {res['threads']} thread(s)")
             lines.append(f"| {label} | {s:.1f} ({min(t['torch']):.1f}-{max(t['torch']):.1f}) | "
                          f"{c:.1f} ({min(t['sfc64']):.1f}-{max(t['sfc64']):.1f}) | {s / c:.2f}x |")
     return "\n".join(lines) + "\n"

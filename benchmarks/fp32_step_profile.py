@@ -1,7 +1,8 @@
 """Where one fp32 training step of cpudist's bert-base goes on this CPU: torch.profiler's operators,
 self time.
 
-    python benchmarks/fp32_step_profile.py > benchmarks/results/fp32-step-profile-bert-base-<cpu kind>.txt
+    python benchmarks/fp32_step_profile.py \
+        > benchmarks/results/fp32-step-profile-bert-base-<cpu kind>.txt
 
 The model as `cpudist run` trains it (random-init bert-base preset, cpudist's dropout and
 first-token last layer, fused AdamW, 2 threads), one batch of 32 rows x 56 tokens (MRPC's rows are

@@ -1,7 +1,9 @@
 """One Hugging Face Trainer run on GLUE MRPC, the baseline arms of benchmarks/throughput.py.
 
-    python benchmarks/hf_trainer.py --mode best --data-dir ../shared/data/glue/MRPC --model PATH --epochs 3
-    python benchmarks/hf_trainer.py --mode blog ...   # fp32, every row padded to 128 (run_glue.py's way)
+    python benchmarks/hf_trainer.py --mode best --data-dir ../shared/data/glue/MRPC --model PATH \
+        --epochs 3
+    # fp32, every row padded to 128 (run_glue.py's way)
+    python benchmarks/hf_trainer.py --mode blog ...
 
 Prints one JSON line: steady samples/s and steady tokens/s (first steps excluded; tokens: the
 batches' real, unpadded tokens, as cpudist's steps.jsonl counts them), train time, peak RSS, dev

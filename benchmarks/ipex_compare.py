@@ -4,14 +4,18 @@
 Self-contained; runs with the separate venv that has torch 2.8 + intel-extension-for-pytorch 2.8
 (not cpudist's):
 
-    /opt/ipex-venv/bin/python benchmarks/ipex_compare.py                       # 20 timed steps, 3 repeats
-    /opt/ipex-venv/bin/python benchmarks/ipex_compare.py --steps 2 --repeats 1 --no-write   # smoke test
+    # 20 timed steps, 3 repeats
+    /opt/ipex-venv/bin/python benchmarks/ipex_compare.py
+    # smoke test
+    /opt/ipex-venv/bin/python benchmarks/ipex_compare.py --steps 2 --repeats 1 --no-write
 
 Arms (each in its own fresh process, alternated inside every repeat, so drifts of the machine hit
 both alike; a separate process also keeps the upstream arm free of what `import
 intel_extension_for_pytorch` registers, e.g. its own AutocastCPU kernels):
-  upstream  eager torch: AdamW(lr 5e-5, fused where supported), bf16 autocast where the CPU has avx512_bf16
-  ipex      the same, after `model, optimizer = ipex.optimize(model, optimizer=optimizer, dtype=...)`
+  upstream  eager torch: AdamW(lr 5e-5, fused where supported), bf16 autocast where the CPU has
+            avx512_bf16
+  ipex      the same, after
+            `model, optimizer = ipex.optimize(model, optimizer=optimizer, dtype=...)`
 
 Both arms: AutoModelForSequenceClassification(num_labels=2) loaded fresh with seed 42, MRPC train
 pairs tokenized to at most 128 tokens, batches of 32 grouped by length (indices shuffled with a
@@ -193,12 +197,10 @@ def run_arm(args: argparse.Namespace) -> dict[str, Any]:
     elapsed = time.perf_counter() - start
     rows = sum(len(b["labels"]) for b in timed)
     return {"arm": args.arm, "steady_samples_per_s": rows / elapsed, "rows": rows,
-            "steps": len(timed),
-            "time_s": elapsed, "step_s": step_s,
+            "steps": len(timed), "time_s": elapsed, "step_s": step_s,
             "tokens": sum(int(b["attention_mask"].sum()) for b in timed),
             "losses": [float(x) for x in losses], "precision": "bf16" if bf16 else "fp32",
-            "fused_adamw": fused,
-            "threads": torch.get_num_threads(),
+            "fused_adamw": fused, "threads": torch.get_num_threads(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "ipex_optimize_warnings": caught, "model_dir": str(model_dir)}
 
@@ -212,11 +214,9 @@ def spread(values: list[float]) -> dict[str, float]:
 
 def worker_cmd(args: argparse.Namespace, arm: str) -> list[str]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--arm", arm, "--steps",
-           str(args.steps),
-           "--warmup", str(args.warmup), "--batch-size", str(args.batch_size), "--max-length",
-           str(args.max_length),
-           "--lr", str(args.lr), "--seed", str(args.seed), "--precision", args.precision, "--data",
-           str(args.data)]
+           str(args.steps), "--warmup", str(args.warmup), "--batch-size", str(args.batch_size),
+           "--max-length", str(args.max_length), "--lr", str(args.lr), "--seed", str(args.seed),
+           "--precision", args.precision, "--data", str(args.data)]
     if args.model:
         cmd += ["--model", str(args.model)]
     if args.threads:
@@ -304,8 +304,7 @@ def main() -> None:
         "model": "sentence-transformers/all-MiniLM-L6-v2", "task": "MRPC train",
         "settings": {"steps": args.steps, "warmup": args.warmup, "batch_size": args.batch_size,
                      "max_length": args.max_length, "lr": args.lr, "seed": args.seed,
-                     "precision": args.precision,
-                     "threads": args.threads or "default"},
+                     "precision": args.precision, "threads": args.threads or "default"},
         "repeats": args.repeats, "precision": first["precision"], "threads": first["threads"],
         "fused_adamw": first["fused_adamw"], "cpu_capability": first["cpu_capability"],
         "cpu": cpu_info(),

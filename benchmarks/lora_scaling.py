@@ -1,8 +1,10 @@
 """LoRA against full fine-tuning across hosts of the miniature cluster: speed, bytes per step (issue
 25, item 3).
 
-    python benchmarks/lora_scaling.py --quick --blog-calibration benchmarks/results/scaling-halfcore-amx-bf16.json
-    python benchmarks/lora_scaling.py --models bert-base,bert-large --repeats 3 --lock-each /tmp/cpudist-cpu.lock
+    python benchmarks/lora_scaling.py --quick \
+        --blog-calibration benchmarks/results/scaling-halfcore-amx-bf16.json
+    python benchmarks/lora_scaling.py --models bert-base,bert-large --repeats 3 \
+        --lock-each /tmp/cpudist-cpu.lock
 
 Hosts: benchmarks/miniature.py's `halfcore` layout (4 namespace hosts, half a core each by CFS
 quota, two per core, so no two ranks compete for a core). Work: MRPC's real rows as `cpudist run`
@@ -77,8 +79,7 @@ BATCH = 32
 # (accuracy_scaling.py "1 rank lora r8 all-linear lr 1e-3").
 LORA_FLAGS: dict[str, tuple[str, ...]] = {
     "first": ("--peft", "lora", "--lora-r", "8", "--lora-targets", "query,value",
-              "--lora-modules-to-save",
-              "classifier", "--lora-dropout", "0.1"),
+              "--lora-modules-to-save", "classifier", "--lora-dropout", "0.1"),
     # cpudist's default; its adapters' dropout was 0.1 until 2026-11-28 (the result files of before
     # say which ran)
     "default": ("--peft", "lora", "--lora-r", "8"),
@@ -92,10 +93,9 @@ IDLE_CONTROL = "lora, other hosts idle"  # not in the summary: it shows what the
 GOAL = {"lora_speedup_4_hosts": 3.8, "bytes_ratio_full_over_lora": 50.0,
         "accuracy_delta_points": -1.5}
 KEEP = ("run_id", "steady_samples_per_s", "train_samples_per_s", "steps", "wall_time_s",
-        "world_size", "nodes",
-        "precision", "threads_per_rank", "peak_rss_mb", "trainable_params", "grad_bytes",
-        "comm_time_s",
-        "exposed_comm_s", "expected_tx_bytes_per_step", "measured_tx_bytes_per_step", "peft")
+        "world_size", "nodes", "precision", "threads_per_rank", "peak_rss_mb", "trainable_params",
+        "grad_bytes", "comm_time_s", "exposed_comm_s", "expected_tx_bytes_per_step",
+        "measured_tx_bytes_per_step", "peft")
 ACCURACY_LEDGER = ROOT / "benchmarks" / "results" / "accuracy-scaling-{kind}.jsonl"
 
 
@@ -105,10 +105,9 @@ def run(cluster: Any, work: Path, lock: Path | None, args: list[str], hosts: int
     (or the error)."""
     out = Path(tempfile.mkdtemp(dir=work, prefix="run-"))
     full = ["run", *args, "--hostfile", str(cluster.hostfile), "--nodes", str(hosts), "--ppn", "1",
-            "--batch-size",
-            str(BATCH), "--max-steps", str(steps), "--sampler", sampler, "--no-eval",
-            "--save-model", "none",
-            "--output-dir", str(out / "run"), "--json", "--quiet"]
+            "--batch-size", str(BATCH), "--max-steps", str(steps), "--sampler", sampler,
+            "--no-eval", "--save-model", "none", "--output-dir", str(out / "run"), "--json",
+            "--quiet"]
     try:
         r = on_head(cluster, full, lock, used=hosts if busy else None)
     except RuntimeError as e:
@@ -157,10 +156,9 @@ def calibration(cluster: Any, work: Path, a: argparse.Namespace, model: str) -> 
     m_blog = bb_blog if model == "bert-base" else speed([*blog, "--model", model])
     c6i_task = BLOG_SAMPLES_PER_S * (bb_task / bb_blog) * (m_blog / bb_blog)
     return {"model": model, "bert_base_blog_samples_per_s": bb_blog,
-            "bert_base_task_samples_per_s": bb_task,
-            "model_blog_samples_per_s": m_blog, "model_task_samples_per_s": m_task,
-            "c6i_task_samples_per_s": c6i_task, "link_gbps": BLOG_LINK_GBPS * m_task / c6i_task,
-            "steps": a.calibration_steps,
+            "bert_base_task_samples_per_s": bb_task, "model_blog_samples_per_s": m_blog,
+            "model_task_samples_per_s": m_task, "c6i_task_samples_per_s": c6i_task,
+            "link_gbps": BLOG_LINK_GBPS * m_task / c6i_task, "steps": a.calibration_steps,
             "bert_base_blog_from": str(a.blog_calibration or "measured")}
 
 
@@ -265,7 +263,8 @@ def markdown(res: dict[str, Any], where: str = "the miniature cluster") -> str:
         if cal.get("c6i_task_samples_per_s") is None:
             link += f" from {cal.get('from', '?')}"
             if cal.get("bert_base_blog_samples_per_s"):
-                link += f": one host {cal['bert_base_blog_samples_per_s']:.3f} bert-base samples/s on the blog's rows"
+                link += (f": one host {cal['bert_base_blog_samples_per_s']:.3f} "
+                         "bert-base samples/s on the blog's rows")
             link += "."
         else:
             link += (f": one host {cal['model_task_samples_per_s']:.2f} samples/s on MRPC "
@@ -355,7 +354,8 @@ def main() -> None:
     host_counts = [int(n) for n in a.host_counts.split(",")]
     command = "python benchmarks/lora_scaling.py " + " ".join(sys.argv[1:])
     kind = read_cpu().kind
-    name = f"lora-scaling{'-quick' if a.quick else ''}-{kind}{'' if a.lora == 'first' else '-all-linear'}"
+    name = (f"lora-scaling{'-quick' if a.quick else ''}-{kind}"
+            f"{'' if a.lora == 'first' else '-all-linear'}")
     arms: dict[str, tuple[str, ...]] = {"full": (), "lora": LORA_FLAGS[a.lora]}
     partial = a.results_dir / f"{name}.partial.json"
     layout = LAYOUTS["halfcore"]
@@ -408,8 +408,7 @@ def main() -> None:
            "cluster_text": cluster_text,
            "layout": layout.name, "wall_s": round(time.time() - started),
            "settings": {"quick": a.quick, "models": models, "repeats": repeats, "steps": steps,
-                        "batch": BATCH,
-                        "host_counts": host_counts, "sampler": a.sampler,
+                        "batch": BATCH, "host_counts": host_counts, "sampler": a.sampler,
                         "arms": {k: list(v) for k, v in arms.items()}, "lora": a.lora},
            "calibrations": calibrations,
            "summary": {m: summarize(cells[m], accuracy) for m in models},

@@ -3,7 +3,8 @@ transformers + peft, fused AdamW), median of 7 alternated steps, then torch.prof
 of each arm.
 
     python benchmarks/lora_step_profile.py > benchmarks/results/lora-step-profile-<cpu kind>.txt
-    python benchmarks/lora_step_profile.py --preset bert-base --precision bf16 --threads 4 --fast-dropout
+    python benchmarks/lora_step_profile.py --preset bert-base --precision bf16 --threads 4 \
+        --fast-dropout
 
 Defaults: the MiniLM-sized preset in fp32 on 2 threads with torch's own dropout. `--precision bf16`
 trains under bf16 autocast as cpudist's loop does; `--fast-dropout` swaps every dropout (the

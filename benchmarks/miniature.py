@@ -1,7 +1,8 @@
 """The miniature c6i cluster of benchmarks/scaling.py: capped namespace hosts, calibrated to the
 blog's node.
 
-    python benchmarks/scaling.py --calibrate-only            # both layouts; prints and records the calibration
+    # both layouts; prints and records the calibration
+    python benchmarks/scaling.py --calibrate-only
     python benchmarks/scaling.py --calibrate-only --layouts halfcore
 
 Hosts are tests/harness/capped.py's: each in its own cgroup (its own core, or half of one with a CFS
@@ -155,12 +156,9 @@ def calibrate(cluster: CappedCluster, steps: int, work: Path, lock: Path | None)
     out = work / f"calibration-{cluster.prefix}"
     r = on_head(cluster,
                 ["run", "synthetic", "--model", "bert-base", "--precision", "fp32", "--max-seq-len",
-                 "128",
-                 "--batch-size", "32", "--max-steps", str(steps), "--synthetic-samples",
-                 str(32 * steps),
-                 "--no-eval", "--np", "1", "--output-dir", str(out), "--ledger",
-                 str(work / "ledger.jsonl"),
-                 "--json", "--quiet"], lock, used=1)
+                 "128", "--batch-size", "32", "--max-steps", str(steps), "--synthetic-samples",
+                 str(32 * steps), "--no-eval", "--np", "1", "--output-dir", str(out), "--ledger",
+                 str(work / "ledger.jsonl"), "--json", "--quiet"], lock, used=1)
     steps_log = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()
                  if line.strip()]
     sps = r["steady_samples_per_s"]

@@ -46,10 +46,9 @@ def children_cpu() -> float:
 def start(model: str, steps: int, folder: str, arm: str) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if k not in OURS} | ARMS[arm]
     cmd = ["cpudist", "run", "mrpc", "--data-dir", str(MRPC), "--model", model, "--np", "1",
-           "--max-steps",
-           str(steps), "--max-train-samples", str(32 * steps), "--no-eval", "--save-model", "none",
-           "--json",
-           "--quiet", "--output-dir", f"{folder}/run", "--ledger", f"{folder}/ledger.jsonl"]
+           "--max-steps", str(steps), "--max-train-samples", str(32 * steps), "--no-eval",
+           "--save-model", "none", "--json", "--quiet", "--output-dir", f"{folder}/run", "--ledger",
+           f"{folder}/ledger.jsonl"]
     print(f"$ {' '.join(f'{k}={v}' for k, v in ARMS[arm].items())} {shlex.join(cmd)}",
           file=sys.stderr, flush=True)
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
@@ -142,11 +141,10 @@ def main() -> None:
               "own_cpu_s": ratio("own", "cpu_s"),
               "shared_wall_s": ratio("shared", "wall_s"), "shared_cpu_s": ratio("shared", "cpu_s")}
     res = {"command": shlex.join([sys.executable.rsplit("/", 1)[-1], *sys.argv]),
-           "cpu": first["cpu"],
-           "cores": cores, "model": args.model, "precision": first["precision"],
-           "threads_per_rank": first["threads_per_rank"], "steps": args.steps,
-           "shared_steps": args.shared_steps,
-           "shared_runs": cores + 1, "repeats": args.repeats, "ratios": ratios, **summary,
+           "cpu": first["cpu"], "cores": cores, "model": args.model,
+           "precision": first["precision"], "threads_per_rank": first["threads_per_rank"],
+           "steps": args.steps, "shared_steps": args.shared_steps, "shared_runs": cores + 1,
+           "repeats": args.repeats, "ratios": ratios, **summary,
            "raw": {"own": own, "shared": shared}}
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"omp-wait-{first['cpu']['kind']}"

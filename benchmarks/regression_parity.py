@@ -1,6 +1,6 @@
 """Regression parity with Hugging Face Trainer on an STS-B-like PROXY (not STS-B itself).
 
-    HF_HUB_OFFLINE=1 python benchmarks/regression_parity.py            # lr 2e-5 x 1 epoch, all variants
+    HF_HUB_OFFLINE=1 python benchmarks/regression_parity.py  # lr 2e-5 x 1 epoch, all variants
     HF_HUB_OFFLINE=1 python benchmarks/regression_parity.py --plans short,long --seeds 42,43
 
 No STS-B is available offline, so the proxy is built from GLUE MRPC (read by path from
@@ -121,9 +121,8 @@ def child_env() -> dict[str, str]:
 def cpudist_argv(arm: Arm, data: Path, model: str, plan: dict[str, Any], seed: int,
                  out: Path) -> list[str]:
     base = {"task": "stsb", "data-dir": str(data), "model": model, "epochs": plan["epochs"],
-            "lr": plan["lr"],
-            "batch-size": BATCH, "max-seq-len": MAX_LEN, "seed": seed, "output-dir": str(out),
-            "log-every": 1, **arm.overrides}
+            "lr": plan["lr"], "batch-size": BATCH, "max-seq-len": MAX_LEN, "seed": seed,
+            "output-dir": str(out), "log-every": 1, **arm.overrides}
     return [sys.executable, "-m", "cpudist.rank", *[f"--{k}={v}" for k, v in base.items()]]
 
 
@@ -136,8 +135,7 @@ def run_cpudist(arm: Arm, data: Path, model: str, plan: dict[str, Any], seed: in
     result = json.loads((out / "result.json").read_text())
     steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
     return {"metrics": result["metrics"], "losses": [s["loss"] for s in steps],
-            "lrs": [s["lr"] for s in steps],
-            "train_time_s": result["train_time_s"],
+            "lrs": [s["lr"] for s in steps], "train_time_s": result["train_time_s"],
             "precision": result["precision"], "command": shlex.join(cmd)}
 
 
@@ -192,11 +190,9 @@ def hf_arm(spec: dict[str, Any]) -> dict[str, Any]:
     bf16 = read_cpu().has_bf16  # cpudist's precision "auto"
     with tempfile.TemporaryDirectory() as out:
         args = TrainingArguments(output_dir=out, per_device_train_batch_size=BATCH,
-                                 per_device_eval_batch_size=64,
-                                 learning_rate=spec["plan"]["lr"],
-                                 num_train_epochs=spec["plan"]["epochs"],
-                                 use_cpu=True, bf16=bf16, seed=spec["seed"], report_to=[],
-                                 save_strategy="no",
+                                 per_device_eval_batch_size=64, learning_rate=spec["plan"]["lr"],
+                                 num_train_epochs=spec["plan"]["epochs"], use_cpu=True, bf16=bf16,
+                                 seed=spec["seed"], report_to=[], save_strategy="no",
                                  eval_strategy="no", logging_strategy="steps", logging_steps=1,
                                  dataloader_num_workers=0, disable_tqdm=True, **spec["overrides"])
         trainer = Trainer(model=model, args=args, train_dataset=rows(data.train),
@@ -221,9 +217,8 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     tail = losses[-max(1, len(losses) // 10):]
     return {"pearson": run["metrics"]["pearson"], "spearmanr": run["metrics"]["spearmanr"],
             "final_loss": losses[-1], "tail_loss": statistics.fmean(tail), "steps": len(losses),
-            "first_lrs": run["lrs"][:3],
-            "train_time_s": run["train_time_s"], "precision": run["precision"],
-            "command": run["command"]}
+            "first_lrs": run["lrs"][:3], "train_time_s": run["train_time_s"],
+            "precision": run["precision"], "command": run["command"]}
 
 
 def cpu_model() -> str:

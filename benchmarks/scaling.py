@@ -1,10 +1,14 @@
 """Scaling across nodes on the miniature c6i cluster: every sync strategy at 1, 2 and 4 hosts,
 beside the blog.
 
-    python benchmarks/scaling.py --quick --lock-each /tmp/cpudist-cpu.lock   # ddp only, 8 steps, 1 repeat
-    python benchmarks/scaling.py --lock-each /tmp/cpudist-cpu.lock           # every arm, 3 alternated repeats, accuracy
-    python benchmarks/scaling.py --calibrate-only                            # the calibration of both layouts
-    python benchmarks/scaling.py --layouts halfcore --models minilm-l6 --arms ddp,local-sgd:8 --repeats 1
+    # ddp only, 8 steps, 1 repeat
+    python benchmarks/scaling.py --quick --lock-each /tmp/cpudist-cpu.lock
+    # every arm, 3 alternated repeats, accuracy
+    python benchmarks/scaling.py --lock-each /tmp/cpudist-cpu.lock
+    # the calibration of both layouts
+    python benchmarks/scaling.py --calibrate-only
+    python benchmarks/scaling.py --layouts halfcore --models minilm-l6 --arms ddp,local-sgd:8 \
+        --repeats 1
 
 Layouts (benchmarks/miniature.py): `1core`, two hosts of one core each (1 and 2 hosts measured), and
 `halfcore`, four hosts of half a core (two per core, each held to half by a CFS quota: 1, 2, 4
@@ -90,23 +94,19 @@ ARMS: dict[str, tuple[str, ...]] = {
     "local-sgd:8+mv+bf16": ("--sync", "local-sgd", "--sync-every", "8", "--average-moments", "both",
                             "--grad-compression", "bf16"),
     "local-sgd:10+mv+bf16": ("--sync", "local-sgd", "--sync-every", "10", "--average-moments",
-                             "both",
-                             "--grad-compression", "bf16"),
+                             "both", "--grad-compression", "bf16"),
     "local-sgd:8+m+v/2+bf16": ("--sync", "local-sgd", "--sync-every", "8", "--average-moments",
-                               "both",
-                               "--second-moment-every", "2", "--grad-compression", "bf16"),
+                               "both", "--second-moment-every", "2", "--grad-compression", "bf16"),
     "ddp+lr-sqrt": ("--lr-scaling", "sqrt"),  # for the accuracy runs: the same speed as ddp
 }
 SPEED_SKIP = ("ddp+lr-sqrt",)  # arms that train at ddp's speed: accuracy runs only
 QUICK_ARMS = ("ddp",)
 BASE, UNSHAPED = "1 host", "ddp unshaped"
 KEEP = ("steady_samples_per_s", "train_samples_per_s", "train_time_s", "steps", "wall_time_s",
-        "world_size",
-        "global_batch_size", "sync", "sync_options", "comm_time_s", "exposed_comm_s",
-        "bus_bandwidth_gbps",
-        "expected_tx_bytes_per_step", "measured_tx_bytes_per_step", "grad_bytes", "metrics",
-        "threads_per_rank",
-        "peak_rss_mb", "precision", "launcher", "nodes", "run_id")
+        "world_size", "global_batch_size", "sync", "sync_options", "comm_time_s", "exposed_comm_s",
+        "bus_bandwidth_gbps", "expected_tx_bytes_per_step", "measured_tx_bytes_per_step",
+        "grad_bytes", "metrics", "threads_per_rank", "peak_rss_mb", "precision", "launcher",
+        "nodes", "run_id")
 
 
 def arm_flags(arm: str, steps: int) -> list[str]:
@@ -117,7 +117,8 @@ def more_steps(settings: dict[str, Any]) -> str:
     """The arms whose speed runs took more steps than --steps (arm_steps), for the result's settings
     line."""
     more = {arm: n for arm, n in settings.get("arm_steps", {}).items() if n != settings["steps"]}
-    return f" ({', '.join(f'{arm}: {n}, to hold its averages' for arm, n in more.items())})" if more else ""
+    return (f" ({', '.join(f'{arm}: {n}, to hold its averages' for arm, n in more.items())})"
+            if more else "")
 
 
 def arm_steps(arm: str, steps: int) -> int:
@@ -190,8 +191,7 @@ def speed_runs(cluster: Any, layout: Layout, a: argparse.Namespace, work: Path,
                 # Seeds differ per repeat, so medians also average over which batch lengths the
                 # steps drew.
                 r = train(cluster, work, a.lock_each, model, n, flags, ["--max-steps", str(steps)],
-                          False,
-                          seed=42 + repeat)
+                          False, seed=42 + repeat)
                 if arm == UNSHAPED:
                     cluster = shaped(cluster, link)
                 runs[model].setdefault(f"{arm}@{n}", []).append(r)
@@ -297,8 +297,7 @@ def plan_check(ledger: Path, runs: dict[str, dict[str, list[dict[str, Any]]]],
     # the 1-node run's model only
     pure = {row.run_id: row for row in validate(results, link, cpu_s_per_byte=0.0)}
     return [{"model": next(r.model for r in results if r.run_id == row.run_id),
-             **dataclasses.asdict(row),
-             "predicted_without_cpu": pure[row.run_id].predicted_speedup,
+             **dataclasses.asdict(row), "predicted_without_cpu": pure[row.run_id].predicted_speedup,
              "error_without_cpu": pure[row.run_id].error}
             for row in validate(results, link)]
 
@@ -475,8 +474,7 @@ def run_layout(layout: Layout, a: argparse.Namespace, command: str, work: Path) 
                 "versions": first["versions"], "code": code_version(), "calibration": cal,
                 "calibration_from": str(a.calibration or ""), "cluster": cluster.describe(),
                 "settings": {"quick": a.quick, "steps": a.steps, "repeats": a.repeats,
-                             "arms": a.arms,
-                             "models": a.models,
+                             "arms": a.arms, "models": a.models,
                              "arm_flags": {arm: arm_flags(arm, a.steps) for arm in a.arms},
                              "arm_steps": {arm: arm_steps(arm, a.steps) for arm in a.arms}},
                 "speed": speed, "gloo_share": {m: gloo_share(s) for m, s in speed.items()},

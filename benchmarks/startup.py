@@ -1,7 +1,7 @@
 """Laptop to first step: `cpudist run` from the laptop on a warm 4-node cluster, against torchrun by
 hand on the head.
 
-    python benchmarks/startup.py                       # MiniLM on MRPC, 4 hosts x 1 rank, 3 alternated repeats
+    python benchmarks/startup.py  # MiniLM on MRPC, 4 hosts x 1 rank, 3 alternated repeats
     python benchmarks/startup.py --model tiny --repeats 1
 
 The world is tests/harness/world.py's on-prem one: 4 namespace hosts (own homes, names resolving to
@@ -78,14 +78,11 @@ def finish(proc: subprocess.Popen[str], timeout: float) -> None:
 
 def cpudist_arm(w: World, model: str, out: str) -> dict[str, Any]:
     argv = [sys.executable, "-m", "cpudist.cli", "run", "mrpc", "--np", "4", "--ppn", "1",
-            "--hostfile",
-            "/srv/cpd-operator/hosts", "--head", w.hosts.public_addr(0), "--user", "root",
-            "--identity",
-            "/srv/cpd-operator/.ssh/id_ed25519", "--remote-python", sys.executable, "--launcher",
-            "torchrun",
-            "--model", model, "--data-dir", "/srv/cpd-operator/data/MRPC", "--max-steps", "2",
-            "--log-every", "1",
-            "--output-dir", f"/srv/cpd-operator/runs/{out}"]
+            "--hostfile", "/srv/cpd-operator/hosts", "--head", w.hosts.public_addr(0), "--user",
+            "root", "--identity", "/srv/cpd-operator/.ssh/id_ed25519", "--remote-python",
+            sys.executable, "--launcher", "torchrun", "--model", model, "--data-dir",
+            "/srv/cpd-operator/data/MRPC", "--max-steps", "2", "--log-every", "1", "--output-dir",
+            f"/srv/cpd-operator/runs/{out}"]
     started = time.time()
     proc = w.operator_popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL)
@@ -99,8 +96,7 @@ def cpudist_arm(w: World, model: str, out: str) -> dict[str, Any]:
 def anchor_arm(w: World, model: str, out: str) -> dict[str, Any]:
     head = w.hosts.name(0)
     rank_args = ["-m", "cpudist.rank", "--task=mrpc", f"--model={model}", f"--data-dir={DATA}",
-                 "--max-steps=2",
-                 "--log-every=1"]
+                 "--max-steps=2", "--log-every=1"]
 
     def torchrun(i: int) -> str:
         # HF_HUB_OFFLINE as cpudist sets it on an offline cluster (else each rank tries the Hub
@@ -175,8 +171,7 @@ def main() -> None:
             w.on_prem(admin.with_suffix(".pub").read_text())
             setup = w.hosts.run(0,
                                 [sys.executable, "-m", "cpudist.cli", "hosts", "ssh-setup",
-                                 "--hostfile",
-                                 str(w.state / "hostfile"), "--identity", str(admin)])
+                                 "--hostfile", str(w.state / "hostfile"), "--identity", str(admin)])
             if setup.returncode != 0:
                 raise SystemExit(setup.stdout + setup.stderr)
             w.operator_path("data").mkdir(parents=True, exist_ok=True)

@@ -1,25 +1,32 @@
 """Training speed of one node: cpudist vs Hugging Face Trainer (best CPU settings) vs the blog's,
 and each lever.
 
-    python benchmarks/throughput.py --quick     # MRPC subset, short bert-base run, 3 alternated repeats
-    python benchmarks/throughput.py             # MRPC 3 epochs with dev metrics, bert-base 12 steps
+    # MRPC subset, short bert-base run, 3 alternated repeats
+    python benchmarks/throughput.py --quick
+    # MRPC 3 epochs with dev metrics, bert-base 12 steps
+    python benchmarks/throughput.py
     python benchmarks/throughput.py --quick --suites levers-minilm,levers-bert-base,eval
 
 Suites (each writes results/throughput-<suite>[-quick]-<cpu kind>.json and .md, with the command):
   mrpc-minilm, bert-base   ours (`cpudist run` defaults, 1 node) vs hf_best vs blog
   levers-minilm, levers-bert-base
-                           each lever as its own arm on top of `bare` (every lever off), beside hf_best
-                           and ours: ranks x threads, tcmalloc, jemalloc, Intel OpenMP, torch.compile,
-                           frozen embeddings, cheaper dropout masks, the first-token last layer
+                           each lever as its own arm on top of `bare` (every lever off), beside
+                           hf_best and ours: ranks x threads, tcmalloc, jemalloc, Intel OpenMP,
+                           torch.compile, frozen embeddings, cheaper dropout masks, the first-token
+                           last layer
   eval                     evaluation alone: grad mode, eval batch, precision, row order
-  mfu                      bert-base on full 128-token rows vs a measured GEMM ceiling in its precision
-  presets                  every real-size preset (random init; --presets picks some): ours vs hf_best,
-                           samples/s and each process's peak RSS (one rank; its whole training process);
-                           --gradient-checkpointing adds both with activation checkpointing (ours-gc, hf_best-gc)
-  parity-minilm            dev accuracy of ours vs hf_best, MRPC 3 epochs (also with --quick), a seed per repeat
+  mfu                      bert-base on full 128-token rows vs a measured GEMM ceiling in its
+                           precision
+  presets                  every real-size preset (random init; --presets picks some): ours vs
+                           hf_best, samples/s and each process's peak RSS (one rank; its whole
+                           training process); --gradient-checkpointing adds both with activation
+                           checkpointing (ours-gc, hf_best-gc)
+  parity-minilm            dev accuracy of ours vs hf_best, MRPC 3 epochs (also with --quick), a
+                           seed per repeat
   lora-minilm, lora-bert-base
-                           `--peft lora` beside full fine-tuning (ours, hf_best): the default LoRA (every Linear,
-                           dropout 0.1), the same with dropout 0, and query/value only (LORA_ARMS)
+                           `--peft lora` beside full fine-tuning (ours, hf_best): the default LoRA
+                           (every Linear, dropout 0.1), the same with dropout 0, and query/value
+                           only (LORA_ARMS)
 
 Arms of a suite alternate inside every repeat, so drifts of the machine hit every arm alike; ratios
 are of median steady samples/s (min-max beside them). The CPU kind (amx-bf16, avx512-bf16, avx512,
@@ -109,8 +116,7 @@ def ours(model: str, common: dict[str, str], eval_: bool, extra: dict[str, str |
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         cmd = ["cpudist", "run", "mrpc", "--data-dir", str(MRPC), "--model", model, "--output-dir",
-               f"{tmp}/run",
-               "--ledger", f"{tmp}/ledger.jsonl", "--json", "--quiet", *flags(opts)]
+               f"{tmp}/run", "--ledger", f"{tmp}/ledger.jsonl", "--json", "--quiet", *flags(opts)]
         if not eval_:
             cmd.append("--no-eval")
         r = run_json(cmd)
@@ -160,8 +166,7 @@ def suite(name: str, model: str, common: dict[str, str], eval_: bool, repeats: i
         for arm, call in arms.items():
             runs[arm].append(call())
             print(f"# {name} {arm}: {runs[arm][-1]['steady_samples_per_s']:.2f} samples/s",
-                  file=sys.stderr,
-                  flush=True)
+                  file=sys.stderr, flush=True)
     stats = {arm: spread([r["steady_samples_per_s"] for r in rs]) for arm, rs in runs.items()}
     med = {arm: s["median"] for arm, s in stats.items()}
     first = next(rs[0] for arm, rs in runs.items() if arm.startswith("ours") or arm == "bare")
@@ -195,8 +200,7 @@ def suite(name: str, model: str, common: dict[str, str], eval_: bool, repeats: i
 
 # The presets of real size (cpudist/train/models.py PRESETS), smallest first
 PRESET_SUITE = ("minilm-l6", "distilbert-base", "bert-base", "modernbert-base", "deberta-v3-base",
-                "bert-large",
-                "modernbert-large")
+                "bert-large", "modernbert-large")
 
 
 def presets(names: list[str], common: dict[str, str], repeats: int,
@@ -278,7 +282,8 @@ def markdown(res: dict[str, Any], command: str) -> str:
              f"Made by: `{command}`", "",
              f"Settings: {res['settings']}; {res['repeats']} alternated repeat(s); CPU "
              f"{c['model']} "
-             f"({c['physical_cores']} cores, flags {', '.join(c['flags'])}, kind {res['cpu_kind']})", "",
+             f"({c['physical_cores']} cores, flags {', '.join(c['flags'])}, "
+             f"kind {res['cpu_kind']})", "",
              "| arm | median steady samples/s (min-max) | / hf_best | time to result s (median) | "
              "dev metrics |",
              "|---|---|---|---|---|"]
@@ -329,17 +334,14 @@ def mfu_at_128(steps: int, repeats: int, precision: str = "auto") -> dict[str, A
     for _ in range(repeats):
         with tempfile.TemporaryDirectory() as tmp:
             runs.append(run_json(["cpudist", "run", "synthetic", "--np", "1", "--model",
-                                  "bert-base",
-                                  "--max-seq-len", "128", "--batch-size", "32", "--max-steps",
-                                  str(steps), "--no-eval",
-                                  "--synthetic-samples", str(32 * steps), "--output-dir",
-                                  f"{tmp}/run", "--ledger",
+                                  "bert-base", "--max-seq-len", "128", "--batch-size", "32",
+                                  "--max-steps", str(steps), "--no-eval", "--synthetic-samples",
+                                  str(32 * steps), "--output-dir", f"{tmp}/run", "--ledger",
                                   f"{tmp}/l.jsonl", "--precision", precision, "--json", "--quiet"]))
     r = sorted(runs, key=lambda x: x["train_flops_per_s"])[len(runs) // 2]  # the median run
     out = {k: r[k]
            for k in ("mfu", "train_flops_per_s", "peak_flops_per_s", "peak_how", "precision",
-                     "steady_samples_per_s", "peak_rss_mb", "cpu", "versions",
-                     "threads_per_rank")}
+                     "steady_samples_per_s", "peak_rss_mb", "cpu", "versions", "threads_per_rank")}
     out["runs_flops_per_s"] = [x["train_flops_per_s"] for x in runs]
     threads = r["threads_per_rank"]
     out["gemm_fp32_flops_per_s"] = gemm_ceiling(threads, "fp32")
@@ -407,16 +409,16 @@ def eval_levers(model: str, repeats: int) -> dict[str, Any]:
                     net(**b)
             times[arm].append(time.perf_counter() - start)
     return {"suite": "eval", "model": model, "rows": len(data), "repeats": repeats,
-            "cpu": c.summary(),
-            "cpu_kind": c.kind, "eval_time_s": {arm: spread(t) for arm, t in times.items()},
-            "runs": times}
+            "cpu": c.summary(), "cpu_kind": c.kind,
+            "eval_time_s": {arm: spread(t) for arm, t in times.items()}, "runs": times}
 
 
 def eval_markdown(res: dict[str, Any], command: str) -> str:
     first = next(iter(res["eval_time_s"].values()))["median"]
     lines = [f"# Evaluation levers: {res['model']}, MRPC dev ({res['rows']} rows), on "
              f"{res['cpu_kind']}", "",
-             f"Made by: `{command}`; {res['repeats']} alternated repeats; CPU {res['cpu']['model']}", "",
+             f"Made by: `{command}`; {res['repeats']} alternated repeats; "
+             f"CPU {res['cpu']['model']}", "",
              "| evaluation | median s (min-max) | speedup vs first row |", "|---|---|---|"]
     for arm, s in res["eval_time_s"].items():
         lines.append(f"| {arm} | {s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f}) | "
@@ -441,10 +443,9 @@ def parity(model: str, common: dict[str, str], repeats: int) -> dict[str, Any]:
                    for k in rs[0]["metrics"]} for arm, rs in runs.items()}
     gap = {k: stats["ours"][k]["mean"] - stats["hf_best"][k]["mean"] for k in stats["ours"]}
     return {"suite": "parity", "model": model, "settings": common, "repeats": repeats,
-            "metrics": stats,
-            "ours_minus_hf_best": gap, "cpu": runs["ours"][0]["cpu"],
-            "cpu_kind": runs["ours"][0]["cpu"]["kind"],
-            "versions": runs["ours"][0]["versions"], "runs": runs}
+            "metrics": stats, "ours_minus_hf_best": gap, "cpu": runs["ours"][0]["cpu"],
+            "cpu_kind": runs["ours"][0]["cpu"]["kind"], "versions": runs["ours"][0]["versions"],
+            "runs": runs}
 
 
 def parity_markdown(res: dict[str, Any], command: str) -> str:
@@ -496,7 +497,8 @@ def main() -> None:
     quick = "-quick" if a.quick else ""
     for name in a.suites.split(","):
         gc = "-gc" if name == "presets" and a.gradient_checkpointing else ""
-        path = HERE / "results" / f"throughput-{name}{quick}{gc}{a.tag}-{kind}{'-fp32' if forced else ''}"
+        path = (HERE / "results"
+                / f"throughput-{name}{quick}{gc}{a.tag}-{kind}{'-fp32' if forced else ''}")
         if name == "mfu":
             res = {"suite": "mfu", "command": command,
                    **mfu_at_128(8 if a.quick else 12, a.repeats, a.precision)}

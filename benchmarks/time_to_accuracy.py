@@ -2,8 +2,10 @@
 quality, with cpudist and with what its users would run instead (HF Trainer under torchrun on the
 same hosts).
 
-    python benchmarks/time_to_accuracy.py --quick                      # the whole plan in miniature (minutes)
-    python benchmarks/time_to_accuracy.py --lock-each /tmp/cpudist-cpu.lock --hours 4   # one stretch of the plan
+    # the whole plan in miniature (minutes)
+    python benchmarks/time_to_accuracy.py --quick
+    # one stretch of the plan
+    python benchmarks/time_to_accuracy.py --lock-each /tmp/cpudist-cpu.lock --hours 4
     python benchmarks/time_to_accuracy.py --render benchmarks/results/time-to-accuracy-amx-bf16.json
 
 Hosts: benchmarks/miniature.py's `halfcore` layout (4 namespace hosts, half a core each by CFS
@@ -114,8 +116,7 @@ ARMS: dict[str, tuple[str, ...]] = {
     "ddp bf16 wire lr x2N": (*X2N, *BF16_WIRE),
     "ddp bf16 wire dense-emb lr x2N": (*X2N, *BF16_WIRE, *DENSE),
     "local-sgd:8+mv+bf16 lr x2N": ("--sync", "local-sgd", "--sync-every", "8", "--average-moments",
-                                   "both",
-                                   *BF16_WIRE, *X2N),
+                                   "both", *BF16_WIRE, *X2N),
     # the parameters alone every 8 steps: a third of the bytes of the arm above (SST-2: its wire was
     # 0.33 s a step)
     "local-sgd:8+bf16 lr x2N": ("--sync", "local-sgd", "--sync-every", "8", *BF16_WIRE, *X2N),
@@ -147,9 +148,8 @@ def speed(cluster: Any, work: Path, lock: Path | None, args: list[str], steps: i
     out = Path(tempfile.mkdtemp(dir=work, prefix="speed-"))
     r = on_head(cluster,
                 ["run", *args, "--hostfile", str(cluster.hostfile), "--nodes", "1", "--ppn", "1",
-                 "--batch-size", str(BATCH), "--max-steps", str(steps), "--no-eval",
-                 "--save-model", "none",
-                 "--output-dir", str(out / "run"), "--json", "--quiet"], lock, used=1)
+                 "--batch-size", str(BATCH), "--max-steps", str(steps), "--no-eval", "--save-model",
+                 "none", "--output-dir", str(out / "run"), "--json", "--quiet"], lock, used=1)
     return float(r["steady_samples_per_s"])
 
 
@@ -176,17 +176,15 @@ def calibration(cluster: Any, work: Path, a: argparse.Namespace, task: str) -> d
     c6i_task = BLOG_SAMPLES_PER_S * (bb_task / bb_blog) * (m_blog / bb_blog)
     link = BLOG_LINK_GBPS * m_task / c6i_task
     return {"task": task, "bert_base_blog_samples_per_s": bb_blog,
-            "bert_base_task_samples_per_s": bb_task,
-            "model_blog_samples_per_s": m_blog, "model_task_samples_per_s": m_task,
-            "cpudist_over_blog_bert_base": bb_task / bb_blog,
-            "model_over_bert_base_blog": m_blog / bb_blog,
-            "c6i_task_samples_per_s": c6i_task, "link_gbps": link, "steps": steps,
+            "bert_base_task_samples_per_s": bb_task, "model_blog_samples_per_s": m_blog,
+            "model_task_samples_per_s": m_task, "cpudist_over_blog_bert_base": bb_task / bb_blog,
+            "model_over_bert_base_blog": m_blog / bb_blog, "c6i_task_samples_per_s": c6i_task,
+            "link_gbps": link, "steps": steps,
             "bert_base_blog_from": str(a.blog_calibration or "measured")}
 
 
-def link(cluster: Any, work: Path, a: argparse.Namespace, task: str, ledger: Ledger) -> tuple[Any,
-                                                                                              dict[
-                                                                                                  str, Any]]:
+def link(cluster: Any, work: Path, a: argparse.Namespace, task: str,
+         ledger: Ledger) -> tuple[Any, dict[str, Any]]:
     """The hosts shaped to the task's link: the ledger's calibration, else --link-gbps / --quick's,
     else measured (and recorded, so later stretches use the same link)."""
     cal = ledger.calibration(task)
@@ -217,8 +215,7 @@ def cells_of(a: argparse.Namespace, tasks: list[str], arms: list[str]) -> list[C
 def job_of(cell: Cell, plan: dict[str, Any]) -> dict[str, Any]:
     batch = PER_HOST_BATCH.get(cell.arm, lambda hosts: BATCH)(cell.hosts)
     return {"task": cell.task, "data": task_plan(cell.task)["data"], "model": MODEL, "batch": batch,
-            "lr": LR,
-            "hosts": cell.hosts, "seed": cell.seed, "budget": plan["budget"],
+            "lr": LR, "hosts": cell.hosts, "seed": cell.seed, "budget": plan["budget"],
             "eval_every": plan["eval_every"]}
 
 
@@ -237,8 +234,7 @@ CALIBRATION_S = 900
 
 
 def say_plan(cells: list[Cell], todo: list[Cell], ledger: Ledger, plans: dict[str, Any],
-             command: str,
-             calibrating: bool) -> None:
+             command: str, calibrating: bool) -> None:
     speeds = {t: (ledger.calibration(t) or {}).get("model_task_samples_per_s") for t in plans}
     uncalibrated = sum(1 for t in plans if ledger.calibration(t) is None) if calibrating else 0
     whole = total_s(cells, ledger, plans, speeds) + CALIBRATION_S * uncalibrated
@@ -334,7 +330,8 @@ def main() -> None:
     command = "python benchmarks/time_to_accuracy.py " + shlex.join(x for x in sys.argv[1:]
                                                                     if x != "--dry-run")
     kind = machine()["cpu_kind"]
-    name = f"time-to-accuracy{'-quick' if a.quick else ''}{'-rows' if a.train_rows else ''}{a.tag}-{kind}"
+    name = (f"time-to-accuracy{'-quick' if a.quick else ''}{'-rows' if a.train_rows else ''}"
+            f"{a.tag}-{kind}")
     ledger = Ledger(a.results_dir / f"{name}-ledger.jsonl", code_hash(), kind)
     cells = cells_of(a, tasks, arms)
     todo = [c for c in cells if ledger.done(c) is None]

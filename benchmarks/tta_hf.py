@@ -2,8 +2,8 @@
 on every host.
 
     torchrun --nnodes 4 --nproc-per-node 1 --node-rank I --master-addr HEAD --master-port 29641 \
-        benchmarks/tta_hf.py --task sst2 --data-dir ../shared/data/glue/SST-2 --model MODEL --batch-size 32 \
-        --lr 2e-4 --max-steps 375 --eval-steps 31 --seed 42 --out result.json
+        benchmarks/tta_hf.py --task sst2 --data-dir ../shared/data/glue/SST-2 --model MODEL \
+        --batch-size 32 --lr 2e-4 --max-steps 375 --eval-steps 31 --seed 42 --out result.json
 
 Trainer's best CPU settings, as benchmarks/hf_trainer.py uses them on one node: bf16 autocast where
 the CPU has it, length-grouped batches (`train_sampling_strategy="group_by_length"`), dynamic

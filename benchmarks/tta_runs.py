@@ -40,21 +40,17 @@ def evaluations(seen: list[dict[str, Any]], launched: float) -> list[dict[str, A
 
 
 def cpudist_run(cluster: Any, work: Path, lock: Path | None, job: dict[str, Any],
-                flags: tuple[str, ...],
-                rows: list[str]) -> dict[str, Any]:
+                flags: tuple[str, ...], rows: list[str]) -> dict[str, Any]:
     """`cpudist run` for the job's budget, evaluating every fixed number of samples; its time to
     each evaluation."""
     hosts, batch = job["hosts"], job["batch"]
     out = Path(tempfile.mkdtemp(dir=work, prefix="run-"))
     args = ["run", job["task"], "--data-dir", str(job["data"]), "--model", job["model"],
-            "--hostfile",
-            str(cluster.hostfile), "--nodes", str(hosts), "--ppn", "1", "--batch-size", str(batch),
-            "--lr", job["lr"],
-            "--max-steps", str(steps_of(job["budget"], batch, hosts)), "--seed", str(job["seed"]),
-            "--eval-every",
+            "--hostfile", str(cluster.hostfile), "--nodes", str(hosts), "--ppn", "1",
+            "--batch-size", str(batch), "--lr", job["lr"], "--max-steps",
+            str(steps_of(job["budget"], batch, hosts)), "--seed", str(job["seed"]), "--eval-every",
             str(steps_of(job["eval_every"], batch, hosts)), "--save-model", "none", "--output-dir",
-            str(out / "run"),
-            "--json", "--quiet", *rows, *flags]
+            str(out / "run"), "--json", "--quiet", *rows, *flags]
     launched = time.time()
     try:
         r = on_head(cluster, args, lock, timeout=4 * 3600, used=hosts)
@@ -62,11 +58,9 @@ def cpudist_run(cluster: Any, work: Path, lock: Path | None, job: dict[str, Any]
         print(f"# failed: {e}", file=sys.stderr, flush=True)
         return {"error": str(e)[-600:], "flags": list(flags), "seed": job["seed"], "hosts": hosts}
     return {**{k: r.get(k) for k in KEEP}, "hosts": hosts, "seed": job["seed"],
-            "flags": list(flags),
-            "eval_every": steps_of(job["eval_every"], batch, hosts),
+            "flags": list(flags), "eval_every": steps_of(job["eval_every"], batch, hosts),
             "evaluations": evaluations(list(r["evaluations"]), launched), "cpu": r["cpu"],
-            "versions": r["versions"],
-            "command": "cpudist " + shlex.join(args)}
+            "versions": r["versions"], "command": "cpudist " + shlex.join(args)}
 
 
 def hf_lr(base: str, hosts: int) -> float:
@@ -79,11 +73,10 @@ def hf_args(job: dict[str, Any], out: Path, rows: list[str]) -> list[str]:
     """The HF Trainer script and its arguments for the job (its result in OUT/result.json)."""
     hosts, batch = job["hosts"], job["batch"]
     return [str(HF_SCRIPT), "--task", job["task"], "--data-dir", str(job["data"]), "--model",
-            job["model"],
-            "--batch-size", str(batch), "--lr", f"{hf_lr(job['lr'], hosts):g}",
-            "--max-steps", str(steps_of(job["budget"], batch, hosts)),
-            "--eval-steps", str(steps_of(job["eval_every"], batch, hosts)),
-            "--seed", str(job["seed"]), "--out", str(out / "result.json"), *rows]
+            job["model"], "--batch-size", str(batch), "--lr", f"{hf_lr(job['lr'], hosts):g}",
+            "--max-steps", str(steps_of(job["budget"], batch, hosts)), "--eval-steps",
+            str(steps_of(job["eval_every"], batch, hosts)), "--seed", str(job["seed"]), "--out",
+            str(out / "result.json"), *rows]
 
 
 def hf_script(cluster: Any, job: dict[str, Any], out: Path, rows: list[str]) -> str:

@@ -2,7 +2,8 @@
 25, item 3).
 
     python benchmarks/wholecore_scaling.py --cores-per-host 4 --host-counts 1,2,4 --repeats 3
-    python benchmarks/wholecore_scaling.py --model tiny --cores-per-host 1 --host-counts 1,2 --steps 8 --check
+    python benchmarks/wholecore_scaling.py --model tiny --cores-per-host 1 --host-counts 1,2 \
+        --steps 8 --check
 
 Why: the miniature cluster (lora_scaling.py) splits a 2-core machine into four half-core hosts by
 CFS quota, two per core, and its 2-host LoRA runs read 2.15x one host, beyond linear and
@@ -194,8 +195,7 @@ class Hosts:
 
         with log.open("wb") as f:
             return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=f,
-                                    stderr=subprocess.STDOUT,
-                                    preexec_fn=enter)
+                                    stderr=subprocess.STDOUT, preexec_fn=enter)
 
     def describe(self) -> dict[str, Any]:
         return {"hosts": self.n, "cpus": self.cpus, "tbf": self.tbf,
@@ -205,9 +205,8 @@ class Hosts:
 def rank_env(hosts: Hosts, rank: int, world: int, head: int, port: int) -> dict[str, str]:
     """What a launcher gives a rank of a one-rank-per-host job whose rank 0 is on host `head`."""
     return {**os.environ, **RANK_ENV, "RANK": str(rank), "WORLD_SIZE": str(world),
-            "LOCAL_RANK": "0",
-            "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": hosts.addr(head), "MASTER_PORT": str(port),
-            "GLOO_SOCKET_IFNAME": IFACE}
+            "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": hosts.addr(head),
+            "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": IFACE}
 
 
 @contextlib.contextmanager
@@ -333,8 +332,7 @@ def main() -> None:
     partial = a.results_dir / f"wholecore-scaling-{a.model}-{kind}.partial.json"
     work = Path(tempfile.mkdtemp(prefix="wholecore-"))
     base = {"task": "mrpc", "data_dir": str(a.data_dir), "model": a.model, "batch_size": BATCH,
-            "sampler": a.sampler,
-            "do_eval": False, "save_model": "none"}
+            "sampler": a.sampler, "do_eval": False, "save_model": "none"}
     try:
         hosts.up()
         if a.link_gbps:
@@ -373,8 +371,7 @@ def main() -> None:
                     t0 = time.time()
                     r = train(hosts, n, cfg, work, a.run_timeout_s, twin=a.ballast == "twin")
                     took[cell] = time.time() - t0
-                    cells.setdefault(cell,
-                                     []).append({**r, "repeat": repeat,
+                    cells.setdefault(cell, []).append({**r, "repeat": repeat,
                                                  "seconds": round(took[cell], 1)})
                     # what has run survives whatever ends this script (lent time, an error)
                     if not a.check:
@@ -401,6 +398,7 @@ def main() -> None:
                                            * one / cal["bert_base_blog_samples_per_s"]
                                            if one else None))
     cpus = ", ".join(f"host {i}: cpus {','.join(map(str, c))}" for i, c in enumerate(hosts.cpus))
+    ballast = "the same training alone" if a.ballast == "twin" else "a spin loop a CPU"
     res = {"command": command, "cpu": first["cpu"], "cpu_kind": kind, "versions": first["versions"],
            "precision": first.get("precision"), "code": code_version(),
            "layout": f"{a.cores_per_host}core",
@@ -409,12 +407,11 @@ def main() -> None:
                            f"affinity ({cpus}); links `{hosts.tbf}` on both ends; ranks started "
                            "directly, 1 per host; "
                            "unused hosts: "
-                           f"{'the same training alone' if a.ballast == 'twin' else 'a spin loop a CPU'}",
+                           f"{ballast}",
            "wall_s": round(time.time() - started), "skipped": skipped,
            "settings": {"model": a.model, "repeats": a.repeats, "steps": a.steps, "batch": BATCH,
                         "host_counts": counts, "sampler": a.sampler,
-                        "cores_per_host": a.cores_per_host,
-                        "ballast": a.ballast,
+                        "cores_per_host": a.cores_per_host, "ballast": a.ballast,
                         "arms": {k: list(v) for k, v in arms.items()}, "lora": "default"},
            "calibrations": {a.model: cal}, "cells": {a.model: cells},
            "summary": {a.model: summarize(cells, accuracy_delta(kind, "default"))}}

@@ -33,8 +33,7 @@ class CpuInfo:
         """The class of CPU that decides the fast path: amx-bf16, avx512-bf16, avx512, avx2 or
         other."""
         for flag, name in (("amx_bf16", "amx-bf16"), ("avx512_bf16", "avx512-bf16"),
-                           ("avx512f", "avx512"),
-                           ("avx2", "avx2")):
+                           ("avx512f", "avx512"), ("avx2", "avx2")):
             if flag in self.flags:
                 return name
         return "other"

@@ -64,7 +64,8 @@ def peer_line(error: RuntimeError, timeout_s: int) -> str:
         return text.splitlines()[0]
     # gloo's own words, without the callback wrappers
     said = text[text.find(PEER_SILENT):].splitlines()[0]
-    return f"no answer within --dist-timeout {timeout_s}s (a rank that hangs, or a frozen host or link): {said}"
+    return (f"no answer within --dist-timeout {timeout_s}s "
+            f"(a rank that hangs, or a frozen host or link): {said}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,7 @@
 """Secrets for the ranks (`cpudist run --secret NAME`, `--env-file FILE`): never on a command line.
 
-    cpudist run mrpc --secret HF_TOKEN --env-file ~/.config/wandb.env --hostfile H --np 2 --ppn 1 ...
+    cpudist run mrpc --secret HF_TOKEN --env-file ~/.config/wandb.env \\
+        --hostfile H --np 2 --ppn 1 ...
 
 The values travel as data only: in the request on the agent's stdin (a run from outside the
 cluster), then into a 0600 file `~/.cpudist/secrets/<run>.json` on every node of the run (over ssh's

@@ -29,10 +29,11 @@ OLD_NAMES = {"strategy": "sync", "compression": "grad_compression",
 # besides a knob's default, values that ask nothing of a strategy
 NOT_GIVEN = {"grad_compression": ("none",)}
 RISKS = {  # what a strategy does to the optimization, as the plan's recommendation states it
-    "bf16": "gradients are rounded to bf16 before averaging (a small change; check the metric once)",
+    "bf16": "gradients are rounded to bf16 before averaging "
+            "(a small change; check the metric once)",
     "powersgd": "PowerSGD averages a low-rank approximation of the gradients (error feedback keeps "
-                "the "
-                "rest for later): it changes the optimization, so compare the metric with a ddp run",
+                "the rest for later): it changes the optimization, "
+                "so compare the metric with a ddp run",
     "local-sgd": "local SGD lets every rank take {k} steps on its own between model averages: it "
                  "changes the optimization, so compare the metric with a ddp run",
 }
@@ -151,7 +152,8 @@ def _local_label(s: SyncSpec) -> str:
     if s.second_moment_every > 1 and s.average_moments in ("second", "both"):
         moments = ("+m" if s.average_moments == "both" else "") + f"+v/{s.second_moment_every}"
     wire = "" if s.grad_compression == "none" else f"+{s.grad_compression}"
-    return f"{'diloco' if s.outer_optimizer == 'nesterov' else 'local-sgd'}:{s.sync_every}{moments}{wire}"
+    return (f"{'diloco' if s.outer_optimizer == 'nesterov' else 'local-sgd'}:"
+            f"{s.sync_every}{moments}{wire}")
 
 
 def _local_plan(s: SyncSpec, steps: int) -> tuple[Phase, ...]:
@@ -210,8 +212,7 @@ def _plain(name: str, collective: str, calls: float) -> Sync:
 
 
 LOCAL_KNOBS = ("sync_every", "local_sgd_warmup", "outer_optimizer", "outer_lr", "outer_momentum",
-               "average_moments",
-               "second_moment_every")
+               "average_moments", "second_moment_every")
 TABLE: dict[str, Sync] = {s.name: s for s in (
     # DistributedDataParallel: buckets all-reduced during backward through a comm hook (fp32, bf16,
     # fp16, PowerSGD)

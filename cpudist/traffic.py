@@ -80,8 +80,7 @@ def _exchange(collective: str, payload: float, world: int, ppn: int) -> tuple[fl
 
 
 def expected_traffic(sync: SyncSpec, shapes: Sequence[Sequence[int]], world: int, ppn: int,
-                     steps: int,
-                     step_bytes: int = 0) -> Traffic:
+                     steps: int, step_bytes: int = 0) -> Traffic:
     """Bytes per optimizer step of a run of `steps` steps with this sync, averaged over its steps.
 
     `step_bytes`: a payload all-reduced as it is every step besides the gradients (ddp's touched-row

@@ -17,7 +17,8 @@ def check_ssh_cidr(value: str, allow_anywhere: bool = False) -> str:
         net = ipaddress.ip_network(value.strip(), strict=False)
     except ValueError:
         raise BadInput(f"--ssh-cidr {value!r} is not an address range",
-                       "Write it as ADDRESS/PREFIX, e.g. 203.0.113.7/32 (your public address)") from None
+                       "Write it as ADDRESS/PREFIX, "
+                       "e.g. 203.0.113.7/32 (your public address)") from None
     if net.prefixlen < MIN_PREFIX[net.version] and not allow_anywhere:
         raise BadInput(f"--ssh-cidr {net} would let SSH in from {net.num_addresses:,} addresses",
                        f"Use your own address (/32) or at most a /{MIN_PREFIX[net.version]}, or "

@@ -2,7 +2,8 @@
 is dropped silently (`ip link set dev eth0 down` in its namespace, no RST to anyone) and raised
 later.
 
-    cd /work/main && /tmp/ftvenv/bin/python /tmp/probe46/ft_netns.py --down-at 8 --up-at 30 --out ns1
+    cd /work/main && /tmp/ftvenv/bin/python /tmp/probe46/ft_netns.py --down-at 8 --up-at 30 \
+        --out ns1
 
 Uses its own namespaces (prefix probe46, state /tmp/probe46/cluster) and tears them down at the end.
 """

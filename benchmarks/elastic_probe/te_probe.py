@@ -2,7 +2,8 @@
 (its worker, or its agent and worker, SIGKILLed by PID) and a new agent for it joins later.
 
     python te_probe.py --kill worker --out te_worker
-    python te_probe.py --kill agent --rdzv-conf last_call_timeout=2,keep_alive_interval=1 --out te_a2
+    python te_probe.py --kill agent --rdzv-conf last_call_timeout=2,keep_alive_interval=1 \
+        --out te_a2
 
 Prints a JSON summary: the survivors' longest gap between steps, the steps trained again after the
 restart (resumed from the shared checkpoint), and the new agent's start to its first step.
@@ -25,10 +26,9 @@ OUT = Path(os.environ.get("PROBE_OUT", "/tmp/probe46"))  # logs and runs go here
 def agent(node, args, run):
     env = dict(os.environ, PROBE_NODE=str(node), CKPT_EVERY=str(args.ckpt_every))
     argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes",
-            f"{args.min_nodes}:{args.nodes}",
-            "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", "127.0.0.1:29400", "--rdzv-id", "probe46",
-            "--max-restarts", "10", "--monitor-interval", "0.5", "--local-addr", "127.0.0.1"]
+            f"{args.min_nodes}:{args.nodes}", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", "127.0.0.1:29400", "--rdzv-id", "probe46", "--max-restarts", "10",
+            "--monitor-interval", "0.5", "--local-addr", "127.0.0.1"]
     if args.rdzv_conf:
         argv += ["--rdzv-conf", args.rdzv_conf]
     argv += [str(HERE / "te_train.py"), str(args.steps), str(run)]

@@ -7,7 +7,7 @@ import sys
 import click
 
 from cpudist import state
-from cpudist.cli.cluster import _caller_cidr, _name, region_option, say
+from cpudist.cli.cluster_options import caller_cidr, name_callback, region_option, say
 from cpudist.cloud.connect import connect as _connect
 from cpudist.cloud.images import BAKE_MINUTES, BakeSpec, bake
 from cpudist.cloud.provider import Place
@@ -23,7 +23,7 @@ def ami() -> None:
 
 
 @ami.command()
-@click.option("--name", default="cpudist-base", show_default=True, callback=_name,
+@click.option("--name", default="cpudist-base", show_default=True, callback=name_callback,
               help="Name of the new AMI.")
 @click.option("--base-image",
               help="AMI to start from [default: the current Ubuntu 24.04 LTS, from SSM].")
@@ -44,13 +44,11 @@ def ami() -> None:
               help="Show the base image, the builder, its price and the steps; make "
               "nothing.")
 def build(name: str, base_image: str | None, region: str | None, endpoint_url: str | None,
-          profile: str | None,
-          instance_type: str, subnet: str | None, ssh_cidr: str | None, user: str, connect: str,
-          timeout: float,
-          yes: bool, dry_run: bool) -> None:
+          profile: str | None, instance_type: str, subnet: str | None, ssh_cidr: str | None,
+          user: str, connect: str, timeout: float, yes: bool, dry_run: bool) -> None:
     """Bake an AMI: a builder runs ami/bootstrap.sh with this cpudist's wheel, powers off, is
     imaged."""
-    cidr = check_ssh_cidr(ssh_cidr) if ssh_cidr else _caller_cidr()
+    cidr = check_ssh_cidr(ssh_cidr) if ssh_cidr else caller_cidr()
     cloud = _connect(Place(region, endpoint_url, profile))
     base = base_image or cloud.base_image()
     say(f"building {name} from {base} on a {instance_type} (about {BAKE_MINUTES} min); it powers "

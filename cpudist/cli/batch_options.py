@@ -34,8 +34,7 @@ def _option(flag: Flag, kind: str) -> Callable[[Any], Any]:
     if flag.shape == "seconds":
         default = getattr(BatchOptions(), flag.field)
         return click.option(flag.name, flag.dest, type=click.IntRange(min=60), default=default,
-                            show_default=True,
-                            help=text)
+                            show_default=True, help=text)
     return click.option(flag.name, flag.dest, help=text)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-import urllib.request
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,6 +15,15 @@ from rich.console import Console
 from rich.table import Table
 
 from cpudist import __version__, state
+from cpudist.cli.cluster_options import (
+    caller_cidr,
+    cluster_place,
+    imds_callback,
+    max_price_callback,
+    name_option,
+    region_option,
+    say,
+)
 from cpudist.cli.defaults import config_option
 from cpudist.cli.options import output_options
 from cpudist.cloud.cluster import ClusterSpec, cost_so_far, price_of
@@ -24,92 +32,14 @@ from cpudist.cloud.down import check_outside, this_node
 from cpudist.cloud.down import down as remove_cluster
 from cpudist.cloud.images import BAKE_MINUTES, BakeSpec, bake
 from cpudist.cloud.provider import Place, Provider
-from cpudist.cloud.record import ClusterRecord, load_record
+from cpudist.cloud.record import load_record
 from cpudist.cloud.up import up as bring_up
 from cpudist.errors import BadInput, CpudistError
 from cpudist.interrupts import signals_interrupt
 from cpudist.run.remote import build_wheel
 from cpudist.ssh.access import SshAccess
-from cpudist.state import check_cluster_name
-from cpudist.validate import check_endpoint_url, check_imds, check_ssh_cidr
+from cpudist.validate import check_ssh_cidr
 from cpudist.waits import TimedOut
-
-
-def say(text: str) -> None:
-    click.echo(f"[cpudist] {text}", err=True)
-
-
-def _caller_cidr() -> str:
-    """This machine's public address as a /32, for the SSH rule; no guess when it cannot be
-    found."""
-    try:
-        with urllib.request.urlopen("https://checkip.amazonaws.com", timeout=3) as r:
-            return r.read().decode().strip() + "/32"
-    except OSError:
-        raise BadInput("could not determine your public address for the SSH rule",
-                       "Pass --ssh-cidr ADDRESS/32 (never 0.0.0.0/0)") from None
-
-
-def _name(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    return check_cluster_name(value)
-
-
-def _endpoint(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    return None if value is None else check_endpoint_url(value)
-
-
-def _imds(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    return check_imds(value)
-
-
-def _max_price(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """A positive number of dollars (EC2 takes it as a string; 'abc' or -5 would fail only at
-    launch)."""
-    if value is None:
-        return None
-    try:
-        ok = float(value) > 0
-    except ValueError:
-        ok = False
-    if not ok:
-        raise BadInput(f"--max-price {value!r} is not a positive price",
-                       "Pass dollars per hour, e.g. --max-price 0.85")
-    return value
-
-
-name_option = click.option("--name", default="cpudist", show_default=True, callback=_name,
-                           help="Cluster name: 1-40 of a-z, 0-9 and '-'.")
-
-
-def region_option(f: Any) -> Any:
-    f = click.option("--profile",
-                     help="AWS profile [default: AWS_PROFILE, else boto3's default chain]; a "
-                          "cluster's record keeps it (made with none: the default chain, whatever "
-                          "AWS_PROFILE says later).")(f)
-    f = click.option("--endpoint-url", callback=_endpoint,
-                     help="EC2-compatible endpoint [default: boto3's "
-                          "settings, AWS_ENDPOINT_URL(_EC2)].")(f)
-    return click.option("--region",
-                        help="AWS region [default: the profile's, AWS_DEFAULT_REGION, else "
-                              "us-east-1]; a cluster's record keeps it.")(f)
-
-
-def cluster_place(name: str, region: str | None, endpoint_url: str | None, profile: str
-                  | None) -> Place:
-    """Where cluster `name` lives: its record's region, endpoint and profile (whatever the
-    environment says now), else the options'. An option that contradicts the record is refused."""
-    record: ClusterRecord | None = load_record(name)
-    if record is None:
-        return Place(region, endpoint_url, profile)
-    asked = {"--region": (region, record.region),
-             "--endpoint-url": (endpoint_url, record.endpoint_url),
-             "--profile": (profile, record.profile)}
-    clash = [f"{opt} {given} (recorded: {kept or 'none'})" for opt, (given, kept) in asked.items()
-             if given is not None and given != kept]
-    if clash:
-        raise BadInput(f"cluster {name} was made elsewhere: {', '.join(clash)}",
-                       "Leave these options out (the record's are used), or pick another --name")
-    return record.place
 
 
 @click.group()
@@ -131,7 +61,7 @@ def cluster() -> None:
 @click.option("--spot/--on-demand", default=True, show_default=True,
               help="Spot instances (cheaper, reclaimable "
               "with two minutes' notice) or on-demand.")
-@click.option("--max-price", callback=_max_price,
+@click.option("--max-price", callback=max_price_callback,
               help="Highest spot price per hour in USD, e.g. 0.85 [default: "
                     "the on-demand price].")
 @click.option("--on-demand-fallback", is_flag=True,
@@ -165,10 +95,9 @@ def cluster() -> None:
               help="Show the price and what would be made; make nothing.")
 def up(name: str, nodes: int, region: str | None, endpoint_url: str | None, profile: str | None,
        ssh_cidr: str | None, yes: bool, dry_run: bool, boot_timeout: float, ssh: bool,
-       allow_ssh_from_anywhere: bool,
-       **opts: Any) -> None:
+       allow_ssh_from_anywhere: bool, **opts: Any) -> None:
     """Provision NODES identical instances, tagged cpudist:cluster=NAME, and print the hostfile."""
-    cidr = check_ssh_cidr(ssh_cidr, allow_ssh_from_anywhere) if ssh_cidr else _caller_cidr()
+    cidr = check_ssh_cidr(ssh_cidr, allow_ssh_from_anywhere) if ssh_cidr else caller_cidr()
     cloud = connect(cluster_place(name, region, endpoint_url, profile))
     region = cloud.place.region
     spec = ClusterSpec(name=name, nodes=nodes, region=region, ssh_cidr=cidr,
@@ -242,12 +171,11 @@ def default_image(cloud: Provider, spec: ClusterSpec, yes: bool) -> str:
 @click.option("--keep-image", is_flag=True, help="Keep the AMIs cpudist made for this cluster.")
 @click.option("--yes", is_flag=True, help="Do not ask before removing.")
 @click.option("--dry-run", is_flag=True, help="List what would be removed; remove nothing.")
-@click.option("--imds-endpoint", "imds", default="auto", show_default=True, callback=_imds,
+@click.option("--imds-endpoint", "imds", default="auto", show_default=True, callback=imds_callback,
               help="Instance metadata service asked which instance this machine is (down "
               "refuses to run on a node of the cluster): auto (AWS's, on EC2 only), off, or a URL.")
 def down(name: str, region: str | None, endpoint_url: str | None, profile: str | None,
-         keep_image: bool, yes: bool,
-         dry_run: bool, imds: str) -> None:
+         keep_image: bool, yes: bool, dry_run: bool, imds: str) -> None:
     """Remove every resource tagged with the cluster, its local record and keys (from outside)."""
     cloud = connect(cluster_place(name, region, endpoint_url, profile))
     inv = cloud.inventory(name)
@@ -312,8 +240,7 @@ def status(name: str, region: str | None, endpoint_url: str | None, profile: str
     for n in nodes:
         price = prices.get(n.instance_id)
         table.add_row(str(n.index), n.instance_id, n.state, n.private_ip or "-", n.public_ip or "-",
-                      n.lifecycle,
-                      "-" if price is None else f"{price:.4g}", _uptime(n.launch_time))
+                      n.lifecycle, "-" if price is None else f"{price:.4g}", _uptime(n.launch_time))
     # Piped, rich would fit the table to 80 columns and cut instance ids and addresses: give it room
     # instead.
     Console(width=None if sys.stdout.isatty() else 200).print(table)

@@ -96,8 +96,7 @@ def doctor(hostfile: Path, user: str | None, identity: str | None, port: int, la
                                for r in reports], indent=2))
     else:
         table = Table("node", "python", "cpudist", "torch", "mpi", "cpu", "bf16", "cores", "usable",
-                      "free GiB",
-                      "launcher", "verdict")
+                      "free GiB", "launcher", "verdict")
         for r in reports:
             f = r.facts
             cpu = f.get("cpu", {})
@@ -168,9 +167,8 @@ def _print_bench(result: BenchResult, path: Path) -> None:
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
               help="Untimed all-reduces per size before the timed ones.")
 @click.option("--launcher", "--mpi", "launcher",
-              type=click.Choice([x for x in LAUNCHERS if x != "torchrun"]),
-              default="auto", show_default=True,
-              help="auto: the MPI of --mpirun, else MPICH's Hydra.")
+              type=click.Choice([x for x in LAUNCHERS if x != "torchrun"]), default="auto",
+              show_default=True, help="auto: the MPI of --mpirun, else MPICH's Hydra.")
 @connect_options
 @click.option("--timeout", type=click.FloatRange(min=1), default=600, show_default=True,
               help="Stop the probe after this many seconds.")
@@ -195,8 +193,7 @@ def bench(hostfile: Path, ppn: int, sizes: tuple[int, ...], iters: int, warmup: 
         request = RunRequest(train=TrainConfig(task="hosts-bench", output_dir=workdir),
                              nodes=listed,
                              launch=LaunchOptions(np=np_, ppn=ppn, launcher=launcher, mpirun=mpirun,
-                                                  ssh=ssh,
-                                                  iface=iface),
+                                                  ssh=ssh, iface=iface),
                              payload=Probe(sizes=sizes, iters=iters, warmup=warmup))
         spec = spec_of(request, dry_run)
         launch = plan_launch(spec)

@@ -1,9 +1,12 @@
 """`cpudist launch [options] -- COMMAND ARGS...`: a user's own training script on --np ranks, as a
 cpudist run.
 
-    cpudist launch --np 2 train.py --epochs 1                         # this machine, like torchrun's form
-    cpudist launch --np 4 --ppn 1 --hostfile hosts -- python train.py   # a hostfile's nodes, from the head
-    cpudist launch --np 4 --ppn 1 --cluster c --collect out -- python train.py   # from a laptop: staged, brought home
+    # this machine, like torchrun's form
+    cpudist launch --np 2 train.py --epochs 1
+    # a hostfile's nodes, from the head
+    cpudist launch --np 4 --ppn 1 --hostfile hosts -- python train.py
+    # from a laptop: staged, brought home
+    cpudist launch --np 4 --ppn 1 --cluster c --collect out -- python train.py
 """
 
 from __future__ import annotations
@@ -58,9 +61,8 @@ SECTIONS = {
     "Where and how many ranks": ("np_", "ppn", "nodes", "hostfile", "launcher", "oversubscribe",
                                  "per_node"),
     "From outside the cluster (AWS cluster or on-prem head)": ("cluster_name", "head_addr", "user",
-                                                               "identity",
-                                                               "remote_python", "stage_code",
-                                                               "stage"),
+                                                               "identity", "remote_python",
+                                                               "stage_code", "stage"),
     "The script": ("workdir", "metric_file", "collect"),
     "Launch": ("mpirun", "ssh", "iface", "allocator", "openmp", "env_pairs", "secret_names",
                "env_files", "timeout"),
@@ -82,7 +84,8 @@ SECTIONS = {
 @route_options
 @click.option("--stage", multiple=True,
               help="With --cluster/--head: a file or folder (relative to --workdir) put "
-              "on every node too; the command's words naming it become its path there (repeatable).")
+              "on every node too; the command's words naming it become its path there "
+              "(repeatable).")
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
               help="Folder every rank runs the command in [default: the current one]; with "
                    "--cluster/--head it "

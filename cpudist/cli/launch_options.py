@@ -75,13 +75,11 @@ def launch_options(command: F) -> F:
         click.option("--nodes", type=click.IntRange(min=1),
                      help="Nodes to use: --np becomes nodes x --ppn."),
         click.option("--launcher", "--mpi", "launcher", type=click.Choice(LAUNCHERS),
-                     default="auto",
-                     show_default=True, help=_launcher_help()),
+                     default="auto", show_default=True, help=_launcher_help()),
         batch_options(),
         connect_options,
         click.option("--allocator", type=click.Choice(["auto", "tcmalloc", "jemalloc", "none"]),
-                     default="auto",
-                     show_default=True,
+                     default="auto", show_default=True,
                      help="Preloaded memory allocator (auto: tcmalloc when installed)."),
         click.option("--openmp", type=click.Choice(["auto", "intel", "gnu"]), default="auto",
                      show_default=True,
@@ -111,7 +109,8 @@ def route_options(command: F) -> F:
     outside."""
     return _add([
         click.option("--hostfile", type=click.Path(path_type=Path),
-                     help="Nodes to run on, head first (run from the head) [default: this machine]."),
+                     help="Nodes to run on, head first (run from the head) "
+                     "[default: this machine]."),
         click.option("--cluster", "cluster_name",
                      help="A cluster from `cpudist cluster up`: its nodes and price; "
                      "run from anywhere (inputs are staged on the nodes, results come back here)."),

@@ -27,11 +27,9 @@ def lora_options(command: F) -> F:
                      "full (peft; pip install 'cpudist[lora]'); every other weight is frozen and "
                      "never crosses the wire."),
         click.option("--lora-r", type=click.IntRange(min=1), default=DEFAULTS["lora_r"],
-                     show_default=True,
-                     help="--peft lora: the adapters' rank."),
+                     show_default=True, help="--peft lora: the adapters' rank."),
         click.option("--lora-alpha", type=click.FloatRange(min=0, min_open=True),
-                     default=DEFAULTS["lora_alpha"],
-                     show_default=True,
+                     default=DEFAULTS["lora_alpha"], show_default=True,
                      help="--peft lora: the adapters' scale is alpha / r."),
         click.option("--lora-dropout", type=click.FloatRange(0, 1, max_open=True),
                      default=DEFAULTS["lora_dropout"],

@@ -21,8 +21,7 @@ def output_options(formats: Sequence[str] = ("text", "json"),
         f = click.option("--json", "fmt", flag_value="json", help="Same as --format json.")(f)
         shown = ", ".join(formats)
         return click.option("--format", "fmt", type=click.Choice(formats), default=default,
-                            show_default=True,
-                            help=f"Output: {shown}.")(f)
+                            show_default=True, help=f"Output: {shown}.")(f)
 
     return decorate
 

@@ -73,15 +73,15 @@ def work(base: Baseline, steps: int | None, epochs: float | None) -> tuple[float
             raise BadInput(f"run {base.run_id} ran a number of steps, so its samples per epoch are "
                            "unknown",
                            "Pass --steps, or plan from a run that trained by --epochs")
-        return epochs * base.dataset_samples, f"{epochs:g} epochs of {base.dataset_samples:.0f} samples"
+        return (epochs * base.dataset_samples,
+                f"{epochs:g} epochs of {base.dataset_samples:.0f} samples")
     return float(base.samples), f"the {base.samples} samples of the measured run"
 
 
 def _cells(p: Prediction, priced: bool) -> list[str]:
     risk = ["-", "bf16 rounding", "changes the optimization"][catalogue.risk_level(p)]
     cells = [str(p.nodes), p.sync, f"{p.step_s:.3f}", f"{p.comm_s:.3f}", f"{p.speedup:.2f}x",
-             f"{p.efficiency:.0%}",
-             str(p.steps), catalogue.duration(p.time_s)]
+             f"{p.efficiency:.0%}", str(p.steps), catalogue.duration(p.time_s)]
     return [*cells, *([f"{p.cost_usd:.2f}"] if priced and p.cost_usd is not None else []), risk]
 
 
@@ -90,8 +90,7 @@ def print_plan(rows: list[Prediction], rec: catalogue.Recommendation, header: li
         click.echo(line)
     priced = rows[0].cost_usd is not None
     columns = ["nodes", "sync", "step (s)", "comm t_m (s)", "speedup", "efficiency", "steps",
-               "time",
-               *(["$"] if priced else []), "accuracy risk"]
+               "time", *(["$"] if priced else []), "accuracy risk"]
     table = Table(*columns, title="predicted (same per-rank batch)", title_justify="left")
     for p in rows:
         table.add_row(*_cells(p, priced))
@@ -101,8 +100,7 @@ def print_plan(rows: list[Prediction], rec: catalogue.Recommendation, header: li
 
 def print_validation(rows: list[Row], unchecked: int) -> None:
     table = Table("run", "sync", "nodes", "ranks", "measured", "predicted", "error",
-                  "step measured (s)",
-                  "step predicted (s)", "f", "bytes vs expected", "",
+                  "step measured (s)", "step predicted (s)", "f", "bytes vs expected", "",
                   title=f"measured vs predicted speedup (goal: within {validation.GOAL:.0%})",
                   title_justify="left")
     for r in rows:
@@ -148,7 +146,8 @@ CPU_NOTE = ("note: without measured multi-node runs in the sources the model lea
 @click.option("--local-sgd-k", type=click.IntRange(min=1), default=8, show_default=True,
               help="Local SGD: steps between model averages.")
 @click.option("--overlap", type=click.FloatRange(0, 1),
-              help="Share of DDP's communication hidden under backward [default: measured, else 0].")
+              help="Share of DDP's communication hidden under backward "
+                   "[default: measured, else 0].")
 @click.option("--sync-cpu-s-per-gb", "sync_cpu", type=click.FloatRange(min=0),
               help="Node CPU seconds the sync costs per GB on the busiest link [default: measured, "
                    "else 0].")
@@ -162,12 +161,9 @@ CPU_NOTE = ("note: without measured multi-node runs in the sources the model lea
                    "sources.")
 @output_options()
 def plan(sources: tuple[Path, ...], node_counts: tuple[int, ...], link_gbps: float | None,
-         bench_file: Path | None,
-         latency_ms: float, price: float | None, steps: int | None, epochs: float | None,
-         powersgd_rank: int,
-         local_sgd_k: int, overlap: float | None, sync_cpu: float | None, run_id: str | None,
-         only_validate: bool,
-         fmt: str) -> None:
+         bench_file: Path | None, latency_ms: float, price: float | None, steps: int | None,
+         epochs: float | None, powersgd_rank: int, local_sgd_k: int, overlap: float | None,
+         sync_cpu: float | None, run_id: str | None, only_validate: bool, fmt: str) -> None:
     """Predict step time, speedup, time and cost at N nodes for each sync strategy, from a 1-node
     run.
 
@@ -228,15 +224,15 @@ def plan(sources: tuple[Path, ...], node_counts: tuple[int, ...], link_gbps: flo
 
 
 def _header(r: RunResult, why: str, base: Baseline, link: Link, link_from: str, f: float,
-            f_runs: tuple[str, ...],
-            f_given: bool, what: str, price: float | None) -> list[str]:
+            f_runs: tuple[str, ...], f_given: bool, what: str, price: float | None) -> list[str]:
     f_from = (f"median of measured multi-node DDP runs {', '.join(f_runs)}" if f_runs
               else "--overlap" if f_given
               else "default, conservative: no measured multi-node DDP run in the sources")
     price_from = ("--price" if price is not None else "the run's nodes"
                   if base.usd_per_node_hour is not None
                   else None)
-    sync = f" (sync={r.sync}: its exchange on the node counts as compute)" if r.world_size > 1 else ""
+    sync = (f" (sync={r.sync}: its exchange on the node counts as compute)"
+            if r.world_size > 1 else "")
     lines = [f"base: {r.run_id} ({why}): {r.task} {r.model} {r.precision}, {r.world_size} rank(s) "
              f"on 1 node{sync}, {base.samples_per_step} samples/step, t_c = {base.compute_s:.3f} "
              f"s/step over {base.steps} steps",

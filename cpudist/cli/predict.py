@@ -107,9 +107,8 @@ def predict(model_or_run: Path, file: Path | None, text_columns: str | None, lab
 
     columns = tuple(c.strip() for c in (text_columns or "").split(",") if c.strip())
     request = PredictRequest(model_or_run, file, normalize_task(task) if task else None, split,
-                             data_dir, columns,
-                             output, fmt, precision, max_seq_len, batch_size, np_, max_rows,
-                             label_column)
+                             data_dir, columns, output, fmt, precision, max_seq_len, batch_size,
+                             np_, max_rows, label_column)
     p = plan(request)
     if dry_run:
         click.echo(describe(p), nl=False)

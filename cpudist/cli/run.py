@@ -19,7 +19,8 @@ from cpudist.cli.launch_options import to_launch, to_route
 from cpudist.cli.options import SectionedCommand
 from cpudist.cli.overwrite_option import overwrite_option
 from cpudist.cli.progress import JobView
-from cpudist.cli.run_options import SECTIONS, run_options
+from cpudist.cli.run_options import run_options
+from cpudist.cli.run_sections import SECTIONS
 from cpudist.config import TrainConfig, check_save
 from cpudist.cpu import read_cpu
 from cpudist.errors import BadInput, Interrupted, JobFailed, Preempted

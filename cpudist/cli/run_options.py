@@ -9,9 +9,9 @@ from typing import Any
 
 import click
 
-from cpudist.cli.batch_options import batch_options, batch_sections
+from cpudist.cli.batch_options import batch_options
 from cpudist.cli.defaults import config_option
-from cpudist.cli.hf_options import HEADING, SECTION, hf_options
+from cpudist.cli.hf_options import hf_options
 from cpudist.cli.launch_options import launch_options, route_options
 from cpudist.cli.lora_options import lora_options
 from cpudist.cli.options import output_options
@@ -176,7 +176,8 @@ OPTIONS: list[Callable[[Any], Any]] = [
     click.option("--keep-checkpoints", type=click.IntRange(min=1), default=2, show_default=True,
                  help="Checkpoints kept; older ones are deleted."),
     click.option("--checkpoint-s3", callback=_s3,
-                 help="s3://bucket/prefix: a durable copy of every checkpoint (survives the head)."),
+                 help="s3://bucket/prefix: a durable copy of every checkpoint "
+                 "(survives the head)."),
     click.option("--resume",
                  help="auto: go on from the newest usable checkpoint of the run folder (without "
                  "--output-dir: the newest unfinished run of this task and model), if any; or a "
@@ -202,7 +203,8 @@ OPTIONS: list[Callable[[Any], Any]] = [
                  help="torch.compile the model (batches padded to multiples of 32 "
                  "tokens; kernels cached in ~/.cpudist/inductor across runs)."),
     click.option("--fast-dropout/--torch-dropout", default=True, show_default=True,
-                 help="Dropout masks from a cheaper generator (same p and seeding), or torch's own."),
+                 help="Dropout masks from a cheaper generator (same p and seeding), "
+                 "or torch's own."),
     click.option("--first-token-last-layer/--full-last-layer", default=True, show_default=True,
                  help="The last encoder layer computes only the first token, the one the "
                       "classifier reads (BERT, "
@@ -241,8 +243,7 @@ OPTIONS: list[Callable[[Any], Any]] = [
                  show_default=True,
                  help="DiLoCo (--outer-optimizer nesterov): the outer learning rate."),
     click.option("--outer-momentum", type=click.FloatRange(0, 1, max_open=True), default=0.9,
-                 show_default=True,
-                 help="DiLoCo: the outer Nesterov momentum."),
+                 show_default=True, help="DiLoCo: the outer Nesterov momentum."),
     click.option("--average-moments", type=click.Choice(MOMENTS), default="none", show_default=True,
                  help="local-sgd: also average AdamW's first moment, its second, or both at each "
                       "average."),
@@ -279,43 +280,3 @@ def run_options(f: Any) -> Any:
     for option in reversed(OPTIONS):
         f = option(f)
     return f
-
-
-# --help lists the options under these headings (parameter names); anything unlisted comes last.
-SECTIONS: dict[str, tuple[str, ...]] = {
-    "Where and how many ranks": ("np_", "ppn", "nodes", "hostfile", "launcher", "oversubscribe"),
-    "Model and data": ("model", "tokenizer", "data_dir", "train_file", "validation_file",
-                       "text_columns",
-                       "label_column", "max_seq_len", "max_train_samples", "max_eval_samples",
-                       "synthetic_samples"),
-    "Training": ("epochs", "max_steps", "batch_size", "grad_accum", "lr", "lr_scaling", "optimizer",
-                 "weight_decay",
-                 "warmup_ratio", "max_grad_norm", "seed", "precision", "dropout", "sampler",
-                 "freeze_embeddings",
-                 "gradient_checkpointing", "do_eval", "eval_every", "eval_batch_size", "save_model",
-                 "model_s3",
-                 "log_every", "report_to", "mlflow_uri"),
-    HEADING: SECTION,
-    "Gradient sync": ("sync", "grad_compression", "embedding_sync", "bucket_cap_mb", "sync_every",
-                      "local_sgd_warmup",
-                      "average_moments", "second_moment_every", "outer_optimizer", "outer_lr",
-                      "outer_momentum",
-                      "backend", "dist_timeout"),
-    "LoRA (--peft lora)": ("peft", "lora_r", "lora_alpha", "lora_dropout", "lora_targets",
-                           "lora_modules_to_save",
-                           "merge_lora"),
-    "Speed levers": ("fast_dropout", "first_token_last_layer", "allocator", "openmp", "compile",
-                     "ipex"),
-    "Launch": ("mpirun", "ssh", "iface", "env_pairs", "secret_names", "env_files", "shared_fs",
-               "timeout"),
-    "Checkpoints and spot instances": ("checkpoint_every", "checkpoint_every_min", "checkpoint_dir",
-                                       "keep_checkpoints", "checkpoint_s3", "resume", "imds",
-                                       "on_preemption"),
-    "From outside the cluster (AWS cluster or on-prem head)": ("cluster_name", "head_addr", "user",
-                                                               "identity",
-                                                               "remote_python", "stage_code",
-                                                               "fetch_model",
-                                                               "detach"),
-    **batch_sections(trainer=True),
-    "Output": ("output_dir", "overwrite_output_dir", "ledger", "fmt", "quiet", "dry_run", "config"),
-}

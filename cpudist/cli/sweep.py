@@ -13,7 +13,7 @@ from click.core import ParameterSource
 from cpudist.cli.options import SectionedCommand
 from cpudist.cli.report import format_option, plot_option, show_report
 from cpudist.cli.run import run
-from cpudist.cli.run_options import SECTIONS
+from cpudist.cli.run_sections import SECTIONS
 from cpudist.errors import BadInput, CpudistError, JobFailed, Preempted
 from cpudist.results.ledger import read_result
 from cpudist.results.schema import RunResult
@@ -71,8 +71,7 @@ def _same_kind(e: CpudistError) -> type[CpudistError]:
 @plot_option
 @click.pass_context
 def sweep(ctx: click.Context, counts: tuple[int, ...], output_dir: Path | None, fmt: str,
-          plot: Path | None,
-          **opts: Any) -> None:
+          plot: Path | None, **opts: Any) -> None:
     """Run TASK on each node count in turn, then print the speedup report of exactly these runs.
 
     Every option of `cpudist run` applies to each run (--ppn is per node; --np follows). Each run

@@ -1,7 +1,8 @@
 """Node images: bake one from the ami/ recipe with this cpudist inside, and find the newest one.
 
     cpudist ami build  ->  builder (user data: bootstrap.sh) <-ssh- wheel of this cpudist
-                       ->  builder powers off  ->  console says OK or the failing step  ->  AMI or error
+                       ->  builder powers off  ->  console says OK or the failing step
+                       ->  AMI or error
 
 The builder, its key pair and its security group carry the bake's run tag and are removed when the
 bake ends, whichever way it ends.
@@ -89,8 +90,7 @@ def bake(cloud: Provider, spec: BakeSpec, wheel: Path, ssh: NodeAccess, say: Say
             key = cloud.key_pair(KeyRequest(owner, folder, run_id, ssh.new_key))
             group = cloud.security_group(owner, subnet.vpc_id, spec.ssh_cidr, run_id)
             builder = cloud.builder(owner, spec.base_image, spec.instance_type, subnet, script,
-                                    key.name, group,
-                                    run_id)
+                                    key.name, group, run_id)
             say(f"builder {builder.instance_id} is booting from {spec.base_image}; uploading "
                 f"{wheel.name} when it answers SSH")
             boot_s = spec.boot_timeout_s or spec.timeout_s

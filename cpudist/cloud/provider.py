@@ -1,14 +1,17 @@
 """The provider verbs: everything cloud/ (cluster up, down, recover; image bakes) asks of a cloud.
 
-    instances  launch (spot, with on-demand fallback when allowed), number, wait, describe, terminate, start,
-               nodes (a cluster's, by tag), of_run (a run's, by tag), tagged (every cluster's), foreign
-               (in a group, not the cluster's), this_instance (the one this process runs on),
-               builder and console (an image bake), image, cluster_image (a clone of node 0)
-    network    subnet, key_pair, security_group, placement_group: each get-or-create, each refusing a
-               resource of the same name that lacks cpudist's tag for the owner
-    cleanup    inventory (what carries an owner's tag, or one run's) and remove (only what carries it)
+    instances  launch (spot, with on-demand fallback when allowed), number, wait, describe,
+               terminate, start, nodes (a cluster's, by tag), of_run (a run's, by tag), tagged
+               (every cluster's), foreign (in a group, not the cluster's), this_instance (the one
+               this process runs on), builder and console (an image bake), image,
+               cluster_image (a clone of node 0)
+    network    subnet, key_pair, security_group, placement_group: each get-or-create, each refusing
+               a resource of the same name that lacks cpudist's tag for the owner
+    cleanup    inventory (what carries an owner's tag, or one run's) and remove (only what carries
+               it)
     prices     price (spot from the market, else on-demand), on_demand
-    images     newest_image (the newest `ami build` image of a version), base_image (the OS to bake on)
+    images     newest_image (the newest `ami build` image of a version), base_image (the OS to
+               bake on)
 
 cloud/aws/provider.py (Ec2) is the one implementation; `cpudist.cloud.connect` makes one for a
 `Place`. cli/ and run/ reach a cloud through these verbs only (tests/unit/test_layers.py checks that
@@ -125,8 +128,7 @@ class Inventory:
     def listed(self) -> list[str]:
         """Every resource, in the order `down` removes them."""
         return [*self.instances, *self.security_groups,
-                *filter(None, (self.placement_group, self.key_pair)),
-                *self.images]
+                *filter(None, (self.placement_group, self.key_pair)), *self.images]
 
 
 class Provider(Protocol):
@@ -174,8 +176,7 @@ class Provider(Protocol):
         """Live instances in the cluster's security group that are not the cluster's."""
 
     def builder(self, owner: str, image_id: str, instance_type: str, subnet: Subnet, user_data: str,
-                key: str,
-                group: str, run_id: str) -> Node:
+                key: str, group: str, run_id: str) -> Node:
         """A throw-away on-demand instance that runs `user_data` (an image bake)."""
 
     def console(self, instance_id: str) -> str:

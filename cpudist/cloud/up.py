@@ -28,9 +28,8 @@ LAUNCH_IN_FLIGHT_S = 30.0
 # Answers after which a RunInstances may or may not have launched something (server faults, lost
 # replies).
 UNCERTAIN = frozenset({"InternalError", "InternalFailure", "ServiceUnavailable", "Unavailable",
-                       "RequestTimeout",
-                       "EndpointConnectionError", "ReadTimeoutError", "ConnectTimeoutError",
-                       "ConnectionClosedError"})
+                       "RequestTimeout", "EndpointConnectionError", "ReadTimeoutError",
+                       "ConnectTimeoutError", "ConnectionClosedError"})
 
 
 @dataclasses.dataclass
@@ -193,8 +192,7 @@ def _record(spec: ClusterSpec, cloud: Provider, nodes: list[Node], key: Path,
                  for n in nodes)
     place = cloud.place  # resolved: every later command talks to this region, endpoint and profile
     spec = dataclasses.replace(spec, region=place.region or spec.region,
-                               endpoint_url=place.endpoint_url,
-                               profile=place.profile)
+                               endpoint_url=place.endpoint_url, profile=place.profile)
     return ClusterRecord(spec.name, spec.region or "", spec.endpoint_url, spec.instance_type, rows,
                          spec.connect,
                          spec.user, spec.ssh_port, str(key), str(folder / "known_hosts"),
@@ -223,9 +221,8 @@ def _converge(spec: ClusterSpec, price: Price, run: _Run, say: Say) -> ClusterRe
         if spec.image is None:
             raise BadInput("no image given", "Pass --image AMI_ID (e.g. from `cpudist ami build`)")
         launch = LaunchSpec(spec.name, spec.image, spec.instance_type, key.name, group_id,
-                            subnet.subnet_id,
-                            placement, spec.spot, spec.max_price, spec.on_demand_fallback,
-                            run_id=run_id)
+                            subnet.subnet_id, placement, spec.spot, spec.max_price,
+                            spec.on_demand_fallback, run_id=run_id)
         launched = _launch(spec, run, launch, missing, key.private_key, say)
         nodes += launched
         fresh = {n.instance_id for n in launched}

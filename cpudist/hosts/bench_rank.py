@@ -1,7 +1,8 @@
 """Rank program of `cpudist hosts bench`: gloo all-reduce of fp32 tensors, the median time of each
 size.
 
-    mpiexec.hydra -launcher ssh -f HOSTFILE -np 2 -ppn 1 -genv MASTER_ADDR head -genv MASTER_PORT 29500 \\
+    mpiexec.hydra -launcher ssh -f HOSTFILE -np 2 -ppn 1 \\
+        -genv MASTER_ADDR head -genv MASTER_PORT 29500 \\
         python -m cpudist.hosts.bench_rank --sizes 1000000,64000000 --iters 10 --warmup 2
 
 Every rank times each all-reduce between barriers; an iteration takes as long as its slowest rank
@@ -57,8 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     medians = [time_size(n, args.iters, args.warmup) for n in sizes]
     if info.rank == 0:
         events.emit(events.BENCH, hosts=hosts, sizes=sizes, medians=medians, iters=args.iters,
-                    warmup=args.warmup,
-                    world_size=info.world_size, cpu=read_cpu().summary())
+                    warmup=args.warmup, world_size=info.world_size, cpu=read_cpu().summary())
     shutdown_distributed()
 
 

@@ -4,8 +4,9 @@ its end.
     placed(listed, nodes)    the nodes a scheduler gives (None: a hostfile's, or this machine's)
     build(spec, env)         the Launch: one command, one per host, or a batch script to submit
     execute(launch, ...)     run it to its end (a scheduler's job: submit and follow it) -> Ended
-    scheduled                a scheduler picks the nodes, which see the launching node's files (nothing is
-                             staged), and its job outlives this process (--detach leaves it running)
+    scheduled                a scheduler picks the nodes, which see the launching node's files
+                             (nothing is staged), and its job outlives this process (--detach
+                             leaves it running)
     about                    one line for `--launcher`'s help (empty: its name says it)
 
 run/ reads only this protocol (launch/kinds.KINDS holds one object per name); adding a scheduler is
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cpudist.hostfile import Host, Nodes
-from cpudist.launch import runner
+from cpudist.launch import per_host, runner
 from cpudist.launch.batch import Flag
 from cpudist.launch.spec import Launch, RunSpec
 from cpudist.launch.watch import NodeWatch
@@ -133,9 +134,8 @@ class Direct:
                 watch: NodeWatch | None) -> Ended:
         """Run the launch to its end; `watch` stops it when a node is lost."""
         if launch.per_host:
-            return Ended(runner.execute_hosts(launch, os.environ, streams.on_event, streams.on_line,
-                                              timeout_s,
-                                              streams.to_log, watch, streams.on_stop), "torchrun")
+            return Ended(per_host.execute_hosts(launch, os.environ, streams.on_event,
+                                                streams.on_line, timeout_s, streams.to_log, watch,
+                                                streams.on_stop), "torchrun")
         return Ended(runner.execute(launch, os.environ, streams.on_event, streams.on_line,
-                                    timeout_s, watch,
-                                    streams.on_stop), "launcher")
+                                    timeout_s, watch, streams.on_stop), "launcher")

@@ -16,8 +16,7 @@ from cpudist.ssh.reach import check_reachable
 
 
 def cluster_hosts(listed: Nodes, layout: tuple[int, int, bool], ssh: str | None, out_dir: Path,
-                  launcher: str,
-                  dry_run: bool) -> tuple[tuple[Host, ...], str, str]:
+                  launcher: str, dry_run: bool) -> tuple[tuple[Host, ...], str, str]:
     """(hosts, rendered hostfile, ssh) of a job on a hostfile's nodes; a dry run writes and probes
     nothing.
 

@@ -1,7 +1,8 @@
 """Slurm as a launcher, as pure data: the sbatch script, the srun line, and what `scontrol` says of
 a job.
 
-    cpudist run mrpc --launcher slurm --nodes 2 --ppn 1 --time 00:30:00 --dry-run   # prints the script
+    # prints the script
+    cpudist run mrpc --launcher slurm --nodes 2 --ppn 1 --time 00:30:00 --dry-run
 
 Outside an allocation cpudist writes the script into the run folder and submits it
 (launch/slurm_job.py follows it); inside one (`salloc`, or a batch script of yours: SLURM_JOB_ID is
@@ -74,9 +75,8 @@ def parse_job(text: str) -> JobInfo | None:
     if "JobId" not in fields or "JobState" not in fields:
         return None
     return JobInfo(fields["JobId"], fields["JobState"], fields.get("Reason", ""),
-                   fields.get("ExitCode", ""),
-                   fields.get("NodeList", ""), fields.get("RunTime", ""),
-                   fields.get("TimeLimit", ""))
+                   fields.get("ExitCode", ""), fields.get("NodeList", ""),
+                   fields.get("RunTime", ""), fields.get("TimeLimit", ""))
 
 
 def failure(info: JobInfo, output: str, detail: str | None) -> tuple[str, str]:
@@ -95,8 +95,7 @@ def srun_argv(np: int, ppn: int, command: list[str], cpus_per_task: int | None,
     """srun starting `ppn` ranks on each of the job's nodes; one rank failing stops the others;
     `label`: each line with its task's number."""
     argv = ["srun", f"--nodes={np // ppn}", f"--ntasks={np}", f"--ntasks-per-node={ppn}",
-            "--kill-on-bad-exit=1",
-            *(["--label"] if label else [])]
+            "--kill-on-bad-exit=1", *(["--label"] if label else [])]
     if cpus_per_task is not None:
         argv.append(f"--cpus-per-task={cpus_per_task}")
     return argv + command
@@ -123,8 +122,7 @@ class BatchJob:
 def _directives(job: BatchJob) -> list[str]:
     opts = job.options
     lines = [f"--job-name={job.name}", f"--nodes={job.np // job.ppn}",
-             f"--ntasks-per-node={job.ppn}",
-             f"--output={job.output}", f"--chdir={job.cwd}"]
+             f"--ntasks-per-node={job.ppn}", f"--output={job.output}", f"--chdir={job.cwd}"]
     lines += [f"--{k}={v}" for k, v in (("partition", opts.partition), ("time", opts.time),
                                         ("account", opts.account)) if v]
     lines += ["--exclusive"] if opts.exclusive else []

@@ -1,11 +1,13 @@
 """What Slurm says of a job, asked so that a busy or restarting slurmctld does not end a run's
 follow.
 
-    job_info(id)     `scontrol show job -o` (slurmctld's memory): the live state; None once slurmctld forgot the job
-    accounted(id)    `sacct` (slurmdbd's record): the ended job's state, kept after slurmctld forgets it
-                     (MinJobAge); Unanswered where sacct errs (no accounting, its database out of reach)
-    final_info(...)  how an ended job ended: sacct's record when accounting is there and has the end, else
-                     scontrol's, else UNKNOWN
+    job_info(id)     `scontrol show job -o` (slurmctld's memory): the live state; None once
+                     slurmctld forgot the job
+    accounted(id)    `sacct` (slurmdbd's record): the ended job's state, kept after slurmctld
+                     forgets it (MinJobAge); Unanswered where sacct errs (no accounting, its
+                     database out of reach)
+    final_info(...)  how an ended job ended: sacct's record when accounting is there and has the
+                     end, else scontrol's, else UNKNOWN
 
 A failed or timed-out scontrol call is retried (the one wait helper, cpudist/waits.py) for
 SLURMCTLD_WAIT_S; only then is it one JobFailed line that names slurmctld and says the job itself
@@ -85,8 +87,7 @@ def parse_sacct(text: str) -> JobInfo | None:
     job_id, job_state, exit_code, nodes, elapsed, limit, reason = rows[-1]
     # "CANCELLED by 0": the state is its first word
     return JobInfo(job_id, job_state.split()[0] if job_state else "UNKNOWN", reason, exit_code,
-                   nodes, elapsed,
-                   limit)
+                   nodes, elapsed, limit)
 
 
 class Unanswered:

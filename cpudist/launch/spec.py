@@ -150,10 +150,9 @@ def rank_env(spec: RunSpec) -> dict[str, str]:
 def _env_spec(spec: RunSpec, overrides: tuple[tuple[str, str], ...]) -> EnvSpec:
     return EnvSpec(physical_cores=spec.physical_cores, ppn=spec.ppn, backend=spec.train.backend,
                    master_addr=spec.master_addr, master_port=spec.master_port,
-                   hub_offline=spec.hub_offline,
-                   overrides=overrides, launcher=spec.launcher, iface=spec.launch.iface,
-                   allocator=spec.allocator,
-                   iomp=spec.iomp, started_at=spec.started_at,
+                   hub_offline=spec.hub_offline, overrides=overrides, launcher=spec.launcher,
+                   iface=spec.launch.iface, allocator=spec.allocator, iomp=spec.iomp,
+                   started_at=spec.started_at,
                    secrets_file=file_for(spec.secrets_name) if file_pairs(spec) else None)
 
 

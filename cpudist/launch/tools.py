@@ -113,8 +113,7 @@ def is_this_machine(name: str) -> bool:
 def find_library(names: tuple[str, ...]) -> str | None:
     """The first of these shared libraries found in the usual folders (for LD_PRELOAD)."""
     folders = [Path(sys.prefix) / "lib", Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib64"),
-               Path("/usr/lib"),
-               Path("/usr/local/lib")]
+               Path("/usr/lib"), Path("/usr/local/lib")]
     for folder in folders:
         for name in names:
             if (folder / name).is_file():

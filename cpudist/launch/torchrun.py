@@ -1,6 +1,7 @@
 """torchrun across hosts, as pure data: one `torchrun` agent per host, each started over SSH.
 
-    cpudist run mrpc --launcher torchrun --hostfile hosts --np 4 --ppn 1 --dry-run   # the command of each host
+    # the command of each host
+    cpudist run mrpc --launcher torchrun --hostfile hosts --np 4 --ppn 1 --dry-run
 
 The zero-MPI path: every host of the hostfile runs `torchrun --nnodes N --nproc-per-node P
 --rdzv-backend c10d --rdzv-endpoint HEAD:PORT`, the head (the first host, where cpudist runs)
@@ -34,8 +35,7 @@ def torchrun_argv(python: str, nnodes: int, ppn: int, endpoint: str, run_id: str
     """One host's agent: --ppn ranks of `python -m MODULE ARGS...`, joining the c10d rendezvous at
     `endpoint`."""
     return [python, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc-per-node",
-            str(ppn),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id,
+            str(ppn), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id,
             "--local-addr", local_addr, "--max-restarts", "0", "-m", *module]
 
 
@@ -53,8 +53,7 @@ def host_line(python: str, cwd: str, env: dict[str, str], agent: Sequence[str],
 
 
 def host_commands(hosts: Sequence[str], ssh: str, python: str, cwd: str, env: dict[str, str],
-                  ppn: int,
-                  port: int, run_id: str, module: Sequence[str],
+                  ppn: int, port: int, run_id: str, module: Sequence[str],
                   from_file: Sequence[str] = ()) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """(host, argv) for every host: the head's runs here under `sh -c`, the others' through `ssh
     HOST`."""
@@ -81,8 +80,7 @@ def hosts_launch(spec: RunSpec, env: dict[str, str], nodes: int) -> Launch:
     run_id = Path(spec.train.output_dir).name or "cpudist"
     from_file = tuple(k for k, _ in filed_env(spec))  # off the ssh lines: from the secrets file
     commands = host_commands(hosts, spec.ssh, spec.python, spec.cwd, env, spec.ppn,
-                             spec.master_port,
-                             run_id, rank_module(spec), from_file)
+                             spec.master_port, run_id, rank_module(spec), from_file)
     return Launch(commands[0][1], env, per_host=commands)
 
 

@@ -54,8 +54,7 @@ def _answers(ssh: str, node: str) -> str | None:
     """None when `node` takes a fresh ssh login now; else why not."""
     try:
         p = subprocess.run(_ssh_argv(ssh, node, "true"), capture_output=True, text=True,
-                           timeout=CONFIRM_S,
-                           stdin=subprocess.DEVNULL, start_new_session=True)
+                           timeout=CONFIRM_S, stdin=subprocess.DEVNULL, start_new_session=True)
     except subprocess.TimeoutExpired:
         return f"no ssh login within {CONFIRM_S}s"
     except OSError as e:

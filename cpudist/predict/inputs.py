@@ -72,7 +72,8 @@ def _label_ids(path: Path, rows: Sequence[Row], raw: Sequence[str],
     for (line, _), value in zip(rows, raw, strict=True):
         if value not in ids:
             raise BadInput(f"unknown label '{value}' at {path}:{line}",
-                           f"Expected one of the model's classes: {', '.join(names)} (or their ids)")
+                           f"Expected one of the model's classes: {', '.join(names)} "
+                           "(or their ids)")
     return tuple(float(ids[v]) for v in raw)
 
 

@@ -80,7 +80,8 @@ def _precision(req: PredictRequest, source: Source) -> tuple[str, str]:
     ran = source.facts.precision
     # bf16 keeps 8 bits of a score: enough for the run's metric, not for scores
     if ran and ran != "fp32":
-        return "fp32", f"the default; the run computed in {ran}: --precision {ran} gives its own numbers"
+        return "fp32", (f"the default; the run computed in {ran}: --precision {ran} gives its "
+                        "own numbers")
     return "fp32", "the default; --precision to change"
 
 
@@ -103,8 +104,7 @@ def _inputs(req: PredictRequest, source: Source) -> Inputs:
         task_text = GLUE_TASKS[task].tsv.text if task in GLUE_TASKS else ()
         named = tuple(c for c in task_text if isinstance(c, str))
         return read_file(req.file, req.text_columns or facts.text_columns or named or ("text",),
-                         req.label_column,
-                         source.label_names, task)
+                         req.label_column, source.label_names, task)
     task = req.task or facts.task
     data_dir = req.data_dir or (Path(facts.data_dir) if facts.data_dir else None)
     if task is None or data_dir is None:
@@ -185,8 +185,7 @@ def _run_processes(p: Plan, on_rows: Callable[[int], None]) -> list[list[tuple[i
         try:
             for rank in range(p.np):
                 argv = [sys.executable, "-m", programs.PREDICT_WORKER, str(request), str(rank),
-                        str(p.np),
-                        str(folder / f"part-{rank}.json")]
+                        str(p.np), str(folder / f"part-{rank}.json")]
                 with open(folder / f"stderr-{rank}", "w") as err:
                     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True,
                                             env=env)

@@ -69,7 +69,8 @@ def pick_format(output: str | None, fmt: str | None, glue_split: bool) -> str:
         if suffix in SUFFIXES:
             return SUFFIXES[suffix]
         raise BadInput(f"cannot tell the format of {output} from '{suffix}'",
-                       f"Use a suffix of {', '.join(SUFFIXES)} or pass --format {'|'.join(FORMATS)}")
+                       f"Use a suffix of {', '.join(SUFFIXES)} "
+                       f"or pass --format {'|'.join(FORMATS)}")
     return "glue" if glue_split else "jsonl"
 
 
@@ -80,7 +81,8 @@ def glue_labels(task: str | None, names: tuple[str, ...]) -> tuple[str, ...]:
         if len(wanted) != len(names):
             raise BadInput(f"the model has {len(names) or 1} output(s); GLUE's {task} has "
                            f"{len(wanted) or 1}",
-                           "Give a model trained on that task, or --format jsonl for its own labels")
+                           "Give a model trained on that task, "
+                           "or --format jsonl for its own labels")
         return wanted
     return names
 

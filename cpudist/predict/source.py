@@ -17,8 +17,7 @@ from cpudist.wire import names, programs
 # A tokenizer's own files: without one, transformers 5 builds an empty tokenizer from config.json
 # without a word.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
-                   "spiece.model",
-                   "sentencepiece.bpe.model")
+                   "spiece.model", "sentencepiece.bpe.model")
 HEAD = "ForSequenceClassification"  # the architecture's suffix of a model with a classifier head
 
 
@@ -62,7 +61,8 @@ def find_source(given: Path) -> Source:
     path = given.expanduser()
     if not path.exists():
         raise BadInput(f"model or run folder not found: {given}",
-                       "Give a folder saved with save_pretrained() or a run folder of `cpudist run`")
+                       "Give a folder saved with save_pretrained() "
+                       "or a run folder of `cpudist run`")
     if (path / "config.json").is_file():
         model_dir = path
         run_dir = path.parent if _is_run_folder(path.parent) else None
@@ -74,7 +74,8 @@ def find_source(given: Path) -> Source:
                        "<run>/model/, or give a folder saved with save_pretrained()")
     else:
         raise BadInput(f"{path} holds no model: no config.json there or in {path / 'model'}",
-                       "Give a folder saved with save_pretrained() or a run folder of `cpudist run`")
+                       "Give a folder saved with save_pretrained() "
+                       "or a run folder of `cpudist run`")
     if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
         raise BadInput(f"no tokenizer in {model_dir} (none of {', '.join(TOKENIZER_FILES)})",
                        "Save the tokenizer beside the model: tokenizer.save_pretrained(folder)")

@@ -59,23 +59,28 @@ Every evaluation of the run:
 {{ schedule }}
 - {{ length }}: {{ r.steps }} optimizer steps{% if r.early_stopping %}; stopped early at step \
 {{ r.early_stopping.step }}: {{ r.early_stopping.reason }}{% endif %}
-- batch: {{ r.per_rank_batch_size }} per rank x {{ r.grad_accum }} accumulation x {{ r.world_size }} ranks = \
+- batch: {{ r.per_rank_batch_size }} per rank x {{ r.grad_accum }} accumulation x \
+{{ r.world_size }} ranks = \
 {{ r.global_batch_size }} rows per step; at most {{ r.max_seq_len }} tokens per row
-{% if r.peft %}- LoRA (peft): r {{ r.peft.r }}, alpha {{ r.peft.alpha }}, dropout {{ r.peft.dropout }} on \
+{% if r.peft %}- LoRA (peft): r {{ r.peft.r }}, alpha {{ r.peft.alpha }}, \
+dropout {{ r.peft.dropout }} on \
 {{ r.peft.targets | join(", ") }}; trained in full: {{ r.peft.modules_to_save | join(", ") }}; \
 {{ r.peft.trainable_params }} of {{ r.peft.total_params }} parameters trained; saved \
 {{ "merged into the base model" if r.peft.merged else "as the adapter" }}
 {% endif %}\
-- seed {{ r.seed }}, precision {{ r.precision }}, sync {{ r.sync }}{% if r.freeze_embeddings %}, word embeddings \
-frozen{% endif %}{% if r.checkpointed_layers %}, activations of {{ r.checkpointed_layers }} layer(s) \
+- seed {{ r.seed }}, precision {{ r.precision }}, sync {{ r.sync }}\
+{% if r.freeze_embeddings %}, word embeddings frozen{% endif %}\
+{% if r.checkpointed_layers %}, activations of {{ r.checkpointed_layers }} layer(s) \
 recomputed in backward{% endif %}
 
 ## The run
 
-- ranks x nodes: {{ r.world_size }} x {{ r.nodes | length }} ({{ r.ppn }} per node{% if r.launcher %}, \
+- ranks x nodes: {{ r.world_size }} x {{ r.nodes | length }} \
+({{ r.ppn }} per node{% if r.launcher %}, \
 launched with {{ r.launcher }}{% endif %})
 - CPU: {{ r.cpu.get("model", "unknown") }} ({{ r.cpu.get("kind", "?") }})
-- time: training {{ "%.1f" % r.train_time_s }} s, wall {{ "%.1f" % r.wall_time_s }} s, started {{ r.started_at }}
+- time: training {{ "%.1f" % r.train_time_s }} s, wall {{ "%.1f" % r.wall_time_s }} s, \
+started {{ r.started_at }}
 - cost: {{ cost }}
 - versions: {{ versions }}
 - run: `{{ r.run_id }}` (result.json beside this folder)
@@ -101,7 +106,8 @@ def _data_text(r: RunResult) -> str:
     d = r.data
     source = d.get("source")
     if source == "glue-tsv":
-        return f"{_glue(r)} in GLUE's TSV layout from `{d.get('dir')}` (train.tsv; dev rows evaluated)"
+        return (f"{_glue(r)} in GLUE's TSV layout from `{d.get('dir')}` "
+                "(train.tsv; dev rows evaluated)")
     if source == "hub":
         return f"the Hub's `{GLUE_DATASET}` dataset, config `{d.get('config')}`"
     if source == "files":
@@ -154,7 +160,8 @@ def render_card(r: RunResult) -> str:
         saved += f", the best of {len(r.evaluations)} evaluations by {metric}{way}"
     elif r.evaluations:
         saved += ", the last evaluation's"
-    cost = f"${r.cost_usd:.4f} (${r.usd_per_hour:.3f}/h for the nodes)" if r.cost_usd is not None else "not known"
+    cost = (f"${r.cost_usd:.4f} (${r.usd_per_hour:.3f}/h for the nodes)" if r.cost_usd is not None
+            else "not known")
     card = ModelCard.from_template(
         card_data(r), template_str=TEMPLATE, r=r, name=model_name(r),
         origin=f"`{base}`" if base

@@ -50,7 +50,8 @@ def recommend(rows: Sequence[Prediction]) -> Recommendation:
     cost = "" if pick.cost_usd is None else f", ${pick.cost_usd:.2f}"
     head = (f"recommend: {pick.nodes} nodes with {pick.sync}: {pick.speedup:.2f}x the 1-node "
             f"throughput ({pick.efficiency:.0%} efficiency), {duration(pick.time_s)}{cost}")
-    batch = f"the global batch grows {pick.nodes}x (same per-rank batch): the learning rate may need retuning"
+    batch = (f"the global batch grows {pick.nodes}x (same per-rank batch): "
+             "the learning rate may need retuning")
     if risk_level(pick) == 0:
         return Recommendation(pick, f"{head}; exact gradient averaging, but {batch}", exact)
     alt = (f"the fastest exact choice is {exact.nodes} node{'s' if exact.nodes > 1 else ''} "

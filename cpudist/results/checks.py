@@ -42,9 +42,11 @@ def _warm_up(runs: Sequence[RunResult], base: Sequence[RunResult], ranks: float)
     on_steady = ""
     if steady[1] > 0 and abs(_steady_ratio(runs) / base_ratio - 1) > TOLERANCE:
         s = steady[0] / steady[1]
-        on_steady = f"; on steady samples/s (past the first steps) it is {s:.2f}x, {s / ranks:.0%} efficiency"
+        on_steady = (f"; on steady samples/s (past the first steps) it is {s:.2f}x, "
+                     f"{s / ranks:.0%} efficiency")
     if base_ratio > ratio * (1 + TOLERANCE):
-        return f"the baseline's warm-up: its steady rate is {base_ratio:.2f}x its mean over {steps} steps{on_steady}"
+        return (f"the baseline's warm-up: its steady rate is {base_ratio:.2f}x its mean over "
+                f"{steps} steps{on_steady}")
     if steps < SHORT_STEPS:
         return (f"a short run dominated by warm-up: {steps} steps, where thread pools, the "
                 "allocator and the first "

@@ -31,7 +31,8 @@ def _parse(text: str, where: str) -> RunResult:
         return RunResult.from_dict(json.loads(text))
     except (json.JSONDecodeError, TypeError) as e:
         raise BadInput(f"unreadable result at {where}: {e}",
-                       "Remove or fix that line; the ledger keeps one JSON object per line") from None
+                       "Remove or fix that line; the ledger keeps one JSON object "
+                       "per line") from None
 
 
 def read_ledger(path: Path) -> list[RunResult]:

@@ -104,8 +104,7 @@ def baseline_of(r: RunResult) -> Baseline:
                        "Re-run it with this cpudist, then plan from that run")
     epochs = r.epochs if r.epochs else None
     return Baseline(r.run_id, r.train_time_s / r.steps, r.ppn, r.global_batch_size, r.train_samples,
-                    r.steps,
-                    tuple(tuple(s) for s in shapes), bool(r.param_shapes),
+                    r.steps, tuple(tuple(s) for s in shapes), bool(r.param_shapes),
                     r.usd_per_hour / max(1, len(r.nodes)) if r.usd_per_hour is not None else None,
                     r.train_samples / epochs if epochs else None)
 
@@ -115,8 +114,7 @@ def same_job(a: RunResult, b: RunResult) -> bool:
     may differ)."""
     def key(r: RunResult) -> tuple[object, ...]:
         return (r.task, r.model, r.precision, r.per_rank_batch_size, r.grad_accum, r.max_seq_len,
-                r.freeze_embeddings,
-                peft_label(r), bool(r.checkpointed_layers))
+                r.freeze_embeddings, peft_label(r), bool(r.checkpointed_layers))
     return key(a) == key(b)
 
 
@@ -144,7 +142,8 @@ def pick_baseline(runs: Sequence[RunResult], run_id: str | None = None) -> tuple
                                                            else "")
     of = "the one" if len(plain or least) == 1 else f"the newest of {len(plain or least)}"
     first = ", plain DDP first" if plain and len(plain) < len(least) else ""
-    return chosen, f"of {len(job)} 1-node runs of {what} in the sources, {of} with the fewest ranks ({ranks}){first}"
+    return chosen, (f"of {len(job)} 1-node runs of {what} in the sources, {of} with the fewest "
+                    f"ranks ({ranks}){first}")
 
 
 def sync_of(r: RunResult) -> SyncSpec:
@@ -217,10 +216,10 @@ def predict(base: Baseline, sync: SyncSpec, nodes: int, link: Link, overlap: flo
     step = base.compute_s + (1 - (overlap if hides(sync) else 0.0)) * t_m + cpu
     speedup = nodes * base.compute_s / step
     time_s = steps * step
-    cost = None if base.usd_per_node_hour is None else nodes * base.usd_per_node_hour * time_s / 3600
+    cost = (None if base.usd_per_node_hour is None
+            else nodes * base.usd_per_node_hour * time_s / 3600)
     return Prediction(nodes, sync.label, base.compute_s, t_m, step, speedup, speedup / nodes, steps,
-                      time_s, cost,
-                      risk_of(sync), cpu)
+                      time_s, cost, risk_of(sync), cpu)
 
 
 def steps_for(base: Baseline, nodes: int, samples: float) -> int:

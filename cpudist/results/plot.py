@@ -112,14 +112,12 @@ def _draw_group(ax_s: Axes, ax_e: Axes, mine: list[ScalingRow], axis: str, label
         ax_e.vlines([getattr(r, axis) for r in spread],
                     [100 * r.efficiency * r.speedup_min / r.speedup for r in spread if r.speedup],
                     [100 * r.efficiency * r.speedup_max / r.speedup for r in spread if r.speedup],
-                    color=color,
-                    alpha=0.5)
+                    color=color, alpha=0.5)
     flagged = [r for r in mine if r.flagged]
     for ax, ys in ((ax_s, [r.speedup for r in flagged]),
                    (ax_e, [100 * r.efficiency for r in flagged])):
         ax.scatter([getattr(r, axis) for r in flagged], ys, s=120, facecolors="none",
-                   edgecolors="red",
-                   linewidths=1.5, zorder=3)
+                   edgecolors="red", linewidths=1.5, zorder=3)
     # the value at the largest count only: labels on every point pile up where the lines start
     # together
     ax_s.annotate(f"{speedup[-1]:.2f}x", (xs[-1], speedup[-1]), xytext=(6, 0), **_label(color))

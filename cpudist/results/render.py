@@ -22,12 +22,10 @@ from cpudist.results.report import (
 # Machine columns: numbers stay numbers (efficiency and shares as fractions, bytes as bytes, blank
 # when unknown).
 NUMBERS = ("nodes", "ranks", "ppn", "per_rank_batch", "global_batch", "train_time_s",
-           "samples_per_s",
-           "samples_per_s_min", "samples_per_s_max", "samples_per_s_per_rank", "speedup",
-           "speedup_min",
-           "speedup_max", "efficiency", "n", "cost_usd", "expected_tx_bytes_per_step",
-           "measured_tx_bytes_per_step",
-           "traffic_error", "comm_share", "bus_bandwidth_gbps")
+           "samples_per_s", "samples_per_s_min", "samples_per_s_max", "samples_per_s_per_rank",
+           "speedup", "speedup_min", "speedup_max", "efficiency", "n", "cost_usd",
+           "expected_tx_bytes_per_step", "measured_tx_bytes_per_step", "traffic_error",
+           "comm_share", "bus_bandwidth_gbps")
 METRIC_PREFIX = "eval_"  # as Hugging Face's Trainer names evaluation metrics
 
 
@@ -48,8 +46,7 @@ def render_markdown(rows: Sequence[ScalingRow]) -> str:
                 *notes(mine), ""]
         if any(r.has_traffic for r in mine):
             out += ["Gradient sync and traffic:", "",
-                    *_md_table(TRAFFIC_COLUMNS, [r.traffic_cells() for r in mine]),
-                    ""]
+                    *_md_table(TRAFFIC_COLUMNS, [r.traffic_cells() for r in mine]), ""]
             if any(r.traffic_flagged for r in mine):
                 out += [FLAG_NOTE, ""]
     return "\n".join(out)

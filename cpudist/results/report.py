@@ -21,12 +21,10 @@ from cpudist.results.schema import RunResult
 from cpudist.results.select import by_start, peft_label, run_name
 
 COLUMNS = ("nodes", "ranks", "ppn", "batch/rank", "global batch", "metric", "train time (s)",
-           "samples/s",
-           "samples/s/rank", "speedup", "efficiency", "$/run", "n", "speedup range", "run",
-           "started (UTC)")
+           "samples/s", "samples/s/rank", "speedup", "efficiency", "$/run", "n", "speedup range",
+           "run", "started (UTC)")
 TRAFFIC_COLUMNS = ("nodes", "ranks", "sync", "expected between nodes/step", "measured",
-                   "comm share",
-                   "bus Gbit/s")
+                   "comm share", "bus Gbit/s")
 # measured/expected beyond this is flagged: the model of the wire missed something
 TRAFFIC_TOLERANCE = 0.10
 FLAG = "!"

@@ -65,7 +65,8 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
         when = datetime.fromisoformat(text.strip())
     except ValueError:
         raise BadInput(f"--since {text!r} is neither a date nor an age",
-                       "Write it like --since 2026-11-24, --since 2026-11-24T10:00 or --since 7d") from None
+                       "Write it like --since 2026-11-24, --since 2026-11-24T10:00 "
+                       "or --since 7d") from None
     return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 

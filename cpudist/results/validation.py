@@ -42,8 +42,7 @@ def comparable(a: RunResult, b: RunResult) -> bool:
         # other steps, other bytes
         lora = (r.peft.get("r"), tuple(r.peft.get("targets", ()))) if r.peft else None
         return (r.task, r.model, r.precision, r.backend, r.per_rank_batch_size, r.grad_accum,
-                r.max_seq_len, r.ppn,
-                r.cpu.get("model"), lora)
+                r.max_seq_len, r.ppn, r.cpu.get("model"), lora)
     return key(a) == key(b)
 
 

@@ -34,7 +34,8 @@ STATUS = "@@cpudist-agent "
 ALIVE = "alive"  # the laptop's heartbeat line, sent every HEARTBEAT_S
 HEARTBEAT_S = 5.0
 SILENCE_S = 30.0  # no line from a laptop that sends heartbeats for this long: it is gone
-REQUEST_FILE, LOG_FILE, PID_FILE, STATUS_FILE = "agent.request.json", "agent.log", "agent.pid", "agent.status"
+REQUEST_FILE, LOG_FILE, PID_FILE, STATUS_FILE = ("agent.request.json", "agent.log", "agent.pid",
+                                                 "agent.status")
 
 
 def status_line(**fields: Any) -> str:

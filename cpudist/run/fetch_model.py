@@ -2,8 +2,10 @@
 SFTP, each checked against the sha256 the head computes of its own copy, into model.tmp/ renamed to
 model/ once whole.
 
-    cpudist run mrpc --np 4 --ppn 1 --cluster cpudist --data-dir glue/MRPC            # runs/.../model/ here too
-    cpudist run mrpc --np 4 --ppn 1 --cluster cpudist --data-dir glue/MRPC --fetch-model no   # left on the head
+    # runs/.../model/ here too
+    cpudist run mrpc --np 4 --ppn 1 --cluster cpudist --data-dir glue/MRPC
+    # left on the head
+    cpudist run mrpc --np 4 --ppn 1 --cluster cpudist --data-dir glue/MRPC --fetch-model no
 
 `from_host` does the same over the launcher's ssh for torchrun across a hostfile, whose rendezvous
 may put rank 0 on another host than the head: when the run folder is not shared, its model/ (and
@@ -71,7 +73,8 @@ def fetch_model(head: Remote, remote_dir: str, local_dir: Path,
     try:
         for name, digest in sums.items():
             total += _fetch_one(head, remote_dir, tmp, name, digest)
-            say(f"fetched model/{name} ({(tmp / name).stat().st_size / 1e6:.1f} MB, sha256 checked)")
+            say(f"fetched model/{name} ({(tmp / name).stat().st_size / 1e6:.1f} MB, "
+                "sha256 checked)")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # refused or cut off: no bytes of it stay here
         raise
@@ -79,8 +82,7 @@ def fetch_model(head: Remote, remote_dir: str, local_dir: Path,
         shutil.rmtree(local_dir)
     tmp.replace(local_dir)
     return {"from": remote_dir, "files": len(sums), "bytes": total,
-            "seconds": round(time.monotonic() - started, 2),
-            "sha256": sums}
+            "seconds": round(time.monotonic() - started, 2), "sha256": sums}
 
 
 def _fetch_one(head: Remote, remote_dir: str, tmp: Path, name: str, digest: str) -> int:
@@ -88,7 +90,8 @@ def _fetch_one(head: Remote, remote_dir: str, tmp: Path, name: str, digest: str)
     size."""
     if not head.fetch(f"{remote_dir}/{name}", tmp / name):
         raise JobFailed(f"model/{name} went from the head's {remote_dir} before it was fetched",
-                        f"Copy the model from the head with scp -r once it is whole in {remote_dir}")
+                        "Copy the model from the head with scp -r once it is "
+                        f"whole in {remote_dir}")
     got = file_sum(tmp / name).sha256
     if got != digest:
         raise JobFailed(f"model/{name} arrived from the head damaged (sha256 {got[:12]}, the "
@@ -117,11 +120,9 @@ def from_host(ssh: str, host: str, out: Path, timeout_s: float = 3600) -> list[s
     tmp.mkdir(parents=True)
     try:
         with subprocess.Popen([ssh, host, f"tar -C {remote} -cf - {' '.join(came)}"],
-                              stdout=subprocess.PIPE,
-                              stdin=subprocess.DEVNULL) as sender:
+                              stdout=subprocess.PIPE, stdin=subprocess.DEVNULL) as sender:
             unpacked = subprocess.run(["tar", "-C", str(tmp), "-xf", "-"], stdin=sender.stdout,
-                                      capture_output=True,
-                                      timeout=timeout_s)
+                                      capture_output=True, timeout=timeout_s)
         if sender.returncode != 0 or unpacked.returncode != 0:
             why = unpacked.stderr.decode(errors="replace").strip()[
                 -300:] or f"exit code {sender.returncode}"

@@ -121,8 +121,7 @@ def fetch_from_rank0(out: Path, hosts: tuple[Host, ...], ssh: str) -> None:
         files = {}
         for name in (RANK_REPORT, names.STEPS):
             p = subprocess.run([ssh, host.name, f"cat {shlex.quote(str(out.resolve() / name))}"],
-                               capture_output=True,
-                               timeout=120, stdin=subprocess.DEVNULL)
+                               capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
             if p.returncode == 0:
                 files[name] = p.stdout
         if RANK_REPORT in files:

@@ -4,8 +4,10 @@ head that runs for a laptop) call these; run/remote.py stages a script's folder 
 trainer's inputs.
 
     Trainer: prepare (model and data checked) -> local.execute; rank 0 writes the report
-    Script:  script.script_spec -> script.run_ranks (local.execute, then --collect and the metric file)
-    Probe:   prepare.resolve with the probe's program (`cpudist hosts bench` reads its event, hosts/bench.py)
+    Script:  script.script_spec -> script.run_ranks (local.execute, then --collect and the
+             metric file)
+    Probe:   prepare.resolve with the probe's program (`cpudist hosts bench` reads its event,
+             hosts/bench.py)
 """
 
 from __future__ import annotations

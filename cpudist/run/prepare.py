@@ -93,7 +93,8 @@ def check_hub(what: str) -> None:
         reason = getattr(e, "reason", e)
         raise BadInput(f"the Hugging Face Hub is unreachable ({reason}) and {what} comes from it",
                        "Use local sources: --data-dir DIR (GLUE TSV layout) or --train-file, and "
-                       "--model with a local folder or a preset (tiny, minilm-l6, bert-base, ...)") from None
+                       "--model with a local folder or a preset "
+                       "(tiny, minilm-l6, bert-base, ...)") from None
 
 
 def preflight(cfg: TrainConfig) -> bool:
@@ -147,13 +148,11 @@ def resolve(request: RunRequest, hub_offline: bool = False, dry_run: bool = Fals
         hosts, master, allocation = placed.hosts, placed.master, placed.allocation
     elif request.nodes is not None:
         hosts, rendered, ssh = cluster_hosts(request.nodes, (opts.np, opts.ppn, opts.oversubscribe),
-                                             opts.ssh,
-                                             Path(cfg.output_dir), name, dry_run)
+                                             opts.ssh, Path(cfg.output_dir), name, dry_run)
         master = rendezvous_address(hosts[: opts.nodes])
     return RunSpec(train=cfg, launch=opts, hosts=hosts, launcher=name, launcher_path=path,
-                   python=sys.executable,
-                   master_addr=master, master_port=free_port(), physical_cores=cpu.physical_cores,
-                   hub_offline=hub_offline, hostfile=rendered, ssh=ssh, as_root=os.geteuid() == 0,
-                   allocator=pick_allocator(opts.allocator), iomp=pick_openmp(opts.openmp),
-                   cwd=os.getcwd(),
-                   allocation=allocation, started_at=None if dry_run else time.time())
+                   python=sys.executable, master_addr=master, master_port=free_port(),
+                   physical_cores=cpu.physical_cores, hub_offline=hub_offline, hostfile=rendered,
+                   ssh=ssh, as_root=os.geteuid() == 0, allocator=pick_allocator(opts.allocator),
+                   iomp=pick_openmp(opts.openmp), cwd=os.getcwd(), allocation=allocation,
+                   started_at=None if dry_run else time.time())

@@ -1,6 +1,7 @@
 """A run started outside the cluster: reach the head over SSH, stage, launch there, stream, fetch.
 
-    laptop --ssh (public address, pinned host key)--> head --cluster ssh (private addresses)--> nodes
+    laptop --ssh (public address, pinned host key)--> head
+      --cluster ssh (private addresses)--> nodes
 
 Inputs go to the head once and fan out from it over the private network; the head runs
 `python -m cpudist.run.agent`, which launches the ranks as `cpudist run --hostfile` does on a head
@@ -194,16 +195,14 @@ def stage_run(head: Remote, request: RunRequest, head_spec: Head, say: Any,
     # its folder and --stage paths, the command rewritten to their copies
     if isinstance(request.payload, Script):
         script, extra = script_remote.stage_script(stage.Stager(head, home, stager.others, say),
-                                                   request.payload,
-                                                   Path(cfg.output_dir), run_dir)
+                                                   request.payload, Path(cfg.output_dir), run_dir)
         job = dataclasses.replace(job, payload=script)
     staging_s = round(time.monotonic() - started, 1)
     say(f"launching on {head_spec.target.host} ({len(nodes)} node(s)); staging took {staging_s}s, "
         f"sent {stager.sent_bytes / 1e6:.1f} MB")
     staging = {"sent_to_head_bytes": stager.sent_bytes, "copies_to_nodes": stager.copies,
-               "remote_run_dir": run_dir,
-               "head": head_spec.target.host, "code": "wheel" if pythonpath else "node's own",
-               "seconds": staging_s,
+               "remote_run_dir": run_dir, "head": head_spec.target.host,
+               "code": "wheel" if pythonpath else "node's own", "seconds": staging_s,
                "connect_s": connect_s, "stage_s": round(staging_s - connect_s, 2), **extra}
     return Staged(run_dir, job, python, pythonpath, staging)
 

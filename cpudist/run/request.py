@@ -1,7 +1,8 @@
 """One run as the user asked for it: what to train and how to launch it. The same request crosses
 SSH to the head.
 
-    cpudist run (options) -> RunRequest -> run.start.start() -> RunSpec (run.prepare) -> Launch (launch.kinds)
+    cpudist run (options) -> RunRequest -> run.start.start() -> RunSpec (run.prepare)
+      -> Launch (launch.kinds)
 """
 
 from __future__ import annotations
@@ -65,8 +66,7 @@ class RunRequest:
         ranks_run = payload.from_dict(data.pop("payload", {}))
         listed = data.pop("nodes", None)
         return cls(train=TrainConfig(**train), launch=LaunchOptions(**launch), launched=launched,
-                   payload=ranks_run,
-                   nodes=Nodes.from_dict(listed) if listed else None, **data)
+                   payload=ranks_run, nodes=Nodes.from_dict(listed) if listed else None, **data)
 
     def with_train(self, **changes: Any) -> RunRequest:
         return dataclasses.replace(self, train=dataclasses.replace(self.train, **changes))

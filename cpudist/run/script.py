@@ -2,11 +2,15 @@
 run folder, identity, output, fail-fast and ledger of `cpudist run`, with the user's command in
 place of the trainer.
 
-    request (run/request.py: launch options, a TrainConfig naming the run, the Script payload) -> run/start.py
-      -> script_spec: the RunSpec of run/prepare.resolve, its rank program `python -m cpudist.run.script_rank
-         --run-dir DIR [--workdir DIR] -- COMMAND` (run/script_rank.py sets torchrun's variables and threads)
-      -> plan (launch/kinds.py) -> run_ranks: local.execute (here, a hostfile's nodes from their head)
-      -> collect outputs -> script_result.build -> the rank report -> outcome.record (result.json, ledger)
+    request (run/request.py: launch options, a TrainConfig naming the run, the Script payload)
+      -> run/start.py
+      -> script_spec: the RunSpec of run/prepare.resolve, its rank program
+         `python -m cpudist.run.script_rank --run-dir DIR [--workdir DIR] -- COMMAND`
+         (run/script_rank.py sets torchrun's variables and threads)
+      -> plan (launch/kinds.py)
+      -> run_ranks: local.execute (here, a hostfile's nodes from their head)
+      -> collect outputs -> script_result.build -> the rank report
+      -> outcome.record (result.json, ledger)
 """
 
 from __future__ import annotations
@@ -83,8 +87,7 @@ def plan_lines(request: RunRequest, script: Script, spec: RunSpec,
     # what the launcher's one process per node starts there
     for i in range(spec.np if script.per_node else 0):
         node = per_node_argv(list(script.command), spec.python, RankInfo(i, spec.np, 0, 1, "node"),
-                             script.per_node,
-                             launch.rank_env)
+                             script.per_node, launch.rank_env)
         then.append(f"# node {i} ({spec.hosts[i].name}) runs {shlex.join(node)}")
     if script.metric_file:
         then.append(f"# then: metrics from {script.folder / script.metric_file}")
@@ -111,8 +114,7 @@ def run_ranks(request: RunRequest, script: Script, job: tuple[RunSpec, Launch],
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     began = time.monotonic()
     launched = local.execute(spec, launch, dataclasses.replace(cb, on_event=on_event),
-                             request.launch.timeout_s,
-                             request.launched)
+                             request.launch.timeout_s, request.launched)
     wall = time.monotonic() - began
     collect(script, out, cb.note)
     given = given_metrics(script, cb.note)
@@ -120,8 +122,7 @@ def run_ranks(request: RunRequest, script: Script, job: tuple[RunSpec, Launch],
     ranks = Ranks(script.command, spec.np * each, spec.ppn * each,
                   tuple(str(seen[r]["host"]) for r in sorted(seen) for _ in range(each)),
                   tuple(int(seen[r]["threads"]) for r in sorted(seen) for _ in range(each)), wall,
-                  started_at,
-                  request.train.run_id, str(out.resolve()))
+                  started_at, request.train.run_id, str(out.resolve()))
     result = build(ranks, given, read_cpu().summary(), {"launcher": spec.launcher})
     write_report(out, result)
     return launched

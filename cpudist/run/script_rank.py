@@ -1,7 +1,8 @@
 """One rank of a user's script: torchrun's variables from whichever launcher started us, then the
 script itself.
 
-    mpiexec.hydra -np 2 ... python -m cpudist.run.script_rank --run-dir runs/x -- python train.py --lr 1e-4
+    mpiexec.hydra -np 2 ... python -m cpudist.run.script_rank --run-dir runs/x \\
+        -- python train.py --lr 1e-4
 
 `cpudist launch` (cli/launch.py, run/script.py) starts this module on every rank through the same
 launchers as the trainer. MPI launchers number their ranks in PMI_*/OMPI_COMM_WORLD_* variables; a
@@ -136,16 +137,13 @@ def per_node_argv(command: list[str], python: str, info: RankInfo, per_node: int
         total = info.world_size * per_node
         return [python, "-m", ACCELERATE_MODULE, *(["--multi_gpu"] if total > 1 else []),
                 "--num_machines", str(info.world_size), "--machine_rank", str(info.rank),
-                "--main_process_ip",
-                env["MASTER_ADDR"], "--main_process_port", env["MASTER_PORT"], "--num_processes",
-                str(total),
-                *accelerate_worker(accelerate, python)]
+                "--main_process_ip", env["MASTER_ADDR"], "--main_process_port", env["MASTER_PORT"],
+                "--num_processes", str(total), *accelerate_worker(accelerate, python)]
     script = command[1:] if os.path.basename(command[0]).startswith("python") and len(
         command) > 1 else command
     return [python, "-m", "torch.distributed.run", "--nnodes", str(info.world_size), "--node-rank",
-            str(info.rank),
-            "--nproc-per-node", str(per_node), "--master-addr", env["MASTER_ADDR"], "--master-port",
-            env["MASTER_PORT"], "-m", *WORKER, python, "-u", *script]
+            str(info.rank), "--nproc-per-node", str(per_node), "--master-addr", env["MASTER_ADDR"],
+            "--master-port", env["MASTER_PORT"], "-m", *WORKER, python, "-u", *script]
 
 
 def accelerate_worker(words: list[str], python: str) -> list[str]:

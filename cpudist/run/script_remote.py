@@ -2,13 +2,15 @@
 `run`'s remote route (run/remote.py), which stages the script's folder and every `--stage PATH` here
 in place of the trainer's inputs.
 
-    laptop: snapshot the script's folder into <run folder>/script/ (the record of what ran; no .git, __pycache__ or
-            the folder of runs), stage it and each --stage PATH on the head and fan them out (content-hashed:
-            nothing is sent twice), the command's words naming a staged path rewritten to the nodes' path
-    head:   python -m cpudist.run.agent (the request, its Script payload rewritten, on stdin): every node copies the
-            staged folder into the run's own working folder, the ranks start there, --collect and the metric file
-            are read there
-    laptop: output streamed, Ctrl-C stops every rank; result.json, ranks.log and collected/ come home; the ledger
+    laptop: snapshot the script's folder into <run folder>/script/ (the record of what ran; no .git,
+            __pycache__ or the folder of runs), stage it and each --stage PATH on the head and fan
+            them out (content-hashed: nothing is sent twice), the command's words naming a staged
+            path rewritten to the nodes' path
+    head:   python -m cpudist.run.agent (the request, its Script payload rewritten, on stdin): every
+            node copies the staged folder into the run's own working folder, the ranks start there,
+            --collect and the metric file are read there
+    laptop: output streamed, Ctrl-C stops every rank; result.json, ranks.log and collected/ come
+            home; the ledger
 """
 
 from __future__ import annotations
@@ -81,8 +83,7 @@ def head_script(script: Script, folder: str, run_dir: str, paths: dict[str, str]
     """The script as the head runs it: in the run's working folder, copied from the staged folder on
     each node."""
     return Script(rewrite(script.command, paths), f"{run_dir}/{WORK}", script.metric_file,
-                  script.collect,
-                  copy_of=folder, per_node=script.per_node)
+                  script.collect, copy_of=folder, per_node=script.per_node)
 
 
 def describe_remote(request: RunRequest, script: Script, head_spec: Head) -> str:

@@ -33,13 +33,11 @@ ALIASES = {"train_runtime": "train_time_s", "train_samples_per_second": "train_s
            "samples_per_s": "train_samples_per_s", "global_step": "steps"}
 # The fields a metric file may fill, and their types
 FIELDS: dict[str, type] = {"train_time_s": float, "train_samples": int,
-                           "train_samples_per_s": float,
-                           "steady_samples_per_s": float, "train_tokens_per_s": float, "steps": int,
-                           "final_loss": float, "epochs": float, "max_steps": int,
-                           "per_rank_batch_size": int,
+                           "train_samples_per_s": float, "steady_samples_per_s": float,
+                           "train_tokens_per_s": float, "steps": int, "final_loss": float,
+                           "epochs": float, "max_steps": int, "per_rank_batch_size": int,
                            "global_batch_size": int, "grad_accum": int, "max_seq_len": int,
-                           "eval_time_s": float,
-                           "precision": str, "backend": str}
+                           "eval_time_s": float, "precision": str, "backend": str}
 
 
 @dataclass(frozen=True)

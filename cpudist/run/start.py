@@ -2,8 +2,10 @@
 payload (the trainer, a user's script: wire/payload.py).
 
     request (run/request.py) + where (run/where.py)
-      here | hostfile | a scheduler: payloads.spec_of -> plan (launch/kinds.py) -> payloads.run_here -> outcome.record
-      head over SSH:            recovery.run_remote -> remote.run (stage, agent on the head, follow, fetch)
+      here | hostfile | a scheduler: payloads.spec_of -> plan (launch/kinds.py) -> payloads.run_here
+                                -> outcome.record
+      head over SSH:            recovery.run_remote
+                                -> remote.run (stage, agent on the head, follow, fetch)
                                 -> outcome.record
 """
 

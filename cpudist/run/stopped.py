@@ -1,9 +1,12 @@
 """What a stopped run can go on from, said the same way in the terminal, run.json, `cpudist runs`,
 `logs` and `stop`.
 
-    StopSeen     rank 0's `stopped` (the user's) or `preempted` event, kept as the run's output goes by
-    resume_command(command, run dir)   the run's own command with --resume auto --output-dir <its folder>
-    after_stop(...)                    (what happened, what to do): the checkpoint to resume, else start over
+    StopSeen     rank 0's `stopped` (the user's) or `preempted` event, kept as the run's output
+                 goes by
+    resume_command(command, run dir)   the run's own command with --resume auto
+                                       --output-dir <its folder>
+    after_stop(...)                    (what happened, what to do): the checkpoint to resume,
+                                       else start over
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
     here      this machine (its ranks, or Slurm's nodes with --launcher slurm)
     hostfile  the nodes of a hostfile, from their head node (this machine is the first host)
-    head      a head reached over SSH from outside the cluster (a cluster from `cluster up`, or --head)
+    head      a head reached over SSH from outside the cluster (a cluster from `cluster up`,
+              or --head)
 """
 
 from __future__ import annotations

@@ -112,11 +112,13 @@ class Remote:
             self.client.close()
             raise Unreachable(f"cannot log in to {target.host} as "
                               f"{target.user or 'the current user'}",
-                              "Pass the key that works there with --identity, or the right --user") from None
+                              "Pass the key that works there with --identity, "
+                              "or the right --user") from None
         except (TimeoutError, OSError, paramiko.SSHException) as e:
             self.client.close()
             raise Unreachable(f"cannot reach {target.host}:{target.port} over SSH ({e})",
-                              "Check that the node is up, the name resolves and sshd listens") from None
+                              "Check that the node is up, "
+                              "the name resolves and sshd listens") from None
         transport = self.client.get_transport()
         assert transport is not None  # connect() returned
         self._keepalive = _Keepalive(transport)

@@ -103,7 +103,8 @@ def ssh_setup(hosts: Sequence[Host], user: str | None, identity: str | None, por
         quoted = " ".join(shlex.quote(n) for n in names)
         probe = (f"for h in {quoted}; do if ~/{CLUSTER_DIR}/ssh -p {port} -o ConnectTimeout=5 "
                  "\"$h\" true "
-                 f"</dev/null >/dev/null 2>&1; then echo \"ok $h\"; else echo \"fail $h\"; fi; done")
+                 "</dev/null >/dev/null 2>&1; then echo \"ok $h\"; "
+                 "else echo \"fail $h\"; fi; done")
         outputs = parallel(hosts, lambda h: remotes[h.name].check(probe))
     finally:
         for r in remotes.values():

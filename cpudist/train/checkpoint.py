@@ -1,12 +1,16 @@
 """Checkpoints: everything a run needs to go on exactly where it stopped, written so that none is
 half.
 
-    <checkpoint dir>/step-000040/state.pt    model, optimizer, scheduler (rank 0's), the sync's shared state
-                                rng.pt      every rank's torch/python/numpy RNG state (numpy's as a dict and a tensor)
-                                ranks.pt    every rank's own sync state: local SGD's model and AdamW moments
-                                            between averages, PowerSGD's error feedback (format 2 on)
-                                meta.json   a CheckpointMeta (cpudist/train/checkpoint_meta.py, with the names):
-                                            step, sampler position, batch layout, time so far, file sizes and sha256
+    <checkpoint dir>/step-000040/state.pt    model, optimizer, scheduler (rank 0's), the sync's
+                                             shared state
+                                rng.pt      every rank's torch/python/numpy RNG state
+                                            (numpy's as a dict and a tensor)
+                                ranks.pt    every rank's own sync state: local SGD's model and AdamW
+                                            moments between averages, PowerSGD's error feedback
+                                            (format 2 on)
+                                meta.json   a CheckpointMeta (cpudist/train/checkpoint_meta.py,
+                                            with the names): step, sampler position, batch layout,
+                                            time so far, file sizes and sha256
                                 COMPLETE    written last
 
 A checkpoint is written as `step-N.tmp/` and renamed when complete, so a crash mid-write leaves
@@ -129,7 +133,8 @@ def _write_failure(error: OSError | RuntimeError, folder: Path) -> str:
     except OSError:
         free = None
     if getattr(error, "errno", None) == errno.ENOSPC or (free is not None and free < 1 << 20):
-        return f"no space left on the device ({free // (1 << 20) if free is not None else '?'} MiB free)"
+        return ("no space left on the device "
+                f"({free // (1 << 20) if free is not None else '?'} MiB free)")
     return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
@@ -193,7 +198,8 @@ def load(path: Path | None, rank: int, world: int) -> Restored | None:
                     _scatter_ranks(parts, rank, world) if same else None)
 
 
-UNSAFE = "cpudist writes only tensors and plain data there: resume from a checkpoint you trust, or start over"
+UNSAFE = ("cpudist writes only tensors and plain data there: resume from a checkpoint you trust, "
+          "or start over")
 
 
 def _safe_load(raw: bytes, where: str, name: str) -> Any:

@@ -3,7 +3,8 @@ any rank starts; cpudist/train/checkpoint.py writes and loads the tensors).
 
     <checkpoint dir>/step-000040/        a complete checkpoint: its COMPLETE marker is written last
                      step-000040.tmp/    one being written, renamed when complete (never picked)
-                     step-000040.part/   one being downloaded from the durable copy, renamed when complete
+                     step-000040.part/   one being downloaded from the durable copy, renamed
+                                         when complete
 
 meta.json is a CheckpointMeta: the run's options, where the data stream stands, the batch layout,
 the time and work so far, and each file's size and sha256. Its `format` is checked first on load: a
@@ -22,7 +23,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cpudist.config import resolved_scaling
 from cpudist.errors import BadInput
 
 COMPLETE = "COMPLETE"  # the marker a checkpoint folder gets last, locally and in its durable copy
@@ -35,16 +35,7 @@ META = "meta.json"
 FORMAT = 3
 # formats 1 and 2 pickled numpy's RNG state (an ndarray): the safe unpickler refuses them
 OLDEST = 3
-# What must match for a checkpoint to continue a run: another model or data order is another run.
-SAME_RUN = ("task", "model", "seed", "sampler", "max_seq_len", "max_train_samples")
 FIX = "Resume with the cpudist version that wrote it, or start over without --resume"
-# What a resume takes from the checkpoint, whatever the options say: the optimizer (its learning
-# rate and weight decay), the schedule over the run's total steps, and the data position in
-# micro-batches of --grad-accum. The best evaluation so far is kept by the metric of the run that
-# wrote it, too.
-SCHEDULE = ("lr", "lr_scaling", "optimizer", "weight_decay", "warmup_ratio", "epochs", "max_steps",
-            "grad_accum", "lr_scheduler", "warmup_steps", "metric_for_best_model",
-            "greater_is_better")
 
 
 def folder_name(step: int) -> str:
@@ -137,8 +128,7 @@ class CheckpointMeta:
         return {"config": self.config, "total": self.total, "position": asdict(self.position),
                 "world_size": self.world_size, "global_batch": self.global_batch, "sync": self.sync,
                 "parts": self.parts, "wall_s": self.wall_s, "stats": asdict(self.stats),
-                "format": self.format,
-                "step": self.step, "rank_state": self.rank_state,
+                "format": self.format, "step": self.step, "rank_state": self.rank_state,
                 "files": {name: asdict(f) for name, f in self.files.items()}, "run_id": self.run_id,
                 "best": self.best}
 
@@ -279,39 +269,3 @@ def choose(folder: Path, say: Callable[[str], None], run_id: str | None = None) 
     if skipped:
         say(f"no usable checkpoint in {folder}: {'; '.join(skipped)}")
     return None
-
-
-def check_same_run(meta: CheckpointMeta, cfg: dict[str, Any], path: Path) -> None:
-    """Refuse a checkpoint of another run (another model, data or seed), naming what differs."""
-    differ = [f"{k}: {meta.config.get(k)!r} there, {cfg.get(k)!r} here" for k in SAME_RUN
-              if meta.config.get(k) != cfg.get(k)]
-    if differ:
-        raise BadInput(f"checkpoint {path} belongs to another run ({'; '.join(differ)})",
-                       "Resume with the options of the run that wrote it, or start over without "
-                       "--resume")
-
-
-def check_same_schedule(meta: CheckpointMeta, cfg: dict[str, Any], path: Path) -> None:
-    """Refuse a resume whose options would change what the checkpoint fixes (SCHEDULE), naming each
-    change: the run would go on with the checkpoint's values and record these (a longer --max-steps
-    trained nothing more)."""
-    # --lr-scaling scales by the rank count that wrote it
-    ranks = meta.config.get("lr_world") or meta.world_size
-
-    def same(k: str) -> bool:
-        # auto there and linear (or none) here is no change if it scaled alike
-        if k == "lr_scaling":
-            peft = str(cfg.get("peft", "none"))  # another --peft is refused as another run
-            return resolved_scaling(meta.config[k], ranks,
-                                    peft) == resolved_scaling(cfg.get(k, "auto"), ranks, peft)
-        return bool(meta.config[k] == cfg.get(k))
-
-    differ = [f"--{k.replace('_', '-')}: {meta.config[k]!r} there, {cfg.get(k)!r} here"
-              for k in SCHEDULE
-              if k in meta.config and not same(k)]  # a key older checkpoints lack: no say
-    if differ:
-        raise BadInput(f"checkpoint {path} was written with other training options "
-                       f"({'; '.join(differ)})",
-                       "A resume goes on with the checkpoint's optimizer, learning-rate schedule "
-                       "and data position: resume with the options of the run that wrote it (its "
-                       "run folder's command.txt), or start a new run without --resume")

@@ -34,8 +34,7 @@ ATTENTION = "cpudist_fast_dropout"
 # no bias added to the scores. Each is proven against SDPA in tests/unit/test_architectures.py; a
 # family joins only with its test.
 FAST_ATTENTION = frozenset({"bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert",
-                            "modernbert",
-                            "qwen2", "llama"})
+                            "modernbert", "qwen2", "llama"})
 LANES = 4  # 16-bit uniforms per 64-bit draw
 
 
@@ -106,8 +105,7 @@ class FastDropout(torch.nn.Dropout):
 
 def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               attention_mask: torch.Tensor | None, scaling: float | None = None,
-              dropout_p: float = 0.0,
-              **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+              dropout_p: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """transformers' attention interface: SDPA without dropout; with it, the eager path and this
     dropout."""
     from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
@@ -115,8 +113,7 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     p = float(kwargs.pop("dropout", dropout_p))
     if p == 0.0 or not module.training:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
-                                      dropout=0.0,
-                                      **kwargs)
+                                      dropout=0.0, **kwargs)
     groups = int(getattr(module, "num_key_value_groups", 1))
     # grouped-query attention (Llama, Qwen2): each key/value head serves `groups` query heads
     if groups > 1:

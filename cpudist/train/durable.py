@@ -1,7 +1,8 @@
 """A durable copy of checkpoints in an object store: a reclaimed spot head node takes its disk, not
 the run, with it.
 
-    mirror = Mirror(S3Objects("s3://my-bucket/runs/sst2"))   # the store: cpudist/cloud/aws/objects.py
+    # the store: cpudist/cloud/aws/objects.py
+    mirror = Mirror(S3Objects("s3://my-bucket/runs/sst2"))
     mirror.upload(Path("out/step-000040"))          # after the local COMPLETE marker is written
     latest = mirror.complete()[-1]                   # on resume, on a fresh node
     mirror.download(latest, Path("out"))

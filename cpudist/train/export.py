@@ -2,7 +2,8 @@
 writes it.
 
     cpudist run mrpc --data-dir glue/MRPC --model minilm-l6 --save-model best --eval-every 50
-    python -c 'from transformers import pipeline; print(pipeline("text-classification", model="runs/.../model")("hi"))'
+    python -c 'from transformers import pipeline; print(pipeline("text-classification",
+               model="runs/.../model")("hi"))'
 
 model.safetensors and config.json (id2label/label2id with the task's class names, problem_type for
 regression), the tokenizer's files, and README.md, the model card (cpudist/results/card.py). The

@@ -87,8 +87,8 @@ def first_token_only_params(model: torch.nn.Module) -> int:
     if layer is None or used(model) != "first-token":
         return 0
     attn = layer.attention.self  # type: ignore[union-attr]
-    every_token = {id(p) for m in (attn.key, attn.value)
-                   for p in m.parameters()}  # type: ignore[union-attr]
+    keys_values: Any = (attn.key, attn.value)  # type: ignore[union-attr]
+    every_token = {id(p) for m in keys_values for p in m.parameters()}
     return sum(p.numel() for p in layer.parameters() if id(p) not in every_token and p.dim() > 1)
 
 

@@ -1,7 +1,8 @@
 """Local SGD and DiLoCo (`--sync local-sgd`): each rank steps alone, parameters are averaged every K
 steps.
 
-    cpudist run mrpc --np 4 --ppn 1 --hostfile hosts --sync local-sgd --sync-every 8 --outer-optimizer nesterov
+    cpudist run mrpc --np 4 --ppn 1 --hostfile hosts --sync local-sgd --sync-every 8 \\
+        --outer-optimizer nesterov
 """
 
 from __future__ import annotations

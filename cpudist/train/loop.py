@@ -8,12 +8,12 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 import torch
 import torch.distributed as dist
 
-from cpudist.config import TrainConfig, effective_lr, spec_of
+from cpudist.config import effective_lr, spec_of
 from cpudist.flops import shape_of, training_flops
 from cpudist.train import last_layer, netcount, preempt, speed, sync, trainer_choices
 from cpudist.train.anatomy import StepLog
@@ -21,6 +21,7 @@ from cpudist.train.checkpoint import Restored
 from cpudist.train.checkpoint_meta import START, Position
 from cpudist.train.features import collate
 from cpudist.train.keep import Evaluations
+from cpudist.train.optim import clip_and_step, optimizer
 from cpudist.train.preempt import StopRequests
 from cpudist.train.report_to import Reporters
 from cpudist.train.sampling import batch_plan, plan_steps
@@ -73,7 +74,8 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
     """Train the job's model (synced by its --sync strategy when world > 1) and return what was
     measured; `evals` evaluates every --eval-every steps (outside the steps' times); `report` gets
     steps and evaluations."""
-    cfg, model, data, regression, bf16 = job.cfg, job.model, job.train_data, job.regression, job.bf16
+    cfg, model, data, regression, bf16 = (job.cfg, job.model, job.train_data, job.regression,
+                                          job.bf16)
     # iface: where this rank counts bytes sent
     rank, world, iface = job.info.rank, job.info.world_size, job.iface
     inner = getattr(model, "module", model)  # under DDP, the model it wraps
@@ -83,7 +85,7 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
     per_epoch, batches = batch_plan(cfg, data, rank, world, start, restored.meta.world_size
                                     if restored else None)
     total = restored.meta.total if restored else plan_steps(cfg, per_epoch)
-    opt = _optimizer(cfg, model, effective_lr(cfg, world))
+    opt = optimizer(cfg, model, effective_lr(cfg, world))
     if cfg.ipex:
         model, opt = speed.use_ipex(model, opt, bf16)
     strategy = sync.make(model, spec_of(cfg, total), world)
@@ -149,9 +151,8 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
             stats.train_time_s += dt
             stats.step_times.append(dt)
             pending.append(Pending(step=stats.steps, loss_sum=loss_sum, samples=n_local,
-                                   tokens=tokens, flops=flops,
-                                   dt=dt, lr=sched.get_last_lr()[0], grad_norm=grad_norm,
-                                   waited=strategy.clock.exposed_s - waited))
+                                   tokens=tokens, flops=flops, dt=dt, lr=sched.get_last_lr()[0],
+                                   grad_norm=grad_norm, waited=strategy.clock.exposed_s - waited))
             if stats.steps % cfg.log_every == 0 or stats.steps == total:
                 _flush(pending, stats, log, world, total, report)
                 pending = []
@@ -220,22 +221,6 @@ class Pending:
     waited: float  # this rank's wait for the exchange in this step
 
 
-def clip_and_step(model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any,
-                  max_norm: float) -> float:
-    """Clip the (already all-reduced) gradients to `max_norm` (0: no clipping), step; the norm
-    before clipping."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    if max_norm > 0:
-        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-    else:
-        norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad)
-                                                           for p in params])))
-    opt.step()
-    sched.step()
-    opt.zero_grad(set_to_none=True)
-    return norm
-
-
 def _agree(stop: StopRequests, saver: Saver, step: int, since_save_s: float,
            world: int) -> tuple[bool, bool]:
     """(stop, save) as every rank sees it: any rank's stop request, rank 0's clock for timed
@@ -258,22 +243,6 @@ def _steps_log(run_dir: Path, resumed_at: int) -> TextIO:
     log = path.open("w")
     log.write("".join(line + "\n" for line in kept))
     return log
-
-
-def _optimizer(cfg: TrainConfig, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
-    decay: list[torch.nn.Parameter] = []
-    no_decay: list[torch.nn.Parameter] = []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:  # --freeze-embeddings: no gradient, no optimizer state
-            continue
-        (no_decay if p.ndim < 2 or "LayerNorm" in name or "bias" in name else decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=lr)
-    # Fused AdamW: one kernel over all parameters, 80 -> 19 ms a step for MiniLM
-    # (benchmarks/README.md).
-    return torch.optim.AdamW(groups, lr=lr, fused=True)
 
 
 def _flush(pending: list[Pending], stats: TrainStats,

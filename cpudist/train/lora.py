@@ -1,6 +1,7 @@
 """`--peft lora`: low-rank adapters through Hugging Face's peft; the classifier head trains in full.
 
-    cpudist run mrpc --np 4 --ppn 1 --hostfile hosts --model sentence-transformers/all-MiniLM-L6-v2 --peft lora
+    cpudist run mrpc --np 4 --ppn 1 --hostfile hosts \\
+        --model sentence-transformers/all-MiniLM-L6-v2 --peft lora
 
 Only the adapters and the head require gradients, so every --sync strategy exchanges only them (DDP
 all-reduces the parameters that require a gradient; the others average `Strategy.trained`), and

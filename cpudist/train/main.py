@@ -61,7 +61,8 @@ def _mirror(cfg: TrainConfig, provider: Provider) -> Mirror | None:
     if provider.store is None:
         raise BadInput(f"--checkpoint-s3 {cfg.checkpoint_s3}: this rank has no object store to "
                        "copy checkpoints to",
-                       f"Start ranks with `{programs.usage(programs.RANK)}` (as `cpudist run` does)")
+                       f"Start ranks with `{programs.usage(programs.RANK)}` "
+                       "(as `cpudist run` does)")
     return Mirror(provider.store(cfg.checkpoint_s3), cfg.run_id)
 
 
@@ -183,8 +184,7 @@ def _saver(cfg: TrainConfig, run_dir: Path, restored: Restored | None, started: 
 
 
 def _finish(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict[str, float],
-            saver: Saver,
-            started_at: str, restored: Restored | None, evals: Evaluations,
+            saver: Saver, started_at: str, restored: Restored | None, evals: Evaluations,
             model_store: ObjectStore | None) -> None:
     """Gather every rank's host and memory; on rank 0 save the model (and copy it to --model-s3's
     store) and write its report (run/outcome.record makes result.json of it); leave together."""
@@ -204,8 +204,7 @@ def _finish(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict
         result = save_model(job, evals, launched.read_card_part(job.run_dir).apply(result))
         if result.model_dir:
             events.emit(events.MODEL, path=result.model_dir, step=result.model_step,
-                        bytes=result.model_bytes,
-                        seconds=round(result.model_save_s or 0.0, 2))
+                        bytes=result.model_bytes, seconds=round(result.model_save_s or 0.0, 2))
             if model_store is not None:
                 copied = model_upload.upload(model_store, Path(result.model_dir), result.run_id)
                 result = dataclasses.replace(result, model_s3=copied)

@@ -1,8 +1,10 @@
 """--report-to mlflow: rank 0's step metrics and evaluations through MLflow's own client, as HF
 Trainer's MLflowCallback writes them.
 
-    cpudist run mrpc --data-dir glue/MRPC --model tiny --eval-every 50 --report-to mlflow      # runs/<run>/mlruns
-    cpudist run ... --report-to mlflow --mlflow-uri http://mlflow.internal:5000                  # a tracking server
+    # runs/<run>/mlruns
+    cpudist run mrpc --data-dir glue/MRPC --model tiny --eval-every 50 --report-to mlflow
+    # a tracking server
+    cpudist run ... --report-to mlflow --mlflow-uri http://mlflow.internal:5000
     MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri runs/<run>/mlruns
 
 One MLflow run per cpudist run in the experiment `cpudist`: named and tagged (`cpudist.run_id`) with
@@ -89,6 +91,6 @@ class MLflow:
         # Called from the rank's `finally` (train/main.py): an exception on its way out is how the
         # run ended
         failed = sys.exc_info()[0]
-        status = "FINISHED" if failed is None else "KILLED" if issubclass(failed,
-                                                                          KeyboardInterrupt) else "FAILED"
+        status = ("FINISHED" if failed is None
+                  else "KILLED" if issubclass(failed, KeyboardInterrupt) else "FAILED")
         self.client.set_terminated(self.run_id, status)

@@ -1,6 +1,7 @@
 """Model presets: architectures with random weights, for speed runs and tests (no Hub needed).
 
-    cpudist run mrpc --np 2 --data-dir ../shared/data/glue/MRPC --model tiny-modernbert --max-steps 5
+    cpudist run mrpc --np 2 --data-dir ../shared/data/glue/MRPC --model tiny-modernbert \\
+        --max-steps 5
 
 Every preset borrows BERT's uncased tokenizer (the offline MiniLM's), so the small ones keep its
 vocabulary size and all of them its special token ids (pad 0, [CLS] 101, [SEP] 102). The real-size
@@ -14,8 +15,7 @@ from typing import Any
 
 _BERT_IDS = {"pad_token_id": 0, "bos_token_id": 101, "eos_token_id": 102}
 _SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-          "intermediate_size": 64,
-          "vocab_size": 30522, **_BERT_IDS}
+          "intermediate_size": 64, "vocab_size": 30522, **_BERT_IDS}
 # Decoders: 4 query heads sharing 2 key/value heads, so grouped-query attention is exercised.
 _SMALL_DECODER = {**_SMALL, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
                   "intermediate_size": 128, "max_position_embeddings": 512}
@@ -48,14 +48,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny-electra": {"model_type": "electra", **_SMALL, "embedding_size": 32},
     "tiny-albert": {"model_type": "albert", **_SMALL, "embedding_size": 16},
     "tiny-distilbert": {"model_type": "distilbert", "dim": 32, "n_layers": 2, "n_heads": 2,
-                        "hidden_dim": 64,
-                        "vocab_size": 30522, "pad_token_id": 0},
+                        "hidden_dim": 64, "vocab_size": 30522, "pad_token_id": 0},
     "tiny-deberta-v3": {**_DEBERTA_V3, **_SMALL},
     # local_attention 16: rows longer than 8 tokens meet the sliding window of ModernBERT's local
     # layers.
     "tiny-modernbert": {"model_type": "modernbert", **_SMALL, "local_attention": 16,
-                        "global_attn_every_n_layers": 2,
-                        "cls_token_id": 101, "sep_token_id": 102},
+                        "global_attn_every_n_layers": 2, "cls_token_id": 101, "sep_token_id": 102},
     # No Qwen2 preset: transformers' AutoTokenizer loads every folder of model_type qwen2 with
     # Qwen2's own tokenizer class, so a saved Qwen2 preset would not tokenize as BERT's tokenizer
     # did in training. Qwen2 checkpoints from the Hub (Qwen/Qwen2.5-0.5B) carry their own tokenizer

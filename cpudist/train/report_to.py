@@ -1,7 +1,8 @@
 """--report-to: rank 0 writes step metrics and evaluations through an experiment tracker's own
 writer.
 
-    cpudist run mrpc --np 2 --data-dir glue/MRPC --model tiny --eval-every 50 --report-to tensorboard,mlflow
+    cpudist run mrpc --np 2 --data-dir glue/MRPC --model tiny --eval-every 50 \\
+        --report-to tensorboard,mlflow
     tensorboard --logdir runs/
     MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri runs/<run>/mlruns
 

@@ -22,6 +22,7 @@ from cpudist.config import TrainConfig, spec_of
 from cpudist.errors import BadInput
 from cpudist.train import checkpoint_meta as ckpt
 from cpudist.train import lora
+from cpudist.train.checkpoint_match import check_same_run, check_same_schedule
 from cpudist.train.checkpoint_meta import CheckpointMeta
 from cpudist.train.durable import Mirror
 from cpudist.wire import names
@@ -55,7 +56,8 @@ def set_aside(cfg: TrainConfig, run_dir: Path, step: int, mirror: Mirror | None,
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     aside = ckpt.set_aside(checkpoint_folder(cfg, run_dir), step, cfg.run_id, stamp)
     if aside is not None:
-        say(f"checkpoints newer than step {step} moved to {aside} (the timeline this resume leaves)")
+        say(f"checkpoints newer than step {step} moved to {aside} "
+            "(the timeline this resume leaves)")
     moved = mirror.set_aside(step, stamp) if mirror is not None else []
     if moved:
         say(f"{', '.join(moved)} moved to {mirror.url if mirror else ''}/abandoned-{stamp}")
@@ -107,8 +109,8 @@ def pick(cfg: TrainConfig, run_dir: Path, say: Callable[[str], None], mirror: Mi
 def adapt(cfg: TrainConfig, meta: CheckpointMeta, world: int, path: str) -> TrainConfig:
     """The config that continues the checkpointed run on `world` ranks (the global batch is
     kept)."""
-    ckpt.check_same_run(meta, dataclasses.asdict(cfg), Path(path))
-    ckpt.check_same_schedule(meta, dataclasses.asdict(cfg), Path(path))
+    check_same_run(meta, dataclasses.asdict(cfg), Path(path))
+    check_same_schedule(meta, dataclasses.asdict(cfg), Path(path))
     lora.check_resume(meta.config, cfg, Path(path))
     _check_rank_state(cfg, meta, world, path)
     # the global batch is kept, so --lr-scaling goes on scaling by the rank count of the run's first

@@ -110,8 +110,7 @@ def batch_plan(cfg: TrainConfig, data: Encoded, rank: int, world: int,
                            "Use more data (--max-train-samples), or fewer ranks")
         if was is not None and was != world:
             start = position_on(start, global_batches(lengths, step_rows, cfg.seed, start.epoch),
-                                was, world,
-                                cfg.grad_accum)
+                                was, world, cfg.grad_accum)
 
         def grouped() -> Iterator[Batch]:
             epoch, skip = start.epoch, start.index

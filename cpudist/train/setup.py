@@ -90,8 +90,7 @@ def setup(cfg: TrainConfig, info: RankInfo, startup: Startup | None = None) -> J
             train_data, hit = cached_encode(task.train.head(cfg.max_train_samples), tokenizer,
                                             cfg.max_seq_len, cache)
             eval_data, hit_eval = cached_encode(task.validation.head(cfg.max_eval_samples),
-                                                tokenizer,
-                                                cfg.max_seq_len, cache)
+                                                tokenizer, cfg.max_seq_len, cache)
             startup.tokens_cached = hit and hit_eval
         metrics, regression = task.metrics, task.is_regression
         labels = display_labels(task.name, task.label_names)
@@ -119,8 +118,7 @@ def setup(cfg: TrainConfig, info: RankInfo, startup: Startup | None = None) -> J
     counted = info.local_rank == 0 and info.world_size > 1
     iface = netcount.iface_toward(os.environ) if counted else None
     return Job(cfg, info, model, train_data, eval_data, metrics, regression, bf16, run_dir, iface,
-               labels, data,
-               startup)
+               labels, data, startup)
 
 
 def data_source(cfg: TrainConfig) -> dict[str, Any]:

@@ -49,8 +49,8 @@ def checkpoint_activations(model: torch.nn.Module) -> None:
     if enable is not None:
         enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={
-                                                "use_reentrant": False})  # type: ignore[operator]
+        enable = model.gradient_checkpointing_enable
+        enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
 
 
 def checkpointed_layers(model: torch.nn.Module) -> int:

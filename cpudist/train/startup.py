@@ -1,9 +1,11 @@
 """Where a rank's time goes before its first step: result.json's `startup` (seconds per phase, in
 order).
 
-    before_rank       the `cpudist` command's start to this rank's process start: connecting, staging, the
-                      launcher starting its ranks (absent when the rank was started by hand)
-    python_and_imports  the rank's interpreter start to its entry point (torch and transformers imported)
+    before_rank       the `cpudist` command's start to this rank's process start: connecting,
+                      staging, the launcher starting its ranks (absent when the rank was started
+                      by hand)
+    python_and_imports  the rank's interpreter start to its entry point
+                      (torch and transformers imported)
     process_group     the rendezvous of every rank
     data              reading the task's rows
     tokenizer         loading the tokenizer

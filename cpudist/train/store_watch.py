@@ -39,8 +39,7 @@ class StoreWatch:
     it answers again."""
 
     def __init__(self, store: ObjectStore, say: Callable[[str], None],
-                 every_s: float = PROBE_EVERY_S,
-                 timeout_s: float = PROBE_TIMEOUT_S) -> None:
+                 every_s: float = PROBE_EVERY_S, timeout_s: float = PROBE_TIMEOUT_S) -> None:
         self.store, self.say = store, say
         self.every_s, self.timeout_s = every_s, timeout_s
         self.probes = 0  # probes done, answered or not

@@ -6,10 +6,12 @@ is the code of the row of cpudist/strategies.py with its `name` (the row says wh
 traffic model and the option checks need to know of it); defining it registers it. Local SGD lives
 in local_sgd.py.
 
-    ddp             DistributedDataParallel: buckets all-reduced during backward, through a comm hook
-                    (fp32, bf16, fp16 or PowerSGD) that also times them; the word embedding left to
-                    EmbeddingRows (only the rows the step touched), unless --embedding-sync dense
-    allreduce       after backward, one all-reduce of all gradients flattened (the teaching baseline)
+    ddp             DistributedDataParallel: buckets all-reduced during backward, through a comm
+                    hook (fp32, bf16, fp16 or PowerSGD) that also times them; the word embedding
+                    left to EmbeddingRows (only the rows the step touched),
+                    unless --embedding-sync dense
+    allreduce       after backward, one all-reduce of all gradients flattened
+                    (the teaching baseline)
     gather-scatter  rank 0 gathers every gradient, averages, scatters the mean back
     local-sgd       each rank steps alone; parameters are averaged every K steps (bucketed), after
                     synchronous warm-up steps; with an outer Nesterov optimizer it is DiLoCo: the

@@ -3,8 +3,8 @@ something other than the user asked (a scheduler's or the machine's SIGTERM, a s
 request by which the launching side tells rank 0 that a stop is the user's (a user's stop leaves no
 marker: nothing was preempted).
 
-    <run folder>/preempted.json   {"step", "checkpoint", "reason", "host"}: read by the launching side, Slurm's
-                                  batch script (requeue) and --on-preemption resume
+    <run folder>/preempted.json   {"step", "checkpoint", "reason", "host"}: read by the launching
+                                  side, Slurm's batch script (requeue) and --on-preemption resume
     <run folder>/stop.request     empty: the launching side stops the ranks on the user's word
 
 This module is the one that names, writes, reads and clears both; it imports nothing of cpudist.

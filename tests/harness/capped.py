@@ -98,8 +98,7 @@ def group_settings(version: int, group: str, cap: HostCap,
         cpuset, cpu = group_dirs(1, group, root)
         return [(cpuset / "cpuset.cpus", cap.cpus), (cpuset / "cpuset.mems", "0"),
                 (cpu / "cpu.cfs_period_us", str(cap.period_us)),
-                (cpu / "cpu.cfs_quota_us", str(cap.quota_us)),
-                (cpu / "cpu.shares", str(WEIGHT_V1))]
+                (cpu / "cpu.cfs_quota_us", str(cap.quota_us)), (cpu / "cpu.shares", str(WEIGHT_V1))]
     (folder,) = group_dirs(2, group, root)
     return [(root / "cgroup.subtree_control", "+cpu +cpuset"), (folder / "cpuset.cpus", cap.cpus),
             (folder / "cpuset.mems", "0"), (folder / "cpu.max", f"{cap.quota_us} {cap.period_us}"),

@@ -236,8 +236,7 @@ class Emulator:
         return self._forward(environ, body, action, params, region, start_response)
 
     def _forward(self, environ: dict[str, Any], body: bytes, action: str, params: dict[str, str],
-                 region: str,
-                 start_response: Callable[..., Any] | None = None) -> list[bytes]:
+                 region: str, start_response: Callable[..., Any] | None = None) -> list[bytes]:
         """Let moto carry out the call (and what it sets off here); its answer, or none for a lost
         one."""
         snapshot_tags: list[tuple[str, str]] = []
@@ -356,8 +355,7 @@ class Emulator:
                 return "400 Bad Request", _error("InvalidPlacementGroup.Duplicate",
                                                  f"{name} exists")
             group = PlacementGroup(name, p.get("Strategy", "cluster"),
-                                   f"pg-{uuid.uuid4().hex[:17]}",
-                                   _tag_specs(p, "placement-group"))
+                                   f"pg-{uuid.uuid4().hex[:17]}", _tag_specs(p, "placement-group"))
             self.groups[name] = group
             return ok, _xml(action,
                             f"<placementGroup>{self._group_xml(group)}</placementGroup><return>true</return>")

@@ -56,10 +56,9 @@ def ingress_lines(backend: Any, instance: Any) -> list[str]:
 def ruleset(accepts: list[str]) -> str:
     """iptables-restore input: drop inbound except loopback, replies, and `accepts`."""
     return "\n".join(["*filter", ":INPUT DROP [0:0]", ":FORWARD ACCEPT [0:0]",
-                      ":OUTPUT ACCEPT [0:0]",
-                      "-A INPUT -i lo -j ACCEPT",
-                      "-A INPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
-                      *accepts, "COMMIT", ""])
+                      ":OUTPUT ACCEPT [0:0]", "-A INPUT -i lo -j ACCEPT",
+                      "-A INPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT", *accepts,
+                      "COMMIT", ""])
 
 
 def host_rulesets(backend: Any, private_addrs: list[str]) -> list[str]:

@@ -1,7 +1,8 @@
 """EC2's instance metadata service (IMDSv2) as far as spot notices and instance ids go, over
 real HTTP, per client address.
 
-    python -m tests.harness.imds --port 8169      # then: curl -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 60' ...
+    python -m tests.harness.imds --port 8169
+    # then: curl -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 60' ...
 
 Every node of a namespace test cluster reaches the same server from its own private address, so a
 notice is scheduled for one client address (or for all): only that node hears "terminate".

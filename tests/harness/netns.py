@@ -67,8 +67,7 @@ def ensure_user(name: str) -> None:
         # Password `*`: none, but not locked (sshd without PAM refuses a locked account even its
         # keys).
         made = sh("useradd", "--no-create-home", "--home-dir", f"/home/{name}", "--shell",
-                  "/bin/bash",
-                  "--password", "*", name, check=False)
+                  "/bin/bash", "--password", "*", name, check=False)
         if made.returncode not in (0, 9):  # 9: made by a test running beside this one
             raise RuntimeError(f"useradd {name} failed: {made.stderr}") from None
         entry = pwd.getpwnam(name)
@@ -81,7 +80,8 @@ def missing_requirements() -> str | None:
         return "needs root (network namespaces)"
     for tool in (SSHD, "/usr/bin/ssh-keygen"):
         if not Path(tool).exists():
-            return f"{tool} not installed (apt-get install openssh-server; tests/harness/setup.sh does it)"
+            return (f"{tool} not installed "
+                    "(apt-get install openssh-server; tests/harness/setup.sh does it)")
     for tool in ("ip", "unshare", "nsenter", "tc"):
         if shutil.which(tool) is None:
             return f"{tool} not installed (apt-get install iproute2 util-linux)"
@@ -367,8 +367,7 @@ SetEnv OMP_WAIT_POLICY=PASSIVE
             **kw: object) -> subprocess.CompletedProcess[str]:
         """Run a command on host i to the end."""
         return subprocess.run(self.exec_argv(i, argv), capture_output=True, text=True,
-                              timeout=timeout,
-                              **kw)  # type: ignore[call-overload]
+                              timeout=timeout, **kw)  # type: ignore[call-overload]
 
     def pids(self, i: int) -> list[int]:
         """Processes living in host i's network namespace."""

@@ -1,11 +1,15 @@
 """A real Slurm cluster on the namespace hosts of tests/harness/netns.py (Debian's slurm-wlm 22.05,
 munge).
 
-    python -m tests.harness.slurm up --hosts 2     # namespace hosts, munged, slurmctld, a slurmd on each
-    python -m tests.harness.slurm exec 0 -- sinfo  # on host 0, the login node (SLURM_CONF set, folder kept)
+    # namespace hosts, munged, slurmctld, a slurmd on each
+    python -m tests.harness.slurm up --hosts 2
+    # on host 0, the login node (SLURM_CONF set, folder kept)
+    python -m tests.harness.slurm exec 0 -- sinfo
     python -m tests.harness.slurm exec 0 -- cpudist run mrpc --launcher slurm --nodes 2 --ppn 1 ...
-    python -m tests.harness.slurm down             # (--hosts, --state, --prefix as given to up)
-    python -m tests.harness.slurm reap --state $CPUDIST_SLURM_ROOT   # daemons a killed test left there
+    # (--hosts, --state, --prefix as given to up)
+    python -m tests.harness.slurm down
+    # daemons a killed test left there
+    python -m tests.harness.slurm reap --state $CPUDIST_SLURM_ROOT
 
 One munged in this (root) namespace: its socket is a file path, and the namespace hosts share the
 file system, so every daemon and command authenticates through it with one key. slurmctld runs on
@@ -50,10 +54,12 @@ def missing_requirements() -> str | None:
         return "needs root (network namespaces, daemons running as root)"
     for daemon in DAEMONS:
         if not Path(daemon).exists():
-            return f"{daemon} not installed (apt-get install slurm-wlm munge; tests/harness/setup.sh does it)"
+            return (f"{daemon} not installed "
+                    "(apt-get install slurm-wlm munge; tests/harness/setup.sh does it)")
     for client in CLIENTS:
         if shutil.which(client) is None:
-            return f"{client} not installed (apt-get install slurm-client; tests/harness/setup.sh does it)"
+            return (f"{client} not installed "
+                    "(apt-get install slurm-client; tests/harness/setup.sh does it)")
     return None
 
 
@@ -131,7 +137,8 @@ CredType=cred/munge
 StateSaveLocation={s}/ctld
 SlurmctldPidFile={s}/ctld/slurmctld.pid
 SlurmctldLogFile={s}/ctld/slurmctld.log
-# %n: each slurmd has its own spool (where batch scripts are written and executed), pid and log file.
+# %n: each slurmd has its own spool (where batch scripts are written and executed), pid and \
+log file.
 SlurmdSpoolDir={s}/%n
 SlurmdPidFile={s}/%n/slurmd.pid
 SlurmdLogFile={s}/%n/slurmd.log
@@ -154,7 +161,8 @@ SlurmctldTimeout=30
 SlurmdTimeout=30
 InactiveLimit=0
 {nodes}
-PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP{PREEMPTION if self.preemption else ""}
+PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE \
+State=UP{PREEMPTION if self.preemption else ""}
 """
 
     def up(self) -> SlurmCluster:
@@ -192,8 +200,7 @@ PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP{PREEMPTION i
 
     def _host(self, i: int, argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
         return subprocess.run(self.hosts.exec_argv(i, argv), capture_output=True, text=True,
-                              env=self.env(),
-                              timeout=60, **kw)  # type: ignore[call-overload]
+                              env=self.env(), timeout=60, **kw)  # type: ignore[call-overload]
 
     def _daemon(self, i: int, argv: list[str], what: str) -> None:
         p = self._host(i, argv)
@@ -233,8 +240,7 @@ PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP{PREEMPTION i
               | None = None,
               **kw: object) -> subprocess.Popen[str]:
         return subprocess.Popen(self.exec_argv(i, argv, cwd), env={**self.env(), **(env or {})},
-                                text=True,
-                                **kw)  # type: ignore[call-overload]
+                                text=True, **kw)  # type: ignore[call-overload]
 
     def jobs(self) -> list[str]:
         """The jobs squeue still shows (pending, running or completing)."""

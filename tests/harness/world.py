@@ -153,8 +153,7 @@ class World:
                               "hostname laptop", "exec sleep infinity"])
         # `ip netns exec` and `unshare` both exec: the Popen's pid ends up being the sleep's.
         holder = subprocess.Popen(["ip", "netns", "exec", self.operator_ns, "unshare", "--uts",
-                                   "--mount",
-                                   "--propagation", "private", "sh", "-c", script],
+                                   "--mount", "--propagation", "private", "sh", "-c", script],
                                   stdin=subprocess.DEVNULL, start_new_session=True)
         (self.state / "operator.pid").write_text(str(holder.pid))
         for _ in range(200):
@@ -266,8 +265,7 @@ class World:
                                      if not any(p in line for p in private))
                 if self._applied.get(i) != text:
                     subprocess.run(["ip", "netns", "exec", self.hosts.name(i), "iptables-restore"],
-                                   input=text,
-                                   text=True, check=True, capture_output=True)
+                                   input=text, text=True, check=True, capture_output=True)
                     self._applied[i] = text
 
     def _boot_and_address(self, backend: Any) -> None:
@@ -315,8 +313,7 @@ class World:
             with (self.hosts.node_dir(i) / "dot-ssh" / "authorized_keys").open("a") as f:
                 f.write(public_key.strip() + "\n")
             subprocess.run(["ip", "netns", "exec", self.hosts.name(i), "iptables-restore"],
-                           input=text,
-                           text=True, check=True, capture_output=True)
+                           input=text, text=True, check=True, capture_output=True)
             self._applied[i] = text
 
     def _boot(self, instance_id: str, address: str, user_data: str, region: str) -> None:

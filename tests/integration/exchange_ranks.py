@@ -1,7 +1,9 @@
 """Ranks for test_sync_exchange: every --sync strategy on a small model, over real gloo.
 
-    unshare --net -- python -m tests.integration.exchange_ranks OUT 2 count     # root: loopback counts our bytes
-    python -m tests.integration.exchange_ranks OUT 2                            # anywhere: no byte counts
+    # root: loopback counts our bytes
+    unshare --net -- python -m tests.integration.exchange_ranks OUT 2 count
+    # anywhere: no byte counts
+    python -m tests.integration.exchange_ranks OUT 2
 
 The launcher starts WORLD ranks of this module. Each rank runs every case of CASES on a fresh model
 (the same on every rank) for STEPS steps of its own data. In each step it first computes its own
@@ -66,8 +68,7 @@ def model(hidden: int) -> Any:
 
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(96, hidden), torch.nn.Tanh(),
-                               torch.nn.Linear(hidden, 64),
-                               torch.nn.Tanh(), torch.nn.Linear(64, 2))
+                               torch.nn.Linear(hidden, 64), torch.nn.Tanh(), torch.nn.Linear(64, 2))
 
 
 def token_model(vocab: int, dim: int) -> Any:
@@ -161,8 +162,7 @@ def run_case(name: str, fields: dict[str, Any], micro: int, rank: int, world: in
         record["rows"] = None if before is None else strategy.rows.rows_synced - before
         steps.append(record if keep else {**record, "own": [], "got": []})
     return {"name": name, "spec": fields, "micro": micro,
-            "shapes": [tuple(p.shape) for p in net.parameters()],
-            "idle_sent": idle, "steps": steps}
+            "shapes": [tuple(p.shape) for p in net.parameters()], "idle_sent": idle, "steps": steps}
 
 
 def one_step(strategy: Any, opt: Any, batches: list[tuple[Any, Any]], step: int) -> dict[str, Any]:
@@ -218,8 +218,7 @@ def rank_main(out: Path) -> None:
     wide = [run_case(name, fields, micro, rank, world, 4096, False) for name, fields,
             micro in CASES + TOKEN_CASES]
     torch.save({"rank": rank, "world": world, "counted": os.environ.get("EXCHANGE_COUNT") == "1",
-                "exact": exact,
-                "wide": wide}, out / f"rank{rank}.pt")
+                "exact": exact, "wide": wide}, out / f"rank{rank}.pt")
     # Leave without tearing gloo down one by one (see test_local_sgd_moments): what matters is
     # saved.
     dist.barrier()

@@ -138,7 +138,8 @@ def output_of(proc: subprocess.Popen[str]) -> str:
     failure's message)."""
     kill_tree(proc)
     out, err = proc.communicate(timeout=30)
-    return f"exit code {proc.returncode}\nstdout: {(out or '')[-4000:]}\nstderr: {(err or '')[-4000:]}"
+    return (f"exit code {proc.returncode}\nstdout: {(out or '')[-4000:]}\n"
+            f"stderr: {(err or '')[-4000:]}")
 
 
 def wait_for(predicate: Callable[[], T | None], timeout: float, what: str,

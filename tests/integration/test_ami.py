@@ -77,8 +77,7 @@ def left_over(ec2: Any) -> dict[str, list[str]]:
 
 def build(world: World, cloud: dict[str, Any], *extra: str) -> Any:
     return laptop(world, cloud, "ami", "build", "--subnet", cloud["subnet"], "--ssh-cidr",
-                  world.ssh_cidr,
-                  "--user", "root", "--yes", "--timeout", "120", *extra)
+                  world.ssh_cidr, "--user", "root", "--yes", "--timeout", "120", *extra)
 
 
 def test_build_uploads_this_cpudist_and_images_the_builder(world: World,
@@ -122,6 +121,7 @@ def test_cluster_up_without_an_image_builds_one_then_reuses_it(world: World,
     assert laptop(world, cloud, "cluster", "down", "--name", "img", "--yes",
                   "--keep-image").returncode == 0
     again = laptop(world, cloud, *up)
-    assert again.returncode == 0 and f"image: {images[0]['ImageId']}, the newest built" in again.stderr
+    assert (again.returncode == 0
+            and f"image: {images[0]['ImageId']}, the newest built" in again.stderr)
     assert len(cloud["ec2"].describe_images(Owners=["self"])["Images"]) == 1
     assert laptop(world, cloud, "cluster", "down", "--name", "img", "--yes").returncode == 0

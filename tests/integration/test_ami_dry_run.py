@@ -50,17 +50,16 @@ def test_dry_run_says_what_it_would_make_and_makes_nothing(server: Emulator, tmp
     # --yes and a short --timeout: a dry run that went ahead would fail fast here instead of waiting
     # on SSH.
     r = subprocess.run([*CPUDIST, "ami", "build", "--name", "dry-base", "--ssh-cidr",
-                        "203.0.113.7/32", "--yes",
-                        "--timeout", "5", "--instance-type", "c6i.large", "--dry-run",
-                        *(["--base-image", ubuntu] if base else [])],
+                        "203.0.113.7/32", "--yes", "--timeout", "5", "--instance-type", "c6i.large",
+                        "--dry-run", *(["--base-image", ubuntu] if base else [])],
                        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
                        env={**os.environ, **FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": server.url,
                             "HOME": str(tmp_path / "home"), "CPUDIST_HOME": str(home)})
     assert r.returncode == 0, r.stderr
     assert r.stdout == ""  # no image id: nothing was made
     assert f"building dry-base from {ubuntu} on a c6i.large" in r.stderr
-    assert "would make a key pair and a security group (SSH from 203.0.113.7/32) for the builder, launch one " \
-           "on-demand c6i.large (about $" in r.stderr
+    assert "would make a key pair and a security group (SSH from 203.0.113.7/32) " \
+           "for the builder, launch one on-demand c6i.large (about $" in r.stderr
     assert "image it as dry-base, then remove the builder, its key pair and its group" in r.stderr
     assert made(ec2) == before == {"instances": [], "images": [], "groups": [], "keys": []}
     writes = [c for c in server.calls if not c.startswith(("Describe", "Get"))]

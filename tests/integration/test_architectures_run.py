@@ -80,8 +80,7 @@ def test_family_trains_on_two_ranks_saves_and_resumes(model: str, tmp_path: Path
 
     half = tmp_path / "straight" / "checkpoints" / f"step-{STEPS // 2:06d}"
     resumed = cpudist("run", *args, "--output-dir", tmp_path / "resumed", "--resume", half,
-                      "--no-eval",
-                      "--save-model", "none")
+                      "--no-eval", "--save-model", "none")
     assert resumed.returncode == 0, resumed.stderr
     again = _losses(tmp_path / "resumed")
     assert sorted(again) == list(range(STEPS // 2 + 1, STEPS + 1))

@@ -38,8 +38,7 @@ def in_test_net(address: str) -> bool:
 
 def env_for(emu: Emulator, tmp_path: Path) -> dict[str, str]:
     return {**os.environ, **FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": emu.url,
-            "HOME": str(tmp_path / "home"),
-            "CPUDIST_HOME": str(tmp_path / "cpudist-home")}
+            "HOME": str(tmp_path / "home"), "CPUDIST_HOME": str(tmp_path / "cpudist-home")}
 
 
 def cpudist(emu: Emulator, tmp_path: Path, *args: str, env: dict[str, str] | None = None,
@@ -59,8 +58,7 @@ def cli(emu: Emulator, tmp_path: Path, *args: str,
 def up(emu: Emulator, tmp_path: Path, ami: str, *extra: str,
        nodes: int = 4) -> subprocess.CompletedProcess[str]:
     return cli(emu, tmp_path, "cluster", "up", "--name", "c1", "--nodes", str(nodes), "--image",
-               ami, "--yes",
-               "--no-ssh", "--ssh-cidr", "203.0.113.7/32", *extra)
+               ami, "--yes", "--no-ssh", "--ssh-cidr", "203.0.113.7/32", *extra)
 
 
 def tag(instance: dict[str, Any], key: str) -> str:
@@ -97,8 +95,7 @@ def test_up_creates_exactly_the_cluster_and_converges(emu: Emulator, ec2: Any, a
     # file's other cluster commands run in this process (`cli`), but for the signals' and the
     # concurrent `up`'s.
     r = cpudist(emu, tmp_path, "cluster", "up", "--name", "c1", "--nodes", "4", "--image", ami,
-                "--yes", "--no-ssh",
-                "--ssh-cidr", "203.0.113.7/32", "--spot")
+                "--yes", "--no-ssh", "--ssh-cidr", "203.0.113.7/32", "--spot")
     assert r.returncode == 0, r.stderr
     assert len(r.stdout.splitlines()) == 4  # the hostfile
     inv = inventory(ec2)
@@ -178,7 +175,8 @@ def test_capacity_error_after_the_image_leaks_nothing(emu: Emulator, ec2: Any, a
     # node 0 made and imaged, then refused
     emu.inject("RunInstances", "InsufficientInstanceCapacity", skip=1)
     r = up(emu, tmp_path, ami, "--clone-from-first")
-    assert r.returncode == 1 and "InsufficientInstanceCapacity" in r.stderr and "--on-demand-fallback" in r.stderr
+    assert (r.returncode == 1 and "InsufficientInstanceCapacity" in r.stderr
+            and "--on-demand-fallback" in r.stderr)
     assert "Traceback" not in r.stderr
     assert inventory(ec2) == EMPTY
 
@@ -200,10 +198,9 @@ def test_on_demand_fallback_brings_the_cluster_up(emu: Emulator, ec2: Any, ami: 
 # Every EC2 call `cluster up` makes, in order (test_every_call_of_up_is_covered keeps this list
 # true).
 UP_CALLS = ["DescribeVpcs", "DescribeSubnets", "DescribeSpotPriceHistory", "DescribeKeyPairs",
-            "ImportKeyPair",
-            "DescribeSecurityGroups", "CreateSecurityGroup", "AuthorizeSecurityGroupIngress",
-            "DescribePlacementGroups", "CreatePlacementGroup", "DescribeInstances", "RunInstances",
-            "CreateTags"]
+            "ImportKeyPair", "DescribeSecurityGroups", "CreateSecurityGroup",
+            "AuthorizeSecurityGroupIngress", "DescribePlacementGroups", "CreatePlacementGroup",
+            "DescribeInstances", "RunInstances", "CreateTags"]
 
 
 def test_every_call_of_up_is_covered(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
@@ -221,8 +218,7 @@ TRIES = 3  # botocore's standard retry mode: a 5xx answer is tried this many tim
                          ids=[*(f"{a}-refused" for a in UP_CALLS),
                               *(f"{a}-answer-lost-every-try" for a in CREATES)])
 def test_a_fault_at_any_call_leaks_nothing(emu: Emulator, ec2: Any, ami: str, tmp_path: Path,
-                                           action: str,
-                                           lost: bool, count: int) -> None:
+                                           action: str, lost: bool, count: int) -> None:
     """Refused, or carried out with every answer lost on the way: the run's tag still finds what it
     made."""
     emu.inject(action, "InternalError", count=count, lost=lost)
@@ -234,8 +230,7 @@ def test_a_fault_at_any_call_leaks_nothing(emu: Emulator, ec2: Any, ami: str, tm
 
 @pytest.mark.parametrize("action", [*CREATES, "AuthorizeSecurityGroupIngress", "CreateTags"])
 def test_a_lost_answer_is_retried_without_making_two(emu: Emulator, ec2: Any, ami: str,
-                                                     tmp_path: Path,
-                                                     action: str) -> None:
+                                                     tmp_path: Path, action: str) -> None:
     """One answer lost (a 5xx after the call was carried out): botocore's retry repeats it, and a
     create's retry finds what the first try made (RunInstances by its ClientToken, the rest by name
     and this run's tag) instead of making a second or failing on the duplicate."""
@@ -284,7 +279,8 @@ def test_a_rollback_right_after_the_launch_removes_the_unseen_instances(emu: Emu
     emu.unseen_s = 2.0
     emu.inject("CreateTags", "InternalError")
     r = up(emu, tmp_path, ami, nodes=2)
-    assert r.returncode == 1 and "InternalError" in r.stderr and "rollback incomplete" not in r.stderr, r.stderr
+    assert (r.returncode == 1 and "InternalError" in r.stderr
+            and "rollback incomplete" not in r.stderr), r.stderr
     assert inventory(ec2) == EMPTY
 
 
@@ -346,7 +342,8 @@ def test_a_signal_while_launching_cleans_up(emu: Emulator, ec2: Any, ami: str, t
     # before it lands.
     r = _interrupt_up(emu, tmp_path, ami, [sig], when, delay=2.0
                       if when in ("RunInstances", "CreateTags") else 6.0)
-    assert r.returncode == 1 and "removing what this run created" in r.stderr and "interrupted" in r.stderr
+    assert (r.returncode == 1 and "removing what this run created" in r.stderr
+            and "interrupted" in r.stderr)
     assert inventory(ec2) == EMPTY  # also the instance whose RunInstances was in flight
 
 
@@ -392,8 +389,7 @@ def test_user_ssh_files_are_never_touched(emu: Emulator, ec2: Any, ami: str,
     ("UnauthorizedOperation", "cpudist/cloud/aws/iam-policy.json"),
 ])
 def test_aws_errors_are_one_line_with_the_code(emu: Emulator, ec2: Any, ami: str, tmp_path: Path,
-                                               code: str,
-                                               needle: str) -> None:
+                                               code: str, needle: str) -> None:
     emu.inject("RunInstances", code)
     r = up(emu, tmp_path, ami)
     assert r.returncode == 1 and code in r.stderr and needle in r.stderr

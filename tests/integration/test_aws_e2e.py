@@ -116,10 +116,9 @@ def cluster(world: World, cloud: dict[str, Any]) -> Iterator[str]:
     world.set_boot(Boot(pending_s=3.0, refusing_s=3.0, no_banner_s=4.0))
     try:
         up = laptop(world, cloud, "cluster", "up", "--name", "e2e", "--nodes", str(NODES),
-                    "--image", cloud["ami"],
-                    "--subnet", cloud["subnet"], "--user", "root", "--ssh-cidr", world.ssh_cidr,
-                    "--yes",
-                    "--instance-type", "c6i.large", "--boot-timeout", "60")
+                    "--image", cloud["ami"], "--subnet", cloud["subnet"], "--user", "root",
+                    "--ssh-cidr", world.ssh_cidr, "--yes", "--instance-type", "c6i.large",
+                    "--boot-timeout", "60")
     finally:
         world.set_boot(Boot())
     assert up.returncode == 0, up.stderr
@@ -154,8 +153,7 @@ def test_up_run_report_down_from_the_laptop(world: World, cloud: dict[str, Any],
 
     # The same run again: every input is already on every node, so nothing is staged.
     again = laptop(world, cloud, *RUN, "--max-steps", "3", "--max-eval-samples", "64",
-                   "--output-dir",
-                   "/srv/cpd-operator/runs/second")
+                   "--output-dir", "/srv/cpd-operator/runs/second")
     assert again.returncode == 0, again.stderr[-4000:]
     staging = json.loads(world.operator_path("runs/second/result.json").read_text())["staging"]
     assert staging["sent_to_head_bytes"] == 0 and staging["copies_to_nodes"] == 0
@@ -217,8 +215,7 @@ def test_a_reclaimed_spot_node_is_replaced_and_the_run_resumes(world: World, clo
     control.write_text(f"{victim} terminate\n")  # the two-minute notice, for node 1 only
     imds = subprocess.Popen(world.hosts.exec_argv(0,
                                                   [sys.executable, "-m", "tests.harness.imds",
-                                                   "--port", "8169",
-                                                   "--control", str(control)]),
+                                                   "--port", "8169", "--control", str(control)]),
                             env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
                             stdout=subprocess.PIPE,
                             text=True)
@@ -228,10 +225,9 @@ def test_a_reclaimed_spot_node_is_replaced_and_the_run_resumes(world: World, clo
         before = json.loads(laptop(world, cloud, "cluster", "status", "--name", "e2e",
                                    "--json").stdout)["nodes"]
         proc = world.operator_popen([*CPUDIST, *RUN, "--max-steps", "40", "--log-every", "1",
-                                     "--no-eval",
-                                     "--imds-endpoint", f"http://{head}:8169", "--on-preemption",
-                                     "resume",
-                                     "--output-dir", "/srv/cpd-operator/runs/spot"],
+                                     "--no-eval", "--imds-endpoint", f"http://{head}:8169",
+                                     "--on-preemption", "resume", "--output-dir",
+                                     "/srv/cpd-operator/runs/spot"],
                                     env=cloud["env"], stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT)
         out = read_until(proc, "recovering (1/3)", timeout=300)
@@ -321,8 +317,7 @@ def test_a_node_that_vanishes_mid_run_fails_the_run_naming_it(world: World, clou
     last = out.strip().splitlines()[-1]
     print(f"{last}\n(the run ended {took:.1f}s after node {VANISHES} was terminated)")
     names = (world.hosts.private_addr(VANISHES), world.hosts.public_addr(VANISHES),
-             world.hosts.name(VANISHES),
-             nodes[VANISHES]["instance_id"])
+             world.hosts.name(VANISHES), nodes[VANISHES]["instance_id"])
     assert proc.returncode == 1, out[-4000:]
     assert last.startswith("Error: ") and any(n in last for n in names), out[-4000:]
     assert "Traceback" not in out, out[-4000:]
@@ -353,13 +348,12 @@ def test_up_fails_and_rolls_back_when_nodes_cannot_reach_each_other(world: World
     world.partitioned = True
     try:
         up = laptop(world, cloud, "cluster", "up", "--name", "cut", "--nodes", "2", "--image",
-                    cloud["ami"],
-                    "--subnet", cloud["subnet"], "--user", "root", "--ssh-cidr", world.ssh_cidr,
-                    "--yes",
-                    "--instance-type", "c6i.large", "--boot-timeout", "60")
+                    cloud["ami"], "--subnet", cloud["subnet"], "--user", "root", "--ssh-cidr",
+                    world.ssh_cidr, "--yes", "--instance-type", "c6i.large", "--boot-timeout", "60")
     finally:
         world.partitioned = False
-    assert up.returncode == 1 and "cannot reach node" in up.stderr and "over its private address" in up.stderr
+    assert (up.returncode == 1 and "cannot reach node" in up.stderr
+            and "over its private address" in up.stderr)
     assert "cluster cut is up" not in up.stderr
     live = [i for r in cloud["ec2"].describe_instances()["Reservations"] for i in r["Instances"]
             if i["State"]["Name"] != "terminated"]

@@ -31,10 +31,9 @@ def by_node(ec2: Any) -> dict[int, dict[str, Any]]:
 
 
 @pytest.mark.parametrize("lost", [[0], [2], [0, 2]], ids=["head", "node2", "head-and-node2"])
-def test_a_clone_cluster_recovers_its_lost_nodes_from_its_own_image(emu: Emulator, ec2: Any,
-                                                                    ami: str,
-                                                                    tmp_path: Path, lost: list[int],
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_clone_cluster_recovers_its_lost_nodes_from_its_own_image(
+        emu: Emulator, ec2: Any, ami: str, tmp_path: Path, lost: list[int],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The reclaimed nodes come back from the image of node 0 (the base image lacks what node 0 was
     configured with), the head too, and without a second image under the first one's name (AWS
     refuses that name: the harness does as AWS does)."""
@@ -77,8 +76,7 @@ def _up_without_image(emu: Emulator, tmp_path: Path) -> subprocess.Popen[str]:
     emu.ssm_parameters[UBUNTU_PARAMETER] = next(iter(emu.backend().amis))
     emu.pending_s = 120.0  # a builder that does not come up within --boot-timeout
     return subprocess.Popen([*CPUDIST, "cluster", "up", "--name", "c1", "--nodes", "1", "--yes",
-                             "--no-ssh",
-                             "--ssh-cidr", "203.0.113.7/32", "--boot-timeout", "3"],
+                             "--no-ssh", "--ssh-cidr", "203.0.113.7/32", "--boot-timeout", "3"],
                             env=env_for(emu, tmp_path), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -126,6 +124,7 @@ def test_down_where_no_metadata_service_answers_goes_on_and_says_so(emu: Emulato
     assert up(emu, tmp_path, ami, nodes=2).returncode == 0
     r = cli(emu, tmp_path, "cluster", "down", "--name", "c1", "--yes", "--imds-endpoint",
             _closed_port())
-    assert r.returncode == 0 and "could not tell which instance this machine is" in r.stderr, r.stderr
+    assert (r.returncode == 0
+            and "could not tell which instance this machine is" in r.stderr), r.stderr
     assert inventory(ec2) == EMPTY
     assert not os.path.exists(tmp_path / "cpudist-home" / "clusters" / "c1")

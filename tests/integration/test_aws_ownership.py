@@ -30,7 +30,8 @@ def test_a_users_resources_named_like_the_cluster_are_refused_and_kept(emu: Emul
     key = ec2.create_key_pair(KeyName="cpudist-c1",
                               TagSpecifications=_user_tags(ec2, "key-pair"))["KeyPairId"]
     r = up(emu, tmp_path, ami)
-    assert r.returncode == 2 and "key pair cpudist-c1 exists but is not cpudist's" in r.stderr, r.stderr
+    assert (r.returncode == 2
+            and "key pair cpudist-c1 exists but is not cpudist's" in r.stderr), r.stderr
     # what the refusal's reader may try
     down = cli(emu, tmp_path, "cluster", "down", "--name", "c1", "--yes")
     assert [k["KeyPairId"] for k in ec2.describe_key_pairs()["KeyPairs"]] == [key], down.stderr
@@ -43,7 +44,8 @@ def test_a_users_resources_named_like_the_cluster_are_refused_and_kept(emu: Emul
               "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}]
     ec2.authorize_security_group_ingress(GroupId=group, IpPermissions=https)
     r = up(emu, tmp_path, ami)
-    assert r.returncode == 2 and f"security group cpudist-c1 ({group}) exists but is not cpudist's" in r.stderr
+    assert (r.returncode == 2
+            and f"security group cpudist-c1 ({group}) exists but is not cpudist's" in r.stderr)
     rules = ec2.describe_security_groups(GroupIds=[group])["SecurityGroups"][0]["IpPermissions"]
     # not revoked
     assert [(p["FromPort"], p["IpRanges"][0]["CidrIp"]) for p in rules] == [(443, "0.0.0.0/0")]
@@ -55,7 +57,8 @@ def test_a_users_resources_named_like_the_cluster_are_refused_and_kept(emu: Emul
 
     ec2.create_placement_group(GroupName="cpudist-c1", Strategy="spread")
     r = up(emu, tmp_path, ami)
-    assert r.returncode == 2 and "placement group cpudist-c1 exists but is not cpudist's" in r.stderr
+    assert (r.returncode == 2
+            and "placement group cpudist-c1 exists but is not cpudist's" in r.stderr)
     cli(emu, tmp_path, "cluster", "down", "--name", "c1", "--yes")
     assert [g["GroupName"]
             for g in ec2.describe_placement_groups()["PlacementGroups"]] == ["cpudist-c1"]
@@ -91,15 +94,15 @@ def test_the_record_keeps_the_region_and_endpoint(emu: Emulator, ami: str, tmp_p
     assert left == [] and west.describe_key_pairs()["KeyPairs"] == []
     bad = cli(emu, tmp_path, "cluster", "status", "--name", "c2",
                   env={**env_for(emu, tmp_path), "AWS_ENDPOINT_URL": "nowhere"})
-    assert bad.returncode == 2 and "AWS_ENDPOINT_URL" in bad.stderr and "Traceback" not in bad.stderr
+    assert (bad.returncode == 2 and "AWS_ENDPOINT_URL" in bad.stderr
+            and "Traceback" not in bad.stderr)
 
 
 def test_one_up_of_a_name_at_a_time(emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
     # the first `up` holds the lock while this call is in flight
     emu.slow_down("DescribeKeyPairs", 3.0)
     first = subprocess.Popen([*CPUDIST, "cluster", "up", "--name", "c1", "--nodes", "2", "--image",
-                              ami, "--yes",
-                              "--no-ssh", "--ssh-cidr", "203.0.113.7/32"],
+                              ami, "--yes", "--no-ssh", "--ssh-cidr", "203.0.113.7/32"],
                              env=env_for(emu, tmp_path),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
@@ -109,7 +112,8 @@ def test_one_up_of_a_name_at_a_time(emu: Emulator, ec2: Any, ami: str, tmp_path:
     second = up(emu, tmp_path, ami, nodes=2)
     _, err = first.communicate(timeout=120)
     emu.delays.clear()
-    assert second.returncode == 2 and "cluster c1 is being changed by another cpudist (pid" in second.stderr
+    assert (second.returncode == 2
+            and "cluster c1 is being changed by another cpudist (pid" in second.stderr)
     # the price line, then the refusal
     assert len(second.stderr.strip().splitlines()) <= 2, second.stderr
     assert first.returncode == 0, err
@@ -151,7 +155,8 @@ def test_a_node_that_dies_while_booting_is_named_and_rolled_back(emu: Emulator, 
     victim = live(ec2)[0]["InstanceId"]
     ec2.terminate_instances(InstanceIds=[victim])  # a spot reclaim while it boots
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1 and f"instance {victim} ended while starting (terminated)" in err, err
+    assert (proc.returncode == 1
+            and f"instance {victim} ended while starting (terminated)" in err), err
     assert inventory(ec2) == EMPTY
 
 
@@ -168,8 +173,7 @@ def test_instances_left_without_a_node_index_are_adopted(emu: Emulator, ec2: Any
     assert len(nodes) == 3, "a second set was launched"
     indices = sorted(int(next(t["Value"] for t in i["Tags"] if t["Key"] == "cpudist:node"))
                      for i in nodes)
-    assert indices == [0, 1,
-                       2] and emu.calls.count("RunInstances") == 1 and len(
+    assert indices == [0, 1, 2] and emu.calls.count("RunInstances") == 1 and len(
                            again.stdout.splitlines()) == 3
 
 
@@ -191,7 +195,8 @@ def test_bad_prices_unknown_names_and_piped_tables(emu: Emulator, ec2: Any, ami:
         assert r.returncode == 2 and "is not a positive price" in r.stderr, r.stderr
     assert "RunInstances" not in emu.calls
     nosuch = cli(emu, tmp_path, "cluster", "status", "--name", "nosuch")
-    assert nosuch.returncode == 2 and "there is no cluster nosuch in us-east-1" in nosuch.stderr, nosuch.stderr
+    assert (nosuch.returncode == 2
+            and "there is no cluster nosuch in us-east-1" in nosuch.stderr), nosuch.stderr
     assert up(emu, tmp_path, ami, nodes=1).returncode == 0
     # piped: stdout is not a terminal
     table = cli(emu, tmp_path, "cluster", "status", "--name", "c1")

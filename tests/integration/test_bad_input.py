@@ -61,19 +61,16 @@ def test_cluster_names_that_are_not_names(home: Path, name: str, command: tuple[
 
 def test_run_with_a_cluster_name_that_is_a_path(home: Path) -> None:
     code, err, _ = run_as_user(home, "run", "synthetic", "--np", "2", "--ppn", "1", "--cluster",
-                               "../../.ssh",
-                               "--model", "tiny")
+                               "../../.ssh", "--model", "tiny")
     assert code == 2 and "is not allowed" in one_error_line(err)
 
 
 @pytest.mark.parametrize(("cidr", "needle"),
                          [("0.0.0.0/0", "would let SSH in"), ("10.0.0.0/8", "would let SSH in"),
-                          ("2001:db8::/32", "would let SSH in"),
-                          ("my-laptop", "not an address")])
+                          ("2001:db8::/32", "would let SSH in"), ("my-laptop", "not an address")])
 def test_ssh_cidrs_that_admit_the_world_or_nothing(home: Path, cidr: str, needle: str) -> None:
     code, err, local = run_as_user(home, "cluster", "up", "--nodes", "1", "--yes", "--ssh-cidr",
-                                   cidr,
-                                   "--endpoint-url", "http://127.0.0.1:9")
+                                   cidr, "--endpoint-url", "http://127.0.0.1:9")
     assert code == 2 and needle in one_error_line(err) and local == {}
 
 
@@ -120,14 +117,13 @@ def test_an_endpoint_that_is_not_ec2(home: Path, web_page: str) -> None:
 
 @pytest.mark.parametrize(("option", "value"),
                          [("--lr", "-1"), ("--lr", "0"), ("--weight-decay", "-0.1"),
-                          ("--seed", "-3"), ("--max-seq-len", "100000"),
-                          ("--dropout", "1")])
+                          ("--seed", "-3"), ("--max-seq-len", "100000"), ("--dropout", "1")])
 def test_numbers_out_of_range_stop_before_launch(tmp_path: Path, option: str, value: str) -> None:
     out = tmp_path / "run"
     r = cpudist("run", "synthetic", "--np", "2", "--model", "tiny", "--max-steps", "2",
-                "--output-dir", out,
-                f"{option}={value}", timeout=60)
-    assert r.returncode == 2 and f"Invalid value for '{option}'" in r.stderr and "Traceback" not in r.stderr
+                "--output-dir", out, f"{option}={value}", timeout=60)
+    assert (r.returncode == 2 and f"Invalid value for '{option}'" in r.stderr
+            and "Traceback" not in r.stderr)
     assert not out.exists()
 
 
@@ -144,8 +140,7 @@ def test_a_dry_run_with_a_hostfile_creates_and_probes_nothing(tmp_path: Path) ->
     hostfile.write_text("localhost\n192.0.2.1 slots = 2\n")
     out = tmp_path / "run"
     r = cpudist("run", "synthetic", "--np", "2", "--ppn", "1", "--hostfile", hostfile, "--model",
-                "tiny",
-                "--output-dir", out, "--dry-run", timeout=30)
+                "tiny", "--output-dir", out, "--dry-run", timeout=30)
     assert r.returncode == 0, r.stderr
     assert not out.exists()
     assert "localhost:1\n192.0.2.1:1\n" in r.stdout and "-f " in r.stdout

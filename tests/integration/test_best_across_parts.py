@@ -33,12 +33,10 @@ def test_a_resumed_run_saves_the_best_of_all_its_parts(tmp_path: Path, shared_da
     for byte, and say step 2."""
     run = tmp_path / "RUN"
     args = ("run", "mrpc", "--data-dir", shared_data / "glue" / "MRPC", "--model", "tiny", "--np",
-            "1",
-            "--max-steps", "6", "--eval-every", "2", "--checkpoint-every", "2",
-            "--keep-checkpoints", "3",
-            "--lr", "1e-6", "--save-model", "best", "--max-train-samples", "64",
-            "--max-eval-samples", "32",
-            "--output-dir", run, "--ledger", tmp_path / "ledger.jsonl")
+            "1", "--max-steps", "6", "--eval-every", "2", "--checkpoint-every", "2",
+            "--keep-checkpoints", "3", "--lr", "1e-6", "--save-model", "best",
+            "--max-train-samples", "64", "--max-eval-samples", "32", "--output-dir", run,
+            "--ledger", tmp_path / "ledger.jsonl")
     launched = time.time()
     r = cpudist(*args)
     assert r.returncode == 0, r.stderr

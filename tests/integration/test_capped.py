@@ -142,8 +142,7 @@ def test_what_sshd_starts_is_in_its_hosts_group(cluster: CappedCluster) -> None:
     for i in (1, 3):  # logged in from host 0, as a launcher does
         r = cluster.run(0, ["ssh", "-i", str(cluster.user_key), "-o", "BatchMode=yes", "-o",
                             "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o",
-                            "LogLevel=ERROR",
-                            cluster.name(i), "cat /proc/self/cgroup"], timeout=30)
+                            "LogLevel=ERROR", cluster.name(i), "cat /proc/self/cgroup"], timeout=30)
         assert r.returncode == 0, r.stderr
         groups = dict(line.split(":", 2)[1:] for line in r.stdout.splitlines())
         assert groups["cpu"] == groups["cpuset"] == f"/{cluster.group(i)}"
@@ -176,15 +175,13 @@ def test_a_shaped_link_delivers_its_rate(cluster: CappedCluster) -> None:
 def test_down_removes_its_groups_and_a_layout_that_does_not_fit_makes_nothing(
     tmp_path: Path) -> None:
     small = CappedCluster(1, tmp_path / "one", prefix=f"mcd{os.getpid() % 10000}",
-                          cores_per_host=1.0,
-                          cores=(CORES[0],)).up()
+                          cores_per_host=1.0, cores=(CORES[0],)).up()
     folders = small.group_dirs(0)
     assert all(f.is_dir() for f in folders) and small.group_pids(0) == [small.sshd_pid(0)]
     small.down()
     assert not any(f.exists() for f in folders)
     too_many = CappedCluster(3, tmp_path / "three", prefix=f"mcd{os.getpid() % 10000}",
-                             cores_per_host=1.0,
-                             cores=(CORES[0],))
+                             cores_per_host=1.0, cores=(CORES[0],))
     with pytest.raises(ValueError, match=r"3 hosts of 1\.0 core"):
         too_many.up()
     assert not any(f.exists() for f in too_many.group_dirs(0))

@@ -71,8 +71,7 @@ class Draw:
 
 
 ARGS = ["--max-steps", str(STEPS), "--checkpoint-every", str(EVERY), "--log-every", "1",
-        "--no-eval",
-        "--save-model", "none", "--seed", "3"]
+        "--no-eval", "--save-model", "none", "--seed", "3"]
 
 
 def losses(w: World, out: str) -> list[tuple[int, float]]:
@@ -92,8 +91,7 @@ def _drop_link(w: World, on: bool) -> None:
     sh("ip", "netns", "exec", w.operator_ns, "iptables", op, "INPUT", "-i", "eth0", "-j", "DROP",
        check=on)
     sh("ip", "netns", "exec", w.hosts.name(0), "iptables", op, "INPUT", "-s", w.operator_addr, "-j",
-       "DROP",
-       check=on)
+       "DROP", check=on)
 
 
 class Chaos:

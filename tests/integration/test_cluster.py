@@ -93,7 +93,8 @@ def test_ssh_setup_is_repeatable_and_doctor_is_green(ready: NetnsCluster) -> Non
 def test_doctor_fails_when_a_node_lacks_something(ready: NetnsCluster) -> None:
     r = on_head(ready, "hosts", "doctor", "--hostfile", ready.hostfile, "--launcher-program",
                 "no-such-launcher")
-    assert r.returncode == 1 and f"{N} of {N} nodes" in r.stderr and "no-such-launcher not found" in r.stdout
+    assert (r.returncode == 1 and f"{N} of {N} nodes" in r.stderr
+            and "no-such-launcher not found" in r.stdout)
 
 
 # One N-host run per launcher whose multi-host launch runs nowhere else in this module (MPICH, the
@@ -155,8 +156,7 @@ def test_two_ranks_per_host_split_the_cores(ready: NetnsCluster, shared_data: Pa
     r = on_head(ready, "run", "mrpc", "--np", "4", "--ppn", "2", "--hostfile", hostfile,
                 "--data-dir", shared_data / "glue" / "MRPC", "--model", "tiny", "--max-steps", "1",
                 "--max-train-samples", "64", "--max-eval-samples", "32", "--output-dir",
-                tmp_path / "np4",
-                "--oversubscribe")
+                tmp_path / "np4", "--oversubscribe")
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     result = json.loads((tmp_path / "np4" / "result.json").read_text())
     assert result["launcher"] == "mpich" and result["world_size"] == 4 and "accuracy" in result[
@@ -177,12 +177,11 @@ def test_killed_rank_on_a_remote_host_ends_the_job(ready: NetnsCluster, shared_d
     # run must go on)
     proc = subprocess.Popen(ready.exec_argv(0,
                                             [*CPUDIST, "run", "mrpc", "--np", "2", "--ppn", "1",
-                                             "--hostfile",
-                                             str(first(ready, 2, tmp_path)), "--data-dir",
-                                             str(shared_data / "glue" / "MRPC"), "--model",
-                                             "tiny", "--max-steps",
-                                             "100000", "--max-train-samples", "64",
-                                             "--output-dir", str(out)]),
+                                             "--hostfile", str(first(ready, 2, tmp_path)),
+                                             "--data-dir", str(shared_data / "glue" / "MRPC"),
+                                             "--model", "tiny", "--max-steps", "100000",
+                                             "--max-train-samples", "64", "--output-dir",
+                                             str(out)]),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         steps = out / "steps.jsonl"

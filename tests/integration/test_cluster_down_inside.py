@@ -75,9 +75,8 @@ def left(ec2: Any) -> dict[str, list[str]]:
 def test_down_from_the_head_refuses_in_one_line_and_removes_nothing(world: World,
                                                                     cloud: dict[str, Any]) -> None:
     up = laptop(world, cloud, "cluster", "up", "--name", NAME, "--nodes", "2", "--image",
-                cloud["ami"],
-                "--subnet", cloud["subnet"], "--ssh-cidr", world.ssh_cidr, "--yes", "--no-ssh",
-                "--instance-type", "c6i.large")
+                cloud["ami"], "--subnet", cloud["subnet"], "--ssh-cidr", world.ssh_cidr, "--yes",
+                "--no-ssh", "--instance-type", "c6i.large")
     assert up.returncode == 0, up.stderr
     before = left(cloud["ec2"])
     res = cloud["ec2"].describe_instances(Filters=[{"Name": "private-ip-address",
@@ -92,8 +91,7 @@ def test_down_from_the_head_refuses_in_one_line_and_removes_nothing(world: World
     try:
         down = world.hosts.run(0,
                                [*CPUDIST, "cluster", "down", "--name", NAME, "--yes",
-                                "--endpoint-url",
-                                cloud["emu"].url, "--imds-endpoint", imds.url],
+                                "--endpoint-url", cloud["emu"].url, "--imds-endpoint", imds.url],
                                env={**env, **FAKE_CREDENTIALS}, timeout=300)
     finally:
         imds.stop()

@@ -241,8 +241,8 @@ def test_runs_sharing_a_location_keep_their_own_checkpoints(s3: Any, bucket: str
                                                                   "step-000001"]}
 
 
-def test_prune_after_a_resume_keeps_the_upload_and_sets_the_old_timeline_aside(s3: Any, bucket: str,
-                                                                                tmp_path: Path) -> None:
+def test_prune_after_a_resume_keeps_the_upload_and_sets_the_old_timeline_aside(
+        s3: Any, bucket: str, tmp_path: Path) -> None:
     mirror = Mirror(S3Objects(f"s3://{bucket}/run"), "20261126-090000-aaaaaa")
     for step in (2, 4, 6):
         mirror.upload(checkpoint(tmp_path / "a", step))
@@ -302,6 +302,7 @@ def test_a_copy_that_fails_is_a_warning_and_the_local_checkpoint_stays(tmp_path:
     warning = copy_or_warn(mirror, second, keep=2)
     assert warning is not None and warning.startswith("warning: step-000010 is not copied to "
                                                       "s3://ckpt/run/r1")
-    assert "S3 is unreachable" in warning and f"kept at {second}" in warning and "next checkpoint" in warning
+    assert ("S3 is unreachable" in warning and f"kept at {second}" in warning
+            and "next checkpoint" in warning)
     # nothing lost locally
     assert {p.name: p.read_bytes() for p in second.rglob("*") if p.is_file()} == before

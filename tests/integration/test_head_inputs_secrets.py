@@ -44,8 +44,7 @@ def site(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Iterato
         (w.state / "site-hostfile").write_text("".join(f"{w.hosts.name(i)}\n" for i in range(2)))
         setup = w.hosts.run(0,
                             [*CPUDIST, "hosts", "ssh-setup", "--hostfile",
-                             str(w.state / "site-hostfile"),
-                             "--identity", str(admin)])
+                             str(w.state / "site-hostfile"), "--identity", str(admin)])
         assert setup.returncode == 0, setup.stdout + setup.stderr
         copy = w.hosts.run(0,
                            ["sh", "-c",
@@ -66,8 +65,8 @@ def _watch_ps(seen: list[str], stop: threading.Event) -> None:
                 seen.append(line)
 
 
-def test_a_run_from_the_head_stages_its_inputs_and_keeps_secrets_off_every_line(site: World,
-                                                                                tmp_path: Path) -> None:
+def test_a_run_from_the_head_stages_its_inputs_and_keeps_secrets_off_every_line(
+        site: World, tmp_path: Path) -> None:
     env_file = tmp_path / "ranks.env"
     env_file.write_text("CPUDIST_THREADS=3\n")
     out = tmp_path / "run"
@@ -78,13 +77,10 @@ def test_a_run_from_the_head_stages_its_inputs_and_keeps_secrets_off_every_line(
     try:
         r = site.hosts.run(0,
                            ["env", f"CPD_TOKEN={TOKEN}", *CPUDIST, "run", "mrpc", "--np", "2",
-                            "--ppn", "1",
-                            "--hostfile", str(site.state / "site-hostfile"), "--model", "tiny",
-                            "--data-dir",
-                            "/root/.cpudist/mine/MRPC", "--max-steps", "3", "--max-eval-samples",
-                            "32",
-                            "--secret", "CPD_TOKEN", "--env-file", str(env_file), "--output-dir",
-                            str(out)])
+                            "--ppn", "1", "--hostfile", str(site.state / "site-hostfile"),
+                            "--model", "tiny", "--data-dir", "/root/.cpudist/mine/MRPC",
+                            "--max-steps", "3", "--max-eval-samples", "32", "--secret", "CPD_TOKEN",
+                            "--env-file", str(env_file), "--output-dir", str(out)])
     finally:
         stop.set()
         watcher.join()

@@ -23,9 +23,8 @@ pytestmark = pytest.mark.slow
 def test_the_blogs_run_glue_command_line_runs(shared_data: Path, tmp_path: Path) -> None:
     base, out = tiny_base(tmp_path / "tiny"), tmp_path / "mrpc"
     r = cpudist("run", "--model_name_or_path", base, "--task_name", "mrpc", "--do_train",
-                "--do_eval",
-                "--max_seq_length", "128", "--per_device_train_batch_size", "32", "--learning_rate",
-                "2e-5", "--num_train_epochs", "3", "--output_dir", out,
+                "--do_eval", "--max_seq_length", "128", "--per_device_train_batch_size", "32",
+                "--learning_rate", "2e-5", "--num_train_epochs", "3", "--output_dir", out,
                 "--data-dir", shared_data / "glue" / "MRPC", "--max_steps", "2",
                 "--max_eval_samples", "32", env={"HF_HUB_OFFLINE": "1"}, timeout=600)
     assert r.returncode == 0, r.stderr

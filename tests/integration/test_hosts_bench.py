@@ -48,7 +48,8 @@ def test_bench_measures_the_shaped_link_and_plan_takes_its_rate(cluster: NetnsCl
              "--iters", "5"]
     dry = cluster.run(0, [*bench, "--dry-run"], timeout=60)
     assert dry.returncode == 0, dry.stderr
-    assert "-np 2 -ppn 1" in dry.stdout and "cpudist.hosts.bench_rank --sizes 1000000,8000000" in dry.stdout
+    assert ("-np 2 -ppn 1" in dry.stdout
+            and "cpudist.hosts.bench_rank --sizes 1000000,8000000" in dry.stdout)
     cluster.shape(f"tbf rate {int(RATE_GBPS * 1000)}mbit burst 256kb latency 50ms")
     try:
         with CpuWindow() as cpu:
@@ -80,5 +81,6 @@ def test_bench_measures_the_shaped_link_and_plan_takes_its_rate(cluster: NetnsCl
     for how in (["--bench", str(saved)], []):  # the file named, then the newest result by default
         plan = cpudist("plan", run_dir, "--nodes", "2", *how, timeout=60)
         assert plan.returncode == 0, plan.stderr
-        assert f"link: {largest['busbw_gbps']:.3f} Gbit/s per node (bus bandwidth at 8MB on " in plan.stdout
+        assert (f"link: {largest['busbw_gbps']:.3f} Gbit/s per node "
+                "(bus bandwidth at 8MB on " in plan.stdout)
         assert str(saved) in plan.stdout and "recommend: " in plan.stdout

@@ -20,7 +20,8 @@ pytest.importorskip("accelerate")  # the test extra installs it
 
 def test_an_accelerate_loop_on_two_ranks_logs_torchruns_losses(tmp_path: Path) -> None:
     r, hand_out, _, _ = launch_beside_torchrun(tmp_path, ACCELERATE_SCRIPT + LEAVE, "metrics.json")
-    assert "state DistributedType.MULTI_CPU 2 0" in r.stderr and "DistributedType.MULTI_CPU 2 1" in r.stderr, r.stderr
+    assert ("state DistributedType.MULTI_CPU 2 0" in r.stderr
+            and "DistributedType.MULTI_CPU 2 1" in r.stderr), r.stderr
     ours_steps = STEP.findall(r.stderr)
     # 64 rows / (2 x 8)
     assert len(ours_steps) == 4 and ours_steps == STEP.findall(hand_out), (r.stderr, hand_out)

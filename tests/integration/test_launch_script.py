@@ -33,7 +33,8 @@ rank, world = dist.get_rank(), dist.get_world_size()
 total = torch.tensor([float(rank + 1)])
 dist.all_reduce(total)
 torch.manual_seed(0)
-model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(8, 16),
+                                                                      torch.nn.Tanh(),
                                                                       torch.nn.Linear(16, 1)))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 g = torch.Generator().manual_seed(1)
@@ -48,9 +49,11 @@ for step in range(4):
     dist.all_reduce(mean)
     if rank == 0:
         print(f"step {step} loss {mean.item() / world:.8f}", flush=True)
-names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
-print("vars " + json.dumps({k: os.environ.get(k) for k in names} | {"sum": total.item(),
-                                                                    "threads": torch.get_num_threads()}), flush=True)
+names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+         "MASTER_PORT")
+print("vars " + json.dumps({k: os.environ.get(k) for k in names}
+                           | {"sum": total.item(), "threads": torch.get_num_threads()}),
+      flush=True)
 if rank == 0 and "CPUDIST_RUN_DIR" in os.environ:
     with open("metrics.json", "w") as f:
         json.dump({"train_samples": 64, "final_loss": mean.item() / world, "sum": total.item()}, f)
@@ -81,15 +84,13 @@ def launched(tmp_path_factory: pytest.TempPathFactory) -> Launched:
     hand_dir = tmp_path_factory.mktemp("by-hand")
     (hand_dir / "ddp.py").write_text(DDP_SCRIPT + LEAVE)
     by_hand = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
-                                "2",
-                                "--master-port", str(free_port()), "ddp.py"], cwd=hand_dir,
+                                "2", "--master-port", str(free_port()), "ddp.py"], cwd=hand_dir,
                                text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     out, ledger = folder / "run", folder / "ledger.jsonl"
     run = cpudist("launch", "--np", "2", "--output-dir", out, "--ledger", ledger, "--workdir",
-                  folder,
-                  "--metric-file", "metrics.json", "--collect", "outputs", "--", "python", "ddp.py",
-                  timeout=240)
+                  folder, "--metric-file", "metrics.json", "--collect", "outputs", "--", "python",
+                  "ddp.py", timeout=240)
     hand_out, _ = by_hand.communicate(timeout=240)
     assert by_hand.returncode == 0, hand_out
     return Launched(folder, out, ledger, run, hand_out)
@@ -150,8 +151,7 @@ def test_one_failing_rank_stops_the_others_and_the_run_fails(tmp_path: Path) -> 
     (tmp_path / "fail.py").write_text(FAILING)
     began = time.monotonic()
     r = cpudist("launch", "--np", "2", "--output-dir", tmp_path / "run", "--ledger",
-                tmp_path / "ledger.jsonl",
-                "--workdir", tmp_path, "fail.py", timeout=240)
+                tmp_path / "ledger.jsonl", "--workdir", tmp_path, "fail.py", timeout=240)
     assert r.returncode == 1, r.stderr
     assert time.monotonic() - began < 100  # not rank 0's 120 s: its launcher stopped it
     assert "rank 1 gives up" in r.stderr and "the job failed" in r.stderr.splitlines()[-1], r.stderr
@@ -174,9 +174,8 @@ def test_stop_ends_every_rank_and_the_run_says_interrupted(tmp_path: Path) -> No
     # under runs/: `runs` and `stop` find it by id from tmp_path
     out = tmp_path / "runs" / "waiting"
     launched = subprocess.Popen([*CPUDIST, "launch", "--np", "2", "--output-dir", str(out),
-                                 "--ledger",
-                                 str(tmp_path / "ledger.jsonl"), "--workdir", str(tmp_path),
-                                 "wait.py"],
+                                 "--ledger", str(tmp_path / "ledger.jsonl"), "--workdir",
+                                 str(tmp_path), "wait.py"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
     log = out / "cpudist.log"
     try:
@@ -193,8 +192,7 @@ def test_stop_ends_every_rank_and_the_run_says_interrupted(tmp_path: Path) -> No
         assert [(r["id"], r["state"])
                 for r in json.loads(listed.stdout)] == [(run_id, "running")], listed.stderr
         stop = subprocess.run([*CPUDIST, "stop", run_id[:17]], cwd=tmp_path, capture_output=True,
-                              text=True,
-                              timeout=150)
+                              text=True, timeout=150)
         assert stop.returncode == 0, stop.stdout + stop.stderr
         assert stop.stdout.startswith(
             f"run {run_id} stopped, run.json says interrupted"), stop.stdout

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.slow
 # DDP_SCRIPT, and whether torchrun started it: torchrun (its elastic agent) names its run in every
 # worker
 SCRIPT = DDP_SCRIPT + '''
-print(f"under torchrun {'TORCHELASTIC_RUN_ID' in os.environ}", flush=True)  # one write: both workers share stdout
+# one write: both workers share stdout
+print(f"under torchrun {'TORCHELASTIC_RUN_ID' in os.environ}", flush=True)
 ''' + LEAVE
 
 
@@ -28,8 +29,7 @@ def test_one_torchrun_per_node_starts_the_ranks_with_ddps_losses(tmp_path: Path)
     (tmp_path / "ddp.py").write_text(SCRIPT)
     out, ledger = tmp_path / "run", tmp_path / "ledger.jsonl"
     r = cpudist("launch", "--np", "2", "--per-node", "--output-dir", out, "--ledger", ledger,
-                "--workdir", tmp_path,
-                "--", "python", "ddp.py", timeout=240)
+                "--workdir", tmp_path, "--", "python", "ddp.py", timeout=240)
     assert r.returncode == 0, r.stderr
     assert [float(loss) for _, loss in losses(r.stderr)] == pytest.approx(one_process_losses(),
                                                                           abs=1e-6), r.stderr
@@ -66,9 +66,8 @@ def test_accelerate_launch_per_node_starts_the_ranks_with_the_loops_losses(tmp_p
     (tmp_path / "train.py").write_text(ACCELERATE)
     out, ledger = tmp_path / "run", tmp_path / "ledger.jsonl"
     r = cpudist("launch", "--np", "2", "--per-node", "--output-dir", out, "--ledger", ledger,
-                "--workdir", tmp_path,
-                "--metric-file", "metrics.json", "--", "accelerate", "launch", "train.py",
-                timeout=240)
+                "--workdir", tmp_path, "--metric-file", "metrics.json", "--", "accelerate",
+                "launch", "train.py", timeout=240)
     assert r.returncode == 0, r.stderr
     assert [float(loss) for _, loss in STEP.findall(r.stderr)] == pytest.approx(accelerate_losses(),
                                                                                 abs=1e-6), \

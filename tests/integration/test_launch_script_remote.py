@@ -57,9 +57,8 @@ def laptop_argv(w: World, folder: str, *args: str) -> list[str]:
     per host."""
     return ["env", "-C", f"{OPERATOR_HOME}/{folder}", *CPUDIST, "launch", "--np", "2", "--ppn", "1",
             "--hostfile", f"{OPERATOR_HOME}/hosts", "--head", w.hosts.public_addr(0), "--user",
-            "root",
-            "--identity", f"{OPERATOR_HOME}/.ssh/id_ed25519", "--remote-python", sys.executable,
-            *args]
+            "root", "--identity", f"{OPERATOR_HOME}/.ssh/id_ed25519", "--remote-python",
+            sys.executable, *args]
 
 
 def left_on_hosts(w: World, script: str) -> list[str]:
@@ -125,8 +124,8 @@ def rank0(output: str) -> str:
                      line.split("] ", 1)[0].endswith(":0"))
 
 
-def test_a_trainer_and_an_accelerate_script_from_the_laptop_log_torchruns_losses(site: World,
-                                                                                 tmp_path: Path) -> None:
+def test_a_trainer_and_an_accelerate_script_from_the_laptop_log_torchruns_losses(
+    site: World, tmp_path: Path) -> None:
     """The HF Trainer and the Accelerate script of the local tests, each from the laptop on one rank
     per host, log the losses of the same script started by hand with torchrun on 2 processes of this
     machine (same world size, same rows: the same losses wherever the ranks run); their metric files
@@ -153,7 +152,8 @@ def test_a_trainer_and_an_accelerate_script_from_the_laptop_log_torchruns_losses
     assert [p.returncode for p in by_hand.values()] == [0, 0], hand
     trainer, accelerate = ours["trainer"], ours["accelerate"]
     assert trainer.returncode == 0, trainer.stderr[-4000:]
-    assert "world 2 process 0" in trainer.stderr and "world 2 process 1" in trainer.stderr, trainer.stderr[-4000:]
+    assert ("world 2 process 0" in trainer.stderr
+            and "world 2 process 1" in trainer.stderr), trainer.stderr[-4000:]
     # both print on each node's first process: here on both ranks, by hand (one node) on rank 0 only
     logged = LOGGED.findall(rank0(trainer.stderr))
     assert len(logged) == 4 and logged == LOGGED.findall(hand["trainer"]), (trainer.stderr,
@@ -203,7 +203,8 @@ COUNTER = '''
 import json, os
 world = int(os.environ["WORLD_SIZE"])
 if os.environ["RANK"] == "0":
-    # as HF Trainer's all_results.json of a fixed --max_steps: more ranks, more epochs (the report's group keeps them)
+    # as HF Trainer's all_results.json of a fixed --max_steps: more ranks, more epochs (the
+    # report's group keeps them)
     json.dump({"train_samples": 1000 * world, "epoch": world / 2}, open("metrics.json", "w"))
     open("out.txt", "w").write(f"world {world}")
 '''
@@ -220,8 +221,7 @@ def test_a_sweep_over_1_and_2_hosts_gives_the_speedup_table_and_each_runs_output
     ledger = site.operator_path(".cpudist/results.jsonl")
     before = len(ledger.read_text().splitlines()) if ledger.exists() else 0
     argv = laptop_argv(site, "counter", "--output-dir", "runs/sweep", "--metric-file",
-                       "metrics.json",
-                       "--collect", "out.txt", "--json", "--", "count.py")
+                       "metrics.json", "--collect", "out.txt", "--json", "--", "count.py")
     argv[argv.index("--np"):argv.index("--np") + 2] = ["--sweep", "1,2"]
     r = site.operator_run(argv, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]

@@ -39,9 +39,8 @@ def test_a_script_through_sbatch_on_two_nodes_has_ddps_losses(slurm: SlurmCluste
     out, ledger = tmp_path / "run", tmp_path / "ledger.jsonl"
     r = slurm.run(0,
                   [*CPUDIST, "launch", "--launcher", "slurm", "--nodes", "2", "--ppn", "1",
-                   "--output-dir",
-                   str(out), "--ledger", str(ledger), "--workdir", str(tmp_path), "--",
-                   "ddp.py"],
+                   "--output-dir", str(out), "--ledger", str(ledger), "--workdir", str(tmp_path),
+                   "--", "ddp.py"],
                   cwd=str(tmp_path), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
     assert [float(loss) for _, loss in losses(r.stderr)] == pytest.approx(one_process_losses(),

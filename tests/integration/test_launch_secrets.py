@@ -22,7 +22,8 @@ SCRIPT = '''
 import hashlib, os
 for name in ("HF_TOKEN", "WANDB_API_KEY"):
     print(name, hashlib.sha256(os.environ.get(name, "").encode()).hexdigest(), flush=True)
-print("printed", os.environ.get("HF_TOKEN"), os.environ.get("WANDB_API_KEY"), flush=True)  # as a careless script
+# as a careless script
+print("printed", os.environ.get("HF_TOKEN"), os.environ.get("WANDB_API_KEY"), flush=True)
 '''
 
 
@@ -30,23 +31,24 @@ def digest(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()
 
 
-def test_secrets_reach_the_scripts_environment_and_nothing_shown(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_secrets_reach_the_scripts_environment_and_nothing_shown(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "show.py").write_text(SCRIPT)
     (tmp_path / "wandb.env").write_text(f"export WANDB_API_KEY='{KEY}'\n")
     home = tmp_path / "home"
     out = tmp_path / "run"
     args = ["launch", "--np", "1", "--secret", "HF_TOKEN", "--env-file",
-            str(tmp_path / "wandb.env"), "--output-dir",
-            str(out), "--ledger", str(tmp_path / "ledger.jsonl"), "--workdir", str(tmp_path), "--",
-            "python", "show.py"]
+            str(tmp_path / "wandb.env"), "--output-dir", str(out), "--ledger",
+            str(tmp_path / "ledger.jsonl"), "--workdir", str(tmp_path), "--", "python", "show.py"]
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     dry = CliRunner().invoke(cli, [*args[:-3], "--dry-run", *args[-3:]])
     assert dry.exit_code == 0, dry.output
-    assert "CPUDIST_SECRETS" in dry.output and TOKEN not in dry.output and KEY not in dry.output, dry.output
+    assert ("CPUDIST_SECRETS" in dry.output and TOKEN not in dry.output
+            and KEY not in dry.output), dry.output
     r = cpudist(*args, env={"HF_TOKEN": TOKEN, "HOME": str(home)}, timeout=240)
     assert r.returncode == 0, r.stderr
-    assert f"HF_TOKEN {digest(TOKEN)}" in r.stderr and f"WANDB_API_KEY {digest(KEY)}" in r.stderr, r.stderr
+    assert (f"HF_TOKEN {digest(TOKEN)}" in r.stderr
+            and f"WANDB_API_KEY {digest(KEY)}" in r.stderr), r.stderr
     shown = [r.stdout, r.stderr, *(p.read_text() for p in out.iterdir() if p.is_file()),
              (tmp_path / "ledger.jsonl").read_text()]
     # the file's path is what the launcher passes

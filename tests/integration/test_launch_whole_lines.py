@@ -55,10 +55,8 @@ def test_every_rank_line_comes_whole_and_tagged_on_this_machine(tmp_path: Path,
                                                                 per_node: bool) -> None:
     (tmp_path / "pieces.py").write_text(SCRIPT)
     r = cpudist("launch", "--np", "2", *(["--per-node"] if per_node else []), "--output-dir",
-                tmp_path / "run",
-                "--ledger", tmp_path / "ledger.jsonl", "--workdir", tmp_path, "--", "python",
-                "pieces.py",
-                timeout=240)
+                tmp_path / "run", "--ledger", tmp_path / "ledger.jsonl", "--workdir", tmp_path,
+                "--", "python", "pieces.py", timeout=240)
     assert r.returncode == 0, r.stderr
     check_whole(r.stderr, 2)
     check_whole((tmp_path / "run" / "ranks.log").read_text(), 2)
@@ -88,9 +86,8 @@ def test_every_rank_line_comes_whole_and_tagged_across_hosts(hosts: NetnsCluster
     tmp_path.chmod(0o755)
     r = hosts.run(0,
                   [*CPUDIST, "launch", "--np", "4", "--ppn", "2", "--hostfile", str(hosts.hostfile),
-                   *route,
-                   "--output-dir", str(tmp_path / "run"), "--ledger",
-                   str(tmp_path / "ledger.jsonl"),
-                   "--workdir", str(tmp_path), "--", "python", "pieces.py"], timeout=300)
+                   *route, "--output-dir", str(tmp_path / "run"), "--ledger",
+                   str(tmp_path / "ledger.jsonl"), "--workdir", str(tmp_path), "--", "python",
+                   "pieces.py"], timeout=300)
     assert r.returncode == 0, r.stderr
     check_whole(r.stderr, 4)

@@ -31,9 +31,11 @@ from cpudist.strategies import SyncSpec
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 k = int(sys.argv[1])
-def train(moments, wire, j):  # a fresh model, optimizer and strategy: what it held around each of J averages
+# a fresh model, optimizer and strategy: what it held around each of J averages
+def train(moments, wire, j):
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Linear(4, 2))  # the same start on every rank
+    # the same start on every rank
+    model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Linear(4, 2))
     opt = torch.optim.AdamW(model.parameters(), lr=0.01, fused=True)
     spec = SyncSpec("local-sgd", sync_every=k, average_moments=moments, grad_compression=wire,
                     bucket_cap_mb=1e-4, second_moment_every=j)
@@ -46,7 +48,8 @@ def train(moments, wire, j):  # a fresh model, optimizer and strategy: what it h
                 "m": [st[p]["exp_avg"].flatten().tolist() for p in model.parameters()],
                 "v": [st[p]["exp_avg_sq"].flatten().tolist() for p in model.parameters()]}
     averages = []
-    anchor = [p.detach().flatten().tolist() for p in model.parameters()]  # the model at the last average
+    # the model at the last average
+    anchor = [p.detach().flatten().tolist() for p in model.parameters()]
     for step in range(1, k * j + 1):  # J averages: the last one takes the second moment
         model(torch.randn(8, 5)).pow(2).mean().backward()
         strategy.gradients(step)
@@ -59,15 +62,17 @@ def train(moments, wire, j):  # a fresh model, optimizer and strategy: what it h
             anchor = averages[-1]["after"]["p"]
     return averages
 results = []
-for moments, wire, j in json.loads(sys.argv[2]):  # each case trains from scratch: none sees another's state
+# each case trains from scratch: none sees another's state
+for moments, wire, j in json.loads(sys.argv[2]):
     out = [None] * world
     dist.all_gather_object(out, train(moments, wire, j))
     results.append(out)
 if rank == 0:
     print(json.dumps(results), flush=True)
-# Leave without tearing gloo down: a rank destroying its group while a peer still closes its own aborted
-# now and then ("terminate called without an active exception", 2 of some 40 runs here; the trainer's own
-# way out is cpudist.train.dist.shutdown_distributed). What this test checks was gathered above.
+# Leave without tearing gloo down: a rank destroying its group while a peer still closes its own
+# aborted now and then ("terminate called without an active exception", 2 of some 40 runs here; the
+# trainer's own way out is cpudist.train.dist.shutdown_distributed). What this test checks was
+# gathered above.
 dist.barrier()
 os._exit(0)
 """
@@ -84,8 +89,7 @@ SECOND_MOMENT_EVERY_2: Case = ("both", "bf16", 2)
 def ranks(cases: list[Case], world: int) -> dict[Case, list[list[dict[str, Any]]]]:
     """Per case, per rank, per average: what it held just before and just after."""
     env = {**os.environ, "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port()),
-           "OMP_NUM_THREADS": "1"}
+           "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, "-c", RANK, str(K), json.dumps(cases)],
                               stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env={**env, "RANK": str(r)})

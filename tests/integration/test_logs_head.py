@@ -40,4 +40,5 @@ def test_logs_head_reads_the_heads_ranks_log_of_a_laptop_run(site: World) -> Non
     assert f"run {info['id']} is finished" in followed.stderr
     # what the laptop saw, with its steps
     local = site.operator_run([*CPUDIST, "logs", info["id"]], timeout=120)
-    assert local.returncode == 0 and "[cpudist] step 3/3" in local.stdout and "rank 1/2 ready" in local.stdout
+    assert (local.returncode == 0 and "[cpudist] step 3/3" in local.stdout
+            and "rank 1/2 ready" in local.stdout)

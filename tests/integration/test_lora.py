@@ -62,11 +62,9 @@ def tiny_base(folder: Path) -> Path:
 def run(cluster: NetnsCluster, data: Path, base: Path, out: Path, *extra: str) -> dict[str, Any]:
     r = cluster.run(0,
                     [*CPUDIST, "run", "mrpc", "--np", "2", "--ppn", "1", "--hostfile",
-                     str(cluster.hostfile),
-                     "--data-dir", str(data), "--model", str(base), *LORA, "--precision", "fp32",
-                     "--max-steps", "6", "--checkpoint-every", "3", "--no-eval", "--batch-size",
-                     "8", "--lr", "5e-3",
-                     "--max-train-samples", "128",
+                     str(cluster.hostfile), "--data-dir", str(data), "--model", str(base), *LORA,
+                     "--precision", "fp32", "--max-steps", "6", "--checkpoint-every", "3",
+                     "--no-eval", "--batch-size", "8", "--lr", "5e-3", "--max-train-samples", "128",
                      "--output-dir", str(out), *extra], timeout=400)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     result: dict[str, Any] = json.loads((out / "result.json").read_text())
@@ -104,8 +102,7 @@ def test_lora_trains_sends_saves_and_resumes_only_the_adapters(tmp_path: Path,
     try:
         r = cluster.run(0,
                         [*CPUDIST, "hosts", "ssh-setup", "--hostfile", str(cluster.hostfile),
-                         "--identity",
-                         str(cluster.user_key)], timeout=300)
+                         "--identity", str(cluster.user_key)], timeout=300)
         assert r.returncode == 0, r.stdout + r.stderr
         first = run(cluster, data, base, tmp_path / "a")
         resumed = run(cluster, data, base, tmp_path / "b", "--merge-lora",

@@ -94,8 +94,7 @@ def test_a_copy_that_fails_warns_and_keeps_the_model_in_the_run_folder(shared_da
                                                                        node_env: dict[str, str],
                                                                         tmp_path: Path) -> None:
     r = run(shared_data, tmp_path / "run", node_env, "--model-s3",
-            f"s3://no-such-{uuid.uuid4().hex[:8]}/m",
-            "--quiet")
+            f"s3://no-such-{uuid.uuid4().hex[:8]}/m", "--quiet")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "WARNING: the model was not copied to s3://no-such-" in r.stderr  # even with --quiet
     result = json.loads((tmp_path / "run" / "result.json").read_text())

@@ -100,21 +100,22 @@ def test_two_rank_run_saves_a_model_pipeline_loads_with_its_card(shared_data: Pa
     assert out["label"] in ("not_equivalent", "equivalent") and 0 < out["score"] <= 1
 
     card = ModelCard.load(model / "README.md")
-    assert card.data.library_name == "transformers" and card.data.pipeline_tag == "text-classification"
+    assert (card.data.library_name == "transformers"
+            and card.data.pipeline_tag == "text-classification")
     assert card.data.datasets == ["nyu-mll/glue"] and card.data.metrics == ["accuracy", "f1"]
     scored = {e.metric_type: e.metric_value for e in card.data.eval_results}
     assert scored == {k: round(v, 4) for k, v in result["metrics"].items()}
     # the command as typed
     assert f"--output-dir {run}" in card.text and "cpudist run mrpc --data-dir" in card.text
-    assert "2 x 1 (2 per node, launched with mpich)" in card.text and "0: not_equivalent, 1: equivalent" in card.text
+    assert ("2 x 1 (2 per node, launched with mpich)" in card.text
+            and "0: not_equivalent, 1: equivalent" in card.text)
     assert result["cpu"]["kind"] in card.text and "step 4 of 4" in card.text
 
 
 def test_save_model_none_writes_nothing(shared_data: Path, tmp_path: Path) -> None:
     run = tmp_path / "RUN"
     r = cpudist("run", *mrpc(shared_data), "--max-steps", "2", "--max-eval-samples", "32",
-                "--save-model", "none",
-                "--max-train-samples", "64", "--output-dir", run)
+                "--save-model", "none", "--max-train-samples", "64", "--output-dir", run)
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in run.iterdir() if p.name.startswith("model")) == []
     result = _result(run)
@@ -178,10 +179,8 @@ def test_regression_model_is_marked_as_hf_marks_it_frozen_embeddings_saved(tmp_p
     scores.write_text("\n".join(lines) + "\n")
     run = tmp_path / "RUN"
     r = cpudist("run", "custom", "--train-file", scores, "--validation-file", scores,
-                "--label-column", "score",
-                "--model", "tiny", "--max-steps", "3", "--lr", "1e-3", "--precision", "fp32",
-                "--freeze-embeddings",
-                "--output-dir", run)
+                "--label-column", "score", "--model", "tiny", "--max-steps", "3", "--lr", "1e-3",
+                "--precision", "fp32", "--freeze-embeddings", "--output-dir", run)
     assert r.returncode == 0, r.stderr
     config = AutoConfig.from_pretrained(run / "model")
     assert config.problem_type == "regression" and config.num_labels == 1

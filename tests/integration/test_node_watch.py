@@ -38,8 +38,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NetnsCluste
     """Two hosts this process reaches through a gateway, and the ssh wrapper that launchers use
     between nodes."""
     c = NetnsCluster(2, tmp_path_factory.mktemp("watch"), prefix=f"cnw{os.getpid() % 10000}",
-                     net="198.18.9",
-                     gateway="198.18.9.1")
+                     net="198.18.9", gateway="198.18.9.1")
     c.up()
     try:
         folder = c.state / "cluster"
@@ -112,8 +111,7 @@ def test_a_node_that_vanishes_stops_the_launch_within_the_bound_naming_it(pair: 
             kill_namespace(c.name(1))
 
     outcome = runner.execute(Launch(HANGS, {}), os.environ, lambda e: None, power_off_host_1,
-                             timeout_s=150,
-                             watch=watch)
+                             timeout_s=150, watch=watch)
     took = time.monotonic() - gone[0]
     assert not outcome.timed_out and outcome.returncode != 0
     assert watch.lost is not None and watch.lost.node == c.addr(1), watch.lost

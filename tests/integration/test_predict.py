@@ -65,7 +65,8 @@ def test_a_file_to_csv_or_stdout_and_a_dry_run_that_writes_nothing(model: Path,
                             for i in range(5)))
     dry = in_process("predict", model, "--file", rows, "--text-columns", "a,b", "-o",
                      tmp_path / "p.csv", "--dry-run")
-    assert dry.exit_code == 0 and "rows:      5 from" in dry.stdout and "(csv)" in dry.stdout, dry.stderr
+    assert dry.exit_code == 0 and "rows:      5 from" in dry.stdout and "(csv)" in dry.stdout, \
+        dry.stderr
     assert not (tmp_path / "p.csv").exists()
     r = cpudist("predict", model, "--file", rows, "--text-columns", "a,b", "-o", tmp_path / "p.csv")
     assert r.returncode == 0, r.stderr

@@ -26,8 +26,7 @@ def reviews(path: Path, rows: int, seed: int) -> Path:
     words = {"pos": ["wonderful", "great", "excellent", "superb", "lovely"],
              "neg": ["awful", "terrible", "horrible", "dreadful", "poor"]}
     filler = ["the", "a", "movie", "film", "plot", "actor", "scene", "story", "music", "ending",
-              "was", "is", "and",
-              "very", "quite", "really", "it", "this"]
+              "was", "is", "and", "very", "quite", "really", "it", "this"]
     with path.open("w") as f:
         for _ in range(rows):
             label = rng.choice(["pos", "neg"])
@@ -42,16 +41,13 @@ def test_a_runs_model_predicts_its_dev_metric_exactly_and_pipeline_agrees(tmp_pa
     train, dev, run = reviews(tmp_path / "train.jsonl", 600, 0), reviews(tmp_path / "dev.jsonl",
                                                                          120, 1), tmp_path / "r"
     r = cpudist("run", "custom", "--np", "1", "--train-file", train, "--validation-file", dev,
-                "--model", "tiny",
-                "--max-steps", "60", "--batch-size", "32", "--lr", "5e-3", "--dropout", "0",
-                "--output-dir", run,
-                timeout=600)
+                "--model", "tiny", "--max-steps", "60", "--batch-size", "32", "--lr", "5e-3",
+                "--dropout", "0", "--output-dir", run, timeout=600)
     assert r.returncode == 0, r.stderr
     result = json.loads((run / "result.json").read_text())
 
     p = cpudist("predict", run, "--file", dev, "--label-column", "label", "-o",
-                tmp_path / "dev.jsonl.out",
-                "--format", "jsonl")
+                tmp_path / "dev.jsonl.out", "--format", "jsonl")
     assert p.returncode == 0, p.stderr
     said = {k: float(v) for k,
             v in (kv.split("=") for kv in p.stderr.split(", ")[-1].split(" -> ")[0].split())}
@@ -77,12 +73,11 @@ def test_a_runs_model_predicts_its_dev_metric_exactly_and_pipeline_agrees(tmp_pa
 
 
 @pytest.mark.timeout(900)
-def test_a_glue_runs_dev_metric_and_its_test_split_as_glues_submission_file(shared_data: Path,
-                                                                             tmp_path: Path) -> None:
+def test_a_glue_runs_dev_metric_and_its_test_split_as_glues_submission_file(
+        shared_data: Path, tmp_path: Path) -> None:
     mrpc, run = shared_data / "glue" / "MRPC", tmp_path / "run"
     r = cpudist("run", "mrpc", "--np", "1", "--data-dir", mrpc, "--model", "tiny", "--max-steps",
-                "3",
-                "--max-train-samples", "48", "--max-eval-samples", "64", "--output-dir", run,
+                "3", "--max-train-samples", "48", "--max-eval-samples", "64", "--output-dir", run,
                 timeout=600)
     assert r.returncode == 0, r.stderr
     result = json.loads((run / "result.json").read_text())

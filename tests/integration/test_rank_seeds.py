@@ -18,7 +18,8 @@ import json, os, sys, torch, torch.distributed as dist
 from cpudist.train.setup import setup
 from cpudist.config import TrainConfig
 from cpudist.train.dist import discover_rank, shutdown_distributed
-cfg = TrainConfig(task="synthetic", output_dir=sys.argv[1], model="tiny", synthetic_samples=64, max_seq_len=16)
+cfg = TrainConfig(task="synthetic", output_dir=sys.argv[1], model="tiny", synthetic_samples=64,
+                  max_seq_len=16)
 job = setup(cfg, discover_rank(os.environ))
 module = getattr(job.model, "module", job.model)
 params = [p.detach().flatten()[:4].tolist() for p in module.parameters()]
@@ -34,8 +35,7 @@ shutdown_distributed()
 
 def test_same_init_different_noise_per_rank(tmp_path: Path) -> None:
     env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port()),
-           "OMP_NUM_THREADS": "1"}
+           "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, "-c", RANK, str(tmp_path)], stdout=subprocess.PIPE,
                               text=True,
                               env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(2)]

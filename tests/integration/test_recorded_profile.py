@@ -68,8 +68,7 @@ def record(ec2: Signed, place: Place) -> ClusterRecord:
     """A cluster's record as `cluster up` writes it: the place resolved when it was made."""
     made = resolve(place)
     return ClusterRecord("c1", made.region or "", made.endpoint_url, "t3.micro", (), "public",
-                         "ubuntu", 22, "key",
-                         "known", "hosts", "on-demand", "2026-11-26T00:00:00Z",
+                         "ubuntu", 22, "key", "known", "hosts", "on-demand", "2026-11-26T00:00:00Z",
                          profile=made.profile)
 
 
@@ -79,8 +78,8 @@ def signed_by(ec2: Signed, place: Place) -> str:
     return ec2.keys[-1]
 
 
-def test_a_record_made_without_a_profile_keeps_to_the_default_chain(ec2: Signed,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_record_made_without_a_profile_keeps_to_the_default_chain(
+        ec2: Signed, monkeypatch: pytest.MonkeyPatch) -> None:
     made = record(ec2, Place(None, ec2.url, None))
     assert made.profile is None and made.region == "us-east-1"
     assert signed_by(ec2, made.place) == "MADEWITHDEFAULT"

@@ -16,9 +16,8 @@ def test_dry_run_from_outside_shows_the_plan_and_touches_nothing(shared_data: Pa
     out_dir = tmp_path / "runs" / "x"
     # 192.0.2.1 (TEST-NET-1) answers nothing: a dry run must not try to connect.
     r = cpudist("run", "mrpc", "--np", "2", "--ppn", "1", "--hostfile", hostfile, "--head",
-                "192.0.2.1",
-                "--user", "ubuntu", "--data-dir", shared_data / "glue" / "MRPC", "--model", "tiny",
-                "--output-dir", out_dir, "--dry-run", timeout=60,
+                "192.0.2.1", "--user", "ubuntu", "--data-dir", shared_data / "glue" / "MRPC",
+                "--model", "tiny", "--output-dir", out_dir, "--dry-run", timeout=60,
                 env={"HOME": str(tmp_path / "home")})
     assert r.returncode == 0, r.stderr
     note, *lines = r.stdout.splitlines()
@@ -37,6 +36,5 @@ def test_more_nodes_than_the_hostfile_is_bad_input_before_any_connection(tmp_pat
     hostfile = tmp_path / "hosts"
     hostfile.write_text("node-a\nnode-b\n")
     r = cpudist("run", "synthetic", "--np", "3", "--ppn", "1", "--hostfile", hostfile, "--head",
-                "192.0.2.1",
-                "--model", "tiny", timeout=60)
+                "192.0.2.1", "--model", "tiny", timeout=60)
     assert r.returncode == 2 and "needs 3 nodes but 2 are available" in r.stderr

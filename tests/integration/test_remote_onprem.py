@@ -57,8 +57,7 @@ def site(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Iterato
         w.operator_path("hosts").write_text(hosts)
         setup = w.hosts.run(0,
                             [*CPUDIST, "hosts", "ssh-setup", "--hostfile",
-                             str(w.state / "site-hostfile"),
-                             "--identity", str(admin)])
+                             str(w.state / "site-hostfile"), "--identity", str(admin)])
         assert setup.returncode == 0, setup.stdout + setup.stderr
         shutil.copytree(shared_data / "glue" / "MRPC", w.operator_path("data/MRPC"))
         yield w
@@ -97,12 +96,10 @@ FEW_ROWS = ("--max-train-samples", "64")
 
 def laptop_argv(w: World, out: str, *extra: str) -> list[str]:
     return [*CPUDIST, "run", "mrpc", "--np", "2", "--ppn", "1", "--hostfile",
-            "/srv/cpd-operator/hosts",
-            "--head", w.hosts.public_addr(0), "--user", "root", "--identity",
-            "/srv/cpd-operator/.ssh/id_ed25519",
-            "--remote-python", sys.executable, "--model", "tiny", "--data-dir",
-            "/srv/cpd-operator/data/MRPC",
-            "--output-dir", f"/srv/cpd-operator/runs/{out}", *extra]
+            "/srv/cpd-operator/hosts", "--head", w.hosts.public_addr(0), "--user", "root",
+            "--identity", "/srv/cpd-operator/.ssh/id_ed25519", "--remote-python", sys.executable,
+            "--model", "tiny", "--data-dir", "/srv/cpd-operator/data/MRPC", "--output-dir",
+            f"/srv/cpd-operator/runs/{out}", *extra]
 
 
 def run_from_laptop(w: World, out: str, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -205,7 +202,8 @@ def test_run_from_the_laptop_with_each_mpi(site: World, mpi_runs: MpiRuns, launc
     # given and what ran
     default = TrainConfig(task="mrpc", output_dir="-")
     lr, batch = default.lr, default.batch_size
-    said = f"2 ranks x batch {batch} = global batch {2 * batch}: lr {lr:g} x 2 = {2 * lr:g} (--lr-scaling auto: linear"
+    said = (f"2 ranks x batch {batch} = global batch {2 * batch}: lr {lr:g} x 2 = {2 * lr:g} "
+            "(--lr-scaling auto: linear")
     at = run.done.stderr.find(said)
     assert at >= 0 and "step 1/" not in run.done.stderr[:at], run.log
     assert (result["lr"], result["lr_scaling"]) == (pytest.approx(2 * lr), "auto"), result
@@ -284,8 +282,7 @@ def _drop_link(w: World, on: bool) -> None:
     sh("ip", "netns", "exec", w.operator_ns, "iptables", op, "INPUT", "-i", "eth0", "-j", "DROP",
        check=on)
     sh("ip", "netns", "exec", w.hosts.name(0), "iptables", op, "INPUT", "-s", w.operator_addr, "-j",
-       "DROP",
-       check=on)
+       "DROP", check=on)
 
 
 def test_a_laptop_link_that_drops_silently_stops_every_rank(site: World) -> None:
@@ -293,8 +290,7 @@ def test_a_laptop_link_that_drops_silently_stops_every_rank(site: World) -> None
     ~20 s; the agent on the head hears no heartbeat and stops the ranks (stock sshd, no
     ClientAliveInterval, would wait ~15 min)."""
     proc = site.operator_popen(laptop_argv(site, "silent-drop", *FEW_ROWS, "--max-steps", "5000",
-                                           "--log-every", "1",
-                                           "--no-eval"), stdout=subprocess.PIPE,
+                                           "--log-every", "1", "--no-eval"), stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT)
     cut = None
     try:
@@ -332,8 +328,7 @@ def test_a_hung_rank_on_the_other_host_ends_the_run_and_leaves_nothing(site: Wor
     the launcher Hydra left waiting, and nothing of the run stays on either host (before, it stayed
     up as long as the hung rank did)."""
     proc = site.operator_popen(laptop_argv(site, "hung-rank", *FEW_ROWS, "--max-steps", "5000",
-                                           "--log-every", "1",
-                                           "--no-eval", "--dist-timeout", "10"),
+                                           "--log-every", "1", "--no-eval", "--dist-timeout", "10"),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     hung: list[int] = []
     try:
@@ -358,8 +353,8 @@ def test_a_hung_rank_on_the_other_host_ends_the_run_and_leaves_nothing(site: Wor
                     os.kill(pid, signal.SIGKILL)
     assert proc.returncode == 1, out[-4000:]
     assert "lost a peer rank: no answer within --dist-timeout 10s" in out, out[-4000:]
-    assert "Error: on the head node: the job failed (launcher stopped 20 s after a rank lost its peer): " in out, \
-        out[-4000:]
+    assert "Error: on the head node: the job failed (launcher stopped 20 s after a rank lost its " \
+           "peer): " in out, out[-4000:]
     assert left == [], left
 
 
@@ -468,7 +463,8 @@ def test_a_detached_run_is_followed_home_from_another_process(site: World,
     r, followed = run.done, run.followed
     assert r.returncode == 0 and followed is not None, run.log
     run_id, agent = followed.run_id, followed.info["detached"]
-    assert f"cpudist logs -f {run_id}" in r.stdout and f"cpudist stop {run_id}" in r.stdout, r.stdout
+    assert f"cpudist logs -f {run_id}" in r.stdout and f"cpudist stop {run_id}" in r.stdout, \
+        r.stdout
     assert agent["agent_pid"] > 0 and agent["host"] == site.hosts.public_addr(0) and agent[
         "user"] == "root"
     assert followed.listed_then == "running"  # until something brings it home
@@ -479,7 +475,8 @@ def test_a_detached_run_is_followed_home_from_another_process(site: World,
     assert held.count("training: 3 steps") == 1 and held.count("rank 0/2 ready") == 1, held
     follow = followed.follow
     assert follow.returncode == 0, follow.stdout + follow.stderr[-4000:]
-    assert "[cpudist] step 3/3" in follow.stdout and "training: 3 steps" in follow.stdout, follow.stdout[-3000:]
+    assert "[cpudist] step 3/3" in follow.stdout and "training: 3 steps" in follow.stdout, \
+        follow.stdout[-3000:]
     # logs -f read the head's log on from where `run` had stopped: every line once, in the file and
     # on the screen
     log = site.operator_path(f"runs/{run.out}/cpudist.log").read_text()
@@ -525,9 +522,8 @@ def test_a_detached_run_leaves_no_secret_value_in_any_file(site: World) -> None:
     token, hf = "cpd-tok-8e41b0d5c3", "hf-val-2c97aa61f0"
     site.operator_path("ranks.env").write_text("CPUDIST_THREADS=3\n")
     r = site.operator_run(laptop_argv(site, "detached-secrets", *FEW_ROWS, "--max-steps", "2",
-                                      "--no-eval", "--detach",
-                                      "--secret", "CPD_TOKEN", "--env", f"HF_TOKEN={hf}",
-                                      "--env-file",
+                                      "--no-eval", "--detach", "--secret", "CPD_TOKEN", "--env",
+                                      f"HF_TOKEN={hf}", "--env-file",
                                       "/srv/cpd-operator/ranks.env"), env={"CPD_TOKEN": token},
                           timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
@@ -537,7 +533,8 @@ def test_a_detached_run_leaves_no_secret_value_in_any_file(site: World) -> None:
     result = json.loads(site.operator_path("runs/detached-secrets/result.json").read_text())
     assert result["rank_threads"] == [3, 3]  # both ranks read their node's secrets file
     head_dir = result["staging"]["remote_run_dir"]
-    grep_where_found = 'h=$1; shift; for d in "$@"; do [ ! -e "$d" ] || grep -rlF -e "$0" -e "$h" "$d"; done'
+    grep_where_found = ('h=$1; shift; for d in "$@"; do [ ! -e "$d" ] || grep -rlF -e "$0" -e "$h" '
+                        '"$d"; done')
     for i in range(site.hosts.n):  # (the head's run folder is on the head only)
         grep = site.hosts.run(i,
                               ["sh", "-c", grep_where_found, token, hf, head_dir, "/root/.cpudist"])

@@ -42,8 +42,7 @@ def stock(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Iterat
     """Two nodes as installed: an admin's key for `ubuntu` on each, `cpudist hosts ssh-setup` run by
     ubuntu on the head; the laptop with its own key (authorized for ubuntu) and its own data."""
     w = World(2, tmp_path_factory.mktemp("stock"), prefix=f"cps{os.getpid() % 10000}",
-              users=(USER,),
-              strict_modes=True, loopback_name=(0, 1))
+              users=(USER,), strict_modes=True, loopback_name=(0, 1))
     w.up()
     try:
         laptop_key = w.operator_path(".ssh/id_ed25519")
@@ -79,11 +78,10 @@ def stock(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Iterat
 
 def test_a_run_as_ubuntu_on_stock_nodes_finds_python_by_itself(stock: World) -> None:
     r = stock.operator_run([*CPUDIST, "run", "mrpc", "--np", "2", "--ppn", "1", "--hostfile",
-                            "/srv/cpd-operator/hosts",
-                            "--head", stock.hosts.public_addr(0), "--user", USER,
-                            "--identity", "/srv/cpd-operator/.ssh/id_ed25519", "--model", "tiny",
-                            "--data-dir", "/srv/cpd-operator/data/MRPC", "--max-steps", "3",
-                            "--max-eval-samples", "64", "--dist-timeout", "60",
+                            "/srv/cpd-operator/hosts", "--head", stock.hosts.public_addr(0),
+                            "--user", USER, "--identity", "/srv/cpd-operator/.ssh/id_ed25519",
+                            "--model", "tiny", "--data-dir", "/srv/cpd-operator/data/MRPC",
+                            "--max-steps", "3", "--max-eval-samples", "64", "--dist-timeout", "60",
                             "--output-dir", "/srv/cpd-operator/runs/stock"], timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
     result = json.loads(stock.operator_path("runs/stock/result.json").read_text())

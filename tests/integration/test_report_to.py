@@ -13,8 +13,8 @@ from tests.integration.helpers import cpudist
 pytestmark = pytest.mark.slow
 
 
-def test_tensorboard_and_mlflow_hold_every_step_and_evaluation(tmp_path: Path, shared_data: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tensorboard_and_mlflow_hold_every_step_and_evaluation(
+        tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Rank 0 alone writes one event file: train/* at steps 1..6 (--log-every 4 flushes twice: steps
     1-4 and 5-6), eval/* at the evaluations of --eval-every 2 and the final one, equal to
     steps.jsonl and result.json."""
@@ -22,12 +22,10 @@ def test_tensorboard_and_mlflow_hold_every_step_and_evaluation(tmp_path: Path, s
 
     run = tmp_path / "RUN"
     r = cpudist("run", "mrpc", "--data-dir", shared_data / "glue" / "MRPC", "--model", "tiny",
-                "--np", "2",
-                "--ppn", "2", "--max-steps", "6", "--eval-every", "2", "--log-every", "4", "--lr",
-                "1e-3",
-                "--max-train-samples", "256", "--max-eval-samples", "64", "--save-model", "none",
-                "--report-to", "tensorboard,mlflow", "--output-dir", run, "--ledger",
-                tmp_path / "ledger.jsonl")
+                "--np", "2", "--ppn", "2", "--max-steps", "6", "--eval-every", "2", "--log-every",
+                "4", "--lr", "1e-3", "--max-train-samples", "256", "--max-eval-samples", "64",
+                "--save-model", "none", "--report-to", "tensorboard,mlflow", "--output-dir", run,
+                "--ledger", tmp_path / "ledger.jsonl")
     assert r.returncode == 0, r.stderr
     files = sorted((run / "tensorboard").iterdir())
     # one writer: rank 0
@@ -49,8 +47,8 @@ def test_tensorboard_and_mlflow_hold_every_step_and_evaluation(tmp_path: Path, s
     assert [v for _, v in scalars("train/samples_per_s")] == pytest.approx(
         [s["samples"] / s["step_time_s"] for s in steps], rel=1e-6)
     shares = [v for _, v in scalars("train/comm_share")]
-    assert len(shares) == 6 and all(0.0 <= v <= 1.0 for v in shares) and any(v > 0
-                                                                             for v in shares), shares
+    assert len(shares) == 6 and all(0.0 <= v <= 1.0 for v in shares) \
+        and any(v > 0 for v in shares), shares
 
     evaluations = json.loads((run / "result.json").read_text())["evaluations"]
     assert [e["step"] for e in evaluations] == [2, 4, 6]

@@ -29,9 +29,8 @@ STEPS = 40
 
 def common(shared_data: Path) -> list[str]:
     return ["mrpc", "--data-dir", str(shared_data / "glue" / "MRPC"), "--model", "tiny",
-            "--max-steps", str(STEPS),
-            "--dropout", "0", "--precision", "fp32", "--log-every", "1", "--max-eval-samples", "96",
-            "--lr", "1e-3"]
+            "--max-steps", str(STEPS), "--dropout", "0", "--precision", "fp32", "--log-every", "1",
+            "--max-eval-samples", "96", "--lr", "1e-3"]
 
 
 def steps(run_dir: Path) -> list[dict[str, float]]:
@@ -49,8 +48,7 @@ def sigterm_ranks_at(args: list[str], run_dir: Path, step: int,
     """Start `cpudist run ARGS`, SIGTERM every rank once `step` steps are logged, wait for the
     end."""
     proc = subprocess.Popen([*CPUDIST, "run", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            cwd=cwd,
+                            stderr=subprocess.PIPE, text=True, cwd=cwd,
                             env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
     deadline = time.monotonic() + 180
     while logged(run_dir) < step:
@@ -71,8 +69,7 @@ def straight(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     checkpoint and starts from step 0 (the straight run it is)."""
     run_dir = tmp_path_factory.mktemp("straight") / "run"
     r = cpudist("run", *common(shared_data), "--np", "2", "--output-dir", run_dir,
-                "--checkpoint-every", "20",
-                "--resume", "auto")
+                "--checkpoint-every", "20", "--resume", "auto")
     assert r.returncode == 0, r.stderr
     assert "--resume auto: no checkpoint in" in r.stderr and "starting from step 0" in r.stderr
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000020",
@@ -143,7 +140,7 @@ def test_sigterm_every_rank_then_resume_matches_the_straight_run(shared_data: Pa
     assert not (run_dir / "preempted.json").exists()
 
 
-def test_a_truncated_newest_checkpoint_is_skipped_and_another_world_size_keeps_the_global_batch_or_refuses(
+def test_a_truncated_newest_checkpoint_is_skipped_other_world_sizes_keep_the_batch_or_refuse(
         shared_data: Path, tmp_path: Path, straight: Path, stopped: tuple[Path, int]) -> None:
     """No --output-dir: --resume auto finds the unfinished run of this task and model under ./runs.
     Its newest checkpoint truncated, the resume names it and goes on from step 20; on 1 rank instead
@@ -163,7 +160,8 @@ def test_a_truncated_newest_checkpoint_is_skipped_and_another_world_size_keeps_t
 
     refused = resume("--np", "3", "--oversubscribe")
     assert refused.returncode == 2
-    assert "global batch of 32 cannot be split over 3 rank(s)" in refused.stderr and "--np 2" in refused.stderr
+    assert "global batch of 32 cannot be split over 3 rank(s)" in refused.stderr \
+        and "--np 2" in refused.stderr
     one = resume("--np", "1")
     assert one.returncode == 0, one.stderr
     assert f"going on with runs/{STOPPED}" in one.stderr
@@ -181,8 +179,7 @@ def test_a_truncated_newest_checkpoint_is_skipped_and_another_world_size_keeps_t
 def test_a_checkpoint_of_another_run_or_none_is_refused(shared_data: Path, tmp_path: Path,
                                                         straight: Path) -> None:
     other = cpudist("run", *common(shared_data), "--np", "1", "--seed", "5", "--output-dir",
-                    tmp_path / "other",
-                    "--resume", straight / "checkpoints" / "step-000020")
+                    tmp_path / "other", "--resume", straight / "checkpoints" / "step-000020")
     assert other.returncode == 2, other.stderr
     assert "belongs to another run (seed: 42 there, 5 here)" in other.stderr
     (tmp_path / "empty").mkdir()
@@ -215,6 +212,7 @@ def test_a_checkpoint_with_a_planted_pickle_is_refused_in_one_line_and_never_run
     # bad input's 2.
     assert r.returncode == 1, r.stderr
     last = r.stderr.strip().splitlines()[-1]
-    assert f"checkpoint {given}: {name} holds more than tensors and plain data, refused unread" in last
+    assert f"checkpoint {given}: {name} holds more than tensors and plain data, " \
+           "refused unread" in last
     assert "Traceback" not in r.stderr and not marker.exists()
     assert r.stderr.count(f"{name} holds more") == 3  # each rank's line, then cpudist's own

@@ -68,8 +68,7 @@ def straight_run(shared_data: Path, run_dir: Path, total: int, *extra: str) -> P
     """The run to go on as: checkpoints every 5 steps, all kept; returns its step-5 checkpoint
     (rank_state: each rank's own sync state is in it)."""
     r = cpudist("run", *common(shared_data, total), *extra, "--checkpoint-every", "5",
-                "--keep-checkpoints", "10",
-                "--output-dir", run_dir)
+                "--keep-checkpoints", "10", "--output-dir", run_dir)
     assert r.returncode == 0, r.stderr
     assert checkpoint_steps(run_dir) == list(range(5, total, 5))
     at = run_dir / "checkpoints" / "step-000005"
@@ -137,8 +136,7 @@ def test_time_based_checkpoints_are_written_and_resume_with_torch_dropout(shared
 # the count of averages that --second-moment-every follows (the state load() restores, one line
 # each). Averages at 4, 8, 12, 16: the resume starts between two.
 LOCAL = ["--sync", "local-sgd", "--sync-every", "4", "--outer-optimizer", "nesterov",
-         "--average-moments", "both",
-         "--grad-compression", "bf16", "--second-moment-every", "2"]
+         "--average-moments", "both", "--grad-compression", "bf16", "--second-moment-every", "2"]
 
 
 def test_resume_restores_every_ranks_local_sgd_and_diloco_state(shared_data: Path,

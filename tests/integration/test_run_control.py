@@ -36,16 +36,14 @@ def test_logs_follows_a_run_that_stop_ends_with_its_checkpoint(shared_data: Path
         assert run.poll() is None, (tmp_path / "run.err").read_text()[-3000:]
         run_id = json.loads((out / "run.json").read_text())["id"]
         follow = subprocess.Popen([*CPUDIST, "logs", "-f", run_id[:17]], cwd=tmp_path,
-                                  stdout=subprocess.PIPE,
-                                  stderr=follow_err, text=True)
+                                  stdout=subprocess.PIPE, stderr=follow_err, text=True)
         seen = read_until(follow, "[cpudist] step ", timeout=120)
         assert any("rank 0/1 ready" in line for line in seen), seen
         wait_for(lambda: list((out / "checkpoints").glob("step-*")), 60,
                  "the run's first checkpoint")
 
         stop = subprocess.run([*CPUDIST, "stop", run_id], cwd=tmp_path, capture_output=True,
-                              text=True, timeout=150,
-                              env=os.environ.copy())
+                              text=True, timeout=150, env=os.environ.copy())
         assert stop.returncode == 0, stop.stdout + stop.stderr
         said, resume = stop.stdout.strip().splitlines()
         assert said.startswith(f"run {run_id} stopped, run.json says interrupted: interrupted: all "
@@ -63,7 +61,8 @@ def test_logs_follows_a_run_that_stop_ends_with_its_checkpoint(shared_data: Path
         assert not list((out / "checkpoints").glob("*.tmp"))
         # what `logs` shows, the stop's own lines included
         log = (out / "cpudist.log").read_text().splitlines()
-        assert f"[cpudist] checkpoint at step {step}: {out / 'checkpoints' / f'step-{step:06d}'}" in log, log[-5:]
+        assert f"[cpudist] checkpoint at step {step}: {out / 'checkpoints' / f'step-{step:06d}'}" \
+            in log, log[-5:]
         assert log[-1].startswith("[cpudist] run interrupted: interrupted: all ranks were stopped; "
                                   "the ranks "
                                   f"stopped at step {step} ") and log[-1].endswith(
@@ -82,8 +81,7 @@ def test_logs_follows_a_run_that_stop_ends_with_its_checkpoint(shared_data: Path
         assert saved and saved == sorted(set(saved)) and saved[-1] <= step, lines[-10:]
 
         again = subprocess.run([*CPUDIST, "stop", run_id[:17]], cwd=tmp_path, capture_output=True,
-                               text=True,
-                               timeout=60)
+                               text=True, timeout=60)
         assert again.returncode == 2 and again.stdout == "", again.stdout
         assert again.stderr == (f"Error: run {run_id} is not running (it is interrupted). Nothing "
                                 "to stop; "
@@ -98,7 +96,8 @@ def test_logs_follows_a_run_that_stop_ends_with_its_checkpoint(shared_data: Path
         resumed = subprocess.run([*CPUDIST, *words[1:]], cwd=tmp_path,
                                  capture_output=True, text=True, timeout=600)
         assert resumed.returncode == 0, resumed.stderr[-3000:]
-        assert f"removed {partial}, a checkpoint an earlier part left half-written" in resumed.stdout + resumed.stderr
+        assert f"removed {partial}, a checkpoint an earlier part left half-written" in (
+            resumed.stdout + resumed.stderr)
         assert f"resuming from {out / 'checkpoints' / f'step-{step:06d}'} at step {step}" in (
             resumed.stdout + resumed.stderr)
         assert not partial.exists() and (out / "result.json").is_file()

@@ -102,8 +102,7 @@ def test_a_reused_s3_prefix_keeps_the_new_runs_uploads_and_resumes_it(shared_dat
                                                                       s3_env: str) -> None:
     prefix = "s3://ckpt/runs/mrpc"  # the README's per-task prefix, shared by every run of the task
     base = [*small(shared_data), "--max-steps", "20", "--checkpoint-every", "5", "--checkpoint-s3",
-            prefix,
-            "--no-eval"]
+            prefix, "--no-eval"]
     first = cpudist("run", *base, "--np", "1", "--output-dir", tmp_path / "a")
     assert first.returncode == 0, first.stderr
     first_id = run_json(tmp_path / "a")["id"]
@@ -164,8 +163,7 @@ def test_a_resume_from_an_older_step_with_keep_1_leaves_a_usable_checkpoint(shar
 def test_run_json_says_failed_with_the_reason(shared_data: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     failed = cpudist("run", *small(shared_data), "--np", "1", "--max-steps", "100000",
-                     "--output-dir", out,
-                     "--timeout", "3", "--no-eval")
+                     "--output-dir", out, "--timeout", "3", "--no-eval")
     assert failed.returncode == 1, failed.stderr
     state = run_json(out)
     assert state["state"] == "failed" and "ran past --timeout 3s" in state["message"] and state[

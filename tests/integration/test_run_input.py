@@ -37,12 +37,10 @@ def test_env_values_reach_the_ranks_off_every_command_line(shared_data: Path,
     (spy / "sitecustomize.py").write_text(SPY)
     run = tmp_path / "RUN"
     r = cpudist("run", "mrpc", "--data-dir", shared_data / "glue" / "MRPC", "--model", "tiny",
-                "--max-steps", "1",
-                "--max-train-samples", "32", "--max-eval-samples", "16", "--save-model", "none",
-                "--quiet",
-                "--output-dir", run, "--env", f"PYTHONPATH={spy}",
-                "--env", f"CPUDIST_T_SPY_DIR={spy}", "--env", f"CPUDIST_T_SECRET={SECRET}",
-                timeout=120)
+                "--max-steps", "1", "--max-train-samples", "32", "--max-eval-samples", "16",
+                "--save-model", "none", "--quiet", "--output-dir", run, "--env",
+                f"PYTHONPATH={spy}", "--env", f"CPUDIST_T_SPY_DIR={spy}", "--env",
+                f"CPUDIST_T_SECRET={SECRET}", timeout=120)
     assert r.returncode == 0, r.stderr
     # --quiet: no ready line, no bar, no notes
     assert r.stderr == "" and r.stdout.startswith("done: mrpc tiny")
@@ -66,20 +64,16 @@ def test_env_values_reach_the_ranks_off_every_command_line(shared_data: Path,
 
 def test_dry_run_shows_env_names_not_values(shared_data: Path, tmp_path: Path) -> None:
     r = cpudist("run", "mrpc", "--data-dir", shared_data / "glue" / "MRPC", "--model", "tiny",
-                "--dry-run",
-                "--output-dir", tmp_path / "RUN", "--env", f"HF_TOKEN={SECRET}", "--env",
-                "OMP_NUM_THREADS=1",
-                timeout=60)
+                "--dry-run", "--output-dir", tmp_path / "RUN", "--env", f"HF_TOKEN={SECRET}",
+                "--env", "OMP_NUM_THREADS=1", timeout=60)
     assert r.returncode == 0, r.stderr
     assert "export HF_TOKEN=***" in r.stdout and "export OMP_NUM_THREADS=1" in r.stdout
     assert SECRET not in r.stdout + r.stderr
     # through a head: the request it would send (no ssh)
     (tmp_path / "hosts").write_text("10.1.0.1\n10.1.0.2\n")
     remote = cpudist("run", "mrpc", "--data-dir", shared_data / "glue" / "MRPC", "--model", "tiny",
-                     "--dry-run",
-                     "--head", "10.9.9.9", "--hostfile", tmp_path / "hosts", "--np", "2", "--ppn",
-                     "1",
-                     "--env", f"HF_TOKEN={SECRET}", timeout=60)
+                     "--dry-run", "--head", "10.9.9.9", "--hostfile", tmp_path / "hosts", "--np",
+                     "2", "--ppn", "1", "--env", f"HF_TOKEN={SECRET}", timeout=60)
     assert remote.returncode == 0, remote.stderr
     assert '["HF_TOKEN", "***"]' in remote.stdout and SECRET not in remote.stdout + remote.stderr
 
@@ -89,8 +83,7 @@ def test_bad_input_is_one_line_before_any_rank(shared_data: Path, tmp_path: Path
     ledger = tmp_path / "ledger-folder"
     ledger.mkdir()
     base: list[str | Path] = ["run", "mrpc", "--data-dir", shared_data / "glue" / "MRPC", "--model",
-                              "tiny",
-                              "--max-steps", "2"]
+                              "tiny", "--max-steps", "2"]
     cases: tuple[tuple[list[str | Path], str],
                  ...] = ((["--output-dir", tmp_path / "afile"], "is a file"),
                         (["--output-dir", tmp_path / "R1", "--ledger", ledger], "is a folder"),
@@ -113,10 +106,8 @@ def test_quiet_shows_the_failing_ranks_lines(shared_data: Path, tmp_path: Path) 
                                           "flush=True)\n"
                                           "    os._exit(3)\n")
     bad = cpudist("run", "mrpc", "--data-dir", shared_data / "glue" / "MRPC", "--model", "tiny",
-                  "--max-steps", "1",
-                  "--quiet", "--output-dir", tmp_path / "BAD", "--env", f"PYTHONPATH={spy}",
-                  "--env", "CPUDIST_T_FAIL=1",
-                  timeout=120)
+                  "--max-steps", "1", "--quiet", "--output-dir", tmp_path / "BAD", "--env",
+                  f"PYTHONPATH={spy}", "--env", "CPUDIST_T_FAIL=1", timeout=120)
     assert bad.returncode == 1
     lines = bad.stderr.strip().splitlines()
     assert "rank says: boom" in bad.stderr and lines[-1].startswith(

@@ -51,7 +51,8 @@ def test_two_ranks_then_one_then_report(shared_data: Path, tmp_path: Path) -> No
     assert [s["step"] for s in steps] == [1, 2, 3, 4, 5]
     assert "[" in r2.stderr and ":0]" in r2.stderr  # rank output comes with host:rank prefixes
     # the default --lr-scaling auto: the lr grew with the global batch, and the run says so
-    assert "2 ranks x batch 16 = global batch 32: lr 2e-05 x 2 = 4e-05 (--lr-scaling auto" in r2.stderr
+    assert "2 ranks x batch 16 = global batch 32: lr 2e-05 x 2 = 4e-05 (--lr-scaling auto" \
+        in r2.stderr
     # as given: one group with its 1-rank run
     assert result["lr"] == 4e-5 and result["lr_scaling"] == "auto"
     # Where the time before the first step went (issue 24): every phase, from the command's start
@@ -114,9 +115,8 @@ def test_loss_equivalence_one_rank_vs_two(shared_data: Path, tmp_path: Path) -> 
     for name, sampler, np_, batch, seed in (*runs, ("seed8", "grouped", 1, 32, 8)):
         recompute = ["--gradient-checkpointing"] if name == "grouped-np2" else []
         r = cpudist("run", *common, "--sampler", sampler, "--max-train-samples", rows[sampler],
-                    "--np", str(np_),
-                    "--batch-size", str(batch), "--seed", str(seed), "--output-dir",
-                    tmp_path / name, *recompute)
+                    "--np", str(np_), "--batch-size", str(batch), "--seed", str(seed),
+                    "--output-dir", tmp_path / name, *recompute)
         assert r.returncode == 0, r.stderr
     recorded = json.loads((tmp_path / "grouped-np2" / "result.json").read_text())
     # tiny's 2 layers but the first-token last one (it keeps its own)
@@ -143,11 +143,9 @@ def test_loss_equivalence_one_rank_vs_two(shared_data: Path, tmp_path: Path) -> 
 def test_torchrun_launcher_and_custom_data(shared_data: Path, tmp_path: Path) -> None:
     emotion = shared_data / "emotion"
     r = cpudist("run", "custom", "--train-file", emotion / "train.txt", "--validation-file",
-                emotion / "val.txt",
-                "--label-column", "label_name", "--model", "tiny", "--np", "2", "--launcher",
-                "torchrun",
-                "--max-steps", "3", "--max-train-samples", "200", "--max-eval-samples", "200",
-                "--output-dir", tmp_path / "emo", "--json")
+                emotion / "val.txt", "--label-column", "label_name", "--model", "tiny", "--np", "2",
+                "--launcher", "torchrun", "--max-steps", "3", "--max-train-samples", "200",
+                "--max-eval-samples", "200", "--output-dir", tmp_path / "emo", "--json")
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout)
     assert result["launcher"] == "torchrun" and result["world_size"] == 2
@@ -217,14 +215,14 @@ def test_speed_levers_train_the_same_model(shared_data: Path, tmp_path: Path) ->
     cores = physical_cores()
     # the README's rule: one rank per 8 physical cores, at least one, sharing them
     ranks = max(1, cores // 8)
-    assert f"--ppn auto: {ranks} rank(s) per node x {cores // ranks} thread(s)" in dry.stderr, dry.stderr
+    assert f"--ppn auto: {ranks} rank(s) per node x {cores // ranks} thread(s)" in dry.stderr, \
+        dry.stderr
     assert f" -np {ranks} " in dry.stdout
 
 
 def test_dry_run_runs_nothing(shared_data: Path, tmp_path: Path) -> None:
     r = in_process("run", *mrpc(shared_data), "--np", "2", "--output-dir", tmp_path / "dry",
-                   "--dry-run",
-                   "--env", "FOO=bar")
+                   "--dry-run", "--env", "FOO=bar")
     assert r.exit_code == 0, r.stderr
     # --env values are treated as secrets: named where shown, never their value
     assert "export OMP_NUM_THREADS=" in r.stdout and "export FOO=***" in r.stdout
@@ -250,8 +248,7 @@ BAD_INPUTS = [
       "1"],
      "needs 4 nodes"),
     (["run", "custom", "--train-file", "{data}/emotion/train.txt", "--validation-file",
-      "{data}/emotion/val.txt",
-      "--model", "tiny"], "label column 'label' not found"),
+      "{data}/emotion/val.txt", "--model", "tiny"], "label column 'label' not found"),
     (["run", "mrpc", "--data-dir", "{data}/glue/MRPC", "--model", "tiny", "--backend", "ccl"],
      "oneccl_bindings_for_pytorch"),
     (["run", "mrpc", "--data-dir", "{data}/glue/MRPC", "--model", "tiny", "--env", "NOPE"],
@@ -273,8 +270,7 @@ BAD_INPUTS = [
     (["run", "mrpc", "--model", "tiny", "--average-moments", "both"],
      "--average-moments applies to --sync local-sgd"),
     (["run", "mrpc", "--model", "tiny", "--sync", "local-sgd", "--average-moments", "first",
-      "--second-moment-every",
-      "2"], "the second moment is not averaged"),
+      "--second-moment-every", "2"], "the second moment is not averaged"),
     (["run", "mrpc", "--model", "tiny", "--grad-compression", "zstd"],
      "not one of auto, none, bf16, fp16, powersgd"),
 ]
@@ -377,11 +373,9 @@ def test_ctrl_c_after_a_checkpoint_says_how_to_resume_and_exits_130(shared_data:
     that command goes on from it."""
     out = tmp_path / "ctrlc"
     args = [*mrpc(shared_data), "--np", "2", "--max-steps", "60", "--checkpoint-every", "2",
-            "--no-eval",
-            "--max-train-samples", "640", "--output-dir", str(out)]
+            "--no-eval", "--max-train-samples", "640", "--output-dir", str(out)]
     proc = subprocess.Popen([*CPUDIST, "run", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env=os.environ.copy())
+                            stderr=subprocess.PIPE, text=True, env=os.environ.copy())
     try:
         deadline = time.monotonic() + 180
         while not list((out / "checkpoints").glob("step-*")):

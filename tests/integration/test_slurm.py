@@ -80,7 +80,8 @@ def test_sbatch_on_two_nodes(slurm: SlurmCluster, shared_data: Path, tmp_path: P
     assert result["launcher"] == "slurm" and result["world_size"] == 2 and result["slurm_job_id"]
     assert f"Slurm job {result['slurm_job_id']}: RUNNING" in r.stderr and "step 5/5" in r.stderr
     script = (tmp_path / "run" / "job.sbatch").read_text()
-    assert "#SBATCH --nodes=2" in script and "export CPUDIST_THREADS=auto" in script and "exec srun " in script
+    assert "#SBATCH --nodes=2" in script and "export CPUDIST_THREADS=auto" in script \
+        and "exec srun " in script
     assert (tmp_path / "run" / "command.txt").read_text().startswith("sbatch --parsable ")
     # rank 0 saved it from its node into the run folder the nodes share
     model = tmp_path / "run" / "model"
@@ -128,8 +129,7 @@ def test_a_failing_rank_is_reported_with_the_job_state(slurm: SlurmCluster, shar
 def test_ctrl_c_cancels_the_job(slurm: SlurmCluster, shared_data: Path, tmp_path: Path) -> None:
     proc = slurm.popen(0,
                        mrpc(shared_data, tmp_path / "run", "--launcher", "slurm", "--nodes", "2",
-                            "--ppn", "1",
-                            *GO_ON, "--log-every", "1"),
+                            "--ppn", "1", *GO_ON, "--log-every", "1"),
                        cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         seen = read_until(proc, "step 2/")
@@ -141,7 +141,8 @@ def test_ctrl_c_cancels_the_job(slurm: SlurmCluster, shared_data: Path, tmp_path
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 130 and f"interrupted: Slurm job {job.group(1)} was cancelled (scancel)" in out, out
+    assert proc.returncode == 130 \
+        and f"interrupted: Slurm job {job.group(1)} was cancelled (scancel)" in out, out
     # they checkpointed on the way out
     assert "the ranks stopped at step " in out and "--resume auto" in out, out
     assert job_state(slurm, job.group(1)) == "CANCELLED"
@@ -200,19 +201,16 @@ def test_dry_run_prints_the_script(shared_data: Path, tmp_path: Path) -> None:
     # CPU-s to import
     r = CliRunner().invoke(cli,
                            ["run", "mrpc", "--data-dir", str(shared_data / "glue" / "MRPC"),
-                            "--model", "tiny",
-                            "--launcher", "slurm", "--nodes", "2", "--ppn", "2", "--partition",
-                            "batch",
-                            "--time", "10", "--exclusive", "--sbatch-arg=--mem=0",
-                            "--output-dir",
-                            str(tmp_path / "dry"), "--dry-run"])
+                            "--model", "tiny", "--launcher", "slurm", "--nodes", "2", "--ppn", "2",
+                            "--partition", "batch", "--time", "10", "--exclusive",
+                            "--sbatch-arg=--mem=0", "--output-dir", str(tmp_path / "dry"),
+                            "--dry-run"])
     assert r.exit_code == 0, r.output
     note, *lines = r.stdout.splitlines()  # first what the 4 ranks do to the learning rate
-    assert note == "# 4 ranks x batch 16 = global batch 64: lr 2e-05 x 4 = 8e-05 (--lr-scaling auto: linear on more " \
-                   "than one rank; --lr-scaling none keeps 2e-05)"
-    assert lines[
-        0] == f"# {tmp_path / 'dry' / 'job.sbatch'} (written and submitted with `sbatch --parsable " \
-              f"{tmp_path / 'dry' / 'job.sbatch'}`)"
+    assert note == "# 4 ranks x batch 16 = global batch 64: lr 2e-05 x 4 = 8e-05 (--lr-scaling " \
+                   "auto: linear on more than one rank; --lr-scaling none keeps 2e-05)"
+    assert lines[0] == f"# {tmp_path / 'dry' / 'job.sbatch'} (written and submitted with " \
+                       f"`sbatch --parsable {tmp_path / 'dry' / 'job.sbatch'}`)"
     assert lines[1] == "#!/bin/bash"
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2", "#SBATCH --partition=batch",
                  "#SBATCH --time=10", "#SBATCH --exclusive", "#SBATCH --mem=0"):

@@ -49,9 +49,8 @@ def test_a_preempted_job_that_saved_a_checkpoint_is_requeued(slurm: SlurmCluster
     rank.write_text(RANK % (tmp_path / STOP_MARKER))
     script = tmp_path / "job.sbatch"
     script.write_text(sbatch_script(BatchJob("preempted", 1, 1, str(tmp_path),
-                                             str(tmp_path / "slurm-%j.out"),
-                                             ("bash", str(rank)), (),
-                                             BatchOptions(requeue=True, exclusive=True))))
+                                             str(tmp_path / "slurm-%j.out"), ("bash", str(rank)),
+                                             (), BatchOptions(requeue=True, exclusive=True))))
     job_id = slurm.run(0, ["sbatch", "--parsable", str(script)]).stdout.strip().split(";")[0]
     out = tmp_path / f"slurm-{job_id}.out"
     urgent = ""
@@ -61,12 +60,12 @@ def test_a_preempted_job_that_saved_a_checkpoint_is_requeued(slurm: SlurmCluster
                  lambda: slurm.run(0, ["scontrol", "show", "job", job_id]).stdout)
         urgent = slurm.run(0,
                            ["sbatch", "--parsable", "-p", "urgent", "--exclusive", "-o",
-                            "/dev/null",
-                            "--wrap", "sleep 1"]).stdout.strip().split(";")[0]
+                            "/dev/null", "--wrap", "sleep 1"]).stdout.strip().split(";")[0]
         wait_for(lambda: job_field(slurm, job_id, "Restarts") == "1", slurm_harness.GRACE_S + 30,
                  f"job {job_id} requeued", lambda: out.read_text()[-2000:], 0.5)
         text = out.read_text()
-        assert f"[cpudist] requeueing Slurm job {job_id}: the ranks saved a checkpoint before its preemption" in text
+        assert f"[cpudist] requeueing Slurm job {job_id}: the ranks saved a checkpoint before " \
+               "its preemption" in text
         # it starts again once the nodes are free
         assert job_field(slurm, job_id, "JobState") == "PENDING", text
     finally:

@@ -77,10 +77,9 @@ def detached_run(slurm: SlurmCluster, data: Path, out: Path, env: dict[str, str]
     returned."""
     r = slurm.run(0,
                   [*CPUDIST, "run", "mrpc", "--data-dir", str(data / "glue" / "MRPC"), "--model",
-                   "tiny",
-                   "--output-dir", str(out), "--launcher", "slurm", "--nodes", "1", "--ppn", "1",
-                   "--no-eval",
-                   "--log-every", "1", "--save-model", "none", "--detach", *extra],
+                   "tiny", "--output-dir", str(out), "--launcher", "slurm", "--nodes", "1", "--ppn",
+                   "1", "--no-eval", "--log-every", "1", "--save-model", "none", "--detach",
+                   *extra],
                   cwd=str(out.parent), timeout=400, env=env)
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
     info = json.loads((out / "run.json").read_text())
@@ -185,8 +184,8 @@ def test_stop_checkpoints_then_cancels(slurm: SlurmCluster, shared_data: Path, t
     run_id, job_id = detached_run(slurm, shared_data, out, env, "--epochs", "50")
     r = slurm.run(0, [*CPUDIST, "stop", str(out)], cwd=str(tmp_path), timeout=300, env=env)
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
-    assert f"run {run_id} stopped, run.json says interrupted: stopped (Slurm job {job_id}); the ranks stopped at " \
-           "step " in r.stdout, r.stdout
+    assert f"run {run_id} stopped, run.json says interrupted: stopped (Slurm job {job_id}); " \
+           "the ranks stopped at step " in r.stdout, r.stdout
     assert f"--resume auto --output-dir {out}" in r.stdout, r.stdout
     # not a preemption
     assert "(the user's stop on " in r.stdout and not (out / "preempted.json").exists(), r.stdout
@@ -207,19 +206,17 @@ def test_a_detached_jobs_ranks_read_its_secrets_which_go_with_the_job(slurm: Slu
     missing file fails a rank), the batch script exports the --env value from it (job.sbatch names
     it only), its end removes the file, and no file in the run folder or ~/.cpudist holds a value
     once the job has landed."""
-    token, hf, home, out = "cpd-slurm-tok-5a0c9e", "hf-slurm-env-93b2d1", tmp_path / "home", tmp_path / "run"
+    token, hf, home, out = ("cpd-slurm-tok-5a0c9e", "hf-slurm-env-93b2d1", tmp_path / "home",
+                            tmp_path / "run")
     home.mkdir()
     (tmp_path / "ranks.env").write_text("CPUDIST_THREADS=3\n")
     env = {"HOME": str(home), "CPD_TOKEN": token}
     r = slurm.run(0,
                   [*CPUDIST, "run", "mrpc", "--data-dir", str(shared_data / "glue" / "MRPC"),
-                   "--model", "tiny",
-                   "--output-dir", str(out), "--launcher", "slurm", "--nodes", "2", "--ppn", "1",
-                   "--no-eval",
-                   "--max-steps", "2", "--max-train-samples", "64", "--save-model", "none",
-                   "--detach",
-                   "--secret", "CPD_TOKEN", "--env-file", str(tmp_path / "ranks.env"), "--env",
-                   f"HF_TOKEN={hf}"],
+                   "--model", "tiny", "--output-dir", str(out), "--launcher", "slurm", "--nodes",
+                   "2", "--ppn", "1", "--no-eval", "--max-steps", "2", "--max-train-samples", "64",
+                   "--save-model", "none", "--detach", "--secret", "CPD_TOKEN", "--env-file",
+                   str(tmp_path / "ranks.env"), "--env", f"HF_TOKEN={hf}"],
                   cwd=str(tmp_path), timeout=400, env=env)
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
     assert json.loads((out / "run.json").read_text())["state"] == "running"

@@ -28,8 +28,7 @@ def test_a_spot_notice_stops_every_rank_with_a_checkpoint(shared_data: Path,
     run_dir = tmp_path / "run"
     with ImdsServer("127.0.0.1") as imds:
         args = [*common(shared_data), "--max-steps", "100000", "--np", "2", "--output-dir",
-                str(run_dir),
-                "--imds-endpoint", imds.url, "--no-eval"]
+                str(run_dir), "--imds-endpoint", imds.url, "--no-eval"]
         proc = subprocess.Popen([*CPUDIST, "run", *args], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 300
@@ -108,16 +107,13 @@ def test_a_stop_with_s3_down_keeps_the_local_checkpoint_and_exits_75(shared_data
             "--checkpoint-s3", "s3://ckpt/runs/a", "--output-dir", str(run_dir)]
     server = S3Server().start()
     check = boto3.client("s3", endpoint_url=server.url, region_name="us-east-1",
-                         aws_access_key_id="testing",
-                         aws_secret_access_key="testing")
+                         aws_access_key_id="testing", aws_secret_access_key="testing")
     check.create_bucket(Bucket="ckpt")
     env = {**os.environ, **FAKE_CREDENTIALS, "AWS_ENDPOINT_URL_S3": server.url,
-           "AWS_MAX_ATTEMPTS": "2",
-           "AWS_CONFIG_FILE": str(tmp_path / "no-config"),
+           "AWS_MAX_ATTEMPTS": "2", "AWS_CONFIG_FILE": str(tmp_path / "no-config"),
            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
     proc = subprocess.Popen([*CPUDIST, "run", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env=env)
+                            stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline = time.monotonic() + 300
         while not any(o["Key"].endswith("step-000005/COMPLETE")
@@ -137,5 +133,6 @@ def test_a_stop_with_s3_down_keeps_the_local_checkpoint_and_exits_75(shared_data
     step = json.loads((run_dir / "preempted.json").read_text())["step"]
     name = f"step-{step:06d}"
     assert (run_dir / "checkpoints" / name / "COMPLETE").is_file()
-    assert f"warning: {name} is not copied to s3://ckpt/runs/a/" in err and "S3 is unreachable" in err, err
+    assert f"warning: {name} is not copied to s3://ckpt/runs/a/" in err \
+        and "S3 is unreachable" in err, err
     assert "Resume: the same command with --resume auto" in err

@@ -49,7 +49,8 @@ def test_a_command_that_stops_reading_its_input_fails_with_its_own_words(node: N
                          "device' >&2; exit 2",
                          stdin=b"x" * 20_000_000)
         assert not isinstance(failed.value, Unreachable), failed.value
-        assert "exit code 2" in failed.value.message and "No space left on device" in failed.value.message
+        assert "exit code 2" in failed.value.message \
+            and "No space left on device" in failed.value.message
         # the connection itself is fine
         assert remote.check("echo still here").strip() == "still here"
 
@@ -57,10 +58,8 @@ def test_a_command_that_stops_reading_its_input_fails_with_its_own_words(node: N
 def openssh(known: Path, port: int, *argv: str, key: Path) -> list[str]:
     """OpenSSH's own client as the launchers use it: this key, these pins only, never a prompt."""
     return ["ssh", "-p", str(port), "-i", str(key), "-o", "IdentitiesOnly=yes", "-o",
-            f"UserKnownHostsFile={known}",
-            "-o", "GlobalKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=yes", "-o",
-            "BatchMode=yes",
-            "-o", "ConnectTimeout=10", *argv]
+            f"UserKnownHostsFile={known}", "-o", "GlobalKnownHostsFile=/dev/null", "-o",
+            "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", *argv]
 
 
 @pytest.fixture
@@ -70,8 +69,7 @@ def sshd_on_2222(node: NetnsCluster, tmp_path: Path) -> Iterator[int]:
     pid_file, d = tmp_path / "sshd-2222.pid", node.node_dir(0)
     sh(*node.exec_argv(0,
                        [SSHD, "-f", str(d / "sshd_config"), "-p", "2222", "-o",
-                        f"PidFile={pid_file}",
-                        "-E", str(tmp_path / "sshd-2222.log")]))
+                        f"PidFile={pid_file}", "-E", str(tmp_path / "sshd-2222.log")]))
     for _ in range(100):
         if pid_file.exists() and pid_file.read_text().strip():
             break
@@ -94,13 +92,13 @@ def test_a_key_pinned_on_another_port_is_the_one_openssh_accepts_and_forget_drop
         assert remote.check("echo hi").strip() == "hi"
     assert KnownHosts(known_path).keys.lookup(entry_name(addr, 2222)) is not None
     ok = subprocess.run(openssh(known_path, 2222, f"root@{addr}", "true", key=node.user_key),
-                        capture_output=True,
-                        text=True, timeout=60, stdin=subprocess.DEVNULL)
+                        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert ok.returncode == 0, ok.stderr
     assert KnownHosts(known_path).forget(addr)
     refused = subprocess.run(openssh(known_path, 2222, f"root@{addr}", "true", key=node.user_key),
                              capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
-    assert refused.returncode == 255 and "Host key verification failed" in refused.stderr, refused.stderr
+    assert refused.returncode == 255 and "Host key verification failed" in refused.stderr, \
+        refused.stderr
 
 
 def test_the_nodes_ssh_gives_up_on_a_node_that_went_silent(node: NetnsCluster,

@@ -57,8 +57,8 @@ class Lines:
             time.sleep(0.05)
 
 
-def test_a_stopped_endpoint_is_said_once_and_its_return_too(s3_env: dict[str, str],
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_stopped_endpoint_is_said_once_and_its_return_too(
+        s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     server = S3Server().start()
     port, url = server.server.port, server.url
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", url)
@@ -115,8 +115,7 @@ def test_a_run_says_its_s3_endpoint_stopped_long_before_its_next_checkpoint(
             "--checkpoint-s3", f"s3://{bucket}/runs", "--output-dir", str(run_dir)]
     env = {**os.environ, **s3_env, "AWS_ENDPOINT_URL_S3": s3_server.url}
     proc = subprocess.Popen([*CPUDIST, "run", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env=env)
+                            stderr=subprocess.PIPE, text=True, env=env)
     lines: list[tuple[float, str]] = []
 
     def read() -> None:
@@ -137,7 +136,8 @@ def test_a_run_says_its_s3_endpoint_stopped_long_before_its_next_checkpoint(
             time.sleep(0.1)
         at, line = warned[0]
         assert at - stopped < 30, (at - stopped, line)  # the bound; the watch's own is 20 s
-        assert f"[cpudist] warning: the store of the checkpoint copies s3://{bucket}/runs/" in line, line
+        assert f"[cpudist] warning: the store of the checkpoint copies s3://{bucket}/runs/" \
+            in line, line
         assert f"(S3 endpoint {s3_server.url}: S3 is unreachable" in line, line
         going = logged(run_dir)
         while logged(run_dir) < going + 2:  # training goes on

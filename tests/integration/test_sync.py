@@ -151,8 +151,7 @@ SYNCHRONOUS = [(2, "ddp", 2), (4, "allreduce", 1), (4, "gather-scatter", 2)]
 
 @pytest.mark.parametrize(("np_", "strategy", "accum"), SYNCHRONOUS)
 def test_synchronous_strategies_equal_one_rank(memo: Runs, one_rank: list[dict[str, float]],
-                                               np_: int,
-                                               strategy: str, accum: int) -> None:
+                                               np_: int, strategy: str, accum: int) -> None:
     steps = memo.steps(np_, *split(np_, accum), "--sync", strategy)
     result = memo.result(np_, *split(np_, accum), "--sync", strategy)
     assert result["sync"] == strategy and result["world_size"] == np_ and result[

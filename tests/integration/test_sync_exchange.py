@@ -50,7 +50,8 @@ def cannot_count() -> str | None:
     if os.geteuid() != 0:
         return "needs root (a network namespace of its own)"
     missing = [t for t in ("unshare", "ip", "ss") if shutil.which(t) is None]
-    return f"{', '.join(missing)} not installed (apt-get install util-linux iproute2)" if missing else None
+    return (f"{', '.join(missing)} not installed (apt-get install util-linux iproute2)" if missing
+            else None)
 
 
 @pytest.fixture(scope="module")
@@ -112,11 +113,9 @@ def exchanged(case: dict[str, Any], step: int) -> tuple[list[torch.Tensor],
 
 @pytest.mark.parametrize(("name", "wire"),
                          [("ddp", "none"), ("allreduce", "none"), ("gather-scatter", "none"),
-                          ("ddp+accum", "none"), ("ddp+bf16", "bf16"),
-                          ("ddp+fp16", "fp16"),
+                          ("ddp+accum", "none"), ("ddp+bf16", "bf16"), ("ddp+fp16", "fp16"),
                           ("tokens:ddp", "none"), ("tokens:ddp+bf16", "bf16"),
-                          ("tokens:ddp+accum", "none"),
-                          ("tokens:ddp+dense-emb", "none")])
+                          ("tokens:ddp+accum", "none"), ("tokens:ddp+dense-emb", "none")])
 def test_every_step_exchanges_the_mean_to_the_wire_rounding(ranks: dict[str, Any], name: str,
                                                             wire: str) -> None:
     case = ranks["exact"][name]
@@ -298,8 +297,8 @@ def test_every_step_sends_the_bytes_of_its_strategy(ranks: dict[str, Any], name:
         assert close(windows[0][0], half) and not close(windows[0][0], plain)
 
 
-def test_local_sgd_sends_gradients_in_warm_up_then_parameters_every_k_steps(ranks: dict[str,
-                                                                                        Any]) -> None:
+def test_local_sgd_sends_gradients_in_warm_up_then_parameters_every_k_steps(
+        ranks: dict[str, Any]) -> None:
     case = ranks["wide"]["local-sgd:2"]
     windows = step_bytes(case)
     model = expected_bytes(ranks["wide"]["ddp"], 1)  # the parameters weigh what the gradients do

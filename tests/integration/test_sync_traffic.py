@@ -87,9 +87,7 @@ def close(measured: float, expected: float) -> bool:
 Bytes = Any  # (g, c) -> bytes per step
 CASES: dict[str, tuple[list[str], int, Bytes, dict[str, Bytes]]] = {
     "grad-accum": (["--grad-accum", "2", "--embedding-sync", "dense", "--grad-compression", "none"],
-                   6,
-                   lambda g, c: 2 * g,
-                   {"an exchange per micro-batch": lambda g, c: 2 * 2 * g}),
+                   6, lambda g, c: 2 * g, {"an exchange per micro-batch": lambda g, c: 2 * 2 * g}),
     # 2 fp32 warm-up steps (10% of 20, at least 2), then 18 compressed ones
     "ddp+powersgd:1": (["--grad-compression", "powersgd:1"], 20, lambda g,
                        c: (2 * 2 * g + 18 * 2 * c) / 20,
@@ -107,8 +105,7 @@ CASES: dict[str, tuple[list[str], int, Bytes, dict[str, Bytes]]] = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_nodes_send_the_bytes_the_loop_should_exchange(two_hosts: NetnsCluster, shared_data: Path,
-                                                       tmp_path: Path,
-                                                       case: str) -> None:
+                                                       tmp_path: Path, case: str) -> None:
     options, steps, per_step, wrong = CASES[case]
     result = traffic(two_hosts, shared_data, tmp_path / "run", steps, *options)
     shapes = [tuple(s) for s in result["param_shapes"]]

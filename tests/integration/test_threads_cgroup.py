@@ -45,8 +45,7 @@ def quota_below_the_cores() -> tuple[float, int]:
 
 def run_argv(shared_data: Path, out: Path) -> list[str]:
     return [*CPUDIST, "run", "mrpc", "--np", "1", "--data-dir", str(shared_data / "glue" / "MRPC"),
-            "--model", "tiny",
-            "--max-steps", "1", "--no-eval", "--output-dir", str(out)]
+            "--model", "tiny", "--max-steps", "1", "--no-eval", "--output-dir", str(out)]
 
 
 def threads_of(out: Path) -> list[int]:
@@ -57,8 +56,7 @@ def run_in(group: QuotaGroup, shared_data: Path, out: Path) -> list[int]:
     group.create()
     try:
         r = subprocess.run(group.join_argv(run_argv(shared_data, out)), capture_output=True,
-                           text=True,
-                           timeout=300, stdin=subprocess.DEVNULL)
+                           text=True, timeout=300, stdin=subprocess.DEVNULL)
     finally:
         group.remove()
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
@@ -78,11 +76,13 @@ def test_a_ranks_threads_follow_its_cgroup_quota(shared_data: Path, tmp_path: Pa
 
 V2_LAYOUT = """
 set -eu
-mount -t cgroup2 cgroup2 /sys/fs/cgroup  # a v2-only machine's layout; v1's cpu mount is gone from this namespace
+# a v2-only machine's layout; v1's cpu mount is gone from this namespace
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
 mkdir "/sys/fs/cgroup/$GROUP"
 rc=0
 sh -c 'echo $$ > "/sys/fs/cgroup/$GROUP/cgroup.procs" &&
-       mount -t tmpfs cpu-max "/sys/fs/cgroup/$GROUP" && echo "$CPU_MAX" > "/sys/fs/cgroup/$GROUP/cpu.max" &&
+       mount -t tmpfs cpu-max "/sys/fs/cgroup/$GROUP" &&
+       echo "$CPU_MAX" > "/sys/fs/cgroup/$GROUP/cpu.max" &&
        exec "$@"' run "$@" || rc=$?
 umount "/sys/fs/cgroup/$GROUP"
 rmdir "/sys/fs/cgroup/$GROUP"

@@ -83,10 +83,8 @@ def run_argv(c: NetnsCluster, data: Path, out: Path, *extra: str,
     hostfile = c.state / ("hosts-" + "-".join(map(str, hosts)))
     hostfile.write_text("".join(f"{c.name(i)}\n" for i in hosts))
     return [*CPUDIST, "run", "mrpc", "--launcher", "torchrun", "--hostfile", str(hostfile), "--np",
-            str(len(hosts)),
-            "--ppn", "1", "--data-dir", str(data / "glue" / "MRPC"), "--model", "tiny",
-            "--max-train-samples", "64",
-            "--output-dir", str(out), *extra]
+            str(len(hosts)), "--ppn", "1", "--data-dir", str(data / "glue" / "MRPC"), "--model",
+            "tiny", "--max-train-samples", "64", "--output-dir", str(out), *extra]
 
 
 # Past the first test, two hosts: stopping the job when one host's torchrun dies or the host
@@ -166,9 +164,8 @@ def test_killing_one_hosts_torchrun_ends_the_job_everywhere(hosts: NetnsCluster,
             proc.wait()
     assert proc.returncode == 1 and took < 60
     error = [line for line in out.splitlines() if line.startswith("Error: ")]
-    assert len(
-        error) == 1 and f"the job failed on {hosts.name(2)} (torchrun exit code 137, killed by SIGKILL)" \
-        in error[0], out[-3000:]
+    assert len(error) == 1 and f"the job failed on {hosts.name(2)} (torchrun exit code 137, " \
+                               "killed by SIGKILL)" in error[0], out[-3000:]
     command = (tmp_path / "kill" / "command.txt").read_text()
     assert command.count("--from-secrets HF_TOKEN") == 2, command  # a line per host
     assert token not in command, command

@@ -86,10 +86,9 @@ def self_rule(group: str) -> dict[str, Any]:
 def ssh_from_operator(world: World, address: str) -> str | None:
     """The remote hostname, or None when the connection fails."""
     r = world.operator_run(["ssh", "-i", KEY, "-o", "BatchMode=yes", "-o",
-                            "StrictHostKeyChecking=no",
-                            "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=2", "-o",
-                            "LogLevel=ERROR",
-                            f"root@{address}", "hostname"], timeout=20)
+                            "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o",
+                            "ConnectTimeout=2", "-o", "LogLevel=ERROR", f"root@{address}",
+                            "hostname"], timeout=20)
     return r.stdout.strip() if r.returncode == 0 else None
 
 
@@ -252,15 +251,15 @@ def test_terminate_kills_the_hosts_processes_and_silences_its_connections(world:
     Last but one in the file: it shrinks the fleet.
     """
     server = subprocess.Popen(world.hosts.exec_argv(2, [sys.executable, "-c", SERVER]),
-                              stdout=subprocess.PIPE,
-                              text=True)
+                              stdout=subprocess.PIPE, text=True)
     client = subprocess.Popen(world.hosts.exec_argv(0,
                                                     [sys.executable, "-c", CLIENT,
                                                      world.hosts.private_addr(2)]),
                               stdout=subprocess.PIPE, text=True)
     try:
         assert client.stdout is not None and server.stdout is not None
-        assert client.stdout.readline().strip() == "connected" and server.stdout.readline().strip() == "accepted"
+        assert client.stdout.readline().strip() == "connected" \
+            and server.stdout.readline().strip() == "accepted"
         ec2.terminate_instances(InstanceIds=[fleet["ids"][2]])
         # gone by the time TerminateInstances answers
         assert namespace_pids(world.hosts.name(2)) == []

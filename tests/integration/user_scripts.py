@@ -25,7 +25,8 @@ _sys.stdout.flush()
 _sys.stderr.flush()
 _os._exit(0)
 '''
-TRAINER_SCRIPT = '''"""An HF Trainer fine-tuning script as users write it: nothing in it knows cpudist or torchrun."""
+TRAINER_SCRIPT = '''"""An HF Trainer fine-tuning script as users write it: nothing in it knows
+cpudist or torchrun."""
 import torch
 from torch.utils.data import Dataset
 from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
@@ -41,24 +42,27 @@ class Rows(Dataset):
         return len(self.ids)
 
     def __getitem__(self, i):
-        return {"input_ids": self.ids[i], "attention_mask": torch.ones(16, dtype=torch.long), "labels": self.labels[i]}
+        return {"input_ids": self.ids[i], "attention_mask": torch.ones(16, dtype=torch.long),
+                "labels": self.labels[i]}
 
 
-config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                    max_position_embeddings=32, num_labels=2)
+config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                    intermediate_size=64, max_position_embeddings=32, num_labels=2)
 torch.manual_seed(0)
 model = BertForSequenceClassification(config)
-args = TrainingArguments(output_dir="hf-out", per_device_train_batch_size=4, max_steps=4, logging_steps=1,
-                         learning_rate=1e-3, report_to=[], use_cpu=True, seed=0, save_strategy="no",
-                         disable_tqdm=True, ddp_backend="gloo")
+args = TrainingArguments(output_dir="hf-out", per_device_train_batch_size=4, max_steps=4,
+                         logging_steps=1, learning_rate=1e-3, report_to=[], use_cpu=True, seed=0,
+                         save_strategy="no", disable_tqdm=True, ddp_backend="gloo")
 trainer = Trainer(model=model, args=args, train_dataset=Rows())
 result = trainer.train()
 trainer.save_metrics("all", result.metrics)
-print(f"world {args.world_size} process {args.process_index}", flush=True)  # one write: see the loop's below
+# one write: see the loop's below
+print(f"world {args.world_size} process {args.process_index}", flush=True)
 '''
 LOGGED = re.compile(r"\{'loss': '([0-9.]+)', 'grad_norm': '([0-9.]+)'")
 
-ACCELERATE_SCRIPT = '''"""An Accelerate loop as its docs write it: nothing in it knows cpudist or torchrun."""
+ACCELERATE_SCRIPT = '''"""An Accelerate loop as its docs write it: nothing in it knows cpudist or
+torchrun."""
 import json
 import torch
 from accelerate import Accelerator
@@ -79,9 +83,11 @@ for step, (xb, yb) in enumerate(loader):
     opt.zero_grad()
     mean = accelerator.gather(loss.detach()[None]).mean().item()
     accelerator.print(f"step {step} loss {mean:.8f}")
-# one write: under `accelerate launch` the workers share stdout, and with PYTHONUNBUFFERED (every cpudist rank's)
-# print() writes each of its pieces on its own, so two workers' pieces interleaved (a failed check, once)
-print(f"state {accelerator.distributed_type} {accelerator.num_processes} {accelerator.process_index}", flush=True)
+# one write: under `accelerate launch` the workers share stdout, and with PYTHONUNBUFFERED (every
+# cpudist rank's) print() writes each of its pieces on its own, so two workers' pieces interleaved
+# (a failed check, once)
+print(f"state {accelerator.distributed_type} {accelerator.num_processes} "
+      f"{accelerator.process_index}", flush=True)
 if accelerator.is_main_process:
     json.dump({"train_samples": 64, "final_loss": mean}, open("metrics.json", "w"))
 '''

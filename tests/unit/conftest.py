@@ -31,7 +31,6 @@ def batch(shared_data: Path) -> dict[str, torch.Tensor]:
     with open(shared_data / "glue" / "MRPC" / "train.tsv", newline="") as f:
         rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1:9]
     enc = load_tokenizer("tiny", None)([r[3] for r in rows], [r[4] for r in rows], padding=True,
-                                       truncation=True,
-                                       max_length=64, return_tensors="pt")
+                                       truncation=True, max_length=64, return_tensors="pt")
     assert bool((enc["attention_mask"] == 0).any())
     return {**enc, "labels": torch.tensor([int(r[0]) for r in rows])}

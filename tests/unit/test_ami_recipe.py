@@ -19,7 +19,8 @@ def test_bootstrap_is_valid_bash_that_powers_off_on_every_way_out() -> None:
     steps = [line.split("=", 1)[1] for line in text.splitlines() if line.startswith("STEP=")]
     assert steps == ["start", "packages", "python", "torch", "upload", "cpudist", "manifest",
                      "done"]
-    assert "3.11" in text and "download.pytorch.org/whl/cpu" in text and "cpudist[offline]" not in text
+    assert ("3.11" in text and "download.pytorch.org/whl/cpu" in text
+            and "cpudist[offline]" not in text)
 
 
 def test_the_failing_step_is_read_from_the_console() -> None:
@@ -32,7 +33,6 @@ def test_the_failing_step_is_read_from_the_console() -> None:
 def test_the_wheel_carries_the_recipe(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parents[2]
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w",
-                    str(tmp_path), str(root)], check=True)
+                    "-w", str(tmp_path), str(root)], check=True)
     names = zipfile.ZipFile(next(tmp_path.glob("cpudist-*.whl"))).namelist()
     assert "cpudist/_ami/bootstrap.sh" in names and "cpudist/_ami/README.md" in names

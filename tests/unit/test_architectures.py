@@ -19,8 +19,7 @@ from cpudist.train import dropout as fd
 from cpudist.train.models import PRESETS, build_model, load_tokenizer
 
 FAMILIES = ("tiny", "tiny-roberta", "tiny-xlm-roberta", "tiny-electra", "tiny-albert",
-            "tiny-distilbert",
-            "tiny-deberta-v3", "tiny-modernbert", "tiny-llama")
+            "tiny-distilbert", "tiny-deberta-v3", "tiny-modernbert", "tiny-llama")
 # Qwen2 has no preset (presets.py says why): tiny-llama's shape as a Qwen2 model, with and without a
 # sliding window.
 FAST = (*(n for n in FAMILIES if PRESETS[n]["model_type"] in fd.FAST_ATTENTION), "qwen2",
@@ -245,8 +244,7 @@ def test_hub_decoder_without_pad_gets_the_tokenizers(tmp_path: Path) -> None:
 
 # Parameters of the encoder (no head), in millions, as the checkpoints' model cards give them.
 REAL_SIZES = {"minilm-l6": 22.7, "bert-base": 110, "bert-large": 335, "distilbert-base": 66,
-              "modernbert-base": 149,
-              "modernbert-large": 395, "deberta-v3-base": 184}
+              "modernbert-base": 149, "modernbert-large": 395, "deberta-v3-base": 184}
 
 
 @pytest.mark.parametrize(("name", "millions"), REAL_SIZES.items())

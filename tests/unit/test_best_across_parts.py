@@ -80,8 +80,8 @@ def test_the_earlier_best_and_its_weights_come_back(tmp_path: Path) -> None:
     _evaluated(evals, 6, 0.7, model)
     assert evals.saved("best") == {"step": 2, "metrics": {"accuracy": 0.8}, "seconds": 0.1}
     _evaluated(evals, 8, 0.9, model)
-    assert evals.saved("best") is not None and evals.saved("best")[
-        "step"] == 8  # type: ignore[index]
+    best = evals.saved("best")
+    assert best is not None and best["step"] == 8
 
 
 def test_a_best_at_the_checkpoint_is_the_model_itself(tmp_path: Path) -> None:
@@ -116,8 +116,7 @@ def test_no_weights_to_come_back_means_this_parts_own_best(tmp_path: Path) -> No
 
 def test_the_meta_keeps_the_best_and_older_metas_have_none() -> None:
     raw = {"config": {}, "total": 10, "position": {"epoch": 0, "index": 4}, "world_size": 1,
-           "global_batch": 8,
-           "sync": "ddp",
+           "global_batch": 8, "sync": "ddp",
            "stats": {"steps": 4, "samples": 32, "tokens": 0, "flops": 0.0, "train_time_s": 1.0},
            "format": 3, "step": 4}
     assert CheckpointMeta.from_dict(raw, "old").best is None  # written before the best travelled

@@ -16,8 +16,7 @@ from cpudist.train.setup import data_source
 from tests.unit.test_results import result
 
 SPELLED = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "qqp": "QQP",
-           "mnli": "MNLI",
-           "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI"}
+           "mnli": "MNLI", "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI"}
 
 
 @pytest.mark.parametrize(("task", "spelled"), SPELLED.items())
@@ -26,9 +25,8 @@ def test_each_glue_task_is_spelled_as_glue_spells_it(task: str, spelled: str) ->
         data = data_source(TrainConfig(task=task, output_dir="r", data_dir=data_dir))
         card = ModelCard(render_card(result(1, 10.0, task=task, data=data)))
         assert f"on GLUE {spelled} by data-parallel" in card.text
-        assert {e.dataset_name
-                for e in card.data.eval_results} == {
-                    f"GLUE {spelled}"}  # type: ignore[attr-defined]
+        evaluated = card.data.eval_results  # type: ignore[attr-defined]
+        assert {e.dataset_name for e in evaluated} == {f"GLUE {spelled}"}
     assert f"- Data: GLUE {spelled} in GLUE's TSV layout from `glue/x`" in render_card(
         result(1, 10.0, task=task,
                data=data_source(TrainConfig(task=task, output_dir="r", data_dir="glue/x"))))

@@ -18,7 +18,7 @@ from cpudist.errors import BadInput
 from cpudist.train import checkpoint, resume
 from cpudist.train import checkpoint_meta as ckpt
 from cpudist.train.checkpoint_meta import CheckpointMeta, Done, Position
-from cpudist.train.loop import clip_and_step
+from cpudist.train.optim import clip_and_step
 
 
 def meta_of(cfg: TrainConfig, world: int = 2, global_batch: int = 32, step: int = 0,
@@ -26,8 +26,7 @@ def meta_of(cfg: TrainConfig, world: int = 2, global_batch: int = 32, step: int 
     """A meta as the loop writes it (the writer sets files, rank_state and format)."""
     done = Done(step, step * global_batch, 0, 0.0, 0.0)
     meta = CheckpointMeta(dataclasses.asdict(cfg), 16, Position(0, step), world, global_batch,
-                          "ddp", 1, 0.0, done,
-                          step)
+                          "ddp", 1, 0.0, done, step)
     return dataclasses.replace(meta, **over)
 
 
@@ -165,7 +164,8 @@ def test_per_rank_state_is_refused_on_other_ranks_or_another_sync() -> None:
         resume.adapt(cfg, sgd_meta(), 1, "ck")
     assert str(e.value).endswith(". Resume with --np 2")
     with pytest.raises(BadInput,
-                       match="holds the ranks' own local-sgd:4 state; this run asks for local-sgd:8"):
+                       match="holds the ranks' own local-sgd:4 state; this run asks for "
+                             "local-sgd:8"):
         resume.adapt(TrainConfig(task="mrpc", output_dir="o", sync="local-sgd", sync_every=8),
                      sgd_meta(), 2, "ck")
     # No rank has a state of its own (ddp, or PowerSGD before it compressed): another world size
@@ -209,9 +209,8 @@ def test_meta_json_round_trips_in_the_order_it_was_always_written(tmp_path: Path
     path = write(tmp_path, 10)
     text = (path / "meta.json").read_text()
     assert list(json.loads(text)) == ["config", "total", "position", "world_size", "global_batch",
-                                      "sync", "parts",
-                                      "wall_s", "stats", "format", "step", "rank_state", "files",
-                                      "run_id", "best"]
+                                      "sync", "parts", "wall_s", "stats", "format", "step",
+                                      "rank_state", "files", "run_id", "best"]
     meta = ckpt.read_meta(path)
     assert json.dumps(meta.to_dict(), indent=1) == text
     assert meta.position == Position(0,

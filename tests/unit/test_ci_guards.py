@@ -15,8 +15,8 @@ from tests.conftest import allowed
 from tests.harness.quota import cpu_controller_version, quota_unavailable
 
 REPO = Path(__file__).resolve().parents[2]
-DONE = "done: mrpc all-MiniLM-L6-v2 on 2 rank(s), 1 node(s): train 121.4s, 90.6 samples/s, wall 128.2s, {metrics} " \
-       "-> runs/mrpc/result.json"
+DONE = ("done: mrpc all-MiniLM-L6-v2 on 2 rank(s), 1 node(s): train 121.4s, 90.6 samples/s, "
+        "wall 128.2s, {metrics} -> runs/mrpc/result.json")
 
 
 def fake_checkout(tmp_path: Path, block1: str) -> Path:
@@ -49,8 +49,7 @@ def test_ci_run_fails_when_the_main_job_did_not_learn(tmp_path: Path, block1: st
                                                       says: str) -> None:
     checkout = fake_checkout(tmp_path, block1)
     r = subprocess.run(["bash", str(checkout / ".ci" / "run")], capture_output=True, text=True,
-                       timeout=60,
-                       env={k: v for k, v in os.environ.items() if k != "CPUDIST_CI"})
+                       timeout=60, env={k: v for k, v in os.environ.items() if k != "CPUDIST_CI"})
     assert r.returncode == rc, r.stdout + r.stderr
     assert says in r.stdout + r.stderr
     assert "tests, CI=1" in r.stdout  # the tests ran too, in CI mode
@@ -97,7 +96,8 @@ def test_the_allowlist_admits_only_the_other_cgroup_versions_test() -> None:
     may skip."""
     holder = cpu_controller_version()
     for version in (1, 2):
-        test = f"tests/integration/test_threads_cgroup.py::test_a_ranks_threads_follow_its_cgroup_quota[{version}]"
+        test = ("tests/integration/test_threads_cgroup.py::"
+                f"test_a_ranks_threads_follow_its_cgroup_quota[{version}]")
         reason = quota_unavailable(version)
         if holder in (1, 2) and version != holder:
             assert reason is not None and allowed(test, reason) is not None, reason
@@ -125,4 +125,5 @@ def test_setup_sh_without_root_fails_under_ci_and_is_a_friendly_no_op_otherwise(
     ci = setup_as_non_root("1")
     assert ci.returncode == 1 and "not root" in ci.stderr and "CPUDIST_CI" in ci.stderr, ci.stderr
     dev = setup_as_non_root("")
-    assert dev.returncode == 0 and "not root; the multi-host tests will be skipped" in dev.stderr, dev.stderr
+    assert (dev.returncode == 0
+            and "not root; the multi-host tests will be skipped" in dev.stderr), dev.stderr

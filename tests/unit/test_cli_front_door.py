@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from cpudist.cli.main import COMMANDS, cli
 from cpudist.cli.options import SectionedCommand
-from cpudist.cli.run_options import SECTIONS
+from cpudist.cli.run_sections import SECTIONS
 from cpudist.results.ledger import append
 from tests.unit.test_results import result
 
@@ -92,20 +92,18 @@ def test_top_level_help_and_completion_import_nothing_heavy() -> None:
         out, heavy = _imported_after(command, "--help")
         assert heavy == set() and "Gradient sync:" in out, (command, heavy)
     out, heavy = _imported_after(env={"_CPUDIST_COMPLETE": "bash_complete",
-                                      "COMP_WORDS": "cpudist ru",
-                                      "COMP_CWORD": "1"})
+                                      "COMP_WORDS": "cpudist ru", "COMP_CWORD": "1"})
     assert heavy == set() and "plain,run" in out
 
 
 def test_the_task_argument_completes() -> None:
     out, _ = _imported_after(env={"_CPUDIST_COMPLETE": "bash_complete",
-                                  "COMP_WORDS": "cpudist run m",
-                                  "COMP_CWORD": "2"})
+                                  "COMP_WORDS": "cpudist run m", "COMP_CWORD": "2"})
     assert {"plain,mrpc", "plain,mnli"} <= set(out.split())
 
 
-def test_user_config_and_config_file_give_defaults_and_the_command_line_wins(tmp_path: Path,
-                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_user_config_and_config_file_give_defaults_and_the_command_line_wins(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     user = tmp_path / "config.toml"
     user.write_text('[run]\nmodel = "tiny"\nnp = 2\n')
     monkeypatch.setenv("CPUDIST_CONFIG", str(user))
@@ -118,9 +116,9 @@ def test_user_config_and_config_file_give_defaults_and_the_command_line_wins(tmp
     assert r.returncode == 0, r.stderr
     assert "--model=tiny" in r.stdout and " -np 2 " in r.stdout
     r = subprocess.run([sys.executable, "-m", "cpudist.cli", *args, "--config", str(own)],
-                       capture_output=True,
-                       text=True, timeout=120)
-    assert "--max-steps=7" in r.stdout and " -np 1 " in r.stdout and "--model=tiny" in r.stdout, r.stderr
+                       capture_output=True, text=True, timeout=120)
+    assert ("--max-steps=7" in r.stdout and " -np 1 " in r.stdout
+            and "--model=tiny" in r.stdout), r.stderr
     r = subprocess.run([sys.executable, "-m", "cpudist.cli", *args, "--config", str(own), "--np",
                         "2"],
                        capture_output=True, text=True, timeout=120)
@@ -136,8 +134,7 @@ def test_a_bad_config_file_is_one_line_and_exit_2(tmp_path: Path, text: str, say
     path.write_text(text)
     for argv in (["run", "mrpc", "--dry-run"], ["cluster", "list"]):
         r = subprocess.run([sys.executable, "-m", "cpudist.cli", *argv], capture_output=True,
-                           text=True, timeout=120,
-                           env={**os.environ, "CPUDIST_CONFIG": str(path)})
+                           text=True, timeout=120, env={**os.environ, "CPUDIST_CONFIG": str(path)})
         if says in r.stderr:
             break
     assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
@@ -149,8 +146,7 @@ def test_ssh_setup_dry_run_touches_nothing(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     r = subprocess.run([sys.executable, "-m", "cpudist.cli", "hosts", "ssh-setup", "--hostfile",
-                        str(hostfile),
-                        "--dry-run"], capture_output=True, text=True, timeout=120,
+                        str(hostfile), "--dry-run"], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "HOME": str(home),
                             "CPUDIST_HOME": str(home / ".cpudist")})
     assert r.returncode == 0, r.stderr

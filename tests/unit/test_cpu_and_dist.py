@@ -59,8 +59,7 @@ def test_precision_auto() -> None:
       "SLURM_NTASKS_PER_NODE": "2(x4)"},
      (5, 8, 1, 2)),
     ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
-      "SLURM_PROCID": "0",
-      "SLURM_NTASKS": "1"}, (0, 2, 0, 2)),
+      "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, (0, 2, 0, 2)),
     ({"PMI_RANK": "1", "PMI_SIZE": "2", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, (1, 2, 1, 2)),
     ({}, (0, 1, 0, 1)),
 ])
@@ -79,7 +78,8 @@ def test_a_rank_ends_with_its_code_and_its_buffered_output_written(tmp_path: Pat
     rank's last lines (its closing event, an error line) sit in Python's buffers when its output is
     a pipe."""
     script = ("import sys\nfrom cpudist.train.dist import exit_rank\n"
-              "sys.stdout.write('last event\\n'); sys.stderr.write('last error\\n'); exit_rank(3)\n")
+              "sys.stdout.write('last event\\n'); sys.stderr.write('last error\\n'); "
+              "exit_rank(3)\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
                        timeout=60)

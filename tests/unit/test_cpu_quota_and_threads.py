@@ -123,7 +123,10 @@ def test_doctor_flags_a_node_with_fewer_usable_cores() -> None:
     assert usable_text(node) == "1 (cgroup quota 0.5 CPUs)" and usable_text(head) == "2"
 
 
-PROC_CGROUPS = "#subsys_name\thierarchy\tnum_cgroups\tenabled\ncpuset\t3\t1\t1\ncpu\t{h}\t1\t{e}\nmemory\t4\t65\t1\n"
+PROC_CGROUPS = ("#subsys_name\thierarchy\tnum_cgroups\tenabled\n"
+                "cpuset\t3\t1\t1\n"
+                "cpu\t{h}\t1\t{e}\n"
+                "memory\t4\t65\t1\n")
 
 
 def test_which_cgroup_version_holds_the_cpu_controller() -> None:

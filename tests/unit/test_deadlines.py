@@ -94,8 +94,7 @@ def test_a_stuck_test_times_out_and_its_fixtures_still_tear_down(tmp_path: Path)
     marker = tmp_path / "teardown"
     (tmp_path / "test_stuck.py").write_text(STUCK.format(marker=marker))
     r = subprocess.run([sys.executable, "-m", "pytest", "-c", str(REPO / "pyproject.toml"),
-                        "--rootdir", str(tmp_path),
-                        "-p", "no:cacheprovider", "-o", "timeout=3",
+                        "--rootdir", str(tmp_path), "-p", "no:cacheprovider", "-o", "timeout=3",
                         str(tmp_path / "test_stuck.py")],
                        capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 1, r.stdout[-3000:]

@@ -30,19 +30,18 @@ def test_dry_run_says_the_agent_is_detached(tmp_path: Path) -> None:
             "--head", "192.0.2.7", "--output-dir", str(tmp_path / "out"), "--dry-run"]
     r = CliRunner().invoke(cli, [*args, "--detach"])
     assert r.exit_code == 0, r.output
-    assert "# --detach: on the head, setsid nohup python -m cpudist.run.agent --detached <run dir>" in r.output
+    assert ("# --detach: on the head, setsid nohup python -m cpudist.run.agent --detached "
+            "<run dir>") in r.output
     plain = CliRunner().invoke(cli, args)
     assert plain.exit_code == 0 and "--detach" not in plain.output, plain.output
 
 
 def test_run_json_keeps_the_detached_agent(tmp_path: Path) -> None:
     d = Detached("192.0.2.7", "root", 2222, "/k", "/kh", "/usr/bin/python3", None,
-                 "/root/.cpudist/runs/x-1", 42,
-                 1234, True, False, "/ledger", {"head": "192.0.2.7"})
+                 "/root/.cpudist/runs/x-1", 42, 1234, True, False, "/ledger", {"head": "192.0.2.7"})
     write_run(tmp_path,
               RunInfo("20261126-100000-123456", "mrpc", "tiny", "head:192.0.2.7", "running",
-                      "2026-11-26T10:00:00+00:00", run_dir=str(tmp_path),
-                      detached=d.__dict__))
+                      "2026-11-26T10:00:00+00:00", run_dir=str(tmp_path), detached=d.__dict__))
     info = read_run(tmp_path)
     assert info is not None and Detached.from_dict(info.detached) == d
     assert d.target().port == 2222 and d.landing(tmp_path).ledger == Path("/ledger")

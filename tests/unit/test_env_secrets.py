@@ -15,10 +15,9 @@ SECRET = "hunter2"
 
 def spec(launcher: str, **kw: object) -> RunSpec:
     base = dict(train=TrainConfig(task="synthetic", output_dir="out"), np=2, ppn=2,
-                hosts=local_hosts(4),
-                launcher=launcher, launcher_path=f"/bin/{launcher}", python="/usr/bin/python3",
-                master_addr="127.0.0.1",
-                master_port=29500, physical_cores=4,
+                hosts=local_hosts(4), launcher=launcher, launcher_path=f"/bin/{launcher}",
+                python="/usr/bin/python3", master_addr="127.0.0.1", master_port=29500,
+                physical_cores=4,
                 env=(("HF_TOKEN", SECRET), ("OMP_NUM_THREADS", "1"), ("KMP_BLOCKTIME", "7")))
     return run_spec(**{**base, **kw})
 
@@ -47,7 +46,8 @@ def test_shown_launch_hides_values_but_thread_counts() -> None:
     # torchrun across hosts: each host's ssh command (in `ps`) names the value, the tether reads it
     assert SECRET not in plan(across).shell() and "--from-secrets HF_TOKEN" in plan(across).shell()
     shown = plan(redacted(across)).shell()  # what command.txt and --dry-run show
-    assert SECRET not in shown and "--from-secrets HF_TOKEN" in shown and "OMP_NUM_THREADS=1" in shown
+    assert (SECRET not in shown and "--from-secrets HF_TOKEN" in shown
+            and "OMP_NUM_THREADS=1" in shown)
     assert redact_pairs((("HF_TOKEN", SECRET), ("OMP_NUM_THREADS", "1"))) == (("HF_TOKEN", "***"),
                                                                             ("OMP_NUM_THREADS",
                                                                              "1"))
@@ -55,8 +55,6 @@ def test_shown_launch_hides_values_but_thread_counts() -> None:
 
 def test_command_line_redacted_for_the_record() -> None:
     words = ["run", "mrpc", "--env", f"HF_TOKEN={SECRET}", f"--env=PW={SECRET}", "--env",
-             "OMP_NUM_THREADS=2",
-             "--model", "tiny"]
+             "OMP_NUM_THREADS=2", "--model", "tiny"]
     assert redact_env_args(words) == ["run", "mrpc", "--env", "HF_TOKEN=***", "--env=PW=***",
-                                      "--env",
-                                      "OMP_NUM_THREADS=2", "--model", "tiny"]
+                                      "--env", "OMP_NUM_THREADS=2", "--model", "tiny"]

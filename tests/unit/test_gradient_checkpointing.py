@@ -99,8 +99,8 @@ def test_dropout_is_on_so_a_mask_replayed_wrong_would_show(batch: dict[str, torc
     assert model(**batch).loss.item() != loss
 
 
-def test_lora_adapters_get_the_same_gradients_under_checkpointing(batch: dict[str,
-                                                                              torch.Tensor]) -> None:
+def test_lora_adapters_get_the_same_gradients_under_checkpointing(
+        batch: dict[str, torch.Tensor]) -> None:
     """LoRA freezes the layers' inputs' producers: non-reentrant checkpointing must still carry
     their gradients."""
     loss, grads, kept = _step(_model("tiny", False, peft=True), batch)

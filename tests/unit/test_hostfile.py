@@ -10,8 +10,7 @@ from cpudist.hostfile import Host, check_resolvable, parse_hostfile, render_host
 label = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,10}[a-z0-9])?", fullmatch=True)
 hostname = st.lists(label, min_size=1, max_size=3).map(".".join)
 hosts = st.lists(st.builds(Host, hostname, st.none() | st.integers(1, 256)), min_size=1,
-                 max_size=12,
-                 unique_by=lambda h: h.name)
+                 max_size=12, unique_by=lambda h: h.name)
 
 
 @given(hosts, st.sampled_from(["hydra", "openmpi"]))

@@ -28,8 +28,7 @@ CLIENTS = {"ec2": "ec2", "ssm": "ssm", "client": "s3"}
 # S3's IAM actions for the API calls objects.py makes (the transfer manager's uploads and downloads
 # included).
 S3_ACTIONS = {"list_objects_v2": "ListBucket", "upload_file": "PutObject",
-              "download_file": "GetObject",
-              "delete_objects": "DeleteObject"}
+              "download_file": "GetObject", "delete_objects": "DeleteObject"}
 
 
 def _api_names(service: str) -> dict[str, str]:
@@ -82,8 +81,7 @@ def test_the_source_scan_finds_the_calls_it_should() -> None:
     found = calls_in()
     # One of each kind, so a scan that finds nothing cannot pass the next test.
     assert {"ec2:RunInstances", "ec2:TerminateInstances", "ec2:DescribeSpotPriceHistory",
-            "ssm:GetParameter",
-            "s3:ListBucket", "s3:PutObject"} <= found
+            "ssm:GetParameter", "s3:ListBucket", "s3:PutObject"} <= found
     assert len(found) >= 25
 
 
@@ -100,13 +98,12 @@ def test_the_policy_grants_only_what_the_code_calls() -> None:
 
 @pytest.mark.parametrize("action",
                          ["ec2:TerminateInstances", "ec2:DeleteSecurityGroup", "ec2:DeleteKeyPair",
-                          "ec2:DeletePlacementGroup", "ec2:DeregisterImage",
-                          "ec2:DeleteSnapshot",
+                          "ec2:DeletePlacementGroup", "ec2:DeregisterImage", "ec2:DeleteSnapshot",
                           "ec2:RevokeSecurityGroupIngress", "ec2:StartInstances"])
 def test_changes_only_on_what_carries_the_cluster_tag(action: str) -> None:
     for statement in allowed(action):
-        assert statement.get("Condition") == {"Null": {
-                                                  "aws:ResourceTag/cpudist:cluster": "false"}}, statement["Sid"]
+        assert statement.get("Condition") == {
+            "Null": {"aws:ResourceTag/cpudist:cluster": "false"}}, statement["Sid"]
 
 
 def test_a_scratch_call_outside_the_policy_is_found(tmp_path: Path) -> None:

@@ -29,8 +29,7 @@ def run(sig: str, ignored: bool) -> str:
         signal.signal(getattr(signal, sig), signal.SIG_IGN)  # what nohup does for SIGHUP
 
     r = subprocess.run([sys.executable, "-c", PROGRAM.format(sig=sig)], capture_output=True,
-                       text=True, timeout=60,
-                       preexec_fn=start_ignoring if ignored else None)
+                       text=True, timeout=60, preexec_fn=start_ignoring if ignored else None)
     assert r.returncode == 0, r.stderr
     return r.stdout.strip()
 

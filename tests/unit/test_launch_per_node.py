@@ -41,31 +41,27 @@ def test_dry_run_starts_one_process_per_node(tmp_path: Path,
     (tmp_path / "hosts").write_text("localhost\n127.0.0.2\n")
     r = CliRunner().invoke(cli,
                            ["launch", "--np", "4", "--ppn", "2", "--hostfile", "hosts",
-                            "--per-node",
-                            "--dry-run", "--", "python", "train.py"])
+                            "--per-node", "--dry-run", "--", "python", "train.py"])
     assert r.exit_code == 0, r.output
     assert "localhost:1\n127.0.0.2:1" in r.output and " -np 2 " in r.output
     assert "--per-node 2 -- python train.py" in r.output
 
 
-def test_accelerate_launch_per_node_gets_cpudists_machines_rank_rendezvous_and_process_count() -> None:
+def test_accelerate_launch_per_node_gets_cpudists_machines_rank_rendezvous_and_process_count(
+) -> None:
     node1 = RankInfo(1, 3, 0, 1, "PMI_RANK")
     env = {"MASTER_ADDR": "n0", "MASTER_PORT": "29511"}
     expected = ["/py", "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "3",
-                "--machine_rank", "1",
-                "--main_process_ip", "n0", "--main_process_port", "29511", "--num_processes", "12",
-                "--mixed_precision", "no", "--module", "cpudist.run.script_rank", "--relay", "/py",
-                "-u", "train.py",
-                "--lr", "1"]
+                "--machine_rank", "1", "--main_process_ip", "n0", "--main_process_port", "29511",
+                "--num_processes", "12", "--mixed_precision", "no", "--module",
+                "cpudist.run.script_rank", "--relay", "/py", "-u", "train.py", "--lr", "1"]
     assert per_node_argv(["accelerate", "launch", "--mixed_precision", "no", "train.py", "--lr",
                           "1"], "/py", node1, 4,
                          env) == expected
     assert per_node_argv(["python3", "-m", "accelerate.commands.launch", "--mixed_precision", "no",
-                          "train.py",
-                          "--lr", "1"], "/py", node1, 4, env) == expected
+                          "train.py", "--lr", "1"], "/py", node1, 4, env) == expected
     alone = per_node_argv(["/venv/bin/accelerate", "launch", "train.py"], "/py",
-                          RankInfo(0, 1, 0, 1, "PMI_RANK"), 1,
-                          env)
+                          RankInfo(0, 1, 0, 1, "PMI_RANK"), 1, env)
     # it refuses 1 process
     assert "--multi_gpu" not in alone and alone[-8:-6] == ["--num_processes", "1"]
     # a module or another program is left as given: WORKER starts only a .py script as Accelerate
@@ -82,14 +78,13 @@ def test_accelerate_options_cpudist_sets_are_refused_before_anything_starts() ->
             check_accelerate(["accelerate", "launch", given, "1", "train.py"])
 
 
-def test_dry_run_shows_each_nodes_accelerate_launch_and_it_needs_per_node(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dry_run_shows_each_nodes_accelerate_launch_and_it_needs_per_node(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.py").write_text("raise SystemExit('must not run')\n")
     (tmp_path / "hosts").write_text("localhost\n127.0.0.2\n")
     args = ["launch", "--np", "4", "--ppn", "2", "--hostfile", "hosts", "--dry-run", "--",
-            "accelerate", "launch",
-            "train.py"]
+            "accelerate", "launch", "train.py"]
     r = CliRunner().invoke(cli, [*args[:-4], "--per-node", *args[-4:]])
     assert r.exit_code == 0, r.output
     nodes = [line for line in r.output.splitlines() if line.startswith("# node ")]

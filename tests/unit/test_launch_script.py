@@ -36,16 +36,13 @@ def test_mpi_ranks_get_torchruns_variables() -> None:
         assert {k: got[k]
                 for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                           "GROUP_WORLD_SIZE")} == {"RANK": "3", "WORLD_SIZE": "4",
-                                                   "LOCAL_RANK": "1",
-                                                   "LOCAL_WORLD_SIZE": "2",
-                                                   "GROUP_RANK": "1",
-                                                   "GROUP_WORLD_SIZE": "2"}, env
+                                                   "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                                                   "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2"}, env
 
 
 def test_a_torchrun_launch_keeps_its_own_variables_and_threads_are_set() -> None:
     by_torchrun = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-                   "GROUP_RANK": "0",
-                   "OMP_NUM_THREADS": "1", "PATH": "/bin"}
+                   "GROUP_RANK": "0", "OMP_NUM_THREADS": "1", "PATH": "/bin"}
     out = script_env(by_torchrun, discover_rank(by_torchrun), 3, "/runs/x")
     assert out["GROUP_RANK"] == "0" and out["RANK"] == "1" and out["PATH"] == "/bin"
     assert out["OMP_NUM_THREADS"] == "3" and out["CPUDIST_RUN_DIR"] == "/runs/x"
@@ -108,9 +105,8 @@ def test_a_signal_to_the_wrapper_reaches_the_script(tmp_path: Path) -> None:
 
 
 HF_ALL_RESULTS = {"epoch": 1.0, "eval_accuracy": 0.75, "eval_loss": 0.6, "train_loss": 0.69,
-                  "train_runtime": 12.5,
-                  "train_samples": 100, "train_samples_per_second": 8.0, "total_flos": 1234.0,
-                  "note": "text"}
+                  "train_runtime": 12.5, "train_samples": 100, "train_samples_per_second": 8.0,
+                  "total_flos": 1234.0, "note": "text"}
 
 
 def test_a_metric_file_fills_fields_by_their_own_or_hf_names_and_the_rest_are_metrics() -> None:
@@ -123,15 +119,15 @@ def test_a_metric_file_fills_fields_by_their_own_or_hf_names_and_the_rest_are_me
     r = build(ranks, {"train_samples": 400}, {}, {"launcher": "mpich"})
     # samples / wall time
     assert (r.train_time_s, r.wall_time_s, r.train_samples_per_s) == (20.0, 20.0, 20.0)
-    assert r.model == "python t.py" and r.task == "script" and r.nodes == ("a",
-                                                                           ) and r.launcher == "mpich"
+    assert (r.model == "python t.py" and r.task == "script" and r.nodes == ("a",)
+            and r.launcher == "mpich")
     r = build(ranks, HF_ALL_RESULTS, {}, {})
     assert (r.train_time_s, r.wall_time_s, r.train_samples_per_s, r.final_loss) == (12.5, 20.0, 8.0,
                                                                                     0.69)
 
 
-def test_dry_run_shows_the_wrapper_under_each_launcher_and_starts_nothing(tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dry_run_shows_the_wrapper_under_each_launcher_and_starts_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.py").write_text("raise SystemExit('must not run')\n")
     hosts = tmp_path / "hosts"
@@ -139,27 +135,24 @@ def test_dry_run_shows_the_wrapper_under_each_launcher_and_starts_nothing(tmp_pa
     runner = CliRunner()
     mpi = runner.invoke(cli,
                         ["launch", "--np", "2", "--dry-run", "--env", "TOKEN=s3cret", "train.py",
-                         "--lr",
-                         "1"])
+                         "--lr", "1"])
     assert mpi.exit_code == 0, mpi.output
     assert " -np 2 " in mpi.output and "-m cpudist.run.script_rank --run-dir " in mpi.output
     assert mpi.output.rstrip().endswith("-- train.py --lr 1") and "s3cret" not in mpi.output
     torch = runner.invoke(cli,
                           ["launch", "--np", "2", "--launcher", "torchrun", "--dry-run", "--",
-                           "python",
-                           "train.py"])
+                           "python", "train.py"])
     assert "torch.distributed.run --nnodes 1 --nproc-per-node 2" in torch.output, torch.output
     assert "-m cpudist.run.script_rank" in torch.output
     across = runner.invoke(cli,
                            ["launch", "--np", "2", "--ppn", "1", "--hostfile", str(hosts),
-                            "--dry-run",
-                            "--workdir", str(tmp_path), "--", "python", "train.py"])
+                            "--dry-run", "--workdir", str(tmp_path), "--", "python", "train.py"])
     assert across.exit_code == 0, across.output
-    assert "localhost:1\n127.0.0.2:1" in across.output and f"--workdir {tmp_path} --" in across.output
+    assert ("localhost:1\n127.0.0.2:1" in across.output
+            and f"--workdir {tmp_path} --" in across.output)
     slurm = runner.invoke(cli,
                           ["launch", "--launcher", "slurm", "--nodes", "2", "--ppn", "1",
-                           "--partition", "cpu",
-                           "--dry-run", "--", "python", "train.py"])
+                           "--partition", "cpu", "--dry-run", "--", "python", "train.py"])
     assert slurm.exit_code == 0, slurm.output
     assert "#SBATCH --partition=cpu" in slurm.output and "#SBATCH --nodes=2" in slurm.output
     assert "srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1" in slurm.output

@@ -72,17 +72,16 @@ def test_each_node_copies_the_staged_folder_once_without_stagings_marks(tmp_path
     assert (work / "outputs").is_dir() and not list(tmp_path.glob("run/work.part*"))
 
 
-def test_dry_run_from_outside_says_what_is_staged_and_where_it_runs(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dry_run_from_outside_says_what_is_staged_and_where_it_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.py").write_text("raise SystemExit('must not run')\n")
     (tmp_path / "hosts").write_text("n0\nn1\n")
     (tmp_path / "data.csv").write_text("1\n")
     r = CliRunner().invoke(cli,
                            ["launch", "--np", "2", "--ppn", "1", "--hostfile", "hosts", "--head",
-                            "10.0.0.9",
-                            "--stage", "data.csv", "--collect", "outputs", "--dry-run", "--",
-                            "train.py"])
+                            "10.0.0.9", "--stage", "data.csv", "--collect", "outputs", "--dry-run",
+                            "--", "train.py"])
     assert r.exit_code == 0, r.output
     assert "ssh 10.0.0.9" in r.output and "python -m cpudist.run.agent" in r.output
     assert f"# stage {tmp_path / 'data.csv'}" in r.output and "then on n1" in r.output
@@ -93,13 +92,12 @@ def test_dry_run_from_outside_says_what_is_staged_and_where_it_runs(tmp_path: Pa
     assert here.exit_code == 2 and "--stage puts files on the nodes from outside" in here.output
     missing = CliRunner().invoke(cli,
                                  ["launch", "--np", "2", "--ppn", "1", "--hostfile", "hosts",
-                                  "--head", "h",
-                                  "--stage", "nope", "--dry-run", "--", "train.py"])
+                                  "--head", "h", "--stage", "nope", "--dry-run", "--", "train.py"])
     assert missing.exit_code == 2 and "--stage nope" in missing.output, missing.output
 
 
-def test_sweep_runs_each_count_in_its_folder_and_refuses_what_cannot_finish(tmp_path: Path,
-                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sweep_runs_each_count_in_its_folder_and_refuses_what_cannot_finish(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.py").write_text("raise SystemExit('must not run')\n")
     (tmp_path / "hosts").write_text("n0\nn1\n")
@@ -120,8 +118,8 @@ def test_sweep_runs_each_count_in_its_folder_and_refuses_what_cannot_finish(tmp_
         assert bad.exit_code == 2 and says in bad.output, bad.output
 
 
-def test_runs_staging_finds_no_trainer_inputs_in_a_script_run(tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_runs_staging_finds_no_trainer_inputs_in_a_script_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """remote.stage_run stages the trainer's inputs from the config; a script run's `model` is its
     command, which names a file or folder here as often as not (`train.py`,
     `sentence-transformers/...`): not a model to stage (the script's folder and --stage paths are

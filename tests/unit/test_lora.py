@@ -26,8 +26,7 @@ LORA = TrainConfig(task="mrpc", output_dir="o", model="tiny", peft="lora")
 def test_options_reach_the_ranks_and_round_trip() -> None:
     out = CliRunner().invoke(cli, [*BASE, "--peft", "lora", "--lora-r", "4", "--lora-alpha", "8",
                                    "--lora-dropout", "0.05", "--lora-targets", "query, key,value",
-                                   "--merge-lora",
-                                   "--lora-modules-to-save", "classifier"])
+                                   "--merge-lora", "--lora-modules-to-save", "classifier"])
     assert out.exit_code == 0, out.output
     words = " ".join(out.output.split())
     for flag in ("--peft=lora", "--lora-r=4", "--lora-alpha=8.0", "--lora-dropout=0.05",
@@ -76,8 +75,7 @@ NOT_A_LAYER = {"embedding_hidden_mapping_in"}
 
 @pytest.mark.parametrize("preset",
                          ["tiny", "tiny-roberta", "tiny-xlm-roberta", "tiny-electra", "tiny-albert",
-                          "tiny-distilbert", "tiny-deberta-v3", "tiny-modernbert",
-                          "tiny-llama"])
+                          "tiny-distilbert", "tiny-deberta-v3", "tiny-modernbert", "tiny-llama"])
 def test_the_default_adapts_every_linear_of_the_layers_and_none_of_the_head(preset: str) -> None:
     import torch
 
@@ -206,12 +204,12 @@ def test_card_and_old_results() -> None:
     from tests.unit.test_results import result
 
     settings = {"method": "lora", "r": 8, "alpha": 16.0, "dropout": 0.1,
-                "targets": ["query", "value"],
-                "modules_to_save": ["classifier"], "trainable_params": 2114,
-                "total_params": 1013540, "merged": False}
+                "targets": ["query", "value"], "modules_to_save": ["classifier"],
+                "trainable_params": 2114, "total_params": 1013540, "merged": False}
     r = result(1, 10.0).with_updates(peft=settings, trainable_params=2114)
-    assert "- LoRA (peft): r 8, alpha 16.0, dropout 0.1 on query, value; trained in full: classifier; 2114 of " \
-           "1013540 parameters trained; saved as the adapter\n- seed" in render_card(r)
+    assert ("- LoRA (peft): r 8, alpha 16.0, dropout 0.1 on query, value; trained in full: "
+            "classifier; 2114 of 1013540 parameters trained; saved as the adapter\n"
+            "- seed") in render_card(r)
     assert "LoRA" not in render_card(result(1, 10.0))
     old = result(1, 10.0).to_dict()
     del old["peft"], old["trainable_params"]
@@ -239,14 +237,12 @@ def test_plan_prices_a_lora_run_by_its_adapters_and_keeps_full_runs_apart(tmp_pa
                               "--link-gbps", "1"])
     assert out.exit_code == 0, out.output
     text = " ".join(out.output.split())
-    assert "trained: LoRA r 8 on query, value and the head: 74,498 of 22,788,484 parameters, 298 kB per exchange" \
-           in text, text
+    assert ("trained: LoRA r 8 on query, value and the head: 74,498 of 22,788,484 parameters, "
+            "298 kB per exchange") in text, text
     data = json.loads(CliRunner().invoke(cli,
                                          ["plan", str(folder), "--baseline", "lora1", "--nodes",
-                                          "4",
-                                          "--link-gbps", "1", "--latency-ms", "0", "--overlap",
-                                          "0",
-                                          "--sync-cpu-s-per-gb", "0", "--json"]).output)
+                                          "4", "--link-gbps", "1", "--latency-ms", "0", "--overlap",
+                                          "0", "--sync-cpu-s-per-gb", "0", "--json"]).output)
     ddp4 = next(p for p in data["predictions"] if p["nodes"] == 4 and p["sync"] == "ddp")
     # ring over 4 nodes: 1.5 x 298 kB at 1 Gbit/s = 3.6 ms on top of t_c = 2 s; the full model's 100
     # MB: 1.2 s

@@ -25,8 +25,7 @@ def test_one_rank_says_nothing() -> None:
      "keeps 5e-05)",
      2e-4),
     ({"peft": "lora", "lr": 1e-3},
-     "lr 0.001 x sqrt(4) = 0.002 (--lr-scaling auto: sqrt for LoRA on more than one rank",
-     2e-3),
+     "lr 0.001 x sqrt(4) = 0.002 (--lr-scaling auto: sqrt for LoRA on more than one rank", 2e-3),
     ({"lr_scaling": "linear", "peft": "lora"}, "lr 5e-05 x 4 = 0.0002 (--lr-scaling linear;", 2e-4),
     ({"lr_scaling": "sqrt"}, "lr 5e-05 x sqrt(4) = 0.0001 (--lr-scaling sqrt;", 1e-4),
 ])
@@ -46,8 +45,7 @@ def test_the_note_gives_the_lr_the_ranks_use_and_the_rule(change: dict[str, obje
 
 def test_unscaled_says_what_it_costs_and_a_script_or_synthetic_run_is_left_alone() -> None:
     none = dataclasses.replace(BASE, lr_scaling="none")
-    assert "1/4 of one rank's optimizer steps per epoch at the same --lr 5e-05" in (lr_note(none,
-                                                                                            4)
+    assert "1/4 of one rank's optimizer steps per epoch at the same --lr 5e-05" in (lr_note(none, 4)
                                                                                     or "")
     assert lr_note(dataclasses.replace(none, task="synthetic"), 4) is None  # no accuracy to lose
     assert lr_note(BASE, 4, Script(("train.py",))) is None  # the script's lr is its own

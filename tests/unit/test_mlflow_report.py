@@ -17,8 +17,7 @@ if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
 CONFIG = {"task": "mrpc", "model": "tiny", "lr": 1e-3, "run_id": "20261126-171500-ab12",
-          "report_to": ("mlflow",),
-          "mlflow_uri": None, "resume": None, "text_columns": ()}
+          "report_to": ("mlflow",), "mlflow_uri": None, "resume": None, "text_columns": ()}
 
 
 @pytest.fixture(autouse=True)

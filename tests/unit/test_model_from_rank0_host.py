@@ -70,8 +70,7 @@ def test_rank0s_model_and_reports_come_home(tmp_path: Path) -> None:
     mlflow_run = out / "mlruns" / "1" / "abc"
     assert (mlflow_run / "artifacts").is_dir() and (mlflow_run / "meta.yaml").is_file()
     assert sorted(p.name for p in out.iterdir()) == ["mlruns", "model", "rank_report.json",
-                                                     "steps.jsonl",
-                                                     "tensorboard"]
+                                                     "steps.jsonl", "tensorboard"]
 
 
 def test_a_model_damaged_on_the_way_is_refused(tmp_path: Path) -> None:

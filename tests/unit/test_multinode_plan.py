@@ -42,8 +42,7 @@ def test_mpich_across_hosts() -> None:
     launch = plan(spec("mpich"))
     a = launch.argv
     assert a[:7] == ("/mpi/bin/launcher", "-launcher", "ssh", "-launcher-exec",
-                     "/home/u/.cpudist/cluster/ssh",
-                     "-f", "/r/hostfile")
+                     "/home/u/.cpudist/cluster/ssh", "-f", "/r/hostfile")
     assert a[7:11] == ("-np", "8", "-ppn", "2")
     assert genv(a)["OMP_NUM_THREADS"] == "8" and genv(a)["MASTER_ADDR"] == "n0"
 
@@ -131,7 +130,8 @@ def test_generated_key_is_usable_by_openssh_and_paramiko(tmp_path: object) -> No
     key = paramiko.Ed25519Key.from_private_key(io.StringIO(pair.private))
     assert pair.public.split()[1] == key.get_base64()
     cfg = ssh_config("/home/u/.cpudist/cluster", "u")
-    assert "StrictHostKeyChecking yes" in cfg and "IdentityFile /home/u/.cpudist/cluster/id_ed25519" in cfg
+    assert ("StrictHostKeyChecking yes" in cfg
+            and "IdentityFile /home/u/.cpudist/cluster/id_ed25519" in cfg)
     assert 'ssh -F "/home/u/.cpudist/cluster/ssh_config"' in ssh_wrapper("/home/u/.cpudist/cluster")
 
 

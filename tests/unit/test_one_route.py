@@ -59,8 +59,8 @@ def test_run_and_cli_name_no_scheduler(room: str) -> None:
     assert said == []
 
 
-def test_a_schedulers_flags_are_its_kinds_and_fill_its_options(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_schedulers_flags_are_its_kinds_and_fill_its_options(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every flag a scheduler kind declares reaches the batch script through `cpudist run`; `launch`
     (a user's script, which does not checkpoint) is offered only those that are not the
     trainer's."""
@@ -69,12 +69,10 @@ def test_a_schedulers_flags_are_its_kinds_and_fill_its_options(tmp_path: Path,
         monkeypatch.delenv(name, raising=False)
     runner = CliRunner()
     given = ["--partition", "cpu", "--time", "30", "--account", "proj", "--exclusive",
-             "--sbatch-arg=--mem=0",
-             "--requeue", "--requeue-signal", "90"]
+             "--sbatch-arg=--mem=0", "--requeue", "--requeue-signal", "90"]
     out = runner.invoke(cli,
                         ["run", "synthetic", "--model", "tiny", "--launcher", "slurm", "--nodes",
-                         "2",
-                         "--ppn", "1", *given, "--dry-run"])
+                         "2", "--ppn", "1", *given, "--dry-run"])
     assert out.exit_code == 0, out.output
     for line in ("--partition=cpu", "--time=30", "--account=proj", "--exclusive", "--mem=0",
                  "--signal=B:USR1@90", "--requeue"):
@@ -108,8 +106,7 @@ def test_every_kind_is_one_object_and_the_scheduler_is_a_batch_kind() -> None:
                           Probe(sizes=(4096,), iters=3)])
 def test_the_one_agent_reads_every_payload(payload: Trainer | Script | Probe) -> None:
     request = RunRequest(TrainConfig(task="mrpc", output_dir="/h/runs/r"),
-                         LaunchOptions(np=2, ppn=1),
-                         payload=payload)
+                         LaunchOptions(np=2, ppn=1), payload=payload)
     back = RunRequest.from_json(request.to_json())
     assert back == request and type(back.payload) is type(payload)
     assert not [p for p in programs.PROGRAMS if p.endswith("agent") and p != programs.AGENT]

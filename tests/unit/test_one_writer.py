@@ -91,8 +91,7 @@ def test_no_rank_report_is_a_failed_job(tmp_path: Path) -> None:
 
 def test_the_card_part_reaches_rank_0_through_the_run_folder(tmp_path: Path) -> None:
     full = Launched(command="cpudist run mrpc", usd_per_hour=1.5, data={"train": "a.csv"},
-                    launcher="openmpi",
-                    staging={"head": "h"}, recoveries=2, run_dir="/laptop")
+                    launcher="openmpi", staging={"head": "h"}, recoveries=2, run_dir="/laptop")
     assert read_card_part(tmp_path) == Launched()  # none left: rank 0 on a host of its own
     write_card_part(tmp_path, full)
     assert read_card_part(tmp_path) == Launched(command="cpudist run mrpc", usd_per_hour=1.5,

@@ -45,7 +45,9 @@ def test_a_rank_aborted_in_torchs_gloo_teardown_gets_the_way_out_as_its_hint(
 
 
 def test_a_launcher_given_up_on_names_no_host_but_the_ranks_own_line(tmp_path: Path) -> None:
-    noticed = "[n0:0] error: lost a peer rank: no answer within --dist-timeout 10s (a rank that hangs, ...)"
+    noticed = ("[n0:0] error: lost a peer rank: no answer within --dist-timeout 10s "
+               "(a rank that hangs, ...)")
     with pytest.raises(JobFailed) as failed:
         check(Outcome(-9, False, ("step 3/200", noticed), gave_up=True), tmp_path, None, "launcher")
-    assert failed.value.what == f"the job failed (launcher stopped 20 s after a rank lost its peer): {noticed}"
+    assert failed.value.what == ("the job failed (launcher stopped 20 s after a rank lost its "
+                                 f"peer): {noticed}")

@@ -101,14 +101,16 @@ def runs(tmp_path: Path) -> Path:
 def test_plan_table_recommendation_and_validation(runs: Path) -> None:
     out = cpudist("plan", runs, "--nodes", "2,4", "--link-gbps", "1", "--latency-ms", "0")
     assert out.exit_code == 0, out.output
-    assert "base: r1x1 (the only 1-node run in the sources)" in out.output and "t_c = 2.000 s/step" in out.output
+    assert ("base: r1x1 (the only 1-node run in the sources)" in out.output
+            and "t_c = 2.000 s/step" in out.output)
     assert "f = 0.25" in out.output and "median of measured multi-node DDP runs r2x1" in out.output
     assert "price: $3.0000 per node-hour (the run's nodes)" in out.output
     assert "recommend: " in out.output and "measured vs predicted speedup" in out.output
     assert "1 of 1 measured points within 15%" in out.output  # 2 + 0.8 predicted vs 2.9 measured
-    # c from r2x1, fitted with the overlap of the other DDP runs (none: f = 0): (2.9 - 2.8) s / 100
-    # MB
-    assert "sync CPU: c = 1.00 s per GB on the busiest link (median of measured multi-node runs r2x1;" in out.output
+    # c from r2x1, fitted with the overlap of the other DDP runs (none: f = 0): (2.9 - 2.8) s
+    # / 100 MB
+    assert ("sync CPU: c = 1.00 s per GB on the busiest link (median of measured multi-node runs "
+            "r2x1;") in out.output
     data = json.loads(cpudist("plan", runs, "--nodes", "4", "--link-gbps", "1", "--latency-ms", "0",
                               "--overlap", "0.5", "--sync-cpu-s-per-gb", "0", "--json").output)
     ddp4 = next(p for p in data["predictions"] if p["nodes"] == 4 and p["sync"] == "ddp")
@@ -124,9 +126,12 @@ def test_plan_takes_the_newest_bench_and_work_options(runs: Path) -> None:
     out = cpudist("plan", runs / "one", "--nodes", "2", "--steps", "10", "--price", "1")
     assert out.exit_code == 0, out.output
     assert f"link: 2.000 Gbit/s per node (bus bandwidth at 64MB on n0, n1, {newest})" in out.output
-    assert "work: 10 steps of the measured run (320 samples)" in out.output and "(--price)" in out.output
-    assert "sync CPU: c = 0.00 s per GB on the busiest link (no measured multi-node run" in out.output
-    assert "note: without measured multi-node runs in the sources the model leaves out" in out.output
+    assert ("work: 10 steps of the measured run (320 samples)" in out.output
+            and "(--price)" in out.output)
+    assert ("sync CPU: c = 0.00 s per GB on the busiest link "
+            "(no measured multi-node run") in out.output
+    assert ("note: without measured multi-node runs in the sources "
+            "the model leaves out") in out.output
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -162,8 +167,8 @@ def test_plan_names_its_baseline_and_takes_baseline_run(tmp_path: Path) -> None:
     default = cpudist("plan", ledger, "--nodes", "2", "--link-gbps", "1")
     assert default.exit_code == 0, default.output
     assert ("base: 20261126-090000-aaaaaa (of 2 1-node runs of mrpc minilm-l6 bf16 in the sources, "
-            "the one with "
-            "the fewest ranks (1 rank)): mrpc minilm-l6 bf16, 1 rank(s) on 1 node, ") in default.output
+            "the one with the fewest ranks (1 rank)): mrpc minilm-l6 bf16, "
+            "1 rank(s) on 1 node, ") in default.output
     for option in ("--baseline", "--run-id"):
         named = cpudist("plan", ledger, "--nodes", "2", "--link-gbps", "1", option, "20261126-10",
                         "--json")

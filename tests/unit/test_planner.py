@@ -147,8 +147,8 @@ def test_validate_flags_points_off_by_more_than_the_goal() -> None:
     rows = validate([run(1), good, bad, elsewhere], 1.0, 0.0, cpu_s_per_byte=0.0)
     assert [r.run_id for r in rows] == ["good", "bad"]
     g, b = rows
-    assert g.predicted_step_s == pytest.approx(2.8) and g.measured_speedup == pytest.approx(2
-                                                                                            * 2 / 2.94)
+    assert (g.predicted_step_s == pytest.approx(2.8)
+            and g.measured_speedup == pytest.approx(2 * 2 / 2.94))
     assert g.error == pytest.approx(1.05 - 1) and not g.flagged
     assert b.error == pytest.approx(1.4 - 1) and b.flagged and abs(b.error) > GOAL
 

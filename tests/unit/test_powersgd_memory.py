@@ -46,8 +46,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def net() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.Tanh(), torch.nn.Linear(24, 20),
-                               torch.nn.Tanh(),
-                               torch.nn.Linear(20, 3))
+                               torch.nn.Tanh(), torch.nn.Linear(20, 3))
 
 
 def batches() -> list[torch.Tensor]:

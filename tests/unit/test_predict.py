@@ -146,7 +146,8 @@ def test_a_files_label_column_is_scored_by_class_name_or_id(tmp_path: Path) -> N
     assert metric_names(("a", "b", "c"), None) == ("accuracy", "f1_macro")
     with pytest.raises(BadInput) as e:
         read_file(tmp_path / "a.csv", ("text",), "label", ("negative", "positive"), None)
-    assert "unknown label 'pos'" in e.value.what and "negative, positive" in e.value.format_message()
+    assert ("unknown label 'pos'" in e.value.what
+            and "negative, positive" in e.value.format_message())
     assert read_file(tmp_path / "a.csv", ("text",)).labels is None
 
 
@@ -201,8 +202,7 @@ def test_the_format_comes_from_the_option_the_suffix_or_the_input() -> None:
 
 
 def test_the_plan_takes_the_runs_lengths_and_batches_fp32_unless_asked_and_the_option_wins(
-    shared_data: Path,
-                                                                                          tmp_path: Path) -> None:
+        shared_data: Path, tmp_path: Path) -> None:
     run = run_folder(tmp_path / "run")
     (run / "command.txt").write_text(COMMAND.replace("/data/glue/MRPC",
                                                      str(shared_data / "glue" / "MRPC")))
@@ -210,7 +210,8 @@ def test_the_plan_takes_the_runs_lengths_and_batches_fp32_unless_asked_and_the_o
     s = p.settings
     # the bf16 run's scores, not rounded
     assert (s.precision, s.max_seq_len, s.batch_size) == ("fp32", 96, 32)
-    assert p.precision_from == "the default; the run computed in bf16: --precision bf16 gives its own numbers"
+    assert p.precision_from == ("the default; the run computed in bf16: --precision bf16 gives "
+                                "its own numbers")
     assert p.output == run / "predict_results_mrpc.txt" and p.fmt == "glue" and len(
         p.inputs) == 1725
     assert s.threads >= 1 and p.np == 2
@@ -264,6 +265,5 @@ def test_predict_help_and_dry_run_import_no_torch(tmp_path: Path) -> None:
     assert heavy == set() and "--text-columns" in out
     (tmp_path / "rows.csv").write_text("text\nhello\n")
     out, heavy = _imported_after("predict", str(model_folder(tmp_path / "m")), "--file",
-                                 str(tmp_path / "rows.csv"),
-                                 "--dry-run")
+                                 str(tmp_path / "rows.csv"), "--dry-run")
     assert heavy == set() and "rows:      1 from" in out and "output:    stdout (jsonl)" in out

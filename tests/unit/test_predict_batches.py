@@ -68,10 +68,8 @@ class Recorder(torch.nn.Module):
         return SimpleNamespace(logits=attention_mask.sum(1, keepdim=True).float().repeat(1, 2))
 
 
-def test_batches_are_sorted_by_length_padded_to_their_own_longest_in_inference_mode(tiny: tuple[
-                                                                                        Path, Any,
-                                                                                        Any],
-                                                                                     shared_data: Path) -> None:
+def test_batches_are_sorted_by_length_padded_to_their_own_longest_in_inference_mode(
+        tiny: tuple[Path, Any, Any], shared_data: Path) -> None:
     folder, _, tokenizer = tiny
     dev = load_glue_tsv("mrpc", shared_data / "glue" / "MRPC").validation.head(150)
     data = encode_rows(dev.texts, tokenizer, 128)
@@ -90,9 +88,8 @@ def test_batches_are_sorted_by_length_padded_to_their_own_longest_in_inference_m
     assert not any(b["bf16"] for b in model.seen)
 
 
-def test_the_saved_model_scores_the_dev_rows_exactly_as_the_runs_evaluation(tiny: tuple[Path, Any,
-                                                                                        Any],
-                                                                           shared_data: Path) -> None:
+def test_the_saved_model_scores_the_dev_rows_exactly_as_the_runs_evaluation(
+        tiny: tuple[Path, Any, Any], shared_data: Path) -> None:
     folder, model, tokenizer = tiny
     dev = load_glue_tsv("mrpc", shared_data / "glue" / "MRPC").validation
     threads = torch.get_num_threads()

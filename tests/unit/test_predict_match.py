@@ -39,8 +39,8 @@ def stsb(path: Path) -> Path:
     return path
 
 
-def test_a_model_of_another_glue_task_is_refused_saying_what_it_was_trained_on(shared_data: Path,
-                                                                               tmp_path: Path) -> None:
+def test_a_model_of_another_glue_task_is_refused_saying_what_it_was_trained_on(
+        shared_data: Path, tmp_path: Path) -> None:
     run = run_folder(tmp_path / "mrpc")  # MRPC's run: RTE and SST-2 have two classes too
     rte, sst2 = shared_data / "glue" / "RTE", shared_data / "glue" / "SST-2"
     said = refused(PredictRequest(run, split="dev", task="rte", data_dir=rte))
@@ -56,14 +56,15 @@ def test_a_model_of_another_glue_task_is_refused_saying_what_it_was_trained_on(s
                                                            data_dir=rte))
     (away / "README.md").unlink()  # nothing says the task: its class names are not RTE's
     said = refused(PredictRequest(away, split="dev", task="rte", data_dir=rte))
-    assert "predicts classes not_equivalent, equivalent; RTE's rows have classes entailment, not_entailment" in said
+    assert ("predicts classes not_equivalent, equivalent; RTE's rows have classes entailment, "
+            "not_entailment") in said
     # RTE's very names
     qnli = custom_run(tmp_path / "qnli", "qnli", {"0": "entailment", "1": "not_entailment"})
     assert "trained on QNLI" in refused(PredictRequest(qnli, split="dev", task="rte", data_dir=rte))
 
 
-def test_custom_data_against_a_glue_task_and_a_glue_model_against_custom_data(shared_data: Path,
-                                                                              tmp_path: Path) -> None:
+def test_custom_data_against_a_glue_task_and_a_glue_model_against_custom_data(
+        shared_data: Path, tmp_path: Path) -> None:
     sst2 = shared_data / "glue" / "SST-2"
     mine = custom_run(tmp_path / "mine")
     said = refused(PredictRequest(mine, split="dev", task="sst2", data_dir=sst2))
@@ -96,13 +97,14 @@ def test_the_matching_task_and_regression_go_through(shared_data: Path, tmp_path
     sts, reg = stsb(tmp_path / "STS-B"), model_folder(tmp_path / "reg", regression=True)
     assert plan(PredictRequest(reg, split="dev", task="stsb", data_dir=sts)).inputs.labels == (4.2,)
     said = refused(PredictRequest(reg, split="dev", task="mrpc", data_dir=mrpc))
-    assert "predicts a score (regression); MRPC's rows have classes not_equivalent, equivalent" in said
+    assert ("predicts a score (regression); MRPC's rows have classes not_equivalent, "
+            "equivalent") in said
     said = refused(PredictRequest(glue_own, split="dev", task="stsb", data_dir=sts))
     assert "predicts classes 0, 1; STS-B's rows have a score (regression)" in said
 
 
-def test_unnamed_classes_need_a_record_of_the_task_and_a_base_model_is_refused(shared_data: Path,
-                                                                               tmp_path: Path) -> None:
+def test_unnamed_classes_need_a_record_of_the_task_and_a_base_model_is_refused(
+        shared_data: Path, tmp_path: Path) -> None:
     """LABEL_0, LABEL_1 say nothing: against a GLUE task they pass only where the model's run says
     its task; a folder whose architecture has no classifier head would get a random one, and is
     refused for any rows."""
@@ -121,7 +123,8 @@ def test_unnamed_classes_need_a_record_of_the_task_and_a_base_model_is_refused(s
     (base / "config.json").write_text(json.dumps({"architectures": ["BertModel"],
                                                   "model_type": "bert"}))
     said = refused(PredictRequest(base, file=rows))
-    assert "holds a base model (BertModel) without a classification head" in said and "Fine-tune it first" in said
+    assert ("holds a base model (BertModel) without a classification head" in said
+            and "Fine-tune it first" in said)
 
 
 def test_the_command_says_it_in_one_line_exit_2(shared_data: Path, tmp_path: Path) -> None:

@@ -38,7 +38,8 @@ def test_a_line_is_one_tagged_write_and_a_long_one_several_cut_between_character
                     for p in out) == long
 
 
-def test_the_wrapper_hands_on_whole_lines_of_both_streams_each_tagged_with_the_workers_rank() -> None:
+def test_the_wrapper_hands_on_whole_lines_of_both_streams_each_tagged_with_the_workers_rank(
+) -> None:
     p = subprocess.run([sys.executable, "-m", "cpudist.run.script_rank", "--relay", "--",
                         sys.executable, "-c",
                         PIECES], env={**os.environ, "RANK": "5", "PYTHONUNBUFFERED": "1"},

@@ -66,6 +66,6 @@ def test_node_scaling_has_nodes_on_x_and_flags_ringed(tmp_path: Path) -> None:
 def test_ranks_on_x_when_nodes_would_stack_two_configurations(tmp_path: Path) -> None:
     runs = [at(0, sps=10.0), at(1, ppn=2, sps=19.0), at(2, nodes=2, ppn=2, sps=36.0)]
     speedup = write_plot(scaling_rows(runs), tmp_path / "mixed.png").axes[0]
-    assert lines(speedup)["sync=ddp"][0] == [1, 2,
-                                             4] and speedup.get_xlabel() == "ranks (all nodes together)"
+    assert (lines(speedup)["sync=ddp"][0] == [1, 2, 4]
+            and speedup.get_xlabel() == "ranks (all nodes together)")
     assert ringed(speedup) == []

@@ -38,8 +38,7 @@ def at(i: int, nodes: int = 1, ppn: int = 1, sps: float = 16.0, **kw: Any) -> Ru
 
 def test_repeats_of_a_configuration_are_one_row_median_n_and_range() -> None:
     runs = [at(0, sps=10.0), at(1, ppn=2, sps=20.0), at(2, sps=12.0), at(3, ppn=2, sps=24.0),
-            at(4, sps=11.0),
-            at(5, ppn=2, sps=21.0, metrics={"accuracy": 0.7})]
+            at(4, sps=11.0), at(5, ppn=2, sps=21.0, metrics={"accuracy": 0.7})]
     one, two = scaling_rows(runs)
     assert (one.n, two.n) == (3, 3) and (one.ranks, two.ranks) == (1, 2)
     assert one.speedup == 1.0 and (one.speedup_min,
@@ -59,8 +58,7 @@ def test_repeats_of_a_configuration_are_one_row_median_n_and_range() -> None:
 
 def test_default_baseline_is_fewest_nodes_then_ranks_and_a_named_one_wins_its_group() -> None:
     runs = [at(0, nodes=2, sps=30.0), at(1, ppn=2, sps=28.0), at(2, sps=16.0),
-            at(3, nodes=4, sps=50.0),
-            at(4, nodes=2, sps=30.0, model="bert-base"),
+            at(3, nodes=4, sps=50.0), at(4, nodes=2, sps=30.0, model="bert-base"),
             at(5, nodes=4, sps=56.0, model="bert-base")]
     rows = scaling_rows(runs)
     mini = [r for r in rows if "minilm" in r.group]
@@ -110,7 +108,8 @@ def test_a_speedup_beyond_the_added_ranks_is_flagged_with_its_likely_cause(case:
     rows = scaling_rows([*base, *other])
     assert not rows[0].flagged  # the baseline itself
     flagged = rows[1]
-    assert flagged.flagged and "is beyond what 2x the ranks allow" in flagged.check and cause in flagged.check
+    assert (flagged.flagged and "is beyond what 2x the ranks allow" in flagged.check
+            and cause in flagged.check)
     md = render_markdown(rows)
     assert f"! 1 node, 2 ranks: efficiency {flagged.efficiency:.0%} is beyond" in md
     assert f"| {flagged.efficiency:.0%} ! |" in md
@@ -146,12 +145,10 @@ def test_filters_task_since_last_and_run() -> None:
 
 def test_csv_and_json_carry_numbers() -> None:
     rows = scaling_rows([at(0, sps=10.0, usd_per_hour=3.6), at(1, ppn=2, sps=19.0),
-                         at(2, ppn=2, sps=21.0),
-                         at(3, ppn=4, sps=60.0, threads_per_rank=4)])
+                         at(2, ppn=2, sps=21.0), at(3, ppn=4, sps=60.0, threads_per_rank=4)])
     text = render_csv(rows)
     numeric = ("nodes", "ranks", "speedup", "speedup_min", "speedup_max", "efficiency", "n",
-               "samples_per_s",
-               "train_time_s", "eval_accuracy", "cost_usd", "comm_share")
+               "samples_per_s", "train_time_s", "eval_accuracy", "cost_usd", "comm_share")
     try:
         import pandas as pd
     # pandas comes with datasets; without it, every numeric cell must still parse as a float
@@ -202,13 +199,13 @@ def test_report_cli_filters_and_names_its_baseline(tmp_path: Path) -> None:
         append(ledger, r)
     out = CliRunner().invoke(cli, ["report", str(ledger), "--task", "mrpc"])
     assert out.exit_code == 0, out.output
-    assert f"baseline: {runs[0].run_id} (1 node, 1 rank): the fewest nodes, then ranks, of the group" in out.output
-    assert runs[
-        2].run_id not in out.output and f"{runs[3].run_id} +1" in out.output and "started (UTC)" in out.output
+    assert (f"baseline: {runs[0].run_id} (1 node, 1 rank): the fewest nodes, then ranks, of the "
+            "group" in out.output)
+    assert (runs[2].run_id not in out.output and f"{runs[3].run_id} +1" in out.output
+            and "started (UTC)" in out.output)
     named = CliRunner().invoke(cli,
                                ["report", str(ledger), "--last", "1", "--baseline",
-                                runs[0].run_id[:-2],
-                                "--json"])
+                                runs[0].run_id[:-2], "--json"])
     # the named baseline joins the one run kept; JSON alone on stdout
     data = json.loads(named.output)
     assert [(d["ranks"], d["n"], d["speedup"]) for d in data] == [(1, 1, 1.0),

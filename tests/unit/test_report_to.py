@@ -42,12 +42,10 @@ def test_the_ranks_receive_it() -> None:
 
 @pytest.mark.parametrize(("args", "said"),
                          [(("--report-to", "bogus"), "--report-to bogus: unknown"),
-                          (("--mlflow-uri", "http://x"),
-                           "--report-to does not name mlflow")])
+                          (("--mlflow-uri", "http://x"), "--report-to does not name mlflow")])
 def test_bad_names_are_one_line_exit_2(args: tuple[str, ...], said: str) -> None:
     out = subprocess.run([sys.executable, "-m", "cpudist.cli", "run", "mrpc", "--model", "tiny",
-                          "--dry-run",
-                          *args], capture_output=True, text=True, timeout=120)
+                          "--dry-run", *args], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out.stderr
     assert said in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "Traceback" not in out.stderr
@@ -56,8 +54,10 @@ def test_bad_names_are_one_line_exit_2(args: tuple[str, ...], said: str) -> None
 def test_help_says_where_the_files_go() -> None:
     out = CliRunner().invoke(cli, ["run", "--help"], terminal_width=200)
     text = " ".join(out.output.split())
-    assert "--report-to TEXT" in text and "<run folder>/tensorboard/" in text and "cpudist[tensorboard]" in text
-    assert "<run folder>/mlruns/" in text and "cpudist[mlflow]" in text and "--mlflow-uri TEXT" in text
+    assert ("--report-to TEXT" in text and "<run folder>/tensorboard/" in text
+            and "cpudist[tensorboard]" in text)
+    assert ("<run folder>/mlruns/" in text and "cpudist[mlflow]" in text
+            and "--mlflow-uri TEXT" in text)
 
 
 def test_missing_tensorboard_stops_the_launch_before_any_rank(tmp_path: Path,
@@ -66,10 +66,9 @@ def test_missing_tensorboard_stops_the_launch_before_any_rank(tmp_path: Path,
     run = tmp_path / "RUN"
     code = WITHOUT_TENSORBOARD + "from cpudist.cli.main import main; main()"
     out = subprocess.run([sys.executable, "-c", code, "run", "mrpc", "--np", "2", "--model", "tiny",
-                          "--data-dir",
-                          str(shared_data / "glue" / "MRPC"), "--max-steps", "1", "--report-to",
-                          "tensorboard",
-                          "--output-dir", str(run), "--ledger", str(tmp_path / "ledger.jsonl")],
+                          "--data-dir", str(shared_data / "glue" / "MRPC"), "--max-steps", "1",
+                          "--report-to", "tensorboard", "--output-dir", str(run), "--ledger",
+                          str(tmp_path / "ledger.jsonl")],
                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()

@@ -41,8 +41,7 @@ def running(folder: Path, run_id: str, pid: int, start: int, host: str | None = 
     folder.mkdir(parents=True)
     write_run(folder,
               RunInfo(run_id, "mrpc", "tiny", "here", "running", "2026-11-26T10:00:00+00:00",
-                      run_dir=str(folder), pid=pid, host=host or this_host(),
-                      pid_start=start))
+                      run_dir=str(folder), pid=pid, host=host or this_host(), pid_start=start))
     return folder
 
 
@@ -83,21 +82,19 @@ def test_a_run_not_running_or_elsewhere_is_one_line_and_exit_2(tmp_path: Path,
                       or 0))
     code, out = stop(str(done))
     assert code == 2 and out.strip() == ("Error: run 20261126-100000-cccccc is not running (it is "
-                                         "finished). "
-                                         "Nothing to stop; `cpudist runs` shows every run's state"), out
+                                         "finished). Nothing to stop; `cpudist runs` shows every "
+                                         "run's state"), out
     away = running(tmp_path / "away", "20261126-100000-dddddd", sleeper.pid,
-                   start_ticks(sleeper.pid) or 0,
-                   host="other-host")
+                   start_ticks(sleeper.pid) or 0, host="other-host")
     code, out = stop(str(away))
-    assert code == 2 and "started on other-host" in out and "cpudist stop 20261126-100000-dddddd` on other-host" in out
+    assert (code == 2 and "started on other-host" in out
+            and "cpudist stop 20261126-100000-dddddd` on other-host" in out)
     # a run.json from before pid was recorded still reads, and says what to do
     old = tmp_path / "old"
     old.mkdir()
     (old / "run.json").write_text(json.dumps({"id": "20261126-090000-eeeeee", "task": "mrpc",
-                                              "model": "tiny",
-                                              "where": "here", "state": "running",
-                                              "started_at": "x",
-                                              "run_dir": str(old)}))
+                                              "model": "tiny", "where": "here", "state": "running",
+                                              "started_at": "x", "run_dir": str(old)}))
     code, out = stop(str(old))
     assert code == 2 and "names no process" in out and "Ctrl-C in its terminal" in out, out
     time.sleep(0.3)
@@ -149,8 +146,7 @@ def test_logs_follow_ends_with_the_run_and_ctrl_c_exits_130_quietly(tmp_path: Pa
                   or 0)
     (out / names.LOG).write_text("first\n")
     follow = subprocess.Popen([*CPUDIST, "logs", "-f", str(out)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE,
-                              text=True)
+                              stderr=subprocess.PIPE, text=True)
     try:
         assert follow.stdout is not None and follow.stdout.readline() == "first\n"
         with (out / names.LOG).open("a") as f:
@@ -160,13 +156,13 @@ def test_logs_follow_ends_with_the_run_and_ctrl_c_exits_130_quietly(tmp_path: Pa
         assert info is not None
         write_run(out, RunInfo.from_dict({**info.to_dict(), "state": "interrupted"}))
         rest, err = follow.communicate(timeout=30)
-        assert follow.returncode == 0 and rest == "" and "run 20261126-100000-abcdef is interrupted" in err
+        assert (follow.returncode == 0 and rest == ""
+                and "run 20261126-100000-abcdef is interrupted" in err)
     finally:
         follow.kill()
     write_run(out, RunInfo.from_dict({**info.to_dict(), "state": "running"}))
     follow = subprocess.Popen([*CPUDIST, "logs", "-f", str(out)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE,
-                              text=True)
+                              stderr=subprocess.PIPE, text=True)
     try:
         assert follow.stdout is not None and follow.stdout.readline() == "first\n"
         follow.send_signal(signal.SIGINT)
@@ -181,8 +177,7 @@ def test_logs_head_of_a_run_without_a_head_says_where_its_output_is(tmp_path: Pa
     here.mkdir()
     write_run(here,
               RunInfo("20261126-100000-123456", "mrpc", "tiny", "here", "finished",
-                      "2026-11-26T10:00:00+00:00",
-                      run_dir=str(here)))
+                      "2026-11-26T10:00:00+00:00", run_dir=str(here)))
     r = CliRunner().invoke(cli, ["logs", "--head", str(here)])
     assert r.exit_code == 2 and r.output == ("Error: run 20261126-100000-123456 ran here, not on "
                                              "a head over SSH: its "

@@ -47,9 +47,8 @@ def test_ledger_checked_before_training(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("pair",
                          [("OMP_NUM_THREADS", "zero"), ("OMP_NUM_THREADS", "0"),
-                          ("OMP_NUM_THREADS", "-2"),
-                          ("OMP_NUM_THREADS", ""), ("CPUDIST_THREADS", "1.5"),
-                          ("OMP_NUM_THREADS", "auto")])
+                          ("OMP_NUM_THREADS", "-2"), ("OMP_NUM_THREADS", ""),
+                          ("CPUDIST_THREADS", "1.5"), ("OMP_NUM_THREADS", "auto")])
 def test_thread_variables_must_be_positive_counts(pair: tuple[str, str]) -> None:
     with pytest.raises(BadInput, match=f"--env {pair[0]}="):
         check_env((("HF_TOKEN", "x"), pair))

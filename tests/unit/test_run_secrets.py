@@ -31,11 +31,9 @@ HOSTS = (Host("10.0.0.1", 2), Host("10.0.0.2", 2))
 
 def spec(launcher: str, **kw: object) -> RunSpec:
     base = dict(train=TrainConfig(task="synthetic", output_dir="/r/out", run_id="r1"), np=4, ppn=2,
-                hosts=HOSTS,
-                launcher=launcher, launcher_path=f"/bin/{launcher}", python="/usr/bin/python3",
-                master_addr="10.0.0.1",
-                master_port=29500, physical_cores=4, hostfile="/r/hostfile",
-                ssh="/h/.cpudist/cluster/ssh",
+                hosts=HOSTS, launcher=launcher, launcher_path=f"/bin/{launcher}",
+                python="/usr/bin/python3", master_addr="10.0.0.1", master_port=29500,
+                physical_cores=4, hostfile="/r/hostfile", ssh="/h/.cpudist/cluster/ssh",
                 secrets=(("HF_TOKEN", SECRET),))
     return run_spec(**{**base, **kw})
 
@@ -85,8 +83,8 @@ def test_rank_entry_reads_the_file_into_its_environment(tmp_path: Path) -> None:
         secrets.load_into({secrets.SECRETS_ENV: str(tmp_path / "gone.json")})
 
 
-def test_placed_writes_0600_here_for_the_run_and_removes_it(tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_placed_writes_0600_here_for_the_run_and_removes_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """On one machine (no other node): the file is there, 0600, while the block runs, and gone
     after, also when the launch fails."""
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -99,8 +97,8 @@ def test_placed_writes_0600_here_for_the_run_and_removes_it(tmp_path: Path,
     assert not path.exists()
 
 
-def test_the_remote_agents_request_carries_secrets_and_dry_run_hides_them(tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_remote_agents_request_carries_secrets_and_dry_run_hides_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The request crosses to the head as data (stdin), secrets included; `--dry-run` from outside
     shows ***."""
     req = RunRequest(TrainConfig(task="synthetic", output_dir="/r"),
@@ -117,7 +115,8 @@ def test_the_remote_agents_request_carries_secrets_and_dry_run_hides_them(tmp_pa
                             str(env_file),
                              "--output-dir", str(tmp_path / "out"), "--dry-run"])
     assert r.exit_code == 0, r.output
-    assert SECRET not in r.output and '"secrets": [["OTHER", "***"], ["CPD_TEST_TOKEN", "***"]]' in r.output
+    assert (SECRET not in r.output
+            and '"secrets": [["OTHER", "***"], ["CPD_TEST_TOKEN", "***"]]' in r.output)
     r = CliRunner().invoke(cli,
                            ["run", "synthetic", "--secret", "CPD_NOT_SET_ANYWHERE", "--dry-run"])
     assert r.exit_code == 2 and "CPD_NOT_SET_ANYWHERE is not set" in r.output
@@ -147,8 +146,7 @@ def test_a_local_dry_run_names_the_file_not_the_value(monkeypatch: pytest.Monkey
     monkeypatch.setenv("CPD_TEST_TOKEN", SECRET)
     r = CliRunner().invoke(cli,
                            ["run", "synthetic", "--np", "2", "--model", "tiny", "--secret",
-                            "CPD_TEST_TOKEN",
-                            "--dry-run"])
+                            "CPD_TEST_TOKEN", "--dry-run"])
     assert r.exit_code == 0, r.output
     assert SECRET not in r.output and "CPUDIST_SECRETS=~/.cpudist/secrets/" in r.output
 
@@ -182,14 +180,14 @@ FAKE_SLURM = {
     "scontrol": 'if [ "$1 $2" = "show hostnames" ]; then echo n1; fi\n',
     "scancel": "true\n",
     "srun": 'echo "ranks get ${WANDB_API_KEY:-nothing}"\n'
-            'if [ -n "$NOTICE" ]; then touch "$NOTICE"; kill -USR1 "$PPID"; sleep 0.3; fi\nexit 0\n',
+            'if [ -n "$NOTICE" ]; then touch "$NOTICE"; kill -USR1 "$PPID"; sleep 0.3; fi\n'
+            'exit 0\n',
 }
 
 
 @pytest.mark.parametrize("requeue", [False, True])
-def test_a_batch_script_holds_no_value_and_its_end_removes_the_secrets_file(tmp_path: Path,
-                                                                            requeue: bool,
-                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_batch_script_holds_no_value_and_its_end_removes_the_secrets_file(
+        tmp_path: Path, requeue: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """A detached Slurm job outlives `cpudist run`: its batch script (a file Slurm copies too) names
     the --env values, which it exports from the secrets file for the ranks; it removes that file
     when it ends, and keeps it when it requeued the job (the next start reads it again). Run by
@@ -198,8 +196,7 @@ def test_a_batch_script_holds_no_value_and_its_end_removes_the_secrets_file(tmp_
     out, key = tmp_path / "out", "wandb-7d1e0c4b"
     options = BatchOptions("cpu", "10", None, False, (), requeue=requeue)
     s = spec("slurm", batch=options, hostfile=None,
-             train=TrainConfig(task="synthetic", output_dir=str(out),
-                               run_id="r1"),
+             train=TrainConfig(task="synthetic", output_dir=str(out), run_id="r1"),
              env=(("WANDB_API_KEY", key), ("OMP_NUM_THREADS", "2")))
     script = plan(s).script
     assert script is not None and SECRET not in script and key not in script

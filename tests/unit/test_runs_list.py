@@ -45,8 +45,7 @@ def test_runs_lists_every_state_and_the_ledgers_older_runs_once(tmp_path: Path) 
     # also a folder
     ledger.append(book, dataclasses.replace(old, run_id="20261126-091000-bbbbbb", run_dir=""))
     earlier = dataclasses.replace(old, run_id="20261120-070000-dddddd",
-                                  started_at="2026-11-20T07:00:00+00:00",
-                                  run_dir=str(runs / "a"))
+                                  started_at="2026-11-20T07:00:00+00:00", run_dir=str(runs / "a"))
     ledger.append(book, earlier)  # a finished run whose folder a later run took over: still listed
 
     out = cpudist("runs", runs, "--ledger", book, "--json")

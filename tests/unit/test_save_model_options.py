@@ -19,7 +19,8 @@ def test_help_says_where_the_model_goes() -> None:
     out = CliRunner().invoke(cli, ["run", "--help"], terminal_width=200)
     assert out.exit_code == 0, out.output
     text = " ".join(out.output.split())
-    assert "--save-model [last|best|none]" in text and "<run folder>/model/" in text and "pipeline(" in text
+    assert ("--save-model [last|best|none]" in text and "<run folder>/model/" in text
+            and "pipeline(" in text)
     assert "--eval-every" in text
 
 
@@ -35,16 +36,14 @@ def test_refusals_name_the_fix(tmp_path: object) -> None:
     assert local.exit_code == 2 and "multiple of --sync-every 4" in local.output
     warm = runner.invoke(cli,
                          [*base, "--np", "2", "--sync", "local-sgd", "--sync-every", "4",
-                          "--eval-every", "8",
-                          "--local-sgd-warmup", "2"])
+                          "--eval-every", "8", "--local-sgd-warmup", "2"])
     assert warm.exit_code == 2 and "--local-sgd-warmup" in warm.output
 
 
 def test_old_results_read_without_model_fields_and_new_ones_round_trip() -> None:
     old = result(1, 10.0).to_dict()
     for key in ("save_model", "model_dir", "model_step", "model_bytes", "model_save_s",
-                "evaluations", "data",
-                "command"):
+                "evaluations", "data", "command"):
         old.pop(key)
     r = RunResult.from_dict(old)
     assert r.save_model == "" and r.model_dir is None and r.evaluations == ()
@@ -71,11 +70,13 @@ def test_card_front_matter_and_body_from_a_result() -> None:
     assert {e.metric_type: e.metric_value for e in card.data.eval_results} == {"accuracy": 0.7,
                                                                                "f1": 0.8}
     assert "- cost: $1.0000 ($2.000/h for the nodes)" in card.text
-    assert "- ranks x nodes: 4 x 2 (2 per node" in card.text and "3 epochs: 10 optimizer steps" in card.text
+    assert ("- ranks x nodes: 4 x 2 (2 per node" in card.text
+            and "3 epochs: 10 optimizer steps" in card.text)
     assert "step 40 of 10, the best of 2 evaluations by accuracy" in card.text
     assert "| 80 | 0.6000 | 0.7000 |" in card.text and "cpudist run mrpc --np 4" in card.text
     preset = ModelCard(render_card(result(1, 10.0)))
-    assert preset.data.base_model is None and "`tiny` (random initial weights of a preset" in preset.text
+    assert (preset.data.base_model is None
+            and "`tiny` (random initial weights of a preset" in preset.text)
 
 
 def test_base_model_is_a_hub_id_only(tmp_path: Path) -> None:

@@ -31,15 +31,15 @@ def test_a_dry_run_from_a_laptop_says_where_inputs_go(tmp_path: Path, shared_dat
     def dry_run(*extra: str) -> str:
         r = CliRunner().invoke(cli,
                                ["run", "mrpc", "--np", "2", "--ppn", "1", "--hostfile",
-                                str(tmp_path / "hosts"),
-                                "--head", "192.0.2.9", "--model", "tiny", "--data-dir",
-                                str(data),
-                                "--output-dir", str(tmp_path / "out"), "--dry-run", *extra])
+                                str(tmp_path / "hosts"), "--head", "192.0.2.9", "--model", "tiny",
+                                "--data-dir", str(data), "--output-dir", str(tmp_path / "out"),
+                                "--dry-run", *extra])
         assert r.exit_code == 0, r.output
         return r.output
 
-    assert f"# stage data (data_dir) {data} -> ~/.cpudist/stage/<sha256>/ on the head, then on n1" in dry_run()
+    assert f"# stage data (data_dir) {data} -> ~/.cpudist/stage/<sha256>/ on the head, then on " \
+           "n1" in dry_run()
     shared = dry_run("--shared-fs")
-    assert f"# stage data (data_dir) {data} -> ~/.cpudist/stage/<sha256>/ on the head, the only copy (--shared-fs: " \
-           "the nodes read it there)" in shared
+    assert f"# stage data (data_dir) {data} -> ~/.cpudist/stage/<sha256>/ on the head, the only " \
+           "copy (--shared-fs: the nodes read it there)" in shared
     assert "then on" not in shared

@@ -39,18 +39,15 @@ def test_batch_script() -> None:
     assert launch.argv == ("sbatch", "--parsable", "/home/u/work/runs/r1/job.sbatch")
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2", "#SBATCH --partition=cpu",
                  "#SBATCH --time=00:30:00", "#SBATCH --account=proj", "#SBATCH --exclusive",
-                 "#SBATCH --mem=0",
-                 "#SBATCH --constraint=icelake", "#SBATCH --chdir=/home/u/work",
-                 "#SBATCH --output=/home/u/work/runs/r1/slurm-%j.out",
-                 "export OMP_NUM_THREADS=4", "export CPUDIST_THREADS=auto",
-                 "export PYTHONUNBUFFERED=1",
+                 "#SBATCH --mem=0", "#SBATCH --constraint=icelake", "#SBATCH --chdir=/home/u/work",
+                 "#SBATCH --output=/home/u/work/runs/r1/slurm-%j.out", "export OMP_NUM_THREADS=4",
+                 "export CPUDIST_THREADS=auto", "export PYTHONUNBUFFERED=1",
                  'nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
                  'export MASTER_ADDR="${nodes[0]}"'):
         assert line in script.splitlines(), line
     srun = script.splitlines()[-1].split()
     assert srun[:7] == ["exec", "srun", "--nodes=2", "--ntasks=4", "--ntasks-per-node=2",
-                        "--kill-on-bad-exit=1",
-                        "--label"]
+                        "--kill-on-bad-exit=1", "--label"]
     assert from_argv(srun[srun.index("cpudist.rank") + 1:]) == spec().train
 
 
@@ -61,8 +58,7 @@ def test_batch_script_is_valid_bash_and_works_out_the_cpus() -> None:
     body = script.replace("scontrol show hostnames", "echo n7 n8; true").replace("exec srun",
                                                                                  "echo srun")
     env = {"SLURM_JOB_NODELIST": "n[7-8]", "SLURM_JOB_ID": "123",
-           "SLURM_JOB_CPUS_PER_NODE": "16(x2)",
-           "PATH": "/usr/bin:/bin"}
+           "SLURM_JOB_CPUS_PER_NODE": "16(x2)", "PATH": "/usr/bin:/bin"}
     body = body.replace("echo srun", 'echo "$MASTER_ADDR $MASTER_PORT $SRUN_CPUS_PER_TASK" srun')
     out = subprocess.run(["bash", "-c", body], capture_output=True, text=True, env=env,
                          check=True).stdout
@@ -76,8 +72,7 @@ def test_srun_inside_an_allocation() -> None:
     assert launch.script is None
     argv = list(launch.argv)
     assert argv[:7] == ["srun", "--nodes=2", "--ntasks=4", "--ntasks-per-node=2",
-                        "--kill-on-bad-exit=1", "--label",
-                        "--cpus-per-task=8"]
+                        "--kill-on-bad-exit=1", "--label", "--cpus-per-task=8"]
     assert launch.rank_env["MASTER_ADDR"] == "c1"
     with pytest.raises(BadInput, match=r"allocation \(job 77\) has 3"):
         plan(spec(np=8, ppn=2, allocation=alloc, hosts=tuple(Host(f"x{i}") for i in range(4))))
@@ -122,11 +117,11 @@ def test_a_failed_job_is_one_line_naming_its_state() -> None:
     info = parse_job(SCONTROL)
     assert info is not None
     message, hint = failure(info, "/work/runs/r1/slurm-42.out", None)
-    assert message == "Slurm job 42 ended TIMEOUT on n[1-2] after 00:01:00, time limit 00:01:00, exit code 0:15"
+    assert message == ("Slurm job 42 ended TIMEOUT on n[1-2] after 00:01:00, time limit 00:01:00, "
+                       "exit code 0:15")
     assert "--time" in hint
     message, hint = failure(JobInfo("43", "FAILED", "NonZeroExitCode", "1:0", "n1", "00:00:09"),
-                            "out",
-                            "0: [n1:0] error: data directory not found")
+                            "out", "0: [n1:0] error: data directory not found")
     assert message.startswith("Slurm job 43 ended FAILED on n1 after 00:00:09, exit code 1:0: 0: "
                               "[n1:0] error: ")
     assert "\n" not in message and hint == "See the rank output above and out"

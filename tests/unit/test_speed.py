@@ -13,8 +13,9 @@ from cpudist.errors import BadInput
 from cpudist.launch import tools as job
 from cpudist.launch.env import auto_ppn, threads_per_rank
 from cpudist.train.features import Encoded, collate
-from cpudist.train.loop import TrainStats, _optimizer
+from cpudist.train.loop import TrainStats
 from cpudist.train.models import build_model
+from cpudist.train.optim import optimizer
 from cpudist.train.speed import freeze_embeddings
 
 
@@ -84,7 +85,7 @@ def test_frozen_embeddings_get_no_gradient_and_no_optimizer_state() -> None:
     table = model.get_input_embeddings().weight
     frozen = freeze_embeddings(model)
     assert frozen == table.numel() and not table.requires_grad
-    opt = _optimizer(TrainConfig(task="mrpc", output_dir="x"), model, 2e-5)
+    opt = optimizer(TrainConfig(task="mrpc", output_dir="x"), model, 2e-5)
     optimized = {id(p) for g in opt.param_groups for p in g["params"]}
     assert id(table) not in optimized
     assert optimized == {id(p) for p in model.parameters() if p.requires_grad}

@@ -13,7 +13,7 @@ from cpudist.config import TrainConfig
 from cpudist.errors import BadInput
 from cpudist.hostfile import Host, Nodes
 from cpudist.launch.batch import BatchOptions
-from cpudist.run import stage
+from cpudist.run import stage, stage_scripts
 from cpudist.run.agent import parse_status, status_line
 from cpudist.run.request import LaunchOptions, RunRequest
 from cpudist.waits import wait_until
@@ -42,11 +42,10 @@ def test_only_takes_the_named_files(tmp_path: Path) -> None:
                   {"vocab.txt": "a\n", "tokenizer.json": "{}", "model.safetensors": "W" * 1000})
     tok = stage.item("tokenizer", model, stage.TOKENIZER_FILES)
     unpacked = Path(tok.remote_dir(str(tmp_path)))
-    subprocess.run(["sh", "-c", stage.receive_script(str(unpacked))], input=stage.tar_bytes(tok),
-                   check=True)
-    assert sorted(p.name for p in unpacked.iterdir()) == [stage.COMPLETE, stage.MANIFEST,
-                                                          "tokenizer.json",
-                                                           "vocab.txt"]
+    subprocess.run(["sh", "-c", stage_scripts.receive_script(str(unpacked))],
+                   input=stage.tar_bytes(tok), check=True)
+    assert sorted(p.name for p in unpacked.iterdir()) == [
+        stage_scripts.COMPLETE, stage_scripts.MANIFEST, "tokenizer.json", "vocab.txt"]
     (model / "model.safetensors").write_text("other weights")
     assert stage.item("tokenizer", model, stage.TOKENIZER_FILES).digest == tok.digest
 
@@ -55,23 +54,23 @@ def test_receive_unpacks_a_file_item_beside_its_marker(tmp_path: Path) -> None:
     f = _tree(tmp_path / "d", {"train.jsonl": '{"text": "a", "label": 1}\n'}) / "train.jsonl"
     it = stage.item("data", f)
     home = str(tmp_path / "home")
-    subprocess.run(["sh", "-c", stage.receive_script(it.remote_dir(home))],
+    subprocess.run(["sh", "-c", stage_scripts.receive_script(it.remote_dir(home))],
                    input=stage.tar_bytes(it), check=True)
     assert Path(it.remote_path(home)).read_text() == f.read_text()
-    assert (Path(it.remote_dir(home)) / stage.COMPLETE).is_file()
+    assert (Path(it.remote_dir(home)) / stage_scripts.COMPLETE).is_file()
     assert not Path(it.remote_dir(home) + ".part").exists()
 
 
 def test_a_broken_stream_leaves_no_complete_folder(tmp_path: Path) -> None:
     it = stage.item("data", _tree(tmp_path / "d", {"a.txt": "a" * 10000}))
     target = Path(it.remote_dir(str(tmp_path / "home")))
-    p = subprocess.run(["sh", "-c", stage.receive_script(str(target))],
+    p = subprocess.run(["sh", "-c", stage_scripts.receive_script(str(target))],
                        input=stage.tar_bytes(it)[:200])
-    assert p.returncode != 0 and not (target / stage.COMPLETE).exists()
+    assert p.returncode != 0 and not (target / stage_scripts.COMPLETE).exists()
 
 
 def test_fan_out_script_names_every_host_and_folder() -> None:
-    script = stage.fan_out_script(["/h/.cpudist/stage/abc"], ["10.0.0.2", "10.0.0.3"],
+    script = stage_scripts.fan_out_script(["/h/.cpudist/stage/abc"], ["10.0.0.2", "10.0.0.3"],
                                   "/h/.cpudist/cluster/ssh")
     assert script.count("/h/.cpudist/cluster/ssh 10.0.0.2 ") == 2  # the check, then the copy
     assert script.count(") &") == 2 and script.rstrip().endswith("wait")
@@ -108,10 +107,10 @@ def test_links_arrive_as_the_bytes_they_point_to(tmp_path: Path) -> None:
     (snap / "config.json").write_text("{}")
     it = stage.item("model", snap)
     unpacked = Path(it.remote_dir(str(tmp_path / "home")))
-    r = _receive(stage.receive_script(str(unpacked)), stage.tar_bytes(it))
+    r = _receive(stage_scripts.receive_script(str(unpacked)), stage.tar_bytes(it))
     assert r.returncode == 0, r.stderr
     got = {p.relative_to(unpacked).as_posix(): p for p in unpacked.rglob("*")
-           if p.name not in (stage.COMPLETE, stage.MANIFEST)}
+           if p.name not in (stage_scripts.COMPLETE, stage_scripts.MANIFEST)}
     assert sorted(got) == ["config.json", "model.safetensors", "notes.txt", "same.json", "sub",
                            "sub/tokenizer.json"]
     assert not [p for p in got.values() if p.is_symlink()]
@@ -151,7 +150,7 @@ def test_two_runs_staging_one_item_at_once_both_succeed(tmp_path: Path) -> None:
     it = stage.item("data", src)
     data = stage.tar_bytes(it)
     target = Path(it.remote_dir(str(tmp_path / "home")))
-    script = stage.receive_script(str(target))
+    script = stage_scripts.receive_script(str(target))
     first = subprocess.Popen(["sh", "-c", script], stdin=subprocess.PIPE, stderr=subprocess.PIPE)
     assert first.stdin is not None
     first.stdin.write(data[:len(data) // 2])
@@ -164,13 +163,13 @@ def test_two_runs_staging_one_item_at_once_both_succeed(tmp_path: Path) -> None:
     first.stdin.close()
     assert first.wait(60) == 0 and second.returncode == 0, (first.stderr.read() if first.stderr
                                                             else b"", second)
-    assert (target / stage.COMPLETE).is_file() and (target / "big.bin").read_bytes() == (
+    assert (target / stage_scripts.COMPLETE).is_file() and (target / "big.bin").read_bytes() == (
         src / "big.bin").read_bytes()
     assert sorted(p.name for p in target.parent.iterdir()) == [target.name]  # no copy left behind
 
 
 def _staged(d: str) -> bool:
-    return subprocess.run(["sh", "-c", stage.check_script(d)]).returncode == 0
+    return subprocess.run(["sh", "-c", stage_scripts.check_script(d)]).returncode == 0
 
 
 def test_arrival_is_checked_against_the_digest(tmp_path: Path) -> None:
@@ -182,12 +181,12 @@ def test_arrival_is_checked_against_the_digest(tmp_path: Path) -> None:
     home = str(tmp_path / "home")
     # same size, other bytes, after the digest was taken
     (src / "train.tsv").write_text("z\t0\n" * 1000)
-    r = _receive(stage.receive_script(it.remote_dir(home)), stage.tar_bytes(it))
+    r = _receive(stage_scripts.receive_script(it.remote_dir(home)), stage.tar_bytes(it))
     assert r.returncode == 3 and b"does not match its digest" in r.stderr, r
     assert not Path(it.remote_dir(home)).exists() and not list(Path(home, ".cpudist",
                                                                     "stage").iterdir())
     good = stage.item("data", src)
-    assert _receive(stage.receive_script(good.remote_dir(home)),
+    assert _receive(stage_scripts.receive_script(good.remote_dir(home)),
                     stage.tar_bytes(good)).returncode == 0
     assert _staged(good.remote_dir(home))
 
@@ -202,8 +201,8 @@ def test_reuse_detects_an_altered_staging_and_staging_again_repairs_it(tmp_path:
     src = _tree(tmp_path / "d", {"train.tsv": "x\t1\n" * 1000, "sub/dev.tsv": "y\t0\n"})
     it = stage.item("data", src)
     d = it.remote_dir(str(tmp_path / "home"))
-    assert _receive(stage.receive_script(d), stage.tar_bytes(it)).returncode == 0
-    assert subprocess.run(["sh", "-c", stage.missing_script([d])], capture_output=True,
+    assert _receive(stage_scripts.receive_script(d), stage.tar_bytes(it)).returncode == 0
+    assert subprocess.run(["sh", "-c", stage_scripts.missing_script([d])], capture_output=True,
                           text=True).stdout == ""
     f = Path(d) / "train.tsv"
     st = f.stat()
@@ -212,14 +211,14 @@ def test_reuse_detects_an_altered_staging_and_staging_again_repairs_it(tmp_path:
     elif damage == "remove":
         f.unlink()
     elif damage == "remove-manifest":
-        (Path(d) / stage.MANIFEST).unlink()
+        (Path(d) / stage_scripts.MANIFEST).unlink()
     else:
         f.write_text("X" + f.read_text()[1:])
         os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert not _staged(d)
-    assert subprocess.run(["sh", "-c", stage.missing_script([d])], capture_output=True,
+    assert subprocess.run(["sh", "-c", stage_scripts.missing_script([d])], capture_output=True,
                           text=True).stdout == d + "\n"
-    r = _receive(stage.receive_script(d), stage.tar_bytes(it))
+    r = _receive(stage_scripts.receive_script(d), stage.tar_bytes(it))
     assert r.returncode == 0, r.stderr
     assert _staged(d) and f.read_text() == (src / "train.tsv").read_text()
     assert sorted(p.name for p in Path(d).parent.iterdir()) == [Path(d).name]
@@ -234,7 +233,7 @@ def test_the_archive_streams_in_chunks(tmp_path: Path) -> None:
     it = stage.item("data", src)
     chunks = list(stage.tar_chunks(it))
     assert len(chunks) >= 6 and max(len(c) for c in chunks) <= 2 * stage.CHUNK
-    assert _receive(stage.receive_script(it.remote_dir(str(tmp_path))),
+    assert _receive(stage_scripts.receive_script(it.remote_dir(str(tmp_path))),
                     b"".join(chunks)).returncode == 0
     assert Path(it.remote_dir(str(tmp_path)),
                 "big.bin").read_bytes() == (src / "big.bin").read_bytes()

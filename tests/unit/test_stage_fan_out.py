@@ -9,7 +9,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from cpudist.run import stage
+from cpudist.run import stage, stage_scripts
 
 SHIM = """#!/bin/sh
 # ssh stand-in: ssh HOST COMMAND, run here with the head's home path mapped to the node's folder
@@ -26,9 +26,8 @@ def _world(tmp_path: Path) -> tuple[stage.StageItem, Path, Path, dict[str, str]]
     (src / "sub" / "dev.tsv").write_text("y\t0\n")
     it = stage.item("data", src)
     head = tmp_path / "head"
-    r = subprocess.run(["sh", "-c", stage.receive_script(it.remote_dir(str(head)))],
-                       input=stage.tar_bytes(it),
-                       capture_output=True)
+    r = subprocess.run(["sh", "-c", stage_scripts.receive_script(it.remote_dir(str(head)))],
+                       input=stage.tar_bytes(it), capture_output=True)
     assert r.returncode == 0, r.stderr
     shim = tmp_path / "ssh"
     shim.write_text(SHIM)
@@ -38,7 +37,7 @@ def _world(tmp_path: Path) -> tuple[stage.StageItem, Path, Path, dict[str, str]]
 
 
 def _fan_out(it: stage.StageItem, head: Path, shim: Path, env: dict[str, str]) -> list[str]:
-    script = stage.fan_out_script([it.remote_dir(str(head))], ["n1", "n2"], str(shim))
+    script = stage_scripts.fan_out_script([it.remote_dir(str(head))], ["n1", "n2"], str(shim))
     out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env,
                          timeout=120).stdout
     return sorted(line.split(" ")[0] + " " + line.split(" ")[1] for line in out.splitlines())
@@ -50,7 +49,7 @@ def test_fan_out_sends_once_then_repairs_only_the_damaged_node(tmp_path: Path) -
     node_dir = {n: Path(it.remote_dir(str(tmp_path / "nodes" / n))) for n in ("n1", "n2")}
     for d in node_dir.values():
         assert (d / "train.tsv").read_text() == (it.local / "train.tsv").read_text()
-        assert (d / stage.COMPLETE).is_file()
+        assert (d / stage_scripts.COMPLETE).is_file()
     assert _fan_out(it, head, shim, env) == ["have n1", "have n2"]  # a re-run copies nothing
     # a node's copy damaged after it was marked complete
     os.truncate(node_dir["n2"] / "sub" / "dev.tsv", 1)
@@ -65,4 +64,4 @@ def test_a_head_copy_that_no_longer_matches_its_digest_is_not_spread(tmp_path: P
     with (Path(it.remote_dir(str(head))) / "train.tsv").open("r+") as f:
         f.write("z")  # same size: only the bytes tell
     assert _fan_out(it, head, shim, env) == ["fail n1", "fail n2"]
-    assert not list((tmp_path / "nodes").glob(f"*/.cpudist/stage/*/{stage.COMPLETE}"))
+    assert not list((tmp_path / "nodes").glob(f"*/.cpudist/stage/*/{stage_scripts.COMPLETE}"))

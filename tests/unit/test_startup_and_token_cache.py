@@ -54,8 +54,7 @@ def test_what_decides_the_tokens_changes_the_key_and_labels_do_not(tokenizer: ob
     relabelled = Split(PAIRS.texts, (0.0, 1.0, 0.0))
     assert base is not None and key(relabelled, tokenizer, 16) == base
     keys = {base, key(other_text, tokenizer, 16), key(one_column, tokenizer, 16),
-            key(PAIRS, tokenizer, 32),
-            key(shifted, tokenizer, 16)}
+            key(PAIRS, tokenizer, 32), key(shifted, tokenizer, 16)}
     assert len(keys) == 5
     lower = AutoTokenizer.from_pretrained(tokenizer_source("sentence-transformers/all-MiniLM-L6-v2",
                                                            None),
@@ -86,8 +85,8 @@ def test_offsets_that_do_not_cut_whole_rows_are_a_miss(tokenizer: object, tmp_pa
     assert not cached_encode(PAIRS, tokenizer, 16, tmp_path)[1]
 
 
-def test_without_a_writable_cache_or_a_fast_tokenizer_rows_are_still_tokenized(tokenizer: object,
-                                                                                tmp_path: Path) -> None:
+def test_without_a_writable_cache_or_a_fast_tokenizer_rows_are_still_tokenized(
+        tokenizer: object, tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     data, hit = cached_encode(PAIRS, tokenizer, 16, blocker / "tokens")
@@ -106,7 +105,8 @@ def test_without_a_writable_cache_or_a_fast_tokenizer_rows_are_still_tokenized(t
 
 
 def test_process_age_counts_from_the_processs_start() -> None:
-    code = "import time; time.sleep(1.0); from cpudist.train.startup import process_age_s; print(process_age_s())"
+    code = ("import time; time.sleep(1.0); from cpudist.train.startup import process_age_s; "
+            "print(process_age_s())")
     began = time.monotonic()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          check=True)

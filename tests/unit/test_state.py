@@ -47,16 +47,16 @@ def test_every_local_path_follows_cpudist_home(homes: tuple[Path, Path]) -> None
     login, elsewhere = homes
     paths = local_paths()
     assert {"home", "ledger_path", "bench_dir", "wheels_dir", "inductor_dir", "clusters_dir",
-            "images_dir",
-            "cluster_dir", "image_dir", "local_cluster_dir"} <= set(paths)
+            "images_dir", "cluster_dir", "image_dir", "local_cluster_dir"} <= set(paths)
     for name, fn in paths.items():
-        assert fn() == elsewhere or elsewhere in fn().parents, f"state.{name}() is {fn()}, not under CPUDIST_HOME"
+        assert fn() == elsewhere or elsewhere in fn().parents, \
+            f"state.{name}() is {fn()}, not under CPUDIST_HOME"
     plan = "\n".join(setup_plan([Host("n1")], None, None))  # what ssh-setup would write, and where
     assert f"# key: {elsewhere}/cluster/id_ed25519" in plan and str(login) not in plan
 
 
-def test_without_cpudist_home_the_layout_is_the_one_users_have(homes: tuple[Path, Path],
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_cpudist_home_the_layout_is_the_one_users_have(
+        homes: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     login, _ = homes
     monkeypatch.delenv("CPUDIST_HOME")
     dot = login / ".cpudist"
@@ -121,8 +121,7 @@ def test_no_other_module_spells_a_state_path() -> None:
                     f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {node.value!r}")
         # Path.home(): the login's home is state's to combine with a name
         for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and node.attr == "home" and isinstance(node.value,
-                                                                                      ast.Name) and \
-                    node.value.id == "Path":
+            if isinstance(node, ast.Attribute) and node.attr == "home" \
+                    and isinstance(node.value, ast.Name) and node.value.id == "Path":
                 offenders.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: Path.home()")
     assert offenders == [], "use cpudist.state for these:\n" + "\n".join(offenders)

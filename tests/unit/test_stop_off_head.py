@@ -47,7 +47,8 @@ def test_a_stop_with_rank_0_on_another_host_is_a_stop(tmp_path: Path) -> None:
     with pytest.raises(Preempted) as stopped:
         _run(tmp_path, _launch(f"echo {shlex.quote(line)}; exit {EXIT_PREEMPTED}"))
     assert stopped.value.exit_code == EXIT_PREEMPTED
-    assert stopped.value.what == "the ranks stopped at step 8 (SIGTERM on node1) after saving step-000008"
+    assert stopped.value.what == ("the ranks stopped at step 8 (SIGTERM on node1) after saving "
+                                  "step-000008")
     # --on-preemption resume reads it here
     assert json.loads((tmp_path / "out" / MARKER).read_text()) == marker
 

@@ -43,10 +43,9 @@ def test_knobs_are_named_as_trainconfig_names_them() -> None:
     assert {f.name for f in dataclasses.fields(SyncSpec)} - spec_only <= config
     assert all(set(row.knobs) <= config for row in TABLE.values()) and set(SHARED) <= config
     cfg = TrainConfig(task="mrpc", output_dir="o", sync="local-sgd", grad_compression="bf16",
-                      sync_every=4,
-                      local_sgd_warmup=3, outer_optimizer="nesterov", outer_lr=0.5,
-                      outer_momentum=0.8,
-                      average_moments="both", second_moment_every=2, bucket_cap_mb=5.0)
+                      sync_every=4, local_sgd_warmup=3, outer_optimizer="nesterov", outer_lr=0.5,
+                      outer_momentum=0.8, average_moments="both", second_moment_every=2,
+                      bucket_cap_mb=5.0)
     spec = spec_of(cfg, 100)
     same = {f.name for f in dataclasses.fields(SyncSpec)} - spec_only
     assert {k: getattr(spec, k) for k in same} == {k: getattr(cfg, k) for k in same}
@@ -110,9 +109,8 @@ def test_knobs_of_another_strategy_are_refused_in_one_line(knobs: dict[str, obje
 @pytest.mark.parametrize("knobs", [{}, {"grad_compression": "powersgd:2", "bucket_cap_mb": 5.0},
                                    {"sync": "allreduce", "bucket_cap_mb": 5.0},
                                    {"sync": "local-sgd", "grad_compression": "bf16",
-                                    "average_moments": "both",
-                                    "second_moment_every": 2, "outer_optimizer": "nesterov",
-                                    "local_sgd_warmup": 4}])
+                                    "average_moments": "both", "second_moment_every": 2,
+                                    "outer_optimizer": "nesterov", "local_sgd_warmup": 4}])
 def test_each_strategys_own_knobs_pass(knobs: dict[str, object]) -> None:
     check_sync(cfg(**knobs))
 
@@ -129,8 +127,7 @@ def test_sync_options_of_older_results_read_as_todays() -> None:
            "moments": "both", "sync_every": 8, "powersgd_start": 34, "extra": 1}
     spec = from_record(old, "ignored")
     assert spec == SyncSpec("local-sgd", "bf16", powersgd_start=34, sync_every=8,
-                            local_sgd_warmup=3,
-                            outer_optimizer="nesterov", average_moments="both")
+                            local_sgd_warmup=3, outer_optimizer="nesterov", average_moments="both")
     assert from_record(renamed({"sync_options": old})["sync_options"],
                        "ignored") == spec  # type: ignore[arg-type]
     assert from_record({}, "diloco:8+mv+bf16") == SyncSpec("local-sgd", "bf16", sync_every=8,
@@ -164,8 +161,7 @@ def test_report_and_plan_read_an_old_ledger_as_its_renamed_copy(tmp_path: Path) 
     assert {sync_of(r).powersgd_start
             for r in read_ledger(OLD_LEDGER)} != {SyncSpec().powersgd_start}
     for args in (["plan", "--link-gbps", "10", "--json"],
-                 ["plan", "--link-gbps", "10", "--validate", "--json"],
-                 ["report", "--json"]):
+                 ["plan", "--link-gbps", "10", "--validate", "--json"], ["report", "--json"]):
         old_out, new_out = (CliRunner().invoke(cli, [*args, str(path)])
                             for path in (OLD_LEDGER, new))
         assert old_out.exit_code == 0, old_out.output

@@ -87,8 +87,7 @@ def test_dry_run_shows_each_run_with_the_options_passed_through(tmp_path: Path,
     (tmp_path / "hosts").write_text("localhost\n127.0.0.1\n")
     monkeypatch.chdir(tmp_path)
     common = ["sweep", "mrpc", "--data-dir", str(shared_data / "glue" / "MRPC"), "--model", "tiny",
-              "--max-steps", "3",
-              "--dry-run", "--output-dir", "s"]
+              "--max-steps", "3", "--dry-run", "--output-dir", "s"]
     r = CliRunner().invoke(cli, [*common, "--nodes", "2,1", "--ppn", "1", "--hostfile", "hosts"])
     assert r.exit_code == 0, r.output
     assert [line for line in r.output.splitlines() if line.startswith("# sweep")] == [
@@ -98,5 +97,6 @@ def test_dry_run_shows_each_run_with_the_options_passed_through(tmp_path: Path,
     assert len(commands) == 2 and "-np 1 -ppn 1" in commands[0] and "-np 2 -ppn 1" in commands[1]
     assert all("--max-steps=3" in c for c in commands) and "--output-dir=s/nodes2" in commands[1]
     torchrun = CliRunner().invoke(cli, [*common, "--nodes", "1", "--launcher", "torchrun"])
-    assert torchrun.exit_code == 0 and "torch.distributed.run --nnodes 1" in torchrun.output, torchrun.output
+    assert (torchrun.exit_code == 0
+            and "torch.distributed.run --nnodes 1" in torchrun.output), torchrun.output
     assert not (tmp_path / "s").exists()  # a dry run writes nothing

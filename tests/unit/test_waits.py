@@ -46,7 +46,8 @@ def test_a_wait_that_never_ends_is_one_error_naming_it_at_its_deadline() -> None
                    hint="Check n1's sshd")
     took = time.monotonic() - start
     assert isinstance(failed.value, CpudistError) and failed.value.exit_code == 1
-    assert failed.value.message == "timed out after 0.3s waiting for the banner of n1. Check n1's sshd"
+    assert failed.value.message == ("timed out after 0.3s waiting for the banner of n1. "
+                                    "Check n1's sshd")
     # the last check is at the deadline, not before it
     assert took >= 0.3 and checks[-1] - start >= 0.3
     assert len(checks) >= 2
@@ -70,7 +71,8 @@ def test_the_checks_own_error_is_not_swallowed() -> None:
         wait_until(broken, "anything", timeout_s=10)
 
 
-def test_wait_banner_returns_once_sshd_answers_and_names_the_last_error_when_it_never_does() -> None:
+def test_wait_banner_returns_once_sshd_answers_and_names_the_last_error_when_it_never_does(
+) -> None:
     """A node that accepts connections but says nothing yet (booting), then sends its banner; and a
     port nobody listens on, which fails in one Unreachable line carrying the connection's last
     error."""
@@ -103,8 +105,10 @@ STOP_TREE = """
 import subprocess, sys, time
 from cpudist.launch import tether
 ignore = sys.argv[1] == "ignores-term"
-code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
-child = subprocess.Popen([sys.executable, "-c", code if ignore else code.replace("signal.SIG_IGN", "signal.SIG_DFL")],
+code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);\
+ print('up', flush=True); time.sleep(60)"
+child = subprocess.Popen([sys.executable, "-c",\
+ code if ignore else code.replace("signal.SIG_IGN", "signal.SIG_DFL")],
                          stdout=subprocess.PIPE, text=True)
 assert child.stdout.readline() == "up\\n"
 start = time.monotonic()
@@ -115,15 +119,13 @@ print(round(time.monotonic() - start, 2), len(tether.descendants(tether.os.getpi
 
 @pytest.mark.parametrize(("child", "grace_s", "at_least", "at_most"),
                          [("ends-on-term", 30.0, 0.0, 10.0),
-                           ("ignores-term", 0.5, 0.5,
-                            20.0)])
+                           ("ignores-term", 0.5, 0.5, 20.0)])
 def test_the_tether_stops_a_tree_as_soon_as_it_is_gone(child: str, grace_s: float, at_least: float,
                                                        at_most: float) -> None:
     """A tree that ends on SIGTERM is done long before a 30 s grace; one that ignores it is killed
     after the grace."""
     r = subprocess.run([sys.executable, "-c", STOP_TREE, child, str(grace_s)], capture_output=True,
-                       text=True,
-                       timeout=120)
+                       text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     took, left = r.stdout.split()
     assert at_least <= float(took) < at_most and left == "0", r.stdout

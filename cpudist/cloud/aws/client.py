@@ -105,8 +105,7 @@ def ssm_client(place: Place) -> Any:
 
 
 def call(fn: Callable[..., T], attempts: int = 6, base_delay: float = 0.5,
-         also_retry: frozenset[str] = frozenset(),
-         **kwargs: Any) -> T:
+         also_retry: frozenset[str] = frozenset(), **kwargs: Any) -> T:
     """Call one EC2 API, errors translated. Throttling and faults are botocore's to retry (the
     client's retry mode); the `also_retry` codes (EC2's eventual consistency, which botocore does
     not know) are retried here with jittered exponential backoff."""

@@ -55,7 +55,8 @@ def translate(e: Exception) -> CpudistError:
                         "NoCredentials")
     if isinstance(e, ResponseParserError):  # an HTML page, or another API, where EC2 should be
         return AwsBadInput(f"the endpoint did not answer like EC2 ({type(e).__name__})",
-                           "Check --endpoint-url (AWS_ENDPOINT_URL): it must be an EC2 API endpoint",
+                           "Check --endpoint-url (AWS_ENDPOINT_URL): it must be "
+                           "an EC2 API endpoint",
                            type(e).__name__)
     if isinstance(e, botocore.exceptions.EndpointConnectionError):
         return AwsError(f"cannot reach the EC2 endpoint ({e})",

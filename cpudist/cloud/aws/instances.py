@@ -27,8 +27,7 @@ LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 IMDS_V2 = {"HttpTokens": "required", "HttpEndpoint": "enabled"}
 # Spot capacity or price refusals, where an on-demand instance may still be had.
 SPOT_REFUSALS = frozenset({"InsufficientInstanceCapacity", "SpotMaxPriceTooLow",
-                           "MaxSpotInstanceCountExceeded",
-                           "InsufficientCapacity"})
+                           "MaxSpotInstanceCountExceeded", "InsufficientCapacity"})
 
 
 def to_node(inst: dict[str, Any]) -> Node:
@@ -59,8 +58,7 @@ def foreign_in_group(ec2: Any, cluster: str, group_id: str) -> list[str]:
     """Live instances in the cluster's security group that are not the cluster's."""
     pages = call(ec2.describe_instances,
                  Filters=[{"Name": "instance.group-id", "Values": [group_id]},
-                          {"Name": "instance-state-name",
-                           "Values": LIVE_STATES}])
+                          {"Name": "instance-state-name", "Values": LIVE_STATES}])
     return [i["InstanceId"] for r in pages["Reservations"] for i in r["Instances"]
             if tag_value(i, CLUSTER_TAG) != cluster]
 
@@ -166,8 +164,7 @@ def terminate(ec2: Any, ids: list[str], timeout_s: float = 600) -> None:
 
 
 def launch_builder(ec2: Any, owner: str, image_id: str, instance_type: str, subnet_id: str,
-                   user_data: str,
-                   key_name: str, group_id: str, run_id: str) -> Node:
+                   user_data: str, key_name: str, group_id: str, run_id: str) -> Node:
     """A throw-away instance that runs `user_data` (an image bake), tagged with `owner` and the
     run."""
     reply = create(ec2.run_instances, also_retry=GROUP_UNSEEN,

@@ -74,7 +74,8 @@ def resolve_subnet(ec2: Any, subnet_id: str | None) -> Subnet:
 def ensure_key_pair(ec2: Any, request: KeyRequest) -> tuple[KeyInfo, bool]:
     """(key, created now): the user's key pair, or a new one from `new_key(comment) -> (private,
     public)` (OpenSSH text; the private half 0600 in `folder`)."""
-    cluster, folder, key_name, identity = request.owner, request.folder, request.key_name, request.identity
+    cluster, folder, key_name, identity = (request.owner, request.folder, request.key_name,
+                                           request.identity)
     if key_name:
         if not _exists(ec2.describe_key_pairs, "InvalidKeyPair", KeyNames=[key_name]):
             raise BadInput(f"key pair {key_name} not found in this region",
@@ -109,8 +110,8 @@ def ensure_key_pair(ec2: Any, request: KeyRequest) -> tuple[KeyInfo, bool]:
 
 
 def _desired_rules(group_id: str, ssh_cidr: str) -> list[dict[str, Any]]:
-    ssh = {"Ipv6Ranges": [{"CidrIpv6": ssh_cidr}]} if ":" in ssh_cidr else {"IpRanges": [
-                                                                                {"CidrIp": ssh_cidr}]}
+    ssh = ({"Ipv6Ranges": [{"CidrIpv6": ssh_cidr}]} if ":" in ssh_cidr
+           else {"IpRanges": [{"CidrIp": ssh_cidr}]})
     return [{"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, **ssh},
             {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id}]}]
 
@@ -174,13 +175,11 @@ def ensure_security_group(ec2: Any, cluster: str, vpc_id: str, ssh_cidr: str,
     extra = [r for r in current if _rule_key(r) not in want]
     if extra:
         _idempotent(ec2.revoke_security_group_ingress, "InvalidPermission.NotFound",
-                    GroupId=group_id,
-                    IpPermissions=extra)
+                    GroupId=group_id, IpPermissions=extra)
     missing = [r for r in desired if _rule_key(r) not in have]
     if missing:
         _idempotent(ec2.authorize_security_group_ingress, "InvalidPermission.Duplicate",
-                    GroupId=group_id,
-                    IpPermissions=missing)
+                    GroupId=group_id, IpPermissions=missing)
     return group_id, created
 
 
@@ -247,8 +246,7 @@ def delete_security_group(ec2: Any, cluster: str, run_id: str | None = None,
                 raise
 
         wait_until(attempt, f"security group {g['GroupId']} to be free of instances", timeout_s,
-                   3.0,
-                   hint=CHECK_AWS)
+                   3.0, hint=CHECK_AWS)
     return bool(groups)
 
 

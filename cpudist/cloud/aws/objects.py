@@ -53,8 +53,7 @@ def s3_client(endpoint_url: str | None = None, attempts: int | None = None, time
     given = os.environ.get("AWS_MAX_ATTEMPTS", "")
     total = attempts or (int(given) if given.isdigit() and int(given) > 0 else 6)
     config = Config(retries={"mode": "standard", "total_max_attempts": total},
-                    connect_timeout=timeout_s or 10,
-                    read_timeout=timeout_s or 120)
+                    connect_timeout=timeout_s or 10, read_timeout=timeout_s or 120)
     # A session of its own: boto3's default one is shared, not thread-safe, and caches the
     # credentials it found first (a mirror built in an upload thread, or after the environment
     # changed, must not use them).

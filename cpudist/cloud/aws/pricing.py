@@ -12,8 +12,7 @@ from cpudist.cloud.provider import Price
 
 
 def price_table() -> dict[str, Any]:
-    table: dict[str,
-                Any] = json.loads(resources.files("cpudist.cloud.aws").joinpath(
+    table: dict[str, Any] = json.loads(resources.files("cpudist.cloud.aws").joinpath(
                                       "prices.json").read_text())
     return table
 

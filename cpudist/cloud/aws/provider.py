@@ -21,7 +21,8 @@ from cpudist.cloud.provider import (
 )
 
 IMAGE_TIMEOUT_S = 1800.0  # create_image's own default
-UBUNTU_PARAMETER = "/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/hvm/ebs-gp3/ami-id"
+UBUNTU_PARAMETER = (
+    "/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/hvm/ebs-gp3/ami-id")
 
 
 @dataclass(frozen=True)
@@ -75,11 +76,9 @@ class Ec2:
         return instances.foreign_in_group(self.ec2, cluster, group_id)
 
     def builder(self, owner: str, image_id: str, instance_type: str, subnet: Subnet, user_data: str,
-                key: str,
-                group: str, run_id: str) -> Node:
+                key: str, group: str, run_id: str) -> Node:
         return instances.launch_builder(self.ec2, owner, image_id, instance_type, subnet.subnet_id,
-                                        user_data, key,
-                                        group, run_id)
+                                        user_data, key, group, run_id)
 
     def console(self, instance_id: str) -> str:
         return instances.console_output(self.ec2, instance_id)
@@ -120,8 +119,7 @@ class Ec2:
         network.delete_security_group(self.ec2, owner, run_id)
         network.delete_key_pair(self.ec2, owner, run_id)
         return Inventory(found.instances, found.security_groups, found.placement_group,
-                         found.key_pair,
-                         tuple(removed))
+                         found.key_pair, tuple(removed))
 
     def price(self, instance_type: str, spot: bool, zone: str | None) -> Price:
         return pricing.hourly_price(self.ec2, instance_type, self.place.region or DEFAULT_REGION,

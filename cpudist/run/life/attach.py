@@ -1,10 +1,12 @@
 """Coming back to a detached run (run/life/detach.py) from any shell on the machine that started it.
 
-    attach(info, cb)   `cpudist logs -f RUN`: the run's cpudist.log so far, then the head's agent log from where
-                       that ends (run/life/headlog's mark) until the agent's status file appears, then the run's files
-                       and model home and the run recorded, as a remote run's end
-    stop(info)         `cpudist stop RUN`: the agent on the head interrupted (its PID and start time checked there),
-                       which stops every rank (after a checkpoint when the run checkpoints); then attach, quietly
+    attach(info, cb)   `cpudist logs -f RUN`: the run's cpudist.log so far, then the head's agent
+                       log from where that ends (run/life/headlog's mark) until the agent's status
+                       file appears, then the run's files and model home and the run recorded, as a
+                       remote run's end
+    stop(info)         `cpudist stop RUN`: the agent on the head interrupted (its PID and start time
+                       checked there), which stops every rank (after a checkpoint when the run
+                       checkpoints); then attach, quietly
 """
 
 from __future__ import annotations

@@ -2,13 +2,16 @@
 leaving it; run.json's `detached` keeps its kind and job id (and the ledger and record it lands
 with) for the commands that come back. The scheduler's side is its kind's (launch/kind.Batch).
 
-    start(request, ledger, cb)          submit as an attached run does; return once the ranks are up (the first
-                                        progress event in the job's output), run.json saying running
-    attach(info, cb)                    `cpudist logs -f RUN`: the job's output from its start, across requeues, to
-                                        its last end; then the result checked and recorded as an attached run's
-    attach(info, cb, stop_first=True)   `cpudist stop RUN`: SIGTERM to the ranks (not to the batch script: no
-                                        requeue), so that they checkpoint and stop as at a spot notice; the job
-                                        cancelled after STOP_GRACE_S if they have not; then landed
+    start(request, ledger, cb)          submit as an attached run does; return once the ranks are up
+                                        (the first progress event in the job's output), run.json
+                                        saying running
+    attach(info, cb)                    `cpudist logs -f RUN`: the job's output from its start,
+                                        across requeues, to its last end; then the result checked
+                                        and recorded as an attached run's
+    attach(info, cb, stop_first=True)   `cpudist stop RUN`: SIGTERM to the ranks (not to the batch
+                                        script: no requeue), so that they checkpoint and stop as at
+                                        a spot notice; the job cancelled after STOP_GRACE_S if they
+                                        have not; then landed
 """
 
 from __future__ import annotations
@@ -79,8 +82,7 @@ def start(request: RunRequest, ledger: Path, cb: Callbacks,
         job = kind.job_name(job_id) if job_id else "the job (not submitted)"
         if stopped:
             raise Interrupted(f"interrupted before the ranks were up: {job} was cancelled",
-                              "Re-run the command"
-                              ) from None
+                              "Re-run the command") from None
         if isinstance(e, TimedOut):
             raise JobFailed(f"the ranks of {job} did not start within {ready_wait_s:g}s; it was "
                             "cancelled",
@@ -141,5 +143,4 @@ def attach(info: RunInfo, cb: Callbacks, stop_first: bool = False,
     landed = dataclasses.replace(ended, outcome=dataclasses.replace(ended.outcome, timed_out=False))
     return settle(out,
                   lambda: _land(out, ledger, launched, landed, stop_first, kind.job_name(job_id)),
-                  seen,
-                  out / names.CHECKPOINTS)
+                  seen, out / names.CHECKPOINTS)

@@ -1,8 +1,10 @@
 """A run found by its id or folder, and stopped from another shell (`cpudist logs`, `cpudist stop`).
 
-    find_run("20261126-1015")   an id, a unique prefix of one, or a run folder -> its row (run/life/listing.py)
-    stop(info)                  SIGINT to the launching `cpudist run` (only if it is still that process, on this
-                                host): the ranks checkpoint when the run checkpoints, run.json says interrupted
+    find_run("20261126-1015")   an id, a unique prefix of one, or a run folder -> its row
+                                (run/life/listing.py)
+    stop(info)                  SIGINT to the launching `cpudist run` (only if it is still that
+                                process, on this host): the ranks checkpoint when the run
+                                checkpoints, run.json says interrupted
 """
 
 from __future__ import annotations
@@ -98,9 +100,10 @@ def stop(row: RunRow, wait_s: float = STOP_WAIT_S, interval_s: float = 1.0) -> S
         interrupt(proc)
     except ProcessLookupError:
         raise BadInput(f"run {row.id}'s process {info.pid} is gone (or the PID is another "
-                       "process's now): run.json "
-                       "says running, but the run ended without recording it; nothing was signalled",
-                       f"`cpudist logs {row.id}` shows its last lines; its checkpoints are in {out}") from None
+                       "process's now): run.json says running, but the run ended without "
+                       "recording it; nothing was signalled",
+                       f"`cpudist logs {row.id}` shows its last lines; "
+                       f"its checkpoints are in {out}") from None
 
     def ended() -> RunInfo | None:
         # before run.json: a process that recorded its end, then exited, is not lost

@@ -3,9 +3,11 @@ the head in a session of its own (setsid, nohup), wait for the ranks to be up, a
 keeps what it takes to come back (`cpudist logs -f`, run/life/attach.py) or stop it (`cpudist
 stop`).
 
-    <head run dir>/agent.request.json   the request; the agent leaves it with its --env and secret values as ***
+    <head run dir>/agent.request.json   the request; the agent leaves it with its --env and secret
+                                        values as ***
     <head run dir>/agent.log            the agent's output: rank lines and progress events
-    <head run dir>/agent.pid            the agent's PID and start time (the guard of run/life/process.py)
+    <head run dir>/agent.pid            the agent's PID and start time (the guard of
+                                        run/life/process.py)
     <head run dir>/agent.status         its final status line: its presence says the run ended
 """
 
@@ -146,11 +148,9 @@ def start(request: RunRequest, head_spec: Head, ledger: Path, cb: Callbacks,
             raise
         target = head_spec.target
         d = Detached(target.host, target.user, target.port, target.identity,
-                     str(head_spec.known_hosts),
-                     staged.python, staged.pythonpath, staged.run_dir, int(agent["pid"]),
-                     int(agent["start"]),
-                     head_spec.fetch_model, bool(request.train.report_to), str(ledger),
-                     staged.staging)
+                     str(head_spec.known_hosts), staged.python, staged.pythonpath, staged.run_dir,
+                     int(agent["pid"]), int(agent["start"]), head_spec.fetch_model,
+                     bool(request.train.report_to), str(ledger), staged.staging)
         info = read_run(local_dir)
         if info is not None:
             write_run(local_dir, dataclasses.replace(info, detached=dataclasses.asdict(d)))

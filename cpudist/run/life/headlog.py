@@ -2,9 +2,12 @@
 head:HOST), read from the head's own run folder, for when the laptop's cpudist.log is not enough
 (its link dropped, another shell).
 
-    cluster:NAME   the head, user, key and pinned host keys from the cluster's record (run/where.cluster_target)
-    head:HOST      HOST, with --user/--identity as `cpudist run` took them (run.json does not keep them)
-    here, hostfile:..., slurm: the ranks' output is in the run folder already; there is no head to ask
+    cluster:NAME   the head, user, key and pinned host keys from the cluster's record
+                   (run/where.cluster_target)
+    head:HOST      HOST, with --user/--identity as `cpudist run` took them (run.json does not keep
+                   them)
+    here, hostfile:..., slurm: the ranks' output is in the run folder already;
+                   there is no head to ask
 
 A detached run's local cpudist.log is written from the head's agent log by each follower in turn
 (`run --detach` until the ranks are up, then each `logs -f`): the mark (`read_mark`/`write_mark`)

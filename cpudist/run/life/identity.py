@@ -2,8 +2,8 @@
 folder.
 
     20261126-101502-3fa9c1     sortable by start time; unique (6 random hex digits)
-    <run folder>/run.json      id, task, model, where, state, start and end time, metric; rewritten whole
-                               (atomically) at every change of state by `mark`, its one writer
+    <run folder>/run.json      id, task, model, where, state, start and end time, metric; rewritten
+                               whole (atomically) at every change of state by `mark`, its one writer
 
 The id goes to the ranks (TrainConfig.run_id), into every checkpoint's meta and result.json, names
 the run's part of a --checkpoint-s3 location and its folder on a remote head. A resume keeps the id
@@ -26,6 +26,7 @@ from cpudist.config import TrainConfig
 from cpudist.errors import CpudistError
 from cpudist.run.life.process import this_process
 from cpudist.train import checkpoint_meta as ckpt
+from cpudist.train.checkpoint_match import SAME_RUN
 from cpudist.train.durable import runs_in
 from cpudist.train.resume import checkpoint_folder
 from cpudist.wire import names
@@ -103,8 +104,7 @@ def begin(cfg: TrainConfig, where: str, command: str = "") -> RunInfo:
                                    message="", command=command or earlier.command)
     else:
         info = RunInfo(cfg.run_id, cfg.task, cfg.model, where, "running", _now(),
-                       run_dir=str(out.resolve()),
-                       command=command)
+                       run_dir=str(out.resolve()), command=command)
     info = dataclasses.replace(info, pid=me.pid, host=me.host, pid_start=me.start)
     write_run(out, info)
     return info
@@ -174,6 +174,6 @@ def _from_copy(cfg: TrainConfig) -> str | None:
                 meta = ckpt.read_meta(Path(tmp))
             except (OSError, ValueError, CpudistError):
                 continue
-        if all(meta.config.get(k) == mine.get(k) for k in ckpt.SAME_RUN):
+        if all(meta.config.get(k) == mine.get(k) for k in SAME_RUN):
             return run_id
     return None

@@ -1,7 +1,8 @@
 """Every run this machine knows of, for `cpudist runs`: the run folders' run.json, and the ledger's
 finished runs that have none (runs from before run.json). Pure but for reading those files.
 
-    runs/<run>/run.json             a run started here (or from here, on a cluster), in whatever state it is
+    runs/<run>/run.json             a run started here (or from here, on a cluster), in whatever
+                                    state it is
     runs/<sweep>/nodesN/run.json    a sweep's runs
     ~/.cpudist/results.jsonl        the ledger: finished runs only
 """

@@ -1,9 +1,10 @@
 """cpudist.log: what the launching `cpudist run` showed, in its run folder, for `cpudist logs` in
 another shell.
 
-    <run folder>/cpudist.log   rank output and cpudist's own lines (progress, checkpoints, notes) as plain text,
-                               written by `tee` (the one writer) on every route: here, a hostfile, Slurm, a head
-                               over SSH; a resume's part appends to its run's log, a new run starts it afresh
+    <run folder>/cpudist.log   rank output and cpudist's own lines (progress, checkpoints, notes) as
+                               plain text, written by `tee` (the one writer) on every route: here, a
+                               hostfile, Slurm, a head over SSH; a resume's part appends to its
+                               run's log, a new run starts it afresh
     <run folder>/ranks.log     rank output only (a run from before cpudist.log has only this)
 
 `show` prints a run's log so far; with `follow` it goes on until run.json leaves `running`.

@@ -1,0 +1,125 @@
+"""One launcher per host (a launch's `per_host`: torchrun started over ssh on every node), their
+lines in one stream; the first host to fail, or Ctrl-C, stops the rest."""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from cpudist.errors import Interrupted
+from cpudist.launch.runner import Outcome, stop_launcher
+from cpudist.launch.spec import Launch
+from cpudist.launch.watch import NodeWatch
+from cpudist.wire import events
+
+# after stdin closes, each host's tether stops its tree (SIGTERM, 5 s, SIGKILL)
+HOSTS_GRACE_S = 20.0
+
+
+class _Hosts:
+    """One process per host (launch.per_host): their lines in one queue, and stopping them all."""
+
+    def __init__(self, launch: Launch, env: Mapping[str, str]) -> None:
+        self.lines: queue.Queue[tuple[str, str | None]] = queue.Queue()
+        self.procs: dict[str, subprocess.Popen[str]] = {}
+        self.stopping_since: float | None = None
+        for host, argv in launch.per_host:
+            self.procs[host] = subprocess.Popen(list(argv), env=dict(env), stdin=subprocess.PIPE,
+                                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                text=True, bufsize=1, start_new_session=True)
+            threading.Thread(target=self._pump, args=(host,), daemon=True).start()
+
+    def _pump(self, host: str) -> None:
+        stdout = self.procs[host].stdout
+        assert stdout is not None
+        for raw in stdout:
+            self.lines.put((host, raw.rstrip("\n")))
+        self.lines.put((host, None))
+
+    def stop(self) -> None:
+        """Close every host's stdin: its tether stops the agent and ranks there, then ssh ends."""
+        if self.stopping_since is None:
+            self.stopping_since = time.monotonic()
+        for proc in self.procs.values():
+            if proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+
+    def overdue(self) -> None:
+        """Past the grace after stop(): kill what still runs here (the far ends see their session
+        end)."""
+        if (self.stopping_since is not None
+                and time.monotonic() - self.stopping_since > HOSTS_GRACE_S):
+            for proc in self.procs.values():
+                if proc.poll() is None:
+                    stop_launcher(proc)
+
+
+def execute_hosts(launch: Launch, base_env: Mapping[str, str],
+                  on_event: Callable[[dict[str, Any]], None],
+                  on_line: Callable[[str], None], timeout_s: float | None = None,
+                  on_late_line: Callable[[str], None] | None = None, watch: NodeWatch | None = None,
+                  on_stop: Callable[[], None] | None = None) -> Outcome:
+    """Run one launcher per host, lines prefixed `[host]`; the first to fail (or Ctrl-C) stops the
+    rest.
+
+    What the other hosts print while they stop (torchrun's tracebacks of its SIGTERM) goes to
+    `on_late_line` (the run's log) rather than `on_line`, so the failure stays in view.
+    """
+    hosts = _Hosts(launch, base_env)
+    if watch is not None:
+        watch.start(hosts.stop)
+    running, tail = set(hosts.procs), list[str]()
+    failed: tuple[str, int] | None = None
+    deadline = time.monotonic() + timeout_s if timeout_s else None
+    expired = interrupted = False
+    try:
+        while running:
+            try:
+                if deadline is not None and time.monotonic() > deadline and not expired:
+                    expired = True
+                    hosts.stop()
+                hosts.overdue()
+                try:
+                    host, line = hosts.lines.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                if line is None:
+                    running.discard(host)
+                    code = hosts.procs[host].wait()
+                    if code != 0 and failed is None and hosts.stopping_since is None:
+                        # the first failure is the cause; the others follow from it
+                        failed = (host, code)
+                        hosts.stop()
+                    continue
+                event = events.parse(line)
+                late = hosts.stopping_since is not None and (failed is None or host != failed[0])
+                if event is not None:
+                    on_event(event)
+                elif late and on_late_line is not None:
+                    on_late_line(f"[{host}] {line}")
+                else:
+                    tail = [*tail, f"[{host}] {line}"][-20:]
+                    on_line(tail[-1])
+            except KeyboardInterrupt:
+                if on_stop is not None and not interrupted:
+                    on_stop()
+                interrupted = True
+                hosts.stop()
+    finally:
+        if watch is not None:
+            watch.close()
+        for proc in hosts.procs.values():
+            if proc.poll() is None:  # any other way out must not leave a host's agent running
+                stop_launcher(proc)
+    if interrupted:
+        raise Interrupted("interrupted: all ranks were stopped on every host",
+                          "Re-run the command to start over")
+    code = failed[1] if failed else max((p.returncode for p in hosts.procs.values()), key=abs,
+                                        default=0)
+    return Outcome(code, expired, tuple(tail), failed[0] if failed else None)
