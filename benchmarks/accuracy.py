@@ -32,8 +32,8 @@ TASKS = {
 def majority(task: str) -> float:
     """Accuracy of always predicting the most frequent dev label."""
     if task == "mrpc":
-        lines = (DATA / "glue" / "MRPC" / "dev.tsv").read_text(encoding="utf-8-sig").splitlines()[
-            1:]
+        lines = ((DATA / "glue" / "MRPC" / "dev.tsv").read_text(encoding="utf-8-sig")
+                 .splitlines()[1:])
         labels = [line.split("\t")[0] for line in lines if line.strip()]
     else:
         lines = (DATA / "emotion" / "val.txt").read_text().splitlines()[1:]

@@ -217,14 +217,14 @@ def summarize(cells: dict[str, list[dict[str, Any]]], accuracy: dict[str, Any]) 
         value = table.get(f"{arm}@4", {}).get(key)
         return float(value) if value is not None else None
 
-    full_bytes, lora_bytes = at4("full", "measured_tx_bytes_per_step"), at4("lora",
-                                                                            "measured_tx_bytes_per_step")
+    full_bytes = at4("full", "measured_tx_bytes_per_step")
+    lora_bytes = at4("lora", "measured_tx_bytes_per_step")
     summary = {"lora_speedup_4_hosts": at4("lora", "speedup"),
                "full_speedup_4_hosts": at4("full", "speedup"),
                "bytes_ratio_full_over_lora": full_bytes / lora_bytes if full_bytes and lora_bytes
                else None,
-               "lora_over_full_1_host": (table["lora@1"]["samples_per_s"] / table["full@1"][
-                                             "samples_per_s"]
+               "lora_over_full_1_host": (table["lora@1"]["samples_per_s"]
+                                         / table["full@1"]["samples_per_s"]
                                          if table.get("lora@1", {}).get("samples_per_s")
                                          and table.get("full@1", {}).get("samples_per_s")
                                          else None),
@@ -247,8 +247,8 @@ def verdict(s: dict[str, Any]) -> str:
     """`met`, `not met`, or `not measured` when a run the goal needs is missing (e.g. no 4-host
     cell)."""
     missing = [k for k in GOAL if s.get(k) is None]
-    return f"not measured ({', '.join(missing)} missing)" if missing else "met" if s[
-        "met"] else "not met"
+    return (f"not measured ({', '.join(missing)} missing)" if missing
+            else "met" if s["met"] else "not met")
 
 
 def markdown(res: dict[str, Any], where: str = "the miniature cluster") -> str:
@@ -280,8 +280,8 @@ def markdown(res: dict[str, Any], where: str = "the miniature cluster") -> str:
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for c in s["cells"].values():
             each = " / ".join(num(v) for v in c["samples_per_s_all"])
-            mb, ex, params = c["measured_tx_bytes_per_step"], c["expected_tx_bytes_per_step"], c[
-                "trainable_params"]
+            mb, ex, params = (c["measured_tx_bytes_per_step"], c["expected_tx_bytes_per_step"],
+                              c["trainable_params"])
             lines.append(f"| {c['arm']} | {c['hosts']} | {c['repeats']} | "
                          f"{num(c['samples_per_s'])} ({each}) | {num(c['tokens_per_s'], '.0f')} | "
                          f"{num(c['tokens_per_sample'], '.1f')} | {num(c['speedup'], suffix='x')} "

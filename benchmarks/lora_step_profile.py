@@ -34,8 +34,8 @@ PRESETS = {"minilm": BertConfig(hidden_size=384, num_hidden_layers=6, num_attent
 ARMS = {"full": None, "lora": 0.1, "lora-dropout-0": 0.0}
 
 
-def make(config: BertConfig, dropout: float | None, fast: bool) -> tuple[Any,
-                                                                         torch.optim.Optimizer]:
+def make(config: BertConfig, dropout: float | None,
+         fast: bool) -> tuple[Any, torch.optim.Optimizer]:
     torch.manual_seed(0)
     model: Any = BertForSequenceClassification(config)
     if dropout is not None:

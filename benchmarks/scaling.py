@@ -233,8 +233,8 @@ def summarize(cells: dict[str, list[dict[str, Any]]], link: float) -> dict[str, 
                   "step_time_s": median_of(runs, per_step("train_time_s")),
                   "tokens_per_sample": median_of(runs, lambda r: r.get("tokens_per_sample")),
                   "steady_step_time_s": median_of(runs,
-                                                  lambda r: r["global_batch_size"] / r[
-                                                      "steady_samples_per_s"]),
+                                                  lambda r: (r["global_batch_size"]
+                                                             / r["steady_samples_per_s"])),
                   "comm_s_per_step": median_of(runs, per_step("comm_time_s")),
                   "exposed_comm_s_per_step": median_of(runs, per_step("exposed_comm_s")),
                   "bus_bandwidth_gbps": bus, "bus_over_link": bus / link if bus else None,
@@ -437,8 +437,8 @@ def code_version() -> dict[str, Any]:
     return {"cpudist": str(folder), "commit": head or None, "edited": bool(dirty) if head else None}
 
 
-def run_layout(layout: Layout, a: argparse.Namespace, command: str, work: Path) -> dict[str,
-                                                                                        Any] | None:
+def run_layout(layout: Layout, a: argparse.Namespace, command: str,
+               work: Path) -> dict[str, Any] | None:
     """Calibrate (or reuse), shape, ssh-setup, then the speed and accuracy runs of one layout."""
     with miniature(layout, work / "cluster", a.prefix) as cluster:
         reused = json.loads(a.calibration.read_text()).get(layout.name) if a.calibration else None

@@ -106,8 +106,8 @@ def flags(opts: dict[str, str | None]) -> list[str]:
     return [x for k, v in opts.items() for x in ((f"--{k}",) if v is None else (f"--{k}", v))]
 
 
-def ours(model: str, common: dict[str, str], eval_: bool, extra: dict[str, str | None]) -> dict[str,
-                                                                                                Any]:
+def ours(model: str, common: dict[str, str], eval_: bool,
+         extra: dict[str, str | None]) -> dict[str, Any]:
     opts: dict[str, str | None] = {**common, **extra}
     if "half-batch" in opts:  # more ranks, same global batch
         del opts["half-batch"]
@@ -346,8 +346,8 @@ def mfu_at_128(steps: int, repeats: int, precision: str = "auto") -> dict[str, A
     threads = r["threads_per_rank"]
     out["gemm_fp32_flops_per_s"] = gemm_ceiling(threads, "fp32")
     out["gemm_bf16_flops_per_s"] = gemm_ceiling(threads, "bf16") if r["cpu"]["bf16"] else None
-    ceiling = out["gemm_bf16_flops_per_s"] if r["precision"] == "bf16" else out[
-        "gemm_fp32_flops_per_s"]
+    ceiling = (out["gemm_bf16_flops_per_s"] if r["precision"] == "bf16"
+               else out["gemm_fp32_flops_per_s"])
     out["gemm_ceiling_flops_per_s"] = ceiling
     out["fraction_of_gemm_ceiling"] = r["train_flops_per_s"] / ceiling
     out["cpu_kind"] = r["cpu"].get("kind", cpu().kind)
@@ -527,8 +527,8 @@ def main() -> None:
             elif not name.startswith("lora-"):
                 arms["blog"] = lambda m=model, c=common, e=eval_: hf("blog", m, c, e)
             for lever in filter(None, a.without.split(",")):
-                arms[f"ours-without-{lever}"] = lambda m=model, c=common, e=eval_, x=OFF[
-                    lever]: ours(m, c, e, x)
+                arms[f"ours-without-{lever}"] = (lambda m=model, c=common, e=eval_,
+                                                 x=OFF[lever]: ours(m, c, e, x))
             arms["ours"] = lambda m=model, c=common, e=eval_: ours(m, c, e, {})
             if name.startswith("lora-"):
                 for arm, x in LORA_ARMS.items():

@@ -101,8 +101,8 @@ def _cell(x: dict[str, Any]) -> Cell:
     return Cell(x["task"], x["arm"], int(x["hosts"]), int(x["seed"]))
 
 
-def estimate_s(cell: Cell, ledger: Ledger, budget: int, eval_every: int, base_sps: float
-               | None) -> float:
+def estimate_s(cell: Cell, ledger: Ledger, budget: int, eval_every: int,
+               base_sps: float | None) -> float:
     """Seconds the run should take: the median of this protocol's runs of the same arm and hosts on
     this CPU kind, else the budget at the task's 1-host speed (the calibration's) times 0.7 per
     added host, plus start and evaluation."""

@@ -76,8 +76,8 @@ def summarize(runs: dict[str, list[dict[str, Any]]], arms: list[str]) -> dict[st
             "met_vs_hf": bool(vs_hf and vs_hf >= GOAL_VS_HF)}
 
 
-def _times_row(arm: str, hosts: str, c: dict[str, Any], done: list[dict[str, Any]], base: float
-               | None) -> str:
+def _times_row(arm: str, hosts: str, c: dict[str, Any], done: list[dict[str, Any]],
+               base: float | None) -> str:
     med = c["median_s"]
     sp = f"{base / med:.2f}x" if base and med else "-"
     times = " / ".join("never" if t is None else f"{t:.0f}" for t in c["times_s"])

@@ -210,8 +210,8 @@ def rank_env(hosts: Hosts, rank: int, world: int, head: int, port: int) -> dict[
 
 
 @contextlib.contextmanager
-def ballast(hosts: Hosts, used: int, work: Path, twin: TrainConfig
-            | None) -> Iterator[list[subprocess.Popen[bytes]]]:
+def ballast(hosts: Hosts, used: int, work: Path,
+            twin: TrainConfig | None) -> Iterator[list[subprocess.Popen[bytes]]]:
     """Keep the hosts from `used` on busy: a spin loop on each of their logical CPUs, or (`twin`) a
     one-host run of the same training on each, so that a host count's ranks share the machine's
     common parts (memory bus, last-level cache, a VM's cores that may be one physical core's

@@ -41,8 +41,8 @@ class _Counts(click.ParamType):
 
     name = "N,N,..."
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context
-                | None) -> tuple[int, ...]:
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> tuple[int, ...]:
         from cpudist.run.sweep import parse_counts
 
         return value if isinstance(value, tuple) else parse_counts(str(value))

@@ -31,8 +31,8 @@ class _Ppn(click.ParamType):
 
     name = "N|auto"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context
-                | None) -> int | str:
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> int | str:
         if value == "auto" or (isinstance(value, int) and value >= 1):
             return value
         if isinstance(value, str) and value.isdigit() and int(value) >= 1:

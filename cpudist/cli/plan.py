@@ -41,8 +41,8 @@ def _console() -> Console:
     return c if c.is_terminal else Console(width=200)
 
 
-def resolve_link(link_gbps: float | None, bench_file: Path | None, latency_ms: float) -> tuple[Link,
-                                                                                               str]:
+def resolve_link(link_gbps: float | None, bench_file: Path | None,
+                 latency_ms: float) -> tuple[Link, str]:
     """The link rate and where it came from: --link-gbps, a bench file, else the newest bench
     result."""
     latency = latency_ms / 1000
@@ -255,9 +255,8 @@ def _header(r: RunResult, why: str, base: Baseline, link: Link, link_from: str, 
 
 
 def _as_json(r: RunResult, why: str, base: Baseline, link: Link, link_from: str, f: float,
-             f_runs: tuple[str, ...],
-             rows: list[Prediction], rec: catalogue.Recommendation, checked: list[Row]) -> dict[str,
-                  Any]:
+             f_runs: tuple[str, ...], rows: list[Prediction], rec: catalogue.Recommendation,
+             checked: list[Row]) -> dict[str, Any]:
     return {"baseline": {"run_id": r.run_id, "why": why, **asdict(base), "peft": r.peft,
                          "trainable_params": r.trainable_params},
             "link": {"gbps": link.gbps, "latency_s": link.latency_s, "from": link_from},

@@ -92,8 +92,8 @@ def summary(p: Plan, done: Outcome) -> str:
               help="Processes on this machine, each with its share of the rows and of the cores.")
 @click.option("--dry-run", is_flag=True,
               help="Say what would be read and written, and how; load no model.")
-def predict(model_or_run: Path, file: Path | None, text_columns: str | None, label_column: str
-            | None,
+def predict(model_or_run: Path, file: Path | None, text_columns: str | None,
+            label_column: str | None,
             split: str | None, task: str | None,
             data_dir: Path | None, output: str | None, fmt: str | None, precision: str | None,
             max_seq_len: int | None, batch_size: int | None, max_rows: int | None, np_: int,

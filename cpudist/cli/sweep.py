@@ -32,8 +32,8 @@ class _Counts(click.ParamType):
 
     name = "N,N,..."
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context
-                | None) -> tuple[int, ...]:
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> tuple[int, ...]:
         return value if isinstance(value, tuple) else parse_counts(str(value))
 
 
@@ -48,8 +48,8 @@ def _invoke_run(ctx: click.Context, opts: dict[str, Any], per_run: dict[str, Any
             p.name) or ParameterSource.DEFAULT
         sub.set_parameter_source(p.name, source)
         if p.name in SET_PER_RUN:
-            values[p.name] = per_run[p.name] if p.name in per_run else p.type_cast_value(sub,
-                                                                                         p.get_default(sub))
+            values[p.name] = (per_run[p.name] if p.name in per_run
+                              else p.type_cast_value(sub, p.get_default(sub)))
     sub.params.update(values)
     sub.invoke(run.callback, **values)  # type: ignore[arg-type]  # run always has its callback
 

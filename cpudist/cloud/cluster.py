@@ -53,8 +53,8 @@ class ClusterSpec:
         return Place(self.region, self.endpoint_url, self.profile)
 
 
-def cost_so_far(nodes: list[Node], record: ClusterRecord | None, now: datetime
-                | None = None) -> float | None:
+def cost_so_far(nodes: list[Node], record: ClusterRecord | None,
+                now: datetime | None = None) -> float | None:
     """Dollars spent by the live nodes since they launched, each at its own price."""
     if record is None:
         return None

@@ -76,8 +76,8 @@ def usable_text(facts: dict[str, Any]) -> str:
     return "-" if usable is None else f"{usable}{quota_note(facts)}"
 
 
-def probe(host: Host, user: str | None, identity: str | None, port: int, python: str) -> dict[str,
-                                                                                              Any]:
+def probe(host: Host, user: str | None, identity: str | None, port: int,
+          python: str) -> dict[str, Any]:
     """Run the probe module on a node with the head's Python path."""
     known = KnownHosts(state.local_cluster_dir() / "known_hosts")
     key = identity or (str(state.local_cluster_dir() / "id_ed25519")

@@ -103,8 +103,8 @@ def stop_launcher(proc: subprocess.Popen[str], saving: Saving | None = None) -> 
 
 
 def execute(launch: Launch, base_env: Mapping[str, str], on_event: Callable[[dict[str, Any]], None],
-            on_line: Callable[[str], None], timeout_s: float | None = None, watch: NodeWatch
-            | None = None,
+            on_line: Callable[[str], None], timeout_s: float | None = None,
+            watch: NodeWatch | None = None,
             on_stop: Callable[[], None] | None = None) -> Outcome:
     """Run the launch to the end, passing events and other output lines to the callbacks; a node
     that `watch` finds lost stops it (its `lost` says which). On Ctrl-C, `on_stop` is called before

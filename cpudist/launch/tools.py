@@ -54,8 +54,8 @@ def in_allocation() -> bool:
     return bool(os.environ.get("SLURM_JOB_ID"))
 
 
-def resolve_launcher(name: str, path: str | None = None, no_hostfile: bool = False) -> tuple[str,
-                                                                                             str]:
+def resolve_launcher(name: str, path: str | None = None,
+                     no_hostfile: bool = False) -> tuple[str, str]:
     """(launcher, program path). `auto`: srun inside a Slurm allocation (without a hostfile), else
     the MPI given by --mpirun, else MPICH's Hydra, else torchrun."""
     inside = no_hostfile and in_allocation() and path is None

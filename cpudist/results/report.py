@@ -235,8 +235,8 @@ def _row(runs: list[RunResult], base: Base) -> ScalingRow:
         likely_cause(runs, base.runs, speedup / ratio, ratio) if ratio > 1 else "")
 
 
-def scaling_rows(results: Sequence[RunResult], baseline: RunResult
-                 | None = None) -> list[ScalingRow]:
+def scaling_rows(results: Sequence[RunResult],
+                 baseline: RunResult | None = None) -> list[ScalingRow]:
     """One row per configuration of each group, ordered by ranks then nodes; speedup is the ratio of
     median training throughput to the group's baseline (`baseline` where it is in the group)."""
     groups: dict[str, dict[Config, list[RunResult]]] = {}

@@ -78,10 +78,8 @@ def same_nodes(a: RunResult, b: RunResult) -> bool:
 
 
 def measured_sync_cpu(runs: Sequence[RunResult], link: Link, like: RunResult | None = None,
-                      overlap: float | None = None, sync: SyncSpec | None = None) -> tuple[float,
-                                                                                           tuple[
-                                                                                               str,
-                                                                                               ...]]:
+                      overlap: float | None = None,
+                      sync: SyncSpec | None = None) -> tuple[float, tuple[str, ...]]:
     """(c, the runs it came from): seconds of a node's step per byte on its busiest link beyond the
     wire time.
 

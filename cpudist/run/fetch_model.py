@@ -124,8 +124,8 @@ def from_host(ssh: str, host: str, out: Path, timeout_s: float = 3600) -> list[s
             unpacked = subprocess.run(["tar", "-C", str(tmp), "-xf", "-"], stdin=sender.stdout,
                                       capture_output=True, timeout=timeout_s)
         if sender.returncode != 0 or unpacked.returncode != 0:
-            why = unpacked.stderr.decode(errors="replace").strip()[
-                -300:] or f"exit code {sender.returncode}"
+            said = unpacked.stderr.decode(errors="replace").strip()
+            why = said[-300:] or f"exit code {sender.returncode}"
             raise JobFailed(f"copying {', '.join(came)} from rank 0's host {host} failed ({why})",
                             f"They are whole on {host} in {out.resolve()}; copy them with scp -r")
         for name, digest in _parse_sums(sum_lines, f"{host}:{out.resolve() / names.MODEL}").items():

@@ -77,8 +77,8 @@ def rank_threads(env: Mapping[str, str], info: RankInfo) -> int:
     return threads_for(mine, [mine] * info.local_world_size, allotted_cpus(env))
 
 
-def script_env(env: Mapping[str, str], info: RankInfo, threads: int, run_dir: str) -> dict[str,
-                                                                                           str]:
+def script_env(env: Mapping[str, str], info: RankInfo, threads: int,
+               run_dir: str) -> dict[str, str]:
     """The script's environment: the launcher's, torchrun's variables (a torchrun launch's own
     stay), threads."""
     out = {**env,
@@ -96,8 +96,8 @@ def script_argv(command: list[str], python: str) -> list[str]:
 def accelerate_words(command: Sequence[str]) -> list[str] | None:
     """What follows `accelerate launch` (or `python -m accelerate.commands.launch`) in the command;
     None when the command is not Accelerate's launcher."""
-    if len(command) >= 2 and os.path.basename(command[0]) == "accelerate" and command[
-        1] == "launch":
+    if (len(command) >= 2 and os.path.basename(command[0]) == "accelerate"
+            and command[1] == "launch"):
         return list(command[2:])
     if len(command) >= 3 and os.path.basename(command[0]).startswith("python") \
             and list(command[1:3]) == ["-m", ACCELERATE_MODULE]:

@@ -195,8 +195,8 @@ class Counted:
             yield chunk
 
 
-def moved_fields(model_given: str, staged: Iterable[tuple[str, StageItem]], home: str) -> dict[str,
-                                                                                               str]:
+def moved_fields(model_given: str, staged: Iterable[tuple[str, StageItem]],
+                 home: str) -> dict[str, str]:
     """The config fields staging points at the nodes' copies (data_dir, model, ...); a moved model
     keeps in model_given the absolute path it was staged from, so that the run's model (an adapter
     names its base) finds it again where it comes home."""
@@ -219,8 +219,8 @@ class Stager:
     """Puts items on the head once, then on every other node from the head (over `ssh`: the
     cluster's wrapper)."""
 
-    def __init__(self, head: Shell, home: str, others: tuple[Host, ...], say: Any, ssh: str
-                 | None = None) -> None:
+    def __init__(self, head: Shell, home: str, others: tuple[Host, ...], say: Any,
+                 ssh: str | None = None) -> None:
         self.head, self.home, self.others, self.say = head, home, others, say
         self.ssh = ssh or f"{home}/{state.CLUSTER_DIR}/ssh"
         self.sent_bytes = 0

@@ -52,8 +52,8 @@ class Here:
             return out.read().decode()
 
 
-def stage_here(request: RunRequest, say: Callable[[str], None]) -> tuple[RunRequest,
-                                                                         dict[str, Any]]:
+def stage_here(request: RunRequest,
+               say: Callable[[str], None]) -> tuple[RunRequest, dict[str, Any]]:
     """The request with its local inputs at their staged paths, once every other node of the run has
     them; the request unchanged on one machine, under a scheduler (its nodes share the files), with
     --shared-fs, or without local inputs."""

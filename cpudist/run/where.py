@@ -115,8 +115,8 @@ def cluster_target(name: str, nodes: int, python: str | None,
     return Head(target, Path(record.known_hosts), inside, python, stage_code), None, price
 
 
-def onprem_head(listed: Nodes, address: str, user: str | None, identity: str | None, python: str
-                | None,
+def onprem_head(listed: Nodes, address: str, user: str | None, identity: str | None,
+                python: str | None,
                 stage_code: str) -> Head:
     """An on-prem cluster seen from outside: the hostfile's nodes as they name each other, the head
     by `address`."""

@@ -168,8 +168,8 @@ class Remote:
             raise self.lost_error()
         return code, stdout, stderr
 
-    def _feed(self, chan_in: paramiko.ChannelStdinFile, data: bytes | Iterable[bytes]
-              | None) -> None:
+    def _feed(self, chan_in: paramiko.ChannelStdinFile,
+              data: bytes | Iterable[bytes] | None) -> None:
         """Write a command's stdin and close it; a command that exits before reading it all (its
         disk is full) closes the channel, and then its exit code and stderr say why, not the
         write."""

@@ -25,8 +25,8 @@ class EmbeddingRows:
     stays with DDP (two names: DDP would still reduce it under the other).
     """
 
-    def __init__(self, weight: torch.Tensor, name: str, index: int, world: int, wire: torch.dtype
-                 | None):
+    def __init__(self, weight: torch.Tensor, name: str, index: int, world: int,
+                 wire: torch.dtype | None):
         self.weight, self.name, self.index, self.world, self.wire = weight, name, index, world, wire
         self.rows_synced, self.syncs = 0, 0
         # DDP broadcasts rank 0's parameters at construction, but not the ones it ignores.

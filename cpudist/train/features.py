@@ -44,8 +44,8 @@ def synthetic(n: int, seq_len: int, vocab_size: int, num_labels: int, seed: int)
     return Encoded(ids, None, labels, 0)
 
 
-def collate(data: Encoded, indices: Sequence[int], regression: bool, multiple: int = 1) -> dict[str,
-                                                                                                torch.Tensor]:
+def collate(data: Encoded, indices: Sequence[int], regression: bool,
+            multiple: int = 1) -> dict[str, torch.Tensor]:
     """Pad a batch to its own longest row (dynamic padding), rounded up to `multiple`, and build its
     tensors.
 

@@ -69,8 +69,8 @@ class Evaluations:
             return epoch_end
         return self.every is not None and step % self.every == 0
 
-    def run(self, job: Job, step: int, during: bool = False) -> tuple[dict[str, float],
-                                                                      dict[str, float]]:
+    def run(self, job: Job, step: int,
+            during: bool = False) -> tuple[dict[str, float], dict[str, float]]:
         """Evaluate the model as it is now (every rank calls it), note it, keep its weights if it is
         the best."""
         model = getattr(job.model, "module", job.model)

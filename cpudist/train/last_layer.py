@@ -92,8 +92,8 @@ def first_token_only_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in layer.parameters() if id(p) not in every_token and p.dim() > 1)
 
 
-def _first_token_forward(self: Any, hidden_states: torch.Tensor, attention_mask: torch.Tensor
-                         | None = None,
+def _first_token_forward(self: Any, hidden_states: torch.Tensor,
+                         attention_mask: torch.Tensor | None = None,
                          *args: Any, **kwargs: Any) -> torch.Tensor:
     """The stock layer's forward for the first token alone: queries of token 0, keys and values of
     every token. In evaluation the stock forward runs: the metrics a run records are the saved

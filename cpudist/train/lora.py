@@ -224,8 +224,8 @@ def load_adapter(folder: Path, **kwargs: Any) -> torch.nn.Module:
 
     from cpudist.train.models import resolve_model
 
-    base_name = resolve_model(json.loads((folder / ADAPTER_CONFIG).read_text())[
-                                  "base_model_name_or_path"])
+    adapter = json.loads((folder / ADAPTER_CONFIG).read_text())
+    base_name = resolve_model(adapter["base_model_name_or_path"])
     config = AutoConfig.from_pretrained(folder, **kwargs)
     base = AutoModelForSequenceClassification.from_pretrained(base_name, config=config, **kwargs)
     return PeftModel.from_pretrained(base, folder, **kwargs)

@@ -94,8 +94,8 @@ def _warn(line: str) -> None:
     sys.stderr.flush()
 
 
-def run(cfg: TrainConfig, info: RankInfo, provider: Provider, startup: Startup
-        | None = None) -> int:
+def run(cfg: TrainConfig, info: RankInfo, provider: Provider,
+        startup: Startup | None = None) -> int:
     """Set up, train, evaluate and (on rank 0) write the rank report; the exit code. `startup` holds
     the phases timed before this call (Startup.at_entry)."""
     started, started_at = time.perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")

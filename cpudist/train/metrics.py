@@ -93,8 +93,8 @@ METRICS = {"accuracy": accuracy, "f1": f1, "f1_macro": f1_macro, "matthews_corre
            "pearson": pearson, "spearmanr": spearman}
 
 
-def compute_metrics(names: Sequence[str], predictions: np.ndarray, labels: np.ndarray) -> dict[str,
-                                                                                               float]:
+def compute_metrics(names: Sequence[str], predictions: np.ndarray,
+                    labels: np.ndarray) -> dict[str, float]:
     """Each named metric for predicted class ids (or scores, for regression) against labels."""
     out: dict[str, float] = {}
     for name in names:

@@ -33,8 +33,8 @@ def checkpoint_folder(cfg: TrainConfig, run_dir: Path) -> Path:
         cfg.checkpoint_dir).expanduser() if cfg.checkpoint_dir else run_dir / names.CHECKPOINTS
 
 
-def _from_s3(cfg: TrainConfig, folder: Path, say: Callable[[str], None], mirror: Mirror
-             | None) -> Path | None:
+def _from_s3(cfg: TrainConfig, folder: Path, say: Callable[[str], None],
+             mirror: Mirror | None) -> Path | None:
     """Download the newest undamaged checkpoint of the S3 copy into `folder`."""
     if mirror is None:
         return None
@@ -72,8 +72,8 @@ def nothing_to_resume(cfg: TrainConfig, where: str) -> BadInput:
                     "(the node that held them is gone); not starting over from step 0", hint)
 
 
-def pick(cfg: TrainConfig, run_dir: Path, say: Callable[[str], None], mirror: Mirror
-         | None = None) -> Path | None:
+def pick(cfg: TrainConfig, run_dir: Path, say: Callable[[str], None],
+         mirror: Mirror | None = None) -> Path | None:
     """Rank 0's choice of checkpoint for `--resume` (None: start from step 0); `mirror`: the S3
     copy, if any."""
     if cfg.resume is None:

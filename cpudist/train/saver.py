@@ -131,8 +131,8 @@ def save(saver: Saver, t: Training, stats: TrainStats, pos: Position, total: int
                  "scheduler": t.sched.state_dict(), "sync": stats.strategy.state()
                  if stats.strategy else {}}
         best = t.evals.best if t.evals is not None else None
-        if t.evals is not None and t.evals.best_state is not None and best is not None and best[
-            "step"] != stats.steps:
+        if (t.evals is not None and t.evals.best_state is not None and best is not None
+                and best["step"] != stats.steps):
             state[BEST] = t.evals.best_state
         if t.evals is not None:
             state[PATIENCE] = t.evals.stale

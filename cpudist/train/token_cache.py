@@ -104,8 +104,8 @@ def _load(path: Path, split: Split) -> Encoded | None:
     return Encoded(ids, types, list(split.labels), int(meta["pad_id"]))
 
 
-def cached_encode(split: Split, tokenizer: object, max_len: int, folder: Path
-                  | None) -> tuple[Encoded, bool]:
+def cached_encode(split: Split, tokenizer: object, max_len: int,
+                  folder: Path | None) -> tuple[Encoded, bool]:
     """(the split tokenized, whether it came from the cache): `encode` through the node's cache in
     `folder`."""
     digest = key(split, tokenizer, max_len) if folder is not None else None

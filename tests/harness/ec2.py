@@ -104,7 +104,8 @@ def _xml(action: str, body: str) -> bytes:
 
 def _error(code: str, message: str) -> bytes:
     return (f'<?xml version="1.0" encoding="UTF-8"?><Response><Errors><Error><Code>{code}</Code>'
-            f"<Message>{message}</Message></Error></Errors><RequestID>{uuid.uuid4()}</RequestID></Response>").encode()
+            f"<Message>{message}</Message></Error></Errors><RequestID>{uuid.uuid4()}</RequestID>"
+            "</Response>").encode()
 
 
 def _tag_specs(params: dict[str, str], resource: str) -> list[tuple[str, str]]:
@@ -345,8 +346,8 @@ class Emulator:
         if action == "GetConsoleOutput" and p.get("InstanceId") in self.console:
             text = base64.b64encode(self.console[p["InstanceId"]].encode()).decode()
             return ok, _xml(action,
-                            f"<instanceId>{p['InstanceId']}</instanceId><timestamp>2026-01-01T00:00:00Z"
-                            f"</timestamp><output>{text}</output>")
+                            f"<instanceId>{p['InstanceId']}</instanceId>"
+                            f"<timestamp>2026-01-01T00:00:00Z</timestamp><output>{text}</output>")
         if action == "RunInstances" and p.get("ClientToken") in self.launched:
             return ok, self.launched[p["ClientToken"]]
         if action == "CreatePlacementGroup":
@@ -358,7 +359,8 @@ class Emulator:
                                    f"pg-{uuid.uuid4().hex[:17]}", _tag_specs(p, "placement-group"))
             self.groups[name] = group
             return ok, _xml(action,
-                            f"<placementGroup>{self._group_xml(group)}</placementGroup><return>true</return>")
+                            f"<placementGroup>{self._group_xml(group)}</placementGroup>"
+                            "<return>true</return>")
         if action == "DescribePlacementGroups":
             wanted = {v for k, v in p.items() if k.startswith("GroupName.")}
             groups = [g for g in self.groups.values() if not wanted or g.name in wanted]
@@ -389,8 +391,8 @@ class Emulator:
     def _group_xml(g: PlacementGroup) -> str:
         tags = "".join(f"<item><key>{k}</key><value>{v}</value></item>" for k, v in g.tags)
         return (
-            f"<groupName>{g.name}</groupName><strategy>{g.strategy}</strategy><state>available</state>"
-            f"<groupId>{g.group_id}</groupId><tagSet>{tags}</tagSet>")
+            f"<groupName>{g.name}</groupName><strategy>{g.strategy}</strategy>"
+            f"<state>available</state><groupId>{g.group_id}</groupId><tagSet>{tags}</tagSet>")
 
     def _image_named(self, name: str, region: str) -> str | None:
         """The account's image of that name (AMI names are unique per region in AWS; moto allows

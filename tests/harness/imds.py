@@ -115,8 +115,8 @@ class ImdsServer:
                  tb: TracebackType | None) -> None:
         self.stop()
 
-    def schedule(self, action: str = "terminate", for_client: str | None = None, time: str
-                 | None = None,
+    def schedule(self, action: str = "terminate", for_client: str | None = None,
+                 time: str | None = None,
                  raw: str | None = None) -> None:
         """Post a notice for one client address (None: all); `raw` replaces the JSON body (a
         malformed one)."""

@@ -236,8 +236,8 @@ State=UP{PREEMPTION if self.preemption else ""}
                               timeout=timeout,
                               env={**self.env(), **(env or {})}, stdin=subprocess.DEVNULL)
 
-    def popen(self, i: int, argv: list[str], cwd: str | None = None, env: dict[str, str]
-              | None = None,
+    def popen(self, i: int, argv: list[str], cwd: str | None = None,
+              env: dict[str, str] | None = None,
               **kw: object) -> subprocess.Popen[str]:
         return subprocess.Popen(self.exec_argv(i, argv, cwd), env={**self.env(), **(env or {})},
                                 text=True, **kw)  # type: ignore[call-overload]

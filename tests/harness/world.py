@@ -340,8 +340,8 @@ class World:
         elif step is None and not (wheels and _has(wheels[0], "cpudist/_ami/bootstrap.sh")):
             step = "cpudist"
         result = "OK" if step is None else f"FAILED at step {step} (exit 1)"
-        self.emulator.console[
-            instance_id] = f"[  OK  ] Reached target Cloud-init.\ncpudist-bootstrap: {result}\n"
+        self.emulator.console[instance_id] = ("[  OK  ] Reached target Cloud-init.\n"
+                                              f"cpudist-bootstrap: {result}\n")
         self.emulator.backend(region).stop_instances([instance_id])
         self._on_change(region)
 

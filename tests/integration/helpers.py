@@ -157,8 +157,8 @@ def wait_for(predicate: Callable[[], T | None], timeout: float, what: str,
     return value
 
 
-def launch_beside_torchrun(tmp_path: Path, script: str, metric_file: str) -> tuple[
-        subprocess.CompletedProcess[str], str, Path, Path]:
+def launch_beside_torchrun(tmp_path: Path, script: str, metric_file: str
+                           ) -> tuple[subprocess.CompletedProcess[str], str, Path, Path]:
     """`script` as train.py, run twice on 2 ranks of this machine at once: by `cpudist launch` (its
     ledger in `tmp_path`) and by hand with torchrun. (cpudist's result, torchrun's output, our
     folder, torchrun's folder.)"""

@@ -111,8 +111,8 @@ def test_up_creates_exactly_the_cluster_and_converges(emu: Emulator, ec2: Any, a
     rules = group["IpPermissions"]
     assert len(rules) == 2
     ssh = next(p for p in rules if p["IpProtocol"] == "tcp")
-    assert (ssh["FromPort"], ssh["ToPort"], [x["CidrIp"] for x in ssh["IpRanges"]]) == (22, 22,
-                                                                                        ["203.0.113.7/32"])
+    cidrs = [x["CidrIp"] for x in ssh["IpRanges"]]
+    assert (ssh["FromPort"], ssh["ToPort"], cidrs) == (22, 22, ["203.0.113.7/32"])
     inside = next(p for p in rules if p["IpProtocol"] == "-1")
     assert [p["GroupId"]
             for p in inside["UserIdGroupPairs"]] == [group["GroupId"]] and not inside["IpRanges"]
@@ -362,8 +362,8 @@ def test_down_lists_asks_and_dry_runs(emu: Emulator, ec2: Any, ami: str, tmp_pat
     assert up(emu, tmp_path, ami, nodes=2).returncode == 0
     before = inventory(ec2)
     dry = cli(emu, tmp_path, "cluster", "down", "--name", "c1", "--dry-run")
-    assert dry.returncode == 0 and sorted(json.loads(dry.stdout)["instances"]) == before[
-        "instances"]
+    assert (dry.returncode == 0
+            and sorted(json.loads(dry.stdout)["instances"]) == before["instances"])
     assert all(i in dry.stderr for i in before["instances"])
     asked = cli(emu, tmp_path, "cluster", "down", "--name", "c1")
     assert asked.returncode == 2 and "--yes" in asked.stderr
@@ -450,8 +450,8 @@ def test_config_file_gives_defaults(emu: Emulator, ec2: Any, ami: str, tmp_path:
             "1")
     assert r.returncode == 0, r.stderr
     nodes = live(ec2, "fromtoml")
-    assert len(nodes) == 1 and nodes[0][
-        "InstanceType"] == "c6i.large" and "InstanceLifecycle" not in nodes[0]
+    assert (len(nodes) == 1 and nodes[0]["InstanceType"] == "c6i.large"
+            and "InstanceLifecycle" not in nodes[0])
 
 
 def test_down_retries_while_the_group_is_still_in_use(emu: Emulator, ec2: Any, ami: str,

@@ -239,8 +239,8 @@ def test_a_reclaimed_spot_node_is_replaced_and_the_run_resumes(world: World, clo
         assert proc.returncode == 0, text[-6000:]
         # the whole output on failure: pytest shortens a long string in the middle, where these
         # lines are
-        assert "spot interruption notice (terminate" in text and "replacing them" in text, text[
-            -6000:]
+        assert ("spot interruption notice (terminate" in text
+                and "replacing them" in text), text[-6000:]
         result = json.loads(world.operator_path("runs/spot/result.json").read_text())
         assert result["recoveries"] == 1 and result["time_lost_s"] > 0 and result["parts"] == 2
         assert 1 <= result["resumed_from_step"] < 40 and result["steps"] == 40
@@ -335,8 +335,8 @@ def test_down_leaves_nothing_in_ec2_nor_on_the_laptop(world: World, cloud: dict[
     assert all(i["State"]["Name"] == "terminated" for r in tagged for i in r["Instances"])
     assert [g for g in ec2.describe_security_groups()["SecurityGroups"]
             if g["GroupName"] == "cpudist-e2e"] == []
-    assert ec2.describe_key_pairs()["KeyPairs"] == [] and ec2.describe_placement_groups()[
-        "PlacementGroups"] == []
+    assert (ec2.describe_key_pairs()["KeyPairs"] == []
+            and ec2.describe_placement_groups()["PlacementGroups"] == [])
     # key and pinned host keys gone too
     assert not world.operator_path(".cpudist/clusters/e2e").exists()
     assert wait_no_leftovers(world) == []

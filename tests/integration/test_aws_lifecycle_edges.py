@@ -52,8 +52,8 @@ def test_a_clone_cluster_recovers_its_lost_nodes_from_its_own_image(
     after = by_node(ec2)
     assert sorted(after) == [0, 1, 2], said
     for i in lost:
-        assert after[i]["InstanceId"] != before[i]["InstanceId"] and after[i][
-            "ImageId"] == clone, said
+        assert (after[i]["InstanceId"] != before[i]["InstanceId"]
+                and after[i]["ImageId"] == clone), said
     assert [i["ImageId"] for i in ec2.describe_images(Owners=["self"])["Images"]] == [clone]
     assert cli(emu, tmp_path, "cluster", "down", "--name", "c1", "--yes").returncode == 0
     assert inventory(ec2) == EMPTY

@@ -63,8 +63,10 @@ def test_a_users_resources_named_like_the_cluster_are_refused_and_kept(emu: Emul
     assert [g["GroupName"]
             for g in ec2.describe_placement_groups()["PlacementGroups"]] == ["cpudist-c1"]
     ec2.delete_placement_group(GroupName="cpudist-c1")
-    ec2.create_placement_group(GroupName="cpudist-c1", Strategy="spread", TagSpecifications=[
-        {"ResourceType": "placement-group", "Tags": [{"Key": "cpudist:cluster", "Value": "c1"}]}])
+    ec2.create_placement_group(GroupName="cpudist-c1", Strategy="spread",
+                               TagSpecifications=[{"ResourceType": "placement-group",
+                                                   "Tags": [{"Key": "cpudist:cluster",
+                                                             "Value": "c1"}]}])
     r = up(emu, tmp_path, ami)
     assert r.returncode == 2 and "has strategy spread, not cluster" in r.stderr, r.stderr
     ec2.delete_placement_group(GroupName="cpudist-c1")
@@ -201,8 +203,8 @@ def test_bad_prices_unknown_names_and_piped_tables(emu: Emulator, ec2: Any, ami:
     # piped: stdout is not a terminal
     table = cli(emu, tmp_path, "cluster", "status", "--name", "c1")
     node = live(ec2)[0]
-    assert node["InstanceId"] in table.stdout and node[
-        "PublicIpAddress"] in table.stdout, table.stdout
+    assert (node["InstanceId"] in table.stdout
+            and node["PublicIpAddress"] in table.stdout), table.stdout
 
 
 def test_the_ssh_rule_converges_over_ipv6_too(emu: Emulator, ec2: Any, ami: str,

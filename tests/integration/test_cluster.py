@@ -130,8 +130,8 @@ def test_n_hosts_one_rank_each_send_what_their_strategy_should(ready: NetnsClust
     result = json.loads((out / "result.json").read_text())
     assert sorted(result["nodes"]) == [ready.name(i) for i in range(N)]
     assert result["world_size"] == N and result["launcher"] == launcher
-    assert result["traffic_iface"] == "eth0" and set(result["tx_bytes_by_node"]) == set(result[
-                                                                                            "nodes"])
+    assert (result["traffic_iface"] == "eth0"
+            and set(result["tx_bytes_by_node"]) == set(result["nodes"]))
     measured, expected = result["measured_tx_bytes_per_step"], result["expected_tx_bytes_per_step"]
     assert abs(measured / expected - 1) < 0.10, result
     if "gather-scatter" in sync:
@@ -159,8 +159,8 @@ def test_two_ranks_per_host_split_the_cores(ready: NetnsCluster, shared_data: Pa
                 tmp_path / "np4", "--oversubscribe")
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     result = json.loads((tmp_path / "np4" / "result.json").read_text())
-    assert result["launcher"] == "mpich" and result["world_size"] == 4 and "accuracy" in result[
-        "metrics"]
+    assert (result["launcher"] == "mpich" and result["world_size"] == 4
+            and "accuracy" in result["metrics"])
     assert sorted(result["nodes"]) == [ready.name(i) for i in range(2)]
     assert Counter(result["rank_hosts"]) == {ready.name(i): 2 for i in range(2)}
     # cpudist's count (os.cpu_count() counts hyperthreads and CPUs outside the mask)

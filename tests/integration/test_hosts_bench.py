@@ -67,8 +67,8 @@ def test_bench_measures_the_shaped_link_and_plan_takes_its_rate(cluster: NetnsCl
     # scaled by what it left.
     print(cpu)
     floor = 0.6 * RATE_GBPS * cpu.left()
-    assert floor <= largest[
-        "busbw_gbps"] <= 1.05 * RATE_GBPS, f"{largest}; floor {floor:.3f} Gbit/s; {cpu}"
+    assert (floor <= largest["busbw_gbps"]
+            <= 1.05 * RATE_GBPS), f"{largest}; floor {floor:.3f} Gbit/s; {cpu}"
     assert largest["busbw_gbps"] == pytest.approx(largest["algbw_gbps"])
     saved = Path(measured["path"])
     assert saved.parent == Path(os.environ["CPUDIST_HOME"]) / "bench" and saved.name.startswith(

@@ -117,8 +117,8 @@ def test_the_same_losses_as_torchrun_by_hand_and_torchruns_variables_on_every_ra
 def test_it_is_a_cpudist_run_with_its_record_metrics_and_outputs(launched: Launched) -> None:
     assert launched.run.returncode == 0, launched.run.stderr
     info = json.loads((launched.out / "run.json").read_text())
-    assert info["state"] == "finished" and info["task"] == "script" and info[
-        "model"] == "python ddp.py"
+    assert (info["state"] == "finished" and info["task"] == "script"
+            and info["model"] == "python ddp.py")
     result = json.loads((launched.out / "result.json").read_text())
     (entry,) = [json.loads(line) for line in launched.ledger.read_text().splitlines()]
     assert entry["run_id"] == result["run_id"] == info["id"]

@@ -85,5 +85,5 @@ def test_one_rank_per_host_with_torchruns_variables_and_ddps_losses(hosts: Netns
     entry = json.loads((tmp_path / "ledger.jsonl").read_text())
     assert sorted(entry["nodes"]) == sorted([hosts.name(0),
                                              hosts.name(1)]) and entry["world_size"] == 2
-    assert entry["launcher"] == "mpich" and json.loads((out / "run.json").read_text())[
-        "where"].startswith("hostfile")
+    assert (entry["launcher"] == "mpich"
+            and json.loads((out / "run.json").read_text())["where"].startswith("hostfile"))

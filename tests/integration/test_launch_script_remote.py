@@ -78,8 +78,8 @@ def test_a_script_from_the_laptop_staged_run_on_every_host_and_brought_home(site
                                       "--secret", "CPD_TOKEN",
                                       "--", "ddp.py", label), env={"CPD_TOKEN": TOKEN}, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
-    assert r.stderr.count(f"secret {hashlib.sha256(TOKEN.encode()).hexdigest()}") == 2, r.stderr[
-        -4000:]
+    digest = hashlib.sha256(TOKEN.encode()).hexdigest()
+    assert r.stderr.count(f"secret {digest}") == 2, r.stderr[-4000:]
     assert [float(loss) for _, loss in losses(r.stderr)] == pytest.approx(one_process_losses(),
                                                                           abs=1e-6), r.stderr
     seen = {v["RANK"]: v
@@ -195,8 +195,8 @@ def test_ctrl_c_on_the_laptop_stops_every_rank_on_every_host(site: World) -> Non
     assert proc.returncode == 130, rest[-3000:]
     assert "interrupted: all ranks were stopped on every node" in rest, rest[-3000:]
     assert wait_no_leftovers(site) == [] and left_on_hosts(site, "sleeper.py") == []
-    assert json.loads((folder / "runs" / "stopped" / "run.json").read_text())[
-        "state"] == "interrupted"
+    assert (json.loads((folder / "runs" / "stopped" / "run.json").read_text())["state"]
+            == "interrupted")
 
 
 COUNTER = '''

@@ -53,7 +53,6 @@ def test_a_script_through_sbatch_on_two_nodes_has_ddps_losses(slurm: SlurmCluste
         == {"0": ("0", "0", "2", "1"), "1": ("1", "0", "2", "1")}, r.stderr
     entry = json.loads(ledger.read_text())
     assert sorted(entry["nodes"]) == [slurm.hosts.name(0), slurm.hosts.name(1)]
-    assert (entry["launcher"], entry["world_size"], entry["task"]) == ("slurm", 2,
-                                                                       "script") and entry[
-                                                                           "slurm_job_id"]
+    assert ((entry["launcher"], entry["world_size"], entry["task"]) == ("slurm", 2, "script")
+            and entry["slurm_job_id"])
     assert "#SBATCH --nodes=2" in (out / "job.sbatch").read_text()

@@ -57,8 +57,8 @@ def train_100_steps(shared_data: Path, tmp_path: Path) -> tuple[Path, str]:
                 "--model", MINILM, "--output-dir", out, timeout=2900)
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
     result = json.loads((out / "result.json").read_text())
-    assert result["steps"] == 100 and result["global_batch_size"] == 128 and result[
-        "lr"] == 2e-4, result
+    assert (result["steps"] == 100 and result["global_batch_size"] == 128
+            and result["lr"] == 2e-4), result
     return out, r.stdout
 
 

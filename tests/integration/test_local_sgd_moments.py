@@ -116,18 +116,14 @@ def flat(tensors: list[list[float]]) -> list[float]:
 
 @pytest.mark.parametrize(("case", "averaged"), AVERAGES,
                          ids=["-".join(map(str, c)) for c, _ in AVERAGES])
-def test_the_average_leaves_every_rank_the_mean_of_what_it_asks_for(held: dict[Case,
-                                                                               list[list[dict[str,
-                                                                                              Any]]]],
-                                                                    case: Case,
-                                                                    averaged: str) -> None:
+def test_the_average_leaves_every_rank_the_mean_of_what_it_asks_for(
+        held: dict[Case, list[list[dict[str, Any]]]], case: Case, averaged: str) -> None:
     moments, wire, _ = case
     check_average([r[-1] for r in held[case]], moments, averaged, wire)
 
 
-def test_the_second_moment_joins_every_jth_average_only(held: dict[Case,
-                                                                   list[list[dict[str,
-                                                                                  Any]]]]) -> None:
+def test_the_second_moment_joins_every_jth_average_only(
+        held: dict[Case, list[list[dict[str, Any]]]]) -> None:
     got = held[SECOND_MOMENT_EVERY_2]
     assert [len(r) for r in got] == [2, 2, 2]
     # the first average leaves v to each rank
@@ -140,12 +136,12 @@ def check_average(got: list[dict[str, Any]], moments: str, averaged: str, wire: 
     for the rest."""
     for key in "pmv":
         before = [r["before"][key] for r in got]
-        assert before[0] != before[
-            1], f"{key}: the ranks held the same values before the average: no test"
+        assert before[0] != before[1], \
+            f"{key}: the ranks held the same values before the average: no test"
         for r in got:
             if key in averaged:
-                base = flat(r["anchor"]) if key == "p" and wire == "bf16" else [0.0] * len(flat(
-                                                                                               before[0]))
+                base = (flat(r["anchor"]) if key == "p" and wire == "bf16"
+                        else [0.0] * len(flat(before[0])))
                 sent = [[b - a for b, a in zip(flat(x), base, strict=True)] for x in before]
                 back = [b - a for b, a in zip(flat(r["after"][key]), base, strict=True)]
                 ok, worst = within_rounding(back, sent, wire)
@@ -158,8 +154,8 @@ def check_average(got: list[dict[str, Any]], moments: str, averaged: str, wire: 
                 assert not within_rounding([1.05 * m for m in mean_], sent, wire)[0]
                 assert not within_rounding([len(sent) * m for m in mean_], sent, wire)[0]
             else:
-                assert r["after"][key] == r["before"][
-                    key], f"{key} changed though --average-moments {moments}"
+                assert r["after"][key] == r["before"][key], \
+                    f"{key} changed though --average-moments {moments}"
     assert all(r["after"]["p"] == got[0]["after"]["p"]
                for r in got), "the ranks left the average with other models"
 

@@ -26,8 +26,8 @@ def test_logs_head_reads_the_heads_ranks_log_of_a_laptop_run(site: World) -> Non
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
     info = json.loads(site.operator_path("runs/logs-head/run.json").read_text())
     assert info["where"] == f"head:{site.hosts.public_addr(0)}" and info["state"] == "finished"
-    remote_dir = json.loads(site.operator_path("runs/logs-head/result.json").read_text())[
-        "staging"]["remote_run_dir"]
+    result = json.loads(site.operator_path("runs/logs-head/result.json").read_text())
+    remote_dir = result["staging"]["remote_run_dir"]
     on_head = site.hosts.run(0, ["cat", f"{remote_dir}/ranks.log"]).stdout
     assert "rank 1/2 ready" in on_head
 

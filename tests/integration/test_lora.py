@@ -155,8 +155,8 @@ def test_lora_trains_sends_saves_and_resumes_only_the_adapters(tmp_path: Path,
     adapter_dir, merged_dir = tmp_path / "a" / "model", tmp_path / "b" / "model"
     assert (adapter_dir / "adapter_model.safetensors").is_file() and not (
         adapter_dir / "model.safetensors").exists()
-    assert json.loads((adapter_dir / "adapter_config.json").read_text())[
-        "base_model_name_or_path"] == str(base)
+    assert (json.loads((adapter_dir / "adapter_config.json").read_text())["base_model_name_or_path"]
+            == str(base))
     adapter, tokenizer = load(str(adapter_dir))
     classify = pipeline("text-classification", model=str(merged_dir))
     said = classify({"text": SENTENCES[0], "text_pair": SENTENCES[1]})

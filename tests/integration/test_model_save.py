@@ -44,8 +44,8 @@ def _result(run: Path) -> dict[str, Any]:
     return json.loads((run / "result.json").read_text())
 
 
-def _reevaluate(model_dir: Path, train: Path, validation: Path, label: str = "label") -> dict[str,
-                                                                                              float]:
+def _reevaluate(model_dir: Path, train: Path, validation: Path,
+                label: str = "label") -> dict[str, float]:
     """Score the saved folder on the run's validation rows with cpudist's own evaluation (1 rank,
     fp32)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -90,10 +90,10 @@ def test_two_rank_run_saves_a_model_pipeline_loads_with_its_card(shared_data: Pa
     # complete: safetensors checks every tensor's bytes
     weights = load_file(str(model / "model.safetensors"))
     config = AutoConfig.from_pretrained(model)
-    assert config.id2label == {0: "not_equivalent",
-                               1: "equivalent"} and config.label2id["equivalent"] == 1
-    assert "classifier.weight" in weights and weights["classifier.weight"].shape == (2,
-                                                                                     config.hidden_size)
+    assert config.id2label == {0: "not_equivalent", 1: "equivalent"}
+    assert config.label2id["equivalent"] == 1
+    assert "classifier.weight" in weights
+    assert weights["classifier.weight"].shape == (2, config.hidden_size)
     classify = pipeline("text-classification", model=str(model))
     out = classify({"text": "The cat sat on the mat.",
                     "text_pair": "A cat was sitting on the mat."})
@@ -119,8 +119,8 @@ def test_save_model_none_writes_nothing(shared_data: Path, tmp_path: Path) -> No
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in run.iterdir() if p.name.startswith("model")) == []
     result = _result(run)
-    assert result["save_model"] == "none" and result["model_dir"] is None and result[
-        "model_bytes"] is None
+    assert (result["save_model"] == "none" and result["model_dir"] is None
+            and result["model_bytes"] is None)
     assert "model saved" not in r.stderr and ", model " not in r.stdout
 
 
@@ -152,8 +152,8 @@ def test_best_keeps_the_best_evaluation_diloco(tmp_path: Path) -> None:
     # the first of equals, as HF's load_best_model_at_end keeps
     best = accuracy.index(max(accuracy))
     assert accuracy[best] > accuracy[-1], f"the data should make the last evaluation worse: {evals}"
-    assert result["model_step"] == evals[best]["step"] and result["metrics"] == evals[best][
-        "metrics"]
+    assert (result["model_step"] == evals[best]["step"]
+            and result["metrics"] == evals[best]["metrics"])
     assert f"step {evals[best]['step']} of 24, the best of 6 evaluations by accuracy" in (
         run / "model" / "README.md").read_text()
     again = _reevaluate(run / "model", train, validation)

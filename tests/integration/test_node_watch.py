@@ -70,9 +70,8 @@ def local_sessions(ssh: str) -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit() and config in cmdline(int(p))]
 
 
-def test_a_session_that_ends_while_its_node_answers_is_replaced_not_reported(pair: tuple[
-                                                                                 NetnsCluster,
-                                                                                 str]) -> None:
+def test_a_session_that_ends_while_its_node_answers_is_replaced_not_reported(
+        pair: tuple[NetnsCluster, str]) -> None:
     c, ssh = pair
     watch = NodeWatch([c.addr(0), c.addr(1)], ssh)
     stopped = threading.Event()
@@ -96,8 +95,8 @@ def test_a_session_that_ends_while_its_node_answers_is_replaced_not_reported(pai
     assert local_sessions(ssh) == []
 
 
-def test_a_node_that_vanishes_stops_the_launch_within_the_bound_naming_it(pair: tuple[NetnsCluster,
-                                                                                      str]) -> None:
+def test_a_node_that_vanishes_stops_the_launch_within_the_bound_naming_it(
+        pair: tuple[NetnsCluster, str]) -> None:
     c, ssh = pair
     watch = NodeWatch([c.addr(0), c.addr(1)], ssh)
     gone: list[float] = []

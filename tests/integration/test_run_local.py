@@ -41,8 +41,8 @@ def test_two_ranks_then_one_then_report(shared_data: Path, tmp_path: Path) -> No
                  "--output-dir", tmp_path / "RUN2")
     assert r2.returncode == 0, r2.stderr
     result = json.loads((tmp_path / "RUN2" / "result.json").read_text())
-    assert result["world_size"] == 2 and result["steps"] == 5 and result[
-        "train_samples"] == 5 * 16 * 2
+    assert (result["world_size"] == 2 and result["steps"] == 5
+            and result["train_samples"] == 5 * 16 * 2)
     assert set(result["metrics"]) == {"accuracy", "f1"} and 0 <= result["metrics"]["accuracy"] <= 1
     assert result["launcher"] == "mpich" and len(result["rank_hosts"]) == 2
     assert r2.stdout.startswith("done: mrpc tiny on 2 rank(s)") and "samples/s" in r2.stdout
@@ -70,8 +70,8 @@ def test_two_ranks_then_one_then_report(shared_data: Path, tmp_path: Path) -> No
     assert r1.returncode == 0, r1.stderr
     assert "global batch" not in r1.stderr  # one rank: nothing grew
     # the same rows and tokenizer: this machine's token cache answered
-    assert json.loads((tmp_path / "RUN1" / "result.json").read_text())["startup"][
-        "tokens_cached"] is True
+    assert (json.loads((tmp_path / "RUN1" / "result.json").read_text())["startup"]["tokens_cached"]
+            is True)
     rep = in_process("report", "--format", "md")
     assert rep.exit_code == 0, rep.stderr
     # the second table has a row per run too
@@ -121,8 +121,8 @@ def test_loss_equivalence_one_rank_vs_two(shared_data: Path, tmp_path: Path) -> 
     recorded = json.loads((tmp_path / "grouped-np2" / "result.json").read_text())
     # tiny's 2 layers but the first-token last one (it keeps its own)
     assert recorded["checkpointed_layers"] == 1
-    assert json.loads((tmp_path / "grouped-np1" / "result.json").read_text())[
-        "checkpointed_layers"] == 0
+    one_rank = json.loads((tmp_path / "grouped-np1" / "result.json").read_text())
+    assert one_rank["checkpointed_layers"] == 0
     for sampler in ("random", "grouped"):
         one, two = losses(tmp_path / f"{sampler}-np1"), losses(tmp_path / f"{sampler}-np2")
         assert len(one) == len(two) == 5
@@ -158,8 +158,8 @@ def test_synthetic_task(tmp_path: Path) -> None:
                 "--synthetic-samples", "256", "--output-dir", tmp_path / "syn", "--json")
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout)
-    assert result["task"] == "synthetic" and result["train_tokens_per_s"] > 0 and result[
-        "peak_rss_mb"] > 0
+    assert (result["task"] == "synthetic" and result["train_tokens_per_s"] > 0
+            and result["peak_rss_mb"] > 0)
 
 
 def test_speed_levers_train_the_same_model(shared_data: Path, tmp_path: Path) -> None:
@@ -205,8 +205,8 @@ def test_speed_levers_train_the_same_model(shared_data: Path, tmp_path: Path) ->
     assert not torch.equal(frozen["classifier.weight"], fresh["classifier.weight"])
     recorded = {name: json.loads((tmp_path / name / "result.json").read_text())
                 for name in ("frozen", "eager")}
-    assert recorded["frozen"]["freeze_embeddings"] is True and recorded["eager"][
-        "freeze_embeddings"] is False
+    assert (recorded["frozen"]["freeze_embeddings"] is True
+            and recorded["eager"]["freeze_embeddings"] is False)
     # the table's bytes are not sent
     assert recorded["frozen"]["grad_bytes"] < recorded["eager"]["grad_bytes"]
 

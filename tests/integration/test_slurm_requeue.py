@@ -166,8 +166,8 @@ def test_requeued_job_resumes_and_logs_follows_it_through_a_busy_slurmctld(
     assert f"run {run_id} is finished" in r.stderr, r.stderr[-3000:] + r.stdout[-3000:] + node_log(
         slurm, 0)
     result = json.loads((out / "result.json").read_text())
-    assert result["run_id"] == run_id and result["slurm_job_id"] == job_id and result[
-        "steps"] == STEPS, result
+    assert (result["run_id"] == run_id and result["slurm_job_id"] == job_id
+            and result["steps"] == STEPS), result
     # the checkpoint at the stop
     assert result["resumed_from_step"] and 0 < result["resumed_from_step"] < STEPS, result
     info = json.loads((out / "run.json").read_text())

@@ -64,8 +64,8 @@ def test_sweep_runs_each_count_reports_and_plots(pair: NetnsCluster, shared_data
                                                  tmp_path / "sweep" / "nodes2"]
     plotted = on_head(pair, "report", "--plot", tmp_path / "s.png")
     assert plotted.returncode == 0, plotted.stderr
-    assert (tmp_path / "s.png").read_bytes()[
-        :8] == b"\x89PNG\r\n\x1a\n" and "1.00x" in plotted.stdout
+    assert ((tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+            and "1.00x" in plotted.stdout)
 
 
 def test_a_failed_run_stops_the_series_naming_its_count(pair: NetnsCluster, shared_data: Path,

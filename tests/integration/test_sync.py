@@ -154,8 +154,8 @@ def test_synchronous_strategies_equal_one_rank(memo: Runs, one_rank: list[dict[s
                                                np_: int, strategy: str, accum: int) -> None:
     steps = memo.steps(np_, *split(np_, accum), "--sync", strategy)
     result = memo.result(np_, *split(np_, accum), "--sync", strategy)
-    assert result["sync"] == strategy and result["world_size"] == np_ and result[
-        "global_batch_size"] == BATCH
+    assert (result["sync"] == strategy and result["world_size"] == np_
+            and result["global_batch_size"] == BATCH)
     assert result["comm_time_s"] > 0 and result["bus_bandwidth_gbps"] > 0
     assert same(one_rank, steps, FP32), {k: departures(one_rank, steps, k)
                                          for k in ("loss", "grad_norm")}

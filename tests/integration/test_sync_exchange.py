@@ -100,8 +100,8 @@ def within_rounding(got: list[torch.Tensor], owns: list[list[torch.Tensor]],
     return worst <= 1, worst
 
 
-def exchanged(case: dict[str, Any], step: int) -> tuple[list[torch.Tensor],
-                                                        list[list[torch.Tensor]]]:
+def exchanged(case: dict[str, Any],
+              step: int) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
     """(rank 0's gradients after the exchange, every rank's own) at `step` (from 1), checking all
     ranks agree."""
     got = [r["steps"][step - 1]["got"] for r in case["ranks"]]

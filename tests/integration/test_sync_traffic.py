@@ -126,8 +126,8 @@ def test_ddp_across_nodes_sends_bf16_and_the_word_embedding_rows_the_steps_touch
     and DDP's buckets leave out the word embedding, whose touched rows follow
     (sync.EmbeddingRows)."""
     result = traffic(two_hosts, shared_data, tmp_path / "run", 6, "--grad-accum", "2")
-    assert "gradients cross the network in bf16 (--grad-compression auto" in result["said"], result[
-        "said"][-3000:]
+    assert ("gradients cross the network in bf16 (--grad-compression auto"
+            in result["said"]), result["said"][-3000:]
     assert result["sync"] == "ddp+bf16" and result["sync_options"]["grad_compression"] == "bf16"
     shapes = [tuple(s) for s in result["param_shapes"]]
     (vocab, dim), rest = shapes[0], shapes[1:]

@@ -243,9 +243,8 @@ def test_a_stopped_then_started_instance_keeps_its_disk(world: World, ec2: Any,
     assert ssh_from_operator(world, world.hosts.public_addr(1)) == world.hosts.name(1)
 
 
-def test_terminate_kills_the_hosts_processes_and_silences_its_connections(world: World, ec2: Any,
-                                                                          fleet: dict[str,
-                                                                                      Any]) -> None:
+def test_terminate_kills_the_hosts_processes_and_silences_its_connections(
+        world: World, ec2: Any, fleet: dict[str, Any]) -> None:
     """A node that vanishes: everything on it dies, and its peers hear nothing (no FIN, no RST).
 
     Last but one in the file: it shrinks the fleet.
@@ -287,8 +286,8 @@ def test_replacement_lands_on_the_freed_host_as_a_new_machine(world: World, ec2:
     old_key = host_key.read_text()
     (world.hosts.node_dir(2) / "dot-cpudist" / "leftover").write_text("from the old machine")
     ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
-    subnet = ec2.describe_instances(InstanceIds=fleet["ids"][:1])["Reservations"][0]["Instances"][
-        0]["SubnetId"]
+    reservation = ec2.describe_instances(InstanceIds=fleet["ids"][:1])["Reservations"][0]
+    subnet = reservation["Instances"][0]["SubnetId"]
     world.set_boot(Boot(pending_s=2.0, refusing_s=2.0, no_banner_s=2.0))
     try:
         new = ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, SubnetId=subnet,

@@ -82,9 +82,8 @@ def test_family_trains_pools_padding_and_round_trips(name: str, batch: dict[str,
     # The folder tokenizes as training did (AutoTokenizer may pick a class by model_type: a Qwen2
     # folder got Qwen2's tokenizer around BERT's vocabulary, which split words into letters)
     text = ["The quick brown fox jumps over the lazy dog's unbelievably long tail."]
-    assert AutoTokenizer.from_pretrained(tmp_path)(text)["input_ids"] == load_tokenizer(name,
-                                                                                        None)(text)[
-                                                                                            "input_ids"]
+    assert (AutoTokenizer.from_pretrained(tmp_path)(text)["input_ids"]
+            == load_tokenizer(name, None)(text)["input_ids"])
 
 
 @pytest.mark.parametrize("name", FAMILIES)

@@ -30,8 +30,8 @@ def test_shares_that_do_not_divide_cores_are_refused(bad: float) -> None:
 def test_v1_and_v2_settings() -> None:
     cap, root = HostCap("1", 5_000), Path("/cg")
     v1 = dict(group_settings(1, "g", cap, root))
-    assert v1[root / "cpuset/g/cpuset.cpus"] == "1" and v1[
-        root / "cpu/g/cpu.cfs_quota_us"] == "5000"
+    assert (v1[root / "cpuset/g/cpuset.cpus"] == "1"
+            and v1[root / "cpu/g/cpu.cfs_quota_us"] == "5000")
     assert v1[root / "cpu/g/cpu.cfs_period_us"] == "10000"
     v2 = group_settings(2, "g", cap, root)
     # controllers enabled before the group's files

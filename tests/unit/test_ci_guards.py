@@ -104,9 +104,9 @@ def test_the_allowlist_admits_only_the_other_cgroup_versions_test() -> None:
         if reason is not None:
             # only that test
             assert allowed("tests/integration/test_torchrun_hosts.py::x", reason) is None
-    assert allowed(
-        "tests/integration/test_threads_cgroup.py::test_cpu_max_of_a_ranks_v2_group_sizes_its_threads",
-        "needs root (cgroups, mounts)") is None
+    test = "test_cpu_max_of_a_ranks_v2_group_sizes_its_threads"
+    assert allowed(f"tests/integration/test_threads_cgroup.py::{test}",
+                   "needs root (cgroups, mounts)") is None
     assert allowed("tests/integration/test_cluster.py::test_x",
                    "needs root (network namespaces)") is None
 

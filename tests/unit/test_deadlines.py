@@ -98,6 +98,6 @@ def test_a_stuck_test_times_out_and_its_fixtures_still_tear_down(tmp_path: Path)
                         str(tmp_path / "test_stuck.py")],
                        capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 1, r.stdout[-3000:]
-    assert "Timeout (>3.0s) from pytest-timeout" in r.stdout and "1 failed" in r.stdout, r.stdout[
-        -3000:]
+    assert ("Timeout (>3.0s) from pytest-timeout" in r.stdout
+            and "1 failed" in r.stdout), r.stdout[-3000:]
     assert marker.read_text() == "torn down"

@@ -35,9 +35,8 @@ def broadcasts(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
                                               ("tiny-modernbert",
                                                "model.embeddings.tok_embeddings.weight"),
                                               ("tiny-llama", "model.embed_tokens.weight")])
-def test_the_trained_word_embedding_is_taken_by_its_one_name(preset: str, name: str,
-                                                             broadcasts: list[
-                                                                 torch.Tensor]) -> None:
+def test_the_trained_word_embedding_is_taken_by_its_one_name(
+        preset: str, name: str, broadcasts: list[torch.Tensor]) -> None:
     model = build_model(preset, 2, False, None, pad_token_id=0)
     rows = EmbeddingRows.of(model, SyncSpec(), 2)
     assert rows is not None and rows.name == name
@@ -71,11 +70,9 @@ def frozen(model: Any) -> Any:
     ("no get_input_embeddings", SyncSpec(), 2,
      lambda m: torch.nn.Sequential(torch.nn.Linear(2, 2))),
 ])
-def test_ddp_keeps_the_embedding_when_rows_would_not_be_its_mean_or_help(case: str, spec: SyncSpec,
-                                                                         world: int,
-                                                                         change: Any,
-                                                                         broadcasts: list[
-                                                                             torch.Tensor]) -> None:
+def test_ddp_keeps_the_embedding_when_rows_would_not_be_its_mean_or_help(
+        case: str, spec: SyncSpec, world: int, change: Any,
+        broadcasts: list[torch.Tensor]) -> None:
     model = build_model("tiny", 2, False, None, pad_token_id=0)
     assert EmbeddingRows.of(change(model) if change else model, spec, world) is None, case
     assert broadcasts == []

@@ -38,9 +38,8 @@ def _model(name: str, checkpointing: bool, peft: bool = False) -> torch.nn.Modul
     return model.train()
 
 
-def _step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[float,
-                                                                           dict[str, torch.Tensor],
-                                                                           int]:
+def _step(model: torch.nn.Module,
+          batch: dict[str, torch.Tensor]) -> tuple[float, dict[str, torch.Tensor], int]:
     """(loss, gradients by name, bytes autograd kept for backward) of one training step from a fixed
     RNG state."""
     kept = 0
@@ -71,9 +70,8 @@ UNSUPPORTED = ("tiny-albert",)
 
 
 @pytest.mark.parametrize("name", [n for n in FAMILIES if n not in UNSUPPORTED])
-def test_checkpointing_changes_no_gradient_and_keeps_fewer_bytes(name: str,
-                                                                 batch: dict[str,
-                                                                             torch.Tensor]) -> None:
+def test_checkpointing_changes_no_gradient_and_keeps_fewer_bytes(
+        name: str, batch: dict[str, torch.Tensor]) -> None:
     plain = _model(name, False)
     recomputed = _model(name, True)
     loss, grads, kept = _step(plain, batch)

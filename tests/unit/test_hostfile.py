@@ -73,9 +73,9 @@ def test_host_key_refusals_are_told_apart() -> None:
     changed = ("@@@@@@@@@@@\n@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @\n"
                "Host key verification failed.")
     unknown = host_key_problem("node3", never)
-    assert unknown is not None and "no host key of node3 is pinned" in unknown[
-        0] and "ssh-setup" in unknown[1]
+    assert (unknown is not None and "no host key of node3 is pinned" in unknown[0]
+            and "ssh-setup" in unknown[1])
     moved = host_key_problem("node3", changed)
-    assert moved is not None and "does not match the pinned one" in moved[
-        0] and "hosts forget node3" in moved[1]
+    assert (moved is not None and "does not match the pinned one" in moved[0]
+            and "hosts forget node3" in moved[1])
     assert host_key_problem("node3", "Connection refused") is None

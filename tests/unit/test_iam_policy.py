@@ -43,9 +43,9 @@ def calls_in(root: Path = PACKAGE) -> frozenset[str]:
     found: set[str] = set()
     for path in root.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                    and node.func.attr == "get_paginator" and node.args and isinstance(node.args[0],
-                                                                                       ast.Constant):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "get_paginator" and node.args
+                    and isinstance(node.args[0], ast.Constant)):
                 found.add(f"s3:{S3_ACTIONS[str(node.args[0].value)]}")
             if not isinstance(node, ast.Attribute):
                 continue

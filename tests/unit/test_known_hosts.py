@@ -53,8 +53,8 @@ def test_pins_on_any_port_are_found_by_openssh_and_survive_a_reload(tmp_path: Pa
     again = KnownHosts(path)
     assert again.keys.lookup("[10.0.0.2]:2222")["ssh-ed25519"] == key(2)
     known.pin("node1", key(3))  # a new key of the same type replaces the old one, once
-    assert path.read_text().count("node1 ") == 1 and KnownHosts(path).keys.lookup("node1")[
-        "ssh-ed25519"] == key(3)
+    assert (path.read_text().count("node1 ") == 1
+            and KnownHosts(path).keys.lookup("node1")["ssh-ed25519"] == key(3))
 
 
 @needs_ssh_keygen

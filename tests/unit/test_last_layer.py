@@ -36,8 +36,8 @@ def _twins(preset: str, attention: str) -> tuple[torch.nn.Module, torch.nn.Modul
     return stock, copy.deepcopy(stock)
 
 
-def _step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor,
-                                                                           dict[str, torch.Tensor]]:
+def _step(model: torch.nn.Module,
+          batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     model.train()  # dropout 0: training mode, with the training-mode attention path, and no noise
     model.zero_grad()
     out = model(**batch)

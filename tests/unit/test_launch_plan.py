@@ -30,8 +30,8 @@ def test_threads_split_among_ranks_of_a_node() -> None:
                            hub_offline=True, overrides=(("OMP_NUM_THREADS", "3"), ("FOO", "bar"))))
     assert env["OMP_NUM_THREADS"] == "3" and env["FOO"] == "bar" and env["HF_HUB_OFFLINE"] == "1"
     env = node_env(env_spec(8, 2, "ccl"))
-    assert env["OMP_NUM_THREADS"] == "4" and "HF_HUB_OFFLINE" not in env and env[
-        "CCL_WORKER_COUNT"] == "1"
+    assert (env["OMP_NUM_THREADS"] == "4" and "HF_HUB_OFFLINE" not in env
+            and env["CCL_WORKER_COUNT"] == "1")
     assert node_env(env_spec(2, 4, "gloo"))["OMP_NUM_THREADS"] == "1"
 
 

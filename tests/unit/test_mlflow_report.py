@@ -54,8 +54,8 @@ def test_a_run_and_its_resumed_part_are_one_mlflow_run(tmp_path: Path) -> None:
     experiment = client.get_experiment_by_name("cpudist")
     assert experiment is not None
     [run] = client.search_runs([experiment.experiment_id])
-    assert run.data.tags["cpudist.run_id"] == CONFIG["run_id"] and run.info.run_name == CONFIG[
-        "run_id"]
+    assert (run.data.tags["cpudist.run_id"] == CONFIG["run_id"]
+            and run.info.run_name == CONFIG["run_id"])
     assert run.info.status == "FINISHED"
     params = run.data.params
     assert (params["task"], params["lr"], params["report_to"]) == ("mrpc", "0.001", "('mlflow',)")

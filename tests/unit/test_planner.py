@@ -178,10 +178,10 @@ def test_sync_cpu_cost_per_byte_from_the_other_runs() -> None:
     assert measured_sync_cpu([run(1), run(2, step_s=2.5)], GBIT)[0] == 0.0
     # c of the other run, never its own
     rows = {r.run_id: r for r in validate([run(1), two, four], 1.0, 0.0)}
-    assert rows["four"].cpu_s_per_byte == pytest.approx(1e-9) and rows[
-        "four"].predicted_step_s == pytest.approx(3.35)
-    assert rows["two"].predicted_step_s == pytest.approx(2.9) and rows[
-        "two"].error == pytest.approx(0.0)
+    assert (rows["four"].cpu_s_per_byte == pytest.approx(1e-9)
+            and rows["four"].predicted_step_s == pytest.approx(3.35))
+    assert (rows["two"].predicted_step_s == pytest.approx(2.9)
+            and rows["two"].error == pytest.approx(0.0))
     # with a strategy named, the runs of its own kind where there are any (a gather does not sum
     # what it moves)
     gather = run(2, step_s=2 + 1.6 + 0.4, sync="gather-scatter", run_id="gs",

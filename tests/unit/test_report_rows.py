@@ -161,21 +161,18 @@ def test_csv_and_json_carry_numbers() -> None:
         assert all(pd.api.types.is_numeric_dtype(frame[c]) for c in numeric), frame.dtypes
         values = {c: list(frame[c]) for c in numeric}
         flagged = list(frame["flagged"])
-    assert values["speedup"] == pytest.approx([1.0, 2.0,
-                                               6.0]) and values["efficiency"] == pytest.approx([1,
-                                                                                                1,
-                                                                                                1.5])
+    assert values["speedup"] == pytest.approx([1.0, 2.0, 6.0])
+    assert values["efficiency"] == pytest.approx([1, 1, 1.5])
     assert values["n"] == [1, 2, 1] and values["speedup_min"][1] == pytest.approx(1.9)
-    assert values["cost_usd"][0] == pytest.approx(3.6
-                                                  * 325 / 3600) and math.isnan(values["cost_usd"][
-                                                                                   1])
+    assert (values["cost_usd"][0] == pytest.approx(3.6 * 325 / 3600)
+            and math.isnan(values["cost_usd"][1]))
     assert values["eval_accuracy"] == pytest.approx([0.8] * 3) and flagged == [False, False, True]
     data = json.loads(render_json(rows))
     assert [d["speedup"]
             for d in data] == pytest.approx([1.0, 2.0, 6.0]) and data[2]["efficiency"] == 1.5
     assert data[1]["run_ids"] == [rows[1].run_ids[0], rows[1].run_ids[1]] and data[1]["n"] == 2
-    assert data[2]["flagged"] is True and "fewer threads per node (4) than this run (16)" in data[
-        2]["check"]
+    assert (data[2]["flagged"] is True
+            and "fewer threads per node (4) than this run (16)" in data[2]["check"])
     assert data[0]["cost_usd"] == values["cost_usd"][0]
     assert data[0]["baseline"] == [rows[0].run_id] and "fewest nodes" in data[0]["baseline_why"]
 

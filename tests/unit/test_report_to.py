@@ -89,9 +89,8 @@ def test_missing_tensorboard_stops_a_rank_before_it_joins(tmp_path: Path) -> Non
                          stdin=subprocess.DEVNULL)
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
-    assert len(
-        lines) == 1 and ":1] error: --report-to tensorboard needs the tensorboard package" in lines[
-            0], lines
+    assert len(lines) == 1 and (":1] error: --report-to tensorboard needs the tensorboard package"
+                                in lines[0]), lines
     assert "pip install 'cpudist[tensorboard]'" in lines[0]
 
 

@@ -91,8 +91,8 @@ def test_frozen_embeddings_are_their_own_group() -> None:
 def test_csv_and_json_carry_the_traffic_columns() -> None:
     rows = scaling_rows([synced(1, 31.0), synced(4, 88.0, measured_off=0.17)])
     table = list(csv.DictReader(io.StringIO(render_csv(rows))))
-    assert table[1]["sync"] == "ddp" and float(table[1][
-                                                   "expected_tx_bytes_per_step"]) == 544_800_000
+    assert (table[1]["sync"] == "ddp"
+            and float(table[1]["expected_tx_bytes_per_step"]) == 544_800_000)
     assert table[1]["traffic_flagged"] == "True" and table[0]["traffic_flagged"] == "False"
     assert float(table[1]["comm_share"]) == pytest.approx(rows[1].comm_share or 0)
     assert table[1]["bus_bandwidth_gbps"] == "0.91"

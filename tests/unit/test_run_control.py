@@ -69,9 +69,8 @@ def test_a_reused_pid_is_never_signalled(tmp_path: Path, sleeper: subprocess.Pop
     assert code == 1 and "ended without recording how" in out, out  # sleep never writes run.json
 
 
-def test_a_run_not_running_or_elsewhere_is_one_line_and_exit_2(tmp_path: Path,
-                                                                sleeper: subprocess.Popen[
-                                                                   bytes]) -> None:
+def test_a_run_not_running_or_elsewhere_is_one_line_and_exit_2(
+        tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
     done = tmp_path / "done"
     done.mkdir()
     write_run(done,
@@ -139,9 +138,8 @@ def test_the_log_tees_lines_and_events_and_a_new_run_starts_it_afresh(tmp_path: 
     assert "".join(got) == "[cpudist] a new run\n"
 
 
-def test_logs_follow_ends_with_the_run_and_ctrl_c_exits_130_quietly(tmp_path: Path,
-                                                                  sleeper: subprocess.Popen[
-                                                                        bytes]) -> None:
+def test_logs_follow_ends_with_the_run_and_ctrl_c_exits_130_quietly(
+        tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
     out = running(tmp_path / "r", "20261126-100000-abcdef", sleeper.pid, start_ticks(sleeper.pid)
                   or 0)
     (out / names.LOG).write_text("first\n")

@@ -139,8 +139,8 @@ def test_run_json_follows_the_states_and_keeps_the_first_start(tmp_path: Path) -
     assert again.started_at == first.started_at and again.parts == 2 and again.state == "running"
     identity.mark(tmp_path, "finished", metrics={"accuracy": 0.5})
     done = json.loads((tmp_path / "run.json").read_text())
-    assert done["state"] == "finished" and done["metrics"] == {"accuracy": 0.5} and done[
-        "id"] == cfg.run_id
+    assert (done["state"] == "finished" and done["metrics"] == {"accuracy": 0.5}
+            and done["id"] == cfg.run_id)
     assert done["task"] == "mrpc" and done["model"] == "tiny" and done["where"] == "here"
     assert not list(tmp_path.glob(".run.json.*"))  # written whole: no temporary file left behind
 

@@ -108,5 +108,5 @@ def test_a_resume_on_another_world_size_neither_skips_nor_repeats_a_global_batch
     second = _rows_fed(8 // now, now, stop, None, was, data)
     assert not set(first) & set(second)
     whole = {r for b in order if len(b) == 8 for r in b}
-    assert whole <= set(first) | set(second) and len(first) + len(second) == len(set(first)
-                                                                                 | set(second))
+    assert whole <= set(first) | set(second)
+    assert len(first) + len(second) == len(set(first) | set(second))

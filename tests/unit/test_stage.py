@@ -114,8 +114,8 @@ def test_links_arrive_as_the_bytes_they_point_to(tmp_path: Path) -> None:
     assert sorted(got) == ["config.json", "model.safetensors", "notes.txt", "same.json", "sub",
                            "sub/tokenizer.json"]
     assert not [p for p in got.values() if p.is_symlink()]
-    assert got["model.safetensors"].read_text() == "weights" and got[
-        "same.json"].read_text() == '{"vocab": 1}'
+    assert (got["model.safetensors"].read_text() == "weights"
+            and got["same.json"].read_text() == '{"vocab": 1}')
     assert got["notes.txt"].read_text() == "laptop's own notes"
     # What arrived is the snapshot's content: a copy of it with its links followed has the same
     # digest.

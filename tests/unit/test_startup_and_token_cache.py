@@ -95,8 +95,8 @@ def test_without_a_writable_cache_or_a_fast_tokenizer_rows_are_still_tokenized(
     class Slow:  # a tokenizer with no serialized state to key on
         pad_token_id = 0
 
-        def __call__(self, *texts: tuple[str, ...], truncation: bool, max_length: int) -> dict[str,
-                                                                                               object]:
+        def __call__(self, *texts: tuple[str, ...], truncation: bool,
+                     max_length: int) -> dict[str, object]:
             return {"input_ids": [[1, 2]] * len(texts[0])}
 
     assert key(PAIRS, Slow(), 16) is None
@@ -125,8 +125,8 @@ def test_phases_before_the_rank_come_from_the_commands_start_and_add_up() -> Non
     assert "before_rank" not in Startup.at_entry({}).phases  # started by hand
     # a local mpiexec starts a rank within a tick or two of the command's stamp: zero, not dropped
     # (it failed the suite's first local 2-rank run once, the phase missing)
-    ticks = Startup.at_entry({STARTED_AT_ENV: f"{time.time() - age + 0.02:.3f}"}).phases[
-        "before_rank"]
+    stamp = f"{time.time() - age + 0.02:.3f}"
+    ticks = Startup.at_entry({STARTED_AT_ENV: stamp}).phases["before_rank"]
     assert 0.0 <= ticks < 0.05
     # a skewed clock
     assert "before_rank" not in Startup.at_entry({STARTED_AT_ENV: f"{time.time() + 60:.3f}"}).phases

@@ -68,8 +68,8 @@ def test_without_cpudist_home_the_layout_is_the_one_users_have(
     assert state.inductor_dir() == dot / "inductor" and state.local_cluster_dir() == dot / "cluster"
 
 
-def test_an_on_prem_key_made_before_cpudist_home_counted_is_still_found(homes: tuple[Path,
-                                                                                     Path]) -> None:
+def test_an_on_prem_key_made_before_cpudist_home_counted_is_still_found(
+        homes: tuple[Path, Path]) -> None:
     """ssh-setup wrote ~/.cpudist/cluster whatever CPUDIST_HOME said (and installs it there on every
     node): a key only there is used, so re-running ssh-setup does not mint a second cluster key; one
     under CPUDIST_HOME wins."""

@@ -26,8 +26,8 @@ from cpudist.strategies import (
     parse_label,
 )
 
-OLD_LEDGER = Path(__file__).parents[
-    2] / "benchmarks" / "results" / "scaling-halfcore-amx-bf16-ledger.jsonl"
+OLD_LEDGER = (Path(__file__).parents[2] / "benchmarks" / "results"
+              / "scaling-halfcore-amx-bf16-ledger.jsonl")
 
 
 def test_every_row_has_its_strategy_class_and_every_class_its_row() -> None:

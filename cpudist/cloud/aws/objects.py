@@ -36,8 +36,8 @@ HINTS = {
 DELETE_BATCH = 1000  # S3's limit of keys per DeleteObjects call
 
 
-def s3_client(endpoint_url: str | None = None, attempts: int | None = None, timeout_s: float
-              | None = None) -> Any:
+def s3_client(endpoint_url: str | None = None, attempts: int | None = None,
+              timeout_s: float | None = None) -> Any:
     """An S3 client with explicit retries; the endpoint is `endpoint_url`, else boto3's own
     settings. `attempts` and `timeout_s` (connect and read) replace the copies' own for a quick
     probe."""

@@ -82,8 +82,8 @@ def head_run_dir(info: RunInfo) -> str:
     run/remote.py follows (<home>/.cpudist/runs/<local folder name>-<run id>, relative to the
     login's home here)."""
     try:
-        staged = json.loads((Path(info.run_dir) / names.RESULT).read_text())["staging"][
-            "remote_run_dir"]
+        result = json.loads((Path(info.run_dir) / names.RESULT).read_text())
+        staged = result["staging"]["remote_run_dir"]
         return str(staged)
     except (OSError, ValueError, KeyError, TypeError):
         return f"{state.RUNS_DIR}/{Path(info.run_dir).name}-{info.id}"

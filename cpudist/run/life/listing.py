@@ -77,8 +77,8 @@ def run_files(folders: Iterable[Path]) -> list[Path]:
     return list(dict.fromkeys(found))
 
 
-def list_runs(folders: Sequence[Path], ledger: Sequence[RunResult], now: datetime
-              | None = None) -> list[RunRow]:
+def list_runs(folders: Sequence[Path], ledger: Sequence[RunResult],
+              now: datetime | None = None) -> list[RunRow]:
     """Every run in the folders and the ledger, once each (run.json wins), oldest start first."""
     now = now or datetime.now(UTC)
     rows = [row_of_info(info, now) for path in run_files(folders)
