@@ -191,8 +191,8 @@ def reruns(rows: list[dict[str, Any]]) -> list[str]:
     cells: dict[tuple[str, int], dict[str, float]] = {}
     for r in rows:
         if "metrics" in r:
-            cells.setdefault((r["arm"], r["seed"]), {}).setdefault(r["cpu"]["kind"],
-                                                                   r["metrics"]["accuracy"])
+            cell = cells.setdefault((r["arm"], r["seed"]), {})
+            cell.setdefault(r["cpu"]["kind"], r["metrics"]["accuracy"])
     return [f"{arm}, seed {seed}: " + ", ".join(f"{k} {100 * a:.2f}" for k, a in acc.items())
             + (" (identical)" if len(set(acc.values())) == 1 else " (DIFFERENT)")
             for (arm, seed), acc in cells.items() if len(acc) > 1]
@@ -345,10 +345,9 @@ def main() -> None:
         # a cell counts as run when this CPU's family has it: the tables compare within one
         here = read_cpu()
         mine = family(here.model, here.kind)
-        ran = load(ledger) if a.rerun_here else [r for r in load_all(a.results_dir)
-                                                 if "cpu" in r
-                                                 and family(r["cpu"]["model"],
-                                                            r["cpu"]["kind"]) == mine]
+        ran = (load(ledger) if a.rerun_here
+               else [r for r in load_all(a.results_dir)
+                     if "cpu" in r and family(r["cpu"]["model"], r["cpu"]["kind"]) == mine])
         done = {(r["arm"], r["seed"]) for r in ran if "metrics" in r}
         todo = [(arm, seed) for seed in seeds for arm in arms if (arm, seed) not in done]
         for i, (arm, seed) in enumerate(todo, 1):
@@ -363,9 +362,9 @@ def main() -> None:
         sys.exit(f"no runs in {a.results_dir}/accuracy-scaling-*.jsonl: run without --render first")
     all_arms = list(dict.fromkeys([*arms, *(r["arm"] for r in rows)]))
     summary = summarize(rows, [x for x in ARMS if x in all_arms])
-    stem.with_suffix(".json").write_text(json.dumps({"commands": list(dict.fromkeys(r.get("by")
-                                                                                    for r in rows)),
-                                                     "summary": summary}, indent=2) + "\n")
+    commands = list(dict.fromkeys(r.get("by") for r in rows))
+    stem.with_suffix(".json").write_text(
+        json.dumps({"commands": commands, "summary": summary}, indent=2) + "\n")
     stem.with_suffix(".md").write_text(markdown(summary, rows))
     print(stem.with_suffix(".md").read_text())
 

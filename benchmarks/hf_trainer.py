@@ -134,8 +134,8 @@ def main() -> None:
         steady = (steps - WARMUP) * a.batch_size / (clock.ends[-1] - clock.ends[WARMUP - 1])
         # The training batches are the first `steps` the collator made (evaluation, if any, comes
         # after)
-        steady_tokens = sum(collator.tokens[WARMUP:steps]) / (clock.ends[-1]
-                                                              - clock.ends[WARMUP - 1])
+        steady_tokens = (sum(collator.tokens[WARMUP:steps])
+                         / (clock.ends[-1] - clock.ends[WARMUP - 1]))
         metrics = {}
         eval_time = 0.0
         if not a.no_eval:

@@ -362,9 +362,8 @@ def main() -> None:
     cells: dict[str, dict[str, list[dict[str, Any]]]] = {m: {} for m in models}
     calibrations: dict[str, dict[str, Any]] = {}
     started = time.time()
-    with tempfile.TemporaryDirectory(prefix="lora-") as tmp, miniature(layout,
-                                                                       Path(tmp) / "cluster",
-                                                                       a.prefix) as c:
+    with (tempfile.TemporaryDirectory(prefix="lora-") as tmp,
+          miniature(layout, Path(tmp) / "cluster", a.prefix) as c):
         work = Path(tmp)
         # the links are shaped per model (its calibration's link and tbf), after this description
         cluster_text = json.dumps({**c.describe(), "link_gbps": "per model", "tbf": "per model"})

@@ -184,9 +184,8 @@ def hf_arm(spec: dict[str, Any]) -> dict[str, Any]:
                 lrs.append(float(logs.get("learning_rate", 0.0)))
 
     torch.manual_seed(spec["seed"])  # as cpudist does right before build_model: the same head init
-    model = AutoModelForSequenceClassification.from_pretrained(resolve_model(spec["model"]),
-                                                               num_labels=1,
-                                                               problem_type="regression")
+    model = AutoModelForSequenceClassification.from_pretrained(
+        resolve_model(spec["model"]), num_labels=1, problem_type="regression")
     bf16 = read_cpu().has_bf16  # cpudist's precision "auto"
     with tempfile.TemporaryDirectory() as out:
         args = TrainingArguments(output_dir=out, per_device_train_batch_size=BATCH,

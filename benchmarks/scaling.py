@@ -232,9 +232,8 @@ def summarize(cells: dict[str, list[dict[str, Any]]], link: float) -> dict[str, 
             s |= {"samples_per_s": {"median": med, "min": min(ok), "max": max(ok)},
                   "step_time_s": median_of(runs, per_step("train_time_s")),
                   "tokens_per_sample": median_of(runs, lambda r: r.get("tokens_per_sample")),
-                  "steady_step_time_s": median_of(runs,
-                                                  lambda r: (r["global_batch_size"]
-                                                             / r["steady_samples_per_s"])),
+                  "steady_step_time_s": median_of(
+                      runs, lambda r: r["global_batch_size"] / r["steady_samples_per_s"]),
                   "comm_s_per_step": median_of(runs, per_step("comm_time_s")),
                   "exposed_comm_s_per_step": median_of(runs, per_step("exposed_comm_s")),
                   "bus_bandwidth_gbps": bus, "bus_over_link": bus / link if bus else None,
@@ -242,8 +241,8 @@ def summarize(cells: dict[str, list[dict[str, Any]]], link: float) -> dict[str, 
                                                        megabytes("expected_tx_bytes_per_step")),
                   "measured_tx_mb_per_step": median_of(runs,
                                                        megabytes("measured_tx_bytes_per_step")),
-                  "speedup": med / base if base else None, "efficiency": med / base / n if base
-                  else None,
+                  "speedup": med / base if base else None,
+                  "efficiency": med / base / n if base else None,
                   "blog_speedup": BLOG_SPEEDUP.get(n)}
         out[cell] = s
     return out

@@ -128,8 +128,8 @@ def ours(model: str, common: dict[str, str], eval_: bool,
     # (with --compile it also drops compiling steps; not here)
     kept = steps[k:] if len(steps) > 2 * k else steps
     return {"steady_samples_per_s": r["steady_samples_per_s"],
-            "steady_tokens_per_s": sum(s["tokens"] for s in kept) / sum(s["step_time_s"]
-                                                                        for s in kept),
+            "steady_tokens_per_s": (sum(s["tokens"] for s in kept)
+                                    / sum(s["step_time_s"] for s in kept)),
             "train_time_s": r["train_time_s"],
             "eval_time_s": r["eval_time_s"], "time_to_result_s": time.perf_counter() - started,
             "train_samples_per_s": r["train_samples_per_s"], "metrics": r["metrics"],
@@ -183,9 +183,9 @@ def suite(name: str, model: str, common: dict[str, str], eval_: bool, repeats: i
         # Real tokens/s of the same steady steps: the fair ratio when the arms' samplers order rows
         # by length differently (Trainer's group_by_length runs its longest batches first, so its
         # steps 4-8 are long ones)
-        out["median_steady_tokens_per_s"] = {arm: statistics.median(r["steady_tokens_per_s"]
-                                                                    for r in rs)
-                                             for arm, rs in runs.items()}
+        out["median_steady_tokens_per_s"] = {
+            arm: statistics.median(r["steady_tokens_per_s"] for r in rs)
+            for arm, rs in runs.items()}
         if "ours" in med:
             tok = out["median_steady_tokens_per_s"]
             out["ours_over_hf_best_tokens"] = tok["ours"] / tok["hf_best"]
@@ -397,9 +397,8 @@ def eval_levers(model: str, repeats: int) -> dict[str, Any]:
     times: dict[str, list[float]] = {s[0]: [] for s in steps}
     for _ in range(repeats):
         for arm, mode, batch, bf16, ordered in steps:
-            rows = sorted(range(len(data)),
-                          key=lambda i: len(data.input_ids[i])) if ordered else list(range(
-                                                                                         len(data)))
+            rows = (sorted(range(len(data)), key=lambda i: len(data.input_ids[i])) if ordered
+                    else list(range(len(data))))
             ctx = torch.inference_mode() if mode == "inference" else torch.no_grad()
             start = time.perf_counter()
             with ctx, torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
@@ -521,9 +520,8 @@ def main() -> None:
             if name.startswith("levers"):
                 arms["bare"] = lambda m=model, c=common, e=eval_: ours(m, c, e, dict(BARE))
                 for lever in a.levers.split(","):
-                    arms[lever] = lambda m=model, c=common, e=eval_, x=LEVERS[lever]: ours(m, c, e,
-                                                                                           {**BARE,
-                                                                                            **x})
+                    arms[lever] = (lambda m=model, c=common, e=eval_, x=LEVERS[lever]:
+                                   ours(m, c, e, {**BARE, **x}))
             elif not name.startswith("lora-"):
                 arms["blog"] = lambda m=model, c=common, e=eval_: hf("blog", m, c, e)
             for lever in filter(None, a.without.split(",")):

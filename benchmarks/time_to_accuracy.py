@@ -327,8 +327,8 @@ def main() -> None:
             str(max(1, train_rows // 4))] \
         if train_rows else []
     plans = {t: {**task_plan(t), **(QUICK if a.quick else {})} for t in tasks}
-    command = "python benchmarks/time_to_accuracy.py " + shlex.join(x for x in sys.argv[1:]
-                                                                    if x != "--dry-run")
+    command = "python benchmarks/time_to_accuracy.py " + shlex.join(
+        x for x in sys.argv[1:] if x != "--dry-run")
     kind = machine()["cpu_kind"]
     name = (f"time-to-accuracy{'-quick' if a.quick else ''}{'-rows' if a.train_rows else ''}"
             f"{a.tag}-{kind}")

@@ -222,8 +222,8 @@ def ballast(hosts: Hosts, used: int, work: Path,
                  for i in range(used, hosts.n) for _ in hosts.cpus[i]]
     else:
         procs = [hosts.start(i, [sys.executable, "-m", "cpudist.rank",
-                                 *to_argv(dataclasses.replace(twin,
-                                                              output_dir=str(work / f"twin-{i}")))],
+                                 *to_argv(dataclasses.replace(
+                                     twin, output_dir=str(work / f"twin-{i}")))],
                              rank_env(hosts, 0, 1, i, free_port()), work / f"twin-{i}.log")
                  for i in range(used, hosts.n)]
     try:
@@ -420,8 +420,8 @@ def main() -> None:
         text += f"\nNot run (--budget-s {a.budget_s:g}): {', '.join(skipped)}.\n"
     if not a.check:
         a.results_dir.mkdir(parents=True, exist_ok=True)
-        suffix = ("-grouped" if a.sampler == "grouped" else "") + ("-twin" if a.ballast == "twin"
-                                                                   else "")
+        suffix = (("-grouped" if a.sampler == "grouped" else "")
+                  + ("-twin" if a.ballast == "twin" else ""))
         out = a.results_dir / f"wholecore-scaling-{a.model}-{kind}{suffix}"
         out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
         out.with_suffix(".md").write_text(text + "\n")

@@ -270,8 +270,8 @@ def spec_of(cfg: TrainConfig, total_steps: int) -> SyncSpec:
     if cfg.sync not in STRATEGIES:
         raise BadInput(f"--sync {cfg.sync}: unknown", f"Use one of: {', '.join(STRATEGIES)}")
     # a rank resolved auto already (train/main.py knows the nodes); elsewhere, as on one node
-    compression, rank = parse_compression(resolved_compression(cfg.grad_compression, cfg.sync,
-                                                               False))
+    compression, rank = parse_compression(
+        resolved_compression(cfg.grad_compression, cfg.sync, False))
     start = max(2, round(POWERSGD_START_SHARE * total_steps))
     same = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(SyncSpec)
             if hasattr(cfg, f.name)}

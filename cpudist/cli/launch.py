@@ -60,9 +60,8 @@ def summary(r: RunResult) -> str:
 SECTIONS = {
     "Where and how many ranks": ("np_", "ppn", "nodes", "hostfile", "launcher", "oversubscribe",
                                  "per_node"),
-    "From outside the cluster (AWS cluster or on-prem head)": ("cluster_name", "head_addr", "user",
-                                                               "identity", "remote_python",
-                                                               "stage_code", "stage"),
+    "From outside the cluster (AWS cluster or on-prem head)": (
+        "cluster_name", "head_addr", "user", "identity", "remote_python", "stage_code", "stage"),
     "The script": ("workdir", "metric_file", "collect"),
     "Launch": ("mpirun", "ssh", "iface", "allocator", "openmp", "env_pairs", "secret_names",
                "env_files", "timeout"),

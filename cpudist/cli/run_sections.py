@@ -29,10 +29,9 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "Checkpoints and spot instances": ("checkpoint_every", "checkpoint_every_min", "checkpoint_dir",
                                        "keep_checkpoints", "checkpoint_s3", "resume", "imds",
                                        "on_preemption"),
-    "From outside the cluster (AWS cluster or on-prem head)": ("cluster_name", "head_addr", "user",
-                                                               "identity", "remote_python",
-                                                               "stage_code", "fetch_model",
-                                                               "detach"),
+    "From outside the cluster (AWS cluster or on-prem head)": (
+        "cluster_name", "head_addr", "user", "identity", "remote_python", "stage_code",
+        "fetch_model", "detach"),
     **batch_sections(trainer=True),
     "Output": ("output_dir", "overwrite_output_dir", "ledger", "fmt", "quiet", "dry_run", "config"),
 }

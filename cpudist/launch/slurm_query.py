@@ -72,8 +72,8 @@ class _Asked:
 
 def job_info(job_id: str, patience_s: float = SLURMCTLD_WAIT_S) -> JobInfo | None:
     """The job as slurmctld knows it now; None once it forgot the job (MinJobAge after its end)."""
-    code, out, _ = _Asked(["scontrol", "show", "job", "-o", job_id], FORGOTTEN).answer(job_id,
-                                                                                       patience_s)
+    asked = _Asked(["scontrol", "show", "job", "-o", job_id], FORGOTTEN)
+    code, out, _ = asked.answer(job_id, patience_s)
     return parse_job(out) if code == 0 else None
 
 

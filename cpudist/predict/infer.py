@@ -31,8 +31,8 @@ def load(model_dir: str) -> tuple[Any, Any]:
         if lora.is_adapter(Path(model_dir)):
             model = lora.load_adapter(Path(model_dir), local_files_only=True)
         else:
-            model = AutoModelForSequenceClassification.from_pretrained(model_dir,
-                                                                       local_files_only=True)
+            model = AutoModelForSequenceClassification.from_pretrained(
+                model_dir, local_files_only=True)
     # transformers and safetensors raise many kinds; each means the folder is unusable
     except Exception as e:
         said = (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -105,8 +105,8 @@ def split_file(task: str, split: str, data_dir: Path) -> Path:
                        f"Pass --task, one of: {', '.join(GLUE_TASKS)}")
     if split not in SPLITS:
         raise BadInput(f"unknown split '{split}'", f"Use one of: {', '.join(SPLITS)}")
-    name = GLUE_TASKS[task].tsv.validation_file if split == "dev" else TEST_FILE.get(task,
-                                                                                     "test.tsv")
+    name = (GLUE_TASKS[task].tsv.validation_file if split == "dev"
+            else TEST_FILE.get(task, "test.tsv"))
     for folder in (data_dir, data_dir / GLUE_DIR_NAMES[task]):
         if (folder / name).is_file():
             return folder / name

@@ -121,8 +121,8 @@ class ScalingRow:
         if self.measured_tx_bytes_per_step is not None:
             measured = human_bytes(self.measured_tx_bytes_per_step)
             if self.traffic_error is not None:
-                measured += f" ({self.traffic_error:+.0%})" + (f" {FLAG}" if self.traffic_flagged
-                                                               else "")
+                measured += (f" ({self.traffic_error:+.0%})"
+                             + (f" {FLAG}" if self.traffic_flagged else ""))
         return [str(self.nodes), str(self.ranks), self.sync,
                 human_bytes(self.expected_tx_bytes_per_step) if self.expected_tx_bytes_per_step
                 else "-",

@@ -81,10 +81,10 @@ class RunFilter:
     runs: tuple[str, ...] = ()  # ids or unique prefixes
 
     def describe(self) -> str:
-        parts = ([f"--task {','.join(self.tasks)}"] if self.tasks else []) + (
-            [f"--since {self.since.isoformat(timespec='minutes')}"] if self.since else []) + (
-            [f"--run {' '.join(self.runs)}"] if self.runs else []) + ([f"--last {self.last}"]
-                                                                      if self.last else [])
+        parts = (([f"--task {','.join(self.tasks)}"] if self.tasks else [])
+                 + ([f"--since {self.since.isoformat(timespec='minutes')}"] if self.since else [])
+                 + ([f"--run {' '.join(self.runs)}"] if self.runs else [])
+                 + ([f"--last {self.last}"] if self.last else []))
         return " ".join(parts)
 
 

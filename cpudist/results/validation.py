@@ -91,8 +91,8 @@ def measured_sync_cpu(runs: Sequence[RunResult], link: Link, like: RunResult | N
     per_byte, ids, kinds = [], [], []
     for r in runs:
         b = base_of(r, runs)
-        if len(r.nodes) < 2 or r.steps < 1 or b is None or (like is not None
-                                                            and not same_nodes(r, like)):
+        if (len(r.nodes) < 2 or r.steps < 1 or b is None
+                or (like is not None and not same_nodes(r, like))):
             continue
         base, ran = baseline_of(b), sync_of(r)
         wire = wire_bytes(ran, base.shapes, len(r.nodes), base.ppn, r.steps)

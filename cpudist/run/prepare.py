@@ -76,8 +76,8 @@ def check_env(pairs: tuple[tuple[str, str], ...]) -> None:
     """Refuse a thread count from --env that every rank would refuse (a positive number, or auto for
     ours)."""
     for key, value in pairs:
-        ok = (value.strip().isdigit() and int(value) >= 1) or (key == "CPUDIST_THREADS"
-                                                               and value.strip() == "auto")
+        ok = ((value.strip().isdigit() and int(value) >= 1)
+              or (key == "CPUDIST_THREADS" and value.strip() == "auto"))
         if key in THREAD_VARIABLES and not ok:
             raise BadInput(f"--env {key}={value}: the thread count must be a positive number",
                            f"Pass --env {key}=N with N >= 1, or leave it out (one thread per core)")

@@ -59,9 +59,9 @@ class RunRequest:
         launch["env"] = tuple(tuple(p) for p in launch.get("env", ()))
         launch["secrets"] = tuple(tuple(p) for p in launch.get("secrets", ()))
         if launch.get("batch") is not None:
-            launch["batch"] = BatchOptions(**{**launch["batch"],
-                                              "sbatch_args": tuple(launch["batch"].get(
-                                                                       "sbatch_args", ()))})
+            batch = launch["batch"]
+            launch["batch"] = BatchOptions(**{**batch,
+                                              "sbatch_args": tuple(batch.get("sbatch_args", ()))})
         launched = Launched.from_dict(data.pop("launched", {}))
         ranks_run = payload.from_dict(data.pop("payload", {}))
         listed = data.pop("nodes", None)

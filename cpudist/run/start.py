@@ -73,9 +73,8 @@ def start(request: RunRequest, where: Where, ledger: Path, cb: Callbacks) -> Run
     # on the head itself: its inputs to the other nodes (run/stage_here.py)
     if where.nodes is not None:
         request, staging = stage_here(request, cb.on_line)
-        request = dataclasses.replace(request,
-                                      launched=dataclasses.replace(request.launched,
-                                                                   staging=staging))
+        request = dataclasses.replace(
+            request, launched=dataclasses.replace(request.launched, staging=staging))
     # refuses a fresh run into another run's checkpoints before run.json is touched
     spec = payloads.spec_of(request)
     launch = plan(spec)

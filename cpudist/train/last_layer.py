@@ -109,8 +109,8 @@ def _first_token_forward(self: Any, hidden_states: torch.Tensor,
     first = hidden_states[:, :1]
     query = attn.query(first).view(batch, 1, -1, attn.attention_head_size).transpose(1, 2)
     key = attn.key(hidden_states).view(batch, tokens, -1, attn.attention_head_size).transpose(1, 2)
-    value = attn.value(hidden_states).view(batch, tokens, -1, attn.attention_head_size).transpose(1,
-                                                                                                  2)
+    value = (attn.value(hidden_states).view(batch, tokens, -1, attn.attention_head_size)
+             .transpose(1, 2))
     if attention_mask is not None and attention_mask.dim() == 4:
         # the first query's row (a [b, 1, 1, keys] mask is already)
         attention_mask = attention_mask[:, :, :1, :]

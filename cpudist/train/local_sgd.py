@@ -124,8 +124,8 @@ class LocalSGD(Strategy):
                     p.copy_(saved)
             if self.optimizer is not None:
                 self.optimizer.load_state_dict(mine["optimizer"])
-        self.averages, self.synced_at = int(state.get("averages", 0)), int(state.get("synced_at",
-                                                                                     0))
+        self.averages, self.synced_at = (int(state.get("averages", 0)),
+                                         int(state.get("synced_at", 0)))
         if state.get("anchor"):
             for a, saved in zip(self.anchor, state["anchor"], strict=True):
                 a.copy_(saved)

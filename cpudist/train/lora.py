@@ -143,11 +143,10 @@ def apply(model: torch.nn.Module, cfg: Any) -> torch.nn.Module:
                        "pip install -c constraints.txt 'cpudist[lora]' where the ranks run") from e
     model_type = str(getattr(model.config, "model_type", ""))
     targets = targets_for(model_type, tuple(cfg.lora_targets))
+    to_save = list(modules_to_save(model_type, tuple(cfg.lora_modules_to_save)))
     config = LoraConfig(task_type=TaskType.SEQ_CLS, r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
                         lora_dropout=cfg.lora_dropout, target_modules=list(targets),
-                        modules_to_save=list(modules_to_save(model_type,
-                                                             tuple(cfg.lora_modules_to_save)))
-                        or None,
+                        modules_to_save=to_save or None,
                         exclude_modules=None if cfg.lora_targets else head_pattern(model_type))
     try:
         # peft 0.21 asks transformers 5 the deprecated name on every rank

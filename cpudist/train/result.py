@@ -102,8 +102,8 @@ def _sync_fields(job: Job, stats: TrainStats, rank_info: list[dict[str, Any]],
     # the word embedding's, if sent so
     rows = stats.strategy.rows if isinstance(stats.strategy, sync.DDP) else None
     rows = rows if rows is not None and rows.syncs > 0 else None
-    wire, mask = (rows.wire_shapes(shapes), rows.weight.shape[0]) if rows is not None else (shapes,
-                                                                                            0)
+    wire, mask = ((rows.wire_shapes(shapes), rows.weight.shape[0]) if rows is not None
+                  else (shapes, 0))
     expected = expected_traffic(spec, wire, world, max(1, world // len(nodes)), stats.steps, mask)
     part_steps = len(stats.step_times)  # the counters and clocks saw this part's steps only
     sent = {str(r["host"]): r["tx_bytes"] for r in rank_info if r.get("tx_bytes") is not None}

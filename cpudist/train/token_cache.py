@@ -65,8 +65,8 @@ def _rows(flat: torch.Tensor, offsets: torch.Tensor) -> list[list[int]] | None:
     """The rows back, or None when the offsets do not cut `flat` into whole rows (a damaged
     entry)."""
     values, ends = flat.tolist(), offsets.tolist()
-    if not ends or ends[0] != 0 or ends[-1] != len(values) or any(b < a for a,
-                                                                  b in itertools.pairwise(ends)):
+    if (not ends or ends[0] != 0 or ends[-1] != len(values)
+            or any(b < a for a, b in itertools.pairwise(ends))):
         return None
     return [values[a:b] for a, b in itertools.pairwise(ends)]
 

@@ -78,8 +78,8 @@ class Probe:
 
 
 Payload = Trainer | Script | Probe
-_KINDS: dict[str, type[Trainer] | type[Script] | type[Probe]] = {c.KIND: c
-                                                                 for c in (Trainer, Script, Probe)}
+_KINDS: dict[str, type[Trainer] | type[Script] | type[Probe]] = {
+    c.KIND: c for c in (Trainer, Script, Probe)}
 
 
 def to_dict(payload: Payload) -> dict[str, Any]:

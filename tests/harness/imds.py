@@ -122,8 +122,8 @@ class ImdsServer:
         malformed one)."""
         when = time or (datetime.now(UTC) + timedelta(minutes=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
         with self._lock:
-            self._bodies[for_client] = raw if raw is not None else json.dumps({"action": action,
-                                                                               "time": when})
+            self._bodies[for_client] = (raw if raw is not None
+                                        else json.dumps({"action": action, "time": when}))
 
     def identify(self, instance_id: str, for_client: str | None = None) -> None:
         """Answer instance-id with `instance_id` to one client address (None: all)."""

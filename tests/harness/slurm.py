@@ -101,8 +101,8 @@ class SlurmCluster:
     down()."""
 
     hosts: NetnsCluster
-    state: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="cpudist-slurm-",
-                                                                      dir=state_root())))
+    state: Path = field(
+        default_factory=lambda: Path(tempfile.mkdtemp(prefix="cpudist-slurm-", dir=state_root())))
     # Preemption as sites set it up (preempt/partition_prio, PreemptMode=CANCEL): a job of the
     # `urgent` partition takes the nodes of `batch` jobs, whose steps get SIGTERM at once and the
     # whole job SIGKILL GRACE_S later.

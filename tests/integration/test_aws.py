@@ -238,8 +238,8 @@ def test_a_lost_answer_is_retried_without_making_two(emu: Emulator, ec2: Any, am
     r = up(emu, tmp_path, ami)
     assert r.returncode == 0, r.stderr
     inv = inventory(ec2)
-    assert (inv["keys"], len(inv["groups"]), inv["placement"]) == (["cpudist-c1"], 1,
-                                                                   ["cpudist-c1"])
+    assert (inv["keys"], len(inv["groups"]), inv["placement"]) == (
+        ["cpudist-c1"], 1, ["cpudist-c1"])
     assert len(inv["instances"]) == 4 and len(r.stdout.splitlines()) == 4
     assert emu.calls.count(action) >= 2  # the fault was hit, and retried
 
@@ -273,7 +273,7 @@ def test_instances_not_yet_visible_are_retried(emu: Emulator, ec2: Any, ami: str
 
 def test_a_rollback_right_after_the_launch_removes_the_unseen_instances(emu: Emulator, ec2: Any,
                                                                         ami: str,
-                                                                         tmp_path: Path) -> None:
+                                                                        tmp_path: Path) -> None:
     """A failure just after RunInstances: the rollback's TerminateInstances names instances EC2 does
     not show yet, and retries until it does."""
     emu.unseen_s = 2.0

@@ -249,8 +249,8 @@ def test_a_reclaimed_spot_node_is_replaced_and_the_run_resumes(world: World, clo
         after = json.loads(laptop(world, cloud, "cluster", "status", "--name", "e2e",
                                   "--json").stdout)["nodes"]
         live = [n for n in after if n["state"] == "running"]
-        assert len(live) == NODES and before[1]["instance_id"] not in {n["instance_id"]
-                                                                       for n in live}
+        assert (len(live) == NODES
+                and before[1]["instance_id"] not in {n["instance_id"] for n in live})
         assert wait_no_leftovers(world) == []
     finally:
         imds.terminate()

@@ -24,9 +24,8 @@ def _user_tags(ec2: Any, resource: str) -> list[dict[str, Any]]:
     return [{"ResourceType": resource, "Tags": [{"Key": "owner", "Value": "me"}]}]
 
 
-def test_a_users_resources_named_like_the_cluster_are_refused_and_kept(emu: Emulator, ec2: Any,
-                                                                       ami: str,
-                                                                        tmp_path: Path) -> None:
+def test_a_users_resources_named_like_the_cluster_are_refused_and_kept(
+        emu: Emulator, ec2: Any, ami: str, tmp_path: Path) -> None:
     key = ec2.create_key_pair(KeyName="cpudist-c1",
                               TagSpecifications=_user_tags(ec2, "key-pair"))["KeyPairId"]
     r = up(emu, tmp_path, ami)
@@ -63,10 +62,10 @@ def test_a_users_resources_named_like_the_cluster_are_refused_and_kept(emu: Emul
     assert [g["GroupName"]
             for g in ec2.describe_placement_groups()["PlacementGroups"]] == ["cpudist-c1"]
     ec2.delete_placement_group(GroupName="cpudist-c1")
-    ec2.create_placement_group(GroupName="cpudist-c1", Strategy="spread",
-                               TagSpecifications=[{"ResourceType": "placement-group",
-                                                   "Tags": [{"Key": "cpudist:cluster",
-                                                             "Value": "c1"}]}])
+    ec2.create_placement_group(
+        GroupName="cpudist-c1", Strategy="spread",
+        TagSpecifications=[{"ResourceType": "placement-group",
+                            "Tags": [{"Key": "cpudist:cluster", "Value": "c1"}]}])
     r = up(emu, tmp_path, ami)
     assert r.returncode == 2 and "has strategy spread, not cluster" in r.stderr, r.stderr
     ec2.delete_placement_group(GroupName="cpudist-c1")
@@ -186,8 +185,8 @@ def test_nodes_require_imdsv2_and_their_volumes_carry_the_tags(emu: Emulator, ec
     assert [i["MetadataOptions"]["HttpTokens"] for i in nodes] == ["required", "required"]
     volumes = ec2.describe_volumes(Filters=[{"Name": "tag:cpudist:cluster",
                                              "Values": ["c1"]}])["Volumes"]
-    assert sorted(v["Attachments"][0]["InstanceId"] for v in volumes) == sorted(i["InstanceId"]
-                                                                                for i in nodes)
+    assert (sorted(v["Attachments"][0]["InstanceId"] for v in volumes)
+            == sorted(i["InstanceId"] for i in nodes))
 
 
 def test_bad_prices_unknown_names_and_piped_tables(emu: Emulator, ec2: Any, ami: str,

@@ -115,11 +115,9 @@ class Chaos:
         # S3 on the head's loopback: rank 0 copies its checkpoints there
         if self.draw.fault == "stop-s3":
             env = {**os.environ, **S3_ENV, "PYTHONPATH": str(REPO)}
-            self.s3 = subprocess.Popen(self.w.hosts.exec_argv(0,
-                                                              [sys.executable, "-m",
-                                                               "tests.harness.s3", "--port",
-                                                               str(S3_PORT)]),
-                                       env=env, stdout=subprocess.PIPE, text=True)
+            argv = self.w.hosts.exec_argv(
+                0, [sys.executable, "-m", "tests.harness.s3", "--port", str(S3_PORT)])
+            self.s3 = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
             read_until(self.s3, "S3 emulator on", timeout=60)
             make = self.w.hosts.run(0,
                                     [sys.executable, "-c",

@@ -113,11 +113,9 @@ N_HOST_RUNS = [("impi", ["--sync", "gather-scatter"], 1.0),
 
 @pytest.mark.parametrize(("launcher", "sync", "of_ddp"), N_HOST_RUNS,
                          ids=["impi-gather-scatter", "openmpi-local-sgd-moments-bf16"])
-def test_n_hosts_one_rank_each_send_what_their_strategy_should(ready: NetnsCluster,
-                                                               shared_data: Path,
-                                                                  tmp_path: Path, launcher: str,
-                                                               sync: list[str],
-                                                                  of_ddp: float) -> None:
+def test_n_hosts_one_rank_each_send_what_their_strategy_should(
+        ready: NetnsCluster, shared_data: Path, tmp_path: Path, launcher: str, sync: list[str],
+        of_ddp: float) -> None:
     mpirun = LAUNCHERS[launcher]
     if mpirun is not None and not mpirun.exists():
         pytest.skip(f"{launcher} not installed at {mpirun} (tests/harness/setup.sh installs it)")

@@ -231,14 +231,13 @@ def test_runs_sharing_a_location_keep_their_own_checkpoints(s3: Any, bucket: str
     second.upload(checkpoint(tmp_path / "b", 1))
     second.prune(keep=2)
     assert second.url == f"s3://{bucket}/runs/mrpc/20261126-100000-bbbbbb"
-    assert second.complete() == ["step-000001"] and first.complete() == ["step-000004",
-                                                                         "step-000006"]
+    assert second.complete() == ["step-000001"]
+    assert first.complete() == ["step-000004", "step-000006"]
     assert {k.split("/")[2] for k in keys(s3, bucket)} == {"20261126-090000-aaaaaa",
                                                            "20261126-100000-bbbbbb"}
-    assert runs_in(S3Objects(f"s3://{bucket}/runs/mrpc")) == {"20261126-090000-aaaaaa": [
-                                                                  "step-000004", "step-000006"],
-                                                              "20261126-100000-bbbbbb": [
-                                                                  "step-000001"]}
+    assert runs_in(S3Objects(f"s3://{bucket}/runs/mrpc")) == {
+        "20261126-090000-aaaaaa": ["step-000004", "step-000006"],
+        "20261126-100000-bbbbbb": ["step-000001"]}
 
 
 def test_prune_after_a_resume_keeps_the_upload_and_sets_the_old_timeline_aside(

@@ -100,17 +100,15 @@ def test_the_same_losses_as_torchrun_by_hand_and_torchruns_variables_on_every_ra
     launched: Launched) -> None:
     assert launched.run.returncode == 0, launched.run.stderr
     ours = losses(launched.run.stderr)  # rank output is progress: stderr
-    assert len(ours) == 4 and ours == losses(launched.by_hand), (launched.run.stderr,
-                                                                 launched.by_hand)
+    assert len(ours) == 4 and ours == losses(launched.by_hand), (
+        launched.run.stderr, launched.by_hand)
     seen = [json.loads(line.split("vars ", 1)[1]) for line in launched.run.stderr.splitlines()
             if "vars {" in line]
     by_rank = {v["RANK"]: v for v in seen}
     assert set(by_rank) == {"0", "1"} and all(v["sum"] == 3.0 for v in seen)
     for rank, v in by_rank.items():
-        assert (v["LOCAL_RANK"], v["WORLD_SIZE"], v["LOCAL_WORLD_SIZE"], v["GROUP_RANK"]) == (rank,
-                                                                                              "2",
-                                                                                              "2",
-                                                                                              "0")
+        assert (v["LOCAL_RANK"], v["WORLD_SIZE"], v["LOCAL_WORLD_SIZE"],
+                v["GROUP_RANK"]) == (rank, "2", "2", "0")
         assert v["MASTER_ADDR"] and v["MASTER_PORT"] and v["threads"] >= 1
 
 
@@ -124,8 +122,8 @@ def test_it_is_a_cpudist_run_with_its_record_metrics_and_outputs(launched: Launc
     assert entry["run_id"] == result["run_id"] == info["id"]
     assert (entry["world_size"], entry["ppn"], len(entry["nodes"]),
             len(entry["rank_threads"])) == (2, 2, 1, 2)
-    assert entry["wall_time_s"] > 0 and entry["launcher"] and entry["command"].startswith("cpudist "
-                                                                                          "launch")
+    assert (entry["wall_time_s"] > 0 and entry["launcher"]
+            and entry["command"].startswith("cpudist launch"))
     last = float(losses(launched.run.stderr)[-1][1])
     assert entry["final_loss"] == pytest.approx(last, abs=1e-7) and entry["metrics"] == {"sum": 3.0}
     assert entry["train_samples_per_s"] == pytest.approx(64 / entry["train_time_s"])

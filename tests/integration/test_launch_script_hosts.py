@@ -51,10 +51,10 @@ def one_process_losses() -> list[float]:
     x, y = torch.randn(64, 8, generator=g), torch.randn(64, 1, generator=g)
     out = []
     for step in range(4):
-        rank_losses = [torch.nn.functional.mse_loss(model(x[slice(step * 16 + r, (step + 1) * 16,
-                                                                  2)]),
-                                                    y[slice(step * 16 + r, (step + 1) * 16, 2)])
-                       for r in (0, 1)]
+        rank_losses = [
+            torch.nn.functional.mse_loss(model(x[slice(step * 16 + r, (step + 1) * 16, 2)]),
+                                         y[slice(step * 16 + r, (step + 1) * 16, 2)])
+            for r in (0, 1)]
         mean = (rank_losses[0] + rank_losses[1]) / 2
         opt.zero_grad()
         mean.backward()
@@ -74,8 +74,8 @@ def test_one_rank_per_host_with_torchruns_variables_and_ddps_losses(hosts: Netns
                    "--workdir", str(tmp_path), "--", "python", "ddp.py"], timeout=240)
     assert r.returncode == 0, r.stderr
     assert [int(step) for step, _ in losses(r.stderr)] == [0, 1, 2, 3], r.stderr
-    assert [float(loss) for _, loss in losses(r.stderr)] == pytest.approx(one_process_losses(),
-                                                                          abs=1e-6)
+    assert ([float(loss) for _, loss in losses(r.stderr)]
+            == pytest.approx(one_process_losses(), abs=1e-6))
     seen = {v["RANK"]: v
             for v in (json.loads(line.split("vars ", 1)[1]) for line in r.stderr.splitlines()
                       if "vars {" in line)}

@@ -31,8 +31,8 @@ def test_one_torchrun_per_node_starts_the_ranks_with_ddps_losses(tmp_path: Path)
     r = cpudist("launch", "--np", "2", "--per-node", "--output-dir", out, "--ledger", ledger,
                 "--workdir", tmp_path, "--", "python", "ddp.py", timeout=240)
     assert r.returncode == 0, r.stderr
-    assert [float(loss) for _, loss in losses(r.stderr)] == pytest.approx(one_process_losses(),
-                                                                          abs=1e-6), r.stderr
+    assert [float(loss) for _, loss in losses(r.stderr)] == pytest.approx(
+        one_process_losses(), abs=1e-6), r.stderr
     assert r.stderr.count("under torchrun True") == 2, r.stderr
     seen = {v["RANK"]: v
             for v in (json.loads(line.split("vars ", 1)[1]) for line in r.stderr.splitlines()
@@ -69,18 +69,13 @@ def test_accelerate_launch_per_node_starts_the_ranks_with_the_loops_losses(tmp_p
                 "--workdir", tmp_path, "--metric-file", "metrics.json", "--", "accelerate",
                 "launch", "train.py", timeout=240)
     assert r.returncode == 0, r.stderr
-    assert [float(loss) for _, loss in STEP.findall(r.stderr)] == pytest.approx(accelerate_losses(),
-                                                                                abs=1e-6), \
-        r.stderr
+    assert [float(loss) for _, loss in STEP.findall(r.stderr)] == pytest.approx(
+        accelerate_losses(), abs=1e-6), r.stderr
     assert all(f"state DistributedType.MULTI_CPU 2 {i}" in r.stderr for i in (0, 1)), r.stderr
     assert r.stderr.count("under accelerate launch True torchrun True") == 2, r.stderr
     command = (out / "command.txt").read_text()
-    assert " -np 1 " in command and "--per-node 2 " in command and command.endswith(" -- "
-                                                                                    "accelerate "
-                                                                                    "launch "
-                                                                                    "train.py\n")
+    assert (" -np 1 " in command and "--per-node 2 " in command
+            and command.endswith(" -- accelerate launch train.py\n"))
     entry = json.loads(ledger.read_text())
-    assert (entry["world_size"], entry["ppn"], len(entry["nodes"]), entry["train_samples"]) == (2,
-                                                                                                2,
-                                                                                                1,
-                                                                                                64)
+    assert (entry["world_size"], entry["ppn"], len(entry["nodes"]),
+            entry["train_samples"]) == (2, 2, 1, 64)

@@ -80,8 +80,8 @@ def test_a_script_from_the_laptop_staged_run_on_every_host_and_brought_home(site
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
     digest = hashlib.sha256(TOKEN.encode()).hexdigest()
     assert r.stderr.count(f"secret {digest}") == 2, r.stderr[-4000:]
-    assert [float(loss) for _, loss in losses(r.stderr)] == pytest.approx(one_process_losses(),
-                                                                          abs=1e-6), r.stderr
+    assert [float(loss) for _, loss in losses(r.stderr)] == pytest.approx(
+        one_process_losses(), abs=1e-6), r.stderr
     seen = {v["RANK"]: v
             for v in (json.loads(line.split("vars ", 1)[1]) for line in r.stderr.splitlines()
                       if "vars {" in line)}
@@ -113,8 +113,8 @@ def test_a_script_from_the_laptop_staged_run_on_every_host_and_brought_home(site
     assert losses((out / "ranks.log").read_text()) == losses(r.stderr)
     shown = [r.stdout, r.stderr,
              *(p.read_text(errors="replace") for p in out.iterdir() if p.is_file())]
-    assert "CPUDIST_SECRETS" in (out / "command.txt").read_text() and not [s for s in shown
-                                                                           if TOKEN in s]
+    assert ("CPUDIST_SECRETS" in (out / "command.txt").read_text()
+            and not [s for s in shown if TOKEN in s])
     assert wait_no_leftovers(site) == []
 
 
@@ -156,8 +156,8 @@ def test_a_trainer_and_an_accelerate_script_from_the_laptop_log_torchruns_losses
             and "world 2 process 1" in trainer.stderr), trainer.stderr[-4000:]
     # both print on each node's first process: here on both ranks, by hand (one node) on rank 0 only
     logged = LOGGED.findall(rank0(trainer.stderr))
-    assert len(logged) == 4 and logged == LOGGED.findall(hand["trainer"]), (trainer.stderr,
-                                                                            hand["trainer"])
+    assert len(logged) == 4 and logged == LOGGED.findall(hand["trainer"]), (
+        trainer.stderr, hand["trainer"])
     theirs = json.loads((tmp_path / "trainer" / "hf-out" / "all_results.json").read_text())
     mine = json.loads(site.operator_path("trainer/runs/r/result.json").read_text())
     assert (mine["world_size"], mine["final_loss"]) == (2, theirs["train_loss"])
@@ -165,8 +165,8 @@ def test_a_trainer_and_an_accelerate_script_from_the_laptop_log_torchruns_losses
     assert all(f"state DistributedType.MULTI_CPU 2 {i}" in accelerate.stderr
                for i in (0, 1)), accelerate.stderr
     steps = STEP.findall(rank0(accelerate.stderr))
-    assert len(steps) == 4 and steps == STEP.findall(hand["accelerate"]), (accelerate.stderr,
-                                                                           hand["accelerate"])
+    assert len(steps) == 4 and steps == STEP.findall(hand["accelerate"]), (
+        accelerate.stderr, hand["accelerate"])
     mine = json.loads(site.operator_path("accelerate/runs/r/result.json").read_text())
     assert (mine["world_size"], mine["train_samples"]) == (2, 64)
     assert wait_no_leftovers(site) == []
@@ -183,9 +183,9 @@ def test_ctrl_c_on_the_laptop_stops_every_rank_on_every_host(site: World) -> Non
         seen = read_until(proc, "up 1", timeout=240)
         # a wrapper and a script each
         assert len(left_on_hosts(site, "sleeper.py")) >= 2, "".join(seen)[-3000:]
-        assert {h for i in range(2) for h in [site.hosts.name(i)] if any(
-            "sleeper.py" in cmdline(p) for p in site.hosts.pids(i))} == {site.hosts.name(0),
-                                                                         site.hosts.name(1)}
+        running = {h for i in range(2) for h in [site.hosts.name(i)]
+                   if any("sleeper.py" in cmdline(p) for p in site.hosts.pids(i))}
+        assert running == {site.hosts.name(0), site.hosts.name(1)}
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=120)
     finally:

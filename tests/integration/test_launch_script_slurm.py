@@ -43,8 +43,8 @@ def test_a_script_through_sbatch_on_two_nodes_has_ddps_losses(slurm: SlurmCluste
                    "--", "ddp.py"],
                   cwd=str(tmp_path), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
-    assert [float(loss) for _, loss in losses(r.stderr)] == pytest.approx(one_process_losses(),
-                                                                          abs=1e-6), r.stderr
+    got = [float(loss) for _, loss in losses(r.stderr)]
+    assert got == pytest.approx(one_process_losses(), abs=1e-6), r.stderr
     seen = {v["RANK"]: v
             for v in (json.loads(line.split("vars ", 1)[1]) for line in r.stderr.splitlines()
                       if "vars {" in line)}

@@ -160,8 +160,8 @@ def test_lora_trains_sends_saves_and_resumes_only_the_adapters(tmp_path: Path,
     adapter, tokenizer = load(str(adapter_dir))
     classify = pipeline("text-classification", model=str(merged_dir))
     said = classify({"text": SENTENCES[0], "text_pair": SENTENCES[1]})
-    assert (said[0] if isinstance(said, list) else said)["label"] in ("equivalent",
-                                                                      "not_equivalent")
+    assert (said[0] if isinstance(said, list) else said)["label"] in (
+        "equivalent", "not_equivalent")
     merged = logits(classify.model, tokenizer)
     torch.testing.assert_close(merged, logits(adapter, tokenizer), atol=1e-4, rtol=1e-4)
     assert not torch.allclose(merged,

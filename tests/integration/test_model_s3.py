@@ -48,9 +48,8 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_the_model_lands_in_s3_whole_checkable_and_loadable(shared_data: Path, s3_server: S3Server,
-                                                             node_env: dict[str, str],
-                                                            tmp_path: Path) -> None:
+def test_the_model_lands_in_s3_whole_checkable_and_loadable(
+        shared_data: Path, s3_server: S3Server, node_env: dict[str, str], tmp_path: Path) -> None:
     s3, bucket = client(s3_server), f"models-{uuid.uuid4().hex[:10]}"
     s3.create_bucket(Bucket=bucket)
     r = run(shared_data, tmp_path / "run", node_env, "--model-s3", f"s3://{bucket}/team/")
@@ -74,9 +73,9 @@ def test_the_model_lands_in_s3_whole_checkable_and_loadable(shared_data: Path, s
                 for line in (home / "SHA256SUMS").read_text().splitlines())
     assert set(sums) == set(local) and {o["Key"][len(prefix) + 1:]
                                         for o in objects} == set(local) | {"SHA256SUMS"}
-    assert copied["files"] == len(local) and copied["bytes"] == sum(o["Size"] for o in objects
-                                                                     if not o["Key"].endswith(
-                                                                        "/SHA256SUMS"))
+    assert copied["files"] == len(local)
+    assert copied["bytes"] == sum(o["Size"] for o in objects
+                                  if not o["Key"].endswith("/SHA256SUMS"))
     for rel, path in local.items():
         assert sums[rel] == sha256(home / rel), rel
         assert sha256(path) == sums[rel], rel
@@ -90,9 +89,8 @@ def test_the_model_lands_in_s3_whole_checkable_and_loadable(shared_data: Path, s
     assert model.config.id2label == {0: "not_equivalent", 1: "equivalent"}
 
 
-def test_a_copy_that_fails_warns_and_keeps_the_model_in_the_run_folder(shared_data: Path,
-                                                                       node_env: dict[str, str],
-                                                                        tmp_path: Path) -> None:
+def test_a_copy_that_fails_warns_and_keeps_the_model_in_the_run_folder(
+        shared_data: Path, node_env: dict[str, str], tmp_path: Path) -> None:
     r = run(shared_data, tmp_path / "run", node_env, "--model-s3",
             f"s3://no-such-{uuid.uuid4().hex[:8]}/m", "--quiet")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -106,10 +104,8 @@ def test_a_copy_that_fails_warns_and_keeps_the_model_in_the_run_folder(shared_da
     (["--model-s3", "s3://bucket/m", "--save-model", "none"], "--save-model none saves none"),
     (["--model-s3", "https://bucket/m"], "is not an S3 URL"),
 ])
-def test_a_model_s3_that_cannot_mean_what_it_says_is_refused_before_any_rank(shared_data: Path,
-                                                                             tmp_path: Path,
-                                                                              args: list[str],
-                                                                             says: str) -> None:
+def test_a_model_s3_that_cannot_mean_what_it_says_is_refused_before_any_rank(
+        shared_data: Path, tmp_path: Path, args: list[str], says: str) -> None:
     r = run(shared_data, tmp_path / "run", {}, *args)
     assert r.returncode == 2 and says in r.stderr, r.stderr
     assert not (tmp_path / "run" / "result.json").exists()

@@ -186,8 +186,8 @@ def test_regression_model_is_marked_as_hf_marks_it_frozen_embeddings_saved(tmp_p
     assert config.problem_type == "regression" and config.num_labels == 1
     result = _result(run)
     assert set(result["metrics"]) == {"pearson", "spearmanr"}
-    assert _reevaluate(run / "model", scores, scores, "score") == pytest.approx(result["metrics"],
-                                                                                abs=1e-6)
+    assert (_reevaluate(run / "model", scores, scores, "score")
+            == pytest.approx(result["metrics"], abs=1e-6))
     torch.manual_seed(42)  # the run's seed: its initial model (cpudist/train/setup.py)
     initial = build_model("tiny", 1, True, None).state_dict()
     saved = load_file(str(run / "model" / "model.safetensors"))

@@ -32,9 +32,8 @@ def model(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_np_2_gives_np_1s_predictions_and_a_submission_row_per_test_row(model: Path,
-                                                                        shared_data: Path,
-                                                                        tmp_path: Path) -> None:
+def test_np_2_gives_np_1s_predictions_and_a_submission_row_per_test_row(
+        model: Path, shared_data: Path, tmp_path: Path) -> None:
     mrpc = shared_data / "glue" / "MRPC"
     split = ["--split", "test", "--task", "mrpc", "--data-dir", mrpc]
     two = cpudist("predict", model, *split, "--np", "2", "-o", tmp_path / "two.txt")

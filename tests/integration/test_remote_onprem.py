@@ -223,8 +223,8 @@ def test_run_from_the_laptop_with_each_mpi(site: World, mpi_runs: MpiRuns, launc
         # node's own.
         probe = site.hosts.run(1, ["env", f"PYTHONPATH={site_dir}", sys.executable, "-c",
                                    "import cpudist.train; print(cpudist.train.__file__)"])
-        assert probe.returncode == 0 and probe.stdout.strip().startswith(site_dir
-                                                                         + "/cpudist/"), probe
+        assert (probe.returncode == 0
+                and probe.stdout.strip().startswith(site_dir + "/cpudist/")), probe
     else:
         assert result["staging"]["code"] == "node's own", result["staging"]
     assert run.leftovers == []
@@ -484,8 +484,8 @@ def test_a_detached_run_is_followed_home_from_another_process(site: World,
         assert log.count(line) == 1 and follow.stdout.count(line) == 1, (line, log, follow.stdout)
     assert log.startswith(held) and follow.stdout.startswith(held), (held, follow.stdout)
     result = json.loads(site.operator_path(f"runs/{run.out}/result.json").read_text())
-    assert result["run_id"] == run_id and sorted(result["nodes"]) == [site.hosts.name(0),
-                                                                      site.hosts.name(1)]
+    assert result["run_id"] == run_id
+    assert sorted(result["nodes"]) == [site.hosts.name(0), site.hosts.name(1)]
     assert result["model_dir"] == f"/srv/cpd-operator/runs/{run.out}/model"
     assert site.operator_path(f"runs/{run.out}/model/model.safetensors").is_file()
     ledger = [json.loads(line)

@@ -72,8 +72,8 @@ def straight(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
                 "--checkpoint-every", "20", "--resume", "auto")
     assert r.returncode == 0, r.stderr
     assert "--resume auto: no checkpoint in" in r.stderr and "starting from step 0" in r.stderr
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000020",
-                                                                           "step-000040"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "step-000020", "step-000040"]
     return run_dir
 
 
@@ -118,9 +118,8 @@ def assert_same_losses(a: Path, b: Path, rel: float) -> None:
         assert abs(x["grad_norm"] - y["grad_norm"]) <= rel * 10 * abs(x["grad_norm"]), (x, y)
 
 
-def test_sigterm_every_rank_then_resume_matches_the_straight_run(shared_data: Path, tmp_path: Path,
-                                                                  straight: Path,
-                                                                 stopped: tuple[Path, int]) -> None:
+def test_sigterm_every_rank_then_resume_matches_the_straight_run(
+        shared_data: Path, tmp_path: Path, straight: Path, stopped: tuple[Path, int]) -> None:
     run_dir = copy_of(stopped, tmp_path / "run")
     marker = {"step": stopped[1]}
     resumed = cpudist("run", *common(shared_data), "--np", "2", "--output-dir", run_dir, "--resume",
@@ -191,10 +190,8 @@ def test_a_checkpoint_of_another_run_or_none_is_refused(shared_data: Path, tmp_p
 
 
 @pytest.mark.parametrize("name", ["state.pt", "ranks.pt"])
-def test_a_checkpoint_with_a_planted_pickle_is_refused_in_one_line_and_never_run(shared_data: Path,
-                                                                                 tmp_path: Path,
-                                                                                  straight: Path,
-                                                                                 name: str) -> None:
+def test_a_checkpoint_with_a_planted_pickle_is_refused_in_one_line_and_never_run(
+        shared_data: Path, tmp_path: Path, straight: Path, name: str) -> None:
     """--resume PATH reads files that anyone may have made: they are unpickled safely, refused
     before any code in them runs (their sums in meta.json made to match, as whoever made them can).
     ranks.pt is read by rank 0 alone: its refusal reaches rank 1 too, which would otherwise wait for

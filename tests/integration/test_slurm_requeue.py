@@ -198,9 +198,8 @@ def test_stop_checkpoints_then_cancels(slurm: SlurmCluster, shared_data: Path, t
              lambda: ranks_left(slurm), 0.5)
 
 
-def test_a_detached_jobs_ranks_read_its_secrets_which_go_with_the_job(slurm: SlurmCluster,
-                                                                      shared_data: Path,
-                                                                       tmp_path: Path) -> None:
+def test_a_detached_jobs_ranks_read_its_secrets_which_go_with_the_job(
+        slurm: SlurmCluster, shared_data: Path, tmp_path: Path) -> None:
     """`--launcher slurm --detach --secret NAME --env-file F --env K=V` on 2 nodes: the ranks read
     the values from the secrets file in the (shared) home (the file's thread count sizes both; a
     missing file fails a rank), the batch script exports the --env value from it (job.sbatch names

@@ -167,8 +167,8 @@ def test_the_checks_reject_ranks_that_never_exchange(one_rank: list[dict[str, fl
     step can."""
     assert departures(one_rank, no_exchange, "loss")[0] <= FP32
     assert departures(one_rank, no_exchange, "grad_norm")[0] > max(WIRE.values())
-    assert not same(one_rank, no_exchange, FP32) and not same(one_rank, no_exchange,
-                                                              max(WIRE.values()))
+    assert (not same(one_rank, no_exchange, FP32)
+            and not same(one_rank, no_exchange, max(WIRE.values())))
 
 
 @pytest.mark.parametrize("wire", ["bf16", "fp16"])
@@ -204,8 +204,8 @@ def test_powersgd_is_fp32_ddp_in_its_warm_up_then_departs_far_less_than_no_excha
     # the loss of step 3 precedes its exchange
     assert max(norm[:start] + loss[:start + 1]) <= FP32, (norm, loss)
     assert max(norm[start:]) > FP32, norm
-    assert all(d <= 0.1 * a for d, a in zip(norm[start:], alone[start:], strict=True)), (norm,
-                                                                                         alone)
+    assert all(d <= 0.1 * a for d, a in zip(norm[start:], alone[start:], strict=True)), (
+        norm, alone)
     assert memo.result(2, *options)["sync"] == "ddp+powersgd:1"
 
 

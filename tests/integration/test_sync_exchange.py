@@ -278,9 +278,8 @@ def test_every_step_sends_the_bytes_of_its_strategy(ranks: dict[str, Any], name:
     # the rows, not the embedding DDP would send
     if name.startswith("tokens:") and not name.endswith("dense-emb"):
         dense = expected_bytes(ranks["wide"]["tokens:ddp+dense-emb"], 1)
-        assert not close(windows[0][-2], dense) and expected_bytes(case,
-                                                                   1) < dense / 50, (windows[0],
-                                                                                     dense)
+        assert (not close(windows[0][-2], dense)
+                and expected_bytes(case, 1) < dense / 50), (windows[0], dense)
     for step, (*micro, after) in enumerate(windows, start=1):
         expected = expected_bytes(case, step) - expected_bytes(case, step - 1)
         assert close(micro[-1], expected), (step, micro, expected)

@@ -9,8 +9,8 @@ from typing import Any
 from cpudist.launch.spec import LaunchOptions, RunSpec
 
 # as asked only: launcher, ssh and allocator are also RunSpec's own, resolved
-ASKED = {f.name for f in dataclasses.fields(LaunchOptions)} - {f.name
-                                                               for f in dataclasses.fields(RunSpec)}
+ASKED = ({f.name for f in dataclasses.fields(LaunchOptions)}
+         - {f.name for f in dataclasses.fields(RunSpec)})
 
 
 def run_spec(**given: Any) -> RunSpec:

@@ -22,11 +22,12 @@ def client_error(code: str, op: str = "DescribeInstances") -> botocore.exception
                                            op)
 
 
-@pytest.mark.parametrize("error", [botocore.exceptions.NoCredentialsError(),
-                                   botocore.exceptions.PartialCredentialsError(provider="env",
-                                                                               cred_var="secret"),
-                                   client_error("AuthFailure"),
-                                   client_error("InvalidClientTokenId")])
+@pytest.mark.parametrize("error", [
+    botocore.exceptions.NoCredentialsError(),
+    botocore.exceptions.PartialCredentialsError(provider="env", cred_var="secret"),
+    client_error("AuthFailure"),
+    client_error("InvalidClientTokenId"),
+])
 def test_ec2_credentials_missing_or_invalid_exit_2(error: Exception) -> None:
     e = ec2_errors.translate(error)
     assert e.exit_code == 2 and isinstance(e, BadInput)

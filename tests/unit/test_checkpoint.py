@@ -39,8 +39,8 @@ def write(folder: Path, step: int, keep: int = 3) -> Path:
 def test_write_is_complete_verified_and_pruned(tmp_path: Path) -> None:
     for step in (10, 20, 30, 40):
         write(tmp_path, step)
-    assert [p.name for p in ckpt.complete_checkpoints(tmp_path)] == ["step-000040", "step-000030",
-                                                                     "step-000020"]
+    assert [p.name for p in ckpt.complete_checkpoints(tmp_path)] == [
+        "step-000040", "step-000030", "step-000020"]
     assert all(ckpt.damage(p) is None for p in ckpt.complete_checkpoints(tmp_path))
     assert not list(tmp_path.glob("*.tmp"))
 

@@ -36,8 +36,8 @@ def test_lr_scaling_follows_the_global_batch_of_every_strategy() -> None:
     from cpudist.config import effective_lr
 
     base = TrainConfig(task="mrpc", output_dir="", lr=1e-4)
-    assert base.lr_scaling == "auto" and effective_lr(base, 4) == 4e-4 and effective_lr(base,
-                                                                                        1) == 1e-4
+    assert base.lr_scaling == "auto"
+    assert effective_lr(base, 4) == 4e-4 and effective_lr(base, 1) == 1e-4
     assert effective_lr(dataclasses.replace(base, lr_scaling="none"), 4) == 1e-4
     # resumed on 4 ranks, written by 2: the global batch was kept
     resumed = dataclasses.replace(base, lr_world=2)

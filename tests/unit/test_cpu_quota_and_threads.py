@@ -52,8 +52,8 @@ def test_quota_text() -> None:
 
 @given(st.integers(1, 10**7), st.integers(1000, 10**6))
 def test_v1_and_v2_agree(quota: int, period: int) -> None:
-    assert parse_cpu_max(f"{quota} {period}\n") == parse_cfs_quota(str(quota),
-                                                                   str(period)) == quota / period
+    assert (parse_cpu_max(f"{quota} {period}\n") == parse_cfs_quota(str(quota), str(period))
+            == quota / period)
 
 
 def test_quota_folders_walk_up_to_the_mount() -> None:

@@ -48,9 +48,8 @@ def test_shown_launch_hides_values_but_thread_counts() -> None:
     shown = plan(redacted(across)).shell()  # what command.txt and --dry-run show
     assert (SECRET not in shown and "--from-secrets HF_TOKEN" in shown
             and "OMP_NUM_THREADS=1" in shown)
-    assert redact_pairs((("HF_TOKEN", SECRET), ("OMP_NUM_THREADS", "1"))) == (("HF_TOKEN", "***"),
-                                                                            ("OMP_NUM_THREADS",
-                                                                             "1"))
+    assert redact_pairs((("HF_TOKEN", SECRET), ("OMP_NUM_THREADS", "1"))) == (
+        ("HF_TOKEN", "***"), ("OMP_NUM_THREADS", "1"))
 
 
 def test_command_line_redacted_for_the_record() -> None:

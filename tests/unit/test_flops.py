@@ -14,8 +14,8 @@ def test_training_flops_count_real_tokens_only() -> None:
     shape = ModelShape(non_embedding_params=1000, layers=2, hidden=4)
     # 3 x (2 N l + 4 L h l^2) for l = 10 and l = 5
     assert training_flops(shape, [10]) == 3 * (2 * 1000 * 10 + 4 * 2 * 4 * 100)
-    assert training_flops(shape, [10, 5]) == training_flops(shape, [10]) + training_flops(shape,
-                                                                                          [5])
+    assert (training_flops(shape, [10, 5])
+            == training_flops(shape, [10]) + training_flops(shape, [5]))
     assert training_flops(shape, []) == 0
 
 

@@ -118,9 +118,8 @@ def test_only_adapters_and_head_train_and_traffic_counts_only_them() -> None:
     # what DDP's ring sends per node and step: only the adapters
     assert ring.node_tx == (2 * 3 / 4 * grads,) * 4
     info = lora.settings(model, LORA)
-    assert info["trainable_params"] == sum(trained.values()) and info["targets"] == ["dense", "key",
-                                                                                     "query",
-                                                                                     "value"]
+    assert info["trainable_params"] == sum(trained.values())
+    assert info["targets"] == ["dense", "key", "query", "value"]
     assert info["merged"] is True  # a preset's random base is saved nowhere else
 
 

@@ -45,7 +45,7 @@ def test_the_note_gives_the_lr_the_ranks_use_and_the_rule(change: dict[str, obje
 
 def test_unscaled_says_what_it_costs_and_a_script_or_synthetic_run_is_left_alone() -> None:
     none = dataclasses.replace(BASE, lr_scaling="none")
-    assert "1/4 of one rank's optimizer steps per epoch at the same --lr 5e-05" in (lr_note(none, 4)
-                                                                                    or "")
+    note = lr_note(none, 4) or ""
+    assert "1/4 of one rank's optimizer steps per epoch at the same --lr 5e-05" in note
     assert lr_note(dataclasses.replace(none, task="synthetic"), 4) is None  # no accuracy to lose
     assert lr_note(BASE, 4, Script(("train.py",))) is None  # the script's lr is its own

@@ -31,8 +31,8 @@ def calls(draw: st.DrawFn, classes: int) -> tuple[np.ndarray, np.ndarray]:
 def scores(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray]:
     n = draw(st.integers(min_value=2, max_value=60))
     # few distinct values: ties and constant columns come up often
-    value = st.sampled_from([0.0, 0.5, 1.0, 2.5, 3.0, 4.75, 5.0]) | st.floats(-10, 10,
-                                                                              allow_nan=False)
+    value = (st.sampled_from([0.0, 0.5, 1.0, 2.5, 3.0, 4.75, 5.0])
+             | st.floats(-10, 10, allow_nan=False))
     return (np.array(draw(st.lists(value, min_size=n, max_size=n))),
             np.array(draw(st.lists(value, min_size=n, max_size=n))))
 

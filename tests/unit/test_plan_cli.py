@@ -52,8 +52,8 @@ def test_bench_file_round_trip_under_cpudist_home(tmp_path: Path) -> None:
     path = save(result)
     assert path == Path(os.environ["CPUDIST_HOME"]) / "bench" / "hosts-20260102-030405.json"
     again = read_bench(path)
-    assert again == result and again.link_gbps == pytest.approx(0.95) and again.nodes == ("n0",
-                                                                                          "n1")
+    assert (again == result and again.link_gbps == pytest.approx(0.95)
+            and again.nodes == ("n0", "n1"))
     (tmp_path / "x.json").write_text('{"not": "a bench"}')
     with pytest.raises(BadInput, match="is not a `cpudist hosts bench` result"):
         read_bench(tmp_path / "x.json")

@@ -88,8 +88,8 @@ def test_latency_per_collective_and_ranks_per_node() -> None:
 def test_plan_covers_the_same_samples_with_prices() -> None:
     rows = plan(base(price=2.0), [2, 4], strategies(), GBIT, 0.0, samples=3200)
     one = rows[0]
-    assert (one.nodes, one.sync, one.steps, one.time_s, one.speedup) == (1, "measured", 100, 200.0,
-                                                                         1.0)
+    assert (one.nodes, one.sync, one.steps, one.time_s, one.speedup) == (
+        1, "measured", 100, 200.0, 1.0)
     assert one.cost_usd == pytest.approx(2.0 * 200 / 3600)
     ddp4 = next(r for r in rows if r.nodes == 4 and r.sync == "ddp")
     assert ddp4.steps == 25 and ddp4.time_s == pytest.approx(25 * 3.2)
@@ -189,8 +189,8 @@ def test_sync_cpu_cost_per_byte_from_the_other_runs() -> None:
     assert measured_sync_cpu([run(1), two, four, gather], GBIT,
                              sync=SyncSpec("gather-scatter")) == (
         pytest.approx(0.4 / 200e6), ("gs",))
-    assert measured_sync_cpu([run(1), two, four, gather], GBIT, sync=SyncSpec())[1] == ("two",
-                                                                                        "four")
+    assert measured_sync_cpu([run(1), two, four, gather], GBIT, sync=SyncSpec())[1] == (
+        "two", "four")
     # none of its kind
     assert measured_sync_cpu([run(1), two], GBIT, sync=SyncSpec("allreduce"))[1] == ("two",)
     p = predict(base(), SyncSpec("local-sgd", sync_every=8), 4, GBIT, overlap=0.0, steps=80,
@@ -199,8 +199,8 @@ def test_sync_cpu_cost_per_byte_from_the_other_runs() -> None:
 
 
 def test_baseline_choice_and_errors() -> None:
-    old, new = run(1, run_id="old", started_at="2026-01-01"), run(1, run_id="new",
-                                                                  started_at="2026-03-01")
+    old, new = (run(1, run_id="old", started_at="2026-01-01"),
+                run(1, run_id="new", started_at="2026-03-01"))
     chosen, why = pick_baseline([new, run(2), old])
     assert chosen.run_id == "new" and why == ("of 2 1-node runs of mrpc minilm-l6 bf16 in the "
                                               "sources, the newest of 2 "

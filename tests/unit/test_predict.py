@@ -60,8 +60,8 @@ def test_a_run_folder_gives_its_model_and_what_the_run_recorded(tmp_path: Path) 
         assert source.model_dir == run / "model" and source.run_dir == run
         assert source.label_names == ("not_equivalent", "equivalent")
         facts = source.facts
-        assert (facts.task, facts.precision, facts.max_seq_len, facts.world_size) == ("mrpc",
-                                                                                      "bf16", 96, 2)
+        assert (facts.task, facts.precision, facts.max_seq_len, facts.world_size) == (
+            "mrpc", "bf16", 96, 2)
         # from command.txt
         assert facts.data_dir == "/data/glue/MRPC" and facts.eval_batch_size == 32
     bare = find_source(model_folder(tmp_path / "bare"))
@@ -180,23 +180,22 @@ def test_jsonl_csv_and_json_hold_label_and_every_score_in_input_order() -> None:
     preds = predictions([[0.0, 1.0], [2.0, 0.0]], names)
     lines = [json.loads(line)
              for line in render(preds, ("0", "1"), "jsonl", names, None).splitlines()]
-    assert [r["label"] for r in lines] == ["pos", "neg"] and set(lines[0]["scores"]) == {"neg",
-                                                                                         "pos"}
+    assert [r["label"] for r in lines] == ["pos", "neg"]
+    assert set(lines[0]["scores"]) == {"neg", "pos"}
     assert json.loads(render(preds, ("0", "1"), "json", names, None)) == lines
     rows = list(csv.reader(io.StringIO(render(preds, ("0", "1"), "csv", names, None))))
-    assert rows[0] == ["label", "score", "score:neg", "score:pos"] and [r[0]
-                                                                        for r in rows[1:]] == [
-                                                                            "pos", "neg"]
+    assert rows[0] == ["label", "score", "score:neg", "score:pos"]
+    assert [r[0] for r in rows[1:]] == ["pos", "neg"]
     assert float(rows[1][1]) == float(rows[1][3])
     assert render([Prediction(None, {}, 0.5)], ("0",), "csv", (), None) == "value\n0.5\n"
 
 
 def test_the_format_comes_from_the_option_the_suffix_or_the_input() -> None:
-    assert pick_format("p.csv", None, False) == "csv" and pick_format("p.jsonl", None,
-                                                                      True) == "jsonl"
+    assert (pick_format("p.csv", None, False) == "csv"
+            and pick_format("p.jsonl", None, True) == "jsonl")
     assert pick_format("p.txt", None, False) == "glue" and pick_format(None, None, True) == "glue"
-    assert pick_format(None, None, False) == "jsonl" and pick_format("p.csv", "json",
-                                                                     False) == "json"
+    assert (pick_format(None, None, False) == "jsonl"
+            and pick_format("p.csv", "json", False) == "json")
     with pytest.raises(BadInput, match="--format"):
         pick_format("p.parquet", None, False)
 
@@ -219,16 +218,16 @@ def test_the_plan_takes_the_runs_lengths_and_batches_fp32_unless_asked_and_the_o
     assert "1725 from" in text and "fp32 (the default; the run computed in bf16" in text
     assert "predict_results_mrpc.txt" in text
     p = plan(PredictRequest(run, split="dev", precision="bf16", batch_size=8, output="-"))
-    assert (p.settings.precision, p.settings.batch_size, p.output, p.fmt) == ("bf16", 8, None,
-                                                                              "glue")
+    assert (p.settings.precision, p.settings.batch_size, p.output, p.fmt) == (
+        "bf16", 8, None, "glue")
     # the rows the run scored
     assert p.inputs.labels is not None and len(p.inputs.labels) == len(p.inputs) == 100
     assert len(plan(PredictRequest(run, split="dev", max_rows=7)).inputs.texts[1]) == 7
     bare = model_folder(tmp_path / "bare")
     (tmp_path / "rows.csv").write_text("text\nhello\n")
     p = plan(PredictRequest(bare, file=tmp_path / "rows.csv"))
-    assert (p.settings.precision, p.settings.max_seq_len, p.settings.batch_size) == ("fp32", 128,
-                                                                                     64)
+    assert (p.settings.precision, p.settings.max_seq_len, p.settings.batch_size) == (
+        "fp32", 128, 64)
     assert p.output is None and p.fmt == "jsonl"
     # a card, away from its run
     (bare / "README.md").write_text("## Training\n\n- seed 42, precision bf16, sync ddp\n")

@@ -45,8 +45,8 @@ def fp32_reference(model_dir: Path, texts: tuple[tuple[str, ...], ...]) -> list[
     """One row at a time (no padding), fp32 weights, no autocast."""
     from transformers import AutoModelForSequenceClassification
 
-    model = AutoModelForSequenceClassification.from_pretrained(model_dir,
-                                                               local_files_only=True).float().eval()
+    model = AutoModelForSequenceClassification.from_pretrained(
+        model_dir, local_files_only=True).float().eval()
     tokenizer = load_tokenizer("tiny", None)
     with torch.inference_mode():
         return [float(model(**tokenizer(a, b, truncation=True, max_length=64,

@@ -127,13 +127,12 @@ def test_filters_task_since_last_and_run() -> None:
     assert [r.run_id for r in since] == [r.run_id for r in runs[3:]]
     # --last goes by start time, not the order of the sources
     shuffled = [runs[4], runs[0], runs[5], runs[1]]
-    assert [r.run_id for r in select(shuffled, RunFilter(last=2))] == [runs[4].run_id,
-                                                                       runs[5].run_id]
-    assert [r.run_id for r in select(runs, RunFilter(tasks=("mrpc",), last=2))] == [runs[4].run_id,
-                                                                                    runs[5].run_id]
+    newest = [runs[4].run_id, runs[5].run_id]
+    assert [r.run_id for r in select(shuffled, RunFilter(last=2))] == newest
+    assert [r.run_id for r in select(runs, RunFilter(tasks=("mrpc",), last=2))] == newest
     assert select(runs, RunFilter(runs=(runs[3].run_id[:-1],))) == [runs[3]]  # a unique prefix
-    assert parse_since("7d", datetime(2026, 11, 26, tzinfo=UTC)) == datetime(2026, 11, 19,
-                                                                             tzinfo=UTC)
+    assert (parse_since("7d", datetime(2026, 11, 26, tzinfo=UTC))
+            == datetime(2026, 11, 19, tzinfo=UTC))
     with pytest.raises(BadInput, match="is ambiguous"):
         find_run(runs, "20261126-10")
     with pytest.raises(BadInput,
@@ -205,8 +204,8 @@ def test_report_cli_filters_and_names_its_baseline(tmp_path: Path) -> None:
                                 runs[0].run_id[:-2], "--json"])
     # the named baseline joins the one run kept; JSON alone on stdout
     data = json.loads(named.output)
-    assert [(d["ranks"], d["n"], d["speedup"]) for d in data] == [(1, 1, 1.0),
-                                                                  (2, 1, pytest.approx(1.8))]
+    assert [(d["ranks"], d["n"], d["speedup"]) for d in data] == [
+        (1, 1, 1.0), (2, 1, pytest.approx(1.8))]
     assert data[1]["baseline_why"] == f"{runs[0].run_id}, named by --baseline"
     for args, message in ((["--run", "nope"], "no run nope in the sources"),
                           (["--since", "2027-01-01"],
@@ -226,8 +225,8 @@ def test_lora_runs_are_their_own_group_and_plan_never_bases_a_full_fine_tune_on_
     groups = {r.group for r in rows}
     assert len(groups) == 2 and any("lora r=8 query,value" in g for g in groups)
     speedups = {(("lora" in r.group), r.nodes): r.speedup for r in rows}
-    assert speedups[(False, 4)] == pytest.approx(3.0) and speedups[(True,
-                                                                    4)] == pytest.approx(150 / 40)
+    assert speedups[(False, 4)] == pytest.approx(3.0)
+    assert speedups[(True, 4)] == pytest.approx(150 / 40)
     assert not same_job(full, adapters) and same_job(adapters, adapters4)
     assert not same_job(adapters, at(4, peft={**lora, "r": 16}))
     base, _ = pick_baseline([full, adapters])  # the newest 1-node run's job: LoRA's

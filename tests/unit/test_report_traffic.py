@@ -115,8 +115,8 @@ def test_plot_has_a_line_per_group_and_the_ideal(tmp_path: Path) -> None:
     speedup, efficiency = fig.axes
     lines = {line.get_label(): line for line in speedup.lines}
     assert set(lines) == {IDEAL, "sync=ddp", "sync=ddp+bf16", "sync=local-sgd:8"}
-    assert list(lines[IDEAL].get_xdata()) == [1, 2, 4] and list(lines[IDEAL].get_ydata()) == [1, 2,
-                                                                                              4]
+    assert list(lines[IDEAL].get_xdata()) == [1, 2, 4]
+    assert list(lines[IDEAL].get_ydata()) == [1, 2, 4]
     assert list(lines["sync=ddp"].get_ydata()) == pytest.approx([1.0, 52 / 31, 88 / 31])
     assert len(efficiency.lines) == 4 and [100.0] * 3 in [list(line.get_ydata())
                                                           for line in efficiency.lines]

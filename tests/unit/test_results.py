@@ -100,8 +100,8 @@ def test_bad_ledger_line_is_named(tmp_path: Path) -> None:
 def test_sources_from_run_folders(tmp_path: Path) -> None:
     for w in (1, 2):
         (tmp_path / f"run{w}").mkdir()
-        (tmp_path / f"run{w}" / "result.json").write_text(json.dumps(result(w, 100.0
-                                                                            * w).to_dict()))
+        (tmp_path / f"run{w}" / "result.json").write_text(
+            json.dumps(result(w, 100.0 * w).to_dict()))
     assert len(load_sources([tmp_path])) == 2
     assert len(load_sources([tmp_path / "run1"])) == 1
     with pytest.raises(BadInput, match="no such ledger"):

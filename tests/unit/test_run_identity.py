@@ -83,8 +83,8 @@ def test_choice_and_set_aside_skip_another_runs_checkpoints(tmp_path: Path) -> N
     assert ckpt.choose(folder, said.append, "B") == folder / "step-000001"
     # no id given: any run's, as before
     assert ckpt.choose(folder, said.append) == folder / "step-000006"
-    assert ckpt.set_aside(folder, 1, "B", "x") is None and names(folder) == ["step-000006",
-                                                                             "step-000001"]
+    assert ckpt.set_aside(folder, 1, "B", "x") is None
+    assert names(folder) == ["step-000006", "step-000001"]
 
 
 def test_a_checkpoint_from_before_run_ids_reads_as_any_runs(tmp_path: Path) -> None:
@@ -118,8 +118,8 @@ def test_a_resume_keeps_the_id_of_the_run_it_continues(tmp_path: Path) -> None:
     # another folder: a run of its own
     assert identity.assign(branch).run_id not in ("", "20261126-090000-aaaaaa")
     fresh = identity.assign(cfg_of(tmp_path))
-    assert fresh.run_id != "20261126-090000-aaaaaa" and re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{6}",
-                                                                     fresh.run_id)
+    assert fresh.run_id != "20261126-090000-aaaaaa"
+    assert re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{6}", fresh.run_id)
     # a recovery's part
     assert identity.assign(cfg_of(tmp_path, run_id="given", resume="auto")).run_id == "given"
     # No checkpoint left (the head's disk went), but run.json says which run this folder is.

@@ -51,9 +51,8 @@ def test_too_few_rows_for_the_ranks_is_an_error_not_a_hang() -> None:
 
 
 @given(lengths, st.sampled_from([1, 2, 4]), st.integers(1, 8), st.sampled_from([1, 2, 3]))
-def test_accumulated_micro_batches_give_each_rank_its_rows_of_the_step(ls: list[int], world: int,
-                                                                       per_rank: int,
-                                                                       accum: int) -> None:
+def test_accumulated_micro_batches_give_each_rank_its_rows_of_the_step(
+        ls: list[int], world: int, per_rank: int, accum: int) -> None:
     from cpudist.train.sampling import fed_batches
 
     steps = global_batches(ls, per_rank * world * accum, seed=2, epoch=0)

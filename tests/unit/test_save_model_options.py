@@ -67,8 +67,8 @@ def test_card_front_matter_and_body_from_a_result() -> None:
     assert card.data.base_model == "sentence-transformers/all-MiniLM-L6-v2"
     assert card.data.datasets == [
         "nyu-mll/glue"] and card.data.model_name == "all-MiniLM-L6-v2-mrpc"
-    assert {e.metric_type: e.metric_value for e in card.data.eval_results} == {"accuracy": 0.7,
-                                                                               "f1": 0.8}
+    assert {e.metric_type: e.metric_value for e in card.data.eval_results} == {
+        "accuracy": 0.7, "f1": 0.8}
     assert "- cost: $1.0000 ($2.000/h for the nodes)" in card.text
     assert ("- ranks x nodes: 4 x 2 (2 per node" in card.text
             and "3 epochs: 10 optimizer steps" in card.text)

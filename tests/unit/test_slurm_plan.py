@@ -55,8 +55,8 @@ def test_batch_script_is_valid_bash_and_works_out_the_cpus() -> None:
     """The script's own lines, with scontrol and srun replaced by echoes of what they would get."""
     script = plan(spec()).script
     assert script is not None
-    body = script.replace("scontrol show hostnames", "echo n7 n8; true").replace("exec srun",
-                                                                                 "echo srun")
+    body = (script.replace("scontrol show hostnames", "echo n7 n8; true")
+            .replace("exec srun", "echo srun"))
     env = {"SLURM_JOB_NODELIST": "n[7-8]", "SLURM_JOB_ID": "123",
            "SLURM_JOB_CPUS_PER_NODE": "16(x2)", "PATH": "/usr/bin:/bin"}
     body = body.replace("echo srun", 'echo "$MASTER_ADDR $MASTER_PORT $SRUN_CPUS_PER_TASK" srun')

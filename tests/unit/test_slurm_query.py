@@ -88,8 +88,8 @@ def test_ended_jobs_come_from_sacct_when_there_is_accounting(bin_dir: Path) -> N
     live = parse_sacct("")
     assert live is None
     info = final_info("42", None)  # slurmctld forgot it (MinJobAge): the database still knows
-    assert (info.state, info.exit_code, info.nodes, info.run_time) == ("CANCELLED", "0:15",
-                                                                       "n[0-1]", "00:01:02")
+    assert (info.state, info.exit_code, info.nodes, info.run_time) == (
+        "CANCELLED", "0:15", "n[0-1]", "00:01:02")
 
 
 def test_without_accounting_scontrol_says_how_it_ended(bin_dir: Path) -> None:

@@ -83,8 +83,8 @@ def test_job_request_round_trip_and_status_lines() -> None:
                            batch=BatchOptions("cpu", "10", None, True, ("--mem=0",)))
     req = RunRequest(cfg, launch, Nodes((Host("n0"), Host("n1", 4)), "hosts"))
     assert RunRequest.from_json(req.to_json()) == req
-    assert parse_status(status_line(status="ok", output_dir="/r")) == {"status": "ok",
-                                                                       "output_dir": "/r"}
+    assert parse_status(status_line(status="ok", output_dir="/r")) == {
+        "status": "ok", "output_dir": "/r"}
     assert parse_status("[host:0] ordinary rank output") is None
 
 
@@ -161,8 +161,8 @@ def test_two_runs_staging_one_item_at_once_both_succeed(tmp_path: Path) -> None:
     second = _receive(script, data)
     first.stdin.write(data[len(data) // 2:])
     first.stdin.close()
-    assert first.wait(60) == 0 and second.returncode == 0, (first.stderr.read() if first.stderr
-                                                            else b"", second)
+    assert first.wait(60) == 0 and second.returncode == 0, (
+        first.stderr.read() if first.stderr else b"", second)
     assert (target / stage_scripts.COMPLETE).is_file() and (target / "big.bin").read_bytes() == (
         src / "big.bin").read_bytes()
     assert sorted(p.name for p in target.parent.iterdir()) == [target.name]  # no copy left behind
@@ -183,8 +183,8 @@ def test_arrival_is_checked_against_the_digest(tmp_path: Path) -> None:
     (src / "train.tsv").write_text("z\t0\n" * 1000)
     r = _receive(stage_scripts.receive_script(it.remote_dir(home)), stage.tar_bytes(it))
     assert r.returncode == 3 and b"does not match its digest" in r.stderr, r
-    assert not Path(it.remote_dir(home)).exists() and not list(Path(home, ".cpudist",
-                                                                    "stage").iterdir())
+    assert not Path(it.remote_dir(home)).exists()
+    assert not list(Path(home, ".cpudist", "stage").iterdir())
     good = stage.item("data", src)
     assert _receive(stage_scripts.receive_script(good.remote_dir(home)),
                     stage.tar_bytes(good)).returncode == 0
@@ -239,9 +239,8 @@ def test_the_archive_streams_in_chunks(tmp_path: Path) -> None:
                 "big.bin").read_bytes() == (src / "big.bin").read_bytes()
 
 
-def test_a_moved_model_keeps_the_absolute_path_it_was_staged_from(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch
-                                                                  ) -> None:
+def test_a_moved_model_keeps_the_absolute_path_it_was_staged_from(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A model named relative to where `run` was typed: model_given is that folder's absolute path
     (an adapter names its base there, and loads where the model comes home); a model_given from an
     earlier staging stays."""

@@ -168,5 +168,5 @@ def test_report_and_plan_read_an_old_ledger_as_its_renamed_copy(tmp_path: Path) 
         assert old_out.output == new_out.output
     rows = json.loads(CliRunner().invoke(cli, ["plan", "--link-gbps", "10", "--validate", "--json",
                                               str(OLD_LEDGER)]).output)
-    assert {"diloco:8", "local-sgd:8", "ddp+powersgd:2", "gather-scatter"} <= {r["sync"]
-                                                                               for r in rows}
+    assert ({"diloco:8", "local-sgd:8", "ddp+powersgd:2", "gather-scatter"}
+            <= {r["sync"] for r in rows})

@@ -83,7 +83,7 @@ def test_bad_input_fails_before_any_run_with_one_line(tmp_path: Path,
 
 def test_dry_run_shows_each_run_with_the_options_passed_through(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch,
-                                                               shared_data: Path) -> None:
+                                                                shared_data: Path) -> None:
     (tmp_path / "hosts").write_text("localhost\n127.0.0.1\n")
     monkeypatch.chdir(tmp_path)
     common = ["sweep", "mrpc", "--data-dir", str(shared_data / "glue" / "MRPC"), "--model", "tiny",

@@ -69,8 +69,8 @@ def spellings(root: Path = PACKAGE) -> Iterator[str]:
                     and isinstance(node.args[0], ast.Constant):
                 yield (f"{rel}:{node.lineno}: emit({node.args[0].value!r}): an event name "
                        "(wire/events.py)")
-            if not isinstance(node, ast.Constant) or id(node) in skip or (rel,
-                                                                          node.value) in ALLOWED:
+            if (not isinstance(node, ast.Constant) or id(node) in skip
+                    or (rel, node.value) in ALLOWED):
                 continue
             if (why := _why(node.value)) is not None:
                 yield f"{rel}:{node.lineno}: {node.value!r}: {why}"

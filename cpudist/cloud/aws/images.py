@@ -34,8 +34,8 @@ def create_image(ec2: Any, instance_id: str, owner_tag: str, name: str, run_id: 
 
 
 def _filters(owner_tag: str, run_id: str | None) -> list[dict[str, Any]]:
-    return [{"Name": f"tag:{CLUSTER_TAG}", "Values": [owner_tag]}] + (run_filter(run_id) if run_id
-                                                                      else [])
+    return ([{"Name": f"tag:{CLUSTER_TAG}", "Values": [owner_tag]}]
+            + (run_filter(run_id) if run_id else []))
 
 
 def owned_images(ec2: Any, owner_tag: str, run_id: str | None = None) -> list[dict[str, Any]]:

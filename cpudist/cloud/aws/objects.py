@@ -96,9 +96,8 @@ class S3Objects:
         start = f"{self.prefix}/" if self.prefix else ""
         found: list[str] = []
         with self._errors():
-            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
-                                                                               Prefix=start
-                                                                              + under):
+            paginator = self.client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=start + under):
                 found += [obj["Key"][len(start):] for obj in page.get("Contents", [])]
         return found
 

@@ -42,8 +42,8 @@ def read_mark(path: Path, log: str) -> int:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return 0
-    if not isinstance(data, dict) or data.get("log") != log or not isinstance(data.get("offset"),
-                                                                              int):
+    if (not isinstance(data, dict) or data.get("log") != log
+            or not isinstance(data.get("offset"), int)):
         return 0
     return max(0, data["offset"])
 

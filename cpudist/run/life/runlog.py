@@ -40,8 +40,8 @@ def event_text(event: dict[str, Any]) -> str | None:
     if kind == events.PREEMPTED:
         return f"stopping at step {event['step']}: {event['reason']} on {event['host']}"
     if kind == events.EVALUATED:
-        return f"evaluation at step {event['step']}: " + " ".join(f"{k}={v:.4f}" for k,
-                                                                  v in event["metrics"].items())
+        return (f"evaluation at step {event['step']}: "
+                + " ".join(f"{k}={v:.4f}" for k, v in event["metrics"].items()))
     if kind == events.MODEL:
         return f"model saved: {event['path']} (step {event['step']})"
     if kind == events.MODEL_S3:
