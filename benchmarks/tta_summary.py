@@ -124,7 +124,7 @@ def task_markdown(task: str, s: dict[str, Any], cal: dict[str, Any], spec: dict[
     best = s["best_arm"] or "no arm reached the target"
     partial = "" if s.get("best_of_full_seeds", True) or not s["best_arm"] else \
         f", fewer than {FULL_SEEDS} seeds: no verdict yet"
-    lines += ["", f"4 hosts, best arm of {FULL_SEEDS} seeds ({best}{partial}): "
+    lines += ["", f"4 hosts, best arm of those with {FULL_SEEDS} seeds or more ({best}{partial}): "
               f"{'-' if sp is None else f'{sp:.2f}x'} sooner than 1 host (goal {GOAL}x: "
               f"{'met' if s['met'] else 'not met'}); against HF Trainer + torchrun on the same 4 "
               f"hosts: {'-' if vs is None else f'{vs:.2f}x'} (goal {GOAL_VS_HF}x: "

@@ -133,8 +133,8 @@ class TrainConfig:
     resume: str | None = None
     resume_required: bool = False  # a recovery's part: no checkpoint found stops it, never step 0
     # where staging took the model from (the launching side's absolute path): a LoRA adapter
-    model_given: str = ""
     # names its base there, so it loads where the model comes home, not from a node's stage folder
+    model_given: str = ""
     # the run's id (cpudist/run/identity.py), given by `cpudist run`; a resume keeps the run's
     run_id: str = ""
     imds: str = "auto"  # spot notices: auto (AWS's metadata service on EC2) | off | URL

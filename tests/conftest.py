@@ -74,9 +74,9 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 # The longest files first (their tests' summed durations in a full run, longest first; a file not
 # listed keeps its place after them), so that with several workers no long file starts last and runs
-# on alone. Each worker takes whole files in this order. summed durations of a parallel run
-# (ba9a930, 3 workers on 2 cores): 735 s down to 60 s; the
+# on alone. Each worker takes whole files in this order.
 LONGEST_FIRST = (
+    # summed durations of a parallel run (ba9a930, 3 workers on 2 cores): 735 s down to 60 s; the
     # one-test test_learning first (xdist keeps this order with --no-loadscope-reorder,
     # pyproject.toml)
     "test_learning.py", "test_aws_e2e.py", "test_sync.py", "test_run_local.py", "test_cluster.py",
