@@ -79,8 +79,8 @@ def test_one_rank_per_host_with_torchruns_variables_and_ddps_losses(hosts: Netns
     seen = {v["RANK"]: v
             for v in (json.loads(line.split("vars ", 1)[1]) for line in r.stderr.splitlines()
                       if "vars {" in line)}
-    assert {k: (v["GROUP_RANK"], v["LOCAL_RANK"], v["WORLD_SIZE"], v["LOCAL_WORLD_SIZE"]) for k,
-            v in seen.items()} \
+    assert {k: (v["GROUP_RANK"], v["LOCAL_RANK"], v["WORLD_SIZE"], v["LOCAL_WORLD_SIZE"])
+            for k, v in seen.items()} \
         == {"0": ("0", "0", "2", "1"), "1": ("1", "0", "2", "1")}, r.stderr
     entry = json.loads((tmp_path / "ledger.jsonl").read_text())
     assert sorted(entry["nodes"]) == sorted([hosts.name(0),

@@ -283,9 +283,8 @@ def test_every_step_sends_the_bytes_of_its_strategy(ranks: dict[str, Any], name:
     for step, (*micro, after) in enumerate(windows, start=1):
         expected = expected_bytes(case, step) - expected_bytes(case, step - 1)
         assert close(micro[-1], expected), (step, micro, expected)
-        assert all(close(w, 0)
-                   for w in [*micro[:-1],
-                             after]), f"step {step}: bytes outside the exchange {windows}"
+        assert all(close(w, 0) for w in [*micro[:-1], after]), \
+            f"step {step}: bytes outside the exchange {windows}"
         # The check can fail: a skipped exchange, a doubled one, or one per micro-batch.
         assert not close(0, expected) and not close(2 * expected, expected), expected
         assert case["micro"] == 1 or not close(sum(micro), case["micro"] * expected)

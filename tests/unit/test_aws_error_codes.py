@@ -18,8 +18,8 @@ from cpudist.train.durable import Mirror, MirrorError
 
 
 def client_error(code: str, op: str = "DescribeInstances") -> botocore.exceptions.ClientError:
-    return botocore.exceptions.ClientError({"Error": {"Code": code, "Message": f"{code} says no"}},
-                                           op)
+    error = {"Error": {"Code": code, "Message": f"{code} says no"}}
+    return botocore.exceptions.ClientError(error, op)
 
 
 @pytest.mark.parametrize("error", [

@@ -211,8 +211,8 @@ def test_the_plan_takes_the_runs_lengths_and_batches_fp32_unless_asked_and_the_o
     assert (s.precision, s.max_seq_len, s.batch_size) == ("fp32", 96, 32)
     assert p.precision_from == ("the default; the run computed in bf16: --precision bf16 gives "
                                 "its own numbers")
-    assert p.output == run / "predict_results_mrpc.txt" and p.fmt == "glue" and len(
-        p.inputs) == 1725
+    assert (p.output == run / "predict_results_mrpc.txt" and p.fmt == "glue"
+            and len(p.inputs) == 1725)
     assert s.threads >= 1 and p.np == 2
     text = describe(p)
     assert "1725 from" in text and "fp32 (the default; the run computed in bf16" in text

@@ -54,9 +54,8 @@ def test_node_scaling_has_nodes_on_x_and_flags_ringed(tmp_path: Path) -> None:
     rows = scaling_rows(runs)
     fig = write_plot(rows, tmp_path / "nodes.png")
     speedup, efficiency = fig.axes
-    assert lines(speedup)[IDEAL] == ([1, 2, 4],
-                                     [1.0, 2.0,
-                                      4.0]) and speedup.get_xlabel() == "nodes (1 rank each)"
+    assert (lines(speedup)[IDEAL] == ([1, 2, 4], [1.0, 2.0, 4.0])
+            and speedup.get_xlabel() == "nodes (1 rank each)")
     assert (ringed(speedup) == [(4, pytest.approx(5.2))]
             and ringed(efficiency) == [(4, pytest.approx(130.0))])
     assert FLAGGED in [t.get_text() for t in fig.legends[0].get_texts()] and rows[2].flagged

@@ -72,7 +72,7 @@ def test_sweep_takes_every_run_option_but_the_per_run_ones() -> None:
 ])
 def test_bad_input_fails_before_any_run_with_one_line(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch,
-                                                     args: list[str], why: str) -> None:
+                                                      args: list[str], why: str) -> None:
     (tmp_path / "hosts").write_text("localhost\n127.0.0.1\n")
     monkeypatch.chdir(tmp_path)
     r = CliRunner().invoke(cli, ["sweep", "mrpc", "--hostfile", "hosts", "--model", "tiny", *args])

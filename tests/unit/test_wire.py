@@ -64,9 +64,8 @@ def spellings(root: Path = PACKAGE) -> Iterator[str]:
         tree = ast.parse(path.read_text(), str(path))
         skip = _docstrings(tree)
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and getattr(node.func, "attr",
-                                                      None) == "emit" and node.args \
-                    and isinstance(node.args[0], ast.Constant):
+            if (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "emit"
+                    and node.args and isinstance(node.args[0], ast.Constant)):
                 yield (f"{rel}:{node.lineno}: emit({node.args[0].value!r}): an event name "
                        "(wire/events.py)")
             if (not isinstance(node, ast.Constant) or id(node) in skip
