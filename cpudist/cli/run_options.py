@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from cpudist.cli.batch_options import batch_options
+from cpudist.cli.cluster_options import imds_callback
 from cpudist.cli.defaults import config_option
 from cpudist.cli.hf_options import hf_options
 from cpudist.cli.launch_options import launch_options, route_options
@@ -28,7 +29,6 @@ from cpudist.config import (
 from cpudist.strategies import STRATEGIES, parse_compression
 from cpudist.train.report_to import parse_report_to
 from cpudist.train.tasks import normalize_task, task_names
-from cpudist.validate import check_imds
 
 
 def _task(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -43,10 +43,6 @@ def _s3(ctx: click.Context, param: click.Parameter, value: str | None) -> str | 
     if value is not None:
         check_store_url(value)
     return value
-
-
-def _imds(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    return check_imds(value)
 
 
 def _report_to(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...]:
@@ -182,7 +178,8 @@ OPTIONS: list[Callable[[Any], Any]] = [
                  help="auto: go on from the newest usable checkpoint of the run folder (without "
                  "--output-dir: the newest unfinished run of this task and model), if any; or a "
                  "checkpoint path."),
-    click.option("--imds-endpoint", "imds", default="auto", show_default=True, callback=_imds,
+    click.option("--imds-endpoint", "imds", default="auto", show_default=True,
+                 callback=imds_callback,
                  help="Instance metadata service polled for spot interruption notices: auto "
                       "(AWS's, on EC2 "
                  "only), off, or a URL."),
