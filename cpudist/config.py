@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cpudist.errors import BadInput
-from cpudist.strategies import STRATEGIES, SyncSpec, parse_compression
+from cpudist.strategies import ASKED, STRATEGIES, SyncSpec, flag
 from cpudist.wire import programs
 
 POWERSGD_START_SHARE = 0.1  # PowerSGD's plain fp32 steps before it compresses: 10% of the run
@@ -167,23 +167,8 @@ class TrainConfig:
     lr_world: int = 0
     # sgd: plain SGD (no momentum), linear in the gradient: for teaching and checks
     optimizer: str = "adamw"
-    # Gradient sync: SyncSpec's knobs, under the same names (cpudist/strategies.py,
-    # cpudist/train/sync.py)
-    sync: str = "ddp"  # ddp | allreduce | gather-scatter | local-sgd
-    bucket_cap_mb: float = 25.0  # DDP's buckets; local SGD's averaging buckets
-    # ddp: auto | none | bf16 | fp16 | powersgd[:RANK] (auto: bf16 across nodes,
-    # resolved_compression); local-sgd: auto (none) | none | bf16
-    grad_compression: str = "auto"
-    # ddp: rows (only the word embedding's rows a step touched) | dense
-    embedding_sync: str = "rows"
-    sync_every: int = 8  # local-sgd: steps between parameter averages (K)
-    local_sgd_warmup: int = 0  # local-sgd: synchronous (gradient-averaging) steps first
-    outer_optimizer: str = "none"  # local-sgd: none | nesterov (DiLoCo)
-    # local-sgd: none | first | second | both (AdamW's moments averaged too)
-    average_moments: str = "none"
-    second_moment_every: int = 1  # local-sgd: the second moment joins only every J-th average
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9
+    # how the ranks agree on the model: --sync and its knobs, as asked (cpudist/strategies.py)
+    sync: SyncSpec = ASKED
 
 
 def _flag(name: str) -> str:
@@ -205,13 +190,18 @@ def _default(f: dataclasses.Field[Any]) -> Any:
 
 
 def to_argv(cfg: TrainConfig) -> list[str]:
-    """Render a config as `--flag=value` words; defaults are left out to keep commands short."""
+    """Render a config as `--flag=value` words; defaults are left out to keep commands short.
+    TrainConfig.sync's knobs are flags of their own (--sync, --sync-every ...), as `cpudist run`
+    takes them."""
     argv: list[str] = []
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
-        if value is None or value == _default(f):
-            continue
-        argv.append(f"{_flag(f.name)}={_encode(value)}")  # `=`: a value may itself start with "-"
+        if f.name == "sync":
+            argv += [f"{_flag(flag(k))}={_encode(getattr(value, k.name))}"
+                     for k in dataclasses.fields(SyncSpec)
+                     if getattr(value, k.name) != getattr(ASKED, k.name)]
+        elif value is not None and value != _default(f):
+            argv.append(f"{_flag(f.name)}={_encode(value)}")  # `=`: a value may start with "-"
     return argv
 
 
@@ -235,12 +225,19 @@ def _decoder(hint: Any) -> Any:
 def from_argv(argv: list[str]) -> TrainConfig:
     """Parse what `to_argv` rendered back into a TrainConfig."""
     hints = typing.get_type_hints(TrainConfig)
+    knobs = typing.get_type_hints(SyncSpec)
     parser = argparse.ArgumentParser(prog=programs.usage(programs.RANK))
     for f in dataclasses.fields(TrainConfig):
-        required = _default(f) is dataclasses.MISSING
-        parser.add_argument(_flag(f.name), dest=f.name, type=_decoder(hints[f.name]),
-                            required=required, default=argparse.SUPPRESS)
-    return TrainConfig(**vars(parser.parse_args(argv)))
+        if f.name != "sync":
+            parser.add_argument(_flag(f.name), dest=f.name, type=_decoder(hints[f.name]),
+                                required=_default(f) is dataclasses.MISSING,
+                                default=argparse.SUPPRESS)
+    for k in dataclasses.fields(SyncSpec):
+        parser.add_argument(_flag(flag(k)), dest="sync." + k.name, type=_decoder(knobs[k.name]),
+                            default=argparse.SUPPRESS)
+    given = vars(parser.parse_args(argv))
+    sync = {k.removeprefix("sync."): given.pop(k) for k in list(given) if k.startswith("sync.")}
+    return TrainConfig(**given, sync=dataclasses.replace(ASKED, **sync))
 
 
 def check_save(cfg: TrainConfig) -> None:
@@ -255,26 +252,25 @@ def check_save(cfg: TrainConfig) -> None:
         what = "--save-model best" if cfg.save_model == "best" else "--eval-every"
         raise BadInput(f"{what} needs evaluations, and --no-eval turns them off",
                        f"Drop --no-eval or {what}")
-    if cfg.eval_every and cfg.sync == "local-sgd" and (cfg.eval_every % cfg.sync_every
-                                                       or cfg.local_sgd_warmup % cfg.sync_every):
+    sync = cfg.sync
+    if cfg.eval_every and sync.strategy == "local-sgd" and (cfg.eval_every % sync.sync_every
+                                                            or sync.local_sgd_warmup
+                                                            % sync.sync_every):
         # Between averages every rank holds its own model: an evaluation there would score a mix of
         # them.
         raise BadInput(f"--eval-every {cfg.eval_every} with --sync local-sgd evaluates between "
                        "parameter averages, where the ranks' models differ",
-                       f"Give --eval-every a multiple of --sync-every {cfg.sync_every} (and "
+                       f"Give --eval-every a multiple of --sync-every {sync.sync_every} (and "
                        "--local-sgd-warmup too)")
 
 
 def spec_of(cfg: TrainConfig, total_steps: int) -> SyncSpec:
-    """The run's SyncSpec, with warm-ups worked out from its length."""
-    if cfg.sync not in STRATEGIES:
-        raise BadInput(f"--sync {cfg.sync}: unknown", f"Use one of: {', '.join(STRATEGIES)}")
+    """The SyncSpec the run trains with: auto resolved, warm-ups worked out from its length."""
+    sync = cfg.sync
+    if sync.strategy not in STRATEGIES:
+        raise BadInput(f"--sync {sync.strategy}: unknown", f"Use one of: {', '.join(STRATEGIES)}")
     # a rank resolved auto already (train/main.py knows the nodes); elsewhere, as on one node
-    compression, rank = parse_compression(
-        resolved_compression(cfg.grad_compression, cfg.sync, False))
-    start = max(2, round(POWERSGD_START_SHARE * total_steps))
-    same = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(SyncSpec)
-            if hasattr(cfg, f.name)}
-    return SyncSpec(**{**same, "grad_compression": compression, "powersgd_rank": rank,
-                       "powersgd_start": start,
-                       "local_sgd_warmup": cfg.local_sgd_warmup if cfg.sync == "local-sgd" else 0})
+    return dataclasses.replace(
+        sync, grad_compression=resolved_compression(sync.grad_compression, sync.strategy, False),
+        powersgd_start=max(2, round(POWERSGD_START_SHARE * total_steps)),
+        local_sgd_warmup=sync.local_sgd_warmup if sync.strategy == "local-sgd" else 0)

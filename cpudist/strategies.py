@@ -4,8 +4,8 @@ through its name, the trainer.
 
 A new strategy is one Strategy class in cpudist/train/sync.py (how ranks exchange) and one row in
 TABLE (its knobs, its label, whether DDP-style overlap hides its traffic, its accuracy risk, its
-traffic plan). A SyncSpec names its knobs as TrainConfig does; result.json records it as
-`sync_options`.
+traffic plan). A SyncSpec is TrainConfig.sync, its knobs named as their flags name them (the
+strategy, `--sync`, excepted); result.json records the resolved one as `sync_options`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cpudist.errors import BadInput
@@ -22,8 +22,8 @@ COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
 RING, GATHER_SCATTER = "ring", "gather-scatter"  # the collectives a strategy's exchanges use
 # knobs every strategy accepts (DDP's buckets, local SGD's; the others ignore it)
 SHARED = ("bucket_cap_mb",)
-# What result.json's sync_options called the knobs before they took TrainConfig's names.
-OLD_NAMES = {"strategy": "sync", "compression": "grad_compression",
+# What result.json's sync_options called the knobs in earlier cpudist versions.
+OLD_NAMES = {"sync": "strategy", "compression": "grad_compression",
              "warmup_steps": "local_sgd_warmup",
              "outer": "outer_optimizer", "moments": "average_moments"}
 # besides a knob's default, values that ask nothing of a strategy
@@ -41,18 +41,23 @@ RISKS = {  # what a strategy does to the optimization, as the plan's recommendat
 
 @dataclass(frozen=True)
 class SyncSpec:
-    """How the ranks agree on the model: the strategy and its knobs, named as TrainConfig names
-    them."""
+    """How the ranks agree on the model: the strategy and its knobs (TrainConfig.sync).
 
-    sync: str = "ddp"
-    # ddp: none | bf16 | fp16 | powersgd; local-sgd: none | bf16 (without :RANK)
+    As asked (ASKED, `cpudist run`'s flags) grad_compression may be auto, which the rank resolves
+    (config.resolved_compression); `spec_of` gives the resolved spec a run trains with, which is
+    what labels, traffic plans and result.json describe.
+    """
+
+    strategy: str = field(default="ddp", metadata={"flag": "sync"})
+    # ddp: none | bf16 | fp16 | powersgd; local-sgd: none | bf16; asked: also auto
     grad_compression: str = "none"
-    powersgd_rank: int = 1
-    powersgd_start: int = 2  # steps of plain fp32 all-reduce before PowerSGD compresses
+    powersgd_rank: int = 1  # --grad-compression powersgd:RANK
+    # steps of plain fp32 all-reduce before PowerSGD compresses (spec_of: a share of the run)
+    powersgd_start: int = 2
     bucket_cap_mb: float = 25.0
     # ddp: rows (the word embedding's touched rows only, after backward) | dense
     embedding_sync: str = "rows"
-    sync_every: int = 1  # local-sgd: K, steps between parameter averages
+    sync_every: int = 8  # local-sgd: K, steps between parameter averages
     local_sgd_warmup: int = 0  # local-sgd: synchronous (gradient-averaging) steps first
     outer_optimizer: str = "none"  # local-sgd: none | nesterov (DiLoCo's outer optimizer)
     outer_lr: float = 0.7
@@ -65,7 +70,7 @@ class SyncSpec:
     @property
     def row(self) -> Sync:
         """This strategy's row of TABLE."""
-        return TABLE[self.sync]
+        return TABLE[self.strategy]
 
     @property
     def label(self) -> str:
@@ -102,7 +107,7 @@ class Sync:
     plan: Callable[[SyncSpec, int], tuple[Phase, ...]]  # the exchanges of a run of that many steps
     # the spec of one of its labels (None: not its label)
     from_label: Callable[[str], SyncSpec | None]
-    check: Callable[[Any], None] = lambda cfg: None  # refuses knob values it cannot run with
+    check: Callable[[SyncSpec], None] = lambda s: None  # refuses knob values it cannot run with
 
 
 # a ddp label's tag for --embedding-sync dense (rows, the default, has none)
@@ -184,20 +189,20 @@ def _local_from_label(label: str) -> SyncSpec | None:
             wire = tag
     moments = {(False, False): "none", (True, False): "first", (False, True): "second",
                (True, True): "both"}
-    return SyncSpec(sync="local-sgd", grad_compression=wire, sync_every=int(k or 1),
+    return SyncSpec(strategy="local-sgd", grad_compression=wire, sync_every=int(k or 1),
                     average_moments=moments[first, second], second_moment_every=every,
                     outer_optimizer="nesterov" if name == "diloco" else "none")
 
 
-def _local_check(cfg: Any) -> None:
-    if cfg.grad_compression not in ("auto", "none", "bf16"):
-        raise BadInput(f"--grad-compression {cfg.grad_compression}: local SGD averages in fp32 "
+def _local_check(s: SyncSpec) -> None:
+    if s.grad_compression not in ("auto", "none", "bf16"):
+        raise BadInput(f"--grad-compression {s.grad_compression}: local SGD averages in fp32 "
                        "(none) or bf16",
                        "Use --grad-compression bf16 with --sync local-sgd, or --sync ddp for "
                        "PowerSGD")
-    if cfg.second_moment_every > 1 and cfg.average_moments not in ("second", "both"):
-        raise BadInput(f"--second-moment-every {cfg.second_moment_every}: the second moment is not "
-                       f"averaged (--average-moments {cfg.average_moments})",
+    if s.second_moment_every > 1 and s.average_moments not in ("second", "both"):
+        raise BadInput(f"--second-moment-every {s.second_moment_every}: the second moment is not "
+                       f"averaged (--average-moments {s.average_moments})",
                        "Add --average-moments both (or second), or drop --second-moment-every")
 
 
@@ -207,7 +212,7 @@ def _plain(name: str, collective: str, calls: float) -> Sync:
     return Sync(name=name, knobs=(), collective=collective, hides=False, cpu_by_compression=False,
                 label=lambda s: name, risk=lambda s: "",
                 plan=lambda s, steps: (Phase(steps, calls=calls, per_bucket=False),),
-                from_label=lambda label: SyncSpec(sync=name) if label.partition(":")[0] == name
+                from_label=lambda label: SyncSpec(strategy=name) if label.partition(":")[0] == name
                 else None)
 
 
@@ -231,6 +236,24 @@ TABLE: dict[str, Sync] = {s.name: s for s in (
          plan=_local_plan, from_label=_local_from_label, check=_local_check),
 )}
 STRATEGIES = tuple(TABLE)
+# what `cpudist run` asks when no sync flag is given (TrainConfig.sync's default)
+ASKED = SyncSpec(grad_compression="auto")
+
+
+def flag(f: dataclasses.Field[Any]) -> str:
+    """A SyncSpec field's flag, without its dashes: the strategy is --sync."""
+    return str(f.metadata.get("flag", f.name))
+
+
+def asked(options: Mapping[str, Any]) -> SyncSpec:
+    """The SyncSpec in options named as the flags name them (`cpudist run`'s, a rank's command
+    line); --grad-compression powersgd:RANK as its two fields, the knobs not in options as ASKED."""
+    given = {f.name: options[flag(f)] for f in dataclasses.fields(SyncSpec) if flag(f) in options}
+    if "grad_compression" in given:
+        given["grad_compression"], rank = parse_compression(str(given["grad_compression"]))
+        if ":" in str(options["grad_compression"]):
+            given["powersgd_rank"] = rank
+    return dataclasses.replace(ASKED, **given)
 
 
 def parse_compression(text: str) -> tuple[str, int]:
@@ -259,38 +282,37 @@ def from_record(options: Mapping[str, Any], label: str) -> SyncSpec:
     """The sync a result.json recorded: its `sync_options` under their names of any cpudist version,
     else its label."""
     named = {OLD_NAMES.get(k, k): v for k, v in options.items()}
-    if "sync" not in named:
+    if "strategy" not in named:
         return parse_label(label)
     # recorded before rows existed:
-    if named["sync"] == "ddp" and named.get("grad_compression") != "powersgd":
+    if named["strategy"] == "ddp" and named.get("grad_compression") != "powersgd":
         named.setdefault("embedding_sync", "dense")  # DDP all-reduced all of the word embedding
     fields = {f.name for f in dataclasses.fields(SyncSpec)}
     return SyncSpec(**{k: v for k, v in named.items() if k in fields})
 
 
-def check_sync(cfg: Any) -> None:
+def check_sync(sync: SyncSpec) -> None:
     """Knobs of one strategy given with another are mistakes: say so before anything starts.
 
-    `cfg`: a TrainConfig (any dataclass with its knob fields); a knob counts as given when it is not
-    its default.
+    `sync`: as asked (TrainConfig.sync); a knob counts as given when it is not ASKED's.
     """
-    row = TABLE.get(cfg.sync)
+    row = TABLE.get(sync.strategy)
     if row is None:
-        raise BadInput(f"--sync {cfg.sync}: unknown", f"Use one of: {', '.join(STRATEGIES)}")
-    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
-    unset = {k: (v, *NOT_GIVEN.get(k, ())) for k, v in defaults.items()}
+        raise BadInput(f"--sync {sync.strategy}: unknown", f"Use one of: {', '.join(STRATEGIES)}")
+    unset = {f.name: (getattr(ASKED, f.name), *NOT_GIVEN.get(f.name, ()))
+             for f in dataclasses.fields(ASKED)}
     every = {k for r in TABLE.values() for k in r.knobs}
     # the most specific knob first: one that a single strategy takes says best which --sync was
     # meant
     for knob in sorted(every, key=lambda k: (sum(k in r.knobs for r in TABLE.values()), _order(k))):
-        if knob in row.knobs or getattr(cfg, knob) in unset[knob]:
+        if knob in row.knobs or getattr(sync, knob) in unset[knob]:
             continue
         flag, takers = "--" + knob.replace("_", "-"), [r.name for r in TABLE.values()
                                                        if knob in r.knobs]
         hint = (f"Add --sync {takers[0]}, or drop {flag}" if len(takers) == 1
                 else f"Use --sync {takers[0]} (or {', '.join(takers[1:])}) with it, or drop {flag}")
         raise BadInput(f"{flag} applies to --sync {' and '.join(takers)}, not {row.name}", hint)
-    row.check(cfg)
+    row.check(sync)
 
 
 def _order(knob: str) -> int:

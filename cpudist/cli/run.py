@@ -37,7 +37,7 @@ from cpudist.run.request import (
     resolve_layout,
     unfinished_run,
 )
-from cpudist.strategies import check_sync
+from cpudist.strategies import asked, check_sync
 from cpudist.train import lora
 from cpudist.wire import names
 
@@ -60,8 +60,9 @@ def summary(r: RunResult) -> str:
 
 def _train_config(opts: dict[str, Any]) -> TrainConfig:
     """The TrainConfig in run's options (the rest feed the launch, the route and the output)."""
-    names = {f.name for f in fields(TrainConfig)}
-    given = {k: v for k, v in opts.items() if k in names}
+    names = {f.name for f in fields(TrainConfig)} - {"sync"}
+    given: dict[str, Any] = {k: v for k, v in opts.items() if k in names}
+    given["sync"] = asked(opts)
     for key in ("data_dir", "train_file", "validation_file"):
         given[key] = str(given[key]) if given.get(key) else None
     given["text_columns"] = tuple(c.strip() for c in (opts["text_columns"] or "").split(",")
@@ -104,7 +105,7 @@ def run(ctx: click.Context, **opts: Any) -> None:
     from cpudist.run.where import where_for
 
     cfg = with_hf_defaults(_train_config(opts), ctx, say)
-    check_sync(cfg)
+    check_sync(cfg.sync)
     check_save(cfg)
     lora.check(cfg)
     route = to_route(opts)

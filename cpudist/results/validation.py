@@ -112,7 +112,7 @@ def measured_sync_cpu(runs: Sequence[RunResult], link: Link, like: RunResult | N
 def kind(sync: SyncSpec) -> tuple[str, str]:
     """What sets a sync's CPU work per byte: the collective (ring all-reduce, gather and scatter)
     and the compression around it (PowerSGD's matrix products, bf16's casts)."""
-    return sync.sync, sync.grad_compression if sync.row.cpu_by_compression else "none"
+    return sync.strategy, sync.grad_compression if sync.row.cpu_by_compression else "none"
 
 
 def validate(runs: Sequence[RunResult], link_gbps: float, latency_s: float = DEFAULT_LATENCY_S,

@@ -21,6 +21,7 @@ from cpudist.hostfile import Nodes
 from cpudist.launch.batch import BatchOptions
 from cpudist.launch.spec import LaunchOptions
 from cpudist.results.launched import Launched
+from cpudist.strategies import SyncSpec
 from cpudist.wire import names, payload, stop_marker
 from cpudist.wire.payload import Payload, Trainer
 
@@ -65,6 +66,7 @@ class RunRequest:
         launched = Launched.from_dict(data.pop("launched", {}))
         ranks_run = payload.from_dict(data.pop("payload", {}))
         listed = data.pop("nodes", None)
+        train["sync"] = SyncSpec(**train.get("sync", {}))
         return cls(train=TrainConfig(**train), launch=LaunchOptions(**launch), launched=launched,
                    payload=ranks_run, nodes=Nodes.from_dict(listed) if listed else None, **data)
 

@@ -78,15 +78,15 @@ def _say_rank0(rank: int) -> Callable[[str], None]:
 def _wire(cfg: TrainConfig, info: RankInfo) -> TrainConfig:
     """--grad-compression auto made what it does here (bf16 for ddp across nodes), said by rank 0
     when it is bf16."""
-    if cfg.grad_compression != "auto":
+    if cfg.sync.grad_compression != "auto":
         return cfg
     across = info.local_world_size < info.world_size
-    wire = resolved_compression(cfg.grad_compression, cfg.sync, across)
+    wire = resolved_compression(cfg.sync.grad_compression, cfg.sync.strategy, across)
     if wire != "none":
         _say_rank0(info.rank)(f"gradients cross the network in {wire} (--grad-compression auto: "
                               f"{wire} for ddp "
                               "when the ranks span nodes; --grad-compression none keeps fp32)")
-    return dataclasses.replace(cfg, grad_compression=wire)
+    return dataclasses.replace(cfg, sync=dataclasses.replace(cfg.sync, grad_compression=wire))
 
 
 def _warn(line: str) -> None:

@@ -41,8 +41,10 @@ def _opt_in() -> None:
 
 def params_of(config: dict[str, Any]) -> dict[str, str]:
     """The run's hyperparameters as MLflow params: every set field, as text, cut to a length any
-    MLflow takes."""
-    return {k: str(v)[:_PARAM_MAX] for k, v in sorted(config.items()) if v is not None and v != ()
+    MLflow takes; a nested one's fields under its name (sync.strategy, sync.sync_every ...)."""
+    flat = {f"{k}.{n}" if isinstance(v, dict) else k: x for k, v in config.items()
+            for n, x in (v.items() if isinstance(v, dict) else [("", v)])}
+    return {k: str(v)[:_PARAM_MAX] for k, v in sorted(flat.items()) if v is not None and v != ()
             and v != ""}
 
 

@@ -182,7 +182,7 @@ def make(model: torch.nn.Module, spec: SyncSpec, world: int) -> Strategy:
     """The strategy object for this run (nothing to exchange on one rank)."""
     if world == 1:
         return Strategy(model, spec, world)
-    return Strategy.registry[spec.sync](model, spec, world)
+    return Strategy.registry[spec.strategy](model, spec, world)
 
 
 def named_shapes(model: torch.nn.Module) -> Iterator[tuple[int, ...]]:

@@ -39,23 +39,23 @@ STEPS = 5
 ROWS = 2
 # (name, SyncSpec fields, micro-batches per step)
 CASES: list[tuple[str, dict[str, Any], int]] = [
-    ("ddp", {"sync": "ddp"}, 1),
-    ("ddp+bf16", {"sync": "ddp", "grad_compression": "bf16"}, 1),
-    ("ddp+fp16", {"sync": "ddp", "grad_compression": "fp16"}, 1),
-    ("ddp+powersgd:1", {"sync": "ddp", "grad_compression": "powersgd", "powersgd_rank": 1}, 1),
-    ("ddp+powersgd:4", {"sync": "ddp", "grad_compression": "powersgd", "powersgd_rank": 4}, 1),
-    ("ddp+accum", {"sync": "ddp"}, 2),
-    ("allreduce", {"sync": "allreduce"}, 1),
-    ("gather-scatter", {"sync": "gather-scatter"}, 1),
-    ("local-sgd:2", {"sync": "local-sgd", "sync_every": 2, "local_sgd_warmup": 1}, 1),
+    ("ddp", {"strategy": "ddp"}, 1),
+    ("ddp+bf16", {"strategy": "ddp", "grad_compression": "bf16"}, 1),
+    ("ddp+fp16", {"strategy": "ddp", "grad_compression": "fp16"}, 1),
+    ("ddp+powersgd:1", {"strategy": "ddp", "grad_compression": "powersgd", "powersgd_rank": 1}, 1),
+    ("ddp+powersgd:4", {"strategy": "ddp", "grad_compression": "powersgd", "powersgd_rank": 4}, 1),
+    ("ddp+accum", {"strategy": "ddp"}, 2),
+    ("allreduce", {"strategy": "allreduce"}, 1),
+    ("gather-scatter", {"strategy": "gather-scatter"}, 1),
+    ("local-sgd:2", {"strategy": "local-sgd", "sync_every": 2, "local_sgd_warmup": 1}, 1),
 ]
 # On a model with a word embedding (token_model): ddp leaves it out, sends the rows a step touched
 # (sync.EmbeddingRows)
 TOKEN_CASES: list[tuple[str, dict[str, Any], int]] = [
-    ("tokens:ddp", {"sync": "ddp"}, 1),
-    ("tokens:ddp+bf16", {"sync": "ddp", "grad_compression": "bf16"}, 1),
-    ("tokens:ddp+accum", {"sync": "ddp"}, 2),
-    ("tokens:ddp+dense-emb", {"sync": "ddp", "embedding_sync": "dense"}, 1),
+    ("tokens:ddp", {"strategy": "ddp"}, 1),
+    ("tokens:ddp+bf16", {"strategy": "ddp", "grad_compression": "bf16"}, 1),
+    ("tokens:ddp+accum", {"strategy": "ddp"}, 2),
+    ("tokens:ddp+dense-emb", {"strategy": "ddp", "embedding_sync": "dense"}, 1),
 ]
 # token ids per row: 2 rows of 6 touch at most 12 of the vocabulary's rows per rank and micro-batch
 TOKENS = 6

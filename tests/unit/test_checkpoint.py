@@ -15,6 +15,7 @@ import torch
 
 from cpudist.config import TrainConfig
 from cpudist.errors import BadInput
+from cpudist.strategies import SyncSpec
 from cpudist.train import checkpoint, resume
 from cpudist.train import checkpoint_meta as ckpt
 from cpudist.train.checkpoint_meta import CheckpointMeta, Done, Position
@@ -153,12 +154,14 @@ def test_a_checkpoint_of_an_older_format_is_refused_in_one_line_before_it_is_rea
 
 
 def sgd_meta(**over: Any) -> CheckpointMeta:
-    cfg = TrainConfig(task="mrpc", output_dir="o", sync="local-sgd", sync_every=4, batch_size=16)
+    cfg = TrainConfig(task="mrpc", output_dir="o", sync=SyncSpec("local-sgd", sync_every=4),
+                      batch_size=16)
     return meta_of(cfg, **{"sync": "local-sgd:4", "rank_state": True, **over})
 
 
 def test_per_rank_state_is_refused_on_other_ranks_or_another_sync() -> None:
-    cfg = TrainConfig(task="mrpc", output_dir="o", sync="local-sgd", sync_every=4, batch_size=16)
+    cfg = TrainConfig(task="mrpc", output_dir="o", sync=SyncSpec("local-sgd", sync_every=4),
+                      batch_size=16)
     assert resume.adapt(cfg, sgd_meta(), 2, "ck").batch_size == 16
     with pytest.raises(BadInput, match="holds each of 2 ranks' own local-sgd:4 state; 1 rank") as e:
         resume.adapt(cfg, sgd_meta(), 1, "ck")
@@ -166,8 +169,8 @@ def test_per_rank_state_is_refused_on_other_ranks_or_another_sync() -> None:
     with pytest.raises(BadInput,
                        match="holds the ranks' own local-sgd:4 state; this run asks for "
                              "local-sgd:8"):
-        resume.adapt(TrainConfig(task="mrpc", output_dir="o", sync="local-sgd", sync_every=8),
-                     sgd_meta(), 2, "ck")
+        resume.adapt(TrainConfig(task="mrpc", output_dir="o",
+                                 sync=SyncSpec("local-sgd", sync_every=8)), sgd_meta(), 2, "ck")
     # No rank has a state of its own (ddp, or PowerSGD before it compressed): another world size
     # goes on.
     assert resume.adapt(cfg, sgd_meta(rank_state=False), 4, "ck").batch_size == 8

@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cpudist.config import TrainConfig, from_argv, to_argv
+from cpudist.strategies import ASKED, SyncSpec
 
 names = st.text(alphabet=st.characters(categories=["L", "N"], include_characters="_-."), min_size=1,
                 max_size=12)
@@ -50,6 +51,24 @@ def test_lr_scaling_follows_the_global_batch_of_every_strategy() -> None:
                         4) == 2e-4
     assert effective_lr(TrainConfig(task="mrpc", output_dir="", lr=1e-4, lr_scaling="sqrt"),
                         1) == 1e-4
-    local = TrainConfig(task="mrpc", output_dir="", lr=1e-4, lr_scaling="linear", sync="local-sgd")
+    local = TrainConfig(task="mrpc", output_dir="", lr=1e-4, lr_scaling="linear",
+                        sync=SyncSpec("local-sgd"))
     # the ranks' averaged steps move the model as one global-batch step
     assert effective_lr(local, 4) == 4e-4
+
+
+def test_the_sync_crosses_as_run_s_own_flags() -> None:
+    """TrainConfig.sync nests; a rank's command line spells it as `cpudist run` does, defaults
+    left out."""
+    assert to_argv(TrainConfig(task="mrpc", output_dir="o", sync=ASKED)) == ["--task=mrpc",
+                                                                              "--output-dir=o"]
+    local = TrainConfig(task="mrpc", output_dir="o",
+                        sync=SyncSpec("local-sgd", "bf16", sync_every=4, outer_optimizer="nesterov",
+                                      outer_lr=0.5, bucket_cap_mb=2.5))
+    argv = to_argv(local)
+    assert {"--sync=local-sgd", "--grad-compression=bf16", "--sync-every=4",
+            "--outer-optimizer=nesterov", "--outer-lr=0.5", "--bucket-cap-mb=2.5"} <= set(argv)
+    assert from_argv(argv) == local
+    powersgd = TrainConfig(task="mrpc", output_dir="o",
+                           sync=SyncSpec(grad_compression="powersgd", powersgd_rank=3))
+    assert from_argv(to_argv(powersgd)) == powersgd

@@ -12,13 +12,14 @@ import pytest
 
 from cpudist.config import TrainConfig, resolved_compression, spec_of
 from cpudist.errors import BadInput
-from cpudist.strategies import check_sync
+from cpudist.strategies import asked, check_sync
 from cpudist.train.dist import RankInfo
 from cpudist.train.main import _wire
 
 
-def cfg(**knobs: object) -> TrainConfig:
-    return TrainConfig(task="mrpc", output_dir="o", **knobs)  # type: ignore[arg-type]
+def cfg(**flags: object) -> TrainConfig:
+    """The config `cpudist run` builds from these sync flags."""
+    return TrainConfig(task="mrpc", output_dir="o", sync=asked(flags))
 
 
 def info(rank: int, world: int, local_world: int) -> RankInfo:
@@ -41,8 +42,9 @@ def test_auto_is_bf16_for_ddp_across_nodes_only(given: str, sync: str, world: in
     assert resolved_compression(given, sync, per_node < world) == wire
     ranks = [_wire(cfg(grad_compression=given, sync=sync), info(r, world, per_node))
              for r in range(world)]
-    # every rank alike: they must exchange the same
-    assert {c.grad_compression for c in ranks} == {wire}
+    # every rank alike: they must exchange the same (powersgd:2 is powersgd of rank 2)
+    assert {(c.sync.grad_compression, c.sync.powersgd_rank) for c in ranks} == {
+        (wire.partition(":")[0], int(wire.partition(":")[2] or 1))}
     spec_of(ranks[0], 100)  # a value the strategies take
     said = capsys.readouterr().out
     if given == "auto" and wire == "bf16":  # once, from rank 0, with the way back
@@ -62,7 +64,7 @@ def test_auto_is_bf16_for_ddp_across_nodes_only(given: str, sync: str, world: in
 def test_auto_and_none_ask_nothing_of_strategies_without_a_wire_choice(knobs: dict[str, object],
                                                                        ok: bool) -> None:
     if ok:
-        check_sync(cfg(**knobs))
+        check_sync(cfg(**knobs).sync)
     else:
         with pytest.raises(BadInput):
-            check_sync(cfg(**knobs))
+            check_sync(cfg(**knobs).sync)

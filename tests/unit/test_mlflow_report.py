@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
 CONFIG = {"task": "mrpc", "model": "tiny", "lr": 1e-3, "run_id": "20261126-171500-ab12",
-          "report_to": ("mlflow",), "mlflow_uri": None, "resume": None, "text_columns": ()}
+          "report_to": ("mlflow",), "mlflow_uri": None, "resume": None, "text_columns": (),
+          "sync": {"strategy": "local-sgd", "sync_every": 8}}  # TrainConfig.sync, as asdict
 
 
 @pytest.fixture(autouse=True)
@@ -59,6 +60,8 @@ def test_a_run_and_its_resumed_part_are_one_mlflow_run(tmp_path: Path) -> None:
     assert run.info.status == "FINISHED"
     params = run.data.params
     assert (params["task"], params["lr"], params["report_to"]) == ("mrpc", "0.001", "('mlflow',)")
+    # a nested config's fields, each a param of its own, as MLflow users compare them
+    assert (params["sync.strategy"], params["sync.sync_every"]) == ("local-sgd", "8")
     # unset: left out
     assert "resume" not in params and "mlflow_uri" not in params and "text_columns" not in params
 

@@ -17,11 +17,14 @@ from cpudist.errors import BadInput
 from cpudist.results.ledger import read_ledger
 from cpudist.results.planner import sync_of
 from cpudist.strategies import (
+    ASKED,
     OLD_NAMES,
     SHARED,
     TABLE,
     SyncSpec,
+    asked,
     check_sync,
+    flag,
     from_record,
     parse_label,
 )
@@ -36,23 +39,29 @@ def test_every_row_has_its_strategy_class_and_every_class_its_row() -> None:
     assert set(TABLE) == set(Strategy.registry)
 
 
-def test_knobs_are_named_as_trainconfig_names_them() -> None:
-    config = {f.name for f in dataclasses.fields(TrainConfig)}
-    # worked out from --grad-compression and the run's length
-    spec_only = {"powersgd_rank", "powersgd_start"}
-    assert {f.name for f in dataclasses.fields(SyncSpec)} - spec_only <= config
-    assert all(set(row.knobs) <= config for row in TABLE.values()) and set(SHARED) <= config
-    cfg = TrainConfig(task="mrpc", output_dir="o", sync="local-sgd", grad_compression="bf16",
-                      sync_every=4, local_sgd_warmup=3, outer_optimizer="nesterov", outer_lr=0.5,
-                      outer_momentum=0.8, average_moments="both", second_moment_every=2,
-                      bucket_cap_mb=5.0)
+def test_trainconfig_holds_the_sync_as_asked_and_spec_of_resolves_it() -> None:
+    knobs = {flag(f) for f in dataclasses.fields(SyncSpec)}
+    # run's flags name every knob a strategy takes
+    assert all(set(row.knobs) <= knobs for row in TABLE.values()) and set(SHARED) <= knobs
+    assert TrainConfig(task="mrpc", output_dir="o").sync == ASKED
+    assert ASKED.grad_compression == "auto" and ASKED.sync_every == 8
+    flags = {"sync": "local-sgd", "grad_compression": "bf16", "sync_every": 4,
+             "local_sgd_warmup": 3, "outer_optimizer": "nesterov", "outer_lr": 0.5,
+             "outer_momentum": 0.8, "average_moments": "both", "second_moment_every": 2,
+             "bucket_cap_mb": 5.0, "dist_timeout": 300}  # run's other options are not its
+    cfg = TrainConfig(task="mrpc", output_dir="o", sync=asked(flags))
+    assert cfg.sync == SyncSpec("local-sgd", "bf16", sync_every=4, local_sgd_warmup=3,
+                                outer_optimizer="nesterov", outer_lr=0.5, outer_momentum=0.8,
+                                average_moments="both", second_moment_every=2, bucket_cap_mb=5.0)
     spec = spec_of(cfg, 100)
-    same = {f.name for f in dataclasses.fields(SyncSpec)} - spec_only
-    assert {k: getattr(spec, k) for k in same} == {k: getattr(cfg, k) for k in same}
-    assert spec_of(dataclasses.replace(cfg, sync="ddp", grad_compression="powersgd:3"),
-                   100) == dataclasses.replace(
-        spec, sync="ddp", grad_compression="powersgd", powersgd_rank=3, powersgd_start=10,
-        local_sgd_warmup=0)
+    assert spec == dataclasses.replace(cfg.sync, powersgd_start=10)
+    # --grad-compression powersgd:3 is its two fields; the warm-up is local SGD's alone
+    ddp = dataclasses.replace(cfg, sync=asked({**flags, "sync": "ddp",
+                                               "grad_compression": "powersgd:3"}))
+    assert spec_of(ddp, 100) == dataclasses.replace(
+        spec, strategy="ddp", grad_compression="powersgd", powersgd_rank=3, local_sgd_warmup=0)
+    # auto resolved as on one node where the rank has not resolved it (train/main.py)
+    assert spec_of(TrainConfig(task="mrpc", output_dir="o"), 100).grad_compression == "none"
 
 
 SPECS = [SyncSpec(), SyncSpec(grad_compression="bf16"), SyncSpec(grad_compression="fp16"),
@@ -69,15 +78,16 @@ SPECS = [SyncSpec(), SyncSpec(grad_compression="bf16"), SyncSpec(grad_compressio
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.label)
 def test_every_label_parses_back_to_its_strategy(spec: SyncSpec) -> None:
     back = parse_label(spec.label)
-    assert back.label == spec.label and back.sync == spec.sync
+    assert back.label == spec.label and back.strategy == spec.strategy
 
 
 def test_unknown_labels_are_ddp() -> None:
     assert parse_label("") == parse_label("no-such-sync:3") == SyncSpec()
 
 
-def cfg(**knobs: object) -> TrainConfig:
-    return TrainConfig(task="mrpc", output_dir="o", **knobs)  # type: ignore[arg-type]
+def cfg(**knobs: object) -> SyncSpec:
+    """The sync `cpudist run` asks for with these flags."""
+    return asked(knobs)
 
 
 @pytest.mark.parametrize(("knobs", "message"), [
@@ -116,20 +126,23 @@ def test_each_strategys_own_knobs_pass(knobs: dict[str, object]) -> None:
 
 
 def renamed(record: dict[str, object]) -> dict[str, object]:
-    """A result.json as this cpudist writes it: sync_options under TrainConfig's names."""
+    """A result.json as this cpudist writes it: sync_options under SyncSpec's names."""
     options = record.get("sync_options") or {}
     assert isinstance(options, dict)
     return {**record, "sync_options": {OLD_NAMES.get(k, k): v for k, v in options.items()}}
 
 
 def test_sync_options_of_older_results_read_as_todays() -> None:
-    old = {"strategy": "local-sgd", "compression": "bf16", "warmup_steps": 3, "outer": "nesterov",
+    old = {"sync": "local-sgd", "compression": "bf16", "warmup_steps": 3, "outer": "nesterov",
            "moments": "both", "sync_every": 8, "powersgd_start": 34, "extra": 1}
     spec = from_record(old, "ignored")
     assert spec == SyncSpec("local-sgd", "bf16", powersgd_start=34, sync_every=8,
                             local_sgd_warmup=3, outer_optimizer="nesterov", average_moments="both")
     assert from_record(renamed({"sync_options": old})["sync_options"],
                        "ignored") == spec  # type: ignore[arg-type]
+    # the first versions' name of the strategy is today's again; today's record reads back whole
+    assert from_record({**old, "strategy": old.pop("sync")}, "ignored") == spec
+    assert from_record(dataclasses.asdict(spec), "ignored") == spec
     assert from_record({}, "diloco:8+mv+bf16") == SyncSpec("local-sgd", "bf16", sync_every=8,
                                                            outer_optimizer="nesterov",
                                                            average_moments="both")
@@ -154,7 +167,8 @@ def test_report_and_plan_read_an_old_ledger_as_its_renamed_copy(tmp_path: Path) 
     give the same answers on it as on the same records under today's names (powersgd_start, warm-ups
     and DiLoCo count)."""
     lines = [json.loads(line) for line in OLD_LEDGER.read_text().splitlines() if line.strip()]
-    assert any("strategy" in (r.get("sync_options") or {}) for r in lines)  # still the old names
+    # still the old names
+    assert any("compression" in (r.get("sync_options") or {}) for r in lines)
     new = tmp_path / "renamed.jsonl"
     new.write_text("".join(json.dumps(renamed(r)) + "\n" for r in lines))
     assert [sync_of(r) for r in read_ledger(OLD_LEDGER)] == [sync_of(r) for r in read_ledger(new)]
