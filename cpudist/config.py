@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cpudist.errors import BadInput
-from cpudist.strategies import ASKED, STRATEGIES, SyncSpec, flag
+from cpudist.strategies import STRATEGIES, SyncSpec
+from cpudist.sync_flags import ASKED, flag
 from cpudist.wire import programs
 
 POWERSGD_START_SHARE = 0.1  # PowerSGD's plain fp32 steps before it compresses: 10% of the run
@@ -70,7 +71,7 @@ def effective_lr(cfg: TrainConfig, world: int) -> float:
     return cfg.lr * (ranks if scaling == "linear" else ranks**0.5)  # one rank: x 1 either way
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class TrainConfig:
     """Everything a rank needs to train and evaluate one model on one task."""
 

@@ -1,5 +1,5 @@
 """The sync strategies as data: one row per `--sync`, read by the traffic model
-(cpudist/traffic.py), the planner (cpudist/results/planner.py), the option checks (check_sync) and,
+(cpudist/traffic.py), the planner (cpudist/results/planner.py), the option checks (sync_flags) and,
 through its name, the trainer.
 
 A new strategy is one Strategy class in cpudist/train/sync.py (how ranks exchange) and one row in
@@ -26,8 +26,6 @@ SHARED = ("bucket_cap_mb",)
 OLD_NAMES = {"sync": "strategy", "compression": "grad_compression",
              "warmup_steps": "local_sgd_warmup",
              "outer": "outer_optimizer", "moments": "average_moments"}
-# besides a knob's default, values that ask nothing of a strategy
-NOT_GIVEN = {"grad_compression": ("none",)}
 RISKS = {  # what a strategy does to the optimization, as the plan's recommendation states it
     "bf16": "gradients are rounded to bf16 before averaging "
             "(a small change; check the metric once)",
@@ -39,7 +37,7 @@ RISKS = {  # what a strategy does to the optimization, as the plan's recommendat
 }
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class SyncSpec:
     """How the ranks agree on the model: the strategy and its knobs (TrainConfig.sync).
 
@@ -78,7 +76,7 @@ class SyncSpec:
         return self.row.label(self)
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Phase:
     """A stretch of a run's traffic plan: `count` exchanges of the same payload."""
 
@@ -92,7 +90,7 @@ class Phase:
     per_bucket: bool = True
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Sync:
     """One `--sync` strategy, as the planner, the traffic model and the option checks see it (its
     code: the Strategy class of the same name in cpudist/train/sync.py)."""
@@ -133,8 +131,9 @@ def _ddp_plan(s: SyncSpec, steps: int) -> tuple[Phase, ...]:
     # fp32 steps first, then three calls a bucket (vectors, P, Q)
     if s.grad_compression == "powersgd":
         start = min(s.powersgd_start, steps)
-        return Phase(start), Phase(steps - start, "powersgd", s.powersgd_rank, calls=3)
-    return (Phase(steps, s.grad_compression),)
+        return Phase(count=start), Phase(count=steps - start, compression="powersgd",
+                                         powersgd_rank=s.powersgd_rank, calls=3)
+    return (Phase(count=steps, compression=s.grad_compression),)
 
 
 def _ddp_from_label(label: str) -> SyncSpec | None:
@@ -169,8 +168,10 @@ def _local_plan(s: SyncSpec, steps: int) -> tuple[Phase, ...]:
     # same buckets; the second moment only with every J-th average (the i-th average takes it when J
     # divides i)
     first, second = s.average_moments in ("first", "both"), s.average_moments in ("second", "both")
-    return (Phase(warm), Phase(averages, s.grad_compression, copies=1 + first),
-            Phase(averages // s.second_moment_every, s.grad_compression, copies=second, calls=0))
+    return (Phase(count=warm),
+            Phase(count=averages, compression=s.grad_compression, copies=1 + first),
+            Phase(count=averages // s.second_moment_every, compression=s.grad_compression,
+                  copies=second, calls=0))
 
 
 def _local_from_label(label: str) -> SyncSpec | None:
@@ -211,7 +212,7 @@ def _plain(name: str, collective: str, calls: float) -> Sync:
     step."""
     return Sync(name=name, knobs=(), collective=collective, hides=False, cpu_by_compression=False,
                 label=lambda s: name, risk=lambda s: "",
-                plan=lambda s, steps: (Phase(steps, calls=calls, per_bucket=False),),
+                plan=lambda s, steps: (Phase(count=steps, calls=calls, per_bucket=False),),
                 from_label=lambda label: SyncSpec(strategy=name) if label.partition(":")[0] == name
                 else None)
 
@@ -236,41 +237,6 @@ TABLE: dict[str, Sync] = {s.name: s for s in (
          plan=_local_plan, from_label=_local_from_label, check=_local_check),
 )}
 STRATEGIES = tuple(TABLE)
-# what `cpudist run` asks when no sync flag is given (TrainConfig.sync's default)
-ASKED = SyncSpec(grad_compression="auto")
-
-
-def flag(f: dataclasses.Field[Any]) -> str:
-    """A SyncSpec field's flag, without its dashes: the strategy is --sync."""
-    return str(f.metadata.get("flag", f.name))
-
-
-def asked(options: Mapping[str, Any]) -> SyncSpec:
-    """The SyncSpec in options named as the flags name them (`cpudist run`'s, a rank's command
-    line); --grad-compression powersgd:RANK as its two fields, the knobs not in options as ASKED."""
-    given = {f.name: options[flag(f)] for f in dataclasses.fields(SyncSpec) if flag(f) in options}
-    if "grad_compression" in given:
-        given["grad_compression"], rank = parse_compression(str(given["grad_compression"]))
-        if ":" in str(options["grad_compression"]):
-            given["powersgd_rank"] = rank
-    return dataclasses.replace(ASKED, **given)
-
-
-def parse_compression(text: str) -> tuple[str, int]:
-    """`powersgd:2` -> ("powersgd", 2); `bf16` -> ("bf16", 1); `auto` -> ("auto", 1) (the rank
-    resolves it: config.resolved_compression); a bad value is one-line BadInput."""
-    name, _, rank = text.partition(":")
-    if text == "auto":
-        return text, 1
-    if name not in COMPRESSIONS or (rank
-                                    and (name != "powersgd" or not rank.isdigit()
-                                         or int(rank) < 1)):
-        raise BadInput(f"--grad-compression {text}: not one of auto, none, bf16, fp16, "
-                       "powersgd[:RANK]",
-                       "e.g. --grad-compression bf16, or powersgd:2 for a rank-2 PowerSGD")
-    return name, int(rank or 1)
-
-
 def parse_label(label: str) -> SyncSpec:
     """SyncSpec of a table label; unknown labels are DDP (what runs before sync strategies
     recorded)."""
@@ -289,32 +255,3 @@ def from_record(options: Mapping[str, Any], label: str) -> SyncSpec:
         named.setdefault("embedding_sync", "dense")  # DDP all-reduced all of the word embedding
     fields = {f.name for f in dataclasses.fields(SyncSpec)}
     return SyncSpec(**{k: v for k, v in named.items() if k in fields})
-
-
-def check_sync(sync: SyncSpec) -> None:
-    """Knobs of one strategy given with another are mistakes: say so before anything starts.
-
-    `sync`: as asked (TrainConfig.sync); a knob counts as given when it is not ASKED's.
-    """
-    row = TABLE.get(sync.strategy)
-    if row is None:
-        raise BadInput(f"--sync {sync.strategy}: unknown", f"Use one of: {', '.join(STRATEGIES)}")
-    unset = {f.name: (getattr(ASKED, f.name), *NOT_GIVEN.get(f.name, ()))
-             for f in dataclasses.fields(ASKED)}
-    every = {k for r in TABLE.values() for k in r.knobs}
-    # the most specific knob first: one that a single strategy takes says best which --sync was
-    # meant
-    for knob in sorted(every, key=lambda k: (sum(k in r.knobs for r in TABLE.values()), _order(k))):
-        if knob in row.knobs or getattr(sync, knob) in unset[knob]:
-            continue
-        flag, takers = "--" + knob.replace("_", "-"), [r.name for r in TABLE.values()
-                                                       if knob in r.knobs]
-        hint = (f"Add --sync {takers[0]}, or drop {flag}" if len(takers) == 1
-                else f"Use --sync {takers[0]} (or {', '.join(takers[1:])}) with it, or drop {flag}")
-        raise BadInput(f"{flag} applies to --sync {' and '.join(takers)}, not {row.name}", hint)
-    row.check(sync)
-
-
-def _order(knob: str) -> int:
-    """Where a knob comes in the table's rows, first row first."""
-    return [k for r in TABLE.values() for k in r.knobs].index(knob)

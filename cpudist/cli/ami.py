@@ -68,7 +68,9 @@ def build(name: str, base_image: str | None, region: str | None, endpoint_url: s
         click.confirm("Build the image?", abort=True, err=True)
     try:
         image = bake(cloud,
-                     BakeSpec(name, base, instance_type, subnet, cidr, user, connect, timeout),
+                     BakeSpec(name=name, base_image=base, instance_type=instance_type,
+                              subnet=subnet, ssh_cidr=cidr, user=user, connect=connect,
+                              timeout_s=timeout),
                      build_wheel(state.wheels_dir()), SshAccess(), say)
     except KeyboardInterrupt:
         raise CpudistError("interrupted: the builder and everything it used were removed") from None

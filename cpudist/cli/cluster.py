@@ -155,9 +155,9 @@ def default_image(cloud: Provider, spec: ClusterSpec, yes: bool) -> str:
                            "Pass --yes, or --image AMI")
         click.confirm("Build the image?", abort=True, err=True)
     base = cloud.base_image()
-    wanted = BakeSpec(f"cpudist-{__version__.replace('.', '-')}", base, ssh_cidr=spec.ssh_cidr,
-                      user=spec.user, connect=spec.connect, subnet=spec.subnet,
-                      boot_timeout_s=spec.boot_timeout_s)
+    wanted = BakeSpec(name=f"cpudist-{__version__.replace('.', '-')}", base_image=base,
+                      ssh_cidr=spec.ssh_cidr, user=spec.user, connect=spec.connect,
+                      subnet=spec.subnet, boot_timeout_s=spec.boot_timeout_s)
     try:
         return bake(cloud, wanted, build_wheel(state.wheels_dir()), SshAccess(), say)
     except TimedOut as e:

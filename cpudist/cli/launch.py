@@ -170,8 +170,9 @@ def _request(command: tuple[str, ...], opts: dict[str, Any], np_given: bool, nod
     _check_accelerate(command, opts["per_node"])
     # the launcher starts one torchrun per node instead
     per_node = (ppn or np_) if opts["per_node"] else 0
-    script = Script(command, str(opts["workdir"]) if opts["workdir"] else None, opts["metric_file"],
-                    tuple(opts["collect"]), tuple(opts["stage"]), per_node=per_node)
+    script = Script(command=command, workdir=str(opts["workdir"]) if opts["workdir"] else None,
+                    metric_file=opts["metric_file"],
+                    collect=tuple(opts["collect"]), stage=tuple(opts["stage"]), per_node=per_node)
     # processes the launcher starts
     launched, each = (np_ // per_node, 1) if per_node else (np_, ppn or np_)
     launch_opts = to_launch(opts, launched, each)

@@ -106,9 +106,11 @@ def predict(model_or_run: Path, file: Path | None, text_columns: str | None,
     from cpudist.train.tasks import normalize_task
 
     columns = tuple(c.strip() for c in (text_columns or "").split(",") if c.strip())
-    request = PredictRequest(model_or_run, file, normalize_task(task) if task else None, split,
-                             data_dir, columns, output, fmt, precision, max_seq_len, batch_size,
-                             np_, max_rows, label_column)
+    request = PredictRequest(model_or_run=model_or_run, file=file, task=normalize_task(task)
+                             if task else None, split=split,
+                             data_dir=data_dir, text_columns=columns, output=output, fmt=fmt,
+                             precision=precision, max_seq_len=max_seq_len, batch_size=batch_size,
+                             np=np_, max_rows=max_rows, label_column=label_column)
     p = plan(request)
     if dry_run:
         click.echo(describe(p), nl=False)

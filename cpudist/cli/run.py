@@ -37,7 +37,7 @@ from cpudist.run.request import (
     resolve_layout,
     unfinished_run,
 )
-from cpudist.strategies import asked, check_sync
+from cpudist.sync_flags import asked, check_sync
 from cpudist.train import lora
 from cpudist.wire import names
 

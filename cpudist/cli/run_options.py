@@ -26,7 +26,8 @@ from cpudist.config import (
     SAMPLERS,
     SAVE_MODELS,
 )
-from cpudist.strategies import STRATEGIES, parse_compression
+from cpudist.strategies import STRATEGIES
+from cpudist.sync_flags import parse_compression
 from cpudist.train.report_to import parse_report_to
 from cpudist.train.tasks import normalize_task, task_names
 

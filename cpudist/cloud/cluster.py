@@ -20,7 +20,7 @@ from cpudist.errors import CpudistError
 Say = Callable[[str], None]
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class ClusterSpec:
     """What `cpudist cluster up` was asked for."""
 

@@ -29,7 +29,7 @@ RESULT = re.compile(r"cpudist-bootstrap: (OK|FAILED at step (\S+).*)")
 BAKE_MINUTES = 15
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class BakeSpec:
     """What `cpudist ami build` was asked for."""
 
@@ -87,7 +87,8 @@ def bake(cloud: Provider, spec: BakeSpec, wheel: Path, ssh: NodeAccess, say: Say
     try:
         with signals_interrupt() as signals:
             subnet = cloud.subnet(spec.subnet)
-            key = cloud.key_pair(KeyRequest(owner, folder, run_id, ssh.new_key))
+            key = cloud.key_pair(KeyRequest(owner=owner, folder=folder, run_id=run_id,
+                                            new_key=ssh.new_key))
             group = cloud.security_group(owner, subnet.vpc_id, spec.ssh_cidr, run_id)
             builder = cloud.builder(owner, spec.base_image, spec.instance_type, subnet, script,
                                     key.name, group, run_id)

@@ -39,7 +39,7 @@ class Place:
     pinned: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Node:
     """One instance of a cluster."""
 
@@ -57,7 +57,7 @@ class Node:
     cluster: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class LaunchSpec:
     """What every node of a cluster is launched with."""
 
@@ -91,7 +91,7 @@ class KeyInfo:
     private_key: Path
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class KeyRequest:
     """The key pair a cluster (or a bake) asks for: the user's (`key_name` + `identity`), or one
     cpudist makes with `new_key(comment) -> (private, public)` and keeps in `folder`."""

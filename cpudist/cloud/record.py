@@ -19,7 +19,7 @@ from cpudist.cloud.provider import Place
 from cpudist.errors import CpudistError
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class NodeRecord:
     """One node: its addresses, what it really is (spot or on-demand) and its price."""
 
@@ -31,7 +31,7 @@ class NodeRecord:
     usd_per_hour: float | None
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class ClusterRecord:
     """A cluster as this machine knows it."""
 

@@ -187,18 +187,22 @@ def _record(spec: ClusterSpec, cloud: Provider, nodes: list[Node], key: Path,
     folder = state.cluster_dir(spec.name)
     hostfile = folder / "hostfile"
     state.write_atomic(hostfile, render_hostfile([Host(n.private_ip or "") for n in nodes]))
-    rows = tuple(NodeRecord(n.index, n.instance_id, n.private_ip or "", n.public_ip, n.lifecycle,
-                            price.usd_per_hour if n.lifecycle == "spot" else on_demand)
+    rows = tuple(NodeRecord(index=n.index, instance_id=n.instance_id, private_ip=n.private_ip or "",
+                            public_ip=n.public_ip, lifecycle=n.lifecycle,
+                            usd_per_hour=price.usd_per_hour if n.lifecycle == "spot" else on_demand)
                  for n in nodes)
     place = cloud.place  # resolved: every later command talks to this region, endpoint and profile
     spec = dataclasses.replace(spec, region=place.region or spec.region,
                                endpoint_url=place.endpoint_url, profile=place.profile)
-    return ClusterRecord(spec.name, spec.region or "", spec.endpoint_url, spec.instance_type, rows,
-                         spec.connect,
-                         spec.user, spec.ssh_port, str(key), str(folder / "known_hosts"),
-                         str(hostfile),
-                         price.source, datetime.now(UTC).isoformat(timespec="seconds"),
-                         {k: str(v) if isinstance(v, Path) else v for k,
+    return ClusterRecord(name=spec.name, region=spec.region or "", endpoint_url=spec.endpoint_url,
+                         instance_type=spec.instance_type, nodes=rows,
+                         connect=spec.connect,
+                         user=spec.user, ssh_port=spec.ssh_port, private_key=str(key),
+                         known_hosts=str(folder / "known_hosts"),
+                         hostfile=str(hostfile),
+                         price_source=price.source,
+                         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+                         spec={k: str(v) if isinstance(v, Path) else v for k,
                           v in dataclasses.asdict(spec).items()},
                          profile=place.profile)
 
@@ -207,8 +211,9 @@ def _converge(spec: ClusterSpec, price: Price, run: _Run, say: Say) -> ClusterRe
     run_id, cloud = run.id, run.cloud
     folder = state.cluster_dir(spec.name)
     subnet = cloud.subnet(spec.subnet)
-    key = cloud.key_pair(KeyRequest(spec.name, folder, run_id, run.ssh.new_key, spec.key_name,
-                                    spec.identity))
+    key = cloud.key_pair(KeyRequest(owner=spec.name, folder=folder, run_id=run_id,
+                                    new_key=run.ssh.new_key, key_name=spec.key_name,
+                                    identity=spec.identity))
     group_id = cloud.security_group(spec.name, subnet.vpc_id, spec.ssh_cidr, run_id)
     placement = cloud.placement_group(spec.name, run_id) if spec.placement_group else None
     nodes = _existing(spec, run, group_id, say)
@@ -220,9 +225,11 @@ def _converge(spec: ClusterSpec, price: Price, run: _Run, say: Say) -> ClusterRe
                 f"node(s) {', '.join(map(str, missing))}")
         if spec.image is None:
             raise BadInput("no image given", "Pass --image AMI_ID (e.g. from `cpudist ami build`)")
-        launch = LaunchSpec(spec.name, spec.image, spec.instance_type, key.name, group_id,
-                            subnet.subnet_id, placement, spec.spot, spec.max_price,
-                            spec.on_demand_fallback, run_id=run_id)
+        launch = LaunchSpec(cluster=spec.name, image_id=spec.image,
+                            instance_type=spec.instance_type, key_name=key.name,
+                            security_group=group_id, subnet_id=subnet.subnet_id,
+                            placement_group=placement, spot=spec.spot, max_price=spec.max_price,
+                            on_demand_fallback=spec.on_demand_fallback, run_id=run_id)
         launched = _launch(spec, run, launch, missing, key.private_key, say)
         nodes += launched
         fresh = {n.instance_id for n in launched}

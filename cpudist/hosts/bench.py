@@ -75,7 +75,7 @@ def points(sizes: Sequence[int], medians: Sequence[float], world: int) -> tuple[
     return tuple(out)
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class BenchResult:
     """What a probe measured, as kept in ~/.cpudist/bench/."""
 
@@ -104,10 +104,12 @@ class BenchResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BenchResult:
-        return cls(data["hostfile"], tuple(data["rank_hosts"]), int(data["world_size"]),
-                   int(data["ppn"]),
-                   data["launcher"], int(data["iters"]), int(data["warmup"]), data["created_at"],
-                   tuple(BenchPoint(**p) for p in data["points"]), dict(data.get("cpu", {})))
+        return cls(hostfile=data["hostfile"], rank_hosts=tuple(data["rank_hosts"]),
+                   world_size=int(data["world_size"]), ppn=int(data["ppn"]),
+                   launcher=data["launcher"], iters=int(data["iters"]), warmup=int(data["warmup"]),
+                   created_at=data["created_at"],
+                   points=tuple(BenchPoint(**p) for p in data["points"]),
+                   cpu=dict(data.get("cpu", {})))
 
 
 def save(result: BenchResult) -> Path:
@@ -156,7 +158,9 @@ def run_probe(hostfile: str, spec: RunSpec, launch: Launch, timeout_s: float,
                         "See the rank output above; `cpudist hosts doctor --hostfile ...` checks "
                         "every node")
     e = found[-1]
-    return BenchResult(hostfile, tuple(e["hosts"]), int(e["world_size"]), spec.ppn, spec.launcher,
-                       int(e["iters"]), int(e["warmup"]),
-                       datetime.now().isoformat(timespec="seconds"),
-                       points(e["sizes"], e["medians"], int(e["world_size"])), dict(e["cpu"]))
+    return BenchResult(hostfile=hostfile, rank_hosts=tuple(e["hosts"]),
+                       world_size=int(e["world_size"]), ppn=spec.ppn, launcher=spec.launcher,
+                       iters=int(e["iters"]), warmup=int(e["warmup"]),
+                       created_at=datetime.now().isoformat(timespec="seconds"),
+                       points=points(e["sizes"], e["medians"], int(e["world_size"])),
+                       cpu=dict(e["cpu"]))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class BatchOptions:
     """What a run asks a scheduler for, besides nodes and ranks per node (Slurm's words)."""
 

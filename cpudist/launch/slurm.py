@@ -52,7 +52,7 @@ class Allocation:
     cpus_per_node: int
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class JobInfo:
     """One job as `scontrol show job -o` describes it."""
 
@@ -74,9 +74,10 @@ def parse_job(text: str) -> JobInfo | None:
     fields = dict(re.findall(r"(?:^|\s)(\w+)=(\S*)", text))
     if "JobId" not in fields or "JobState" not in fields:
         return None
-    return JobInfo(fields["JobId"], fields["JobState"], fields.get("Reason", ""),
-                   fields.get("ExitCode", ""), fields.get("NodeList", ""),
-                   fields.get("RunTime", ""), fields.get("TimeLimit", ""))
+    return JobInfo(job_id=fields["JobId"], state=fields["JobState"],
+                   reason=fields.get("Reason", ""),
+                   exit_code=fields.get("ExitCode", ""), nodes=fields.get("NodeList", ""),
+                   run_time=fields.get("RunTime", ""), time_limit=fields.get("TimeLimit", ""))
 
 
 def failure(info: JobInfo, output: str, detail: str | None) -> tuple[str, str]:
@@ -101,7 +102,7 @@ def srun_argv(np: int, ppn: int, command: list[str], cpus_per_task: int | None,
     return argv + command
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class BatchJob:
     """What the batch script holds: the job's shape, where it runs and writes, and the ranks'
     command."""

@@ -157,7 +157,8 @@ def cancel(job_id: str) -> None:
                        stdin=subprocess.DEVNULL)
         # the caller's error says it was cancelled either way
         with contextlib.suppress(TimedOut, JobFailed):
-            wait_until(lambda: (job_info(job_id) or JobInfo(job_id, "COMPLETED")).ended or None,
+            wait_until(lambda: (job_info(job_id)
+                                or JobInfo(job_id=job_id, state="COMPLETED")).ended or None,
                        f"Slurm job {job_id} to end", CANCEL_WAIT_S, OUTPUT_POLL_S)
 
 

@@ -66,10 +66,10 @@ def batch_or_step(spec: RunSpec, env: dict[str, str]) -> Launch:
         # from step 0
         spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, resume="auto"))
     from_file = tuple(k for k, _ in filed_env(spec))  # --env values: from the secrets file
-    job = slurm.BatchJob(f"cpudist-{spec.train.task}", spec.np, spec.ppn, spec.cwd,
-                         str(out / "slurm-%j.out"), tuple(trainer_argv(spec)),
-                         tuple((k, v) for k, v in env.items() if k not in from_file), options,
-                         label=not spec.own_tags, from_file=from_file)
+    job = slurm.BatchJob(name=f"cpudist-{spec.train.task}", np=spec.np, ppn=spec.ppn, cwd=spec.cwd,
+                         output=str(out / "slurm-%j.out"), command=tuple(trainer_argv(spec)),
+                         env=tuple((k, v) for k, v in env.items() if k not in from_file),
+                         options=options, label=not spec.own_tags, from_file=from_file)
     return Launch(("sbatch", "--parsable", str(out / SBATCH_FILE)), env,
                   script=slurm.sbatch_script(job))
 

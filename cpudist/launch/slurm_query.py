@@ -86,8 +86,9 @@ def parse_sacct(text: str) -> JobInfo | None:
         return None
     job_id, job_state, exit_code, nodes, elapsed, limit, reason = rows[-1]
     # "CANCELLED by 0": the state is its first word
-    return JobInfo(job_id, job_state.split()[0] if job_state else "UNKNOWN", reason, exit_code,
-                   nodes, elapsed, limit)
+    return JobInfo(job_id=job_id, state=job_state.split()[0] if job_state else "UNKNOWN",
+                   reason=reason, exit_code=exit_code,
+                   nodes=nodes, run_time=elapsed, time_limit=limit)
 
 
 class Unanswered:
@@ -115,8 +116,8 @@ def final_info(job_id: str, live: JobInfo | None, lag_s: float = ACCOUNTING_LAG_
     good, where slurmctld forgets them after MinJobAge); scontrol's last word when sacct errs or has
     not got the end yet (slurmdbd hears of it after slurmctld); without that word, sacct's record is
     waited for, at most `lag_s`."""
-    known = live or JobInfo(job_id, "UNKNOWN",
-                            "no longer known to slurmctld, and no accounting record")
+    known = live or JobInfo(job_id=job_id, state="UNKNOWN",
+                            reason="no longer known to slurmctld, and no accounting record")
 
     def settled() -> JobInfo | None:
         record = accounted(job_id)

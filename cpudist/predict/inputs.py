@@ -29,7 +29,7 @@ TEST_TEXT = {"cola": ("sentence",)}
 TEST_FILE = {"mnli": "test_matched.tsv"}
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Inputs:
     """Rows to predict: one tuple per text column; labels and metric names when the split has
     them."""
@@ -49,8 +49,8 @@ class Inputs:
         if n is None or n >= len(self):
             return self
         labels = self.labels[:n] if self.labels is not None else None
-        return Inputs(self.path, tuple(c[:n] for c in self.texts), self.ids[:n], labels,
-                      self.metrics, self.task)
+        return Inputs(path=self.path, texts=tuple(c[:n] for c in self.texts), ids=self.ids[:n],
+                      labels=labels, metrics=self.metrics, task=self.task)
 
 
 def metric_names(names: tuple[str, ...], task: str | None) -> tuple[str, ...]:
@@ -91,10 +91,11 @@ def read_file(path: Path, text_columns: Sequence[str], label_column: str | None 
     texts = tuple(tuple(_field(path, r, i) for r in rows) for i in indices)
     ids = tuple(str(i) for i in range(len(rows)))
     if label_column is None:
-        return Inputs(path, texts, ids)
+        return Inputs(path=path, texts=texts, ids=ids)
     at = _column_index(path, columns, label_column, "label")
     labels = _label_ids(path, rows, [_field(path, r, at).strip() for r in rows], names)
-    return Inputs(path, texts, ids, labels, metric_names(names, task), task)
+    return Inputs(path=path, texts=texts, ids=ids, labels=labels, metrics=metric_names(names, task),
+                  task=task)
 
 
 def split_file(task: str, split: str, data_dir: Path) -> Path:
@@ -123,8 +124,8 @@ def read_split(task: str, split: str, data_dir: Path) -> Inputs:
         columns, rows = read_table(path, "\t", header=spec.tsv.header)
         part: Split = _split_from_table(path, columns, rows, spec.tsv.text, spec.tsv.label,
                                         spec.labels)
-        return Inputs(path, part.texts, tuple(str(i) for i in range(len(part))), part.labels,
-                      spec.metrics, task)
+        return Inputs(path=path, texts=part.texts, ids=tuple(str(i) for i in range(len(part))),
+                      labels=part.labels, metrics=spec.metrics, task=task)
     columns, rows = read_table(path, "\t")
     text = TEST_TEXT.get(task, tuple(str(c) for c in spec.tsv.text))
     if not rows:
@@ -137,4 +138,5 @@ def read_split(task: str, split: str, data_dir: Path) -> Inputs:
                        "Give GLUE's own test file: its rows are numbered in that column")
     id_index = columns.index(id_column)
     texts = tuple(tuple(_field(path, r, i) for r in rows) for i in indices)
-    return Inputs(path, texts, tuple(_field(path, r, id_index) for r in rows), task=task)
+    return Inputs(path=path, texts=texts, ids=tuple(_field(path, r, id_index) for r in rows),
+                  task=task)

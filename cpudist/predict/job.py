@@ -27,7 +27,7 @@ DEFAULT_BATCH = 64  # the run's default --eval-batch-size: the same batches, the
 DEFAULT_MAX_LEN = 128  # the run's default --max-seq-len
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class PredictRequest:
     """What `cpudist predict` was asked: the model, the rows, the output and how to compute."""
 
@@ -48,7 +48,7 @@ class PredictRequest:
     label_column: str | None = None  # --file's labels, to score the predictions against
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Plan:
     """Everything read and decided before the model loads."""
 
@@ -143,7 +143,8 @@ def plan(req: PredictRequest) -> Plan:
     if fmt == "glue":
         # refuses a model of another task now, not later
         outputs.glue_labels(inputs.task, source.label_names)
-    return Plan(source, inputs, settings, why, req.np, output, fmt)
+    return Plan(source=source, inputs=inputs, settings=settings, precision_from=why, np=req.np,
+                output=output, fmt=fmt)
 
 
 def describe(p: Plan) -> str:

@@ -21,7 +21,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "voca
 HEAD = "ForSequenceClassification"  # the architecture's suffix of a model with a classifier head
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class RunFacts:
     """What a run folder says about how its model was trained and evaluated (None: not recorded)."""
 
@@ -79,7 +79,7 @@ def find_source(given: Path) -> Source:
     if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
         raise BadInput(f"no tokenizer in {model_dir} (none of {', '.join(TOKENIZER_FILES)})",
                        "Save the tokenizer beside the model: tokenizer.save_pretrained(folder)")
-    facts = read_facts(run_dir) if run_dir else RunFacts(card_task(model_dir),
+    facts = read_facts(run_dir) if run_dir else RunFacts(task=card_task(model_dir),
                                                          precision=card_precision(model_dir))
     return Source(model_dir, run_dir, facts, label_names(model_dir))
 

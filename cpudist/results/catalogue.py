@@ -17,8 +17,8 @@ def strategies(powersgd_rank: int = 2, local_sgd_k: int = 8) -> tuple[SyncSpec, 
     """The strategies a plan compares."""
     return (SyncSpec(), SyncSpec(grad_compression="bf16"),
             SyncSpec(grad_compression="powersgd", powersgd_rank=powersgd_rank),
-            SyncSpec("allreduce"),
-            SyncSpec("gather-scatter"), SyncSpec("local-sgd", sync_every=local_sgd_k))
+            SyncSpec(strategy="allreduce"), SyncSpec(strategy="gather-scatter"),
+            SyncSpec(strategy="local-sgd", sync_every=local_sgd_k))
 
 
 def risk_level(p: Prediction) -> int:

@@ -26,7 +26,7 @@ CARD_FIELDS = ("command", "cluster", "usd_per_hour", "data", "launcher")
 RESULT_NAMES = {"job_id": "slurm_job_id"}
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Launched:
     """The launching side's part of a run's record; unset fields leave rank 0's values."""
 

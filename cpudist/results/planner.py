@@ -68,7 +68,7 @@ class Link:
         return self.gbps * 1e9 / 8
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Baseline:
     """What the model takes from a measured 1-node run."""
 
@@ -103,10 +103,13 @@ def baseline_of(r: RunResult) -> Baseline:
                        "result.json (written by an older cpudist)",
                        "Re-run it with this cpudist, then plan from that run")
     epochs = r.epochs if r.epochs else None
-    return Baseline(r.run_id, r.train_time_s / r.steps, r.ppn, r.global_batch_size, r.train_samples,
-                    r.steps, tuple(tuple(s) for s in shapes), bool(r.param_shapes),
-                    r.usd_per_hour / max(1, len(r.nodes)) if r.usd_per_hour is not None else None,
-                    r.train_samples / epochs if epochs else None)
+    return Baseline(run_id=r.run_id, compute_s=r.train_time_s / r.steps, ppn=r.ppn,
+                    samples_per_step=r.global_batch_size, samples=r.train_samples,
+                    steps=r.steps, shapes=tuple(tuple(s) for s in shapes),
+                    shapes_known=bool(r.param_shapes),
+                    usd_per_node_hour=r.usd_per_hour / max(1, len(r.nodes))
+                    if r.usd_per_hour is not None else None,
+                    dataset_samples=r.train_samples / epochs if epochs else None)
 
 
 def same_job(a: RunResult, b: RunResult) -> bool:
@@ -190,7 +193,7 @@ def hides(sync: SyncSpec) -> bool:
     return sync.row.hides
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Prediction:
     """One strategy at one node count."""
 
@@ -218,8 +221,9 @@ def predict(base: Baseline, sync: SyncSpec, nodes: int, link: Link, overlap: flo
     time_s = steps * step
     cost = (None if base.usd_per_node_hour is None
             else nodes * base.usd_per_node_hour * time_s / 3600)
-    return Prediction(nodes, sync.label, base.compute_s, t_m, step, speedup, speedup / nodes, steps,
-                      time_s, cost, risk_of(sync), cpu)
+    return Prediction(nodes=nodes, sync=sync.label, compute_s=base.compute_s, comm_s=t_m,
+                      step_s=step, speedup=speedup, efficiency=speedup / nodes, steps=steps,
+                      time_s=time_s, cost_usd=cost, risk=risk_of(sync), sync_cpu_s=cpu)
 
 
 def steps_for(base: Baseline, nodes: int, samples: float) -> int:
@@ -235,8 +239,9 @@ def plan(base: Baseline, node_counts: Sequence[int], syncs: Sequence[SyncSpec], 
     steps = steps_for(base, 1, samples)
     time_s = steps * base.compute_s
     cost = None if base.usd_per_node_hour is None else base.usd_per_node_hour * time_s / 3600
-    rows = [Prediction(1, "measured", base.compute_s, 0.0, base.compute_s, 1.0, 1.0, steps, time_s,
-                       cost, "")]
+    rows = [Prediction(nodes=1, sync="measured", compute_s=base.compute_s, comm_s=0.0,
+                       step_s=base.compute_s, speedup=1.0, efficiency=1.0, steps=steps,
+                       time_s=time_s, cost_usd=cost, risk="")]
     usable = [s for s in syncs if base.shapes_known or s.grad_compression != "powersgd"]
     cpu = cpu_s_per_byte or {}  # c per strategy label
     rows += [predict(base, s, n, link, overlap, steps_for(base, n, samples), cpu.get(s.label, 0.0))

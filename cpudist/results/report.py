@@ -35,7 +35,7 @@ FLAG_NOTE = (f"{FLAG} measured bytes between nodes differ from the expected by o
              "otherwise idle and compare tx_bytes_by_node in result.json.")
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class ScalingRow:
     """One configuration (its repeats aggregated: medians, how many, their range), against its
     group's baseline."""
@@ -219,20 +219,26 @@ def _row(runs: list[RunResult], base: Base) -> ScalingRow:
     measured = _median([x.measured_tx_bytes_per_step for x in runs])
     error = measured / expected - 1 if measured is not None and expected else None
     return ScalingRow(
-        group_key(r), len(r.nodes), r.world_size, r.ppn, r.per_rank_batch_size, r.global_batch_size,
-        _metrics(runs),
-        statistics.median(x.train_time_s for x in runs), sps, sps / r.world_size, speedup,
-        speedup / ratio,
-        run_name(r), _median([x.cost_usd for x in runs]), group_parts(r), len(b.nodes), r.sync,
-        expected, measured,
-        error, _median(timed), _median([x.bus_bandwidth_gbps for x in runs]), len(runs), min(rates),
-        max(rates),
-        min(rates) / to if to else 0.0, max(rates) / to if to else 0.0,
-        tuple(run_name(x) for x in runs),
-        tuple(x.started_at for x in runs), b.world_size, tuple(run_name(x) for x in base.runs),
-        base.why,
+        group=group_key(r), nodes=len(r.nodes), ranks=r.world_size, ppn=r.ppn,
+        per_rank_batch=r.per_rank_batch_size, global_batch=r.global_batch_size,
+        metrics=_metrics(runs),
+        train_time_s=statistics.median(x.train_time_s for x in runs), samples_per_s=sps,
+        samples_per_s_per_rank=sps / r.world_size, speedup=speedup,
+        efficiency=speedup / ratio,
+        run_id=run_name(r), cost_usd=_median([x.cost_usd for x in runs]),
+        group_parts=group_parts(r), base_nodes=len(b.nodes), sync=r.sync,
+        expected_tx_bytes_per_step=expected, measured_tx_bytes_per_step=measured,
+        traffic_error=error, comm_share=_median(timed),
+        bus_bandwidth_gbps=_median([x.bus_bandwidth_gbps for x in runs]), n=len(runs),
+        samples_per_s_min=min(rates),
+        samples_per_s_max=max(rates),
+        speedup_min=min(rates) / to if to else 0.0, speedup_max=max(rates) / to if to else 0.0,
+        run_ids=tuple(run_name(x) for x in runs),
+        started_at=tuple(x.started_at for x in runs), base_ranks=b.world_size,
+        baseline=tuple(run_name(x) for x in base.runs),
+        baseline_why=base.why,
         # fewer ranks: faster per rank
-        likely_cause(runs, base.runs, speedup / ratio, ratio) if ratio > 1 else "")
+        check=likely_cause(runs, base.runs, speedup / ratio, ratio) if ratio > 1 else "")
 
 
 def scaling_rows(results: Sequence[RunResult],

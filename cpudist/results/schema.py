@@ -9,7 +9,7 @@ from typing import Any
 SCHEMA_VERSION = 1
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class RunResult:
     """One finished run (keys as in ARCHITECTURE.md, plus what the report needs)."""
 

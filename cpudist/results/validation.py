@@ -46,7 +46,7 @@ def comparable(a: RunResult, b: RunResult) -> bool:
     return key(a) == key(b)
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Row:
     """Measured against predicted speedup of one multi-node run."""
 
@@ -135,9 +135,12 @@ def validate(runs: Sequence[RunResult], link_gbps: float, latency_s: float = DEF
         p = predict(baseline_of(b), sync_of(r), len(r.nodes), link, f, r.steps, c)
         measured = r.train_samples_per_s / b.train_samples_per_s
         error = p.speedup / measured - 1 if measured else math.inf
-        rows.append(Row(r.run_id, b.run_id, p.sync, len(r.nodes), r.world_size, measured, p.speedup,
-                        error,
-                        abs(error) > GOAL, r.train_time_s / r.steps, p.step_s, f
+        rows.append(Row(run_id=r.run_id, baseline_id=b.run_id, sync=p.sync, nodes=len(r.nodes),
+                        world_size=r.world_size, measured_speedup=measured,
+                        predicted_speedup=p.speedup,
+                        error=error,
+                        flagged=abs(error) > GOAL, measured_step_s=r.train_time_s / r.steps,
+                        predicted_step_s=p.step_s, overlap=f
                         if hides(sync_of(r)) else 0.0,
-                        r.traffic_error, c))
+                        traffic_error=r.traffic_error, cpu_s_per_byte=c))
     return rows

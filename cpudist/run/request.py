@@ -26,7 +26,7 @@ from cpudist.wire import names, payload, stop_marker
 from cpudist.wire.payload import Payload, Trainer
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class RunRequest:
     """A run: its config (the trainer's; for another payload, the run folder and name), the launch,
     the nodes (head first, as read from a hostfile once) or None for this machine, and what the

@@ -119,10 +119,11 @@ def run_ranks(request: RunRequest, script: Script, job: tuple[RunSpec, Launch],
     collect(script, out, cb.note)
     given = given_metrics(script, cb.note)
     each = script.per_node or 1  # --per-node: every event is a node's torchrun, for `each` ranks
-    ranks = Ranks(script.command, spec.np * each, spec.ppn * each,
-                  tuple(str(seen[r]["host"]) for r in sorted(seen) for _ in range(each)),
-                  tuple(int(seen[r]["threads"]) for r in sorted(seen) for _ in range(each)), wall,
-                  started_at, request.train.run_id, str(out.resolve()))
+    ranks = Ranks(command=script.command, world_size=spec.np * each, ppn=spec.ppn * each,
+                  rank_hosts=tuple(str(seen[r]["host"]) for r in sorted(seen) for _ in range(each)),
+                  rank_threads=tuple(int(seen[r]["threads"]) for r in sorted(seen)
+                                     for _ in range(each)), wall_time_s=wall,
+                  started_at=started_at, run_id=request.train.run_id, run_dir=str(out.resolve()))
     result = build(ranks, given, read_cpu().summary(), {"launcher": spec.launcher})
     write_report(out, result)
     return launched

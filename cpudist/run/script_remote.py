@@ -82,8 +82,9 @@ def staged_paths(script: Script) -> list[tuple[str, Path]]:
 def head_script(script: Script, folder: str, run_dir: str, paths: dict[str, str]) -> Script:
     """The script as the head runs it: in the run's working folder, copied from the staged folder on
     each node."""
-    return Script(rewrite(script.command, paths), f"{run_dir}/{WORK}", script.metric_file,
-                  script.collect, copy_of=folder, per_node=script.per_node)
+    return Script(command=rewrite(script.command, paths), workdir=f"{run_dir}/{WORK}",
+                  metric_file=script.metric_file,
+                  collect=script.collect, copy_of=folder, per_node=script.per_node)
 
 
 def describe_remote(request: RunRequest, script: Script, head_spec: Head) -> str:

@@ -40,7 +40,7 @@ FIELDS: dict[str, type] = {"train_time_s": float, "train_samples": int,
                            "eval_time_s": float, "precision": str, "backend": str}
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Ranks:
     """What the launching side knows of a finished script run."""
 

@@ -46,7 +46,7 @@ TOKENIZER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json",
                    "added_tokens.json", "spiece.model", "sentencepiece.bpe.model")
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class StageItem:
     """One local file or folder to put on every node."""
 
@@ -132,8 +132,9 @@ def digest_of(path: Path, only: tuple[str, ...] = ()) -> str:
 
 def item(what: str, path: Path, only: tuple[str, ...] = ()) -> StageItem:
     text, size = manifest_of(path.resolve(), only)
-    return StageItem(what, path.resolve(), hashlib.sha256(text.encode()).hexdigest(), only, text,
-                     size)
+    return StageItem(what=what, local=path.resolve(),
+                     digest=hashlib.sha256(text.encode()).hexdigest(), only=only, manifest=text,
+                     size=size)
 
 
 def _member(name: str, size: int, mtime: float) -> bytes:

@@ -20,7 +20,7 @@ from cpudist.launch.tools import is_this_machine
 from cpudist.ssh.client import Target
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Head:
     """How this machine reaches the head node, and the names the nodes use for each other."""
 
@@ -32,7 +32,7 @@ class Head:
     fetch_model: bool = True  # bring the run's model/ home (--fetch-model)
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Route:
     """The options of `cpudist run` that say where to go."""
 
@@ -46,7 +46,7 @@ class Route:
     on_preemption: str = "stop"  # stop | resume (with --cluster: replace lost nodes and go on)
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Where:
     """Where the ranks start: here, a hostfile's nodes from their head, or a head over SSH."""
 
@@ -93,7 +93,8 @@ def where_for(route: Route, nodes: int, ppn_given: bool, launcher: str) -> Where
                        "`cluster up`)",
                        "Use --cluster NAME, or resume by hand with --resume auto")
     recover = head is not None and route.on_preemption == "resume"
-    return Where(head, None if head is not None else listed, route.cluster, price, recover)
+    return Where(head=head, nodes=None if head is not None else listed, cluster=route.cluster,
+                 usd_per_hour=price, recover=recover)
 
 
 def cluster_target(name: str, nodes: int, python: str | None,
@@ -112,7 +113,8 @@ def cluster_target(name: str, nodes: int, python: str | None,
         return None, read_nodes(Path(record.hostfile)), price
     target = Target(record.address(0), record.user, record.ssh_port, record.private_key)
     inside = Nodes(tuple(Host(n.private_ip) for n in record.nodes), f"cluster {name}'s record")
-    return Head(target, Path(record.known_hosts), inside, python, stage_code), None, price
+    return Head(target=target, known_hosts=Path(record.known_hosts), inside=inside, python=python,
+                stage_code=stage_code), None, price
 
 
 def onprem_head(listed: Nodes, address: str, user: str | None, identity: str | None,
@@ -122,7 +124,8 @@ def onprem_head(listed: Nodes, address: str, user: str | None, identity: str | N
     by `address`."""
     folder = state.local_cluster_dir()
     key = identity or (str(folder / "id_ed25519") if (folder / "id_ed25519").is_file() else None)
-    return Head(Target(address, user, 22, key), folder / "known_hosts", listed, python, stage_code)
+    return Head(target=Target(address, user, 22, key), known_hosts=folder / "known_hosts",
+                inside=listed, python=python, stage_code=stage_code)
 
 
 def recover_cluster(name: str, nodes: int, head: Head, wait_gone_s: float,

@@ -101,7 +101,7 @@ class FileSum:
     sha256: str
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class CheckpointMeta:
     """meta.json: everything but the tensors. `step`, `rank_state`, `files` and `format` are set on
     write."""
@@ -148,13 +148,15 @@ class CheckpointMeta:
             raise BadInput(f"checkpoint {where} has format {version}, older than this cpudist "
                            f"reads ({OLDEST}: checkpoints read without running pickled code)", FIX)
         try:
-            return cls(dict(data["config"]), int(data["total"]), Position(**data["position"]),
-                       int(data["world_size"]), int(data["global_batch"]), str(data["sync"]),
-                       int(data.get("parts", 1)), float(data.get("wall_s", 0.0)),
-                       Done(**data["stats"]),
-                       int(data["step"]), bool(data.get("rank_state", False)),
-                       {name: FileSum(**f) for name, f in data.get("files", {}).items()}, version,
-                       str(data.get("run_id", "")), _best(data.get("best")))
+            return cls(config=dict(data["config"]), total=int(data["total"]),
+                       position=Position(**data["position"]), world_size=int(data["world_size"]),
+                       global_batch=int(data["global_batch"]), sync=str(data["sync"]),
+                       parts=int(data.get("parts", 1)), wall_s=float(data.get("wall_s", 0.0)),
+                       stats=Done(**data["stats"]), step=int(data["step"]),
+                       rank_state=bool(data.get("rank_state", False)),
+                       files={name: FileSum(**f) for name, f in data.get("files", {}).items()},
+                       format=version, run_id=str(data.get("run_id", "")),
+                       best=_best(data.get("best")))
         except KeyError as e:
             raise BadInput(f"checkpoint {where} has a {META} of format {version} without "
                            f"{e.args[0]!r}", FIX) from None

@@ -22,7 +22,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from cpudist.strategies import SyncSpec
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CommClock:
     """Time the sync's collectives were in flight (union of intervals) and the time steps waited for
     them."""

@@ -29,7 +29,7 @@ from cpudist.train.trainer_choices import EVAL_LOSS, better
 from cpudist.wire import events
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Evaluations:
     """Every evaluation of this part of the run, in order, and the best one's step, metrics and
     (rank 0) weights."""
@@ -55,8 +55,8 @@ class Evaluations:
         metric = trainer_choices.metric_name(cfg.metric_for_best_model, job.metrics)
         strategy = trainer_choices.eval_strategy(cfg)
         greater = trainer_choices.greater_is_better(metric, cfg.greater_is_better)
-        return cls(cfg.eval_every if strategy == "steps" else None, metric,
-                   cfg.save_model == "best" and job.info.rank == 0, greater=greater,
+        return cls(every=cfg.eval_every if strategy == "steps" else None, metric=metric,
+                   keep_best=cfg.save_model == "best" and job.info.rank == 0, greater=greater,
                    strategy=strategy, patience=cfg.early_stopping_patience,
                    threshold=cfg.early_stopping_threshold)
 

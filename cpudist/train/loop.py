@@ -32,7 +32,7 @@ from cpudist.wire import events, names
 WARMUP_STEPS_EXCLUDED = 3  # steady-state throughput leaves out the first steps (allocator warm-up)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainStats:
     """What the loop measured; turned into the run's result by the caller.
 
@@ -96,7 +96,7 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
     sched = trainer_choices.scheduler(cfg, opt, total)
     stats = TrainStats(warmup_steps=trainer_choices.warmup_steps(cfg, total))
     stats.strategy = strategy
-    live = Training(cfg, model, opt, sched, rank, world, evals)
+    live = Training(cfg=cfg, model=model, opt=opt, sched=sched, rank=rank, world=world, evals=evals)
     if restored:
         restore(restored, live, stats)
         strategy.load(restored.state.get("sync", {}), restored.rank_state)
@@ -205,7 +205,7 @@ def _counted(iface: str | None, world: int) -> int | None:
     return netcount.tx_bytes(iface)
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Pending:
     """One optimizer step as this rank saw it, held until the next log line sums it over the
     ranks."""

@@ -176,11 +176,12 @@ def _saver(cfg: TrainConfig, run_dir: Path, restored: Restored | None, started: 
            mirror: Mirror | None) -> Saver:
     """When and where this part writes checkpoints (and their durable copy), and what the earlier
     parts took."""
-    return Saver(resume.checkpoint_folder(cfg, run_dir), cfg.checkpoint_every,
-                 cfg.checkpoint_every_min * 60 if cfg.checkpoint_every_min else None,
-                 cfg.keep_checkpoints,
-                 mirror, restored.meta.wall_s if restored else 0.0, restored.meta.parts + 1
-                 if restored else 1, started)
+    return Saver(folder=resume.checkpoint_folder(cfg, run_dir), every=cfg.checkpoint_every,
+                 every_s=cfg.checkpoint_every_min * 60 if cfg.checkpoint_every_min else None,
+                 keep=cfg.keep_checkpoints,
+                 mirror=mirror, wall_before_s=restored.meta.wall_s if restored else 0.0,
+                 parts=restored.meta.parts + 1
+                 if restored else 1, started=started)
 
 
 def _finish(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict[str, float],

@@ -36,7 +36,7 @@ BEST = "best_model"
 PATIENCE = "early_stopping"  # state.pt's key for early stopping's count (Evaluations.stale)
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Saver:
     """Where and when checkpoints go."""
 
@@ -50,7 +50,7 @@ class Saver:
     started: float = field(default_factory=time.perf_counter)  # this part's start (perf_counter)
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Training:
     """What a checkpoint is taken of, and put back into, on one rank."""
 
@@ -136,13 +136,15 @@ def save(saver: Saver, t: Training, stats: TrainStats, pos: Position, total: int
             state[BEST] = t.evals.best_state
         if t.evals is not None:
             state[PATIENCE] = t.evals.stale
-        meta = CheckpointMeta(dataclasses.asdict(cfg), total, pos, world, cfg.batch_size
+        meta = CheckpointMeta(config=dataclasses.asdict(cfg), total=total, position=pos,
+                              world_size=world, global_batch=cfg.batch_size
                               * cfg.grad_accum * world,
-                              stats.strategy.spec.label if stats.strategy else "ddp", saver.parts,
-                              saver.wall_before_s + time.perf_counter() - saver.started,
-                              Done(stats.steps, stats.samples, stats.tokens, stats.flops,
+                              sync=stats.strategy.spec.label if stats.strategy else "ddp",
+                              parts=saver.parts,
+                              wall_s=saver.wall_before_s + time.perf_counter() - saver.started,
+                              stats=Done(stats.steps, stats.samples, stats.tokens, stats.flops,
                                    stats.train_time_s),
-                              stats.steps, run_id=cfg.run_id, best=best)
+                              step=stats.steps, run_id=cfg.run_id, best=best)
         events.emit(events.SAVING, step=stats.steps)  # a stop waits for this checkpoint to be whole
         path = checkpoint.write(saver.folder, state, rngs, meta, saver.keep, ranks)
         if saver.mirror is not None and (warning := copy_or_warn(saver.mirror, path, saver.keep)):

@@ -26,7 +26,7 @@ from cpudist.train.token_cache import cached_encode
 CPU = read_cpu()  # read once per rank
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Job:
     """Everything set up before the first step."""
 
@@ -117,8 +117,9 @@ def setup(cfg: TrainConfig, info: RankInfo, startup: Startup | None = None) -> J
     run_dir.mkdir(parents=True, exist_ok=True)
     counted = info.local_rank == 0 and info.world_size > 1
     iface = netcount.iface_toward(os.environ) if counted else None
-    return Job(cfg, info, model, train_data, eval_data, metrics, regression, bf16, run_dir, iface,
-               labels, data, startup)
+    return Job(cfg=cfg, info=info, model=model, train_data=train_data, eval_data=eval_data,
+               metrics=metrics, regression=regression, bf16=bf16, run_dir=run_dir, iface=iface,
+               labels=labels, data=data, startup=startup)
 
 
 def data_source(cfg: TrainConfig) -> dict[str, Any]:

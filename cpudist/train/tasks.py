@@ -17,7 +17,7 @@ class TsvLayout:
     validation_file: str = "dev.tsv"
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class GlueTask:
     """One GLUE task: labels, metrics and both of its sources."""
 
@@ -43,27 +43,34 @@ ENTAIL = ("entailment", "not_entailment")
 GLUE_TASKS: dict[str, GlueTask] = {
     t.name: t
     for t in (
-        GlueTask("cola", BINARY, ("matthews_correlation",), ("sentence",),
-                 TsvLayout(text=(3,), label=1, header=False)),
-        GlueTask("sst2", BINARY, ("accuracy",), ("sentence",),
-                 TsvLayout(text=("sentence",), label="label")),
-        GlueTask("mrpc", BINARY, ("accuracy", "f1"), ("sentence1", "sentence2"),
-                 TsvLayout(text=("#1 String", "#2 String"), label="Quality")),
-        GlueTask("stsb", (), ("pearson", "spearmanr"), ("sentence1", "sentence2"),
-                 TsvLayout(text=("sentence1", "sentence2"), label="score")),
-        GlueTask("qqp", BINARY, ("accuracy", "f1"), ("question1", "question2"),
-                 TsvLayout(text=("question1", "question2"), label="is_duplicate")),
-        GlueTask("mnli", ("entailment", "neutral", "contradiction"), ("accuracy",),
-                 ("premise", "hypothesis"),
-                 TsvLayout(text=("sentence1", "sentence2"), label="gold_label",
+        GlueTask(name="cola", labels=BINARY, metrics=("matthews_correlation",),
+                 hub_text=("sentence",), tsv=TsvLayout(text=(3,), label=1, header=False)),
+        GlueTask(name="sst2", labels=BINARY, metrics=("accuracy",), hub_text=("sentence",),
+                 tsv=TsvLayout(text=("sentence",), label="label")),
+        GlueTask(name="mrpc", labels=BINARY, metrics=("accuracy", "f1"),
+                 hub_text=("sentence1", "sentence2"),
+                 tsv=TsvLayout(text=("#1 String", "#2 String"), label="Quality")),
+        GlueTask(name="stsb", labels=(), metrics=("pearson", "spearmanr"),
+                 hub_text=("sentence1", "sentence2"),
+                 tsv=TsvLayout(text=("sentence1", "sentence2"), label="score")),
+        GlueTask(name="qqp", labels=BINARY, metrics=("accuracy", "f1"),
+                 hub_text=("question1", "question2"),
+                 tsv=TsvLayout(text=("question1", "question2"), label="is_duplicate")),
+        GlueTask(name="mnli", labels=("entailment", "neutral", "contradiction"),
+                 metrics=("accuracy",),
+                 hub_text=("premise", "hypothesis"),
+                 tsv=TsvLayout(text=("sentence1", "sentence2"), label="gold_label",
                            validation_file="dev_matched.tsv"),
                  hub_validation_split="validation_matched"),
-        GlueTask("qnli", ENTAIL, ("accuracy",), ("question", "sentence"),
-                 TsvLayout(text=("question", "sentence"), label="label")),
-        GlueTask("rte", ENTAIL, ("accuracy",), ("sentence1", "sentence2"),
-                 TsvLayout(text=("sentence1", "sentence2"), label="label")),
-        GlueTask("wnli", BINARY, ("accuracy",), ("sentence1", "sentence2"),
-                 TsvLayout(text=("sentence1", "sentence2"), label="label")),
+        GlueTask(name="qnli", labels=ENTAIL, metrics=("accuracy",),
+                 hub_text=("question", "sentence"),
+                 tsv=TsvLayout(text=("question", "sentence"), label="label")),
+        GlueTask(name="rte", labels=ENTAIL, metrics=("accuracy",),
+                 hub_text=("sentence1", "sentence2"),
+                 tsv=TsvLayout(text=("sentence1", "sentence2"), label="label")),
+        GlueTask(name="wnli", labels=BINARY, metrics=("accuracy",),
+                 hub_text=("sentence1", "sentence2"),
+                 tsv=TsvLayout(text=("sentence1", "sentence2"), label="label")),
     )
 }
 

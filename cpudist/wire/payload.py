@@ -28,7 +28,7 @@ class Trainer:
         return ()
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Script:
     """A user's command (`cpudist launch -- COMMAND`) and what cpudist does around it."""
 

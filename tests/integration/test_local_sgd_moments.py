@@ -37,8 +37,8 @@ def train(moments, wire, j):
     # the same start on every rank
     model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Linear(4, 2))
     opt = torch.optim.AdamW(model.parameters(), lr=0.01, fused=True)
-    spec = SyncSpec("local-sgd", sync_every=k, average_moments=moments, grad_compression=wire,
-                    bucket_cap_mb=1e-4, second_moment_every=j)
+    spec = SyncSpec(strategy="local-sgd", sync_every=k, average_moments=moments,
+                    grad_compression=wire, bucket_cap_mb=1e-4, second_moment_every=j)
     strategy = sync.make(model, spec, world)
     strategy.use(opt)
     torch.manual_seed(100 + rank)  # each rank its own data

@@ -67,8 +67,10 @@ def ec2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Signed]:
 def record(ec2: Signed, place: Place) -> ClusterRecord:
     """A cluster's record as `cluster up` writes it: the place resolved when it was made."""
     made = resolve(place)
-    return ClusterRecord("c1", made.region or "", made.endpoint_url, "t3.micro", (), "public",
-                         "ubuntu", 22, "key", "known", "hosts", "on-demand", "2026-11-26T00:00:00Z",
+    return ClusterRecord(name="c1", region=made.region or "", endpoint_url=made.endpoint_url,
+                         instance_type="t3.micro", nodes=(), connect="public", user="ubuntu",
+                         ssh_port=22, private_key="key", known_hosts="known", hostfile="hosts",
+                         price_source="on-demand", created_at="2026-11-26T00:00:00Z",
                          profile=made.profile)
 
 

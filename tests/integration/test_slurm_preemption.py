@@ -48,9 +48,10 @@ def test_a_preempted_job_that_saved_a_checkpoint_is_requeued(slurm: SlurmCluster
     rank = tmp_path / "rank.sh"
     rank.write_text(RANK % (tmp_path / STOP_MARKER))
     script = tmp_path / "job.sbatch"
-    script.write_text(sbatch_script(BatchJob("preempted", 1, 1, str(tmp_path),
-                                             str(tmp_path / "slurm-%j.out"), ("bash", str(rank)),
-                                             (), BatchOptions(requeue=True, exclusive=True))))
+    script.write_text(sbatch_script(BatchJob(name="preempted", np=1, ppn=1, cwd=str(tmp_path),
+                                             output=str(tmp_path / "slurm-%j.out"),
+                                             command=("bash", str(rank)), env=(),
+                                             options=BatchOptions(requeue=True, exclusive=True))))
     job_id = slurm.run(0, ["sbatch", "--parsable", str(script)]).stdout.strip().split(";")[0]
     out = tmp_path / f"slurm-{job_id}.out"
     urgent = ""

@@ -25,8 +25,8 @@ def _training(evals: Evaluations, seed: int) -> Training:
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
-    return Training(TrainConfig(task="mrpc", output_dir="run", save_model="best"), model, opt,
-                    sched, 0, 1, evals)
+    return Training(cfg=TrainConfig(task="mrpc", output_dir="run", save_model="best"), model=model,
+                    opt=opt, sched=sched, rank=0, world=1, evals=evals)
 
 
 def _evaluated(evals: Evaluations, step: int, accuracy: float, model: torch.nn.Module) -> None:
@@ -42,20 +42,21 @@ def _evaluated(evals: Evaluations, step: int, accuracy: float, model: torch.nn.M
 
 def _checkpoint(tmp_path: Path, t: Training, step: int) -> Path:
     stats = TrainStats(steps=step)
-    save(Saver(tmp_path / "ckpt", None, None, keep=5), t, stats, Position(0, step), total=10)
+    save(Saver(folder=tmp_path / "ckpt", every=None, every_s=None, keep=5), t, stats,
+         Position(0, step), total=10)
     return Path(stats.checkpoints[-1])
 
 
 def _resumed(path: Path, keep_best: bool = True) -> tuple[Evaluations, dict[str, Any]]:
     restored = checkpoint.load(path, 0, 1)
     assert restored is not None
-    evals = Evaluations(2, "accuracy", keep_best)
+    evals = Evaluations(every=2, metric="accuracy", keep_best=keep_best)
     restore(restored, _training(evals, seed=99), TrainStats())
     return evals, restored.state
 
 
 def test_the_earlier_best_and_its_weights_come_back(tmp_path: Path) -> None:
-    part1 = Evaluations(2, "accuracy", keep_best=True)
+    part1 = Evaluations(every=2, metric="accuracy", keep_best=True)
     t = _training(part1, seed=0)
     _evaluated(part1, 2, 0.8, t.model)  # the best, at step 2 ...
     best_weights = {k: v.clone() for k, v in t.model.state_dict().items()}
@@ -87,7 +88,7 @@ def test_the_earlier_best_and_its_weights_come_back(tmp_path: Path) -> None:
 def test_a_best_at_the_checkpoint_is_the_model_itself(tmp_path: Path) -> None:
     """Evaluated at the checkpoint's step (the loop evaluates before it saves): no second copy in
     state.pt."""
-    part1 = Evaluations(2, "accuracy", keep_best=True)
+    part1 = Evaluations(every=2, metric="accuracy", keep_best=True)
     t = _training(part1, seed=0)
     _evaluated(part1, 4, 0.8, t.model)
     evals, state = _resumed(_checkpoint(tmp_path, t, 4))
@@ -102,7 +103,7 @@ def test_no_weights_to_come_back_means_this_parts_own_best(tmp_path: Path) -> No
     the earlier best, so it keeps only its own (never the earlier metrics over this part's weights);
     other ranks keep no weights."""
     # --save-model last (or a rank other than 0)
-    part1 = Evaluations(2, "accuracy", keep_best=False)
+    part1 = Evaluations(every=2, metric="accuracy", keep_best=False)
     t = _training(part1, seed=0)
     _evaluated(part1, 2, 0.8, t.model)
     with torch.no_grad():

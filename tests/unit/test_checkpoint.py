@@ -26,8 +26,9 @@ def meta_of(cfg: TrainConfig, world: int = 2, global_batch: int = 32, step: int 
             **over: Any) -> CheckpointMeta:
     """A meta as the loop writes it (the writer sets files, rank_state and format)."""
     done = Done(step, step * global_batch, 0, 0.0, 0.0)
-    meta = CheckpointMeta(dataclasses.asdict(cfg), 16, Position(0, step), world, global_batch,
-                          "ddp", 1, 0.0, done, step)
+    meta = CheckpointMeta(config=dataclasses.asdict(cfg), total=16, position=Position(0, step),
+                          world_size=world, global_batch=global_batch,
+                          sync="ddp", parts=1, wall_s=0.0, stats=done, step=step)
     return dataclasses.replace(meta, **over)
 
 
@@ -154,14 +155,14 @@ def test_a_checkpoint_of_an_older_format_is_refused_in_one_line_before_it_is_rea
 
 
 def sgd_meta(**over: Any) -> CheckpointMeta:
-    cfg = TrainConfig(task="mrpc", output_dir="o", sync=SyncSpec("local-sgd", sync_every=4),
-                      batch_size=16)
+    cfg = TrainConfig(task="mrpc", output_dir="o",
+                      sync=SyncSpec(strategy="local-sgd", sync_every=4), batch_size=16)
     return meta_of(cfg, **{"sync": "local-sgd:4", "rank_state": True, **over})
 
 
 def test_per_rank_state_is_refused_on_other_ranks_or_another_sync() -> None:
-    cfg = TrainConfig(task="mrpc", output_dir="o", sync=SyncSpec("local-sgd", sync_every=4),
-                      batch_size=16)
+    cfg = TrainConfig(task="mrpc", output_dir="o",
+                      sync=SyncSpec(strategy="local-sgd", sync_every=4), batch_size=16)
     assert resume.adapt(cfg, sgd_meta(), 2, "ck").batch_size == 16
     with pytest.raises(BadInput, match="holds each of 2 ranks' own local-sgd:4 state; 1 rank") as e:
         resume.adapt(cfg, sgd_meta(), 1, "ck")
@@ -170,7 +171,8 @@ def test_per_rank_state_is_refused_on_other_ranks_or_another_sync() -> None:
                        match="holds the ranks' own local-sgd:4 state; this run asks for "
                              "local-sgd:8"):
         resume.adapt(TrainConfig(task="mrpc", output_dir="o",
-                                 sync=SyncSpec("local-sgd", sync_every=8)), sgd_meta(), 2, "ck")
+                                 sync=SyncSpec(strategy="local-sgd", sync_every=8)), sgd_meta(), 2,
+                     "ck")
     # No rank has a state of its own (ddp, or PowerSGD before it compressed): another world size
     # goes on.
     assert resume.adapt(cfg, sgd_meta(rank_state=False), 4, "ck").batch_size == 8

@@ -33,8 +33,9 @@ class Planted:
 
 def written(folder: Path) -> Path:
     cfg = TrainConfig(task="mrpc", output_dir=str(folder))
-    meta = CheckpointMeta(dataclasses.asdict(cfg), 16, Position(0, 10), 1, 32, "ddp", 1, 0.0,
-                          Done(10, 320, 0, 0.0, 0.0), 10)
+    meta = CheckpointMeta(config=dataclasses.asdict(cfg), total=16, position=Position(0, 10),
+                          world_size=1, global_batch=32, sync="ddp", parts=1, wall_s=0.0,
+                          stats=Done(10, 320, 0, 0.0, 0.0), step=10)
     return checkpoint.write(folder, {"w": torch.ones(3)}, [checkpoint.rng_state()], meta, 3, [{}])
 
 

@@ -6,7 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cpudist.config import TrainConfig, from_argv, to_argv
-from cpudist.strategies import ASKED, SyncSpec
+from cpudist.strategies import SyncSpec
+from cpudist.sync_flags import ASKED
 
 names = st.text(alphabet=st.characters(categories=["L", "N"], include_characters="_-."), min_size=1,
                 max_size=12)
@@ -52,7 +53,7 @@ def test_lr_scaling_follows_the_global_batch_of_every_strategy() -> None:
     assert effective_lr(TrainConfig(task="mrpc", output_dir="", lr=1e-4, lr_scaling="sqrt"),
                         1) == 1e-4
     local = TrainConfig(task="mrpc", output_dir="", lr=1e-4, lr_scaling="linear",
-                        sync=SyncSpec("local-sgd"))
+                        sync=SyncSpec(strategy="local-sgd"))
     # the ranks' averaged steps move the model as one global-batch step
     assert effective_lr(local, 4) == 4e-4
 
@@ -63,8 +64,8 @@ def test_the_sync_crosses_as_run_s_own_flags() -> None:
     assert to_argv(TrainConfig(task="mrpc", output_dir="o", sync=ASKED)) == ["--task=mrpc",
                                                                               "--output-dir=o"]
     local = TrainConfig(task="mrpc", output_dir="o",
-                        sync=SyncSpec("local-sgd", "bf16", sync_every=4, outer_optimizer="nesterov",
-                                      outer_lr=0.5, bucket_cap_mb=2.5))
+                        sync=SyncSpec(strategy="local-sgd", grad_compression="bf16", sync_every=4,
+                                      outer_optimizer="nesterov", outer_lr=0.5, bucket_cap_mb=2.5))
     argv = to_argv(local)
     assert {"--sync=local-sgd", "--grad-compression=bf16", "--sync-every=4",
             "--outer-optimizer=nesterov", "--outer-lr=0.5", "--bucket-cap-mb=2.5"} <= set(argv)

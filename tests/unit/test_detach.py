@@ -37,11 +37,15 @@ def test_dry_run_says_the_agent_is_detached(tmp_path: Path) -> None:
 
 
 def test_run_json_keeps_the_detached_agent(tmp_path: Path) -> None:
-    d = Detached("192.0.2.7", "root", 2222, "/k", "/kh", "/usr/bin/python3", None,
-                 "/root/.cpudist/runs/x-1", 42, 1234, True, False, "/ledger", {"head": "192.0.2.7"})
+    d = Detached(host="192.0.2.7", user="root", port=2222, identity="/k", known_hosts="/kh",
+                 python="/usr/bin/python3", pythonpath=None,
+                 run_dir="/root/.cpudist/runs/x-1", agent_pid=42, agent_start=1234,
+                 fetch_model=True, report_to=False, ledger="/ledger", staging={"head": "192.0.2.7"})
     write_run(tmp_path,
-              RunInfo("20261126-100000-123456", "mrpc", "tiny", "head:192.0.2.7", "running",
-                      "2026-11-26T10:00:00+00:00", run_dir=str(tmp_path), detached=d.__dict__))
+              RunInfo(id="20261126-100000-123456", task="mrpc", model="tiny",
+                      where="head:192.0.2.7", state="running",
+                      started_at="2026-11-26T10:00:00+00:00", run_dir=str(tmp_path),
+                      detached=d.__dict__))
     info = read_run(tmp_path)
     assert info is not None and Detached.from_dict(info.detached) == d
     assert d.target().port == 2222 and d.landing(tmp_path).ledger == Path("/ledger")

@@ -12,7 +12,7 @@ import pytest
 
 from cpudist.config import TrainConfig, resolved_compression, spec_of
 from cpudist.errors import BadInput
-from cpudist.strategies import asked, check_sync
+from cpudist.sync_flags import asked, check_sync
 from cpudist.train.dist import RankInfo
 from cpudist.train.main import _wire
 

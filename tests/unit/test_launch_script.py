@@ -114,8 +114,9 @@ def test_a_metric_file_fills_fields_by_their_own_or_hf_names_and_the_rest_are_me
     assert fields == {"epochs": 1.0, "final_loss": 0.69, "train_time_s": 12.5, "train_samples": 100,
                       "train_samples_per_s": 8.0}
     assert metrics == {"eval_accuracy": 0.75, "eval_loss": 0.6, "total_flos": 1234.0}
-    ranks = Ranks(("python", "t.py"), 2, 2, ("a", "a"), (1, 1), 20.0, "2026-11-26T10:00:00+00:00",
-                  "id", "/r")
+    ranks = Ranks(command=("python", "t.py"), world_size=2, ppn=2, rank_hosts=("a", "a"),
+                  rank_threads=(1, 1), wall_time_s=20.0, started_at="2026-11-26T10:00:00+00:00",
+                  run_id="id", run_dir="/r")
     r = build(ranks, {"train_samples": 400}, {}, {"launcher": "mpich"})
     # samples / wall time
     assert (r.train_time_s, r.wall_time_s, r.train_samples_per_s) == (20.0, 20.0, 20.0)
@@ -190,7 +191,8 @@ def test_collect_copies_outputs_and_a_missing_output_or_metric_file_is_a_note(
     (work / "log.txt").write_text("log")
     (work / "bad.json").write_text("[1, 2]")
     notes: list[str] = []
-    script = Script(("python", "t.py"), str(work), "bad.json", ("outputs", "log.txt", "gone"))
+    script = Script(command=("python", "t.py"), workdir=str(work), metric_file="bad.json",
+                    collect=("outputs", "log.txt", "gone"))
     collect(script, out, notes.append)
     assert (out / "collected" / "outputs" / "deep" / "w.bin").read_bytes() == b"\0\1"
     assert (out / "collected" / "log.txt").read_text() == "log"

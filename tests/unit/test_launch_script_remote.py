@@ -45,15 +45,16 @@ def test_words_naming_a_staged_path_become_the_nodes_path() -> None:
 def test_the_heads_job_round_trips_through_json_with_each_payload() -> None:
     """The one agent reads every payload from the request's JSON line (no second agent, no sentinel
     task)."""
-    script = Script(("train.py", "--lr", "1"), "/h/runs/r/work", "m.json", ("outputs",), (),
-                    "/h/stage/abc", 2)
+    script = Script(command=("train.py", "--lr", "1"), workdir="/h/runs/r/work",
+                    metric_file="m.json", collect=("outputs",), stage=(),
+                    copy_of="/h/stage/abc", per_node=2)
     for payload in (script, Trainer(), Probe(sizes=(4, 8), iters=3, warmup=1)):
-        request = RunRequest(TrainConfig(task="script", output_dir="/h/runs/r",
+        request = RunRequest(train=TrainConfig(task="script", output_dir="/h/runs/r",
                                          model="train.py --lr 1"),
-                             LaunchOptions(np=2, ppn=1, env=(("A", "b"),)),
-                             Nodes((Host("10.0.0.2"), Host("10.0.0.3", 2)),
+                             launch=LaunchOptions(np=2, ppn=1, env=(("A", "b"),)),
+                             nodes=Nodes((Host("10.0.0.2"), Host("10.0.0.3", 2)),
                                    "the nodes of 10.0.0.9"),
-                             "cpudist launch ...", payload=payload)
+                             command="cpudist launch ...", payload=payload)
         assert RunRequest.from_json(request.to_json()) == request
 
 
@@ -131,6 +132,6 @@ def test_runs_staging_finds_no_trainer_inputs_in_a_script_run(
     (tmp_path / "train.py").write_text("print(1)\n")
     (tmp_path / "tool").mkdir()
     for command in (("train.py",), ("tool",), ("sentence-transformers/all-MiniLM-L6-v2",)):
-        script = Script(command)
+        script = Script(command=command)
         cfg = script_config(script, str(tmp_path / "run"), 2)
-        assert local_inputs(RunRequest(cfg, LaunchOptions(), payload=script)) == []
+        assert local_inputs(RunRequest(train=cfg, launch=LaunchOptions(), payload=script)) == []

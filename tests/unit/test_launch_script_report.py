@@ -11,8 +11,9 @@ from cpudist.run.script_result import Ranks, build
 
 def _run(nodes: int, per_s: float, given: dict[str, object]) -> RunResult:
     hosts = tuple(f"n{i}" for i in range(nodes))
-    ranks = Ranks(("python", "train.py"), nodes, 1, hosts, (2,) * nodes, 10.0,
-                  "2026-11-26T10:00:00", f"r{nodes}", f"/runs/{nodes}")
+    ranks = Ranks(command=("python", "train.py"), world_size=nodes, ppn=1, rank_hosts=hosts,
+                  rank_threads=(2,) * nodes, wall_time_s=10.0,
+                  started_at="2026-11-26T10:00:00", run_id=f"r{nodes}", run_dir=f"/runs/{nodes}")
     return build(ranks, {**given, "train_samples_per_s": per_s}, {}, {"launcher": "mpich"})
 
 

@@ -48,4 +48,4 @@ def test_unscaled_says_what_it_costs_and_a_script_or_synthetic_run_is_left_alone
     note = lr_note(none, 4) or ""
     assert "1/4 of one rank's optimizer steps per epoch at the same --lr 5e-05" in note
     assert lr_note(dataclasses.replace(none, task="synthetic"), 4) is None  # no accuracy to lose
-    assert lr_note(BASE, 4, Script(("train.py",))) is None  # the script's lr is its own
+    assert lr_note(BASE, 4, Script(command=("train.py",))) is None  # the script's lr is its own

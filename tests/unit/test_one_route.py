@@ -102,11 +102,11 @@ def test_every_kind_is_one_object_and_the_scheduler_is_a_batch_kind() -> None:
 
 @pytest.mark.parametrize("payload",
                          [Trainer(),
-                          Script(("train.py", "--lr", "1"), collect=("out",), per_node=2),
+                          Script(command=("train.py", "--lr", "1"), collect=("out",), per_node=2),
                           Probe(sizes=(4096,), iters=3)])
 def test_the_one_agent_reads_every_payload(payload: Trainer | Script | Probe) -> None:
-    request = RunRequest(TrainConfig(task="mrpc", output_dir="/h/runs/r"),
-                         LaunchOptions(np=2, ppn=1), payload=payload)
+    request = RunRequest(train=TrainConfig(task="mrpc", output_dir="/h/runs/r"),
+                         launch=LaunchOptions(np=2, ppn=1), payload=payload)
     back = RunRequest.from_json(request.to_json())
     assert back == request and type(back.payload) is type(payload)
     assert not [p for p in programs.PROGRAMS if p.endswith("agent") and p != programs.AGENT]
@@ -114,7 +114,7 @@ def test_the_one_agent_reads_every_payload(payload: Trainer | Script | Probe) ->
 
 def test_a_payload_names_its_rank_program() -> None:
     assert Trainer().program("/r") == ()  # the trainer: the rank module with the config's argv
-    assert Script(("train.py",), per_node=2).program("/r")[:2] == (programs.SCRIPT_RANK,
+    assert Script(command=("train.py",), per_node=2).program("/r")[:2] == (programs.SCRIPT_RANK,
                                                                    "--run-dir")
     assert Probe(sizes=(8,), iters=2, warmup=1).program("/r") == (
         programs.BENCH_RANK, "--sizes", "8", "--iters", "2", "--warmup", "1", "--timeout", "120")

@@ -101,6 +101,6 @@ def test_the_card_part_reaches_rank_0_through_the_run_folder(tmp_path: Path) -> 
 def test_the_launched_record_travels_in_the_request_to_a_head() -> None:
     launched = Launched(command="cpudist run mrpc --head h", cluster="c", usd_per_hour=0.25,
                         data={"dir": "d"})
-    request = RunRequest(TrainConfig(task="mrpc", output_dir="runs/x"), LaunchOptions(),
-                         launched=launched)
+    request = RunRequest(train=TrainConfig(task="mrpc", output_dir="runs/x"),
+                         launch=LaunchOptions(), launched=launched)
     assert RunRequest.from_json(request.to_json()).launched == launched

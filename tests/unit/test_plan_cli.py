@@ -28,9 +28,10 @@ def bench_result(busbw_gbps: float, hostfile: str = "hosts",
     """A 2-node probe whose largest size ran at `busbw_gbps` (2 ranks: bus = algorithm
     bandwidth)."""
     sizes = [1_000_000, 64_000_000]
-    return BenchResult(hostfile, ("n0", "n1"), 2, 1, "mpich", 10, 2, when,
-                       points(sizes, [0.01, sizes[1] * 8 / (busbw_gbps * 1e9)], 2),
-                       {"kind": "amx-bf16"})
+    return BenchResult(hostfile=hostfile, rank_hosts=("n0", "n1"), world_size=2, ppn=1,
+                       launcher="mpich", iters=10, warmup=2, created_at=when,
+                       points=points(sizes, [0.01, sizes[1] * 8 / (busbw_gbps * 1e9)], 2),
+                       cpu={"kind": "amx-bf16"})
 
 
 def test_sizes_and_their_names() -> None:

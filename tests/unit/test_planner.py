@@ -28,7 +28,9 @@ GBIT = Link(1.0, latency_s=0.0)
 
 def base(compute_s: float = 2.0, ppn: int = 1, shapes: tuple[tuple[int, ...], ...] = MB100,
          price: float | None = None) -> Baseline:
-    return Baseline("b", compute_s, ppn, 32, 3200, 100, shapes, True, price, None)
+    return Baseline(run_id="b", compute_s=compute_s, ppn=ppn, samples_per_step=32, samples=3200,
+                    steps=100, shapes=shapes, shapes_known=True, usd_per_node_hour=price,
+                    dataset_samples=None)
 
 
 def run(nodes: int = 1, ppn: int = 1, step_s: float = 2.0, steps: int = 100,
@@ -126,7 +128,7 @@ def test_recommendation_states_the_risk_of_local_sgd() -> None:
 
 
 def test_recommendation_stays_on_one_node_when_nothing_beats_it() -> None:
-    only = [SyncSpec(), SyncSpec("gather-scatter")]
+    only = [SyncSpec(), SyncSpec(strategy="gather-scatter")]
     rows = plan(base(compute_s=0.1), [2, 4], only, Link(0.1, 0.0), 0.0, 3200)
     rec = recommend(rows)
     assert rec.choice.nodes == 1 and rec.line.startswith("recommend: stay on 1 node")
@@ -187,14 +189,15 @@ def test_sync_cpu_cost_per_byte_from_the_other_runs() -> None:
     gather = run(2, step_s=2 + 1.6 + 0.4, sync="gather-scatter", run_id="gs",
                  started_at="2026-02-03")
     assert measured_sync_cpu([run(1), two, four, gather], GBIT,
-                             sync=SyncSpec("gather-scatter")) == (
+                             sync=SyncSpec(strategy="gather-scatter")) == (
         pytest.approx(0.4 / 200e6), ("gs",))
     assert measured_sync_cpu([run(1), two, four, gather], GBIT, sync=SyncSpec())[1] == (
         "two", "four")
     # none of its kind
-    assert measured_sync_cpu([run(1), two], GBIT, sync=SyncSpec("allreduce"))[1] == ("two",)
-    p = predict(base(), SyncSpec("local-sgd", sync_every=8), 4, GBIT, overlap=0.0, steps=80,
-                cpu_s_per_byte=1e-9)
+    assert measured_sync_cpu([run(1), two], GBIT, sync=SyncSpec(strategy="allreduce"))[1] == ("two",
+                                                                                              )
+    p = predict(base(), SyncSpec(strategy="local-sgd", sync_every=8), 4, GBIT, overlap=0.0,
+                steps=80, cpu_s_per_byte=1e-9)
     assert p.sync_cpu_s == pytest.approx(150e6 / 8 * 1e-9)  # the bytes of one average in 8 steps
 
 
@@ -242,5 +245,5 @@ def test_sync_from_options_or_label() -> None:
                                      "extra": 1})).sync_every == 4
     assert parse_label("ddp+powersgd:4") == SyncSpec(grad_compression="powersgd", powersgd_rank=4)
     assert parse_label("diloco:16").outer_optimizer == "nesterov"
-    assert parse_label("gather-scatter").sync == "gather-scatter"
+    assert parse_label("gather-scatter").strategy == "gather-scatter"
     assert parse_label("ddp") == SyncSpec()

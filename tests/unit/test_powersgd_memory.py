@@ -36,7 +36,7 @@ from cpudist.train import sync
 # four orders above this bound.
 EPS = torch.finfo(torch.float32).eps
 ULPS = 16
-SPEC = SyncSpec("ddp", grad_compression="powersgd", powersgd_rank=1, powersgd_start=2,
+SPEC = SyncSpec(strategy="ddp", grad_compression="powersgd", powersgd_rank=1, powersgd_start=2,
                 bucket_cap_mb=0.002)
 
 

@@ -205,7 +205,7 @@ def test_the_plan_takes_the_runs_lengths_and_batches_fp32_unless_asked_and_the_o
     run = run_folder(tmp_path / "run")
     (run / "command.txt").write_text(COMMAND.replace("/data/glue/MRPC",
                                                      str(shared_data / "glue" / "MRPC")))
-    p = plan(PredictRequest(run, split="test", np=2))
+    p = plan(PredictRequest(model_or_run=run, split="test", np=2))
     s = p.settings
     # the bf16 run's scores, not rounded
     assert (s.precision, s.max_seq_len, s.batch_size) == ("fp32", 96, 32)
@@ -217,21 +217,22 @@ def test_the_plan_takes_the_runs_lengths_and_batches_fp32_unless_asked_and_the_o
     text = describe(p)
     assert "1725 from" in text and "fp32 (the default; the run computed in bf16" in text
     assert "predict_results_mrpc.txt" in text
-    p = plan(PredictRequest(run, split="dev", precision="bf16", batch_size=8, output="-"))
+    p = plan(PredictRequest(model_or_run=run, split="dev", precision="bf16", batch_size=8,
+                            output="-"))
     assert (p.settings.precision, p.settings.batch_size, p.output, p.fmt) == (
         "bf16", 8, None, "glue")
     # the rows the run scored
     assert p.inputs.labels is not None and len(p.inputs.labels) == len(p.inputs) == 100
-    assert len(plan(PredictRequest(run, split="dev", max_rows=7)).inputs.texts[1]) == 7
+    assert len(plan(PredictRequest(model_or_run=run, split="dev", max_rows=7)).inputs.texts[1]) == 7
     bare = model_folder(tmp_path / "bare")
     (tmp_path / "rows.csv").write_text("text\nhello\n")
-    p = plan(PredictRequest(bare, file=tmp_path / "rows.csv"))
+    p = plan(PredictRequest(model_or_run=bare, file=tmp_path / "rows.csv"))
     assert (p.settings.precision, p.settings.max_seq_len, p.settings.batch_size) == (
         "fp32", 128, 64)
     assert p.output is None and p.fmt == "jsonl"
     # a card, away from its run
     (bare / "README.md").write_text("## Training\n\n- seed 42, precision bf16, sync ddp\n")
-    p = plan(PredictRequest(bare, file=tmp_path / "rows.csv"))
+    p = plan(PredictRequest(model_or_run=bare, file=tmp_path / "rows.csv"))
     assert p.settings.precision == "fp32" and "the run computed in bf16" in p.precision_from
 
 
@@ -246,7 +247,7 @@ def test_what_to_predict_is_checked_before_any_model_loads(tmp_path: Path,
                                                            says: str) -> None:
     bare = model_folder(tmp_path / "bare")
     with pytest.raises(BadInput) as e:
-        plan(PredictRequest(bare, **request_))  # type: ignore[arg-type]
+        plan(PredictRequest(model_or_run=bare, **request_))  # type: ignore[arg-type]
     assert says in e.value.what
 
 
@@ -255,7 +256,7 @@ def test_a_model_of_another_task_is_refused_for_its_glue_split(shared_data: Path
     three = model_folder(tmp_path / "m", {"0": "a", "1": "b", "2": "c"})
     with pytest.raises(BadInput,
                        match="predicts classes a, b, c; MRPC's rows have classes not_equivalent"):
-        plan(PredictRequest(three, split="test", task="mrpc",
+        plan(PredictRequest(model_or_run=three, split="test", task="mrpc",
                             data_dir=shared_data / "glue" / "MRPC"))
 
 

@@ -57,14 +57,14 @@ def fp32_reference(model_dir: Path, texts: tuple[tuple[str, ...], ...]) -> list[
 def test_a_bf16_regression_model_predicts_fp32_scores_unless_asked(bf16_run: Path,
                                                                    tmp_path: Path) -> None:
     file = rows(tmp_path / "rows.tsv")
-    p = plan(PredictRequest(bf16_run, file=file, fmt="jsonl"))
+    p = plan(PredictRequest(model_or_run=bf16_run, file=file, fmt="jsonl"))
     assert p.settings.precision == "fp32"
     got = [json.loads(line)["value"] for line in (execute(p).text or "").splitlines()]
     want = fp32_reference(bf16_run / "model", p.inputs.texts)
     assert len(set(want)) == ROWS  # every row its own score
     assert len(set(got)) == len(set(want))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    asked = plan(PredictRequest(bf16_run, file=file, fmt="jsonl", precision="bf16"))
+    asked = plan(PredictRequest(model_or_run=bf16_run, file=file, fmt="jsonl", precision="bf16"))
     rounded = [json.loads(line)["value"] for line in (execute(asked).text or "").splitlines()]
     # bf16 autocast, as the run computed: asked for, and so given
     assert len(set(rounded)) < ROWS // 2

@@ -99,7 +99,8 @@ def test_it_crosses_ssh_to_the_head() -> None:
     ranks get them."""
     from cpudist.run.request import LaunchOptions, RunRequest
 
-    request = RunRequest(TrainConfig(task="mrpc", output_dir="run", report_to=("tensorboard",)),
-                         LaunchOptions(np=2, ppn=1))
+    request = RunRequest(train=TrainConfig(task="mrpc", output_dir="run",
+                                           report_to=("tensorboard",)),
+                         launch=LaunchOptions(np=2, ppn=1))
     again = RunRequest.from_json(request.to_json())
     assert again == request and "--report-to=tensorboard" in to_argv(again.train)

@@ -40,7 +40,8 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
 def running(folder: Path, run_id: str, pid: int, start: int, host: str | None = None) -> Path:
     folder.mkdir(parents=True)
     write_run(folder,
-              RunInfo(run_id, "mrpc", "tiny", "here", "running", "2026-11-26T10:00:00+00:00",
+              RunInfo(id=run_id, task="mrpc", model="tiny", where="here", state="running",
+                      started_at="2026-11-26T10:00:00+00:00",
                       run_dir=str(folder), pid=pid, host=host or this_host(), pid_start=start))
     return folder
 
@@ -74,8 +75,9 @@ def test_a_run_not_running_or_elsewhere_is_one_line_and_exit_2(
     done = tmp_path / "done"
     done.mkdir()
     write_run(done,
-              RunInfo("20261126-100000-cccccc", "mrpc", "tiny", "here", "finished",
-                      "2026-11-26T10:00:00+00:00",
+              RunInfo(id="20261126-100000-cccccc", task="mrpc", model="tiny", where="here",
+                      state="finished",
+                      started_at="2026-11-26T10:00:00+00:00",
                       run_dir=str(done), pid=sleeper.pid, host=this_host(),
                       pid_start=start_ticks(sleeper.pid)
                       or 0))
@@ -174,8 +176,8 @@ def test_logs_head_of_a_run_without_a_head_says_where_its_output_is(tmp_path: Pa
     here = tmp_path / "here"
     here.mkdir()
     write_run(here,
-              RunInfo("20261126-100000-123456", "mrpc", "tiny", "here", "finished",
-                      "2026-11-26T10:00:00+00:00", run_dir=str(here)))
+              RunInfo(id="20261126-100000-123456", task="mrpc", model="tiny", where="here",
+                      state="finished", started_at="2026-11-26T10:00:00+00:00", run_dir=str(here)))
     r = CliRunner().invoke(cli, ["logs", "--head", str(here)])
     assert r.exit_code == 2 and r.output == ("Error: run 20261126-100000-123456 ran here, not on "
                                              "a head over SSH: its "

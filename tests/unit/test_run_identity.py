@@ -33,8 +33,9 @@ def cfg_of(out: Path, **over: object) -> TrainConfig:
 
 def write(folder: Path, step: int, run_id: str, keep: int = 2) -> Path:
     cfg = cfg_of(folder.parent, run_id=run_id)
-    meta = CheckpointMeta(dataclasses.asdict(cfg), 16, Position(0, step), 1, 16, "ddp", 1, 0.0,
-                          Done(step, step * 16, 0, 0.0, 0.0), step, run_id=run_id)
+    meta = CheckpointMeta(config=dataclasses.asdict(cfg), total=16, position=Position(0, step),
+                          world_size=1, global_batch=16, sync="ddp", parts=1, wall_s=0.0,
+                          stats=Done(step, step * 16, 0, 0.0, 0.0), step=step, run_id=run_id)
     return checkpoint.write(folder, {"w": torch.arange(10.0) * step}, [checkpoint.rng_state()],
                             meta, keep)
 

@@ -42,7 +42,8 @@ def spec(launcher: str, **kw: object) -> RunSpec:
 def test_no_launcher_puts_a_secret_on_a_line_or_in_its_script(launcher: str) -> None:
     """Hydra's -genv, Open MPI's -x, torchrun's per-host ssh lines and job.sbatch carry the file's
     path only."""
-    extra = {"batch": BatchOptions("cpu", "10", None, True, ()),
+    extra = {"batch": BatchOptions(partition="cpu", time="10", account=None, exclusive=True,
+                                   sbatch_args=()),
              "hostfile": None} if launcher == "slurm" else {}
     launch = plan(spec(launcher, **extra))
     shown = " ".join([*launch.argv, launch.shell(), launch.script or "",
@@ -101,8 +102,8 @@ def test_the_remote_agents_request_carries_secrets_and_dry_run_hides_them(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The request crosses to the head as data (stdin), secrets included; `--dry-run` from outside
     shows ***."""
-    req = RunRequest(TrainConfig(task="synthetic", output_dir="/r"),
-                     LaunchOptions(np=2, ppn=1, secrets=(("K", SECRET),)))
+    req = RunRequest(train=TrainConfig(task="synthetic", output_dir="/r"),
+                     launch=LaunchOptions(np=2, ppn=1, secrets=(("K", SECRET),)))
     assert RunRequest.from_json(req.to_json()) == req
     monkeypatch.setenv("CPD_TEST_TOKEN", SECRET)
     (tmp_path / "h").write_text("10.9.0.1\n10.9.0.2\n")
@@ -129,7 +130,7 @@ def test_a_detached_agent_leaves_its_request_file_without_values(tmp_path: Path)
 
     launch = LaunchOptions(np=2, ppn=1, env=(("HF_TOKEN", SECRET), ("OMP_NUM_THREADS", "2")),
                            secrets=(("K", SECRET),))
-    req = RunRequest(TrainConfig(task="synthetic", output_dir="/r"), launch)
+    req = RunRequest(train=TrainConfig(task="synthetic", output_dir="/r"), launch=launch)
     path = tmp_path / "agent.request.json"
     path.write_text(req.to_json())
     assert take_request(path) == req
@@ -194,7 +195,8 @@ def test_a_batch_script_holds_no_value_and_its_end_removes_the_secrets_file(
     bash, with Slurm's commands faked."""
     monkeypatch.setenv("HOME", str(tmp_path))
     out, key = tmp_path / "out", "wandb-7d1e0c4b"
-    options = BatchOptions("cpu", "10", None, False, (), requeue=requeue)
+    options = BatchOptions(partition="cpu", time="10", account=None, exclusive=False,
+                           sbatch_args=(), requeue=requeue)
     s = spec("slurm", batch=options, hostfile=None,
              train=TrainConfig(task="synthetic", output_dir=str(out), run_id="r1"),
              env=(("WANDB_API_KEY", key), ("OMP_NUM_THREADS", "2")))
@@ -227,7 +229,9 @@ def test_a_batch_script_keeps_the_secrets_file_for_a_requeue_that_slurm_started(
     end runs its trap, so the file stays for the next start; that start's own end (its count
     unchanged) removes it."""
     monkeypatch.setenv("HOME", str(tmp_path))
-    s = spec("slurm", batch=BatchOptions("cpu", "10", None, False, ()), hostfile=None)
+    s = spec("slurm",
+             batch=BatchOptions(partition="cpu", time="10", account=None, exclusive=False,
+                                sbatch_args=()), hostfile=None)
     script = plan(s).script
     assert script is not None
     bin_dir = tmp_path / "bin"

@@ -25,7 +25,8 @@ def cpudist(*args: str | Path) -> Result:
 
 def started(out: Path, run_id: str, when: str, model: str = "tiny") -> None:
     identity.write_run(out,
-                       RunInfo(run_id, "mrpc", model, "here", "running", when, run_dir=str(out)))
+                       RunInfo(id=run_id, task="mrpc", model=model, where="here", state="running",
+                               started_at=when, run_dir=str(out)))
 
 
 def test_runs_lists_every_state_and_the_ledgers_older_runs_once(tmp_path: Path) -> None:

@@ -18,8 +18,9 @@ NODES = (Host("n0"), Host("n1"), Host("n2"))
 
 
 def test_the_head_copies_its_staging_to_the_other_nodes_unless_they_share_it() -> None:
-    plain = RunRequest(TrainConfig("mrpc", "out"), LaunchOptions(np=3))
-    shared = RunRequest(TrainConfig("mrpc", "out"), LaunchOptions(np=3, shared_fs=True))
+    plain = RunRequest(train=TrainConfig(task="mrpc", output_dir="out"), launch=LaunchOptions(np=3))
+    shared = RunRequest(train=TrainConfig(task="mrpc", output_dir="out"),
+                        launch=LaunchOptions(np=3, shared_fs=True))
     assert [h.name for h in copied_to(plain, NODES)] == ["n1", "n2"]
     assert copied_to(shared, NODES) == ()
 

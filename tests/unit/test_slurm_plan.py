@@ -108,8 +108,11 @@ SCONTROL = ("JobId=42 JobName=cpudist-mrpc UserId=root(0) GroupId=root(0) Priori
 
 def test_job_state_from_scontrol() -> None:
     info = parse_job(SCONTROL)
-    assert info == JobInfo("42", "TIMEOUT", "TimeLimit", "0:15", "n[1-2]", "00:01:00", "00:01:00")
-    assert info.ended and not JobInfo("42", "RUNNING").ended and not JobInfo("42", "PENDING").ended
+    assert info == JobInfo(job_id="42", state="TIMEOUT", reason="TimeLimit", exit_code="0:15",
+                           nodes="n[1-2]", run_time="00:01:00", time_limit="00:01:00")
+    assert info.ended and not JobInfo(job_id="42",
+                                      state="RUNNING").ended and not JobInfo(job_id="42",
+                                                                             state="PENDING").ended
     assert parse_job("slurm_load_jobs error: Invalid job id specified\n") is None
 
 
@@ -120,9 +123,10 @@ def test_a_failed_job_is_one_line_naming_its_state() -> None:
     assert message == ("Slurm job 42 ended TIMEOUT on n[1-2] after 00:01:00, time limit 00:01:00, "
                        "exit code 0:15")
     assert "--time" in hint
-    message, hint = failure(JobInfo("43", "FAILED", "NonZeroExitCode", "1:0", "n1", "00:00:09"),
+    message, hint = failure(JobInfo(job_id="43", state="FAILED", reason="NonZeroExitCode",
+                                    exit_code="1:0", nodes="n1", run_time="00:00:09"),
                             "out", "0: [n1:0] error: data directory not found")
     assert message.startswith("Slurm job 43 ended FAILED on n1 after 00:00:09, exit code 1:0: 0: "
                               "[n1:0] error: ")
     assert "\n" not in message and hint == "See the rank output above and out"
-    assert "sinfo -R" in failure(JobInfo("44", "NODE_FAIL"), "out", None)[1]
+    assert "sinfo -R" in failure(JobInfo(job_id="44", state="NODE_FAIL"), "out", None)[1]

@@ -80,8 +80,9 @@ def test_fan_out_script_names_every_host_and_folder() -> None:
 def test_job_request_round_trip_and_status_lines() -> None:
     cfg = TrainConfig(task="mrpc", output_dir="/r", text_columns=("a", "b"), max_steps=3)
     launch = LaunchOptions(np=4, ppn=1, launcher="mpich", env=(("A", "1"),), timeout_s=60.0,
-                           batch=BatchOptions("cpu", "10", None, True, ("--mem=0",)))
-    req = RunRequest(cfg, launch, Nodes((Host("n0"), Host("n1", 4)), "hosts"))
+                           batch=BatchOptions(partition="cpu", time="10", account=None,
+                                              exclusive=True, sbatch_args=("--mem=0",)))
+    req = RunRequest(train=cfg, launch=launch, nodes=Nodes((Host("n0"), Host("n1", 4)), "hosts"))
     assert RunRequest.from_json(req.to_json()) == req
     assert parse_status(status_line(status="ok", output_dir="/r")) == {
         "status": "ok", "output_dir": "/r"}

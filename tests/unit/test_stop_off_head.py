@@ -33,8 +33,9 @@ def _launch(second: str) -> Launch:
 
 def _run(tmp_path: Path, launch: Launch) -> list[dict[str, object]]:
     out = tmp_path / "out"
-    spec = prepare(RunRequest(TrainConfig("synthetic", str(out), model="tiny"),
-                              LaunchOptions(np=1)))
+    spec = prepare(RunRequest(train=TrainConfig(task="synthetic", output_dir=str(out),
+                                                model="tiny"),
+                              launch=LaunchOptions(np=1)))
     seen: list[dict[str, object]] = []
     local.execute(spec, launch, Callbacks(seen.append, lambda line: None), 60, Launched())
     return seen

@@ -16,18 +16,8 @@ from cpudist.config import TrainConfig, spec_of
 from cpudist.errors import BadInput
 from cpudist.results.ledger import read_ledger
 from cpudist.results.planner import sync_of
-from cpudist.strategies import (
-    ASKED,
-    OLD_NAMES,
-    SHARED,
-    TABLE,
-    SyncSpec,
-    asked,
-    check_sync,
-    flag,
-    from_record,
-    parse_label,
-)
+from cpudist.strategies import OLD_NAMES, SHARED, TABLE, SyncSpec, from_record, parse_label
+from cpudist.sync_flags import ASKED, asked, check_sync, flag
 
 OLD_LEDGER = (Path(__file__).parents[2] / "benchmarks" / "results"
               / "scaling-halfcore-amx-bf16-ledger.jsonl")
@@ -50,7 +40,8 @@ def test_trainconfig_holds_the_sync_as_asked_and_spec_of_resolves_it() -> None:
              "outer_momentum": 0.8, "average_moments": "both", "second_moment_every": 2,
              "bucket_cap_mb": 5.0, "dist_timeout": 300}  # run's other options are not its
     cfg = TrainConfig(task="mrpc", output_dir="o", sync=asked(flags))
-    assert cfg.sync == SyncSpec("local-sgd", "bf16", sync_every=4, local_sgd_warmup=3,
+    assert cfg.sync == SyncSpec(strategy="local-sgd", grad_compression="bf16", sync_every=4,
+                                local_sgd_warmup=3,
                                 outer_optimizer="nesterov", outer_lr=0.5, outer_momentum=0.8,
                                 average_moments="both", second_moment_every=2, bucket_cap_mb=5.0)
     spec = spec_of(cfg, 100)
@@ -67,9 +58,10 @@ def test_trainconfig_holds_the_sync_as_asked_and_spec_of_resolves_it() -> None:
 SPECS = [SyncSpec(), SyncSpec(grad_compression="bf16"), SyncSpec(grad_compression="fp16"),
          SyncSpec(embedding_sync="dense"),
          SyncSpec(grad_compression="bf16", embedding_sync="dense"),
-         SyncSpec(grad_compression="powersgd", powersgd_rank=4), SyncSpec("allreduce"),
-         SyncSpec("gather-scatter"),
-         *(SyncSpec("local-sgd", wire, sync_every=k, outer_optimizer=outer, average_moments=moments,
+         SyncSpec(grad_compression="powersgd", powersgd_rank=4), SyncSpec(strategy="allreduce"),
+         SyncSpec(strategy="gather-scatter"),
+         *(SyncSpec(strategy="local-sgd", grad_compression=wire, sync_every=k,
+                    outer_optimizer=outer, average_moments=moments,
                      second_moment_every=j)
            for wire in ("none", "bf16") for k in (1, 8) for outer in ("none", "nesterov")
            for moments in ("none", "first", "second", "both") for j in (1, 3))]
@@ -136,14 +128,16 @@ def test_sync_options_of_older_results_read_as_todays() -> None:
     old = {"sync": "local-sgd", "compression": "bf16", "warmup_steps": 3, "outer": "nesterov",
            "moments": "both", "sync_every": 8, "powersgd_start": 34, "extra": 1}
     spec = from_record(old, "ignored")
-    assert spec == SyncSpec("local-sgd", "bf16", powersgd_start=34, sync_every=8,
+    assert spec == SyncSpec(strategy="local-sgd", grad_compression="bf16", powersgd_start=34,
+                            sync_every=8,
                             local_sgd_warmup=3, outer_optimizer="nesterov", average_moments="both")
     assert from_record(renamed({"sync_options": old})["sync_options"],
                        "ignored") == spec  # type: ignore[arg-type]
     # the first versions' name of the strategy is today's again; today's record reads back whole
     assert from_record({**old, "strategy": old.pop("sync")}, "ignored") == spec
     assert from_record(dataclasses.asdict(spec), "ignored") == spec
-    assert from_record({}, "diloco:8+mv+bf16") == SyncSpec("local-sgd", "bf16", sync_every=8,
+    assert from_record({}, "diloco:8+mv+bf16") == SyncSpec(strategy="local-sgd",
+                                                           grad_compression="bf16", sync_every=8,
                                                            outer_optimizer="nesterov",
                                                            average_moments="both")
 

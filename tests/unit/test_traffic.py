@@ -47,7 +47,7 @@ def test_one_node_puts_nothing_on_the_network() -> None:
 
 
 def test_gather_scatter_concentrates_n_minus_one_copies_on_the_head() -> None:
-    t = expected_traffic(SyncSpec("gather-scatter"), SHAPES, world=4, ppn=1, steps=3)
+    t = expected_traffic(SyncSpec(strategy="gather-scatter"), SHAPES, world=4, ppn=1, steps=3)
     g = 4 * NUMEL
     assert t.rank_send == 3 * g
     assert t.node_tx == (3 * g, g, g, g)
@@ -55,20 +55,20 @@ def test_gather_scatter_concentrates_n_minus_one_copies_on_the_head() -> None:
 
 def test_local_sgd_moves_one_kth_after_its_warmup() -> None:
     ddp = expected_traffic(SyncSpec(), SHAPES, 4, 1, 80)
-    k8 = expected_traffic(SyncSpec("local-sgd", sync_every=8), SHAPES, 4, 1, 80)
+    k8 = expected_traffic(SyncSpec(strategy="local-sgd", sync_every=8), SHAPES, 4, 1, 80)
     assert k8.total_node_tx == pytest.approx(ddp.total_node_tx / 8)
-    warm = expected_traffic(SyncSpec("local-sgd", sync_every=8, local_sgd_warmup=8), SHAPES, 4, 1,
-                            80)
+    warm = expected_traffic(SyncSpec(strategy="local-sgd", sync_every=8, local_sgd_warmup=8),
+                            SHAPES, 4, 1, 80)
     assert warm.exchanges == pytest.approx((8 + 72 // 8) / 80)
     # The steps after the last average are averaged once more when training ends.
-    assert expected_traffic(SyncSpec("local-sgd", sync_every=8), SHAPES, 4, 1,
+    assert expected_traffic(SyncSpec(strategy="local-sgd", sync_every=8), SHAPES, 4, 1,
                             20).exchanges == pytest.approx(3 / 20)
 
 
 def test_local_sgd_moments_add_a_model_each_and_a_16_bit_wire_halves_them_all() -> None:
     ddp = expected_traffic(SyncSpec(), SHAPES, 4, 1, 80).total_node_tx
     def k8(**knobs: Any) -> float:
-        return expected_traffic(SyncSpec("local-sgd", sync_every=8, **knobs), SHAPES, 4, 1,
+        return expected_traffic(SyncSpec(strategy="local-sgd", sync_every=8, **knobs), SHAPES, 4, 1,
                                 80).total_node_tx
     assert k8(average_moments="first") == k8(average_moments="second") == pytest.approx(2 * ddp / 8)
     assert k8(average_moments="both") == pytest.approx(3 * ddp / 8)
@@ -84,7 +84,7 @@ def test_local_sgd_moments_add_a_model_each_and_a_16_bit_wire_halves_them_all() 
     # no second moment
     assert k8(average_moments="first", second_moment_every=2) == k8(average_moments="first")
     # The warm-up's synchronous steps average fp32 gradients whatever the wire of the averages.
-    spec = SyncSpec("local-sgd", sync_every=8, local_sgd_warmup=8, grad_compression="bf16")
+    spec = SyncSpec(strategy="local-sgd", sync_every=8, local_sgd_warmup=8, grad_compression="bf16")
     warm = expected_traffic(spec, SHAPES, 4, 1, 80)
     assert warm.total_node_tx == pytest.approx(ddp * (8 + 9 / 2) / 80)
 
@@ -100,12 +100,16 @@ def test_powersgd_sends_plain_gradients_before_it_starts() -> None:
 def test_labels_and_buckets() -> None:
     assert SyncSpec().label == "ddp"
     assert SyncSpec(grad_compression="powersgd", powersgd_rank=2).label == "ddp+powersgd:2"
-    assert SyncSpec("local-sgd", sync_every=8, outer_optimizer="nesterov").label == "diloco:8"
-    both = SyncSpec("local-sgd", sync_every=8, average_moments="both", grad_compression="bf16")
+    assert SyncSpec(strategy="local-sgd", sync_every=8,
+                    outer_optimizer="nesterov").label == "diloco:8"
+    both = SyncSpec(strategy="local-sgd", sync_every=8, average_moments="both",
+                    grad_compression="bf16")
     assert both.label == "local-sgd:8+mv+bf16"
-    assert SyncSpec("local-sgd", sync_every=8, average_moments="both", grad_compression="bf16",
+    assert SyncSpec(strategy="local-sgd", sync_every=8, average_moments="both",
+                    grad_compression="bf16",
                     second_moment_every=2).label == "local-sgd:8+m+v/2+bf16"
-    second = SyncSpec("local-sgd", sync_every=8, average_moments="second", second_moment_every=3)
+    second = SyncSpec(strategy="local-sgd", sync_every=8, average_moments="second",
+                      second_moment_every=3)
     assert second.label == "local-sgd:8+v/3"
     # 104 MiB: a 1 MiB first bucket, then 103 MiB in 25 MiB ones
     assert buckets([(1024, 1024)] * 26, 25) == 1 + 5

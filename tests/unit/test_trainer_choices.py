@@ -73,8 +73,8 @@ def test_early_stopping_stops_where_transformers_callback_does(greater: bool,
     for trial in range(200):
         values = [round(rng.uniform(0, 1), 2) for _ in range(rng.randint(1, 12))]
         patience = rng.randint(1, 4)
-        evals = Evaluations(1, "accuracy", False, greater=greater, patience=patience,
-                            threshold=threshold)
+        evals = Evaluations(every=1, metric="accuracy", keep_best=False, greater=greater,
+                            patience=patience, threshold=threshold)
         mine = None
         for i, value in enumerate(values):
             evals.note(i + 1, {"accuracy": value}, 0.0, None, during=True)
@@ -89,16 +89,16 @@ def test_early_stopping_stops_where_transformers_callback_does(greater: bool,
 
 
 def test_the_final_evaluation_does_not_count_towards_patience() -> None:
-    evals = Evaluations(1, "accuracy", False, patience=1)
+    evals = Evaluations(every=1, metric="accuracy", keep_best=False, patience=1)
     evals.note(1, {"accuracy": 0.9}, 0.0, None, during=True)
     evals.note(2, {"accuracy": 0.1}, 0.0, None, during=False)
     assert evals.stopped is None and evals.stale == 0
 
 
 def test_the_strategies_decide_evaluations_and_checkpoints() -> None:
-    epoch = Evaluations(None, "accuracy", False, strategy="epoch")
+    epoch = Evaluations(every=None, metric="accuracy", keep_best=False, strategy="epoch")
     assert epoch.due(5, 10, epoch_end=True) and not epoch.due(4, 10) and not epoch.due(10, 10, True)
-    steps = Evaluations(2, "accuracy", False, strategy="steps")
+    steps = Evaluations(every=2, metric="accuracy", keep_best=False, strategy="steps")
     assert steps.due(4, 10) and not steps.due(3, 10) and not steps.due(10, 10)
     assert trainer_choices.save_due("eval", True, False, True)
     assert trainer_choices.save_due("epoch", False, True, True)
@@ -146,13 +146,17 @@ def _lrs(cfg: TrainConfig, total: int, tmp_path: Path, resume_at: int | None) ->
         sched.step()
         seen.append(sched.get_last_lr()[0])
         if step == resume_at:
-            t = Training(cfg, model, opt, sched, 0, 1, Evaluations(None, "accuracy", False))
+            t = Training(cfg=cfg, model=model, opt=opt, sched=sched, rank=0, world=1,
+                         evals=Evaluations(every=None, metric="accuracy", keep_best=False))
             stats = TrainStats(steps=step)
-            save(Saver(tmp_path / "ckpt", None, None, keep=1), t, stats, Position(0, step), total)
+            save(Saver(folder=tmp_path / "ckpt", every=None, every_s=None, keep=1), t, stats,
+                 Position(0, step), total)
             model, opt, sched = part()  # a new process: a fresh optimizer and schedule ...
             restored = checkpoint.load(Path(stats.checkpoints[-1]), 0, 1)
             assert restored is not None
-            restore(restored, Training(cfg, model, opt, sched, 0, 1, None), TrainStats())  # resumed
+            restore(restored,
+                    Training(cfg=cfg, model=model, opt=opt, sched=sched, rank=0, world=1,
+                             evals=None), TrainStats())  # resumed
     return seen
 
 
@@ -181,7 +185,7 @@ def test_warmup_steps_win_over_the_ratio() -> None:
 
 def test_patience_counted_so_far_survives_a_checkpoint(tmp_path: Path) -> None:
     cfg = cfg_of(early_stopping_patience=3, eval_every=1, save_model="best")
-    evals = Evaluations(1, "accuracy", False, patience=3)
+    evals = Evaluations(every=1, metric="accuracy", keep_best=False, patience=3)
     for step, value in enumerate((0.8, 0.7, 0.6), start=1):
         evals.note(step, {"accuracy": value}, 0.0, None, during=True)
     assert evals.stale == 2 and evals.stopped is None
@@ -189,12 +193,15 @@ def test_patience_counted_so_far_survives_a_checkpoint(tmp_path: Path) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sched = trainer_choices.scheduler(cfg, opt, 10)
     stats = TrainStats(steps=3)
-    save(Saver(tmp_path, None, None, keep=1), Training(cfg, model, opt, sched, 0, 1, evals), stats,
+    save(Saver(folder=tmp_path, every=None, every_s=None, keep=1),
+         Training(cfg=cfg, model=model, opt=opt, sched=sched, rank=0, world=1, evals=evals), stats,
          Position(0, 3), 10)
     restored = checkpoint.load(Path(stats.checkpoints[-1]), 0, 1)
     assert restored is not None
-    again = Evaluations(1, "accuracy", False, patience=3)
-    restore(restored, Training(cfg, model, opt, sched, 0, 1, again), TrainStats())
+    again = Evaluations(every=1, metric="accuracy", keep_best=False, patience=3)
+    restore(restored,
+            Training(cfg=cfg, model=model, opt=opt, sched=sched, rank=0, world=1, evals=again),
+            TrainStats())
     again.note(4, {"accuracy": 0.75}, 0.0, None, during=True)  # below the best (0.8): the third
     assert again.stopped is not None and again.stopped["best_step"] == 1
 

@@ -37,7 +37,7 @@ from cpudist.wire import events
 READY_WAIT_S = 600.0
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Detached:
     """run.json's `detached`: how to reach the head, where the run is there, and how to land it."""
 
@@ -147,10 +147,12 @@ def start(request: RunRequest, head_spec: Head, ledger: Path, cb: Callbacks,
             head.run(f"rm -f {rd}/{REQUEST_FILE}")
             raise
         target = head_spec.target
-        d = Detached(target.host, target.user, target.port, target.identity,
-                     str(head_spec.known_hosts), staged.python, staged.pythonpath, staged.run_dir,
-                     int(agent["pid"]), int(agent["start"]), head_spec.fetch_model,
-                     bool(request.train.report_to), str(ledger), staged.staging)
+        d = Detached(host=target.host, user=target.user, port=target.port, identity=target.identity,
+                     known_hosts=str(head_spec.known_hosts), python=staged.python,
+                     pythonpath=staged.pythonpath, run_dir=staged.run_dir,
+                     agent_pid=int(agent["pid"]), agent_start=int(agent["start"]),
+                     fetch_model=head_spec.fetch_model, report_to=bool(request.train.report_to),
+                     ledger=str(ledger), staging=staged.staging)
         info = read_run(local_dir)
         if info is not None:
             write_run(local_dir, dataclasses.replace(info, detached=dataclasses.asdict(d)))

@@ -43,7 +43,7 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class RunInfo:
     """run.json: what a run is and where it stands."""
 
@@ -103,8 +103,8 @@ def begin(cfg: TrainConfig, where: str, command: str = "") -> RunInfo:
                                    parts=earlier.parts + 1,
                                    message="", command=command or earlier.command)
     else:
-        info = RunInfo(cfg.run_id, cfg.task, cfg.model, where, "running", _now(),
-                       run_dir=str(out.resolve()), command=command)
+        info = RunInfo(id=cfg.run_id, task=cfg.task, model=cfg.model, where=where, state="running",
+                       started_at=_now(), run_dir=str(out.resolve()), command=command)
     info = dataclasses.replace(info, pid=me.pid, host=me.host, pid_start=me.start)
     write_run(out, info)
     return info

@@ -22,7 +22,7 @@ from cpudist.run.life.identity import RunInfo, read_run
 from cpudist.wire import names
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class RunRow:
     """One run as `cpudist runs` lists it."""
 
@@ -56,16 +56,18 @@ def row_of_info(info: RunInfo, now: datetime) -> RunRow:
     start, end = _parse_time(info.started_at), _parse_time(info.ended_at)
     end = end or (now if info.state == "running" else None)
     duration = (end - start).total_seconds() if start and end else None
-    return RunRow(info.id, info.task, info.model, info.where, info.state, info.started_at, duration,
-                  dict(info.metrics), info.run_dir, info.message)
+    return RunRow(id=info.id, task=info.task, model=info.model, where=info.where, state=info.state,
+                  started_at=info.started_at, duration_s=duration,
+                  metrics=dict(info.metrics), run_dir=info.run_dir, message=info.message)
 
 
 def row_of_result(result: RunResult) -> RunRow:
     """A ledger line (a finished run) as a row."""
     where = f"cluster:{result.cluster}" if result.cluster else result.launcher if scheduled(
         result.launcher) else "here"
-    return RunRow(result.run_id, result.task, result.model, where, "finished", result.started_at,
-                  result.wall_time_s, dict(result.metrics), result.run_dir)
+    return RunRow(id=result.run_id, task=result.task, model=result.model, where=where,
+                  state="finished", started_at=result.started_at, duration_s=result.wall_time_s,
+                  metrics=dict(result.metrics), run_dir=result.run_dir)
 
 
 def run_files(folders: Iterable[Path]) -> list[Path]:
