@@ -170,6 +170,8 @@ class TrainConfig:
     optimizer: str = "adamw"
     # how the ranks agree on the model: --sync and its knobs, as asked (cpudist/strategies.py)
     sync: SyncSpec = ASKED
+    # each node a torchft replica group that may leave and join (cpudist/train/elastic.py)
+    elastic: bool = False
 
 
 def _flag(name: str) -> str:

@@ -133,6 +133,8 @@ class RunResult:
     # Early stopping ended the training: step, reason, metric, patience, threshold, best_step
     # ({}: it did not)
     early_stopping: dict[str, Any] = field(default_factory=dict)
+    # --elastic: from which step how many nodes trained, and when (s since the node's start)
+    membership: list[dict[str, Any]] = field(default_factory=list)
     schema: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import torch
 import torch.distributed as dist
@@ -58,6 +58,7 @@ class TrainStats:
     tx_bytes: int | None = None
     anatomy: StepLog = field(default_factory=StepLog)  # where this part's steps went (anatomy.py)
     warmup_steps: int = 0  # of the lr schedule (--warmup-steps, or --warmup-ratio's share)
+    membership: list[dict[str, Any]] = field(default_factory=list)  # --elastic (elastic.Change)
 
     def steady_samples_per_s(self) -> float:
         """Samples/s of the steps past the warm-up that compiled nothing (the wall time counts them
@@ -103,7 +104,7 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
     pending: list[Pending] = []
     shapes: set[tuple[int, ...]] = set()
-    log = _steps_log(job.run_dir, stats.steps) if rank == 0 else None
+    log = steps_log(job.run_dir, stats.steps) if rank == 0 else None
     model.train()
     if rank == 0:
         events.emit(events.START, total=total, batches_per_epoch=per_epoch, step=stats.steps)
@@ -154,7 +155,7 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
                                    tokens=tokens, flops=flops, dt=dt, lr=sched.get_last_lr()[0],
                                    grad_norm=grad_norm, waited=strategy.clock.exposed_s - waited))
             if stats.steps % cfg.log_every == 0 or stats.steps == total:
-                _flush(pending, stats, log, world, total, report)
+                flush(pending, stats, log, world, total, report)
                 pending = []
             agreeing = time.perf_counter()
             stop_now, save_now = _agree(stop, saver, stats.steps, time.monotonic() - last_save,
@@ -174,7 +175,7 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
             save_now = save_now or trainer_choices.save_due(cfg.save_strategy, evaluated, epoch_end,
                                                             stats.steps < total)
             if save_now or stop_now:
-                _flush(pending, stats, log, world, total, report)
+                flush(pending, stats, log, world, total, report)
                 pending = []
                 save(saver, live, stats, next_pos, total)
                 last_save = time.monotonic()
@@ -182,7 +183,7 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
                 stats.stopped = stop.pending() or preempt.PEER
                 break
             if evals is not None and evals.stopped is not None:  # early stopping: every rank alike
-                _flush(pending, stats, log, world, total, report)
+                flush(pending, stats, log, world, total, report)
                 break
         stats.anatomy.loop_s = time.perf_counter() - looped
         stats.anatomy.eval_s = sum(e["seconds"] for e in evals.history) if evals else 0.0
@@ -219,6 +220,7 @@ class Pending:
     lr: float
     grad_norm: float
     waited: float  # this rank's wait for the exchange in this step
+    replicas: int | None = None  # --elastic: the nodes that trained the step
 
 
 def _agree(stop: StopRequests, saver: Saver, step: int, since_save_s: float,
@@ -233,7 +235,7 @@ def _agree(stop: StopRequests, saver: Saver, step: int, since_save_s: float,
     return bool(flags[0]), every or bool(flags[1])
 
 
-def _steps_log(run_dir: Path, resumed_at: int) -> TextIO:
+def steps_log(run_dir: Path, resumed_at: int) -> TextIO:
     """steps.jsonl, keeping the lines of a resumed run's steps up to its checkpoint."""
     path = run_dir / names.STEPS
     kept = []
@@ -245,7 +247,7 @@ def _steps_log(run_dir: Path, resumed_at: int) -> TextIO:
     return log
 
 
-def _flush(pending: list[Pending], stats: TrainStats,
+def flush(pending: list[Pending], stats: TrainStats,
            log: TextIO | None, world: int, total: int, report: Reporters | None = None) -> None:
     """One all-reduce per logging interval gives the global loss, samples and tokens per step."""
     if not pending:
@@ -262,9 +264,10 @@ def _flush(pending: list[Pending], stats: TrainStats,
         stats.step_samples.append(int(samples))
         stats.losses.append(loss)
         if log is not None:
-            log.write(json.dumps({"step": p.step, "loss": loss, "lr": p.lr, "samples": int(samples),
-                                  "tokens": int(tokens), "step_time_s": p.dt,
-                                  "grad_norm": p.grad_norm}) + "\n")
+            line = {"step": p.step, "loss": loss, "lr": p.lr, "samples": int(samples),
+                    "tokens": int(tokens), "step_time_s": p.dt, "grad_norm": p.grad_norm}
+            log.write(json.dumps(line if p.replicas is None else {**line, "replicas": p.replicas})
+                      + "\n")
             # as HF's report_to names them; comm_share: rank 0's wait for the exchange
             if report is not None:
                 report.log_step(p.step,

@@ -32,6 +32,7 @@ from cpudist.train.checkpoint import Restored
 from cpudist.train.checkpoint_meta import clear_partial
 from cpudist.train.dist import RankInfo
 from cpudist.train.durable import Mirror
+from cpudist.train.elastic_loop import train_elastic
 from cpudist.train.export import save_model
 from cpudist.train.keep import Evaluations
 from cpudist.train.loop import TrainStats, train
@@ -133,7 +134,11 @@ def run(cfg: TrainConfig, info: RankInfo, provider: Provider,
                            _warn) if mirror is not None and info.rank == 0 else nullcontext()
         # the copies' store, watched by the rank that copies
         with preempt.StopRequests(poller) as stop, watch:
-            stats = train(job, saver, stop, restored, evals, report)
+            stats = (train_elastic(job, stop, evals, report) if cfg.elastic
+                     else train(job, saver, stop, restored, evals, report))
+        if stats.stopped is not None and cfg.elastic:  # this node leaves; the others go on
+            _say_rank0(0)(f"left the elastic run at step {stats.steps} ({stats.stopped})")
+            return exits.PREEMPTED
         if stats.stopped is not None:
             return _stopped(job, stats, info)
         metrics: dict[str, float] = {}

@@ -88,6 +88,7 @@ def build_result(job: Job, stats: TrainStats, metrics: dict[str, float], phases:
         lr_scheduler=cfg.lr_scheduler, warmup_steps=stats.warmup_steps,
         step_anatomy=step_anatomy(stats.step_times, stats.anatomy,
                                   [r.get("waits", []) for r in rank_info]),
+        membership=stats.membership,
         **_sync_fields(job, stats, rank_info, hosts),
     )
 

@@ -1,0 +1,119 @@
+"""The training loop of an elastic run (--elastic, cpudist/train/elastic.py): each step a quorum,
+this node's share of the step's global batch, the average across the nodes that took part, and the
+optimizer step only when every one of them got there.
+
+It leaves out what the slice built so far refuses (elastic.check): accumulation, torch.compile,
+checkpoints. The rest is train/loop.py's: its stats, log lines, evaluations and reports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any
+
+import torch
+
+from cpudist.config import effective_lr, spec_of
+from cpudist.flops import shape_of, training_flops
+from cpudist.train import elastic, sync, trainer_choices
+from cpudist.train.features import collate
+from cpudist.train.keep import Evaluations
+from cpudist.train.loop import Pending, TrainStats, flush, steps_log
+from cpudist.train.optim import clip_and_step, optimizer
+from cpudist.train.preempt import StopRequests
+from cpudist.train.report_to import Reporters
+from cpudist.train.sampling import plan_steps
+from cpudist.train.setup import Job
+from cpudist.wire import events
+
+
+def train_elastic(job: Job, stop: StopRequests, evals: Evaluations | None = None,
+                  report: Reporters | None = None) -> TrainStats:
+    """Train as one node of an elastic run until the run's last step is committed (or this node is
+    asked to stop); what it measured, the membership changes with it."""
+    cfg, model, data = job.cfg, job.model, job.train_data
+    elastic.check(cfg)
+    nodes = elastic.planned_nodes(os.environ)
+    schedule = elastic.Schedule(cfg, data, nodes)
+    total = plan_steps(cfg, schedule.per_epoch)
+    opt = optimizer(cfg, model, effective_lr(cfg, nodes))  # the global batch of `nodes` nodes
+    sched = trainer_choices.scheduler(cfg, opt, total)
+    stats = TrainStats(warmup_steps=trainer_choices.warmup_steps(cfg, total))
+    # the node's own world of 1 exchanges nothing: a clock for the result, the sync as asked
+    stats.strategy = sync.make(model, spec_of(cfg, total), 1)
+    shape = shape_of(model)
+    trained = [p for p in model.parameters() if p.requires_grad]
+
+    def state() -> dict[str, Any]:
+        return {"model": model.state_dict(), "opt": opt.state_dict(),
+                "sched": sched.state_dict()}
+
+    def load(sd: dict[str, Any]) -> None:  # a live peer's, when this node joins or falls behind
+        model.load_state_dict(sd["model"])
+        opt.load_state_dict(sd["opt"])
+        sched.load_state_dict(sd["sched"])
+
+    replica = elastic.Replica(state, load, os.environ, cfg.dist_timeout_s)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=job.bf16)
+    log = steps_log(job.run_dir, 0)
+    pending: list[Pending] = []
+    model.train()
+    events.emit(events.START, total=total, batches_per_epoch=schedule.per_epoch, step=0)
+    looped = time.perf_counter()
+    try:
+        while replica.step < total and stop.pending() is None:
+            t0 = time.perf_counter()
+            share, n = replica.quorum()  # a node behind heals here
+            exchanged = time.perf_counter() - t0
+            if replica.step >= total:
+                break
+            _, index, rows = schedule.at(replica.step)
+            # A node that does not take part still runs the exchange (torchft zeroes its part):
+            # one row keeps its forward pass well-formed, at weight 0.
+            idx = rows[share::n] if share is not None else rows[:1]
+            batch = collate(data, idx, job.regression)
+            with autocast:
+                loss = model(**batch).loss
+            # Each row weighs 1/(rows of the global batch): the average divides by n.
+            (loss * (len(idx) * n / len(rows) if share is not None else 0.0)).backward()
+            t1 = time.perf_counter()
+            replica.average(trained)
+            committed = replica.commit()
+            exchanged += time.perf_counter() - t1
+            if not committed:  # a participant was lost mid-step: the same rows again
+                opt.zero_grad(set_to_none=True)
+                continue
+            grad_norm = clip_and_step(model, opt, sched, cfg.max_grad_norm)
+            dt = time.perf_counter() - t0
+            stats.steps = replica.step
+            stats.anatomy.step(exchanged, 0.0)  # the quorum and the average: the wire's part
+            stats.train_time_s += dt
+            stats.step_times.append(dt)
+            if share is not None:  # a step this node healed in trained none of its rows
+                pending.append(Pending(step=stats.steps, loss_sum=loss.detach().double() * len(idx),
+                                       samples=len(idx), tokens=data.real_tokens(idx),
+                                       flops=training_flops(shape, (len(data.input_ids[i])
+                                                                    for i in idx)),
+                                       dt=dt, lr=sched.get_last_lr()[0], grad_norm=grad_norm,
+                                       waited=0.0, replicas=n))
+            if stats.steps % cfg.log_every == 0 or stats.steps == total:
+                flush(pending, stats, log, 1, total, report)
+                pending = []
+            epoch_end = index == schedule.per_epoch - 1
+            if evals is not None and evals.due(stats.steps, total, epoch_end):
+                metrics, _ = evals.run(job, stats.steps, during=True)
+                if report is not None:
+                    report.log_eval(stats.steps, metrics)
+            if evals is not None and evals.stopped is not None:
+                break
+        flush(pending, stats, log, 1, total, report)
+        stats.stopped = stop.pending()
+        stats.anatomy.loop_s = time.perf_counter() - looped
+        stats.anatomy.eval_s = sum(e["seconds"] for e in evals.history) if evals else 0.0
+        stats.membership = [dataclasses.asdict(c) for c in replica.changes]
+    finally:
+        log.close()
+        replica.close()
+    return stats
