@@ -55,11 +55,13 @@ class JobView:
                 done = int(event.get("step", 0))
                 self._plain(f"training: {total} steps" + (f", from step {done}" if done else ""))
         elif kind == events.PROGRESS:
-            info = f"loss {event['loss']:.4f}  {event['samples_per_s']:.1f} samples/s"
+            info = events.progress_text(event)
             if self.progress is not None:
                 self.progress.update(self.task_id, completed=event["step"], info=info)
             else:
                 self._plain(f"step {event['step']}/{event['total']}  {info}")
+        elif kind == events.NODES:
+            self.on_line(f"[cpudist] {events.nodes_text(event)}")
         elif kind == events.CHECKPOINT:
             self.on_line(f"[cpudist] checkpoint at step {event['step']}: {event['path']}")
         elif kind == events.PREEMPTED:

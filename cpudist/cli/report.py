@@ -106,11 +106,22 @@ def show_report(results: Sequence[RunResult], fmt: str, plot: Path | None,
         click.echo(render_json(rows, extra))
     else:
         _print_tables(rows, parts)
+    if fmt in ("md", "table") and (changes := membership(results)):
+        click.echo("\n".join(["", "Elastic runs, the nodes that trained from each step:", "",
+                               *changes]))
     if plot is not None:
         from cpudist.results.plot import write_plot  # matplotlib is slow to import: only when asked
 
         write_plot(rows, plot)
         click.echo(f"[cpudist] plot -> {plot}", err=True)
+
+
+def membership(results: Sequence[RunResult]) -> list[str]:
+    """One line per --elastic run: how many nodes trained from which step, and when (result.json's
+    membership)."""
+    return [f"- {r.run_id}: " + "; ".join(
+        f"{c['replicas']} from step {c['step']} ({c['at_s']:.0f} s)" for c in r.membership)
+        for r in results if r.membership]
 
 
 def _nothing(r: ScalingRow) -> dict[str, Any]:

@@ -189,6 +189,10 @@ OPTIONS: list[Callable[[Any], Any]] = [
                  help="With --cluster: when a node is reclaimed, stop (and say how to resume) or "
                       "replace it with "
                  "`cluster up` and resume from the checkpoint."),
+    click.option("--elastic", is_flag=True,
+                 help="A lost node does not end the run: the others go on, and the node (or its "
+                      "replacement) joins again with a live peer's weights (torchft; torchrun "
+                      "with --hostfile, --ppn 1)."),
     click.option("--freeze-embeddings", is_flag=True,
                  help="Do not train the word-embedding table (half of MiniLM's gradient bytes and "
                       "AdamW work)."),

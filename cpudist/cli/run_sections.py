@@ -28,7 +28,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
                "timeout"),
     "Checkpoints and spot instances": ("checkpoint_every", "checkpoint_every_min", "checkpoint_dir",
                                        "keep_checkpoints", "checkpoint_s3", "resume", "imds",
-                                       "on_preemption"),
+                                       "on_preemption", "elastic"),
     "From outside the cluster (AWS cluster or on-prem head)": (
         "cluster_name", "head_addr", "user", "identity", "remote_python", "stage_code",
         "fetch_model", "detach"),

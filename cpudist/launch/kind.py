@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cpudist.hostfile import Host, Nodes
-from cpudist.launch import per_host, runner
+from cpudist.launch import elastic, per_host, runner
 from cpudist.launch.batch import Flag
 from cpudist.launch.spec import Launch, RunSpec
 from cpudist.launch.watch import NodeWatch
@@ -133,6 +133,11 @@ class Direct:
     def execute(self, launch: Launch, out: Path, streams: Streams, timeout_s: float | None,
                 watch: NodeWatch | None) -> Ended:
         """Run the launch to its end; `watch` stops it when a node is lost."""
+        if launch.lighthouse is not None:  # --elastic: a lost node is not the run's end
+            return Ended(elastic.execute_elastic(launch, os.environ, streams.on_event,
+                                                 streams.on_line, streams.say, timeout_s,
+                                                 streams.to_log, streams.on_stop),
+                         "elastic launch")
         if launch.per_host:
             return Ended(per_host.execute_hosts(launch, os.environ, streams.on_event,
                                                 streams.on_line, timeout_s, streams.to_log, watch,

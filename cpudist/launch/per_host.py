@@ -5,37 +5,55 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import shlex
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from cpudist.errors import Interrupted
 from cpudist.launch.runner import Outcome, stop_launcher
 from cpudist.launch.spec import Launch
 from cpudist.launch.watch import NodeWatch
-from cpudist.wire import events
+from cpudist.wire import events, programs
+
+
+def host_line(python: str, cwd: str, env: dict[str, str], agent: Sequence[str],
+              from_file: Sequence[str] = ()) -> str:
+    """The shell line a host runs: in the run's folder, with the rank variables, the agent under the
+    tether; those named in `from_file` the tether takes from the run's secrets file instead."""
+    variables = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items() if k not in from_file)
+    tether = [python, "-m", programs.TETHER]
+    if from_file:
+        tether += ["--from-secrets", ",".join(from_file)]
+    agent_line = shlex.join([*tether, "--", *agent])
+    return f"cd {shlex.quote(cwd)} && exec env {variables} {agent_line}"
+
 
 # after stdin closes, each host's tether stops its tree (SIGTERM, 5 s, SIGKILL)
 HOSTS_GRACE_S = 20.0
 
 
-class _Hosts:
+class Hosts:
     """One process per host (launch.per_host): their lines in one queue, and stopping them all."""
 
-    def __init__(self, launch: Launch, env: Mapping[str, str]) -> None:
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = dict(env)
         self.lines: queue.Queue[tuple[str, str | None]] = queue.Queue()
         self.procs: dict[str, subprocess.Popen[str]] = {}
         self.stopping_since: float | None = None
-        for host, argv in launch.per_host:
-            self.procs[host] = subprocess.Popen(list(argv), env=dict(env), stdin=subprocess.PIPE,
-                                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                                text=True, bufsize=1, start_new_session=True)
-            threading.Thread(target=self._pump, args=(host,), daemon=True).start()
 
-    def _pump(self, host: str) -> None:
-        stdout = self.procs[host].stdout
+    def start(self, host: str, argv: tuple[str, ...]) -> None:
+        """Start (or start again) `host`'s command; its lines come as (host, line), then (host,
+        None)."""
+        self.procs[host] = subprocess.Popen(list(argv), env=self.env, stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                            text=True, bufsize=1, start_new_session=True)
+        threading.Thread(target=self._pump, args=(host, self.procs[host]), daemon=True).start()
+
+    def _pump(self, host: str, proc: subprocess.Popen[str]) -> None:
+        stdout = proc.stdout
         assert stdout is not None
         for raw in stdout:
             self.lines.put((host, raw.rstrip("\n")))
@@ -71,7 +89,9 @@ def execute_hosts(launch: Launch, base_env: Mapping[str, str],
     What the other hosts print while they stop (torchrun's tracebacks of its SIGTERM) goes to
     `on_late_line` (the run's log) rather than `on_line`, so the failure stays in view.
     """
-    hosts = _Hosts(launch, base_env)
+    hosts = Hosts(base_env)
+    for host, argv in launch.per_host:
+        hosts.start(host, argv)
     if watch is not None:
         watch.start(hosts.stop)
     running, tail = set(hosts.procs), list[str]()

@@ -104,11 +104,16 @@ class Launch:
     # torchrun across hosts: (host, argv) each
     per_host: tuple[tuple[str, tuple[str, ...]], ...] = ()
     script: str | None = None  # Slurm outside an allocation: the batch script that `argv` submits
+    # --elastic: (head, argv) of torchft's Lighthouse; the nodes (per_host) may leave and come back
+    lighthouse: tuple[str, tuple[str, ...]] | None = None
 
     def shell(self) -> str:
         """The command as copy-pasteable shell: one line, or one per host after a `# host` line."""
         if self.per_host:
-            return "\n".join(f"# {host}\n{shlex.join(argv)}" for host, argv in self.per_host)
+            house = () if self.lighthouse is None else (
+                f"# {self.lighthouse[0]}: the Lighthouse\n{shlex.join(self.lighthouse[1])}",)
+            return "\n".join([*house, *(f"# {host}\n{shlex.join(argv)}"
+                                        for host, argv in self.per_host)])
         return shlex.join(self.argv)
 
 

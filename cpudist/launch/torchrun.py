@@ -17,13 +17,14 @@ fetches the result, the model and --report-to's folders from there when the run 
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from cpudist.errors import BadInput
+from cpudist.launch import elastic
 from cpudist.launch.kind import Direct
+from cpudist.launch.per_host import host_line
 from cpudist.launch.spec import Launch, RunSpec, filed_env, rank_module
 
 # Set by torchrun itself for every worker: passing ours would only mislead a reader of the command.
@@ -39,25 +40,13 @@ def torchrun_argv(python: str, nnodes: int, ppn: int, endpoint: str, run_id: str
             "--local-addr", local_addr, "--max-restarts", "0", "-m", *module]
 
 
-def host_line(python: str, cwd: str, env: dict[str, str], agent: Sequence[str],
-              from_file: Sequence[str] = ()) -> str:
-    """The shell line a host runs: in the run's folder, with the rank variables, the agent under the
-    tether; those named in `from_file` the tether takes from the run's secrets file instead."""
-    variables = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()
-                         if k not in OWN_VARIABLES and k not in from_file)
-    tether = [python, "-m", "cpudist.launch.tether"]
-    if from_file:
-        tether += ["--from-secrets", ",".join(from_file)]
-    agent_line = shlex.join([*tether, "--", *agent])
-    return f"cd {shlex.quote(cwd)} && exec env {variables} {agent_line}"
-
-
 def host_commands(hosts: Sequence[str], ssh: str, python: str, cwd: str, env: dict[str, str],
                   ppn: int, port: int, run_id: str, module: Sequence[str],
                   from_file: Sequence[str] = ()) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """(host, argv) for every host: the head's runs here under `sh -c`, the others' through `ssh
     HOST`."""
     endpoint = f"{hosts[0]}:{port}"
+    env = {k: v for k, v in env.items() if k not in OWN_VARIABLES}
     commands = []
     for i, host in enumerate(hosts):
         agent = torchrun_argv(python, len(hosts), ppn, endpoint, run_id, host, module)
@@ -94,6 +83,8 @@ class Torchrun(Direct):
 
     def build(self, spec: RunSpec, env: dict[str, str]) -> Launch:
         nodes = max(1, spec.np // spec.ppn)
+        if spec.train.elastic:
+            return elastic.hosts_launch(spec, env, nodes)
         if spec.hostfile:
             return hosts_launch(spec, env, nodes)
         if nodes > 1:

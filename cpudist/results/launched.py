@@ -44,6 +44,9 @@ class Launched:
     # where the run is recorded, when not where the ranks wrote (a laptop's folder)
     run_dir: str = ""
     model_dir: str = ""  # the model fetched home, when it was
+    # --elastic: the planned nodes and their ranks (each node's rank is in a world of its own)
+    nodes: list[str] = field(default_factory=list)
+    world_size: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -37,6 +37,9 @@ def begin(spec: RunSpec, launched: Launched) -> tuple[Path, Launched]:
     stop_marker.clear(out)  # a stop of an earlier part, already resumed
     launched = dataclasses.replace(launched, launcher=spec.launcher,
                                    job_id=spec.allocation.job_id if spec.allocation else None)
+    if spec.train.elastic:
+        nodes = [h.name for h in spec.hosts[:spec.launch.nodes]]
+        launched = dataclasses.replace(launched, nodes=nodes, world_size=len(nodes))
     write_card_part(out, launched)  # rank 0 renders the final card with it
     return out, launched
 

@@ -11,6 +11,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from cpudist import elastic_flags as elastic
 from cpudist.config import TrainConfig
 from cpudist.cpu import read_cpu
 from cpudist.errors import BadInput
@@ -129,6 +130,7 @@ def prepare(request: RunRequest, dry_run: bool = False) -> RunSpec:
     """A checked RunSpec: this machine as the cluster, the nodes of a hostfile, or a scheduler's."""
     cfg, opts = request.train, request.launch
     check_env(opts.env)
+    elastic.check(cfg)
     hub_offline = preflight(cfg)
     resume.preflight(cfg, opts.np)
     return resolve(request, hub_offline, dry_run)
@@ -139,7 +141,11 @@ def resolve(request: RunRequest, hub_offline: bool = False, dry_run: bool = Fals
     user's script)."""
     cfg, opts = request.train, request.launch
     cpu = read_cpu()
-    name, path = resolve_launcher(opts.launcher, opts.mpirun, request.nodes is None)
+    # --elastic starts each node's rank over ssh itself (torchrun's route), not through MPI
+    asked = "torchrun" if cfg.elastic and opts.launcher == "auto" else opts.launcher
+    name, path = resolve_launcher(asked, opts.mpirun, request.nodes is None)
+    if cfg.elastic:
+        elastic.check_launch(name, opts.ppn, request.nodes is not None)
     kind = kind_of(name)
     hosts, rendered, ssh = local_hosts(cpu.logical_cpus), None, "ssh"
     master, allocation = "127.0.0.1", None

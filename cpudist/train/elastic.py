@@ -14,6 +14,7 @@ checkpoint.
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -27,30 +28,7 @@ from cpudist.config import TrainConfig
 from cpudist.errors import BadInput
 from cpudist.train.features import Encoded
 from cpudist.train.sampling import global_batches
-from cpudist.wire.elastic_env import ADVERTISE, LIGHTHOUSE, REPLICA_ID, REPLICAS
-
-# what the slice of --elastic built so far does not combine with, and why
-REFUSED = (("compile", "static shapes per participant count are not planned yet"),
-           ("checkpoint_every", "an elastic run's checkpoints are not resumable yet"),
-           ("checkpoint_every_min", "an elastic run's checkpoints are not resumable yet"),
-           ("resume", "an elastic run's checkpoints are not resumable yet"),
-           ("checkpoint_s3", "an elastic run's checkpoints are not resumable yet"),
-           ("model_s3", "every node would copy its model"))
-
-
-def check(cfg: TrainConfig) -> None:
-    """What --elastic takes: the grouped sampler, no accumulation, ddp (replaced by the flat
-    average); refused in one line otherwise."""
-    if not cfg.elastic:
-        return
-    if cfg.sampler != "grouped" or cfg.grad_accum != 1 or cfg.sync.strategy != "ddp":
-        raise BadInput("--elastic trains with --sampler grouped, --grad-accum 1 and --sync ddp "
-                       f"(given: {cfg.sampler}, {cfg.grad_accum}, {cfg.sync.strategy})",
-                       "Drop the other --sampler, --grad-accum or --sync")
-    for name, why in REFUSED:
-        if getattr(cfg, name):
-            flag = "--" + name.replace("_", "-")
-            raise BadInput(f"{flag} with --elastic: {why}", f"Drop {flag}")
+from cpudist.wire.elastic import ADVERTISE, EXCHANGE_TIMEOUT_S, LIGHTHOUSE, REPLICA_ID, REPLICAS
 
 
 def planned_nodes(env: Mapping[str, str]) -> int:
@@ -100,6 +78,21 @@ class Change:
     at_s: float
 
 
+def _transport(host: str, timeout: timedelta) -> Any:
+    """torchft's HTTP transport of a node's state to a joiner, at the address its peers reach this
+    node at: torchft's own names socket.gethostname(), which may resolve to loopback
+    (Debian's `127.0.1.1 <hostname>`) or to nothing on the peers."""
+    from torchft.checkpointing.http_transport import HTTPTransport
+
+    where = f"[{host}]" if ":" in host else host
+
+    class Advertised(HTTPTransport[dict[str, Any]]):
+        def address(self) -> str:
+            return f"http://{where}:{self._server.socket.getsockname()[1]}/checkpoint/"
+
+    return Advertised(timeout=timeout, num_chunks=0)
+
+
 class Replica:
     """This node in the quorum: each step's participants, the gradients' average, the commit."""
 
@@ -115,11 +108,17 @@ class Replica:
             raise BadInput(f"--elastic: {LIGHTHOUSE} is not set",
                            f"Export {LIGHTHOUSE}=http://HEAD:PORT (a torchft_lighthouse) to every "
                            "node's rank")
-        timeout = timedelta(seconds=timeout_s)
+        # a CUDA tracer's warning at each new quorum, meaningless on CPUs
+        logging.getLogger("torchft.manager").addFilter(
+            lambda record: "flight recorder" not in record.getMessage())
+        # a silent peer (a cut link) holds the others up this long at most
+        timeout = timedelta(seconds=min(timeout_s, EXCHANGE_TIMEOUT_S))
         host = env.get(ADVERTISE) or socket.gethostname()
-        # the replica group's store is the node's own rendezvous (MASTER_ADDR/PORT): world 1
+        # the replica group's store is the node's own (MASTER_ADDR/PORT: its address, world 1),
+        # which the quorum hands its peers
         self.manager = Manager(pg=ProcessGroupGloo(timeout=timeout), min_replica_size=1,
                                load_state_dict=load, state_dict=state,
+                               checkpoint_transport=_transport(host, timeout),
                                replica_id=env.get(REPLICA_ID) or host, rank=0, world_size=1,
                                hostname=host, use_async_quorum=False, timeout=timeout,
                                quorum_timeout=max(timeout, timedelta(seconds=60)),

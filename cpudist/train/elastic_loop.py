@@ -2,8 +2,9 @@
 this node's share of the step's global batch, the average across the nodes that took part, and the
 optimizer step only when every one of them got there.
 
-It leaves out what the slice built so far refuses (elastic.check): accumulation, torch.compile,
-checkpoints. The rest is train/loop.py's: its stats, log lines, evaluations and reports.
+It leaves out what the slice built so far refuses (elastic_flags.check): accumulation,
+torch.compile, checkpoints. The rest is train/loop.py's: its stats, log lines, evaluations and
+reports.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 
 from cpudist.config import effective_lr, spec_of
+from cpudist.elastic_flags import check
 from cpudist.flops import shape_of, training_flops
 from cpudist.train import elastic, sync, trainer_choices
 from cpudist.train.features import collate
@@ -34,7 +36,7 @@ def train_elastic(job: Job, stop: StopRequests, evals: Evaluations | None = None
     """Train as one node of an elastic run until the run's last step is committed (or this node is
     asked to stop); what it measured, the membership changes with it."""
     cfg, model, data = job.cfg, job.model, job.train_data
-    elastic.check(cfg)
+    check(cfg)
     nodes = elastic.planned_nodes(os.environ)
     schedule = elastic.Schedule(cfg, data, nodes)
     total = plan_steps(cfg, schedule.per_epoch)
@@ -65,8 +67,11 @@ def train_elastic(job: Job, stop: StopRequests, evals: Evaluations | None = None
     try:
         while replica.step < total and stop.pending() is None:
             t0 = time.perf_counter()
+            seen = len(replica.changes)
             share, n = replica.quorum()  # a node behind heals here
             exchanged = time.perf_counter() - t0
+            if len(replica.changes) > seen:
+                events.emit(events.NODES, step=replica.step, nodes=n, planned=nodes)
             if replica.step >= total:
                 break
             _, index, rows = schedule.at(replica.step)
@@ -92,12 +97,14 @@ def train_elastic(job: Job, stop: StopRequests, evals: Evaluations | None = None
             stats.train_time_s += dt
             stats.step_times.append(dt)
             if share is not None:  # a step this node healed in trained none of its rows
-                pending.append(Pending(step=stats.steps, loss_sum=loss.detach().double() * len(idx),
-                                       samples=len(idx), tokens=data.real_tokens(idx),
+                # the step's global batch (every participant's rows), its loss this node's share's
+                loss_sum = loss.detach().double() * len(rows)
+                pending.append(Pending(step=stats.steps, loss_sum=loss_sum, samples=len(rows),
+                                       tokens=data.real_tokens(rows),
                                        flops=training_flops(shape, (len(data.input_ids[i])
-                                                                    for i in idx)),
+                                                                    for i in rows)),
                                        dt=dt, lr=sched.get_last_lr()[0], grad_norm=grad_norm,
-                                       waited=0.0, replicas=n))
+                                       waited=0.0, replicas=n, at=time.time()))
             if stats.steps % cfg.log_every == 0 or stats.steps == total:
                 flush(pending, stats, log, 1, total, report)
                 pending = []

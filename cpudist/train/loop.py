@@ -221,6 +221,7 @@ class Pending:
     grad_norm: float
     waited: float  # this rank's wait for the exchange in this step
     replicas: int | None = None  # --elastic: the nodes that trained the step
+    at: float | None = None  # --elastic: when it was committed (Unix time)
 
 
 def _agree(stop: StopRequests, saver: Saver, step: int, since_save_s: float,
@@ -266,8 +267,8 @@ def flush(pending: list[Pending], stats: TrainStats,
         if log is not None:
             line = {"step": p.step, "loss": loss, "lr": p.lr, "samples": int(samples),
                     "tokens": int(tokens), "step_time_s": p.dt, "grad_norm": p.grad_norm}
-            log.write(json.dumps(line if p.replicas is None else {**line, "replicas": p.replicas})
-                      + "\n")
+            elastic = {} if p.replicas is None else {"replicas": p.replicas, "time": p.at}
+            log.write(json.dumps({**line, **elastic}) + "\n")
             # as HF's report_to names them; comm_share: rank 0's wait for the exchange
             if report is not None:
                 report.log_step(p.step,
@@ -277,5 +278,6 @@ def flush(pending: list[Pending], stats: TrainStats,
     if log is not None:
         log.flush()
         last = pending[-1]
+        nodes = {} if last.replicas is None else {"nodes": last.replicas}
         events.emit(events.PROGRESS, step=last.step, total=total, loss=stats.losses[-1],
-                    samples_per_s=stats.step_samples[-1] / last.dt if last.dt else 0.0)
+                    samples_per_s=stats.step_samples[-1] / last.dt if last.dt else 0.0, **nodes)

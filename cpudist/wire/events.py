@@ -12,7 +12,8 @@ KEY = "event"
 
 # rank 0 of a training run
 START = "start"  # total, batches_per_epoch, step
-PROGRESS = "progress"  # step, total, loss, samples_per_s
+PROGRESS = "progress"  # step, total, loss, samples_per_s; --elastic: nodes
+NODES = "nodes"  # --elastic: step, nodes, planned: from that step on, nodes of planned train
 SAVING = "saving"  # step: it starts writing the checkpoint of that step
 CHECKPOINT = "checkpoint"  # step, path: ... and it is whole
 EVAL = "eval"  # rows
@@ -55,6 +56,17 @@ def parse(text: str) -> dict[str, Any] | None:
     except json.JSONDecodeError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def progress_text(event: dict[str, Any]) -> str:
+    """A PROGRESS event's figures as the progress line shows them."""
+    nodes = f"  {event['nodes']} node(s)" if "nodes" in event else ""
+    return f"loss {event['loss']:.4f}  {event['samples_per_s']:.1f} samples/s{nodes}"
+
+
+def nodes_text(event: dict[str, Any]) -> str:
+    """A NODES event as one line: an elastic run's membership from a step on."""
+    return f"from step {event['step']}: training on {event['nodes']} of {event['planned']} node(s)"
 
 
 def kind(event: dict[str, Any]) -> str | None:

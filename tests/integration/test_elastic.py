@@ -24,8 +24,7 @@ import torch
 from cpudist.config import TrainConfig, to_argv
 from cpudist.launch.tools import free_port
 from cpudist.results.launched import RANK_REPORT
-from cpudist.wire import elastic_env as elastic
-from cpudist.wire import names
+from cpudist.wire import elastic, names
 
 from .helpers import wait_for
 

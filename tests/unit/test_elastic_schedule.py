@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from cpudist.config import TrainConfig
+from cpudist.elastic_flags import check
 from cpudist.errors import BadInput
 from cpudist.strategies import SyncSpec
 from cpudist.train import elastic
 from cpudist.train.sampling import batch_plan
-from cpudist.wire.elastic_env import REPLICAS
+from cpudist.wire.elastic import REPLICAS
 
 BASE = TrainConfig(task="mrpc", output_dir="o", batch_size=4, elastic=True)
 
@@ -36,10 +37,10 @@ def data(rows: int) -> Any:
 def test_what_the_slice_does_not_take_is_refused_in_one_line(change: dict[str, Any],
                                                              said: str) -> None:
     with pytest.raises(BadInput) as e:
-        elastic.check(dataclasses.replace(BASE, **change))
+        check(dataclasses.replace(BASE, **change))
     assert said in e.value.message and "\n" not in e.value.message
-    elastic.check(BASE)  # the rest passes
-    elastic.check(dataclasses.replace(BASE, elastic=False, **change))  # not elastic: not its to say
+    check(BASE)  # the rest passes
+    check(dataclasses.replace(BASE, elastic=False, **change))  # not elastic: not its to say
 
 
 def test_the_planned_node_count_comes_from_the_launch() -> None:

@@ -24,7 +24,7 @@ import cpudist
 PACKAGE = Path(cpudist.__file__).resolve().parent
 LEAVES = ("errors", "state", "cpu", "hostfile", "traffic", "flops", "interrupts", "validate",
           "waits", "results", "config", "objects", "slurm_counts", "strategies", "sync_flags",
-          "secrets", "wire")
+          "elastic_flags", "secrets", "wire")
 LAYER = {"cli": 1, "rank": 1, "run": 2, "predict": 2, "launch": 3, "hosts": 3, "cloud": 3, "ssh": 4,
          "train": 5, **dict.fromkeys(LEAVES, 6)}
 SIBLINGS = {("hosts", "launch")}  # node tools (bench) run a launch

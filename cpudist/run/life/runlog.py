@@ -33,8 +33,9 @@ def event_text(event: dict[str, Any]) -> str | None:
         done = int(event.get("step", 0))
         return f"training: {int(event['total'])} steps" + (f", from step {done}" if done else "")
     if kind == events.PROGRESS:
-        return (f"step {event['step']}/{event['total']}  loss {event['loss']:.4f}  "
-                f"{event['samples_per_s']:.1f} samples/s")
+        return f"step {event['step']}/{event['total']}  {events.progress_text(event)}"
+    if kind == events.NODES:
+        return events.nodes_text(event)
     if kind == events.CHECKPOINT:
         return f"checkpoint at step {event['step']}: {event['path']}"
     if kind == events.PREEMPTED:

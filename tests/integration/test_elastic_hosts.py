@@ -1,0 +1,150 @@
+"""`cpudist run --elastic` on three network-namespace hosts with a real sshd each, started on the
+head as a user types it: one node's rank is killed, then another node's link is cut silently and
+brought back; the other nodes train on without a restart, each lost node is started again and
+joins with a live peer's weights, and the run ends with one record of who trained which steps.
+
+Needs root (tests/harness/setup.sh installs the rest; CI runs as root) and torchft (the test
+extra).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness.netns import NetnsCluster, missing_requirements
+from tests.integration.helpers import cmdline, read_until
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(missing_requirements() is not None,
+                                 reason=str(missing_requirements()))]
+CPUDIST = [sys.executable, "-m", "cpudist.cli"]
+NODES = 3
+# Each step waits for the Lighthouse's quorum: a run of STEPS lasts minutes on any machine, several
+# times what a lost node's return takes (its ssh noticing a cut link, RETRY_S, a start).
+STEPS = 3000
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
+    c = NetnsCluster(NODES, tmp_path_factory.mktemp("elastic"), prefix=f"cel{os.getpid() % 10000}")
+    c.up()
+    try:
+        r = c.run(0, [*CPUDIST, "hosts", "ssh-setup", "--hostfile", str(c.hostfile), "--identity",
+                      str(c.user_key)])
+        assert r.returncode == 0, r.stdout + r.stderr
+        yield c
+    finally:
+        c.down()
+
+
+def ranks(c: NetnsCluster, i: int) -> list[int]:
+    """The trainer's processes on host i."""
+    return [pid for pid in c.pids(i) if "cpudist.rank" in cmdline(pid).split()[2:3]]
+
+
+def leftovers(c: NetnsCluster) -> list[str]:
+    """Processes other than the sshd on any host (a rank, the Lighthouse, a tether, ssh)."""
+    return [f"{c.name(i)}: {cmdline(pid)[:100]}" for i in range(c.n) for pid in c.pids(i)
+            if pid != c.sshd_pid(i) and cmdline(pid)]
+
+
+def steps(out: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+
+
+def test_a_killed_node_and_a_cut_link_cost_the_others_no_restart(
+        hosts: NetnsCluster, shared_data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    argv = [*CPUDIST, "run", "mrpc", "--elastic", "--hostfile", str(hosts.hostfile), "--np",
+            str(NODES), "--ppn", "1", "--data-dir", str(shared_data / "glue" / "MRPC"), "--model",
+            "tiny", "--max-train-samples", "792", "--batch-size", "8", "--max-steps", str(STEPS),
+            "--log-every", "1", "--max-eval-samples", "64", "--output-dir", str(out)]
+    proc = subprocess.Popen(hosts.exec_argv(0, argv), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    seen: list[str] = []
+    try:
+        seen += read_until(proc, f"training on {NODES} of {NODES} node(s)")
+        seen += read_until(proc, "step 20/")
+        killed = ranks(hosts, 2)
+        assert len(killed) == 1, "".join(seen)[-3000:]
+        os.kill(killed[0], signal.SIGKILL)
+        seen += read_until(proc, f"training on {NODES - 1} of {NODES} node(s)", timeout=120)
+        seen += read_until(proc, f"starting {hosts.name(2)} again", timeout=60)
+        seen += read_until(proc, f"training on {NODES} of {NODES} node(s)", timeout=180)
+        # host 1 silent: no FIN or RST reaches anyone, until its link is back
+        subprocess.run(["ip", "-n", hosts.name(1), "link", "set", "eth0", "down"], check=True)
+        try:
+            seen += read_until(proc, f"training on {NODES - 1} of {NODES} node(s)", timeout=120)
+            seen += read_until(proc, f"{hosts.name(1)} left the run", timeout=120)
+        finally:
+            subprocess.run(["ip", "-n", hosts.name(1), "link", "set", "eth0", "up"], check=True)
+        seen += read_until(proc, f"training on {NODES} of {NODES} node(s)", timeout=300)
+        seen += read_until(proc, None, timeout=900)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = "".join(seen)
+    assert proc.returncode == 0, text[-4000:]
+    assert "done: mrpc" in text, text[-3000:]
+    result = json.loads((out / "result.json").read_text())
+    sizes = [c["replicas"] for c in result["membership"]]
+    # two losses, two returns, the last before the end: the run never restarted
+    assert sizes.count(NODES - 1) >= 2 and sizes[-1] == NODES, result["membership"]
+    assert result["steps"] == STEPS and result["world_size"] == NODES
+    assert sorted(result["nodes"]) == sorted(hosts.name(i) for i in range(NODES))
+    # the head logged each step once, in order: no step's rows counted twice, none skipped
+    assert [s["step"] for s in steps(out)] == list(range(1, STEPS + 1))
+    assert {s["samples"] for s in steps(out)} == {8 * NODES}  # the global batch, whoever trained
+    # the nodes that came back healed from a peer and trained to the end in their own folders
+    for i in (1, 2):
+        theirs = steps(out / "nodes" / f"node{i}")
+        assert theirs[-1]["step"] == STEPS, i
+    report = subprocess.run([*CPUDIST, "report", str(out / "result.json")], capture_output=True,
+                            text=True, timeout=120)
+    assert "Elastic runs" in report.stdout and f"{NODES - 1} from step" in report.stdout, report
+    deadline = time.monotonic() + 30
+    while leftovers(hosts) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert leftovers(hosts) == []
+
+
+def test_the_heads_lighthouse_lost_ends_the_run_in_one_line_leaving_nothing(
+        hosts: NetnsCluster, shared_data: Path, tmp_path: Path) -> None:
+    """The head's node lost takes its Lighthouse: no quorum can form, so the run ends (it cannot go
+    on, and does not hang); every node's rank is stopped."""
+    argv = [*CPUDIST, "run", "mrpc", "--elastic", "--hostfile", str(hosts.hostfile), "--np",
+            str(NODES), "--ppn", "1", "--data-dir", str(shared_data / "glue" / "MRPC"), "--model",
+            "tiny", "--max-train-samples", "64", "--batch-size", "8", "--max-steps", "100000",
+            "--log-every", "1", "--no-eval", "--output-dir", str(tmp_path / "run")]
+    proc = subprocess.Popen(hosts.exec_argv(0, argv), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        seen = read_until(proc, f"training on {NODES} of {NODES} node(s)")
+        house = [pid for pid in hosts.pids(0)  # the Lighthouse itself, not its tether
+                 if "torchft_lighthouse" in cmdline(pid) and "tether" not in cmdline(pid)]
+        assert len(house) == 1, "".join(seen)[-3000:]
+        os.kill(house[0], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, out[-3000:]
+    assert "the Lighthouse on the head ended: the run cannot go on" in out
+    assert out.strip().splitlines()[-1].startswith(
+        f"Error: the job failed on {hosts.name(0)}'s Lighthouse"), out[-3000:]
+    deadline = time.monotonic() + 30
+    while leftovers(hosts) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert leftovers(hosts) == []
