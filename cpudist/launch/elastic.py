@@ -35,6 +35,9 @@ from cpudist.wire.elastic import (
 )
 
 RETRY_S = 10.0  # a node that left is started again this often, until the run ends
+# once a node has trained the last step, the others' grace to end theirs: one that joined too late
+# to heal would find no peer left and train the run again alone
+FINISH_GRACE_S = 60.0
 HOUSE = "lighthouse"  # the Lighthouse's key among the hosts' processes
 
 
@@ -77,7 +80,7 @@ def execute_elastic(launch: Launch, base_env: Mapping[str, str],
         hosts.start(host, argv)
     running, again, finished = set(commands), dict[str, float](), set[str]()
     codes: dict[str, int] = {}
-    house_up, interrupted, expired = True, False, False
+    house_up, interrupted, expired, done_at = True, False, False, None
     failed: tuple[str, int] | None = None
     tail: list[str] = []
     deadline = time.monotonic() + timeout_s if timeout_s else None
@@ -96,6 +99,11 @@ def execute_elastic(launch: Launch, base_env: Mapping[str, str],
                             "keeps its state on the nodes)")
                     again.clear()
                     hosts.stop()  # the Lighthouse's work is done
+                if done_at is not None and now - done_at > FINISH_GRACE_S and running \
+                        and hosts.stopping_since is None:
+                    say(f"the last step is in: stopping {', '.join(sorted(running))}, still "
+                        "running after it")
+                    hosts.stop()
                 hosts.overdue()
                 for host, at in list(again.items()):
                     if now >= at and hosts.stopping_since is None:
@@ -121,6 +129,7 @@ def execute_elastic(launch: Launch, base_env: Mapping[str, str],
                     codes[host] = code
                     if code == 0:
                         finished.add(host)
+                        done_at = done_at or now
                         again.clear()  # the last step is in: nothing left to join
                     elif hosts.stopping_since is None and not finished:
                         say(f"{host} left the run (exit {code}); the other nodes go on, and it is "

@@ -128,3 +128,16 @@ def test_the_lighthouse_ending_ends_the_run(tmp_path: Path) -> None:
     outcome, lines, _ = run(launch, timeout_s=60)
     assert outcome.returncode == 1 and outcome.failed_host == "n0's Lighthouse", lines
     assert any("the Lighthouse on the head ended" in line for line in lines), lines
+
+
+def test_a_node_still_running_after_the_last_step_is_stopped_after_a_grace(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node that joined too late to heal would find no peer left and train the whole run again
+    alone: once the head has trained the last step, the others get FINISH_GRACE_S to end."""
+    monkeypatch.setattr(elastic, "FINISH_GRACE_S", 0.3)
+    done = ("sh", "-c", "exit 0")
+    launch = Launch(done, {}, per_host=(("n0", done), ("n1", UNTIL_STOPPED)),
+                    lighthouse=("n0", UNTIL_STOPPED))
+    outcome, lines, _ = run(launch, timeout_s=60)
+    assert outcome.returncode == 0 and not outcome.timed_out, lines
+    assert "[cpudist] the last step is in: stopping n1, still running after it" in lines
