@@ -23,14 +23,16 @@ import pytest
 from tests.harness.netns import NetnsCluster, missing_requirements
 from tests.integration.helpers import cmdline, read_until
 
-pytestmark = [pytest.mark.slow,
+# alone: a node that starts late under a loaded machine joins at a late step, and the faults need
+# the run's steps after it
+pytestmark = [pytest.mark.slow, pytest.mark.alone,
               pytest.mark.skipif(missing_requirements() is not None,
                                  reason=str(missing_requirements()))]
 CPUDIST = [sys.executable, "-m", "cpudist.cli"]
 NODES = 3
 # Each step waits for the Lighthouse's quorum: a run of STEPS lasts minutes on any machine, several
 # times what a lost node's return takes (its ssh noticing a cut link, RETRY_S, a start).
-STEPS = 3000
+STEPS = 5000
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +74,8 @@ def test_a_killed_node_and_a_cut_link_cost_the_others_no_restart(
                             stderr=subprocess.STDOUT, text=True)
     seen: list[str] = []
     try:
-        seen += read_until(proc, f"training on {NODES} of {NODES} node(s)")
-        seen += read_until(proc, "step 20/")
+        seen += read_until(proc, f"training on {NODES} of {NODES} node(s)", timeout=300)
+        seen += read_until(proc, "[cpudist] step ")  # a step all three trained
         killed = ranks(hosts, 2)
         assert len(killed) == 1, "".join(seen)[-3000:]
         os.kill(killed[0], signal.SIGKILL)
