@@ -14,16 +14,12 @@ step and the others have left; losing every node at once, or the head's Lighthou
 from __future__ import annotations
 
 import dataclasses
-import queue
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cpudist.errors import Interrupted
-from cpudist.launch.per_host import Hosts, host_line
-from cpudist.launch.runner import Outcome, stop_launcher
+from cpudist.launch.per_host import Hosts, Rules, follow, host_line
+from cpudist.launch.runner import Outcome
 from cpudist.launch.spec import Launch, RunSpec, filed_env, trainer_argv
-from cpudist.wire import events
 from cpudist.wire.elastic import (
     ADVERTISE,
     LIGHTHOUSE,
@@ -62,6 +58,74 @@ def hosts_launch(spec: RunSpec, env: dict[str, str], nodes: int) -> Launch:
                   lighthouse=(hosts[0], ("sh", "-c", house)))
 
 
+class _Elastic(Rules):
+    """The nodes of an elastic run and its Lighthouse: a node that leaves is started again while
+    the run lasts; the run ends with the nodes, or at once with every node lost or the Lighthouse
+    (the head's) gone."""
+
+    failed: tuple[str, int] | None
+    done_at: float | None
+
+    def __init__(self, hosts: Hosts, launch: Launch, say: Callable[[str], None]) -> None:
+        assert launch.lighthouse is not None
+        self.hosts, self.say, self.house = hosts, say, launch.lighthouse[0]
+        self.commands, self.head = dict(launch.per_host), launch.per_host[0][0]
+        self.running, self.finished = set(self.commands), set[str]()
+        self.again, self.codes = dict[str, float](), dict[str, int]()
+        self.house_up, self.failed, self.done_at = True, None, None
+
+    def busy(self) -> bool:
+        return bool(self.running or self.again or self.house_up)
+
+    def tick(self, now: float) -> None:
+        hosts, stopping = self.hosts, self.hosts.stopping_since is not None
+        if not self.running and self.house_up and not stopping:
+            if not self.finished and self.again:  # every node lost at once: nothing to join
+                self.failed = self.failed or (self.head, self.codes.get(self.head, 1))
+                self.say("every node left the run at once: it cannot go on (an elastic run keeps "
+                         "its state on the nodes)")
+            self.halt()
+            hosts.stop()  # the Lighthouse's work is done
+        elif (self.done_at is not None and now - self.done_at > FINISH_GRACE_S and self.running
+              and not stopping):
+            self.say(f"the last step is in: stopping {', '.join(sorted(self.running))}, still "
+                     "running after it")
+            hosts.stop()
+        for host, at in list(self.again.items()):
+            if now >= at and hosts.stopping_since is None:
+                del self.again[host]
+                self.say(f"starting {host} again: it joins and takes the weights from a peer")
+                hosts.start(host, self.commands[host])
+                self.running.add(host)
+
+    def ended(self, host: str, code: int, now: float) -> None:
+        stopping = self.hosts.stopping_since is not None
+        if host == HOUSE:
+            self.house_up = False
+            if self.running and not stopping:  # the head's node is gone
+                self.failed = self.failed or (f"{self.house}'s Lighthouse", code or 1)
+                self.say("the Lighthouse on the head ended: the run cannot go on")
+                self.halt()
+                self.hosts.stop()
+            return
+        self.running.discard(host)
+        self.codes[host] = code
+        if code == 0:
+            self.finished.add(host)
+            self.done_at = self.done_at or now
+            self.halt()  # the last step is in: nothing left to join
+        elif not stopping and not self.finished:
+            self.say(f"{host} left the run (exit {code}); the other nodes go on, and it is "
+                     f"started again every {RETRY_S:.0f} s while the run lasts")
+            self.again[host] = now + RETRY_S
+
+    def shows(self, host: str) -> bool:
+        return host == self.head  # the others' events are copies of the same steps
+
+    def halt(self) -> None:
+        self.again.clear()
+
+
 def execute_elastic(launch: Launch, base_env: Mapping[str, str],
                     on_event: Callable[[dict[str, Any]], None], on_line: Callable[[str], None],
                     say: Callable[[str], None], timeout_s: float | None = None,
@@ -69,96 +133,17 @@ def execute_elastic(launch: Launch, base_env: Mapping[str, str],
                     on_stop: Callable[[], None] | None = None) -> Outcome:
     """Run the Lighthouse and every node; a node that leaves is started again while the run lasts.
 
-    The head's events drive the progress (the other nodes print the same steps); every node's
-    lines are shown `[host]`-tagged. The outcome is the head's node's (it writes the run's record).
+    The head's events drive the progress; every node's lines are shown `[host]`-tagged. The
+    outcome is the head's node's (it writes the run's record).
     """
     assert launch.lighthouse is not None
-    hosts, commands = Hosts(base_env), dict(launch.per_host)
-    head = launch.per_host[0][0]
+    hosts = Hosts(base_env)
     hosts.start(HOUSE, launch.lighthouse[1])
     for host, argv in launch.per_host:
         hosts.start(host, argv)
-    running, again, finished = set(commands), dict[str, float](), set[str]()
-    codes: dict[str, int] = {}
-    house_up, interrupted, expired, done_at = True, False, False, None
-    failed: tuple[str, int] | None = None
-    tail: list[str] = []
-    deadline = time.monotonic() + timeout_s if timeout_s else None
-    try:
-        while running or again or house_up:
-            try:
-                now = time.monotonic()
-                if deadline is not None and now > deadline and not expired:
-                    expired = True
-                    again.clear()
-                    hosts.stop()
-                if not running and house_up and hosts.stopping_since is None:
-                    if not finished and again:  # every node lost at once: nothing to join
-                        failed = failed or (head, codes.get(head, 1))
-                        say("every node left the run at once: it cannot go on (an elastic run "
-                            "keeps its state on the nodes)")
-                    again.clear()
-                    hosts.stop()  # the Lighthouse's work is done
-                if done_at is not None and now - done_at > FINISH_GRACE_S and running \
-                        and hosts.stopping_since is None:
-                    say(f"the last step is in: stopping {', '.join(sorted(running))}, still "
-                        "running after it")
-                    hosts.stop()
-                hosts.overdue()
-                for host, at in list(again.items()):
-                    if now >= at and hosts.stopping_since is None:
-                        del again[host]
-                        say(f"starting {host} again: it joins and takes the weights from a peer")
-                        hosts.start(host, commands[host])
-                        running.add(host)
-                try:
-                    host, line = hosts.lines.get(timeout=0.5)
-                except queue.Empty:
-                    continue
-                if line is None:
-                    code = hosts.procs[host].wait()
-                    if host == HOUSE:
-                        house_up = False
-                        if running and hosts.stopping_since is None:  # the head's node is gone
-                            failed = failed or (f"{launch.lighthouse[0]}'s Lighthouse", code or 1)
-                            say("the Lighthouse on the head ended: the run cannot go on")
-                            again.clear()
-                            hosts.stop()
-                        continue
-                    running.discard(host)
-                    codes[host] = code
-                    if code == 0:
-                        finished.add(host)
-                        done_at = done_at or now
-                        again.clear()  # the last step is in: nothing left to join
-                    elif hosts.stopping_since is None and not finished:
-                        say(f"{host} left the run (exit {code}); the other nodes go on, and it is "
-                            f"started again every {RETRY_S:.0f} s while the run lasts")
-                        again[host] = now + RETRY_S
-                    continue
-                event = events.parse(line)
-                if event is not None:
-                    if host == head:  # the others' are copies of the same steps
-                        on_event(event)
-                elif hosts.stopping_since is not None and on_late_line is not None:
-                    on_late_line(f"[{host}] {line}")
-                else:
-                    tail = [*tail, f"[{host}] {line}"][-20:]
-                    on_line(tail[-1])
-            except KeyboardInterrupt:
-                if on_stop is not None and not interrupted:
-                    on_stop()
-                interrupted = True
-                again.clear()
-                hosts.stop()
-    finally:
-        for proc in hosts.procs.values():
-            if proc.poll() is None:  # any other way out must not leave a node's rank running
-                stop_launcher(proc)
-    if interrupted:
-        raise Interrupted("interrupted: all ranks were stopped on every node",
-                          "Re-run the command to start over")
-    if failed is None and head not in finished:
-        failed = (head, codes.get(head, 1) or 1)
-    return Outcome(failed[1] if failed else 0, expired, tuple(tail),
-                   failed[0] if failed else None)
+    rules = _Elastic(hosts, launch, say)
+    expired, tail = follow(hosts, rules, on_event, on_line, timeout_s, on_late_line, on_stop)
+    failed = rules.failed
+    if failed is None and rules.head not in rules.finished:
+        failed = (rules.head, rules.codes.get(rules.head, 1) or 1)
+    return Outcome(failed[1] if failed else 0, expired, tail, failed[0] if failed else None)

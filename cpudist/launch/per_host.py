@@ -78,6 +78,99 @@ class Hosts:
                     stop_launcher(proc)
 
 
+class Rules:
+    """What a launch does as its hosts' commands end (follow): each host to the end by default."""
+
+    def __init__(self, hosts: Hosts) -> None:
+        self.hosts, self.running = hosts, set(hosts.procs)
+
+    def busy(self) -> bool:  # whether to wait for more lines
+        return bool(self.running)
+
+    def tick(self, now: float) -> None:  # about every half second
+        pass
+
+    def ended(self, host: str, code: int, now: float) -> None:
+        self.running.discard(host)
+
+    def shows(self, host: str) -> bool:  # whether `host`'s events drive the progress
+        return True
+
+    def late(self, host: str) -> bool:  # its lines while the hosts stop go to the log
+        return True
+
+    def halt(self) -> None:  # the deadline passed, or Ctrl-C: the hosts stop next
+        pass
+
+
+def follow(hosts: Hosts, rules: Rules, on_event: Callable[[dict[str, Any]], None],
+           on_line: Callable[[str], None], timeout_s: float | None = None,
+           on_late_line: Callable[[str], None] | None = None,
+           on_stop: Callable[[], None] | None = None) -> tuple[bool, tuple[str, ...]]:
+    """Hand the hosts' lines out while `rules` is busy: events, `[host]`-tagged lines (the last 20
+    kept), ends; past `timeout_s` or on Ctrl-C every host is stopped. Returns whether the deadline
+    passed and the kept lines; raises Interrupted after Ctrl-C, with nothing left running here."""
+    tail: list[str] = []
+    deadline = time.monotonic() + timeout_s if timeout_s else None
+    expired = interrupted = False
+    try:
+        while rules.busy():
+            try:
+                now = time.monotonic()
+                if deadline is not None and now > deadline and not expired:
+                    expired = True
+                    rules.halt()
+                    hosts.stop()
+                rules.tick(now)
+                hosts.overdue()
+                try:
+                    host, line = hosts.lines.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                if line is None:
+                    rules.ended(host, hosts.procs[host].wait(), now)
+                    continue
+                event = events.parse(line)
+                if event is not None:
+                    if rules.shows(host):
+                        on_event(event)
+                elif (hosts.stopping_since is not None and rules.late(host)
+                      and on_late_line is not None):
+                    on_late_line(f"[{host}] {line}")
+                else:
+                    tail = [*tail, f"[{host}] {line}"][-20:]
+                    on_line(tail[-1])
+            except KeyboardInterrupt:
+                if on_stop is not None and not interrupted:
+                    on_stop()
+                interrupted = True
+                rules.halt()
+                hosts.stop()
+    finally:
+        for proc in hosts.procs.values():
+            if proc.poll() is None:  # any other way out must not leave a host's command running
+                stop_launcher(proc)
+    if interrupted:
+        raise Interrupted("interrupted: all ranks were stopped on every node",
+                          "Re-run the command to start over")
+    return expired, tuple(tail)
+
+
+class _FirstFails(Rules):
+    """The first host to fail stops the rest (its lines stay in view)."""
+
+    failed: tuple[str, int] | None = None
+
+    def ended(self, host: str, code: int, now: float) -> None:
+        super().ended(host, code, now)
+        if code != 0 and self.failed is None and self.hosts.stopping_since is None:
+            self.failed = (host, code)  # the cause; the others' ends follow from it
+            self.hosts.stop()
+
+    def late(self, host: str) -> bool:
+        return self.failed is None or host != self.failed[0]
+
+
 def execute_hosts(launch: Launch, base_env: Mapping[str, str],
                   on_event: Callable[[dict[str, Any]], None],
                   on_line: Callable[[str], None], timeout_s: float | None = None,
@@ -92,54 +185,15 @@ def execute_hosts(launch: Launch, base_env: Mapping[str, str],
     hosts = Hosts(base_env)
     for host, argv in launch.per_host:
         hosts.start(host, argv)
+    rules = _FirstFails(hosts)
     if watch is not None:
         watch.start(hosts.stop)
-    running, tail = set(hosts.procs), list[str]()
-    failed: tuple[str, int] | None = None
-    deadline = time.monotonic() + timeout_s if timeout_s else None
-    expired = interrupted = False
     try:
-        while running:
-            try:
-                if deadline is not None and time.monotonic() > deadline and not expired:
-                    expired = True
-                    hosts.stop()
-                hosts.overdue()
-                try:
-                    host, line = hosts.lines.get(timeout=0.5)
-                except queue.Empty:
-                    continue
-                if line is None:
-                    running.discard(host)
-                    code = hosts.procs[host].wait()
-                    if code != 0 and failed is None and hosts.stopping_since is None:
-                        # the first failure is the cause; the others follow from it
-                        failed = (host, code)
-                        hosts.stop()
-                    continue
-                event = events.parse(line)
-                late = hosts.stopping_since is not None and (failed is None or host != failed[0])
-                if event is not None:
-                    on_event(event)
-                elif late and on_late_line is not None:
-                    on_late_line(f"[{host}] {line}")
-                else:
-                    tail = [*tail, f"[{host}] {line}"][-20:]
-                    on_line(tail[-1])
-            except KeyboardInterrupt:
-                if on_stop is not None and not interrupted:
-                    on_stop()
-                interrupted = True
-                hosts.stop()
+        expired, tail = follow(hosts, rules, on_event, on_line, timeout_s, on_late_line, on_stop)
     finally:
         if watch is not None:
             watch.close()
-        for proc in hosts.procs.values():
-            if proc.poll() is None:  # any other way out must not leave a host's agent running
-                stop_launcher(proc)
-    if interrupted:
-        raise Interrupted("interrupted: all ranks were stopped on every host",
-                          "Re-run the command to start over")
+    failed = rules.failed
     code = failed[1] if failed else max((p.returncode for p in hosts.procs.values()), key=abs,
                                         default=0)
-    return Outcome(code, expired, tuple(tail), failed[0] if failed else None)
+    return Outcome(code, expired, tail, failed[0] if failed else None)
