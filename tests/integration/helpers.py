@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import pytest
+
+from tests.harness.netns import NetnsCluster
+
+if TYPE_CHECKING:
+    from tests.harness.world import World
 
 T = TypeVar("T")
 CPUDIST = [sys.executable, "-m", "cpudist.cli"]
@@ -179,3 +185,48 @@ def launch_beside_torchrun(tmp_path: Path, script: str, metric_file: str
     assert by_hand.returncode == 0, hand_out
     assert r.returncode == 0, r.stderr
     return r, hand_out, ours, hand
+
+
+@contextlib.contextmanager
+def keyed_hosts(n: int, folder: Path, prefix: str) -> Iterator[NetnsCluster]:
+    """`n` namespace hosts (netns names from `prefix`) whose head holds the cluster key, as `cpudist
+    hosts ssh-setup` run there once leaves them; taken down after."""
+    c = NetnsCluster(n, folder, prefix=f"{prefix}{os.getpid() % 10000}")
+    c.up()
+    try:
+        r = c.run(0, [*CPUDIST, "hosts", "ssh-setup", "--hostfile", str(c.hostfile), "--identity",
+                      str(c.user_key)], timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        yield c
+    finally:
+        c.down()
+
+
+@contextlib.contextmanager
+def on_prem_site(n: int, folder: Path, prefix: str, data: Path | None = None) -> Iterator[World]:
+    """`n` on-prem hosts as their admin set them up (the admin's key authorized on every host, the
+    site firewall admitting the laptop's SSH, `cpudist hosts ssh-setup` run on the head with the
+    admin's key; the site's hostfile in the world's state folder) and the laptop with a key of its
+    own, the hostfile as ~/hosts (names the laptop cannot resolve) and `data` in ~/data; taken down
+    after."""
+    from tests.harness.world import World
+
+    w = World(n, folder, prefix=f"{prefix}{os.getpid() % 10000}")
+    w.up()
+    try:
+        admin, laptop_key = w.state / "admin_ed25519", w.operator_path(".ssh/id_ed25519")
+        for key in (admin, laptop_key):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)],
+                           check=True)
+            w.on_prem(key.with_suffix(".pub").read_text())
+        hosts = "".join(f"{w.hosts.name(i)}\n" for i in range(n))
+        (w.state / "site-hostfile").write_text(hosts)
+        w.operator_path("hosts").write_text(hosts)
+        setup = w.hosts.run(0, [*CPUDIST, "hosts", "ssh-setup", "--hostfile",
+                                str(w.state / "site-hostfile"), "--identity", str(admin)])
+        assert setup.returncode == 0, setup.stdout + setup.stderr
+        if data is not None:
+            shutil.copytree(data, w.operator_path(f"data/{data.name}"))
+        yield w
+    finally:
+        w.down()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,10 +17,9 @@ from typing import Any
 import pytest
 
 from tests.harness.netns import NetnsCluster, missing_requirements
-from tests.integration.helpers import cmdline, cpudist
+from tests.integration.helpers import CPUDIST, cmdline, cpudist, keyed_hosts
 
 pytestmark = pytest.mark.slow
-CPUDIST = [sys.executable, "-m", "cpudist.cli"]
 
 
 def inverted(folder: Path) -> tuple[Path, Path]:
@@ -98,15 +96,8 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
     why = missing_requirements()
     if why is not None:
         pytest.skip(why)
-    c = NetnsCluster(2, tmp_path_factory.mktemp("early"), prefix=f"ces{os.getpid() % 10000}")
-    c.up()
-    try:
-        r = c.run(0, [*CPUDIST, "hosts", "ssh-setup", "--hostfile", str(c.hostfile), "--identity",
-                      str(c.user_key)])
-        assert r.returncode == 0, r.stdout + r.stderr
+    with keyed_hosts(2, tmp_path_factory.mktemp("early"), "ces") as c:
         yield c
-    finally:
-        c.down()
 
 
 def test_two_hosts_stop_together_and_leave_nothing(hosts: NetnsCluster, tmp_path: Path) -> None:

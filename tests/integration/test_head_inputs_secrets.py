@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,38 +20,24 @@ import pytest
 
 from tests.harness.netns import missing_requirements
 from tests.harness.world import World
-from tests.integration.helpers import cmdline
+from tests.integration.helpers import CPUDIST, cmdline, on_prem_site
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None,
                                  reason=str(missing_requirements()))]
-CPUDIST = [sys.executable, "-m", "cpudist.cli"]
 TOKEN = "tok-4b1d9e07c2"
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Iterator[World]:
     """Two hosts that reach each other with the cluster key; MRPC in the head's ~/.cpudist only."""
-    w = World(2, tmp_path_factory.mktemp("site"), prefix=f"chs{os.getpid() % 10000}")
-    w.up()
-    try:
-        admin = w.state / "admin_ed25519"
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(admin)],
-                       check=True)
-        w.on_prem(admin.with_suffix(".pub").read_text())
-        (w.state / "site-hostfile").write_text("".join(f"{w.hosts.name(i)}\n" for i in range(2)))
-        setup = w.hosts.run(0,
-                            [*CPUDIST, "hosts", "ssh-setup", "--hostfile",
-                             str(w.state / "site-hostfile"), "--identity", str(admin)])
-        assert setup.returncode == 0, setup.stdout + setup.stderr
+    with on_prem_site(2, tmp_path_factory.mktemp("site"), "chs") as w:
         copy = w.hosts.run(0,
                            ["sh", "-c",
                             f"mkdir -p ~/.cpudist/mine && cp -r {shared_data}/glue/MRPC "
                             "~/.cpudist/mine/"])
         assert copy.returncode == 0, copy.stderr
         yield w
-    finally:
-        w.down()
 
 
 def _watch_ps(seen: list[str], stop: threading.Event) -> None:

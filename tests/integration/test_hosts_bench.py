@@ -15,7 +15,7 @@ import pytest
 
 from tests.harness.netns import NetnsCluster, missing_requirements
 from tests.harness.steal import CpuWindow
-from tests.integration.helpers import CPUDIST, cpudist
+from tests.integration.helpers import CPUDIST, cpudist, keyed_hosts
 from tests.unit.test_planner import run as result_of
 
 # alone: its bandwidth floor is scaled by the steal the hypervisor took, not by other tests' load on
@@ -29,17 +29,8 @@ RATE_GBPS = 0.2
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
-    c = NetnsCluster(2, tmp_path_factory.mktemp("cluster"), prefix=f"pln{os.getpid() % 10000}")
-    c.up()
-    try:
-        r = c.run(0,
-                  [*CPUDIST, "hosts", "ssh-setup", "--hostfile", str(c.hostfile), "--identity",
-                   str(c.user_key)],
-                  timeout=120)
-        assert r.returncode == 0, r.stdout + r.stderr
+    with keyed_hosts(2, tmp_path_factory.mktemp("cluster"), "pln") as c:
         yield c
-    finally:
-        c.down()
 
 
 def test_bench_measures_the_shaped_link_and_plan_takes_its_rate(cluster: NetnsCluster,

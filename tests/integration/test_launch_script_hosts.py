@@ -8,35 +8,25 @@ is left out to keep CI short. The hosts share this machine's filesystem, as node
 from __future__ import annotations
 
 import json
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.harness.netns import NetnsCluster, missing_requirements
+from tests.integration.helpers import CPUDIST, keyed_hosts
 from tests.integration.test_launch_script import DDP_SCRIPT, losses
 from tests.integration.user_scripts import LEAVE
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None,
                                  reason=str(missing_requirements()))]
-CPUDIST = [sys.executable, "-m", "cpudist.cli"]
 
 
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
-    c = NetnsCluster(2, tmp_path_factory.mktemp("launch"), prefix=f"cls{os.getpid() % 10000}")
-    c.up()
-    try:
-        r = c.run(0,
-                  [*CPUDIST, "hosts", "ssh-setup", "--hostfile", str(c.hostfile), "--identity",
-                   str(c.user_key)])
-        assert r.returncode == 0, r.stdout + r.stderr
+    with keyed_hosts(2, tmp_path_factory.mktemp("launch"), "cls") as c:
         yield c
-    finally:
-        c.down()
 
 
 def one_process_losses() -> list[float]:

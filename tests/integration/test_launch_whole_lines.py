@@ -6,9 +6,7 @@ through one torchrun per node and through torchrun's own agent per host."""
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,10 +15,9 @@ import pytest
 
 from cpudist.run.rank_lines import TAGGED
 from tests.harness.netns import NetnsCluster, missing_requirements
-from tests.integration.helpers import cpudist
+from tests.integration.helpers import CPUDIST, cpudist, keyed_hosts
 
 pytestmark = pytest.mark.slow
-CPUDIST = [sys.executable, "-m", "cpudist.cli"]
 LINES = 30
 WORDS = "~a ~b ~c ~d ~e ~f ~g ~h ~i ~j ~k ~l ~m ~n ~o ~p"  # "~": a piece of the script's
 SCRIPT = f'''
@@ -66,16 +63,8 @@ def test_every_rank_line_comes_whole_and_tagged_on_this_machine(tmp_path: Path,
 def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
     if missing_requirements() is not None:
         pytest.skip(str(missing_requirements()))
-    c = NetnsCluster(2, tmp_path_factory.mktemp("lines"), prefix=f"wl{os.getpid() % 10000}")
-    c.up()
-    try:
-        r = c.run(0,
-                  [*CPUDIST, "hosts", "ssh-setup", "--hostfile", str(c.hostfile), "--identity",
-                   str(c.user_key)])
-        assert r.returncode == 0, r.stdout + r.stderr
+    with keyed_hosts(2, tmp_path_factory.mktemp("lines"), "wl") as c:
         yield c
-    finally:
-        c.down()
 
 
 @pytest.mark.parametrize("route", [["--per-node"], ["--launcher", "torchrun"]],

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +24,12 @@ import torch
 
 from cpudist.traffic import payload_bytes
 from tests.harness.netns import NetnsCluster, missing_requirements
+from tests.integration.helpers import CPUDIST, keyed_hosts
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None,
                                  reason=str(missing_requirements()))]
 
-CPUDIST = [sys.executable, "-m", "cpudist.cli"]
 # r 16 on every query, key, value and dense layer of BASE (the default targets), its pooler and
 # classifier in full: 74k of its 4.3M parameters, a 296 kB fp32 gradient, 148 kB on the bf16 wire
 # across nodes, so what else a step sends (TCP/IP headers and acknowledgements, the step's stop flag
@@ -97,18 +95,10 @@ def test_lora_trains_sends_saves_and_resumes_only_the_adapters(tmp_path: Path,
 
     base = tiny_base(tmp_path / "base")
     data = shared_data / "glue" / "MRPC"
-    cluster = NetnsCluster(2, tmp_path / "hosts", prefix=f"lra{os.getpid() % 10000}")
-    cluster.up()
-    try:
-        r = cluster.run(0,
-                        [*CPUDIST, "hosts", "ssh-setup", "--hostfile", str(cluster.hostfile),
-                         "--identity", str(cluster.user_key)], timeout=300)
-        assert r.returncode == 0, r.stdout + r.stderr
+    with keyed_hosts(2, tmp_path / "hosts", "lra") as cluster:
         first = run(cluster, data, base, tmp_path / "a")
         resumed = run(cluster, data, base, tmp_path / "b", "--merge-lora",
                       "--resume", str(tmp_path / "a" / "checkpoints" / "step-000003"))
-    finally:
-        cluster.down()
 
     # What trained: the adapters and the head, nothing else
     peft = first["peft"]

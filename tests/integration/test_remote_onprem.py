@@ -12,7 +12,6 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import pytest
 from cpudist.config import TrainConfig
 from tests.harness.netns import missing_requirements, sh
 from tests.harness.world import World
-from tests.integration.helpers import cmdline, read_until
+from tests.integration.helpers import cmdline, on_prem_site, read_until
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None,
@@ -41,28 +40,9 @@ LAUNCHERS = {"mpich": None, "impi": MPI_VENVS / "impi" / "bin" / "mpiexec.hydra"
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Iterator[World]:
     """Two on-prem hosts set up by their admin; the laptop with its own key and its own data."""
-    w = World(2, tmp_path_factory.mktemp("site"), prefix=f"cpo{os.getpid() % 10000}")
-    w.up()
-    try:
-        admin = w.state / "admin_ed25519"
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(admin)],
-                       check=True)
-        laptop_key = w.operator_path(".ssh/id_ed25519")
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(laptop_key)],
-                       check=True)
-        w.on_prem(admin.with_suffix(".pub").read_text())
-        w.on_prem(laptop_key.with_suffix(".pub").read_text())
-        hosts = "".join(f"{w.hosts.name(i)}\n" for i in range(2))
-        (w.state / "site-hostfile").write_text(hosts)
-        w.operator_path("hosts").write_text(hosts)
-        setup = w.hosts.run(0,
-                            [*CPUDIST, "hosts", "ssh-setup", "--hostfile",
-                             str(w.state / "site-hostfile"), "--identity", str(admin)])
-        assert setup.returncode == 0, setup.stdout + setup.stderr
-        shutil.copytree(shared_data / "glue" / "MRPC", w.operator_path("data/MRPC"))
+    with on_prem_site(2, tmp_path_factory.mktemp("site"), "cpo",
+                      shared_data / "glue" / "MRPC") as w:
         yield w
-    finally:
-        w.down()
 
 
 def leftovers(w: World) -> list[str]:

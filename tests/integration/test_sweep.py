@@ -5,7 +5,6 @@ Needs root, iproute2 and openssh-server (tests/harness/setup.sh installs them; C
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ import pytest
 from cpudist import state
 from cpudist.results.ledger import read_ledger
 from tests.harness.netns import NetnsCluster, missing_requirements
-from tests.integration.helpers import CPUDIST
+from tests.integration.helpers import CPUDIST, keyed_hosts
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None,
@@ -27,14 +26,8 @@ pytestmark = [pytest.mark.slow,
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
     """Two hosts with the cluster key set up, as `hosts ssh-setup` leaves them."""
-    c = NetnsCluster(2, tmp_path_factory.mktemp("pair"), prefix=f"rpt{os.getpid() % 10000}")
-    c.up()
-    try:
-        r = on_head(c, "hosts", "ssh-setup", "--hostfile", c.hostfile, "--identity", c.user_key)
-        assert r.returncode == 0, r.stdout + r.stderr
+    with keyed_hosts(2, tmp_path_factory.mktemp("pair"), "rpt") as c:
         yield c
-    finally:
-        c.down()
 
 
 def on_head(c: NetnsCluster, *args: str | Path) -> subprocess.CompletedProcess[str]:

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,12 +27,12 @@ import pytest
 from cpudist.strategies import SyncSpec
 from cpudist.traffic import payload_bytes, powersgd_values
 from tests.harness.netns import NetnsCluster, missing_requirements
+from tests.integration.helpers import CPUDIST, keyed_hosts
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None,
                                  reason=str(missing_requirements()))]
 
-CPUDIST = [sys.executable, "-m", "cpudist.cli"]
 # Measured over the expected bytes: +0.2% to +0.4% for fp32 and 16-bit steps, +1.1% to +1.5% for
 # PowerSGD's small messages: TCP/IP headers (veth offloads carry up to 64 KiB per counted packet),
 # the peers' acknowledgements, and each step's all-reduced stop flag. 5% keeps room for all of it
@@ -46,17 +44,8 @@ TOLERANCE = 0.05
 
 @pytest.fixture(scope="module")
 def two_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
-    c = NetnsCluster(2, tmp_path_factory.mktemp("hosts"), prefix=f"cst{os.getpid() % 10000}")
-    c.up()
-    try:
-        r = c.run(0,
-                  [*CPUDIST, "hosts", "ssh-setup", "--hostfile", str(c.hostfile), "--identity",
-                   str(c.user_key)],
-                  timeout=300)
-        assert r.returncode == 0, r.stdout + r.stderr
+    with keyed_hosts(2, tmp_path_factory.mktemp("hosts"), "cst") as c:
         yield c
-    finally:
-        c.down()
 
 
 def traffic(cluster: NetnsCluster, shared_data: Path, out: Path, steps: int,

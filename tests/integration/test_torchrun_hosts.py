@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,27 +26,18 @@ from tests.harness.machine import physical_cores
 from tests.harness.netns import NetnsCluster, missing_requirements
 from tests.harness.power import kill_namespace
 from tests.harness.quota import QuotaGroup, cpu_controller_version, quota_unavailable
-from tests.integration.helpers import cmdline, read_until
+from tests.integration.helpers import CPUDIST, cmdline, keyed_hosts, read_until
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None,
                                  reason=str(missing_requirements()))]
-CPUDIST = [sys.executable, "-m", "cpudist.cli"]
 NOTICE_NODE_LOSS_S = 60  # #23 asks for 30 s; twice that for a busy CI machine
 
 
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
-    c = NetnsCluster(4, tmp_path_factory.mktemp("torchrun"), prefix=f"ctr{os.getpid() % 10000}")
-    c.up()
-    try:
-        r = c.run(0,
-                  [*CPUDIST, "hosts", "ssh-setup", "--hostfile", str(c.hostfile), "--identity",
-                   str(c.user_key)])
-        assert r.returncode == 0, r.stdout + r.stderr
+    with keyed_hosts(4, tmp_path_factory.mktemp("torchrun"), "ctr") as c:
         yield c
-    finally:
-        c.down()
 
 
 @contextlib.contextmanager
