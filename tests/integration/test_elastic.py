@@ -1,18 +1,15 @@
-"""--elastic's trainer on loopback: three one-rank nodes and torchft's own Lighthouse; one node
-SIGKILLed mid-run drops out of the quorum while the others go on at 2, and the same node started
-again heals from a live peer (not a checkpoint) and trains at 3 to the end.
+"""--elastic's trainer on loopback: three one-rank nodes and torchft's own Lighthouse train what one
+rank trains on their global batch.
 
 The ranks are started as separate processes with the environment an elastic launch gives each node
-(a world of 1, the Lighthouse, the planned node count), so what is checked is the trainer's part:
-membership per step, no step trained twice or skipped by a node that stayed, and the same weights on
-every node at the end.
+(a world of 1, the Lighthouse, the planned node count), so what is checked is the trainer's part.
+Nodes lost and back, through the launch as typed: tests/integration/test_elastic_hosts.py.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -23,14 +20,9 @@ import torch
 
 from cpudist.config import TrainConfig, to_argv
 from cpudist.launch.tools import free_port
-from cpudist.results.launched import RANK_REPORT
 from cpudist.wire import elastic, names
 
-from .helpers import wait_for
-
-# a run of STEPS lasts several times a node's start (about 10 s here) on any machine: the node that
-# comes back finds steps left to train
-NODES, STEPS, TIMEOUT_S = 3, 1500, 20
+NODES, STEPS, TIMEOUT_S = 3, 20, 20
 
 
 def lighthouse(tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
@@ -84,63 +76,10 @@ def steps(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().split("\n")[:-1]] if path.exists() else []
 
 
-def at(out: Path, replicas: int, after: int = 0) -> dict[str, Any] | None:
-    """The first step past `after` that `replicas` nodes trained, as `out`'s node logged it."""
-    return next((s for s in steps(out) if s["step"] > after and s.get("replicas") == replicas),
-                None)
-
-
 def weights(out: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     return load_file(str(out / "model" / "model.safetensors"))
-
-
-@pytest.mark.timeout(600)
-def test_a_killed_node_is_left_behind_and_heals_from_a_peer_when_it_comes_back(
-        shared_data: Path, tmp_path: Path) -> None:
-    house, address = lighthouse(tmp_path)
-    outs = [tmp_path / f"node{i}" for i in range(NODES)]
-    procs = [node(i, out, address, shared_data) for i, out in enumerate(outs)]
-    back_out = tmp_path / "node2-back"
-    back: subprocess.Popen[str] | None = None
-    try:
-        full = wait_for(lambda: at(outs[0], NODES), 180, "a step trained by all three nodes",
-                        lambda: said(outs[0]))
-        procs[2].send_signal(signal.SIGKILL)
-        procs[2].wait(30)
-        # no hang: within the exchange's timeout the others train on at 2, the same rows again
-        fewer = wait_for(lambda: at(outs[0], NODES - 1, full["step"]), 3 * TIMEOUT_S,
-                         "a step trained by the two nodes left", lambda: said(outs[0]))
-        back = node(2, back_out, address, shared_data)
-        again = wait_for(lambda: at(outs[0], NODES, fewer["step"]), 180,
-                         "the node back in the quorum", lambda: said(back_out))
-        assert again["step"] < STEPS  # it came back before the end
-        for proc, out in ((procs[0], outs[0]), (procs[1], outs[1]), (back, back_out)):
-            assert proc.wait(300) == 0, said(out)
-    finally:
-        for proc in (*procs, back, house):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait(30)
-    # Every node logged each step once, in order, from the step it joined at (a node whose start
-    # came late healed at once from the first ones) to the last; the returning node joined past
-    # the kill.
-    for out in (*outs[:2], back_out):
-        logged = [s["step"] for s in steps(out)]
-        assert logged == list(range(logged[0], STEPS + 1)), out
-    assert steps(back_out)[0]["step"] > fewer["step"]
-    # membership in the rank's report (result.json's source): 3, 2 from the kill, 3 from the return
-    result = json.loads((outs[0] / RANK_REPORT).read_text())
-    sizes = [c["replicas"] for c in result["membership"]]
-    assert sizes[-3:] == [3, 2, 3] and result["steps"] == STEPS
-    assert result["membership"][-2]["step"] == fewer["step"] - 1  # a change counts from a step
-    # one model: the healed node's weights are the others', to the bit
-    first = weights(outs[0])
-    for out in (outs[1], back_out):
-        other = weights(out)
-        assert other.keys() == first.keys()
-        assert all(torch.equal(other[k], first[k]) for k in first)
 
 
 @pytest.mark.timeout(300)
@@ -150,7 +89,7 @@ def test_three_elastic_nodes_train_what_one_rank_trains_on_their_global_batch(
     the weights equal one rank's on the same 24-row batches (no dropout, the lr unscaled), up to
     the order of float sums. A missing 1/n, a row trained twice or a share left out moves them by
     about the learning rate."""
-    steps_, same = 20, {"max_steps": 20, "dropout": 0.0, "lr_scaling": "none"}
+    same = {"dropout": 0.0, "lr_scaling": "none"}
     house, address = lighthouse(tmp_path)
     outs = [tmp_path / f"node{i}" for i in range(NODES)]
     procs = [node(i, out, address, shared_data, **same) for i, out in enumerate(outs)]
@@ -169,4 +108,4 @@ def test_three_elastic_nodes_train_what_one_rank_trains_on_their_global_batch(
         mine = weights(out)
         worst = max(float((mine[k] - reference[k]).abs().max()) for k in reference)
         assert worst < 1e-4, (out, worst)
-    assert len(steps(tmp_path / "one")) == steps_
+    assert len(steps(tmp_path / "one")) == STEPS

@@ -1,7 +1,9 @@
-"""`cpudist run --elastic` on three network-namespace hosts with a real sshd each, started on the
-head as a user types it: one node's rank is killed, then another node's link is cut silently and
-brought back; the other nodes train on without a restart, each lost node is started again and
-joins with a live peer's weights, and the run ends with one record of who trained which steps.
+"""`cpudist run --elastic` on three on-prem namespace hosts with a real sshd each. From the laptop
+(its own home and data, the head reached by its public address): one node's rank is killed, then
+another node's link is cut silently and brought back; the other nodes train on without a restart,
+each lost node is started again and joins with a live peer's weights, and the run ends with one
+record of who trained which steps and the model home. On the head as typed: the head's Lighthouse
+lost ends the run in one line.
 
 Needs root (tests/harness/setup.sh installs the rest; CI runs as root) and torchft (the test
 extra).
@@ -19,16 +21,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from tests.harness.netns import NetnsCluster, missing_requirements
-from tests.integration.helpers import cmdline, read_until
+from tests.harness.world import World
+from tests.integration.helpers import CPUDIST, cmdline, on_prem_site, read_until
 
 # alone: a node that starts late under a loaded machine joins at a late step, and the faults need
 # the run's steps after it
 pytestmark = [pytest.mark.slow, pytest.mark.alone,
               pytest.mark.skipif(missing_requirements() is not None,
                                  reason=str(missing_requirements()))]
-CPUDIST = [sys.executable, "-m", "cpudist.cli"]
 NODES = 3
 # Each step waits for the Lighthouse's quorum: a run of STEPS lasts minutes on any machine, several
 # times what a lost node's return takes (its ssh noticing a cut link, RETRY_S, a start).
@@ -36,16 +40,10 @@ STEPS = 5000
 
 
 @pytest.fixture(scope="module")
-def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
-    c = NetnsCluster(NODES, tmp_path_factory.mktemp("elastic"), prefix=f"cel{os.getpid() % 10000}")
-    c.up()
-    try:
-        r = c.run(0, [*CPUDIST, "hosts", "ssh-setup", "--hostfile", str(c.hostfile), "--identity",
-                      str(c.user_key)])
-        assert r.returncode == 0, r.stdout + r.stderr
-        yield c
-    finally:
-        c.down()
+def site(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Iterator[World]:
+    with on_prem_site(NODES, tmp_path_factory.mktemp("elastic"), "cel",
+                      shared_data / "glue" / "MRPC") as w:
+        yield w
 
 
 def ranks(c: NetnsCluster, i: int) -> list[int]:
@@ -59,19 +57,28 @@ def leftovers(c: NetnsCluster) -> list[str]:
             if pid != c.sshd_pid(i) and cmdline(pid)]
 
 
+def wait_no_leftovers(c: NetnsCluster, within_s: float = 30) -> list[str]:
+    deadline = time.monotonic() + within_s
+    while (left := leftovers(c)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
 def steps(out: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
 
 
-def test_a_killed_node_and_a_cut_link_cost_the_others_no_restart(
-        hosts: NetnsCluster, shared_data: Path, tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    argv = [*CPUDIST, "run", "mrpc", "--elastic", "--hostfile", str(hosts.hostfile), "--np",
-            str(NODES), "--ppn", "1", "--data-dir", str(shared_data / "glue" / "MRPC"), "--model",
+def test_from_the_laptop_a_killed_node_and_a_cut_link_cost_the_others_no_restart(
+        site: World) -> None:
+    hosts = site.hosts
+    argv = [*CPUDIST, "run", "mrpc", "--elastic", "--hostfile", "/srv/cpd-operator/hosts",
+            "--head", hosts.public_addr(0), "--user", "root", "--identity",
+            "/srv/cpd-operator/.ssh/id_ed25519", "--remote-python", sys.executable, "--np",
+            str(NODES), "--ppn", "1", "--data-dir", "/srv/cpd-operator/data/MRPC", "--model",
             "tiny", "--max-train-samples", "792", "--batch-size", "8", "--max-steps", str(STEPS),
-            "--log-every", "1", "--max-eval-samples", "64", "--output-dir", str(out)]
-    proc = subprocess.Popen(hosts.exec_argv(0, argv), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+            "--log-every", "1", "--max-eval-samples", "64", "--output-dir",
+            "/srv/cpd-operator/runs/elastic"]
+    proc = site.operator_popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     seen: list[str] = []
     try:
         seen += read_until(proc, f"training on {NODES} of {NODES} node(s)", timeout=300)
@@ -82,7 +89,7 @@ def test_a_killed_node_and_a_cut_link_cost_the_others_no_restart(
         seen += read_until(proc, f"training on {NODES - 1} of {NODES} node(s)", timeout=120)
         seen += read_until(proc, f"starting {hosts.name(2)} again", timeout=60)
         seen += read_until(proc, f"training on {NODES} of {NODES} node(s)", timeout=180)
-        # host 1 silent: no FIN or RST reaches anyone, until its link is back
+        # host 1 silent on the site's network: no FIN or RST reaches anyone, until it is back
         subprocess.run(["ip", "-n", hosts.name(1), "link", "set", "eth0", "down"], check=True)
         try:
             seen += read_until(proc, f"training on {NODES - 1} of {NODES} node(s)", timeout=120)
@@ -99,6 +106,7 @@ def test_a_killed_node_and_a_cut_link_cost_the_others_no_restart(
     text = "".join(seen)
     assert proc.returncode == 0, text[-4000:]
     assert "done: mrpc" in text, text[-3000:]
+    out = site.operator_path("runs/elastic")
     result = json.loads((out / "result.json").read_text())
     sizes = [c["replicas"] for c in result["membership"]]
     # two losses, two returns, the last before the end: the run never restarted
@@ -110,26 +118,30 @@ def test_a_killed_node_and_a_cut_link_cost_the_others_no_restart(
     logged = [s["step"] for s in steps(out)]
     assert logged == list(range(logged[0], STEPS + 1))
     assert {s["samples"] for s in steps(out)} == {8 * NODES}  # the global batch, whoever trained
-    # the nodes that came back healed from a peer and trained to the end in their own folders
+    # the nodes that came back healed from a peer and trained to the end, in the run's folder on
+    # their own disks, with the weights that came home to the bit: one model
+    home = load_file(str(out / "model" / "model.safetensors"))
+    on_head = Path(result["staging"]["remote_run_dir"]).relative_to(Path.home() / ".cpudist")
     for i in (1, 2):
-        theirs = steps(out / "nodes" / f"node{i}")
-        assert theirs[-1]["step"] == STEPS, i
-    report = subprocess.run([*CPUDIST, "report", str(out / "result.json")], capture_output=True,
-                            text=True, timeout=120)
+        theirs = hosts.node_dir(i) / "dot-cpudist" / on_head / "nodes" / f"node{i}"
+        assert steps(theirs)[-1]["step"] == STEPS, i
+        weights = load_file(str(theirs / "model" / "model.safetensors"))
+        assert weights.keys() == home.keys(), i
+        assert all(torch.equal(weights[k], home[k]) for k in home), i
+    report = site.operator_run([*CPUDIST, "report", str(out / "result.json")], timeout=120)
     assert "Elastic runs" in report.stdout and f"{NODES - 1} from step" in report.stdout, report
-    deadline = time.monotonic() + 30
-    while leftovers(hosts) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert leftovers(hosts) == []
+    assert wait_no_leftovers(hosts) == []
 
 
 def test_the_heads_lighthouse_lost_ends_the_run_in_one_line_leaving_nothing(
-        hosts: NetnsCluster, shared_data: Path, tmp_path: Path) -> None:
+        site: World, shared_data: Path, tmp_path: Path) -> None:
     """The head's node lost takes its Lighthouse: no quorum can form, so the run ends (it cannot go
     on, and does not hang); every node's rank is stopped."""
-    argv = [*CPUDIST, "run", "mrpc", "--elastic", "--hostfile", str(hosts.hostfile), "--np",
-            str(NODES), "--ppn", "1", "--data-dir", str(shared_data / "glue" / "MRPC"), "--model",
-            "tiny", "--max-train-samples", "64", "--batch-size", "8", "--max-steps", "100000",
+    hosts = site.hosts
+    hostfile = site.state / "site-hostfile"
+    argv = [*CPUDIST, "run", "mrpc", "--elastic", "--hostfile", str(hostfile), "--np", str(NODES),
+            "--ppn", "1", "--data-dir", str(shared_data / "glue" / "MRPC"), "--model", "tiny",
+            "--max-train-samples", "64", "--batch-size", "8", "--max-steps", "100000",
             "--log-every", "1", "--no-eval", "--output-dir", str(tmp_path / "run")]
     proc = subprocess.Popen(hosts.exec_argv(0, argv), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -148,7 +160,4 @@ def test_the_heads_lighthouse_lost_ends_the_run_in_one_line_leaving_nothing(
     assert "the Lighthouse on the head ended: the run cannot go on" in out
     assert out.strip().splitlines()[-1].startswith(
         f"Error: the job failed on {hosts.name(0)}'s Lighthouse"), out[-3000:]
-    deadline = time.monotonic() + 30
-    while leftovers(hosts) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert leftovers(hosts) == []
+    assert wait_no_leftovers(hosts) == []
