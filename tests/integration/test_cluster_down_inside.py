@@ -84,6 +84,8 @@ def test_down_from_the_head_refuses_in_one_line_and_removes_nothing(world: World
                                                    {"Name": "instance-state-name",
                                                     "Values": ["running"]}])
     head = res["Reservations"][0]["Instances"][0]["InstanceId"]
+    # `--no-ssh` returns while the machines still boot; the user logs in once the head answers
+    world.wait_booted(0)
     # on the head's own loopback
     imds = world.made_in(0, lambda: ImdsServer("127.0.0.1", 0)).start()
     imds.identify(head)
