@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 CPUDIST = [sys.executable, "-m", "cpudist.cli"]
+# What a run starts on the hosts (the CLI, the ranks, the MPI launchers' daemons)
+LAUNCHED = ("cpudist", "hydra", "mpiexec", "mpirun", "prterun", "prted", "orted")
 
 
 def cpudist(*args: str | Path, timeout: float = 300,
@@ -89,6 +91,32 @@ def cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return ""
+
+
+def leftovers(hosts: NetnsCluster, names: tuple[str, ...] = (), skip: tuple[int, ...] = ()
+              ) -> list[str]:
+    """Processes alive on the hosts (but those in `skip`) besides their sshd; with `names`, only
+    those whose command line holds one of them. A powered-off host has no sshd and no process."""
+    found = []
+    for i in range(hosts.n):
+        if i in skip:
+            continue
+        pid_file = hosts.node_dir(i) / "sshd.pid"
+        sshd = int(pid_file.read_text().strip() or 0) if pid_file.exists() else 0
+        found += [f"{hosts.name(i)}: {line[:100]}" for pid in hosts.pids(i)
+                  if pid != sshd and (line := cmdline(pid))
+                  and (not names or any(n in line for n in names))]
+    return found
+
+
+def wait_no_leftovers(hosts: NetnsCluster, within_s: float = 30, names: tuple[str, ...] = (),
+                      skip: tuple[int, ...] = ()) -> list[str]:
+    """What `leftovers` still finds after up to `within_s` (a run's processes end shortly after the
+    run does): [] once none is left."""
+    deadline = time.monotonic() + within_s
+    while (left := leftovers(hosts, names, skip)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
 
 
 def read_until(proc: subprocess.Popen[str], marker: str | None, timeout: float = 180) -> list[str]:

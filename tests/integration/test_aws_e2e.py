@@ -28,7 +28,7 @@ from tests.harness.ec2 import FAKE_CREDENTIALS, Emulator
 from tests.harness.netns import missing_requirements
 from tests.harness.power import Boot
 from tests.harness.world import World
-from tests.integration.helpers import cmdline, read_until
+from tests.integration.helpers import LAUNCHED, cmdline, leftovers, read_until, wait_no_leftovers
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None,
@@ -75,22 +75,6 @@ def laptop(world: World, cloud: dict[str, Any], *args: str, timeout: float = 600
     return world.operator_run([*CPUDIST, *args], env=cloud["env"], timeout=timeout)
 
 
-def leftovers(world: World) -> list[str]:
-    """cpudist, launcher and rank processes still alive on any host."""
-    found = []
-    for i in range(world.hosts.n):
-        for pid in world.hosts.pids(i):
-            line = cmdline(pid)
-            if "cpudist" in line or "hydra" in line or "mpiexec" in line:
-                found.append(f"{world.hosts.name(i)}: {line[:100]}")
-    return found
-
-
-def wait_no_leftovers(world: World, within_s: float = 30) -> list[str]:
-    deadline = time.monotonic() + within_s
-    while (left := leftovers(world)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    return left
 
 
 def start_long_run(world: World, cloud: dict[str, Any]) -> subprocess.Popen[str]:
@@ -149,7 +133,7 @@ def test_up_run_report_down_from_the_laptop(world: World, cloud: dict[str, Any],
     report = laptop(world, cloud, "report", "--format", "json")
     assert report.returncode == 0, report.stderr
     assert json.loads(report.stdout)[0]["cost_usd"] > 0
-    assert wait_no_leftovers(world) == []
+    assert wait_no_leftovers(world.hosts, names=LAUNCHED) == []
 
     # The same run again: every input is already on every node, so nothing is staged.
     again = laptop(world, cloud, *RUN, "--max-steps", "3", "--max-eval-samples", "64",
@@ -170,7 +154,7 @@ def test_a_killed_rank_fails_the_run_clearly_and_leaves_nothing(world: World, cl
     assert proc.returncode == 1
     last = out.strip().splitlines()[-1]
     assert last.startswith("Error: ") and "failed" in last
-    assert wait_no_leftovers(world) == []
+    assert wait_no_leftovers(world.hosts, names=LAUNCHED) == []
 
 
 # SIGINT (Ctrl-C) is not run here: on the laptop, SIGINT, SIGTERM and SIGHUP raise the same
@@ -184,7 +168,7 @@ def test_stopping_the_laptop_stops_every_rank(world: World, cloud: dict[str, Any
     """A kill (or Ctrl-C, as above), or a laptop that vanishes (SIGKILL: its connection drops) leave
     no rank behind."""
     proc = start_long_run(world, cloud)
-    assert len(leftovers(world)) >= NODES
+    assert len(leftovers(world.hosts, LAUNCHED)) >= NODES
     proc.send_signal(how)
     out, _ = proc.communicate(timeout=120)
     # 130: stopped
@@ -196,7 +180,7 @@ def test_stopping_the_laptop_stops_every_rank(world: World, cloud: dict[str, Any
         assert (f"{stopped}. Re-run the command" in out
                 or (f"{stopped}; the ranks stopped at step " in out
                     and "--resume auto" in out)), out[-4000:]
-    assert wait_no_leftovers(world) == []
+    assert wait_no_leftovers(world.hosts, names=LAUNCHED) == []
 
 
 def test_a_reclaimed_spot_node_is_replaced_and_the_run_resumes(world: World, cloud: dict[str, Any],
@@ -251,7 +235,7 @@ def test_a_reclaimed_spot_node_is_replaced_and_the_run_resumes(world: World, clo
         live = [n for n in after if n["state"] == "running"]
         assert (len(live) == NODES
                 and before[1]["instance_id"] not in {n["instance_id"] for n in live})
-        assert wait_no_leftovers(world) == []
+        assert wait_no_leftovers(world.hosts, names=LAUNCHED) == []
     finally:
         imds.terminate()
         imds.wait(timeout=30)
@@ -288,7 +272,7 @@ def test_a_lost_head_without_an_s3_copy_stops_the_resume_in_one_line(
         assert proc.returncode == 2 and "cannot resume: no checkpoint of run" in last, text[-6000:]
         assert "not starting over from step 0" in last and "--checkpoint-s3" in last, text[-6000:]
         assert "starting from step 0" not in text and "replacing them" in text, text[-6000:]
-        assert wait_no_leftovers(world) == []
+        assert wait_no_leftovers(world.hosts, names=LAUNCHED) == []
     finally:
         imds.terminate()
         imds.wait(timeout=30)
@@ -322,7 +306,7 @@ def test_a_node_that_vanishes_mid_run_fails_the_run_naming_it(world: World, clou
     assert last.startswith("Error: ") and any(n in last for n in names), out[-4000:]
     assert "Traceback" not in out, out[-4000:]
     assert took < NOTICE_NODE_LOSS_S
-    assert wait_no_leftovers(world) == []
+    assert wait_no_leftovers(world.hosts, names=LAUNCHED) == []
 
 
 def test_down_leaves_nothing_in_ec2_nor_on_the_laptop(world: World, cloud: dict[str, Any],
@@ -339,7 +323,7 @@ def test_down_leaves_nothing_in_ec2_nor_on_the_laptop(world: World, cloud: dict[
             and ec2.describe_placement_groups()["PlacementGroups"] == [])
     # key and pinned host keys gone too
     assert not world.operator_path(".cpudist/clusters/e2e").exists()
-    assert wait_no_leftovers(world) == []
+    assert wait_no_leftovers(world.hosts, names=LAUNCHED) == []
 
 
 def test_up_fails_and_rolls_back_when_nodes_cannot_reach_each_other(world: World,

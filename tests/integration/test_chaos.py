@@ -33,8 +33,8 @@ import pytest
 from tests.harness.netns import missing_requirements, sh
 from tests.harness.world import World
 from tests.integration import test_remote_onprem as onprem
-from tests.integration.helpers import cmdline, read_until
-from tests.integration.test_remote_onprem import laptop_argv, leftovers, wait_no_leftovers
+from tests.integration.helpers import LAUNCHED, cmdline, leftovers, read_until, wait_no_leftovers
+from tests.integration.test_remote_onprem import laptop_argv
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None,
@@ -130,7 +130,7 @@ class Chaos:
         if fault == "kill-rank":
             ranks = [p for p in self.w.hosts.pids(node)
                      if cmdline(p).split()[1:3] == ["-m", "cpudist.rank"]]
-            assert ranks, leftovers(self.w)
+            assert ranks, leftovers(self.w.hosts, LAUNCHED)
             os.kill(ranks[0], signal.SIGKILL)
         elif fault == "term-laptop":
             proc.send_signal(signal.SIGTERM)
@@ -193,7 +193,7 @@ def test_a_fault_at_a_random_moment_loses_nothing(site: World, straight: list[tu
             assert "Traceback" not in text, f"{say}\n{text[-6000:]}"
             if proc.returncode != 0:
                 assert text.strip().splitlines()[-1].startswith("Error: "), f"{say}\n{text[-6000:]}"
-            left = wait_no_leftovers(site, within_s=90)
+            left = wait_no_leftovers(site.hosts, names=LAUNCHED, within_s=90)
             assert left == [], f"{say}: left {left}"
             chaos.undo()
             undone = True
@@ -209,6 +209,6 @@ def test_a_fault_at_a_random_moment_loses_nothing(site: World, straight: list[tu
             if not undone:
                 chaos.undo()
         assert losses(site, out) == straight, f"{say}: {losses(site, out)} != {straight}"
-        assert wait_no_leftovers(site) == []
+        assert wait_no_leftovers(site.hosts, names=LAUNCHED) == []
     finally:
         chaos.after()

@@ -21,10 +21,10 @@ import pytest
 from cpudist.launch.tools import free_port
 from tests.harness.netns import missing_requirements
 from tests.harness.world import OPERATOR_HOME, World
-from tests.integration.helpers import cmdline, read_until
+from tests.integration.helpers import LAUNCHED, cmdline, read_until, wait_no_leftovers
 from tests.integration.test_launch_script import DDP_SCRIPT, losses
 from tests.integration.test_launch_script_hosts import one_process_losses
-from tests.integration.test_remote_onprem import site, wait_no_leftovers
+from tests.integration.test_remote_onprem import site
 from tests.integration.user_scripts import ACCELERATE_SCRIPT, LEAVE, LOGGED, STEP, TRAINER_SCRIPT
 
 pytestmark = [pytest.mark.slow,
@@ -115,7 +115,7 @@ def test_a_script_from_the_laptop_staged_run_on_every_host_and_brought_home(site
              *(p.read_text(errors="replace") for p in out.iterdir() if p.is_file())]
     assert ("CPUDIST_SECRETS" in (out / "command.txt").read_text()
             and not [s for s in shown if TOKEN in s])
-    assert wait_no_leftovers(site) == []
+    assert wait_no_leftovers(site.hosts, names=LAUNCHED) == []
 
 
 def rank0(output: str) -> str:
@@ -169,7 +169,7 @@ def test_a_trainer_and_an_accelerate_script_from_the_laptop_log_torchruns_losses
         accelerate.stderr, hand["accelerate"])
     mine = json.loads(site.operator_path("accelerate/runs/r/result.json").read_text())
     assert (mine["world_size"], mine["train_samples"]) == (2, 64)
-    assert wait_no_leftovers(site) == []
+    assert wait_no_leftovers(site.hosts, names=LAUNCHED) == []
 
 
 def test_ctrl_c_on_the_laptop_stops_every_rank_on_every_host(site: World) -> None:
@@ -194,7 +194,8 @@ def test_ctrl_c_on_the_laptop_stops_every_rank_on_every_host(site: World) -> Non
             proc.wait()
     assert proc.returncode == 130, rest[-3000:]
     assert "interrupted: all ranks were stopped on every node" in rest, rest[-3000:]
-    assert wait_no_leftovers(site) == [] and left_on_hosts(site, "sleeper.py") == []
+    assert wait_no_leftovers(site.hosts, names=LAUNCHED) == []
+    assert left_on_hosts(site, "sleeper.py") == []
     assert (json.loads((folder / "runs" / "stopped" / "run.json").read_text())["state"]
             == "interrupted")
 
@@ -237,4 +238,4 @@ def test_a_sweep_over_1_and_2_hosts_gives_the_speedup_table_and_each_runs_output
     entries = [json.loads(line) for line in ledger.read_text().splitlines()][before:]
     assert [(e["world_size"], len(e["nodes"]), e["train_samples"])
             for e in entries] == [(1, 1, 1000), (2, 2, 2000)]
-    assert wait_no_leftovers(site) == []
+    assert wait_no_leftovers(site.hosts, names=LAUNCHED) == []

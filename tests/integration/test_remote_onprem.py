@@ -26,7 +26,14 @@ import pytest
 from cpudist.config import TrainConfig
 from tests.harness.netns import missing_requirements, sh
 from tests.harness.world import World
-from tests.integration.helpers import cmdline, on_prem_site, read_until
+from tests.integration.helpers import (
+    LAUNCHED,
+    cmdline,
+    leftovers,
+    on_prem_site,
+    read_until,
+    wait_no_leftovers,
+)
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None,
@@ -45,18 +52,6 @@ def site(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Iterato
         yield w
 
 
-def leftovers(w: World) -> list[str]:
-    names = ("cpudist", "hydra", "mpiexec", "mpirun", "prterun", "prted", "orted")
-    return [f"{w.hosts.name(i)}: {cmdline(pid)[:80]}" for i in range(w.hosts.n)
-            for pid in w.hosts.pids(i)
-            if any(n in cmdline(pid) for n in names)]
-
-
-def wait_no_leftovers(w: World, within_s: float = 30) -> list[str]:
-    deadline = time.monotonic() + within_s
-    while (left := leftovers(w)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    return left
 
 
 def launcher_args(launcher: str) -> list[str]:
@@ -123,7 +118,7 @@ def laptop_run(w: World, out: str, *extra: str) -> LaptopRun:
     followed = follow_home(w, out) if "--detach" in extra and r.returncode == 0 else None
     ledger = w.operator_path(".cpudist/results.jsonl")
     last = json.loads(ledger.read_text().splitlines()[-1]) if ledger.exists() else {}
-    return LaptopRun(out, r, last, wait_no_leftovers(w), followed)
+    return LaptopRun(out, r, last, wait_no_leftovers(w.hosts, names=LAUNCHED), followed)
 
 
 def follow_home(w: World, out: str) -> Followed:
@@ -235,7 +230,7 @@ def test_stopping_the_laptop_stops_every_rank_with_each_mpi(site: World, launche
         assert any("step 3/" in line for line in seen), "".join(seen)[-4000:]
         ranks = [pid for i in range(site.hosts.n) for pid in site.hosts.pids(i)
                  if cmdline(pid).split()[1:3] == ["-m", "cpudist.rank"]]
-        assert len(ranks) == 2, leftovers(site)
+        assert len(ranks) == 2, leftovers(site.hosts, LAUNCHED)
         proc.send_signal(how)
         out, _ = proc.communicate(timeout=120)
     finally:
@@ -251,7 +246,7 @@ def test_stopping_the_laptop_stops_every_rank_with_each_mpi(site: World, launche
         assert (f"{stopped}. Re-run the command" in out
                 or (f"{stopped}; the ranks stopped at step " in out
                     and "--resume auto" in out)), out[-4000:]
-    assert wait_no_leftovers(site) == []
+    assert wait_no_leftovers(site.hosts, names=LAUNCHED) == []
 
 
 def _drop_link(w: World, on: bool) -> None:
@@ -277,7 +272,7 @@ def test_a_laptop_link_that_drops_silently_stops_every_rank(site: World) -> None
         read_until(proc, "step 3/")
         ranks = [pid for i in range(site.hosts.n) for pid in site.hosts.pids(i)
                  if cmdline(pid).split()[1:3] == ["-m", "cpudist.rank"]]
-        assert len(ranks) == 2, leftovers(site)
+        assert len(ranks) == 2, leftovers(site.hosts, LAUNCHED)
         _drop_link(site, on=True)
         cut = time.monotonic()
         try:
@@ -285,7 +280,7 @@ def test_a_laptop_link_that_drops_silently_stops_every_rank(site: World) -> None
         except subprocess.TimeoutExpired:
             pytest.fail("`cpudist run` on the laptop did not notice the dropped link in 90 s")
         laptop_s = time.monotonic() - cut
-        left = wait_no_leftovers(site, within_s=90)
+        left = wait_no_leftovers(site.hosts, names=LAUNCHED, within_s=90)
         ranks_s = time.monotonic() - cut
     finally:
         if proc.poll() is None:
@@ -315,14 +310,14 @@ def test_a_hung_rank_on_the_other_host_ends_the_run_and_leaves_nothing(site: Wor
         read_until(proc, "step 3/")
         hung = [pid for pid in site.hosts.pids(1)
                 if cmdline(pid).split()[1:3] == ["-m", "cpudist.rank"]]
-        assert len(hung) == 1, leftovers(site)
+        assert len(hung) == 1, leftovers(site.hosts, LAUNCHED)
         os.kill(hung[0], signal.SIGSTOP)
         try:
             out, _ = proc.communicate(timeout=240)
         except subprocess.TimeoutExpired:
             pytest.fail("`cpudist run` on the laptop still ran 240 s after a rank hung "
                         "(--dist-timeout 10)")
-        left = wait_no_leftovers(site, within_s=60)
+        left = wait_no_leftovers(site.hosts, names=LAUNCHED, within_s=60)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -486,11 +481,11 @@ def test_a_detached_run_is_stopped_from_another_process_with_intel_mpi(site: Wor
     run_id = json.loads(site.operator_path("runs/detached-stop/run.json").read_text())["id"]
     ranks = [pid for i in range(site.hosts.n) for pid in site.hosts.pids(i)
              if cmdline(pid).split()[1:3] == ["-m", "cpudist.rank"]]
-    assert len(ranks) == 2, leftovers(site)  # `run` has returned; the ranks go on
+    assert len(ranks) == 2, leftovers(site.hosts, LAUNCHED)  # `run` has returned; the ranks go on
     stop = site.operator_run([*CPUDIST, "stop", run_id], timeout=300)
     assert stop.returncode == 0, stop.stdout + stop.stderr[-4000:]
     assert f"run {run_id} stopped, run.json says interrupted" in stop.stdout, stop.stdout
-    assert wait_no_leftovers(site) == []
+    assert wait_no_leftovers(site.hosts, names=LAUNCHED) == []
     assert _runs(site)[run_id] == "interrupted"
 
 
@@ -523,7 +518,7 @@ def test_a_detached_run_leaves_no_secret_value_in_any_file(site: World) -> None:
     grep = subprocess.run(["grep", "-rlF", "-e", token, "-e", hf, *laptop], capture_output=True,
                           text=True)
     assert grep.returncode == 1 and grep.stdout == "", grep.stdout
-    assert wait_no_leftovers(site) == []
+    assert wait_no_leftovers(site.hosts, names=LAUNCHED) == []
 
 
 def test_a_lora_adapter_from_the_laptop_names_its_base_where_the_model_came_home(

@@ -26,7 +26,14 @@ from tests.harness.machine import physical_cores
 from tests.harness.netns import NetnsCluster, missing_requirements
 from tests.harness.power import kill_namespace
 from tests.harness.quota import QuotaGroup, cpu_controller_version, quota_unavailable
-from tests.integration.helpers import CPUDIST, cmdline, keyed_hosts, read_until
+from tests.integration.helpers import (
+    CPUDIST,
+    cmdline,
+    keyed_hosts,
+    leftovers,
+    read_until,
+    wait_no_leftovers,
+)
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None,
@@ -82,11 +89,6 @@ def run_argv(c: NetnsCluster, data: Path, out: Path, *extra: str,
 # runs must go on until stopped.
 GO_ON = ("--max-steps", "100000", "--no-eval", "--log-every", "1")
 
-
-def leftovers(c: NetnsCluster) -> list[str]:
-    """Processes other than the sshd on any host (the trainer, torchrun, the tether, ssh)."""
-    return [f"{c.name(i)}: {cmdline(pid)[:100]}" for i in range(c.n) for pid in c.pids(i)
-            if pid != c.sshd_pid(i) and cmdline(pid)]
 
 
 def test_four_hosts_each_rank_sizing_its_threads(hosts: NetnsCluster, shared_data: Path,
@@ -157,10 +159,7 @@ def test_killing_one_hosts_torchrun_ends_the_job_everywhere(hosts: NetnsCluster,
     command = (tmp_path / "kill" / "command.txt").read_text()
     assert command.count("--from-secrets HF_TOKEN") == 2, command  # a line per host
     assert token not in command, command
-    deadline = time.monotonic() + 10
-    while leftovers(hosts) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert leftovers(hosts) == []
+    assert wait_no_leftovers(hosts, within_s=10) == []
 
 
 def shown_on_command_lines(c: NetnsCluster, on: tuple[int, ...], value: str, own: int) -> list[str]:
@@ -257,8 +256,4 @@ def test_a_host_that_vanishes_ends_the_job_naming_it(hosts: NetnsCluster, shared
     assert len(error) == 1 and f"node {hosts.name(3)} stopped answering" in error[0], out[-3000:]
     assert "Traceback" not in out, out[-3000:]
     print(f"{error[0]}\n(the job ended {took:.1f}s after host 3 went silent)")
-    deadline = time.monotonic() + 30
-    while (left := [line for line in leftovers(hosts) if not line.startswith(hosts.name(3))]) and \
-            time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert left == []
+    assert wait_no_leftovers(hosts, skip=(3,)) == []
