@@ -68,8 +68,10 @@ class _Elastic(Rules):
 
     def __init__(self, hosts: Hosts, launch: Launch, say: Callable[[str], None]) -> None:
         assert launch.lighthouse is not None
-        self.hosts, self.say, self.house = hosts, say, launch.lighthouse[0]
+        super().__init__(hosts)
+        self.say, self.house = say, launch.lighthouse[0]
         self.commands, self.head = dict(launch.per_host), launch.per_host[0][0]
+        # the nodes: the Lighthouse is not waited for (busy: house_up), it ends with them
         self.running, self.finished = set(self.commands), set[str]()
         self.again, self.codes = dict[str, float](), dict[str, int]()
         self.house_up, self.failed, self.done_at = True, None, None
