@@ -22,13 +22,13 @@ from cpudist.flops import shape_of, training_flops
 from cpudist.train import elastic, sync, trainer_choices
 from cpudist.train.features import collate
 from cpudist.train.keep import Evaluations
-from cpudist.train.loop import Pending, TrainStats, flush, steps_log
+from cpudist.train.loop import Pending, TrainStats, flush
 from cpudist.train.optim import clip_and_step, optimizer
 from cpudist.train.preempt import StopRequests
 from cpudist.train.report_to import Reporters
 from cpudist.train.sampling import plan_steps
 from cpudist.train.setup import Job
-from cpudist.wire import events
+from cpudist.wire import events, names
 
 
 def train_elastic(job: Job, stop: StopRequests, evals: Evaluations | None = None,
@@ -48,18 +48,23 @@ def train_elastic(job: Job, stop: StopRequests, evals: Evaluations | None = None
     shape = shape_of(model)
     trained = [p for p in model.parameters() if p.requires_grad]
 
+    # A node started again keeps the steps it logged before it left; the steps trained without it
+    # come from the peer it heals from (state/load), so the head's steps.jsonl is the run's.
+    log = elastic.StepsLog(job.run_dir / names.STEPS)
+
     def state() -> dict[str, Any]:
         return {"model": model.state_dict(), "opt": opt.state_dict(),
-                "sched": sched.state_dict()}
+                "sched": sched.state_dict(), "record": replica.record(), "steps": log.tail()}
 
     def load(sd: dict[str, Any]) -> None:  # a live peer's, when this node joins or falls behind
         model.load_state_dict(sd["model"])
         opt.load_state_dict(sd["opt"])
         sched.load_state_dict(sd["sched"])
+        replica.adopt(sd["record"])
+        log.fill(sd["steps"])
 
     replica = elastic.Replica(state, load, os.environ, cfg.dist_timeout_s)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=job.bf16)
-    log = steps_log(job.run_dir, 0)
     pending: list[Pending] = []
     model.train()
     events.emit(events.START, total=total, batches_per_epoch=schedule.per_epoch, step=0)
@@ -106,7 +111,7 @@ def train_elastic(job: Job, stop: StopRequests, evals: Evaluations | None = None
                                        dt=dt, lr=sched.get_last_lr()[0], grad_norm=grad_norm,
                                        waited=0.0, replicas=n, at=time.time()))
             if stats.steps % cfg.log_every == 0 or stats.steps == total:
-                flush(pending, stats, log, 1, total, report)
+                flush(pending, stats, log.file, 1, total, report)
                 pending = []
             epoch_end = index == schedule.per_epoch - 1
             if evals is not None and evals.due(stats.steps, total, epoch_end):
@@ -115,7 +120,7 @@ def train_elastic(job: Job, stop: StopRequests, evals: Evaluations | None = None
                     report.log_eval(stats.steps, metrics)
             if evals is not None and evals.stopped is not None:
                 break
-        flush(pending, stats, log, 1, total, report)
+        flush(pending, stats, log.file, 1, total, report)
         stats.stopped = stop.pending()
         stats.anatomy.loop_s = time.perf_counter() - looped
         stats.anatomy.eval_s = sum(e["seconds"] for e in evals.history) if evals else 0.0

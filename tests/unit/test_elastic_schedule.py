@@ -4,7 +4,9 @@ batch of every step, the non-elastic plan's at the same node count whoever takes
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -67,3 +69,40 @@ def test_a_steps_global_batch_is_the_plans_at_the_planned_node_count(rows: int) 
         for n in (1, 2, 3):
             shares = [batch[r::n] for r in range(n)]
             assert sorted(i for share in shares for i in share) == sorted(batch)
+
+
+def _rows(path: Any) -> list[int]:
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()]
+
+
+def test_a_node_started_again_keeps_its_steps_and_takes_the_ones_it_missed(tmp_path: Any) -> None:
+    """The head's rank killed at step 3 (mid-write of step 4's line), started again, heals at
+    step 7 from a peer: its steps.jsonl is the run's, each step once, in order."""
+    path = tmp_path / "steps.jsonl"
+    first = elastic.StepsLog(path)
+    first.file.write("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in (1, 2, 3)))
+    first.file.write('{"step": 4, "lo')  # killed mid-line
+    first.file.flush()
+    again = elastic.StepsLog(path)  # the new process, on the same folder
+    assert _rows(path) == [1, 2, 3]
+    peer = elastic.StepsLog(tmp_path / "peer.jsonl")
+    peer.file.write("".join(json.dumps({"step": s, "loss": 2.0}) + "\n" for s in range(1, 7)))
+    again.fill(peer.tail())
+    again.file.write(json.dumps({"step": 7, "loss": 1.0}) + "\n")
+    again.close()
+    assert _rows(path) == list(range(1, 8))
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["loss"] for r in lines] == [1.0] * 3 + [2.0] * 3 + [1.0]  # its own where it had them
+
+
+def test_a_joiner_takes_the_runs_membership_history_and_origin() -> None:
+    """A node that joins late or comes back holds the changes of the time it was away, timed from
+    the run's first start (what result.json and `cpudist report` show of an elastic run)."""
+    peer = object.__new__(elastic.Replica)
+    peer.origin, peer.changes = 1000.0, [elastic.Change(0, 3, 0.5), elastic.Change(40, 2, 31.0)]
+    joiner = object.__new__(elastic.Replica)
+    joiner.origin, joiner.started, joiner.changes = 1100.0, 0.0, []
+    joiner.adopt(peer.record())
+    assert joiner.changes == peer.changes and joiner.origin == 1000.0
+    # its next change is timed on the same clock: seconds since the run's first start
+    assert abs((time.monotonic() - joiner.started) - (time.time() - 1000.0)) < 1.0
