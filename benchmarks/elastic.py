@@ -23,9 +23,9 @@ Arms, each seed:
 Measured: each arm's wall time to its end and final accuracy. For elastic, the others' stall (the
 head's steps.jsonl: from the last step committed before the loss to the first after it, less the
 median step) is the training time a node loss cost them; rejoin_s runs from cpudist starting the
-node again to its first committed step. For restart, the time lost is its wall time less the
-straight run's. `summary` holds seconds_lost_per_node_loss, rejoin_s and accuracy_delta_points
-(elastic against straight, medians over seeds).
+node again to the head's first step committed by all 4 nodes. For restart, the time lost is its
+wall time less the straight run's. `summary` holds seconds_lost_per_node_loss, rejoin_s and
+accuracy_delta_points (elastic against straight, medians over seeds).
 """
 
 from __future__ import annotations
@@ -146,8 +146,10 @@ def elastic(cluster: Any, work: Path, seed: int, rows: list[str], step: int,
     median = statistics.median(s["step_time_s"] for s in steps)
     stall = after[0]["time"] - before[-1]["time"] - median
     restarted = run.said(f"starting {cluster.name(LOST)} again")
-    theirs = head_steps(out / "nodes" / f"node{LOST}")
-    rejoin = theirs[0]["time"] - restarted if restarted and theirs else None
+    # its first step trained: the first the head committed at 4 nodes after the restart (the
+    # node's own steps.jsonl also holds the lines it took from a peer for the steps it missed)
+    full = [s["time"] for s in after if s["replicas"] == 4 and restarted and s["time"] > restarted]
+    rejoin = full[0] - restarted if restarted and full else None
     return {"wall_s": round(wall, 1), "accuracy": accuracy(out), "lost_at_step": before[-1]["step"],
             "stall_s": round(stall, 2), "rejoin_s": None if rejoin is None else round(rejoin, 2),
             "membership": json.loads((out / "result.json").read_text())["membership"],
