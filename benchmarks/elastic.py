@@ -184,7 +184,10 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     med = statistics.median
     out = {"seeds": seeds,
            "seconds_lost_per_node_loss": med(by["elastic"][s]["stall_s"] for s in seeds),
-           "rejoin_s": med(by["elastic"][s]["rejoin_s"] or float("nan") for s in seeds),
+           # None: no returning node trained a step before the run ended
+           "rejoin_s": med(rejoins) if (rejoins := [by["elastic"][s]["rejoin_s"] for s in seeds
+                                                    if by["elastic"][s]["rejoin_s"] is not None])
+           else None,
            "accuracy_delta_points": round(100 * (med(by["elastic"][s]["accuracy"] for s in seeds)
                                                  - med(by["straight"][s]["accuracy"]
                                                        for s in seeds)), 2),
