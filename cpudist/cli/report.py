@@ -26,6 +26,7 @@ from cpudist.results.report import (
 )
 from cpudist.results.schema import RunResult
 from cpudist.results.select import RunFilter, find_run, parse_since, select
+from cpudist.wire import events
 
 FORMATS = ("table", "md", "csv", "json")
 
@@ -119,9 +120,12 @@ def show_report(results: Sequence[RunResult], fmt: str, plot: Path | None,
 def membership(results: Sequence[RunResult]) -> list[str]:
     """One line per --elastic run: how many nodes trained from which step, and when (result.json's
     membership)."""
-    return [f"- {r.run_id}: " + "; ".join(
-        f"{c['replicas']} from step {c['step']} ({c['at_s']:.0f} s)" for c in r.membership)
-        for r in results if r.membership]
+    def change(c: dict[str, Any]) -> str:
+        who = events.who_text(c.get("left", ()), c.get("joined", ()))
+        return f"{c['replicas']} from step {c['step']} ({c['at_s']:.0f} s{': ' * bool(who)}{who})"
+
+    return [f"- {r.run_id}: " + "; ".join(change(c) for c in r.membership)
+            for r in results if r.membership]
 
 
 def _nothing(r: ScalingRow) -> dict[str, Any]:

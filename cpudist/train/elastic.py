@@ -74,11 +74,45 @@ class Schedule:
 @dataclass(frozen=True)
 class Change:
     """The membership from a step on: how many nodes trained it, and when (s since the run's first
-    node started: a node that joins takes its peers' history and origin, Replica.adopt)."""
+    node started: a node that joins takes its peers' history and origin, Replica.adopt); which
+    nodes, those that left since the last change and those that joined (a node started again is in
+    both when the quorum never went on without it)."""
 
     step: int
     replicas: int
     at_s: float
+    nodes: tuple[str, ...] = ()
+    left: tuple[str, ...] = ()
+    joined: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, d: Mapping[str, Any]) -> Change:
+        """A change as dataclasses.asdict left it (or JSON, or a record from before the names)."""
+        return cls(int(d["step"]), int(d["replicas"]), float(d["at_s"]),
+                   *(tuple(d.get(k, ())) for k in ("nodes", "left", "joined")))
+
+
+def _name(replica_id: str) -> str:
+    """A node's name (REPLICA_ID, node<i>) from torchft's replica id (that name, a uuid per
+    process)."""
+    return replica_id.split(":")[0]
+
+
+class _Quorums:
+    """torchft's client of this node's ManagerServer, keeping the replica ids of the last quorum it
+    answered: the Manager keeps only their count, and who left or came back is the run's record
+    (a node started again has a new id, even when the others never went on without it)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client, self.ids = client, tuple[str, ...]()
+
+    def _quorum(self, *args: Any, **kwargs: Any) -> Any:
+        quorum = self.client._quorum(*args, **kwargs)
+        self.ids = tuple(quorum.replica_ids)
+        return quorum
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
 
 
 def _transport(host: str, timeout: timedelta) -> Any:
@@ -126,19 +160,24 @@ class Replica:
                                hostname=host, use_async_quorum=False, timeout=timeout,
                                quorum_timeout=max(timeout, timedelta(seconds=60)),
                                connect_timeout=timeout)
+        # torchft 0.2's Manager asks its quorums through `_client` (pinned in constraints.txt)
+        self.quorums = self.manager._client = _Quorums(self.manager._client)
         self.started, self.origin = time.monotonic(), time.time()
         self.changes: list[Change] = []
+        self.ids: tuple[str, ...] = ()  # the replica ids of the last change's quorum
 
     def record(self) -> dict[str, Any]:
         """The run's membership history as this node holds it, for a joiner (with the state)."""
-        return {"origin": self.origin, "changes": [dataclasses.asdict(c) for c in self.changes]}
+        return {"origin": self.origin, "changes": [dataclasses.asdict(c) for c in self.changes],
+                "ids": list(self.ids)}
 
     def adopt(self, record: Mapping[str, Any]) -> None:
         """A live peer's history replaces this node's (it was away, or just started): the changes
         while it was not there are the run's too, timed from the run's first start."""
         self.origin = float(record["origin"])
         self.started = time.monotonic() - (time.time() - self.origin)
-        self.changes = [Change(**c) for c in record["changes"]]
+        self.changes = [Change.of(c) for c in record["changes"]]
+        self.ids = tuple(record.get("ids", ()))
 
     @property
     def step(self) -> int:
@@ -149,8 +188,14 @@ class Replica:
         """(this node's share, participants) of the next step; a node behind heals first."""
         self.manager.start_quorum()
         n, r = int(self.manager.num_participants()), self.manager.participating_rank()
-        if not self.changes or self.changes[-1].replicas != n:
-            self.changes.append(Change(self.step, n, round(time.monotonic() - self.started, 3)))
+        ids = self.quorums.ids
+        if ids != self.ids:
+            self.changes.append(Change(
+                self.step, n, round(time.monotonic() - self.started, 3),
+                nodes=tuple(sorted(_name(i) for i in ids)),
+                left=tuple(sorted(_name(i) for i in set(self.ids) - set(ids))),
+                joined=tuple(sorted(_name(i) for i in set(ids) - set(self.ids)))))
+            self.ids = ids
         return (None if r is None else int(r)), n
 
     def average(self, params: list[torch.nn.Parameter]) -> None:

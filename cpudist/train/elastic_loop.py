@@ -76,7 +76,9 @@ def train_elastic(job: Job, stop: StopRequests, evals: Evaluations | None = None
             share, n = replica.quorum()  # a node behind heals here
             exchanged = time.perf_counter() - t0
             if len(replica.changes) > seen:
-                events.emit(events.NODES, step=replica.step, nodes=n, planned=nodes)
+                last = replica.changes[-1]
+                events.emit(events.NODES, step=replica.step, nodes=n, planned=nodes,
+                            left=list(last.left), joined=list(last.joined))
             if replica.step >= total:
                 break
             _, index, rows = schedule.at(replica.step)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 MARKER = "@@cpudist "
@@ -13,7 +14,9 @@ KEY = "event"
 # rank 0 of a training run
 START = "start"  # total, batches_per_epoch, step
 PROGRESS = "progress"  # step, total, loss, samples_per_s; --elastic: nodes
-NODES = "nodes"  # --elastic: step, nodes, planned: from that step on, nodes of planned train
+# --elastic: step, nodes, planned, left, joined: from that step on, nodes of planned train; the
+# names of those that left and joined since the last change
+NODES = "nodes"
 SAVING = "saving"  # step: it starts writing the checkpoint of that step
 CHECKPOINT = "checkpoint"  # step, path: ... and it is whole
 EVAL = "eval"  # rows
@@ -65,8 +68,19 @@ def progress_text(event: dict[str, Any]) -> str:
 
 
 def nodes_text(event: dict[str, Any]) -> str:
-    """A NODES event as one line: an elastic run's membership from a step on."""
-    return f"from step {event['step']}: training on {event['nodes']} of {event['planned']} node(s)"
+    """A NODES event as one line: an elastic run's membership from a step on, and who changed."""
+    who = who_text(event.get("left", ()), event.get("joined", ()))
+    return (f"from step {event['step']}: training on {event['nodes']} of {event['planned']} "
+            f"node(s)" + (f" ({who})" if who else ""))
+
+
+def who_text(left: Sequence[str], joined: Sequence[str]) -> str:
+    """Who left and who joined at an elastic run's membership change, in words ("" when not
+    known: a record from before they were kept). A node in both was started again before the
+    others went on without it."""
+    words = [f"{n} left" for n in left if n not in joined]
+    words += [f"{n} {'started again' if n in left else 'joined'}" for n in joined]
+    return ", ".join(words)
 
 
 def kind(event: dict[str, Any]) -> str | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 CPUDIST = [sys.executable, "-m", "cpudist.cli"]
+PROGRESS = re.compile(r"\] step \d+/\d+ ")  # a progress line, `[cpudist] step 12/300  loss ...`
 # What a run starts on the hosts (the CLI, the ranks, the MPI launchers' daemons)
 LAUNCHED = ("cpudist", "hydra", "mpiexec", "mpirun", "prterun", "prted", "orted")
 
@@ -151,7 +153,11 @@ def read_until(proc: subprocess.Popen[str], marker: str | None, timeout: float =
     wanted = "the end of its output" if marker is None else f"a line with {marker!r}"
     why = (f"its output ended (exit code {proc.returncode}) without {wanted}" if ended
            else f"waited {timeout:g} s for {wanted}, then killed it")
-    pytest.fail(f"{why}; what it printed:\n{''.join(seen[:])[-8000:]}")
+    lines = seen[:]
+    # a long run's progress lines would hide what happened: its other lines first, then the tail
+    said = [line for line in lines if not PROGRESS.search(line)]
+    pytest.fail(f"{why}; what it printed, progress lines left out:\n{''.join(said)[-6000:]}\n"
+                f"... and its last lines:\n{''.join(lines[-15:])[-3000:]}")
 
 
 def kill_tree(proc: subprocess.Popen[str]) -> None:

@@ -20,6 +20,7 @@ import torch
 
 from cpudist.config import TrainConfig, to_argv
 from cpudist.launch.tools import free_port
+from cpudist.results.launched import RANK_REPORT
 from cpudist.wire import elastic, names
 
 NODES, STEPS, TIMEOUT_S = 3, 20, 20
@@ -109,3 +110,9 @@ def test_three_elastic_nodes_train_what_one_rank_trains_on_their_global_batch(
         worst = max(float((mine[k] - reference[k]).abs().max()) for k in reference)
         assert worst < 1e-4, (out, worst)
     assert len(steps(tmp_path / "one")) == STEPS
+    # the record names who trained: each node joined once, nobody left
+    membership = json.loads((outs[0] / RANK_REPORT).read_text())["membership"]
+    everyone = [f"node{i}" for i in range(NODES)]
+    assert membership[-1]["nodes"] == everyone, membership
+    assert sorted(n for c in membership for n in c["joined"]) == everyone, membership
+    assert not any(c["left"] for c in membership), membership

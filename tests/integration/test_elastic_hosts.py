@@ -107,8 +107,12 @@ def one_model(site: World, out: str, text: str, code: int | None,
     return result
 
 
-def membership(result: dict[str, Any]) -> list[int]:
-    return [c["replicas"] for c in result["membership"]]
+def came_back(result: dict[str, Any], i: int) -> bool:
+    """Whether node i joined the run again after its first join, and trained at its end with all
+    the others (result.json's membership)."""
+    changes = result["membership"]
+    joins = sum(f"node{i}" in c["joined"] for c in changes)
+    return joins >= 2 and changes[-1]["nodes"] == [f"node{n}" for n in range(NODES)]
 
 
 def test_from_the_laptop_a_killed_node_and_a_cut_link_cost_the_others_no_restart(
@@ -123,7 +127,9 @@ def test_from_the_laptop_a_killed_node_and_a_cut_link_cost_the_others_no_restart
         killed = ranks(hosts, 2)
         assert len(killed) == 1, "".join(seen)[-3000:]
         os.kill(killed[0], signal.SIGKILL)
-        seen += read_until(proc, f"training on {NODES - 1} of {NODES} node(s)", timeout=120)
+        # the others may go on without it, or (a quorum it was counted in, waited out) find it
+        # back already: either way a membership change at all the nodes follows its restart
+        seen += read_until(proc, f"{hosts.name(2)} left the run", timeout=120)
         seen += read_until(proc, f"starting {hosts.name(2)} again", timeout=60)
         seen += read_until(proc, f"training on {NODES} of {NODES} node(s)", timeout=180)
         cut(hosts, 1, down=True)
@@ -140,12 +146,12 @@ def test_from_the_laptop_a_killed_node_and_a_cut_link_cost_the_others_no_restart
             proc.kill()
             proc.wait()
     result = one_model(site, "elastic", "".join(seen), proc.returncode, returned=(1, 2))
-    sizes = membership(result)
-    # two losses, two returns, the last before the end: the run never restarted
-    assert sizes.count(NODES - 1) >= 2 and sizes[-1] == NODES, result["membership"]
+    # both nodes lost and back in the record, the cut one's loss too: the run never restarted
+    assert came_back(result, 1) and came_back(result, 2), result["membership"]
+    assert any("node1" in c["left"] for c in result["membership"]), result["membership"]
     out = site.operator_path("runs/elastic")
     report = site.operator_run([*CPUDIST, "report", str(out / "result.json")], timeout=120)
-    assert "Elastic runs" in report.stdout and f"{NODES - 1} from step" in report.stdout, report
+    assert "Elastic runs" in report.stdout and "node1 left" in report.stdout, report
 
 
 def test_the_heads_lighthouse_lost_ends_the_run_in_one_line_leaving_nothing(
@@ -240,7 +246,7 @@ def test_a_drawn_elastic_fault_costs_no_restart_and_leaves_one_model(site: World
             returned = (draw.node,)
         elif draw.fault == "two-in-turn":
             kill_rank(hosts, 1)
-            seen += read_until(proc, f"training on {NODES - 1} of {NODES} node(s)", timeout=120)
+            seen += read_until(proc, f"{hosts.name(1)} left the run", timeout=120)
             kill_rank(hosts, 2)
             returned = (1, 2)
         else:  # kill-head-rank
@@ -261,5 +267,4 @@ def test_a_drawn_elastic_fault_costs_no_restart_and_leaves_one_model(site: World
     result = one_model(site, out, text, proc.returncode, returned)
     # the head's record holds the steps before the fault too (a head started again keeps them)
     assert steps(site.operator_path(f"runs/{out}"))[0]["step"] <= draw.step, say
-    sizes = membership(result)
-    assert min(sizes) < NODES and sizes[-1] == NODES, (say, result["membership"])
+    assert all(came_back(result, i) for i in lost), (say, result["membership"])

@@ -18,6 +18,7 @@ from cpudist.errors import BadInput
 from cpudist.strategies import SyncSpec
 from cpudist.train import elastic
 from cpudist.train.sampling import batch_plan
+from cpudist.wire import events
 from cpudist.wire.elastic import REPLICAS
 
 BASE = TrainConfig(task="mrpc", output_dir="o", batch_size=4, elastic=True)
@@ -99,10 +100,57 @@ def test_a_joiner_takes_the_runs_membership_history_and_origin() -> None:
     """A node that joins late or comes back holds the changes of the time it was away, timed from
     the run's first start (what result.json and `cpudist report` show of an elastic run)."""
     peer = object.__new__(elastic.Replica)
-    peer.origin, peer.changes = 1000.0, [elastic.Change(0, 3, 0.5), elastic.Change(40, 2, 31.0)]
+    peer.origin, peer.ids = 1000.0, ("node0:a", "node1:b")
+    peer.changes = [elastic.Change(0, 3, 0.5, ("node0", "node1", "node2"), (),
+                                   ("node0", "node1", "node2")),
+                    elastic.Change(40, 2, 31.0, ("node0", "node1"), ("node2",), ())]
     joiner = object.__new__(elastic.Replica)
-    joiner.origin, joiner.started, joiner.changes = 1100.0, 0.0, []
+    joiner.origin, joiner.started, joiner.changes, joiner.ids = 1100.0, 0.0, [], ()
     joiner.adopt(peer.record())
     assert joiner.changes == peer.changes and joiner.origin == 1000.0
+    assert joiner.ids == peer.ids  # its next change is told against the same last quorum
+    # a record as result.json keeps it (JSON lists), or from before the names were kept
+    assert elastic.Change.of(json.loads(json.dumps(dataclasses.asdict(peer.changes[1])))) \
+        == peer.changes[1]
+    assert elastic.Change.of({"step": 4, "replicas": 2, "at_s": 1.0}).joined == ()
     # its next change is timed on the same clock: seconds since the run's first start
     assert abs((time.monotonic() - joiner.started) - (time.time() - 1000.0)) < 1.0
+
+
+class _Quorum:
+    """What Replica.quorum reads of torchft's Manager and its client, quorum by quorum."""
+
+    def __init__(self, quorums: list[tuple[str, ...]]) -> None:
+        self.quorums, self.ids, self.step = list(quorums), tuple[str, ...](), 0
+
+    def start_quorum(self) -> None:
+        self.ids, self.step = self.quorums.pop(0), self.step + 10
+
+    def num_participants(self) -> int:
+        return len(self.ids)
+
+    def participating_rank(self) -> int:
+        return 0
+
+    def current_step(self) -> int:
+        return self.step
+
+
+def test_the_membership_names_who_left_and_who_joined_even_at_the_same_count() -> None:
+    """A node lost and back is in the record, also when it came back before the others went on
+    without it (the count never changed: torchft gives each process a new replica id)."""
+    fake = _Quorum([("node0:a", "node1:b", "node2:c"), ("node0:a", "node1:b", "node2:c"),
+                    ("node0:a", "node1:b"), ("node0:a", "node1:b", "node2:d"),
+                    ("node0:a", "node1:b", "node2:e")])
+    replica = object.__new__(elastic.Replica)
+    replica.manager, replica.quorums = fake, fake  # type: ignore[assignment]
+    replica.started, replica.changes, replica.ids = time.monotonic(), [], ()
+    for _ in range(5):
+        assert replica.quorum() == (0, len(fake.ids))
+    said = [(c.step, c.replicas, c.left, c.joined) for c in replica.changes]
+    assert said == [(10, 3, (), ("node0", "node1", "node2")), (30, 2, ("node2",), ()),
+                    (40, 3, (), ("node2",)), (50, 3, ("node2",), ("node2",))]
+    assert events.who_text(("node2",), ("node2",)) == "node2 started again"
+    line = events.nodes_text({"step": 30, "nodes": 2, "planned": 3, "left": ["node2"],
+                              "joined": []})
+    assert line == "from step 30: training on 2 of 3 node(s) (node2 left)"
