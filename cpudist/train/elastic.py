@@ -15,14 +15,12 @@ checkpoint.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -215,51 +213,3 @@ class Replica:
 
     def close(self) -> None:
         self.manager.shutdown(wait=False)
-
-
-# the lines of the last steps a node hands a joiner with its state (what a node away longer misses
-# of the record stays missing from its steps.jsonl)
-STEPS_TAIL = 20_000
-
-
-def _steps(lines: list[str]) -> list[tuple[int, str]]:
-    """(step, line) of steps.jsonl's whole lines (a node killed mid-write leaves a partial one)."""
-    found = []
-    for line in lines:
-        try:
-            found.append((int(json.loads(line)["step"]), line))
-        except (ValueError, KeyError, TypeError):
-            continue
-    return found
-
-
-class StepsLog:
-    """steps.jsonl of an elastic node: a node started again keeps the lines of the steps it logged
-    before it left, and takes a live peer's lines for the steps trained while it was away."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        kept = _steps(path.read_text().splitlines()) if path.is_file() else []
-        self.file = path.open("w")
-        self._write([line for _, line in kept])
-
-    def _write(self, lines: list[str]) -> None:
-        self.file.write("".join(line + "\n" for line in lines))
-        self.file.flush()
-
-    def _logged(self) -> list[tuple[int, str]]:
-        self.file.flush()
-        return _steps(self.path.read_text().splitlines())
-
-    def tail(self) -> list[str]:
-        """The last STEPS_TAIL lines, for a joiner."""
-        return [line for _, line in self._logged()[-STEPS_TAIL:]]
-
-    def fill(self, lines: list[str]) -> None:
-        """A peer's lines of the steps after this node's last logged one."""
-        logged = self._logged()
-        last = logged[-1][0] if logged else 0
-        self._write([line for step, line in _steps(lines) if step > last])
-
-    def close(self) -> None:
-        self.file.close()

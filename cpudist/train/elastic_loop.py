@@ -28,6 +28,7 @@ from cpudist.train.preempt import StopRequests
 from cpudist.train.report_to import Reporters
 from cpudist.train.sampling import plan_steps
 from cpudist.train.setup import Job
+from cpudist.train.steps_log import StepsLog
 from cpudist.wire import events, names
 
 
@@ -50,7 +51,7 @@ def train_elastic(job: Job, stop: StopRequests, evals: Evaluations | None = None
 
     # A node started again keeps the steps it logged before it left; the steps trained without it
     # come from the peer it heals from (state/load), so the head's steps.jsonl is the run's.
-    log = elastic.StepsLog(job.run_dir / names.STEPS)
+    log = StepsLog(job.run_dir / names.STEPS, keep_through=None)
 
     def state() -> dict[str, Any]:
         return {"model": model.state_dict(), "opt": opt.state_dict(),
@@ -78,7 +79,8 @@ def train_elastic(job: Job, stop: StopRequests, evals: Evaluations | None = None
             if len(replica.changes) > seen:
                 last = replica.changes[-1]
                 events.emit(events.NODES, step=replica.step, nodes=n, planned=nodes,
-                            left=list(last.left), joined=list(last.joined))
+                            members=list(last.nodes), left=list(last.left),
+                            joined=list(last.joined))
             if replica.step >= total:
                 break
             _, index, rows = schedule.at(replica.step)
@@ -113,7 +115,7 @@ def train_elastic(job: Job, stop: StopRequests, evals: Evaluations | None = None
                                        dt=dt, lr=sched.get_last_lr()[0], grad_norm=grad_norm,
                                        waited=0.0, replicas=n, at=time.time()))
             if stats.steps % cfg.log_every == 0 or stats.steps == total:
-                flush(pending, stats, log.file, 1, total, report)
+                flush(pending, stats, log, 1, total, report)
                 pending = []
             epoch_end = index == schedule.per_epoch - 1
             if evals is not None and evals.due(stats.steps, total, epoch_end):
@@ -122,7 +124,7 @@ def train_elastic(job: Job, stop: StopRequests, evals: Evaluations | None = None
                     report.log_eval(stats.steps, metrics)
             if evals is not None and evals.stopped is not None:
                 break
-        flush(pending, stats, log.file, 1, total, report)
+        flush(pending, stats, log, 1, total, report)
         stats.stopped = stop.pending()
         stats.anatomy.loop_s = time.perf_counter() - looped
         stats.anatomy.eval_s = sum(e["seconds"] for e in evals.history) if evals else 0.0

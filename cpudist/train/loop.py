@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -27,6 +25,7 @@ from cpudist.train.report_to import Reporters
 from cpudist.train.sampling import batch_plan, plan_steps
 from cpudist.train.saver import Saver, Training, restore, save
 from cpudist.train.setup import Job
+from cpudist.train.steps_log import StepsLog
 from cpudist.wire import events, names
 
 WARMUP_STEPS_EXCLUDED = 3  # steady-state throughput leaves out the first steps (allocator warm-up)
@@ -104,7 +103,8 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
     pending: list[Pending] = []
     shapes: set[tuple[int, ...]] = set()
-    log = steps_log(job.run_dir, stats.steps) if rank == 0 else None
+    # a resumed run keeps the lines of the steps up to its checkpoint
+    log = StepsLog(job.run_dir / names.STEPS, keep_through=stats.steps) if rank == 0 else None
     model.train()
     if rank == 0:
         events.emit(events.START, total=total, batches_per_epoch=per_epoch, step=stats.steps)
@@ -236,20 +236,8 @@ def _agree(stop: StopRequests, saver: Saver, step: int, since_save_s: float,
     return bool(flags[0]), every or bool(flags[1])
 
 
-def steps_log(run_dir: Path, resumed_at: int) -> TextIO:
-    """steps.jsonl, keeping the lines of a resumed run's steps up to its checkpoint."""
-    path = run_dir / names.STEPS
-    kept = []
-    if resumed_at and path.is_file():
-        kept = [line for line in path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= resumed_at]
-    log = path.open("w")
-    log.write("".join(line + "\n" for line in kept))
-    return log
-
-
 def flush(pending: list[Pending], stats: TrainStats,
-           log: TextIO | None, world: int, total: int, report: Reporters | None = None) -> None:
+           log: StepsLog | None, world: int, total: int, report: Reporters | None = None) -> None:
     """One all-reduce per logging interval gives the global loss, samples and tokens per step."""
     if not pending:
         return
@@ -268,7 +256,7 @@ def flush(pending: list[Pending], stats: TrainStats,
             line = {"step": p.step, "loss": loss, "lr": p.lr, "samples": int(samples),
                     "tokens": int(tokens), "step_time_s": p.dt, "grad_norm": p.grad_norm}
             elastic = {} if p.replicas is None else {"replicas": p.replicas, "time": p.at}
-            log.write(json.dumps({**line, **elastic}) + "\n")
+            log.add({**line, **elastic})
             # as HF's report_to names them; comm_share: rank 0's wait for the exchange
             if report is not None:
                 report.log_step(p.step,

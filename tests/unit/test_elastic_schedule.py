@@ -18,6 +18,7 @@ from cpudist.errors import BadInput
 from cpudist.strategies import SyncSpec
 from cpudist.train import elastic
 from cpudist.train.sampling import batch_plan
+from cpudist.train.steps_log import StepsLog
 from cpudist.wire import events
 from cpudist.wire.elastic import REPLICAS
 
@@ -80,13 +81,13 @@ def test_a_node_started_again_keeps_its_steps_and_takes_the_ones_it_missed(tmp_p
     """The head's rank killed at step 3 (mid-write of step 4's line), started again, heals at
     step 7 from a peer: its steps.jsonl is the run's, each step once, in order."""
     path = tmp_path / "steps.jsonl"
-    first = elastic.StepsLog(path)
+    first = StepsLog(path, keep_through=None)
     first.file.write("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in (1, 2, 3)))
     first.file.write('{"step": 4, "lo')  # killed mid-line
     first.file.flush()
-    again = elastic.StepsLog(path)  # the new process, on the same folder
+    again = StepsLog(path, keep_through=None)  # the new process, on the same folder
     assert _rows(path) == [1, 2, 3]
-    peer = elastic.StepsLog(tmp_path / "peer.jsonl")
+    peer = StepsLog(tmp_path / "peer.jsonl", keep_through=None)
     peer.file.write("".join(json.dumps({"step": s, "loss": 2.0}) + "\n" for s in range(1, 7)))
     again.fill(peer.tail())
     again.file.write(json.dumps({"step": 7, "loss": 1.0}) + "\n")
@@ -94,6 +95,21 @@ def test_a_node_started_again_keeps_its_steps_and_takes_the_ones_it_missed(tmp_p
     assert _rows(path) == list(range(1, 8))
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["loss"] for r in lines] == [1.0] * 3 + [2.0] * 3 + [1.0]  # its own where it had them
+
+
+def test_a_resumed_run_keeps_the_steps_through_its_checkpoint_and_a_fresh_one_none(
+        tmp_path: Any) -> None:
+    """The same writer for every run: resumed from step 2's checkpoint after a kill mid-write of
+    step 4's line, steps.jsonl keeps steps 1-2 (3 is trained again); a new run in the folder starts
+    it empty."""
+    path = tmp_path / "steps.jsonl"
+    path.write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3)) + '{"step": 4, "l')
+    resumed = StepsLog(path, keep_through=2)
+    resumed.add({"step": 3})
+    resumed.close()
+    assert _rows(path) == [1, 2, 3]
+    StepsLog(path, keep_through=0).close()
+    assert path.read_text() == ""
 
 
 def test_a_joiner_takes_the_runs_membership_history_and_origin() -> None:
