@@ -20,6 +20,7 @@ from typing import Any
 from cpudist.launch.per_host import Hosts, Rules, follow, host_line
 from cpudist.launch.runner import Outcome
 from cpudist.launch.spec import Launch, RunSpec, filed_env, trainer_argv
+from cpudist.wire import events
 from cpudist.wire.elastic import (
     ADVERTISE,
     LIGHTHOUSE,
@@ -32,7 +33,8 @@ from cpudist.wire.elastic import (
 
 RETRY_S = 10.0  # a node that left is started again this often, until the run ends
 # once a node has trained the last step, the others' grace to end theirs: one that joined too late
-# to heal would find no peer left and train the run again alone
+# to heal would find no peer left and train the run again alone (one the head's last quorum did
+# not hold is stopped without waiting: _Elastic.unjoined)
 FINISH_GRACE_S = 60.0
 HOUSE = "lighthouse"  # the Lighthouse's key among the hosts' processes
 
@@ -75,6 +77,10 @@ class _Elastic(Rules):
         self.running, self.finished = set(self.commands), set[str]()
         self.again, self.codes = dict[str, float](), dict[str, int]()
         self.house_up, self.failed, self.done_at = True, None, None
+        # the hosts of the last quorum the head's rank told of (its NODES events): once the last
+        # step is in and none of them runs, the hosts still running never joined it
+        self.node_host = {f"node{i}": host for i, (host, _) in enumerate(launch.per_host)}
+        self.members: set[str] | None = None
 
     def busy(self) -> bool:
         return bool(self.running or self.again or self.house_up)
@@ -88,10 +94,11 @@ class _Elastic(Rules):
                          "its state on the nodes)")
             self.halt()
             hosts.stop()  # the Lighthouse's work is done
-        elif (self.done_at is not None and now - self.done_at > FINISH_GRACE_S and self.running
-              and not stopping):
-            self.say(f"the last step is in: stopping {', '.join(sorted(self.running))}, still "
-                     "running after it")
+        elif self.done_at is not None and self.running and not stopping and (
+                self.unjoined() or now - self.done_at > FINISH_GRACE_S):
+            why = ("which had not joined the last quorum" if self.unjoined()
+                   else "still running after it")
+            self.say(f"the last step is in: stopping {', '.join(sorted(self.running))}, {why}")
             hosts.stop()
         for host, at in list(self.again.items()):
             if now >= at and hosts.stopping_since is None:
@@ -123,6 +130,14 @@ class _Elastic(Rules):
 
     def shows(self, host: str) -> bool:
         return host == self.head  # the others' events are copies of the same steps
+
+    def unjoined(self) -> bool:
+        """Whether no host still running was in the last quorum the head told of."""
+        return self.members is not None and not self.running & self.members
+
+    def saw(self, host: str, event: dict[str, Any]) -> None:
+        if host == self.head and events.kind(event) == events.NODES and "members" in event:
+            self.members = {self.node_host.get(n, n) for n in event["members"]}
 
     def halt(self) -> None:
         self.again.clear()

@@ -96,6 +96,9 @@ class Rules:
     def shows(self, host: str) -> bool:  # whether `host`'s events drive the progress
         return True
 
+    def saw(self, host: str, event: dict[str, Any]) -> None:  # every host's events, as they come
+        pass
+
     def late(self, host: str) -> bool:  # its lines while the hosts stop go to the log
         return True
 
@@ -132,6 +135,7 @@ def follow(hosts: Hosts, rules: Rules, on_event: Callable[[dict[str, Any]], None
                     continue
                 event = events.parse(line)
                 if event is not None:
+                    rules.saw(host, event)
                     if rules.shows(host):
                         on_event(event)
                 elif (hosts.stopping_since is not None and rules.late(host)

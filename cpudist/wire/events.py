@@ -14,8 +14,8 @@ KEY = "event"
 # rank 0 of a training run
 START = "start"  # total, batches_per_epoch, step
 PROGRESS = "progress"  # step, total, loss, samples_per_s; --elastic: nodes
-# --elastic: step, nodes, planned, left, joined: from that step on, nodes of planned train; the
-# names of those that left and joined since the last change
+# --elastic: step, nodes, planned, members, left, joined: from that step on, nodes of planned
+# train; their names, and those of the nodes that left and joined since the last change
 NODES = "nodes"
 SAVING = "saving"  # step: it starts writing the checkpoint of that step
 CHECKPOINT = "checkpoint"  # step, path: ... and it is whole

@@ -141,3 +141,21 @@ def test_a_node_still_running_after_the_last_step_is_stopped_after_a_grace(
     outcome, lines, _ = run(launch, timeout_s=60)
     assert outcome.returncode == 0 and not outcome.timed_out, lines
     assert "[cpudist] the last step is in: stopping n1, still running after it" in lines
+
+
+def test_a_node_not_in_the_last_quorum_is_stopped_once_the_last_step_is_in(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node started again too late to join: the head's last quorum did not hold it (its NODES
+    event names the members), so once the head has trained the last step it is stopped then, not
+    after the grace meant for nodes still ending their last step."""
+    monkeypatch.setattr(elastic, "FINISH_GRACE_S", 600.0)  # past the run's timeout: it would expire
+    members = shlex.quote(events.line(events.NODES, step=3, nodes=1, planned=2, members=["node0"],
+                                      left=["node1"], joined=[]))
+    done = ("sh", "-c", f"echo {members}; exit 0")
+    launch = Launch(done, {}, per_host=(("n0", done), ("n1", UNTIL_STOPPED)),
+                    lighthouse=("n0", UNTIL_STOPPED))
+    outcome, lines, seen = run(launch, timeout_s=60)
+    assert outcome.returncode == 0 and not outcome.timed_out, lines
+    assert ("[cpudist] the last step is in: stopping n1, which had not joined the last quorum"
+            in lines), lines
+    assert [e["members"] for e in seen] == [["node0"]]
