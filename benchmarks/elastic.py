@@ -18,7 +18,9 @@ Arms, each seed:
   it again;
 - restart: today's path (no --elastic, ddp, --checkpoint-every): the same loss at the same step
   ends the run; --away-s after the loss the link is back and `--resume auto` goes on from the last
-  checkpoint.
+  checkpoint;
+- ddp: the restart arm's run untouched (no --elastic): its time lost is measured against this one,
+  as an elastic step costs more than a ddp step (a quorum each step).
 
 Measured: each arm's wall time to its end and final accuracy. For elastic, the others' stall (the
 head's steps.jsonl: from the last step committed before the loss to the first after it, less the
@@ -52,8 +54,9 @@ from tta_ledger import machine
 HERE = Path(__file__).resolve().parent
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 DATA = HERE.parents[1] / "shared" / "data" / "glue" / "MRPC"
-ARMS = ("straight", "elastic", "restart")
-PROTOCOL = "elastic-1"  # bumped by hand when what a run measures changes
+ARMS = ("straight", "elastic", "restart", "ddp")
+# bumped by hand when what a run measures changes; elastic-2: JOIN_MS 30 s (5 s let a heal thrash)
+PROTOCOL = "elastic-2"
 LOST = 3  # the host that is lost
 BATCH, LR, EVERY = 32, "5e-5", 20  # per host; --checkpoint-every of the restart arm
 
@@ -121,9 +124,10 @@ def accuracy(out: Path) -> float:
     return float(json.loads((out / "result.json").read_text())["metrics"]["accuracy"])
 
 
-def straight(cluster: Any, work: Path, seed: int, rows: list[str]) -> dict[str, Any]:
-    out = work / f"straight-{seed}"
-    run = Run(cluster, job_args(out, cluster.hostfile, seed, rows, elastic=True))
+def straight(cluster: Any, work: Path, seed: int, rows: list[str],
+             elastic: bool = True) -> dict[str, Any]:
+    out = work / f"{'straight' if elastic else 'ddp'}-{seed}"
+    run = Run(cluster, job_args(out, cluster.hostfile, seed, rows, elastic=elastic))
     code, wall = run.wait()
     if code != 0:
         raise RuntimeError(f"straight run failed: {run.lines[-10:]}")
@@ -153,6 +157,8 @@ def elastic(cluster: Any, work: Path, seed: int, rows: list[str], step: int,
     return {"wall_s": round(wall, 1), "accuracy": accuracy(out), "lost_at_step": before[-1]["step"],
             "stall_s": round(stall, 2), "rejoin_s": None if rejoin is None else round(rejoin, 2),
             "membership": json.loads((out / "result.json").read_text())["membership"],
+            # the head's steps trained by fewer than 4 nodes (the loss's, or a heal thrashing)
+            "steps_short": sum(s["replicas"] < 4 for s in steps),
             "median_step_s": round(median, 3)}
 
 
@@ -193,10 +199,13 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
                                                        for s in seeds)), 2),
            "elastic_wall_lost_s": med(by["elastic"][s]["wall_s"] - by["straight"][s]["wall_s"]
                                       for s in seeds)}
-    both = [s for s in seeds if s in by["restart"]]
-    if both:
+    both = [s for s in seeds if s in by["restart"] and s in by["ddp"]]
+    if both:  # today's path against its own untouched run
         out["restart_seconds_lost_per_node_loss"] = med(
-            by["restart"][s]["wall_s"] - by["straight"][s]["wall_s"] for s in both)
+            by["restart"][s]["wall_s"] - by["ddp"][s]["wall_s"] for s in both)
+    if ddp := [s for s in seeds if s in by["ddp"]]:  # what --elastic costs a run without a loss
+        out["straight_elastic_over_ddp"] = round(med(
+            by["straight"][s]["wall_s"] / by["ddp"][s]["wall_s"] for s in ddp), 3)
     return out
 
 
@@ -236,6 +245,7 @@ def main() -> None:
                 steps = 3 * 3668 // (BATCH * 4) if not a.quick else 3 * 300 // (BATCH * 4)
                 step = random.Random(seed).randint(steps // 5, steps // 2)
                 r = (straight(cluster, work, seed, rows) if arm == "straight"
+                     else straight(cluster, work, seed, rows, elastic=False) if arm == "ddp"
                      else elastic(cluster, work, seed, rows, step, a.away_s) if arm == "elastic"
                      else restart(cluster, work, seed, rows, step, a.away_s))
                 print(f"# {arm} seed {seed}: {r}", file=sys.stderr, flush=True)

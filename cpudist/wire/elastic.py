@@ -18,7 +18,12 @@ ADVERTISE = "CPUDIST_ADVERTISE"  # the address peers reach this node at (default
 # A node that stops heartbeating leaves the quorum after HEARTBEAT_MS; a quorum waits JOIN_MS for
 # nodes that heartbeat but have not asked yet. A step's exchange gives up on a silent peer (a cut
 # link) after at most EXCHANGE_TIMEOUT_S, which bounds what a node loss costs the others.
-HEARTBEAT_MS, JOIN_MS, EXCHANGE_TIMEOUT_S = 5000, 5000, 30
+# JOIN_MS must outlast a heal: a node that healed (or served a heal) asks for the next quorum late;
+# left out, it heals again, slowing its source, which is left out next: with 5 s on half-core hosts
+# and 0.5 Gbit/s links the run stayed at 3 of 4 nodes for 77 of 87 steps, each twice as long
+# (benchmarks/results/elastic-avx2-ledger.jsonl, protocol elastic-1, seed 43). A lost node is not
+# waited for: it stops heartbeating.
+HEARTBEAT_MS, JOIN_MS, EXCHANGE_TIMEOUT_S = 5000, 30000, 30
 # torchft's Rust side logs every quorum at INFO: a line per node and step
 QUIET = {"RUST_LOG": "warn"}
 
