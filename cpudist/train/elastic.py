@@ -69,7 +69,7 @@ class Schedule:
         return epoch, index, self._epoch(epoch)[index]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Change:
     """The membership from a step on: how many nodes trained it, and when (s since the run's first
     node started: a node that joins takes its peers' history and origin, Replica.adopt); which
@@ -86,8 +86,9 @@ class Change:
     @classmethod
     def of(cls, d: Mapping[str, Any]) -> Change:
         """A change as dataclasses.asdict left it (or JSON, or a record from before the names)."""
-        return cls(int(d["step"]), int(d["replicas"]), float(d["at_s"]),
-                   *(tuple(d.get(k, ())) for k in ("nodes", "left", "joined")))
+        return cls(step=int(d["step"]), replicas=int(d["replicas"]), at_s=float(d["at_s"]),
+                   nodes=tuple(d.get("nodes", ())), left=tuple(d.get("left", ())),
+                   joined=tuple(d.get("joined", ())))
 
 
 def _name(replica_id: str) -> str:
@@ -189,7 +190,7 @@ class Replica:
         ids = self.quorums.ids
         if ids != self.ids:
             self.changes.append(Change(
-                self.step, n, round(time.monotonic() - self.started, 3),
+                step=self.step, replicas=n, at_s=round(time.monotonic() - self.started, 3),
                 nodes=tuple(sorted(_name(i) for i in ids)),
                 left=tuple(sorted(_name(i) for i in set(self.ids) - set(ids))),
                 joined=tuple(sorted(_name(i) for i in set(ids) - set(self.ids)))))

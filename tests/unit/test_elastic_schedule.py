@@ -117,9 +117,10 @@ def test_a_joiner_takes_the_runs_membership_history_and_origin() -> None:
     the run's first start (what result.json and `cpudist report` show of an elastic run)."""
     peer = object.__new__(elastic.Replica)
     peer.origin, peer.ids = 1000.0, ("node0:a", "node1:b")
-    peer.changes = [elastic.Change(0, 3, 0.5, ("node0", "node1", "node2"), (),
-                                   ("node0", "node1", "node2")),
-                    elastic.Change(40, 2, 31.0, ("node0", "node1"), ("node2",), ())]
+    everyone = ("node0", "node1", "node2")
+    peer.changes = [elastic.Change(step=0, replicas=3, at_s=0.5, nodes=everyone, joined=everyone),
+                    elastic.Change(step=40, replicas=2, at_s=31.0, nodes=("node0", "node1"),
+                                   left=("node2",))]
     joiner = object.__new__(elastic.Replica)
     joiner.origin, joiner.started, joiner.changes, joiner.ids = 1100.0, 0.0, [], ()
     joiner.adopt(peer.record())
