@@ -29,6 +29,7 @@ from cpudist.wire.elastic import (
     REPLICAS,
     lighthouse_argv,
     node_folder,
+    node_name,
 )
 
 RETRY_S = 10.0  # a node that left is started again this often, until the run ends
@@ -49,7 +50,7 @@ def hosts_launch(spec: RunSpec, env: dict[str, str], nodes: int) -> Launch:
         address = spec.master_addr if i == 0 else host  # the head's toward the nodes
         own = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                "MASTER_ADDR": address, "MASTER_PORT": str(port + 1 + i),
-               LIGHTHOUSE: f"http://{spec.master_addr}:{port}", REPLICA_ID: f"node{i}",
+               LIGHTHOUSE: f"http://{spec.master_addr}:{port}", REPLICA_ID: node_name(i),
                REPLICAS: str(nodes), ADVERTISE: address, **QUIET}
         train = dataclasses.replace(spec.train, output_dir=node_folder(spec.train.output_dir, i))
         line = host_line(spec.python, spec.cwd, {**env, **own},
@@ -79,7 +80,7 @@ class _Elastic(Rules):
         self.house_up, self.failed, self.done_at = True, None, None
         # the hosts of the last quorum the head's rank told of (its NODES events): once the last
         # step is in and none of them runs, the hosts still running never joined it
-        self.node_host = {f"node{i}": host for i, (host, _) in enumerate(launch.per_host)}
+        self.node_host = {node_name(i): host for i, (host, _) in enumerate(launch.per_host)}
         self.members: set[str] | None = None
 
     def busy(self) -> bool:

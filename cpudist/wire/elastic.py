@@ -19,10 +19,8 @@ ADVERTISE = "CPUDIST_ADVERTISE"  # the address peers reach this node at (default
 # nodes that heartbeat but have not asked yet. A step's exchange gives up on a silent peer (a cut
 # link) after at most EXCHANGE_TIMEOUT_S, which bounds what a node loss costs the others.
 # JOIN_MS must outlast a heal: a node that healed (or served a heal) asks for the next quorum late;
-# left out, it heals again, slowing its source, which is left out next: with 5 s on half-core hosts
-# and 0.5 Gbit/s links the run stayed at 3 of 4 nodes for 77 of 87 steps, each twice as long
-# (benchmarks/results/elastic-avx2-ledger.jsonl, protocol elastic-1, seed 43). A lost node is not
-# waited for: it stops heartbeating.
+# left out, it heals again, slowing its source, which is left out next, and the run never gets its
+# nodes back. A lost node is not waited for: it stops heartbeating.
 HEARTBEAT_MS, JOIN_MS, EXCHANGE_TIMEOUT_S = 5000, 30000, 30
 # torchft's Rust side logs every quorum at INFO: a line per node and step
 QUIET = {"RUST_LOG": "warn"}
@@ -37,4 +35,9 @@ def lighthouse_argv(python: str, port: int) -> list[str]:
 def node_folder(output_dir: str, index: int) -> str:
     """Where node `index` writes its steps and model: the run folder for the head, a folder of it
     for the others (apart on a shared file system; the head's are the run's)."""
-    return output_dir if index == 0 else str(Path(output_dir) / "nodes" / f"node{index}")
+    return output_dir if index == 0 else str(Path(output_dir) / "nodes" / node_name(index))
+
+
+def node_name(index: int) -> str:
+    """Node `index`'s name in the quorum and the record (its hostfile line, from 0)."""
+    return f"node{index}"
