@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
@@ -160,7 +160,7 @@ def read_until(proc: subprocess.Popen[str], marker: str | None, timeout: float =
                 f"... and its last lines:\n{''.join(lines[-15:])[-3000:]}")
 
 
-def kill_tree(proc: subprocess.Popen[str]) -> None:
+def kill_tree(proc: subprocess.Popen[Any]) -> None:
     """SIGKILL `proc` and every process below it (a launcher's ranks outlive a launcher killed
     alone)."""
     if proc.poll() is not None:

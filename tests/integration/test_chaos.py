@@ -33,7 +33,14 @@ import pytest
 from tests.harness.netns import missing_requirements, sh
 from tests.harness.world import World
 from tests.integration import test_remote_onprem as onprem
-from tests.integration.helpers import LAUNCHED, cmdline, leftovers, read_until, wait_no_leftovers
+from tests.integration.helpers import (
+    LAUNCHED,
+    cmdline,
+    kill_tree,
+    leftovers,
+    read_until,
+    wait_no_leftovers,
+)
 from tests.integration.test_remote_onprem import laptop_argv
 
 pytestmark = [pytest.mark.slow,
@@ -203,9 +210,7 @@ def test_a_fault_at_a_random_moment_loses_nothing(site: World, straight: list[tu
                                           timeout=600)
                 assert again.returncode == 0, f"{say}: resume\n{again.stdout}{again.stderr[-4000:]}"
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            kill_tree(proc)
             if not undone:
                 chaos.undo()
         assert losses(site, out) == straight, f"{say}: {losses(site, out)} != {straight}"

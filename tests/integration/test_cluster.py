@@ -19,7 +19,7 @@ import pytest
 
 from tests.harness.machine import physical_cores
 from tests.harness.netns import NetnsCluster, missing_requirements
-from tests.integration.helpers import cmdline, output_of, wait_for
+from tests.integration.helpers import cmdline, kill_tree, output_of, wait_for
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None,
@@ -194,8 +194,7 @@ def test_killed_rank_on_a_remote_host_ends_the_job(ready: NetnsCluster, shared_d
         _, err = proc.communicate(timeout=60)
         assert time.monotonic() - start < 60
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        kill_tree(proc)
     assert proc.returncode == 1, err[-2000:]
     assert f"the job failed on {ready.name(1)}" in err
 

@@ -29,7 +29,14 @@ from safetensors.torch import load_file
 
 from tests.harness.netns import NetnsCluster, missing_requirements
 from tests.harness.world import World
-from tests.integration.helpers import CPUDIST, cmdline, on_prem_site, read_until, wait_no_leftovers
+from tests.integration.helpers import (
+    CPUDIST,
+    cmdline,
+    kill_tree,
+    on_prem_site,
+    read_until,
+    wait_no_leftovers,
+)
 
 # alone: a node that starts late under a loaded machine joins at a late step, and the faults need
 # the run's steps after it
@@ -142,9 +149,7 @@ def test_from_the_laptop_a_killed_node_and_a_cut_link_cost_the_others_no_restart
         seen += read_until(proc, None, timeout=900)
         proc.wait(60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_tree(proc)
     result = one_model(site, "elastic", "".join(seen), proc.returncode, returned=(1, 2))
     # both nodes lost and back in the record, the cut one's loss too: the run never restarted
     assert came_back(result, 1) and came_back(result, 2), result["membership"]
@@ -174,9 +179,7 @@ def test_the_heads_lighthouse_lost_ends_the_run_in_one_line_leaving_nothing(
         os.kill(house[0], signal.SIGKILL)
         out, _ = proc.communicate(timeout=180)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_tree(proc)
     assert proc.returncode == 1, out[-3000:]
     assert "the Lighthouse on the head ended: the run cannot go on" in out
     assert out.strip().splitlines()[-1].startswith(
@@ -256,9 +259,7 @@ def test_a_drawn_elastic_fault_costs_no_restart_and_leaves_one_model(site: World
         seen += read_until(proc, None, timeout=900)
         proc.wait(60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_tree(proc)
     text = "".join(seen)
     lost = [0] if draw.fault == "kill-head-rank" else list(returned)
     for i in lost:

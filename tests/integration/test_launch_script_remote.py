@@ -21,7 +21,7 @@ import pytest
 from cpudist.launch.tools import free_port
 from tests.harness.netns import missing_requirements
 from tests.harness.world import OPERATOR_HOME, World
-from tests.integration.helpers import LAUNCHED, cmdline, read_until, wait_no_leftovers
+from tests.integration.helpers import LAUNCHED, cmdline, kill_tree, read_until, wait_no_leftovers
 from tests.integration.test_launch_script import DDP_SCRIPT, losses
 from tests.integration.test_launch_script_hosts import one_process_losses
 from tests.integration.test_remote_onprem import site
@@ -189,9 +189,7 @@ def test_ctrl_c_on_the_laptop_stops_every_rank_on_every_host(site: World) -> Non
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_tree(proc)
     assert proc.returncode == 130, rest[-3000:]
     assert "interrupted: all ranks were stopped on every node" in rest, rest[-3000:]
     assert wait_no_leftovers(site.hosts, names=LAUNCHED) == []

@@ -29,6 +29,7 @@ from tests.harness.world import World
 from tests.integration.helpers import (
     LAUNCHED,
     cmdline,
+    kill_tree,
     leftovers,
     on_prem_site,
     read_until,
@@ -234,9 +235,7 @@ def test_stopping_the_laptop_stops_every_rank_with_each_mpi(site: World, launche
         proc.send_signal(how)
         out, _ = proc.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_tree(proc)
     # 130: stopped
     assert proc.returncode == (-signal.SIGKILL if how == signal.SIGKILL else 130), out[-4000:]
     if how != signal.SIGKILL:
@@ -283,9 +282,7 @@ def test_a_laptop_link_that_drops_silently_stops_every_rank(site: World) -> None
         left = wait_no_leftovers(site.hosts, names=LAUNCHED, within_s=90)
         ranks_s = time.monotonic() - cut
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_tree(proc)
         if cut is not None:
             _drop_link(site, on=False)
     print(f"laptop ended {laptop_s:.1f}s after the cut, the ranks {ranks_s:.1f}s after it")
@@ -319,9 +316,7 @@ def test_a_hung_rank_on_the_other_host_ends_the_run_and_leaves_nothing(site: Wor
                         "(--dist-timeout 10)")
         left = wait_no_leftovers(site.hosts, names=LAUNCHED, within_s=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_tree(proc)
         for pid in hung:  # only where the run left it: the failure the last assertion reports
             with contextlib.suppress(ProcessLookupError):
                 if "cpudist.rank" in cmdline(pid):

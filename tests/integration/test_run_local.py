@@ -322,8 +322,7 @@ def test_killed_rank_ends_the_job(shared_data: Path, tmp_path: Path) -> None:
         os.kill(ranks[1], signal.SIGKILL)
         _, err = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        kill_tree(proc)
     assert proc.returncode == 1, err
     assert "the job failed" in err
     assert not [p for p in ranks if Path(f"/proc/{p}").exists() and "cpudist.rank" in cmdline(p)]
@@ -354,8 +353,7 @@ def test_a_hung_rank_ends_the_job_after_dist_timeout(shared_data: Path, tmp_path
         # for a busy machine
         _, err = proc.communicate(timeout=240)
     finally:
-        if proc.poll() is None:
-            kill_tree(proc)
+        kill_tree(proc)
         if hung is not None and Path(f"/proc/{hung}").exists() and "cpudist.rank" in cmdline(hung):
             # only where the run left it: that is the failure this test reports
             os.kill(hung, signal.SIGKILL)
@@ -384,9 +382,7 @@ def test_ctrl_c_after_a_checkpoint_says_how_to_resume_and_exits_130(shared_data:
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_tree(proc)
     assert proc.returncode == 130, err[-3000:]
     last = err.strip().splitlines()[-1]
     assert last.startswith(

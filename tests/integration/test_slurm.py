@@ -26,7 +26,7 @@ from cpudist.wire.stop_marker import NAME as MARKER
 from tests.harness import netns
 from tests.harness import slurm as slurm_harness
 from tests.harness.slurm import SlurmCluster
-from tests.integration.helpers import cmdline, read_until
+from tests.integration.helpers import cmdline, kill_tree, read_until
 
 MISSING = netns.missing_requirements() or slurm_harness.missing_requirements()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(MISSING is not None, reason=str(MISSING))]
@@ -138,9 +138,7 @@ def test_ctrl_c_cancels_the_job(slurm: SlurmCluster, shared_data: Path, tmp_path
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=90)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_tree(proc)
     assert proc.returncode == 130 \
         and f"interrupted: Slurm job {job.group(1)} was cancelled (scancel)" in out, out
     # they checkpointed on the way out
@@ -180,9 +178,7 @@ def test_time_limit_is_reported_as_timeout(slurm: SlurmCluster, shared_data: Pat
         for pid in held:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_tree(proc)
     out = "".join(lines)
     # one stream: stdout and stderr
     r = subprocess.CompletedProcess(proc.args, proc.returncode, out, out)

@@ -20,6 +20,7 @@ from cpudist.ssh.keys import ssh_config
 from cpudist.ssh.known_hosts import entry_name
 from cpudist.state import CLUSTER_DIR
 from tests.harness.netns import SSHD, NetnsCluster, missing_requirements, sh
+from tests.integration.helpers import kill_tree
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None,
@@ -135,6 +136,4 @@ def test_the_nodes_ssh_gives_up_on_a_node_that_went_silent(node: NetnsCluster,
         assert code == 255 and took >= 10, (code, took)
     finally:
         sh(*[a.format("D") for a in drop], check=False)
-        if ssh.poll() is None:
-            ssh.kill()
-        ssh.wait()
+        kill_tree(ssh)

@@ -30,6 +30,7 @@ from tests.integration.helpers import (
     CPUDIST,
     cmdline,
     keyed_hosts,
+    kill_tree,
     leftovers,
     read_until,
     wait_no_leftovers,
@@ -149,9 +150,7 @@ def test_killing_one_hosts_torchrun_ends_the_job_everywhere(hosts: NetnsCluster,
         out, _ = proc.communicate(timeout=60)
         took = time.monotonic() - killed
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_tree(proc)
     assert proc.returncode == 1 and took < 60
     error = [line for line in out.splitlines() if line.startswith("Error: ")]
     assert len(error) == 1 and f"the job failed on {hosts.name(2)} (torchrun exit code 137, " \
@@ -217,9 +216,7 @@ def test_env_values_reach_every_hosts_ranks_off_every_command_line(
         go.touch()
         out, _ = proc.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_tree(proc)
     assert leaked == []
     assert len(tethers) == 2, tethers
     assert all("--from-secrets HF_TOKEN,LD_PRELOAD --" in line for line in tethers), tethers
@@ -248,9 +245,7 @@ def test_a_host_that_vanishes_ends_the_job_naming_it(hosts: NetnsCluster, shared
         out, _ = proc.communicate(timeout=NOTICE_NODE_LOSS_S)
         took = time.monotonic() - gone
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_tree(proc)
     error = [line for line in out.splitlines() if line.startswith("Error: ")]
     assert proc.returncode == 1 and took < NOTICE_NODE_LOSS_S, (took, out[-3000:])
     assert len(error) == 1 and f"node {hosts.name(3)} stopped answering" in error[0], out[-3000:]

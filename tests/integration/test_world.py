@@ -21,6 +21,7 @@ from tests.harness.ec2 import FAKE_CREDENTIALS, Emulator
 from tests.harness.netns import missing_requirements
 from tests.harness.power import Boot, namespace_pids
 from tests.harness.world import World
+from tests.integration.helpers import kill_tree
 
 
 def _missing() -> str | None:
@@ -268,9 +269,7 @@ def test_terminate_kills_the_hosts_processes_and_silences_its_connections(
         assert client.wait(timeout=10) == 0
     finally:
         for proc in (server, client):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            kill_tree(proc)
     assert world.hosts.sshd_pid(0) in namespace_pids(world.hosts.name(0))  # the other hosts live on
     assert not tcp_from_host(world, 0, world.hosts.private_addr(2))
     assert ssh_from_operator(world, world.hosts.public_addr(2)) is None
