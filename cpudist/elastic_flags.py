@@ -9,10 +9,10 @@ from cpudist.errors import BadInput
 
 # what --elastic does not combine with yet, and why
 REFUSED = (("compile", "static shapes per participant count are not planned yet"),
-           ("checkpoint_every", "an elastic run's checkpoints are not resumable yet"),
-           ("checkpoint_every_min", "an elastic run's checkpoints are not resumable yet"),
-           ("resume", "an elastic run's checkpoints are not resumable yet"),
-           ("checkpoint_s3", "an elastic run's checkpoints are not resumable yet"),
+           ("checkpoint_every_min", "the nodes' clocks would checkpoint different steps: give "
+                                    "--checkpoint-every N"),
+           ("checkpoint_dir", "each node keeps its checkpoints in its own run folder"),
+           ("checkpoint_s3", "every node would copy its checkpoints"),
            ("model_s3", "every node would copy its model"))
 # why the other launchers cannot run an elastic run
 NOT_ELASTIC = {"mpich": "mpirun ends every rank when one ends",

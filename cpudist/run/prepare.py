@@ -132,7 +132,7 @@ def prepare(request: RunRequest, dry_run: bool = False) -> RunSpec:
     check_env(opts.env)
     elastic.check(cfg)
     hub_offline = preflight(cfg)
-    resume.preflight(cfg, opts.np)
+    resume.preflight(cfg, 1 if cfg.elastic else opts.np)  # an elastic node: a world of its own
     return resolve(request, hub_offline, dry_run)
 
 

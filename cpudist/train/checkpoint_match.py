@@ -29,6 +29,13 @@ def check_same_run(meta: CheckpointMeta, cfg: dict[str, Any], path: Path) -> Non
         raise BadInput(f"checkpoint {path} belongs to another run ({'; '.join(differ)})",
                        "Resume with the options of the run that wrote it, or start over without "
                        "--resume")
+    # an elastic node's checkpoint holds its own share of the run (a world of 1, the quorum's step)
+    if bool(meta.config.get("elastic")) != bool(cfg.get("elastic")):
+        kind = "an elastic run's node" if meta.config.get("elastic") else "a run without --elastic"
+        raise BadInput(f"checkpoint {path} was written by {kind}; this run "
+                       f"{'is not' if meta.config.get('elastic') else 'is'} elastic",
+                       "Resume with --elastic as the run that wrote it had it, or start over "
+                       "without --resume")
 
 
 def check_same_schedule(meta: CheckpointMeta, cfg: dict[str, Any], path: Path) -> None:

@@ -178,6 +178,17 @@ class Replica:
         self.changes = [Change.of(c) for c in record["changes"]]
         self.ids = tuple(record.get("ids", ()))
 
+    def saved(self) -> dict[str, Any]:
+        """What a checkpoint keeps of this node's place in the run: the committed steps as
+        torchft counts them, and the membership record."""
+        return {"torchft": dict(self.manager.state_dict()), "record": self.record()}
+
+    def resume(self, saved: Mapping[str, Any]) -> None:
+        """Go on from a checkpoint's `saved()`: its step is this node's (a node at fewer steps
+        heals from one at the most), its record the run's."""
+        self.manager.load_state_dict({k: int(v) for k, v in saved["torchft"].items()})
+        self.adopt(saved["record"])
+
     @property
     def step(self) -> int:
         """Steps committed so far (a joiner's jumps to its peers' when it heals)."""

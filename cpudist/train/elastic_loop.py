@@ -2,9 +2,11 @@
 this node's share of the step's global batch, the average across the nodes that took part, and the
 optimizer step only when every one of them got there.
 
-It leaves out what the slice built so far refuses (elastic_flags.check): accumulation,
-torch.compile, checkpoints. The rest is train/loop.py's: its stats, log lines, evaluations and
-reports.
+Checkpoints are each node's own, in its own run folder, at the same committed steps: after losing
+every node at once, each goes on from its newest (`--resume auto`), and a node whose newest is
+older, or that has none, heals from the one at the most steps. It leaves out what the slice built
+so far refuses (elastic_flags.check): accumulation, torch.compile. The rest is train/loop.py's: its
+stats, log lines, evaluations and reports.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from cpudist.config import effective_lr, spec_of
 from cpudist.elastic_flags import check
 from cpudist.flops import shape_of, training_flops
 from cpudist.train import elastic, sync, trainer_choices
+from cpudist.train.checkpoint import Restored
+from cpudist.train.checkpoint_meta import Position
 from cpudist.train.features import collate
 from cpudist.train.keep import Evaluations
 from cpudist.train.loop import Pending, TrainStats, flush
@@ -27,21 +31,23 @@ from cpudist.train.optim import clip_and_step, optimizer
 from cpudist.train.preempt import StopRequests
 from cpudist.train.report_to import Reporters
 from cpudist.train.sampling import plan_steps
+from cpudist.train.saver import ELASTIC, Saver, Training, restore, save
 from cpudist.train.setup import Job
 from cpudist.train.steps_log import StepsLog
 from cpudist.wire import events, names
 
 
-def train_elastic(job: Job, stop: StopRequests, evals: Evaluations | None = None,
-                  report: Reporters | None = None) -> TrainStats:
+def train_elastic(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None = None,
+                  evals: Evaluations | None = None, report: Reporters | None = None) -> TrainStats:
     """Train as one node of an elastic run until the run's last step is committed (or this node is
-    asked to stop); what it measured, the membership changes with it."""
+    asked to stop), from `restored` if given; what it measured, the membership changes with it."""
     cfg, model, data = job.cfg, job.model, job.train_data
     check(cfg)
     nodes = elastic.planned_nodes(os.environ)
     schedule = elastic.Schedule(cfg, data, nodes)
     total = plan_steps(cfg, schedule.per_epoch)
-    opt = optimizer(cfg, model, effective_lr(cfg, nodes))  # the global batch of `nodes` nodes
+    # the global batch of `nodes` nodes (a checkpoint's config says so: Training below)
+    opt = optimizer(cfg, model, effective_lr(cfg, nodes))
     sched = trainer_choices.scheduler(cfg, opt, total)
     stats = TrainStats(warmup_steps=trainer_choices.warmup_steps(cfg, total))
     # the node's own world of 1 exchanges nothing: a clock for the result, the sync as asked
@@ -50,8 +56,9 @@ def train_elastic(job: Job, stop: StopRequests, evals: Evaluations | None = None
     trained = [p for p in model.parameters() if p.requires_grad]
 
     # A node started again keeps the steps it logged before it left; the steps trained without it
-    # come from the peer it heals from (state/load), so the head's steps.jsonl is the run's.
-    log = StepsLog(job.run_dir / names.STEPS, keep_through=None)
+    # come from the peer it heals from (state/load), so the head's steps.jsonl is the run's. A
+    # resumed one keeps those up to its checkpoint.
+    log = StepsLog(job.run_dir / names.STEPS, keep_through=restored.meta.step if restored else None)
 
     def state() -> dict[str, Any]:
         return {"model": model.state_dict(), "opt": opt.state_dict(),
@@ -65,10 +72,18 @@ def train_elastic(job: Job, stop: StopRequests, evals: Evaluations | None = None
         log.fill(sd["steps"])
 
     replica = elastic.Replica(state, load, os.environ, cfg.dist_timeout_s)
+
+    def live() -> Training:  # what a checkpoint takes; lr_world: its lr is the planned nodes'
+        return Training(cfg=dataclasses.replace(cfg, lr_world=nodes), model=model, opt=opt,
+                        sched=sched, rank=0, world=1, evals=evals, elastic=replica.saved())
+
+    if restored:
+        restore(restored, live(), stats)
+        replica.resume(restored.state[ELASTIC])
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=job.bf16)
     pending: list[Pending] = []
     model.train()
-    events.emit(events.START, total=total, batches_per_epoch=schedule.per_epoch, step=0)
+    events.emit(events.START, total=total, batches_per_epoch=schedule.per_epoch, step=replica.step)
     looped = time.perf_counter()
     try:
         while replica.step < total and stop.pending() is None:
@@ -83,7 +98,7 @@ def train_elastic(job: Job, stop: StopRequests, evals: Evaluations | None = None
                             joined=list(last.joined))
             if replica.step >= total:
                 break
-            _, index, rows = schedule.at(replica.step)
+            epoch, index, rows = schedule.at(replica.step)
             # A node that does not take part still runs the exchange (torchft zeroes its part):
             # one row keeps its forward pass well-formed, at weight 0.
             idx = rows[share::n] if share is not None else rows[:1]
@@ -118,10 +133,18 @@ def train_elastic(job: Job, stop: StopRequests, evals: Evaluations | None = None
                 flush(pending, stats, log, 1, total, report)
                 pending = []
             epoch_end = index == schedule.per_epoch - 1
-            if evals is not None and evals.due(stats.steps, total, epoch_end):
+            evaluated = evals is not None and evals.due(stats.steps, total, epoch_end)
+            if evaluated and evals is not None:
                 metrics, _ = evals.run(job, stats.steps, during=True)
                 if report is not None:
                     report.log_eval(stats.steps, metrics)
+            # at the same steps on every node, so that the nodes' newest checkpoints agree
+            if ((saver.every is not None and stats.steps % saver.every == 0)
+                    or trainer_choices.save_due(cfg.save_strategy, evaluated, epoch_end,
+                                                stats.steps < total)):
+                flush(pending, stats, log, 1, total, report)
+                pending = []
+                save(saver, live(), stats, Position(epoch, index + 1), total)
             if evals is not None and evals.stopped is not None:
                 break
         flush(pending, stats, log, 1, total, report)

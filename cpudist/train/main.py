@@ -134,7 +134,7 @@ def run(cfg: TrainConfig, info: RankInfo, provider: Provider,
                            _warn) if mirror is not None and info.rank == 0 else nullcontext()
         # the copies' store, watched by the rank that copies
         with preempt.StopRequests(poller) as stop, watch:
-            stats = (train_elastic(job, stop, evals, report) if cfg.elastic
+            stats = (train_elastic(job, saver, stop, restored, evals, report) if cfg.elastic
                      else train(job, saver, stop, restored, evals, report))
         if stats.stopped is not None and cfg.elastic:  # this node leaves; the others go on
             _say_rank0(0)(f"left the elastic run at step {stats.steps} ({stats.stopped})")

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 # state.pt's key for the best evaluation's weights (--save-model best, when not the model's)
 BEST = "best_model"
 PATIENCE = "early_stopping"  # state.pt's key for early stopping's count (Evaluations.stale)
+ELASTIC = "elastic"  # state.pt's key for an elastic node's Training.elastic
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -62,6 +63,8 @@ class Training:
     world: int
     # the run's evaluations: the best one goes with each checkpoint
     evals: Evaluations | None = None
+    # --elastic: the quorum's step and the membership so far (state.pt's ELASTIC)
+    elastic: dict[str, Any] | None = None
 
 
 def restore(restored: Restored, t: Training, stats: TrainStats) -> None:
@@ -136,6 +139,8 @@ def save(saver: Saver, t: Training, stats: TrainStats, pos: Position, total: int
             state[BEST] = t.evals.best_state
         if t.evals is not None:
             state[PATIENCE] = t.evals.stale
+        if t.elastic is not None:
+            state[ELASTIC] = t.elastic
         meta = CheckpointMeta(config=dataclasses.asdict(cfg), total=total, position=pos,
                               world_size=world, global_batch=cfg.batch_size
                               * cfg.grad_accum * world,

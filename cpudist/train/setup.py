@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from cpudist.train.startup import Startup
 from cpudist.train.tasks import GLUE_DIR_NAMES, display_labels
 from cpudist.train.threads import rank_threads
 from cpudist.train.token_cache import cached_encode
+from cpudist.wire.elastic import node_index
 
 CPU = read_cpu()  # read once per rank
 
@@ -53,6 +55,12 @@ def resolve_precision(requested: str, has_bf16: bool) -> str:
     if requested == "auto":
         return "bf16" if has_bf16 else "fp32"
     return requested
+
+
+def noise_seed(cfg: TrainConfig, info: RankInfo, env: Mapping[str, str]) -> int:
+    """The seed of a rank's dropout noise, which differs between ranks as with HF Trainer: and
+    between an elastic run's nodes, each the rank 0 of a world of its own."""
+    return cfg.seed + info.rank + (node_index(env) if cfg.elastic else 0)
 
 
 def setup(cfg: TrainConfig, info: RankInfo, startup: Startup | None = None) -> Job:
@@ -111,7 +119,7 @@ def setup(cfg: TrainConfig, info: RankInfo, startup: Startup | None = None) -> J
     # after dropout.install: it reads the attention that install chose
     if cfg.first_token_last_layer:
         last_layer.install(model)
-    seed_all(cfg.seed + info.rank)  # dropout noise differs between ranks, as with HF Trainer
+    seed_all(noise_seed(cfg, info, os.environ))
     bf16 = resolve_precision(cfg.precision, CPU.has_bf16) == "bf16"
     run_dir = Path(cfg.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

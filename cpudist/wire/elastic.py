@@ -8,6 +8,7 @@ admits and drops the nodes step by step (cpudist/train/elastic.py, cpudist/launc
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"  # http://HEAD:PORT: torchft's own variable
@@ -41,3 +42,10 @@ def node_folder(output_dir: str, index: int) -> str:
 def node_name(index: int) -> str:
     """Node `index`'s name in the quorum and the record (its hostfile line, from 0)."""
     return f"node{index}"
+
+
+def node_index(env: Mapping[str, str]) -> int:
+    """This node's index, from the name the launch gave it (REPLICA_ID; 0 without one)."""
+    name = env.get(REPLICA_ID, "")
+    digits = name.removeprefix("node")
+    return int(digits) if name.startswith("node") and digits.isdigit() else 0

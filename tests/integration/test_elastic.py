@@ -21,7 +21,10 @@ import torch
 from cpudist.config import TrainConfig, to_argv
 from cpudist.launch.tools import free_port
 from cpudist.results.launched import RANK_REPORT
-from cpudist.wire import elastic, names
+from cpudist.train.checkpoint_meta import COMPLETE, folder_name
+from cpudist.wire import elastic, exits, names
+from tests.harness.imds import ImdsServer
+from tests.integration.helpers import kill_tree, wait_for
 
 NODES, STEPS, TIMEOUT_S = 3, 20, 20
 
@@ -101,9 +104,7 @@ def test_three_elastic_nodes_train_what_one_rank_trains_on_their_global_batch(
             assert proc.wait(240) == 0, said(out)
     finally:
         for proc in (*procs, house):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(30)
+            kill_tree(proc)
     reference = weights(tmp_path / "one")
     for out in outs:
         mine = weights(out)
@@ -116,3 +117,81 @@ def test_three_elastic_nodes_train_what_one_rank_trains_on_their_global_batch(
     assert membership[-1]["nodes"] == everyone, membership
     assert sorted(n for c in membership for n in c["joined"]) == everyone, membership
     assert not any(c["left"] for c in membership), membership
+
+
+@pytest.mark.timeout(400)
+def test_every_node_lost_at_once_goes_on_from_the_nodes_checkpoints(shared_data: Path,
+                                                                     tmp_path: Path) -> None:
+    """The nodes and the Lighthouse killed at once, after each node's checkpoint of step 10 and
+    before the run's end; the same command with --resume auto ends with one rank's straight
+    weights (a step trained twice, or a node's lr, step or optimizer not put back, moves them),
+    each step logged once, and the record going on across the restart."""
+    same = {"dropout": 0.0, "lr_scaling": "none", "max_steps": 30}
+    one = rank(config(tmp_path / "one", shared_data, batch_size=8 * NODES, elastic=False, **same))
+    outs = [tmp_path / f"node{i}" for i in range(NODES)]
+    house, address = lighthouse(tmp_path)
+    procs = [node(i, out, address, shared_data, checkpoint_every=5, **same)
+             for i, out in enumerate(outs)]
+    try:
+        step10 = [out / "checkpoints" / folder_name(10) / COMPLETE for out in outs]
+        wait_for(lambda: all(m.exists() for m in step10), 200, "every node's checkpoint of step 10",
+                 lambda: [said(out) for out in outs])
+        for proc in (*procs, house):
+            kill_tree(proc)
+        assert not any((out / "model").exists() for out in outs), "the run ended before the kill"
+        cut = [len(steps(out)) for out in outs]
+        house, address = lighthouse(tmp_path)
+        procs = [node(i, out, address, shared_data, checkpoint_every=5, resume="auto", **same)
+                 for i, out in enumerate(outs)]
+        for proc, out in zip([*procs, one], [*outs, tmp_path / "one"], strict=True):
+            assert proc.wait(300) == 0, said(out)
+    finally:
+        for proc in (*procs, one, house):
+            kill_tree(proc)
+    reference = weights(tmp_path / "one")
+    for out in outs:
+        mine = weights(out)
+        worst = max(float((mine[k] - reference[k]).abs().max()) for k in reference)
+        assert worst < 1e-4, (out, worst)
+    assert "resuming from" in outs[0].with_suffix(".log").read_text()
+    assert [s["step"] for s in steps(outs[0])] == list(range(1, 31)), cut
+    # the record from step 0 on, every node joining again after the restart, all there at the end
+    membership = json.loads((outs[0] / RANK_REPORT).read_text())["membership"]
+    everyone = [f"node{i}" for i in range(NODES)]
+    assert membership[0]["step"] == 0, membership
+    assert {n for c in membership if c["step"] >= 10 for n in c["joined"]} == set(everyone)
+    assert membership[-1]["nodes"] == everyone, membership
+
+
+@pytest.mark.timeout(300)
+def test_a_spot_notice_takes_its_node_out_and_the_others_go_on(shared_data: Path,
+                                                                tmp_path: Path) -> None:
+    """Node 2 hears a spot notice (its own metadata service, polled every 5 s) mid-run: it leaves
+    between steps (exit 75, saying why), the others train every step to the end, from then on two,
+    and the record says node2 left."""
+    total = 300  # a step takes tens of ms here: the run must outlast a poll
+    outs = [tmp_path / f"node{i}" for i in range(NODES)]
+    house, address = lighthouse(tmp_path)
+    with ImdsServer("127.0.0.1") as imds:
+        procs = [node(i, out, address, shared_data, imds=imds.url if i == 2 else "off",
+                      max_steps=total) for i, out in enumerate(outs)]
+        try:
+            wait_for(lambda: len(steps(outs[2])) >= 5, 200, "node2's fifth step",
+                     lambda: said(outs[2]))
+            imds.schedule("terminate", time="2026-12-07T12:00:00Z")
+            assert procs[2].wait(120) == exits.PREEMPTED, said(outs[2])
+            assert len(steps(outs[0])) < total, "the run ended before the notice took effect"
+            for proc, out in zip(procs[:2], outs[:2], strict=True):
+                assert proc.wait(240) == 0, said(out)
+        finally:
+            for proc in (*procs, house):
+                kill_tree(proc)
+    left = outs[2].with_suffix(".log").read_text()
+    assert "left the elastic run at step" in left, left[-3000:]
+    assert "spot interruption notice" in left, left[-3000:]
+    logged = steps(outs[0])
+    assert [s["step"] for s in logged] == list(range(1, total + 1))
+    membership = json.loads((outs[0] / RANK_REPORT).read_text())["membership"]
+    assert any(c["left"] == ["node2"] for c in membership), membership
+    assert membership[-1]["nodes"] == ["node0", "node1"], membership
+    assert logged[-1]["replicas"] == 2 and logged[-1]["samples"] == 8 * NODES, logged[-1]

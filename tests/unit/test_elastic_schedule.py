@@ -17,10 +17,12 @@ from cpudist.elastic_flags import check
 from cpudist.errors import BadInput
 from cpudist.strategies import SyncSpec
 from cpudist.train import elastic
+from cpudist.train.dist import RankInfo
 from cpudist.train.sampling import batch_plan
+from cpudist.train.setup import noise_seed
 from cpudist.train.steps_log import StepsLog
 from cpudist.wire import events
-from cpudist.wire.elastic import REPLICAS
+from cpudist.wire.elastic import REPLICA_ID, REPLICAS, node_index, node_name
 
 BASE = TrainConfig(task="mrpc", output_dir="o", batch_size=4, elastic=True)
 
@@ -34,8 +36,9 @@ def data(rows: int) -> Any:
     ({"sampler": "random"}, "--elastic trains with --sampler grouped"),
     ({"grad_accum": 2}, "--grad-accum 1"),
     ({"sync": SyncSpec(strategy="local-sgd")}, "--sync ddp (given: grouped, 1, local-sgd)"),
-    ({"checkpoint_every": 10}, "--checkpoint-every with --elastic"),
-    ({"resume": "auto"}, "--resume with --elastic"),
+    ({"checkpoint_every_min": 10}, "--checkpoint-every-min with --elastic: the nodes' clocks"),
+    ({"checkpoint_dir": "/ckpt"}, "--checkpoint-dir with --elastic: each node keeps"),
+    ({"checkpoint_s3": "s3://b/p"}, "--checkpoint-s3 with --elastic: every node would copy"),
     ({"model_s3": "s3://b/p"}, "--model-s3 with --elastic: every node would copy its model"),
 ])
 def test_what_the_slice_does_not_take_is_refused_in_one_line(change: dict[str, Any],
@@ -171,3 +174,15 @@ def test_the_membership_names_who_left_and_who_joined_even_at_the_same_count() -
     line = events.nodes_text({"step": 30, "nodes": 2, "planned": 3, "left": ["node2"],
                               "joined": []})
     assert line == "from step 30: training on 2 of 3 node(s) (node2 left)"
+
+
+def test_each_node_draws_its_own_dropout_noise() -> None:
+    """Every elastic node is the rank 0 of a world of its own: seeded by its rank alone, all would
+    draw the same dropout masks for their shares of a step. Other runs seed by rank, as before."""
+    info = RankInfo(rank=0, world_size=1, local_rank=0, local_world_size=1, source="test")
+    assert [node_index({REPLICA_ID: node_name(i)}) for i in range(12)] == list(range(12))
+    assert node_index({}) == node_index({REPLICA_ID: "head"}) == 0
+    assert len({noise_seed(BASE, info, {REPLICA_ID: node_name(i)}) for i in range(4)}) == 4
+    ddp = dataclasses.replace(BASE, elastic=False)
+    assert [noise_seed(ddp, dataclasses.replace(info, rank=r, world_size=2), {REPLICA_ID: "node3"})
+            for r in range(2)] == [ddp.seed, ddp.seed + 1]

@@ -90,3 +90,18 @@ def test_refused_before_any_rank_starts(tmp_path: Path) -> None:
                        match=r"other training options \(--max-steps: None there, 20 here\)"):
         resume.preflight(cfg, 2)
     resume.preflight(dataclasses.replace(cfg, max_steps=None), 2)
+
+
+def test_an_elastic_nodes_checkpoint_goes_on_only_as_an_elastic_run_with_its_lr() -> None:
+    """An elastic node's checkpoint holds a world of 1 (its share of a global batch planned for
+    the run's nodes): taken up by plain ranks it would split that share as if it were the global
+    batch, so each side refuses the other's in one line. Resumed elastic, the lr stays the planned
+    nodes' (the node writes lr_world)."""
+    node = dataclasses.replace(BASE, elastic=True, lr_scaling="linear")
+    meta = meta_of(dataclasses.replace(node, lr_world=4), world=1, global_batch=16)
+    for cfg, theirs, np in ((BASE, meta, 4), (node, meta_of(BASE), 1)):
+        with pytest.raises(BadInput) as e:
+            resume.adapt(cfg, theirs, np, "ck")
+        assert "elastic" in e.value.message and "\n" not in e.value.message
+    again = resume.adapt(node, meta, 1, "ck")
+    assert again.batch_size == 16 and effective_lr(again, 4) == 4 * BASE.lr
