@@ -25,7 +25,9 @@ Arms, each seed:
 Measured: each arm's wall time to its end and final accuracy. For elastic, the others' stall (the
 head's steps.jsonl: from the last step committed before the loss to the first after it, less the
 median step) is the training time a node loss cost them; rejoin_s runs from cpudist starting the
-node again to the head's first step committed by all 4 nodes. For restart, the time lost is its
+node again (the try that took: it tries every few seconds while the node is away) to the head's
+first step committed by all 4 nodes, and rejoin_startup is where the node's own part of it went
+(its result's startup phases, the heal in its first step). For restart, the time lost is its
 wall time less the straight run's. `summary` holds seconds_lost_per_node_loss, rejoin_s and
 accuracy_delta_points (elastic against straight, medians over seeds).
 """
@@ -51,12 +53,17 @@ from typing import Any
 from miniature import CPUDIST, LAYOUTS, miniature, shaped, ssh_setup
 from tta_ledger import machine
 
+from cpudist.results.launched import RANK_REPORT
+from cpudist.wire.elastic import node_folder
+
 HERE = Path(__file__).resolve().parent
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 DATA = HERE.parents[1] / "shared" / "data" / "glue" / "MRPC"
 ARMS = ("straight", "elastic", "restart", "ddp")
-# bumped by hand when what a run measures changes (elastic-2: the Lighthouse's longer join wait)
-PROTOCOL = "elastic-2"
+# bumped by hand when what a run measures changes (elastic-2: the Lighthouse's longer join wait;
+# elastic-3: each node draws its own dropout noise; rejoin_s from the start that took, not the
+# first try while the node was still away; the returning node's startup recorded)
+PROTOCOL = "elastic-3"
 LOST = 3  # the host that is lost
 BATCH, LR, EVERY = 32, "5e-5", 20  # per host; --checkpoint-every of the restart arm
 
@@ -97,8 +104,8 @@ class Run:
         self.reader.join(30)
         return code, time.time() - self.started
 
-    def said(self, text: str) -> float | None:
-        return next((t for t, line in self.lines if text in line), None)
+    def all_said(self, text: str) -> list[float]:
+        return [t for t, line in self.lines if text in line]
 
 
 def lose(cluster: Any, out: Path, step: int, run: Run) -> float:
@@ -149,17 +156,24 @@ def elastic(cluster: Any, work: Path, seed: int, rows: list[str], step: int,
     after = [s for s in steps if s["time"] > lost_at]
     median = statistics.median(s["step_time_s"] for s in steps)
     stall = after[0]["time"] - before[-1]["time"] - median
-    restarted = run.said(f"starting {cluster.name(LOST)} again")
-    # its first step trained: the first the head committed at 4 nodes after the restart (the
-    # node's own steps.jsonl also holds the lines it took from a peer for the steps it missed)
-    full = [s["time"] for s in after if s["replicas"] == 4 and restarted and s["time"] > restarted]
-    rejoin = full[0] - restarted if restarted and full else None
+    # cpudist tries to start the node every RETRY_S while it is away; the try that took is the
+    # last before the node's first step trained: the first the head committed at 4 nodes after
+    # the first try (the node's own steps.jsonl also holds the lines it took from a peer)
+    starts = run.all_said(f"starting {cluster.name(LOST)} again")
+    full = [s["time"] for s in after if s["replicas"] == 4 and starts and s["time"] > starts[0]]
+    restarted = max((t for t in starts if full and t < full[0]), default=None)
+    rejoin = full[0] - restarted if restarted is not None and full else None
+    # where the rejoin went: the returning node's own startup, from the command's start on the node
+    # to its first step (whose quorum holds the heal from a peer)
+    report = Path(node_folder(str(out), LOST)) / RANK_REPORT
+    startup = json.loads(report.read_text()).get("startup") if report.is_file() else None
     return {"wall_s": round(wall, 1), "accuracy": accuracy(out), "lost_at_step": before[-1]["step"],
             "stall_s": round(stall, 2), "rejoin_s": None if rejoin is None else round(rejoin, 2),
             "membership": json.loads((out / "result.json").read_text())["membership"],
             # the head's steps trained by fewer than 4 nodes (the loss's, or a heal thrashing)
             "steps_short": sum(s["replicas"] < 4 for s in steps),
-            "median_step_s": round(median, 3)}
+            "median_step_s": round(median, 3), "start_tries": len(starts),
+            "rejoin_startup": startup}
 
 
 def restart(cluster: Any, work: Path, seed: int, rows: list[str], step: int,
