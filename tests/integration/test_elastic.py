@@ -21,7 +21,7 @@ import torch
 from cpudist.config import TrainConfig, to_argv
 from cpudist.launch.tools import free_port
 from cpudist.results.launched import RANK_REPORT
-from cpudist.train.checkpoint_meta import COMPLETE
+from cpudist.train.checkpoint_meta import complete_checkpoints, step_of
 from cpudist.wire import elastic, exits, names
 from tests.harness.imds import ImdsServer
 from tests.integration.helpers import kill_tree, wait_for
@@ -145,8 +145,8 @@ def test_every_node_lost_at_once_goes_on_from_the_nodes_checkpoints(shared_data:
              for i, out in enumerate(outs)]
 
     def newest(out: Path) -> int | None:
-        steps = [int(m.parent.name.split("-")[1]) for m in out.glob(f"checkpoints/*/{COMPLETE}")]
-        return max(steps, default=None)
+        found = complete_checkpoints(out / "checkpoints")
+        return step_of(found[0].name) if found else None
 
     try:
         wait_for(lambda: all(newest(out) for out in outs), 200, "a checkpoint on every node",
