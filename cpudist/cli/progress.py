@@ -62,6 +62,8 @@ class JobView:
                 self._plain(f"step {event['step']}/{event['total']}  {info}")
         elif kind == events.NODES:
             self.on_line(f"[cpudist] {events.nodes_text(event)}")
+        elif kind == events.WAITING:
+            self.on_line(f"[cpudist] {events.waiting_text(event)}")
         elif kind == events.CHECKPOINT:
             self.on_line(f"[cpudist] checkpoint at step {event['step']}: {event['path']}")
         elif kind == events.PREEMPTED:

@@ -162,6 +162,8 @@ class Replica:
         # torchft 0.2's Manager asks its quorums through `_client` (pinned in constraints.txt)
         self.quorums = self.manager._client = _Quorums(self.manager._client)
         self.started, self.origin = time.monotonic(), time.time()
+        # this process's start and step, not a peer's (adopt): what waits() reads
+        self.began, self.first, self.trained = self.started, 0, False
         self.changes: list[Change] = []
         self.ids: tuple[str, ...] = ()  # the replica ids of the last change's quorum
 
@@ -188,6 +190,7 @@ class Replica:
         heals from one at the most), its record the run's."""
         self.manager.load_state_dict({k: int(v) for k, v in saved["torchft"].items()})
         self.adopt(saved["record"])
+        self.first = self.step
 
     @property
     def step(self) -> int:
@@ -197,16 +200,31 @@ class Replica:
     def quorum(self) -> tuple[int | None, int]:
         """(this node's share, participants) of the next step; a node behind heals first."""
         self.manager.start_quorum()
-        n, r = int(self.manager.num_participants()), self.manager.participating_rank()
+        r = self.manager.participating_rank()
+        return (None if r is None else int(r)), int(self.manager.num_participants())
+
+    def waits(self, n: int, planned: int, wait_s: float) -> bool:
+        """Whether this node holds the step of a quorum of `n` nodes back, to wait for the
+        `planned`: at the run's start (no step committed by this process, and its step still the
+        one it started from, so no node has trained since), for `wait_s` from this process's
+        start at most. The first node up would otherwise train alone, the others healing from it
+        as they come."""
+        return (not self.trained and self.step == self.first and n < planned
+                and time.monotonic() - self.began < wait_s)
+
+    def note(self) -> Change | None:
+        """The membership change of the quorum just formed, recorded (None if the same nodes)."""
         ids = self.quorums.ids
-        if ids != self.ids:
-            self.changes.append(Change(
-                step=self.step, replicas=n, at_s=round(time.monotonic() - self.started, 3),
-                nodes=tuple(sorted(_name(i) for i in ids)),
-                left=tuple(sorted(_name(i) for i in set(self.ids) - set(ids))),
-                joined=tuple(sorted(_name(i) for i in set(ids) - set(self.ids)))))
-            self.ids = ids
-        return (None if r is None else int(r)), n
+        if ids == self.ids:
+            return None
+        change = Change(
+            step=self.step, replicas=len(ids), at_s=round(time.monotonic() - self.started, 3),
+            nodes=tuple(sorted(_name(i) for i in ids)),
+            left=tuple(sorted(_name(i) for i in set(self.ids) - set(ids))),
+            joined=tuple(sorted(_name(i) for i in set(ids) - set(self.ids))))
+        self.changes.append(change)
+        self.ids = ids
+        return change
 
     def average(self, params: list[torch.nn.Parameter]) -> None:
         """The participants' mean gradient in every parameter's .grad (zeros where a node had
@@ -219,9 +237,14 @@ class Replica:
             p.grad = flat[offset:offset + g.numel()].view_as(g)
             offset += g.numel()
 
-    def commit(self) -> bool:
-        """Whether every participant's exchange went through (then the step counts)."""
-        return bool(self.manager.should_commit())
+    def commit(self, hold: bool = False) -> bool:
+        """Whether every participant's exchange went through (then the step counts); `hold`:
+        this node has the step not count, for every participant."""
+        if hold:
+            self.manager.report_error(RuntimeError("waiting for the planned nodes"))
+        committed = bool(self.manager.should_commit())
+        self.trained = self.trained or committed
+        return committed
 
     def close(self) -> None:
         self.manager.shutdown(wait=False)

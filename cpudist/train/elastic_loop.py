@@ -36,6 +36,8 @@ from cpudist.train.setup import Job
 from cpudist.train.steps_log import StepsLog
 from cpudist.wire import events, names
 
+WAIT_TICK_S = 1.0  # a node waiting at the start asks for a quorum again this often
+
 
 def train_elastic(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None = None,
                   evals: Evaluations | None = None, report: Reporters | None = None) -> TrainStats:
@@ -82,22 +84,34 @@ def train_elastic(job: Job, saver: Saver, stop: StopRequests, restored: Restored
         replica.resume(restored.state[ELASTIC])
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=job.bf16)
     pending: list[Pending] = []
+    waited = 0  # the nodes in when this node last said it waits for the others (WAITING)
     model.train()
     events.emit(events.START, total=total, batches_per_epoch=schedule.per_epoch, step=replica.step)
     looped = time.perf_counter()
     try:
         while replica.step < total and stop.pending() is None:
             t0 = time.perf_counter()
-            seen = len(replica.changes)
             share, n = replica.quorum()  # a node behind heals here
             exchanged = time.perf_counter() - t0
-            if len(replica.changes) > seen:
-                last = replica.changes[-1]
-                events.emit(events.NODES, step=replica.step, nodes=n, planned=nodes,
-                            members=list(last.nodes), left=list(last.left),
-                            joined=list(last.joined))
             if replica.step >= total:
                 break
+            if replica.waits(n, nodes, cfg.dist_timeout_s):
+                # the start: no step of fewer than the planned nodes until they are in, or
+                # --dist-timeout has passed (then with whoever is); the others' exchange gets
+                # this node's zeros, and nobody commits
+                if n != waited:
+                    events.emit(events.WAITING, nodes=n, planned=nodes,
+                                timeout_s=cfg.dist_timeout_s)
+                    waited = n
+                opt.zero_grad(set_to_none=True)
+                replica.average(trained)
+                replica.commit(hold=True)
+                time.sleep(WAIT_TICK_S)
+                continue
+            if (change := replica.note()) is not None:
+                events.emit(events.NODES, step=change.step, nodes=n, planned=nodes,
+                            members=list(change.nodes), left=list(change.left),
+                            joined=list(change.joined))
             epoch, index, rows = schedule.at(replica.step)
             # A node that does not take part still runs the exchange (torchft zeroes its part):
             # one row keeps its forward pass well-formed, at weight 0.

@@ -17,6 +17,9 @@ PROGRESS = "progress"  # step, total, loss, samples_per_s; --elastic: nodes
 # --elastic: step, nodes, planned, members, left, joined: from that step on, nodes of planned
 # train; their names, and those of the nodes that left and joined since the last change
 NODES = "nodes"
+# --elastic, at the start: nodes of planned are in, and the first step waits for the others up to
+# timeout_s
+WAITING = "waiting"
 SAVING = "saving"  # step: it starts writing the checkpoint of that step
 CHECKPOINT = "checkpoint"  # step, path: ... and it is whole
 EVAL = "eval"  # rows
@@ -72,6 +75,12 @@ def nodes_text(event: dict[str, Any]) -> str:
     who = who_text(event.get("left", ()), event.get("joined", ()))
     return (f"from step {event['step']}: training on {event['nodes']} of {event['planned']} "
             f"node(s)" + (f" ({who})" if who else ""))
+
+
+def waiting_text(event: dict[str, Any]) -> str:
+    """A WAITING event as one line."""
+    return (f"{event['nodes']} of {event['planned']} node(s) in: the first step waits for the "
+            f"others, {event['timeout_s']} s at most (--dist-timeout)")
 
 
 def who_text(left: Sequence[str], joined: Sequence[str]) -> str:

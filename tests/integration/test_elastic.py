@@ -92,14 +92,20 @@ def test_three_elastic_nodes_train_what_one_rank_trains_on_their_global_batch(
     """Whoever takes part in a step, its global batch is cut among the participants and averaged:
     the weights equal one rank's on the same 24-row batches (no dropout, the lr unscaled), up to
     the order of float sums. A missing 1/n, a row trained twice or a share left out moves them by
-    about the learning rate."""
-    same = {"dropout": 0.0, "lr_scaling": "none"}
+    about the learning rate. The first node up waits for the others: every step has all three."""
+    same = {"dropout": 0.0, "lr_scaling": "none", "dist_timeout_s": 120}
     house, address = lighthouse(tmp_path)
     outs = [tmp_path / f"node{i}" for i in range(NODES)]
-    procs = [node(i, out, address, shared_data, **same) for i, out in enumerate(outs)]
-    procs.append(rank(config(tmp_path / "one", shared_data, batch_size=8 * NODES, elastic=False,
-                             **same)))
+    # node0 first, the others once it waits for them: the first node up trains nothing alone
+    procs = [node(0, outs[0], address, shared_data, **same)]
     try:
+        wait_for(lambda: ('"event": "waiting"' in outs[0].with_suffix(".log").read_text()
+                          or procs[0].poll() is not None), 120, "node0 to start")
+        assert procs[0].poll() is None, f"node0 did not wait: {said(outs[0])}"
+        procs += [node(i, out, address, shared_data, **same) for i, out in enumerate(outs)
+                  if i > 0]
+        procs.append(rank(config(tmp_path / "one", shared_data, batch_size=8 * NODES,
+                                 elastic=False, **same)))
         for proc, out in zip(procs, [*outs, tmp_path / "one"], strict=True):
             assert proc.wait(240) == 0, said(out)
     finally:
@@ -111,12 +117,11 @@ def test_three_elastic_nodes_train_what_one_rank_trains_on_their_global_batch(
         worst = max(float((mine[k] - reference[k]).abs().max()) for k in reference)
         assert worst < 1e-4, (out, worst)
     assert len(steps(tmp_path / "one")) == STEPS
-    # the record names who trained: each node joined once, nobody left
+    # the record names who trained: all three from the first step, nobody left
     membership = json.loads((outs[0] / RANK_REPORT).read_text())["membership"]
     everyone = [f"node{i}" for i in range(NODES)]
-    assert membership[-1]["nodes"] == everyone, membership
-    assert sorted(n for c in membership for n in c["joined"]) == everyone, membership
-    assert not any(c["left"] for c in membership), membership
+    assert [(c["step"], c["nodes"], c["joined"], c["left"]) for c in membership] \
+        == [(0, everyone, everyone, [])], membership
 
 
 @pytest.mark.timeout(500)

@@ -155,6 +155,12 @@ class _Quorum:
     def current_step(self) -> int:
         return self.step
 
+    def report_error(self, e: Exception) -> None:
+        self.errored = e
+
+    def should_commit(self) -> bool:
+        return getattr(self, "errored", None) is None
+
 
 def test_the_membership_names_who_left_and_who_joined_even_at_the_same_count() -> None:
     """A node lost and back is in the record, also when it came back before the others went on
@@ -167,6 +173,7 @@ def test_the_membership_names_who_left_and_who_joined_even_at_the_same_count() -
     replica.started, replica.changes, replica.ids = time.monotonic(), [], ()
     for _ in range(5):
         assert replica.quorum() == (0, len(fake.ids))
+        replica.note()
     said = [(c.step, c.replicas, c.left, c.joined) for c in replica.changes]
     assert said == [(10, 3, (), ("node0", "node1", "node2")), (30, 2, ("node2",), ()),
                     (40, 3, (), ("node2",)), (50, 3, ("node2",), ("node2",))]
@@ -174,6 +181,29 @@ def test_the_membership_names_who_left_and_who_joined_even_at_the_same_count() -
     line = events.nodes_text({"step": 30, "nodes": 2, "planned": 3, "left": ["node2"],
                               "joined": []})
     assert line == "from step 30: training on 2 of 3 node(s) (node2 left)"
+
+
+def test_the_first_step_waits_for_the_planned_nodes_and_holds_nobody_after() -> None:
+    """At the run's start a quorum of fewer than the planned nodes trains nothing until they are
+    in or the wait is over; a node that joins a run under way, or that trained, holds nobody."""
+    fake = _Quorum([])
+    replica = object.__new__(elastic.Replica)
+    replica.manager, replica.quorums = fake, fake  # type: ignore[assignment]
+    replica.began, replica.first, replica.trained = time.monotonic(), 0, False
+    assert replica.waits(1, 3, 60) and replica.waits(2, 3, 60)
+    assert not replica.waits(3, 3, 60)
+    assert not replica.commit(hold=True)  # the step does not count, for any participant
+    assert replica.waits(2, 3, 60)
+    replica.began -= 61  # the wait is over: go on with whoever is in
+    assert not replica.waits(2, 3, 60)
+    replica.began = time.monotonic()
+    fake.step = 10  # healed from a peer that trained: a run under way is not held
+    assert not replica.waits(2, 3, 60)
+    replica.first = 10  # resumed at that step, as every node is after losing them all
+    assert replica.waits(2, 3, 60)
+    del fake.errored
+    assert replica.commit()
+    assert not replica.waits(2, 3, 60)  # trained once: a later loss is the run's membership
 
 
 def test_each_node_draws_its_own_dropout_noise() -> None:

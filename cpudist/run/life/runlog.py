@@ -36,6 +36,8 @@ def event_text(event: dict[str, Any]) -> str | None:
         return f"step {event['step']}/{event['total']}  {events.progress_text(event)}"
     if kind == events.NODES:
         return events.nodes_text(event)
+    if kind == events.WAITING:
+        return events.waiting_text(event)
     if kind == events.CHECKPOINT:
         return f"checkpoint at step {event['step']}: {event['path']}"
     if kind == events.PREEMPTED:
