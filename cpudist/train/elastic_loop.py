@@ -153,9 +153,7 @@ def train_elastic(job: Job, saver: Saver, stop: StopRequests, restored: Restored
                 if report is not None:
                     report.log_eval(stats.steps, metrics)
             # at the same steps on every node, so that the nodes' newest checkpoints agree
-            if ((saver.every is not None and stats.steps % saver.every == 0)
-                    or trainer_choices.save_due(cfg.save_strategy, evaluated, epoch_end,
-                                                stats.steps < total)):
+            if saver.due(stats.steps, evaluated, epoch_end, stats.steps < total):
                 flush(pending, stats, log, 1, total, report)
                 pending = []
                 save(saver, live(), stats, Position(epoch, index + 1), total)

@@ -158,8 +158,7 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
                 flush(pending, stats, log, world, total, report)
                 pending = []
             agreeing = time.perf_counter()
-            stop_now, save_now = _agree(stop, saver, stats.steps, time.monotonic() - last_save,
-                                        world)
+            stop_now, save_now = _agree(stop, saver, time.monotonic() - last_save, world)
             # where ranks meet on a step without an exchange (local SGD)
             stats.anatomy.agree(time.perf_counter() - agreeing)
             # Before the checkpoint, as HF's Trainer: it then holds this evaluation (a stop skips
@@ -172,8 +171,8 @@ def train(job: Job, saver: Saver, stop: StopRequests, restored: Restored | None 
                 metrics, _ = evals.run(job, stats.steps, during=True)
                 if report is not None:
                     report.log_eval(stats.steps, metrics)
-            save_now = save_now or trainer_choices.save_due(cfg.save_strategy, evaluated, epoch_end,
-                                                            stats.steps < total)
+            save_now = save_now or saver.due(stats.steps, evaluated, epoch_end,
+                                             stats.steps < total)
             if save_now or stop_now:
                 flush(pending, stats, log, world, total, report)
                 pending = []
@@ -224,16 +223,15 @@ class Pending:
     at: float | None = None  # --elastic: when it was committed (Unix time)
 
 
-def _agree(stop: StopRequests, saver: Saver, step: int, since_save_s: float,
+def _agree(stop: StopRequests, saver: Saver, since_save_s: float,
            world: int) -> tuple[bool, bool]:
-    """(stop, save) as every rank sees it: any rank's stop request, rank 0's clock for timed
-    saves."""
+    """(stop, timed save) as every rank sees it: any rank's stop request, rank 0's clock for
+    timed saves (the step rules: Saver.due)."""
     timed = saver.every_s is not None and since_save_s >= saver.every_s
     flags = torch.tensor([stop.pending() is not None, timed], dtype=torch.float32)
     if world > 1:
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    every = saver.every is not None and step % saver.every == 0
-    return bool(flags[0]), every or bool(flags[1])
+    return bool(flags[0]), bool(flags[1])
 
 
 def flush(pending: list[Pending], stats: TrainStats,

@@ -185,8 +185,8 @@ def _saver(cfg: TrainConfig, run_dir: Path, restored: Restored | None, started: 
                  every_s=cfg.checkpoint_every_min * 60 if cfg.checkpoint_every_min else None,
                  keep=cfg.keep_checkpoints,
                  mirror=mirror, wall_before_s=restored.meta.wall_s if restored else 0.0,
-                 parts=restored.meta.parts + 1
-                 if restored else 1, started=started)
+                 parts=restored.meta.parts + 1 if restored else 1, started=started,
+                 strategy=cfg.save_strategy)
 
 
 def _finish(job: Job, stats: TrainStats, metrics: dict[str, float], phases: dict[str, float],

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from cpudist.config import TrainConfig
 from cpudist.errors import BadInput
-from cpudist.train import checkpoint
+from cpudist.train import checkpoint, trainer_choices
 from cpudist.train.checkpoint import Restored, gather_rngs, seed_all, set_rng_state
 from cpudist.train.checkpoint_meta import CheckpointMeta, Done, Position
 from cpudist.train.durable import Mirror, copy_or_warn
@@ -49,6 +49,14 @@ class Saver:
     wall_before_s: float = 0.0  # wall time of the earlier parts of a resumed run
     parts: int = 1
     started: float = field(default_factory=time.perf_counter)  # this part's start (perf_counter)
+    strategy: str = "steps"  # --save-strategy
+
+    def due(self, step: int, evaluated: bool, epoch_end: bool, before_end: bool) -> bool:
+        """A checkpoint after `step`, the same on every rank and node: --checkpoint-every, or
+        --save-strategy's evaluation or epoch end. The timed rule (every_s) is rank 0's clock,
+        which the loop agrees on."""
+        return ((self.every is not None and step % self.every == 0)
+                or trainer_choices.save_due(self.strategy, evaluated, epoch_end, before_end))
 
 
 @dataclass(kw_only=True, frozen=True)
