@@ -2,9 +2,11 @@
 (its own home and data, the head reached by its public address): one node's rank is killed, then
 another node's link is cut silently and brought back; the other nodes train on without a restart,
 each lost node is started again and joins with a live peer's weights, and the run ends with one
-record of who trained which steps and the model home. The chaos test draws one of those faults, two
-nodes lost one after the other, or the head's own rank killed, at a seeded step. On the head as
-typed: the head's Lighthouse lost ends the run in one line.
+record of who trained which steps and the model home. Every node and the Lighthouse lost at once
+end the run; the same command with --resume auto goes on from each node's own checkpoint. The
+chaos test draws one of the first faults, two nodes lost one after the other, or the head's own
+rank killed, at a seeded step. On the head as typed: the head's Lighthouse lost ends the run in one
+line.
 
 Needs root (tests/harness/setup.sh installs the rest; CI runs as root) and torchft (the test
 extra).
@@ -68,14 +70,14 @@ def steps(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
 
 
-def laptop_argv(hosts: NetnsCluster, out: str) -> list[str]:
+def laptop_argv(hosts: NetnsCluster, out: str, steps: int = STEPS) -> list[str]:
     """`cpudist run --elastic` as the laptop types it: the head by its public address, the laptop's
     own hostfile, key and data."""
     return [*CPUDIST, "run", "mrpc", "--elastic", "--hostfile", "/srv/cpd-operator/hosts",
             "--head", hosts.public_addr(0), "--user", "root", "--identity",
             "/srv/cpd-operator/.ssh/id_ed25519", "--remote-python", sys.executable, "--np",
             str(NODES), "--ppn", "1", "--data-dir", "/srv/cpd-operator/data/MRPC", "--model",
-            "tiny", "--max-train-samples", "792", "--batch-size", "8", "--max-steps", str(STEPS),
+            "tiny", "--max-train-samples", "792", "--batch-size", "8", "--max-steps", str(steps),
             "--log-every", "1", "--max-eval-samples", "64", "--output-dir",
             f"/srv/cpd-operator/runs/{out}"]
 
@@ -87,7 +89,7 @@ def cut(hosts: NetnsCluster, i: int, down: bool) -> None:
 
 
 def one_model(site: World, out: str, text: str, code: int | None,
-              returned: tuple[int, ...]) -> dict[str, Any]:
+              returned: tuple[int, ...], total: int = STEPS) -> dict[str, Any]:
     """The run ended 0 with each step logged once and its full global batch, and the nodes in
     `returned` (lost and back) trained to the last step in the run's folder on their own disks,
     with the weights that came home to the bit: one model. Returns result.json."""
@@ -95,18 +97,18 @@ def one_model(site: World, out: str, text: str, code: int | None,
     assert "done: mrpc" in text, text[-3000:]
     folder = site.operator_path(f"runs/{out}")
     result: dict[str, Any] = json.loads((folder / "result.json").read_text())
-    assert result["steps"] == STEPS and result["world_size"] == NODES
+    assert result["steps"] == total and result["world_size"] == NODES
     assert sorted(result["nodes"]) == sorted(site.hosts.name(i) for i in range(NODES))
     # the head logged each step once, in order, from the step it joined at (another node may have
     # trained the first alone): no step's rows counted twice, none skipped
     logged = [s["step"] for s in steps(folder)]
-    assert logged == list(range(logged[0], STEPS + 1))
+    assert logged == list(range(logged[0], total + 1))
     assert {s["samples"] for s in steps(folder)} == {8 * NODES}  # the global batch, whoever trained
     home = load_file(str(folder / "model" / "model.safetensors"))
     on_head = Path(result["staging"]["remote_run_dir"]).relative_to(Path.home() / ".cpudist")
     for i in returned:
         theirs = site.hosts.node_dir(i) / "dot-cpudist" / on_head / "nodes" / f"node{i}"
-        assert steps(theirs)[-1]["step"] == STEPS, i
+        assert steps(theirs)[-1]["step"] == total, i
         weights = load_file(str(theirs / "model" / "model.safetensors"))
         assert weights.keys() == home.keys(), i
         assert all(torch.equal(weights[k], home[k]) for k in home), i
@@ -157,6 +159,47 @@ def test_from_the_laptop_a_killed_node_and_a_cut_link_cost_the_others_no_restart
     out = site.operator_path("runs/elastic")
     report = site.operator_run([*CPUDIST, "report", str(out / "result.json")], timeout=120)
     assert "Elastic runs" in report.stdout and "node1 left" in report.stdout, report
+
+
+def test_from_the_laptop_every_node_lost_at_once_goes_on_from_each_nodes_checkpoint(
+        site: World) -> None:
+    """Every node's rank and the head's Lighthouse killed at once: the run fails; the same command
+    with --resume auto starts every node from its own checkpoint on its own disk (the head's in the
+    run's folder, the others' under nodes/), and the run ends with each step logged once and one
+    model home."""
+    hosts, total, every = site.hosts, 400, 50
+    argv = [*laptop_argv(hosts, "lost-all", total), "--checkpoint-every", str(every)]
+    proc = site.operator_popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    seen: list[str] = []
+    try:
+        seen += read_until(proc, f"checkpoint at step {2 * every}:", timeout=300)
+        house = [pid for pid in hosts.pids(0)
+                 if "torchft_lighthouse" in cmdline(pid) and "tether" not in cmdline(pid)]
+        lost = [pid for i in range(NODES) for pid in ranks(hosts, i)]
+        assert len(house) == 1 and len(lost) == NODES, "".join(seen)[-3000:]
+        for pid in (*house, *lost):
+            os.kill(pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        kill_tree(proc)
+    text = "".join(seen) + out
+    assert proc.returncode != 0, text[-3000:]
+    assert wait_no_leftovers(hosts) == []
+    again = site.operator_popen([*argv, "--resume", "auto"], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)
+    try:
+        resumed = "".join(read_until(again, None, timeout=600))
+        again.wait(60)
+    finally:
+        kill_tree(again)
+    # each node went on from a checkpoint of its own (none at the step 0 a fresh start is at)
+    starts = [line for line in resumed.splitlines() if "training: " in line]
+    assert starts and f"training: {total} steps, from step " in starts[0], resumed[-3000:]
+    result = one_model(site, "lost-all", resumed, again.returncode, returned=(1, 2),
+                       total=total)
+    logged = [s["step"] for s in steps(site.operator_path("runs/lost-all"))]
+    assert logged == list(range(1, total + 1))  # the head's record is whole across the parts
+    assert all(f"node{i}" in result["membership"][-1]["nodes"] for i in range(NODES))
 
 
 def test_the_heads_lighthouse_lost_ends_the_run_in_one_line_leaving_nothing(
