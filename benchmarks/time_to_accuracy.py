@@ -258,7 +258,7 @@ def write_results(a: argparse.Namespace, name: str, command: str, ledger: Ledger
            "settings": {"quick": a.quick, "tasks": tasks, "arms": arms, "batch": BATCH, "lr": LR,
                         "model": MODEL},
            "calibrations": {t: ledger.calibration(t) or {"link_gbps": 0.0} for t in tasks},
-           "summary": {t: summarize(runs[t], list(ARMS)) for t in tasks}, "runs": runs}
+           "summary": {t: summarize(runs[t], list(ARMS), t) for t in tasks}, "runs": runs}
     out = a.results_dir / name
     out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(res) + "\n")
