@@ -66,6 +66,12 @@ def ranks(c: NetnsCluster, i: int) -> list[int]:
 
 
 
+def lighthouses(c: NetnsCluster) -> list[int]:
+    """The Lighthouse's processes on the head (itself, not its tether)."""
+    return [pid for pid in c.pids(0)
+            if "torchft_lighthouse" in cmdline(pid) and "tether" not in cmdline(pid)]
+
+
 def steps(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
 
@@ -99,8 +105,8 @@ def one_model(site: World, out: str, text: str, code: int | None,
     result: dict[str, Any] = json.loads((folder / "result.json").read_text())
     assert result["steps"] == total and result["world_size"] == NODES
     assert sorted(result["nodes"]) == sorted(site.hosts.name(i) for i in range(NODES))
-    # the head logged each step once, in order, from the step it joined at (another node may have
-    # trained the first alone): no step's rows counted twice, none skipped
+    # the head logged each step once, in order, from the step its log begins at (a head rank
+    # started again keeps what it logged): no step's rows counted twice, none skipped
     logged = [s["step"] for s in steps(folder)]
     assert logged == list(range(logged[0], total + 1))
     assert {s["samples"] for s in steps(folder)} == {8 * NODES}  # the global batch, whoever trained
@@ -173,8 +179,7 @@ def test_from_the_laptop_every_node_lost_at_once_goes_on_from_each_nodes_checkpo
     seen: list[str] = []
     try:
         seen += read_until(proc, f"checkpoint at step {2 * every}:", timeout=300)
-        house = [pid for pid in hosts.pids(0)
-                 if "torchft_lighthouse" in cmdline(pid) and "tether" not in cmdline(pid)]
+        house = lighthouses(hosts)
         lost = [pid for i in range(NODES) for pid in ranks(hosts, i)]
         assert len(house) == 1 and len(lost) == NODES, "".join(seen)[-3000:]
         for pid in (*house, *lost):
@@ -216,8 +221,7 @@ def test_the_heads_lighthouse_lost_ends_the_run_in_one_line_leaving_nothing(
                             stderr=subprocess.STDOUT, text=True)
     try:
         seen = read_until(proc, f"training on {NODES} of {NODES} node(s)")
-        house = [pid for pid in hosts.pids(0)  # the Lighthouse itself, not its tether
-                 if "torchft_lighthouse" in cmdline(pid) and "tether" not in cmdline(pid)]
+        house = lighthouses(hosts)
         assert len(house) == 1, "".join(seen)[-3000:]
         os.kill(house[0], signal.SIGKILL)
         out, _ = proc.communicate(timeout=180)
