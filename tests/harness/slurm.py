@@ -242,6 +242,13 @@ State=UP{PREEMPTION if self.preemption else ""}
         return subprocess.Popen(self.exec_argv(i, argv, cwd), env={**self.env(), **(env or {})},
                                 text=True, **kw)  # type: ignore[call-overload]
 
+    def logs(self, chars: int = 2000) -> str:
+        """The tail of slurmctld's log and of each slurmd's: a failed wait's detail."""
+        paths = [self.state / "ctld" / "slurmctld.log",
+                 *(self.state / self.hosts.name(i) / "slurmd.log" for i in range(self.hosts.n))]
+        return "\n".join(f"--- {path.name} ({path.parent.name}):\n{path.read_text()[-chars:]}"
+                         for path in paths if path.exists())
+
     def jobs(self) -> list[str]:
         """The jobs squeue still shows (pending, running or completing)."""
         return [ln for ln in self.run(0, ["squeue", "-h", "-o", "%i %T"]).stdout.splitlines()

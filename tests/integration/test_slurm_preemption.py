@@ -62,8 +62,20 @@ def test_a_preempted_job_that_saved_a_checkpoint_is_requeued(slurm: SlurmCluster
         urgent = slurm.run(0,
                            ["sbatch", "--parsable", "-p", "urgent", "--exclusive", "-o",
                             "/dev/null", "--wrap", "sleep 1"]).stdout.strip().split(";")[0]
+        # Two waits, so that a slow scheduler pass is not taken for a slow script: Slurm preempts
+        # when a scheduling pass takes up the urgent job (at its submission, else the next pass of
+        # the main or the backfill scheduler, sched_interval 60 s and bf_interval 30 s by default);
+        # from then on the job's end is the batch script's (after its steps' SIGTERM, GraceTime).
+        def state() -> str:
+            return "\n".join([out.read_text()[-2000:],
+                              slurm.run(0, ["scontrol", "show", "job", job_id, urgent]).stdout,
+                              slurm.logs()])
+
+        # the preemption's SIGTERM to the steps, as slurmstepd writes it into the job's output
+        wait_for(lambda: "CANCELLED AT" in out.read_text(), 150,
+                 f"job {job_id} preempted by job {urgent}", state, 0.5)
         wait_for(lambda: job_field(slurm, job_id, "Restarts") == "1", slurm_harness.GRACE_S + 30,
-                 f"job {job_id} requeued", lambda: out.read_text()[-2000:], 0.5)
+                 f"job {job_id} requeued", state, 0.5)
         text = out.read_text()
         assert f"[cpudist] requeueing Slurm job {job_id}: the ranks saved a checkpoint before " \
                "its preemption" in text
