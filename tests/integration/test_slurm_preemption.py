@@ -68,7 +68,7 @@ def test_a_preempted_job_that_saved_a_checkpoint_is_requeued(slurm: SlurmCluster
         # from then on the job's end is the batch script's (after its steps' SIGTERM, GraceTime).
         def state() -> str:
             return "\n".join([out.read_text()[-2000:],
-                              slurm.run(0, ["scontrol", "show", "job", job_id, urgent]).stdout,
+                              slurm.run(0, ["scontrol", "show", "job"]).stdout,  # both jobs
                               slurm.logs()])
 
         # the preemption's SIGTERM to the steps, as slurmstepd writes it into the job's output
