@@ -205,8 +205,7 @@ State=UP{PREEMPTION if self.preemption else ""}
     def _daemon(self, i: int, argv: list[str], what: str) -> None:
         p = self._host(i, argv)
         if p.returncode != 0:
-            log = self.state / ("ctld/slurmctld.log" if what == "slurmctld"
-                                else f"{self.hosts.name(i)}/slurmd.log")
+            log = self.log_path(None if what == "slurmctld" else i)
             tail = log.read_text()[-2000:] if log.exists() else p.stderr
             raise RuntimeError(f"{what} on {self.hosts.name(i)} did not start (exit "
                                f"{p.returncode}): {tail}")
@@ -242,10 +241,14 @@ State=UP{PREEMPTION if self.preemption else ""}
         return subprocess.Popen(self.exec_argv(i, argv, cwd), env={**self.env(), **(env or {})},
                                 text=True, **kw)  # type: ignore[call-overload]
 
+    def log_path(self, i: int | None) -> Path:
+        """slurmctld's log (None) or host i's slurmd's, where render_conf puts them."""
+        return (self.state / "ctld" / "slurmctld.log" if i is None
+                else self.state / self.hosts.name(i) / "slurmd.log")
+
     def logs(self, chars: int = 2000) -> str:
         """The tail of slurmctld's log and of each slurmd's: a failed wait's detail."""
-        paths = [self.state / "ctld" / "slurmctld.log",
-                 *(self.state / self.hosts.name(i) / "slurmd.log" for i in range(self.hosts.n))]
+        paths = [self.log_path(None), *(self.log_path(i) for i in range(self.hosts.n))]
         return "\n".join(f"--- {path.name} ({path.parent.name}):\n{path.read_text()[-chars:]}"
                          for path in paths if path.exists())
 
