@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cpudist.launch.per_host import Hosts, Rules, follow, host_line
+from cpudist.launch.per_host import Hosts, Rules, host_line
 from cpudist.launch.runner import Outcome
 from cpudist.launch.spec import Launch, RunSpec, filed_env, trainer_argv
 from cpudist.wire import events
@@ -160,7 +160,7 @@ def execute_elastic(launch: Launch, base_env: Mapping[str, str],
     for host, argv in launch.per_host:
         hosts.start(host, argv)
     rules = _Elastic(hosts, launch, say)
-    expired, tail = follow(hosts, rules, on_event, on_line, timeout_s, on_late_line, on_stop)
+    expired, tail = hosts.follow(rules, on_event, on_line, timeout_s, on_late_line, on_stop)
     failed = rules.failed
     if failed is None and rules.head not in rules.finished:
         failed = (rules.head, rules.codes.get(rules.head, 1) or 1)

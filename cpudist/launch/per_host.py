@@ -77,9 +77,65 @@ class Hosts:
                 if proc.poll() is None:
                     stop_launcher(proc)
 
+    def follow(self, rules: Rules, on_event: Callable[[dict[str, Any]], None],
+               on_line: Callable[[str], None], timeout_s: float | None = None,
+               on_late_line: Callable[[str], None] | None = None,
+               on_stop: Callable[[], None] | None = None) -> tuple[bool, tuple[str, ...]]:
+        """Hand the hosts' lines out while `rules` is busy: events, `[host]`-tagged lines (the last
+        20 kept), ends; past `timeout_s` or on Ctrl-C every host is stopped. Returns whether the
+        deadline passed and the kept lines; raises Interrupted after Ctrl-C, with nothing left
+        running here."""
+        tail: list[str] = []
+        deadline = time.monotonic() + timeout_s if timeout_s else None
+        expired = interrupted = False
+        try:
+            while rules.busy():
+                try:
+                    now = time.monotonic()
+                    if deadline is not None and now > deadline and not expired:
+                        expired = True
+                        rules.halt()
+                        self.stop()
+                    rules.tick(now)
+                    self.overdue()
+                    try:
+                        host, line = self.lines.get(timeout=0.5)
+                    except queue.Empty:
+                        continue
+                    if line is None:
+                        rules.ended(host, self.procs[host].wait(), now)
+                        continue
+                    event = events.parse(line)
+                    if event is not None:
+                        rules.saw(host, event)
+                        if rules.shows(host):
+                            on_event(event)
+                    elif (self.stopping_since is not None and rules.late(host)
+                          and on_late_line is not None):
+                        on_late_line(f"[{host}] {line}")
+                    else:
+                        tail = [*tail, f"[{host}] {line}"][-20:]
+                        on_line(tail[-1])
+                except KeyboardInterrupt:
+                    if on_stop is not None and not interrupted:
+                        on_stop()
+                    interrupted = True
+                    rules.halt()
+                    self.stop()
+        finally:
+            for proc in self.procs.values():
+                # any other way out must not leave a host's command running
+                if proc.poll() is None:
+                    stop_launcher(proc)
+        if interrupted:
+            raise Interrupted("interrupted: all ranks were stopped on every node",
+                              "Re-run the command to start over")
+        return expired, tuple(tail)
+
 
 class Rules:
-    """What a launch does as its hosts' commands end (follow): each host to the end by default."""
+    """What a launch does as its hosts' commands end (Hosts.follow): by default, each host runs to
+    its end."""
 
     def __init__(self, hosts: Hosts) -> None:
         self.hosts, self.running = hosts, set(hosts.procs)
@@ -104,60 +160,6 @@ class Rules:
 
     def halt(self) -> None:  # the deadline passed, or Ctrl-C: the hosts stop next
         pass
-
-
-def follow(hosts: Hosts, rules: Rules, on_event: Callable[[dict[str, Any]], None],
-           on_line: Callable[[str], None], timeout_s: float | None = None,
-           on_late_line: Callable[[str], None] | None = None,
-           on_stop: Callable[[], None] | None = None) -> tuple[bool, tuple[str, ...]]:
-    """Hand the hosts' lines out while `rules` is busy: events, `[host]`-tagged lines (the last 20
-    kept), ends; past `timeout_s` or on Ctrl-C every host is stopped. Returns whether the deadline
-    passed and the kept lines; raises Interrupted after Ctrl-C, with nothing left running here."""
-    tail: list[str] = []
-    deadline = time.monotonic() + timeout_s if timeout_s else None
-    expired = interrupted = False
-    try:
-        while rules.busy():
-            try:
-                now = time.monotonic()
-                if deadline is not None and now > deadline and not expired:
-                    expired = True
-                    rules.halt()
-                    hosts.stop()
-                rules.tick(now)
-                hosts.overdue()
-                try:
-                    host, line = hosts.lines.get(timeout=0.5)
-                except queue.Empty:
-                    continue
-                if line is None:
-                    rules.ended(host, hosts.procs[host].wait(), now)
-                    continue
-                event = events.parse(line)
-                if event is not None:
-                    rules.saw(host, event)
-                    if rules.shows(host):
-                        on_event(event)
-                elif (hosts.stopping_since is not None and rules.late(host)
-                      and on_late_line is not None):
-                    on_late_line(f"[{host}] {line}")
-                else:
-                    tail = [*tail, f"[{host}] {line}"][-20:]
-                    on_line(tail[-1])
-            except KeyboardInterrupt:
-                if on_stop is not None and not interrupted:
-                    on_stop()
-                interrupted = True
-                rules.halt()
-                hosts.stop()
-    finally:
-        for proc in hosts.procs.values():
-            if proc.poll() is None:  # any other way out must not leave a host's command running
-                stop_launcher(proc)
-    if interrupted:
-        raise Interrupted("interrupted: all ranks were stopped on every node",
-                          "Re-run the command to start over")
-    return expired, tuple(tail)
 
 
 class _FirstFails(Rules):
@@ -193,7 +195,7 @@ def execute_hosts(launch: Launch, base_env: Mapping[str, str],
     if watch is not None:
         watch.start(hosts.stop)
     try:
-        expired, tail = follow(hosts, rules, on_event, on_line, timeout_s, on_late_line, on_stop)
+        expired, tail = hosts.follow(rules, on_event, on_line, timeout_s, on_late_line, on_stop)
     finally:
         if watch is not None:
             watch.close()
