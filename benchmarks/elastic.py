@@ -62,8 +62,10 @@ DATA = HERE.parents[1] / "shared" / "data" / "glue" / "MRPC"
 ARMS = ("straight", "elastic", "restart", "ddp")
 # bumped by hand when what a run measures changes (elastic-2: the Lighthouse's longer join wait;
 # elastic-3: each node draws its own dropout noise; rejoin_s from the start that took, not the
-# first try while the node was still away; the returning node's startup recorded)
-PROTOCOL = "elastic-3"
+# first try while the node was still away; the returning node's startup recorded; elastic-4: the
+# average sends what ddp sends across nodes, the word embedding's touched rows in bf16, not every
+# gradient in fp32; straight and ddp record their step anatomy)
+PROTOCOL = "elastic-4"
 LOST = 3  # the host that is lost
 BATCH, LR, EVERY = 32, "5e-5", 20  # per host; --checkpoint-every of the restart arm
 
@@ -138,7 +140,10 @@ def straight(cluster: Any, work: Path, seed: int, rows: list[str],
     code, wall = run.wait()
     if code != 0:
         raise RuntimeError(f"straight run failed: {run.lines[-10:]}")
-    return {"wall_s": round(wall, 1), "accuracy": accuracy(out), "steps": len(head_steps(out))}
+    recorded = json.loads((out / "result.json").read_text())
+    return {"wall_s": round(wall, 1), "accuracy": accuracy(out), "steps": len(head_steps(out)),
+            # where a step went on the head (elastic: the wire's parts too)
+            "step_anatomy": recorded.get("step_anatomy")}
 
 
 def elastic(cluster: Any, work: Path, seed: int, rows: list[str], step: int,

@@ -24,13 +24,16 @@ NOT_ELASTIC = {"mpich": "mpirun ends every rank when one ends",
 
 def check(cfg: TrainConfig) -> None:
     """What --elastic takes: the grouped sampler, no accumulation, ddp (replaced by the flat
-    average); refused in one line otherwise."""
+    average) without PowerSGD; refused in one line otherwise."""
     if not cfg.elastic:
         return
     if cfg.sampler != "grouped" or cfg.grad_accum != 1 or cfg.sync.strategy != "ddp":
         raise BadInput("--elastic trains with --sampler grouped, --grad-accum 1 and --sync ddp "
                        f"(given: {cfg.sampler}, {cfg.grad_accum}, {cfg.sync.strategy})",
                        "Drop the other --sampler, --grad-accum or --sync")
+    if cfg.sync.grad_compression == "powersgd":
+        raise BadInput("--grad-compression powersgd with --elastic: the average sends the "
+                       "gradients whole", "Use --grad-compression bf16, fp16 or none")
     for name, why in REFUSED:
         if getattr(cfg, name):
             flag = "--" + name.replace("_", "-")

@@ -35,7 +35,7 @@ from typing import Any
 PARTS = ("compute_s", "sync_cpu_s", "wire_s", "wait_s", "eval_s")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StepLog:
     """What one rank noted per step of this part of the run, and the loop's wall clock."""
 
@@ -44,11 +44,19 @@ class StepLog:
     agreed: list[float] = field(default_factory=list)  # the all-reduce agreeing on stops, after it
     loop_s: float = 0.0  # the loop's wall clock over this part's steps
     eval_s: float = 0.0  # the evaluations during those steps
+    # what the wire's part is made of, per step, where the loop tells (--elastic: the quorum, the
+    # average's exchanges, the commit's agreement)
+    wire_parts: dict[str, list[float]] = field(default_factory=dict)
 
     def step(self, exposed: float, cpu: float) -> None:
         self.exposed.append(exposed)
         self.cpu.append(cpu)
         self.agreed.append(0.0)
+
+    def parts(self, **seconds: float) -> None:
+        """The step's wire time by part (after `step`)."""
+        for name, s in seconds.items():
+            self.wire_parts.setdefault(name, []).append(s)
 
     def agree(self, seconds: float) -> None:
         """The time the step's agreement on stopping took (after `step`)."""
@@ -80,7 +88,9 @@ def step_anatomy(step_times: Sequence[float], log: StepLog,
              "eval_s": log.eval_s / n}
     total = sum(parts.values())
     step = log.loop_s / n
-    return {**parts, "sum_s": total, "step_s": step, "steps": n}
+    wire_parts = {name: sum(each[:n]) / n for name, each in log.wire_parts.items()}
+    return {**parts, "sum_s": total, "step_s": step, "steps": n,
+            **({"wire_parts": wire_parts} if wire_parts else {})}
 
 
 def mismatch(anatomy: dict[str, Any]) -> float | None:

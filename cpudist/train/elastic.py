@@ -3,13 +3,13 @@ Lighthouse on the head admits or drops step by step (why torchft and not torchru
 benchmarks/elastic_probe/README.md).
 
 Each node's rank trains in a torch.distributed world of its own, so whatever the loop agrees on
-stays on the node; across nodes one flat average of the gradients goes through torchft's Manager
-after backward, and the optimizer steps only when every participant's exchange went through
-(`should_commit`). A dropped step is trained again on the same rows. The global batch is the one of
-the planned node count (REPLICAS), cut among the participants of each step's quorum, so neither it
-nor the learning rate changes with the membership. A node that joins late or comes back gets the
-weights, optimizer, scheduler and step from a live peer (torchft's HTTP transport), not from a
-checkpoint.
+stays on the node; across nodes one flat average of the gradients (what ddp sends across nodes: the
+word embedding's touched rows, in the wire's dtype) goes through torchft's Manager after backward,
+and the optimizer steps only when every participant's exchange went through (`should_commit`). A
+dropped step is trained again on the same rows. The global batch is the one of the planned node
+count (REPLICAS), cut among the participants of each step's quorum, so neither it nor the learning
+rate changes with the membership. A node that joins late or comes back gets the weights, optimizer,
+scheduler and step from a live peer (torchft's HTTP transport), not from a checkpoint.
 """
 
 from __future__ import annotations
@@ -24,9 +24,13 @@ from datetime import timedelta
 from typing import Any
 
 import torch
+from torch.distributed import ReduceOp
 
-from cpudist.config import TrainConfig
+from cpudist.config import TrainConfig, resolved_compression
 from cpudist.errors import BadInput
+from cpudist.strategies import SyncSpec
+from cpudist.train.embedding_rows import rows_wanted, word_embedding
+from cpudist.train.exchange import wire_dtype
 from cpudist.train.features import Encoded
 from cpudist.train.sampling import global_batches
 from cpudist.wire.elastic import ADVERTISE, EXCHANGE_TIMEOUT_S, LIGHTHOUSE, REPLICA_ID, REPLICAS
@@ -129,6 +133,16 @@ def _transport(host: str, timeout: timedelta) -> Any:
     return Advertised(timeout=timeout, num_chunks=0)
 
 
+def wire_of(model: torch.nn.Module, sync: SyncSpec) -> tuple[torch.dtype | None, int | None]:
+    """What the average sends across the nodes, as a ddp run across nodes does: the dtype of
+    --grad-compression (auto: bf16) and the index among the trained parameters of the word
+    embedding whose touched rows alone go (None: all of every gradient)."""
+    compression = resolved_compression(sync.grad_compression, "ddp", True)
+    spec = dataclasses.replace(sync, grad_compression=compression)
+    found = word_embedding(model) if rows_wanted(spec) else None
+    return wire_dtype(compression), (found[2] if found is not None else None)
+
+
 class Replica:
     """This node in the quorum: each step's participants, the gradients' average, the commit."""
 
@@ -226,16 +240,41 @@ class Replica:
         self.ids = ids
         return change
 
-    def average(self, params: list[torch.nn.Parameter]) -> None:
-        """The participants' mean gradient in every parameter's .grad (zeros where a node had
-        none); a failure is kept for commit() to report."""
+    def average(self, params: list[torch.nn.Parameter], n: int, wire: torch.dtype | None = None,
+                rows_at: int | None = None) -> float:
+        """The `n` participants' mean gradient in every parameter's .grad (zeros where a node had
+        none), sent in `wire`'s dtype (None: the gradients' own) and summed in it, divided in fp32
+        once back; `rows_at`: the index in `params` of a word embedding, of which only the rows
+        some participant touched are sent (embedding_rows.py: the others are zero on every node).
+        Returns the seconds spent waiting for the exchanges; a failure is kept for commit() to
+        report."""
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        self.manager.allreduce(flat).wait()
+        sent = list(grads)
+        waited = 0.0
+        rows = None
+        if rows_at is not None:
+            touched = grads[rows_at].ne(0).any(dim=1).to(torch.uint8)
+            t0 = time.perf_counter()
+            self.manager.allreduce(touched, reduce_op=ReduceOp.MAX).wait()
+            waited += time.perf_counter() - t0
+            rows = touched.nonzero().squeeze(1)
+            sent[rows_at] = grads[rows_at].index_select(0, rows)
+        flat = torch.cat([g.reshape(-1) for g in sent])
+        crossing = flat.to(wire) if wire is not None else flat
+        t0 = time.perf_counter()
+        self.manager.allreduce(crossing, reduce_op=ReduceOp.SUM).wait()
+        waited += time.perf_counter() - t0
+        flat = crossing.to(flat.dtype).div_(n)
         offset = 0
-        for p, g in zip(params, grads, strict=True):
-            p.grad = flat[offset:offset + g.numel()].view_as(g)
-            offset += g.numel()
+        for i, (p, g, part) in enumerate(zip(params, grads, sent, strict=True)):
+            mean = flat[offset:offset + part.numel()].view_as(part)
+            offset += part.numel()
+            if i == rows_at and rows is not None:
+                g.index_copy_(0, rows, mean)  # rows no participant touched stay zero
+                p.grad = g
+            else:
+                p.grad = mean
+        return waited
 
     def commit(self, hold: bool = False) -> bool:
         """Whether every participant's exchange went through (then the step counts); `hold`:

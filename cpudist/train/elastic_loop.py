@@ -56,6 +56,9 @@ def train_elastic(job: Job, saver: Saver, stop: StopRequests, restored: Restored
     stats.strategy = sync.make(model, spec_of(cfg, total), 1)
     shape = shape_of(model)
     trained = [p for p in model.parameters() if p.requires_grad]
+    # across nodes, as a ddp run across nodes sends: --grad-compression auto's wire, the word
+    # embedding's touched rows
+    wire, rows_at = elastic.wire_of(model, cfg.sync)
 
     # A node started again keeps the steps it logged before it left; the steps trained without it
     # come from the peer it heals from (state/load), so the head's steps.jsonl is the run's. A
@@ -92,7 +95,7 @@ def train_elastic(job: Job, saver: Saver, stop: StopRequests, restored: Restored
         while replica.step < total and stop.pending() is None:
             t0 = time.perf_counter()
             share, n = replica.quorum()  # a node behind heals here
-            exchanged = time.perf_counter() - t0
+            quorum_s = time.perf_counter() - t0
             if replica.step >= total:
                 break
             if replica.waits(n, nodes, cfg.dist_timeout_s):
@@ -104,7 +107,7 @@ def train_elastic(job: Job, saver: Saver, stop: StopRequests, restored: Restored
                                 timeout_s=cfg.dist_timeout_s)
                     waited = n
                 opt.zero_grad(set_to_none=True)
-                replica.average(trained)
+                replica.average(trained, n, wire, rows_at)
                 replica.commit(hold=True)
                 time.sleep(WAIT_TICK_S)
                 continue
@@ -122,16 +125,19 @@ def train_elastic(job: Job, saver: Saver, stop: StopRequests, restored: Restored
             # Each row weighs 1/(rows of the global batch): the average divides by n.
             (loss * (len(idx) * n / len(rows) if share is not None else 0.0)).backward()
             t1 = time.perf_counter()
-            replica.average(trained)
+            exchange_s = replica.average(trained, n, wire, rows_at)
+            t2 = time.perf_counter()
             committed = replica.commit()
-            exchanged += time.perf_counter() - t1
+            commit_s = time.perf_counter() - t2
             if not committed:  # a participant was lost mid-step: the same rows again
                 opt.zero_grad(set_to_none=True)
                 continue
             grad_norm = clip_and_step(model, opt, sched, cfg.max_grad_norm)
             dt = time.perf_counter() - t0
             stats.steps = replica.step
-            stats.anatomy.step(exchanged, 0.0)  # the quorum and the average: the wire's part
+            # the wire's part: the quorum, the average's exchanges, the commit's agreement
+            stats.anatomy.step(quorum_s + exchange_s + commit_s, t2 - t1 - exchange_s)
+            stats.anatomy.parts(quorum_s=quorum_s, allreduce_s=exchange_s, commit_s=commit_s)
             stats.train_time_s += dt
             stats.step_times.append(dt)
             if share is not None:  # a step this node healed in trained none of its rows

@@ -37,20 +37,11 @@ class EmbeddingRows:
     def of(cls, model: torch.nn.Module, spec: SyncSpec, world: int) -> EmbeddingRows | None:
         """Rows sync of the model's trained, unshared word embedding (None: none, frozen, shared,
         one rank, PowerSGD, or --embedding-sync dense)."""
-        get = getattr(model, "get_input_embeddings", None)
-        # PowerSGD's rank-r factors of the embedding are smaller still (MiniLM's: 124 KB at r=1): it
-        # keeps it
-        wanted = spec.embedding_sync == "rows" and spec.grad_compression != "powersgd" and world > 1
-        embedding = get() if wanted and callable(get) else None
-        if not isinstance(embedding, torch.nn.Embedding) or not embedding.weight.requires_grad:
+        found = word_embedding(model) if world > 1 and rows_wanted(spec) else None
+        if found is None:
             return None
-        weight = embedding.weight
-        names = [n for n, p in model.named_parameters(remove_duplicate=False) if p is weight]
-        trained = [p for p in model.parameters() if p.requires_grad]
-        if len(names) != 1:
-            return None
-        return cls(weight, names[0], next(i for i, p in enumerate(trained) if p is weight), world,
-                   wire_dtype(spec.grad_compression))
+        weight, name, index = found
+        return cls(weight, name, index, world, wire_dtype(spec.grad_compression))
 
     def mean(self, clock: CommClock) -> None:
         """Make the weight's gradient the mean over ranks, exchanging only the rows some rank
@@ -77,3 +68,26 @@ class EmbeddingRows:
         """The trained shapes as they cross the wire: the embedding as its mean synced rows."""
         rows = round(self.rows_per_step() or 0)
         return tuple((rows, *s[1:]) if i == self.index else s for i, s in enumerate(shapes))
+
+
+def rows_wanted(spec: SyncSpec) -> bool:
+    """Whether the sync sends the word embedding's touched rows: --embedding-sync rows, but not
+    with PowerSGD, whose rank-r factors of the embedding are smaller still (MiniLM's: 124 KB at
+    r=1)."""
+    return spec.embedding_sync == "rows" and spec.grad_compression != "powersgd"
+
+
+def word_embedding(model: torch.nn.Module) -> tuple[torch.Tensor, str, int] | None:
+    """The model's trained word embedding: its weight, its name and its index among the trained
+    parameters (None: none, frozen, or shared with another module, which would still exchange it
+    under its other name)."""
+    get = getattr(model, "get_input_embeddings", None)
+    embedding = get() if callable(get) else None
+    if not isinstance(embedding, torch.nn.Embedding) or not embedding.weight.requires_grad:
+        return None
+    weight = embedding.weight
+    names = [n for n, p in model.named_parameters(remove_duplicate=False) if p is weight]
+    if len(names) != 1:
+        return None
+    trained = [p for p in model.parameters() if p.requires_grad]
+    return weight, names[0], next(i for i, p in enumerate(trained) if p is weight)

@@ -81,7 +81,8 @@ def _wire(cfg: TrainConfig, info: RankInfo) -> TrainConfig:
     when it is bf16."""
     if cfg.sync.grad_compression != "auto":
         return cfg
-    across = info.local_world_size < info.world_size
+    # an elastic node is a world of its own: its average always crosses the network
+    across = cfg.elastic or info.local_world_size < info.world_size
     wire = resolved_compression(cfg.sync.grad_compression, cfg.sync.strategy, across)
     if wire != "none":
         _say_rank0(info.rank)(f"gradients cross the network in {wire} (--grad-compression auto: "

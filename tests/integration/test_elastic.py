@@ -21,6 +21,7 @@ import torch
 from cpudist.config import TrainConfig, to_argv
 from cpudist.launch.tools import free_port
 from cpudist.results.launched import RANK_REPORT
+from cpudist.strategies import SyncSpec
 from cpudist.train.checkpoint_meta import complete_checkpoints, step_of
 from cpudist.wire import elastic, exits, names
 from tests.harness.imds import ImdsServer
@@ -91,9 +92,12 @@ def test_three_elastic_nodes_train_what_one_rank_trains_on_their_global_batch(
         shared_data: Path, tmp_path: Path) -> None:
     """Whoever takes part in a step, its global batch is cut among the participants and averaged:
     the weights equal one rank's on the same 24-row batches (no dropout, the lr unscaled), up to
-    the order of float sums. A missing 1/n, a row trained twice or a share left out moves them by
-    about the learning rate. The first node up waits for the others: every step has all three."""
-    same = {"dropout": 0.0, "lr_scaling": "none", "dist_timeout_s": 120}
+    the order of float sums. The word embedding goes by its touched rows, as across nodes. A
+    missing 1/n, a row trained twice or a share left out moves them by about the learning rate.
+    The first node up waits for the others: every step has all three."""
+    # fp32 on the wire (auto sends bf16 across nodes, which rounds): the sums' order is what is left
+    same = {"dropout": 0.0, "lr_scaling": "none", "dist_timeout_s": 120,
+            "sync": SyncSpec(grad_compression="none")}
     house, address = lighthouse(tmp_path)
     outs = [tmp_path / f"node{i}" for i in range(NODES)]
     # node0 first, the others once it waits for them: the first node up trains nothing alone

@@ -40,6 +40,8 @@ def data(rows: int) -> Any:
     ({"checkpoint_dir": "/ckpt"}, "--checkpoint-dir with --elastic: each node keeps"),
     ({"checkpoint_s3": "s3://b/p"}, "--checkpoint-s3 with --elastic: every node would copy"),
     ({"model_s3": "s3://b/p"}, "--model-s3 with --elastic: every node would copy its model"),
+    ({"sync": SyncSpec(grad_compression="powersgd")},
+     "--grad-compression powersgd with --elastic: the average sends the gradients whole"),
 ])
 def test_what_the_slice_does_not_take_is_refused_in_one_line(change: dict[str, Any],
                                                              said: str) -> None:

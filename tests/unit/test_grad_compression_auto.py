@@ -8,6 +8,8 @@ refused or allowed.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from cpudist.config import TrainConfig, resolved_compression, spec_of
@@ -68,3 +70,14 @@ def test_auto_and_none_ask_nothing_of_strategies_without_a_wire_choice(knobs: di
     else:
         with pytest.raises(BadInput):
             check_sync(cfg(**knobs).sync)
+
+
+def test_an_elastic_node_sends_bf16_though_its_own_world_is_one_rank(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Each elastic node trains in a world of its own (1 rank), and its average always crosses the
+    network: auto is bf16 there, as for ddp across nodes; an explicit none is kept."""
+    node = dataclasses.replace(cfg(grad_compression="auto"), elastic=True)
+    assert _wire(node, info(0, 1, 1)).sync.grad_compression == "bf16"
+    assert "gradients cross the network in bf16" in capsys.readouterr().out
+    kept = dataclasses.replace(cfg(grad_compression="none"), elastic=True)
+    assert _wire(kept, info(0, 1, 1)).sync.grad_compression == "none"

@@ -50,6 +50,20 @@ def test_one_rank_has_no_wire_and_no_wait() -> None:
     assert step_anatomy([], StepLog(), [[]]) == {} and mismatch({}) is None
 
 
+def test_an_elastic_nodes_wire_is_told_by_part() -> None:
+    """--elastic's loop notes what its wire time is made of: the parts' means over the steps, which
+    add up to the wire's (one node per world: its own wait is the least)."""
+    log = StepLog(loop_s=4.0)
+    for quorum, exchange, commit in ((0.1, 0.5, 0.02), (0.3, 0.7, 0.04)):
+        log.step(quorum + exchange + commit, 0.05)
+        log.parts(quorum_s=quorum, allreduce_s=exchange, commit_s=commit)
+    a = step_anatomy([2.0, 2.0], log, [log.waits()])
+    assert a["wire_parts"] == pytest.approx({"quorum_s": 0.2, "allreduce_s": 0.6,
+                                             "commit_s": 0.03})
+    assert sum(a["wire_parts"].values()) == pytest.approx(a["wire_s"])
+    assert "wire_parts" not in step_anatomy([2.0], logged([0.1], [0.0], [0.0], 2.0, 0.0), [[0.1]])
+
+
 def test_sync_cpu_work_leaves_out_the_collectives_it_waited_for() -> None:
     clock = CommClock()
     with clock.work():
