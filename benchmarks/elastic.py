@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from miniature import CPUDIST, LAYOUTS, miniature, shaped, ssh_setup
-from tta_ledger import machine
+from tta_ledger import machine, speed_probe_s
 
 from cpudist.results.launched import RANK_REPORT
 from cpudist.wire.elastic import node_folder
@@ -203,28 +203,33 @@ def restart(cluster: Any, work: Path, seed: int, rows: list[str], step: int,
 
 def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     by = {arm: {r["seed"]: r["run"] for r in runs if r["arm"] == arm} for arm in ARMS}
+    med = statistics.median
+    out: dict[str, Any] = {}
+    # the machines' speeds (tta_ledger.speed_probe_s): arms compare where these agree
+    if probes := [r["speed_probe_s"] for r in runs if r.get("speed_probe_s")]:
+        out["speed_probe_s"] = [min(probes), max(probes)]
+    if ddp := sorted(set(by["straight"]) & set(by["ddp"])):  # what --elastic costs without a loss
+        out["straight_elastic_over_ddp"] = round(med(
+            by["straight"][s]["wall_s"] / by["ddp"][s]["wall_s"] for s in ddp), 3)
+        out["straight_ddp_seeds"] = ddp
     seeds = sorted(set(by["straight"]) & set(by["elastic"]))
     if not seeds:
-        return {}
-    med = statistics.median
-    out = {"seeds": seeds,
-           "seconds_lost_per_node_loss": med(by["elastic"][s]["stall_s"] for s in seeds),
-           # None: no returning node trained a step before the run ended
-           "rejoin_s": med(rejoins) if (rejoins := [by["elastic"][s]["rejoin_s"] for s in seeds
-                                                    if by["elastic"][s]["rejoin_s"] is not None])
-           else None,
-           "accuracy_delta_points": round(100 * (med(by["elastic"][s]["accuracy"] for s in seeds)
-                                                 - med(by["straight"][s]["accuracy"]
-                                                       for s in seeds)), 2),
-           "elastic_wall_lost_s": med(by["elastic"][s]["wall_s"] - by["straight"][s]["wall_s"]
-                                      for s in seeds)}
+        return out
+    out |= {"seeds": seeds,
+            "seconds_lost_per_node_loss": med(by["elastic"][s]["stall_s"] for s in seeds),
+            # None: no returning node trained a step before the run ended
+            "rejoin_s": med(rejoins) if (rejoins := [by["elastic"][s]["rejoin_s"] for s in seeds
+                                                     if by["elastic"][s]["rejoin_s"] is not None])
+            else None,
+            "accuracy_delta_points": round(100 * (med(by["elastic"][s]["accuracy"] for s in seeds)
+                                                  - med(by["straight"][s]["accuracy"]
+                                                        for s in seeds)), 2),
+            "elastic_wall_lost_s": med(by["elastic"][s]["wall_s"] - by["straight"][s]["wall_s"]
+                                       for s in seeds)}
     both = [s for s in seeds if s in by["restart"] and s in by["ddp"]]
     if both:  # today's path against its own untouched run
         out["restart_seconds_lost_per_node_loss"] = med(
             by["restart"][s]["wall_s"] - by["ddp"][s]["wall_s"] for s in both)
-    if ddp := [s for s in seeds if s in by["ddp"]]:  # what --elastic costs a run without a loss
-        out["straight_elastic_over_ddp"] = round(med(
-            by["straight"][s]["wall_s"] / by["ddp"][s]["wall_s"] for s in ddp), 3)
     return out
 
 
@@ -252,6 +257,8 @@ def main() -> None:
     command = "python benchmarks/elastic.py " + shlex.join(sys.argv[1:])
     deadline = time.monotonic() + a.hours * 3600 if a.hours else None
     if todo:
+        # before anything of the stretch computes
+        print(f"# speed probe: {speed_probe_s():.3f} s", file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory(prefix="elastic-") as tmp, \
                 miniature(LAYOUTS["halfcore"], Path(tmp) / "cluster", "ela") as c:
             work = Path(tmp)
@@ -268,7 +275,8 @@ def main() -> None:
                      else elastic(cluster, work, seed, rows, step, a.away_s) if arm == "elastic"
                      else restart(cluster, work, seed, rows, step, a.away_s))
                 print(f"# {arm} seed {seed}: {r}", file=sys.stderr, flush=True)
-                line = {"protocol": PROTOCOL, **machine(), "arm": arm, "seed": seed,
+                line = {"protocol": PROTOCOL, **machine(), "speed_probe_s": speed_probe_s(),
+                        "arm": arm, "seed": seed,
                         "lost_step": step, "away_s": a.away_s, "link_gbps": a.link_gbps,
                         "command": command, "run": r}
                 lines.append(line)
@@ -277,7 +285,11 @@ def main() -> None:
                 with ledger.open("a") as f:
                     f.write(json.dumps(line) + "\n")
     res = {"command": command, **machine(), "ledger": str(ledger.name), "cluster": "halfcore x4",
-           "summary": summary(mine), "runs": mine}
+           "summary": summary(mine), "runs": mine,
+           # the ledger's earlier protocols, each summed up apart (their runs: the ledger)
+           "earlier": {p: summary([x for x in lines if x["protocol"] == p
+                                   and x["cpu_kind"] == kind])
+                       for p in dict.fromkeys(x["protocol"] for x in lines) if p != PROTOCOL}}
     (a.results_dir / f"{name}.json").write_text(json.dumps(res, indent=2) + "\n")
     print(json.dumps(res["summary"], indent=2))
 

@@ -72,7 +72,7 @@ from miniature import (
     shaped_to,
     ssh_setup,
 )
-from tta_ledger import Cell, Ledger, code_hash, machine, total_s
+from tta_ledger import Cell, Ledger, code_hash, machine, speed_probe_s, total_s
 from tta_runs import cpudist_run, hf_launch_run, hf_run
 from tta_summary import BASE, HF, HF_LAUNCH, PEERS, markdown, summarize
 
@@ -342,6 +342,8 @@ def main() -> None:
     cluster_text = ""
     deadline = time.monotonic() + a.hours * 3600 if a.hours else None
     if todo:
+        # before anything of the stretch computes
+        print(f"# speed probe: {speed_probe_s():.3f} s", file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory(prefix="tta-") as tmp, \
                 miniature(LAYOUTS["halfcore"], Path(tmp) / "cluster", a.prefix) as c:
             work = Path(tmp)

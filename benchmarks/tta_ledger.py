@@ -7,14 +7,19 @@ meaning) and is bumped by hand when that changes, so a fix to a message or a new
 measured; each line also records its commit and a hash of the benchmark's files (`code`), so a
 result names exactly what produced every run in it. Calibrations are lines too (kind "calibration"):
 every arm of a task uses the first one this protocol made on this CPU kind, so arms gathered in
-different sessions compare on one link.
+different sessions compare on one link. Machines of one CPU kind still differ in speed (virtual
+machines on other hosts, other neighbours): every line records `speed_probe_s`, the stretch's timing
+of one fixed training step, so that cells gathered on machines of other speeds are told apart.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import statistics
 import subprocess
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +65,36 @@ def machine() -> dict[str, Any]:
             "cpu_flags": {f: f in cpu.flags for f in CPU_FLAGS}}
 
 
+PROBE_ROWS, PROBE_TOKENS, PROBE_REPEATS = 16, 128, 5
+
+
+@functools.cache
+def speed_probe_s() -> float:
+    """This machine's compute speed now: the median seconds of one MiniLM-shaped training step (16
+    rows of 128 tokens, forward and backward, random weights, one thread) over 5 after a warm-up;
+    timed once a process, at the start of its stretch, when nothing else computes."""
+    import torch
+
+    from cpudist.train.models import build_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        model = build_model("minilm-l6", 2, False, 0.0)
+        ids = torch.randint(1000, 20000, (PROBE_ROWS, PROBE_TOKENS))
+        labels = torch.zeros(PROBE_ROWS, dtype=torch.long)
+        times = []
+        for _ in range(PROBE_REPEATS + 1):
+            t0 = time.perf_counter()
+            model(input_ids=ids, labels=labels).loss.backward()
+            times.append(time.perf_counter() - t0)
+            model.zero_grad(set_to_none=True)
+        return round(statistics.median(times[1:]), 4)
+    finally:
+        torch.set_num_threads(threads)
+
+
 class Ledger:
     """The JSONL file of one plan (its tag): read once, appended a line at a time."""
 
@@ -86,11 +121,13 @@ class Ledger:
         out: dict[str, list[dict[str, Any]]] = {}
         for x in sorted((x for x in self.mine() if x.get("kind") == "run" and x["task"] == task),
                         key=lambda x: x["seed"]):
-            out.setdefault(f"{x['arm']}@{x['hosts']}", []).append(x["run"])
+            out.setdefault(f"{x['arm']}@{x['hosts']}", []).append(
+                {**x["run"], "speed_probe_s": x.get("speed_probe_s")})
         return out
 
     def append(self, kind: str, **fields: Any) -> None:
-        line = {"kind": kind, "protocol": PROTOCOL, "code": self.code, **machine(), **fields}
+        line = {"kind": kind, "protocol": PROTOCOL, "code": self.code, **machine(),
+                "speed_probe_s": speed_probe_s(), **fields}
         self.lines.append(line)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as f:

@@ -55,6 +55,9 @@ def summarize(runs: dict[str, list[dict[str, Any]]], arms: list[str],
                        "median_s": median_time(times),
                        "final_accuracy": [r.get("metrics", {}).get("accuracy") for r in rs],
                        "errors": [r["error"] for r in rs if "error" in r],
+                       # the machine's speed when each ran (tta_ledger.speed_probe_s; None: before
+                       # the probe)
+                       "speed_probe_s": [r.get("speed_probe_s") for r in rs],
                        "step_anatomy": anatomy(rs)}
     base = cells.get(f"{BASE}@1", {}).get("median_s")
     speedups = {arm: base / cells[f"{arm}@4"]["median_s"] for arm in arms
@@ -88,9 +91,11 @@ def _times_row(arm: str, hosts: str, c: dict[str, Any], done: list[dict[str, Any
     acc = " / ".join("-" if v is None else f"{100 * v:.1f}" for v in c["final_accuracy"])
     end = statistics.median(r["evaluations"][-1]["after_s"] for r in done) if done else None
     sps = statistics.median(r["train_samples_per_s"] or 0.0 for r in done) if done else None
+    probes = " / ".join("-" if p is None else f"{p:.2f}" for p in c.get("speed_probe_s", []))
     return (f"| {arm} | {hosts} | {','.join(map(str, c['seeds']))} | {times} | "
             f"{'-' if med is None else f'{med:.0f}'} | {sp} | {acc} | "
-            f"{'-' if end is None else f'{end:.0f}'} | {'-' if sps is None else f'{sps:.1f}'} |")
+            f"{'-' if end is None else f'{end:.0f}'} | {'-' if sps is None else f'{sps:.1f}'} | "
+            f"{probes or '-'} |")
 
 
 def task_markdown(task: str, s: dict[str, Any], cal: dict[str, Any], spec: dict[str, Any],
@@ -104,14 +109,15 @@ def task_markdown(task: str, s: dict[str, Any], cal: dict[str, Any], spec: dict[
              if s["target"] is not None else "Target: none (no 1-host run yet)", "",
              "| arm | hosts | seeds | time to target per seed (s) | median (s) | speedup vs 1 host "
              "| final acc "
-             "| launch to the last evaluation, median (s) | train samples/s, median |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| launch to the last evaluation, median (s) | train samples/s, median "
+             "| speed probe per seed (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     base = s["cells"].get(f"{BASE}@1", {}).get("median_s")
     for cell, c in s["cells"].items():
         arm, hosts = cell.rsplit("@", 1)
         lines.append(_times_row(arm, hosts, c, [r for r in runs[cell] if r.get("evaluations")],
                                 base))
-    lines += ["",
+    lines += ["", probe_said(s), "",
               "Where rank 0's step goes (seconds per step, median over seeds; "
               "cpudist/train/anatomy.py):", "",
               "| arm | hosts | step | compute | sync CPU | wire not hidden | wait for slowest | "
@@ -134,6 +140,25 @@ def task_markdown(task: str, s: dict[str, Any], cal: dict[str, Any], spec: dict[
               f"hosts: {hf_said(s) if vs is None else f'{vs:.2f}x'} (goal {GOAL_VS_HF}x: "
               f"{verdict_vs_hf(s)}).", ""]
     return lines
+
+
+PROBE_SPREAD = 1.10  # probes further apart than this: runs of machines of other speeds
+
+
+def probe_said(s: dict[str, Any]) -> str:
+    """What the speed probes say of the cells' machines: one speed, or how far apart."""
+    probes = [p for c in s["cells"].values() for p in c.get("speed_probe_s", []) if p]
+    unprobed = sum(p is None for c in s["cells"].values() for p in c.get("speed_probe_s", []))
+    how = ("Speed probe: one MiniLM-shaped training step at one thread, timed at the start of the "
+           "stretch that ran each seed (benchmarks/tta_ledger.py)")
+    if not probes:
+        return f"{how}: none recorded (every run predates it)."
+    spread = max(probes) / min(probes)
+    verdict = (f"the slowest machine {spread:.2f}x the fastest: runs of machines of other speeds, "
+               "whose times do not compare" if spread > PROBE_SPREAD
+               else f"within {PROBE_SPREAD:.2f}x: one speed")
+    return (f"{how}: {min(probes):.2f}-{max(probes):.2f} s, {verdict}"
+            + (f"; {unprobed} run(s) predate it." if unprobed else "."))
 
 
 def verdict_vs_hf(s: dict[str, Any]) -> str:
