@@ -72,8 +72,7 @@ class EmbeddingRows:
 
 def rows_wanted(spec: SyncSpec) -> bool:
     """Whether the sync sends the word embedding's touched rows: --embedding-sync rows, but not
-    with PowerSGD, whose rank-r factors of the embedding are smaller still (MiniLM's: 124 KB at
-    r=1)."""
+    with PowerSGD, whose rank-r factors of the embedding are smaller still."""
     return spec.embedding_sync == "rows" and spec.grad_compression != "powersgd"
 
 
